@@ -1,0 +1,95 @@
+// Monarch configuration: the plain structs a Monarch instance is built from.
+//
+// A Config is parsed once (from YAML or built in code), validated whole by
+// ValidateConfig() and then never changes. Parsing and validation are pure
+// functions of their input plus a few read-only file-system checks (paths
+// exist, capacities fit the device); they are safe to call from any thread.
+//
+// The YAML schema is documented in config/README.md; every key below maps to
+// one YAML key of the same name.
+
+#ifndef MONARCH_CONFIG_H_
+#define MONARCH_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace monarch {
+
+// What kind of storage a tier is. Tiers are ordered fastest first; the last
+// one is always the read-only source (the parallel file system).
+enum class TierKind {
+  kRam,     // Process memory.
+  kPmem,    // Persistent memory through libpmem (files mapped on a DAX path).
+  kPosix,   // A local directory (NVMe/SSD) read and written with pread/pwrite.
+  kSource,  // The dataset on the PFS. Read-only: Monarch never writes there.
+};
+
+const char* TierKindName(TierKind kind);
+
+struct TierConfig {
+  std::string name;             // Unique; shows up in stats. Defaults to the kind.
+  TierKind kind = TierKind::kRam;
+  std::string path;             // pmem/posix: directory holding the copies. Unused otherwise.
+  uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold. Unused for source.
+};
+
+struct DatasetConfig {
+  std::string path;        // The dataset directory on the source (required).
+  std::string file_regex;  // Optional: only dataset-relative names fully matching it are served.
+};
+
+struct PlacementConfig {
+  int threads = 0;                  // Background placement threads; 0 = number of cores.
+  std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
+  // Promotions stage a file in memory while it is copied up; this caps the
+  // bytes staged at once. A file larger than the cap stays on the source.
+  // 0 = a quarter of physical memory.
+  uint64_t max_staging_bytes = 0;
+  // Granularity at which reads share the bytes a promotion is fetching.
+  uint64_t chunk_bytes = 1 << 20;
+  // Upper bound on file descriptors (and pmem mappings) each file-backed tier
+  // keeps open between reads; the total stays bounded whatever the number of
+  // files and readers.
+  int max_open_files = 256;
+};
+
+struct LoggingConfig {
+  std::string level = "warning";  // "debug", "info", "warning" or "error".
+};
+
+struct Config {
+  DatasetConfig dataset;
+  std::vector<TierConfig> tiers;  // Fastest first; exactly one source, last.
+  PlacementConfig placement;
+  LoggingConfig logging;
+};
+
+// Parses YAML text / a YAML file into a Config and validates it. Errors are
+// InvalidArgument (or NotFound for a missing config file) with one message
+// that names the offending key, e.g. "tiers[1].capacity: expected a size
+// such as 64GiB or 1048576, got '12 parsecs'".
+absl::StatusOr<Config> ParseConfigString(std::string_view yaml);
+absl::StatusOr<Config> ParseConfigFile(const std::string& path);
+
+// Checks a Config built in code the same way the parser does: paths exist,
+// exactly one source and it is last, names unique, capacities non-zero and no
+// larger than the device (or physical memory for ram).
+absl::Status ValidateConfig(const Config& config);
+
+// The embedded default: a RAM tier sized to half of the memory currently
+// available, then the source at `dataset_dir`.
+Config DefaultConfig(const std::string& dataset_dir);
+
+// Parses "64GiB", "1.5 GB", "512k", "1048576" into bytes. Binary (KiB, MiB..)
+// and decimal (KB, MB..) suffixes; a bare K/M/G/T means binary.
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
+
+}  // namespace monarch
+
+#endif  // MONARCH_CONFIG_H_

@@ -1,0 +1,98 @@
+// Monarch: the standalone read API.
+//
+// A Monarch instance serves a training job's reads of one dataset from the
+// fastest storage tier holding each file, and copies whole files up from the
+// source (the parallel file system) into faster tiers in background threads.
+//
+//   auto monarch = monarch::Monarch::Create(monarch::DefaultConfig("/lustre/imagenet"));
+//   if (!monarch.ok()) ...;
+//   absl::StatusOr<size_t> n = (*monarch)->Read("train/n01440764/0001.JPEG", buf, size, 0);
+//
+// Threading: every method may be called concurrently from any number of
+// threads, except that nothing may be called once the destructor has begun.
+// No method throws.
+//
+// Names: files are named by their dataset-relative path ("train/a.jpg"). An
+// absolute path inside the dataset directory ("/lustre/imagenet/train/a.jpg")
+// is accepted too and means the same file.
+
+#ifndef MONARCH_MONARCH_H_
+#define MONARCH_MONARCH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "monarch/config.h"
+#include "monarch/stats.h"
+
+namespace monarch {
+
+class Monarch {
+ public:
+  // Builds the namespace by walking the dataset directory, opens the tiers
+  // (reusing valid copies an earlier run left in file-backed tiers and
+  // discarding stale ones) and starts the placement threads. Fails with
+  // InvalidArgument for a bad config, NotFound for a missing dataset.
+  static absl::StatusOr<std::unique_ptr<Monarch>> Create(const Config& config);
+  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlFile(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlString(std::string_view yaml);
+
+  // Shuts down (cancelling queued promotions) if Shutdown() was not called.
+  virtual ~Monarch() = default;
+
+  Monarch(const Monarch&) = delete;
+  Monarch& operator=(const Monarch&) = delete;
+
+  // pread semantics: reads up to `n` bytes of `name` at `offset` into
+  // `buffer` and returns how many were read: short at the end of the file,
+  // 0 at or past it. NotFound if `name` is not a dataset file; the source's
+  // error status if the source read fails. Never returns bytes that differ
+  // from the source's.
+  virtual absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
+                                      uint64_t offset) = 0;
+
+  // Namespace queries, answered from memory (no I/O).
+  // Size of a file; NotFound if it is not a dataset file.
+  virtual absl::StatusOr<uint64_t> FileSize(std::string_view name) const = 0;
+  virtual bool FileExists(std::string_view name) const = 0;
+  // True for the dataset root ("" or "/"), and every directory holding at
+  // least one dataset file.
+  virtual bool IsDirectory(std::string_view name) const = 0;
+  // Names (not paths) of the files and directories directly inside `dir`,
+  // sorted. NotFound if `dir` is not a directory of the dataset.
+  virtual absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const = 0;
+  // Dataset-relative names of every file, sorted.
+  virtual std::vector<std::string> ListFiles() const = 0;
+  // The absolute dataset directory, without a trailing slash.
+  virtual const std::string& dataset_root() const = 0;
+
+  // A consistent-enough snapshot of the counters (each counter is exact; the
+  // set is not taken atomically).
+  virtual Stats GetStats() const = 0;
+
+  enum class ShutdownMode {
+    kDrain,   // Finish every queued and running promotion.
+    kCancel,  // Drop queued promotions, let running ones stop at a safe point.
+  };
+  // Stops background placement. Nothing half-written ever becomes visible and
+  // counters stay consistent. Reads keep working afterwards (from wherever
+  // each file already is); they just no longer start promotions. Idempotent.
+  virtual void Shutdown(ShutdownMode mode) = 0;
+
+  // Blocks until no promotion is queued or running. For tests and tools that
+  // want a fully promoted dataset before timing the next epoch.
+  virtual void WaitForPlacement() = 0;
+
+ protected:
+  Monarch() = default;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_MONARCH_H_

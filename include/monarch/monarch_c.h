@@ -1,0 +1,85 @@
+/* Monarch C API: the same calls as monarch/monarch.h, for C callers, the
+ * TensorFlow filesystem plugin and Python (ctypes).
+ *
+ * Status: every call returns a monarch_code (0 = OK). The codes are the
+ * canonical absl/TensorFlow status codes, so a front end can map them 1:1
+ * (MONARCH_NOT_FOUND = 5 = TF_NOT_FOUND, ...). When `error` is non-NULL and
+ * the call fails, *error receives a malloc'ed message the caller frees with
+ * monarch_free(); on success *error is set to NULL.
+ *
+ * Threading: a monarch_t may be used from any number of threads at once,
+ * except that monarch_close() must be the last call on it.
+ */
+
+#ifndef MONARCH_MONARCH_C_H_
+#define MONARCH_MONARCH_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum monarch_code {
+  MONARCH_OK = 0,
+  MONARCH_CANCELLED = 1,
+  MONARCH_UNKNOWN = 2,
+  MONARCH_INVALID_ARGUMENT = 3,
+  MONARCH_DEADLINE_EXCEEDED = 4,
+  MONARCH_NOT_FOUND = 5,
+  MONARCH_ALREADY_EXISTS = 6,
+  MONARCH_PERMISSION_DENIED = 7,
+  MONARCH_RESOURCE_EXHAUSTED = 8,
+  MONARCH_FAILED_PRECONDITION = 9,
+  MONARCH_ABORTED = 10,
+  MONARCH_OUT_OF_RANGE = 11,
+  MONARCH_UNIMPLEMENTED = 12,
+  MONARCH_INTERNAL = 13,
+  MONARCH_UNAVAILABLE = 14,
+  MONARCH_DATA_LOSS = 15,
+} monarch_code;
+
+typedef struct monarch_t monarch_t;
+
+/* Constructors. On failure *out is NULL. */
+monarch_code monarch_open_yaml_file(const char* path, monarch_t** out, char** error);
+monarch_code monarch_open_yaml_string(const char* yaml, monarch_t** out, char** error);
+/* The embedded default: a RAM tier, then the source at dataset_dir. */
+monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char** error);
+
+/* Shuts down background placement (cancelling queued work) and frees. */
+void monarch_close(monarch_t* m);
+
+/* pread semantics: *bytes_read is short at end of file and 0 past it. */
+monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
+                          size_t* bytes_read, char** error);
+
+monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size,
+                               char** error);
+/* 1 if true, 0 if false. */
+int monarch_file_exists(const monarch_t* m, const char* name);
+int monarch_is_directory(const monarch_t* m, const char* name);
+
+/* Sorted names directly inside dir. Free the result with
+ * monarch_free_list(names, count). */
+monarch_code monarch_list_directory(const monarch_t* m, const char* dir, char*** names,
+                                    size_t* count, char** error);
+void monarch_free_list(char** names, size_t count);
+
+/* The absolute dataset directory; valid until monarch_close(). */
+const char* monarch_dataset_root(const monarch_t* m);
+
+/* Counters as JSON (malloc'ed; free with monarch_free). */
+char* monarch_stats_json(const monarch_t* m);
+
+/* Waits until no promotion is queued or running. */
+void monarch_wait_for_placement(monarch_t* m);
+
+void monarch_free(void* p);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MONARCH_MONARCH_C_H_ */

@@ -1,0 +1,47 @@
+// Monarch's counters: a plain snapshot struct and its JSON form.
+//
+// A Stats value is a copy; it does not change after Monarch::GetStats()
+// returns it and may be used from any thread.
+
+#ifndef MONARCH_STATS_H_
+#define MONARCH_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace monarch {
+
+struct TierStats {
+  std::string name;
+  std::string kind;           // "ram", "pmem", "posix" or "source".
+  uint64_t reads = 0;         // Read calls served (fully or partly) from this tier.
+  uint64_t bytes_read = 0;    // Bytes served to callers from this tier.
+  uint64_t files = 0;         // Complete copies held (source: dataset files).
+  uint64_t bytes_used = 0;    // Bytes of those copies (source: dataset size).
+  uint64_t capacity = 0;      // Configured capacity (source: 0).
+  uint64_t read_errors = 0;   // Failed reads; for a non-source tier they fell back to the source.
+  uint64_t write_errors = 0;  // Failed copies (ENOSPC, EIO...). Always 0 for the source.
+};
+
+struct Stats {
+  // Fastest first; the last entry is the source. The source's `reads` and
+  // `bytes_read` count the operations sent to the PFS, for callers and for
+  // promotions alike: the figure the MONARCH paper reports.
+  std::vector<TierStats> tiers;
+  uint64_t promotions_started = 0;
+  uint64_t promotions_completed = 0;
+  uint64_t promotions_failed = 0;   // Source or tier error; the file stays on the source.
+  uint64_t promotions_skipped = 0;  // No tier had room, or staging memory was exhausted.
+  uint64_t promotions_cancelled = 0;
+  uint64_t staging_hits = 0;  // Reads served from bytes an in-flight promotion had fetched.
+  uint64_t warm_files_reused = 0;    // Valid copies found at start-up.
+  uint64_t warm_files_discarded = 0;  // Stale copies removed at start-up.
+
+  const TierStats& source() const { return tiers.back(); }
+  std::string ToJson() const;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_STATS_H_

@@ -1,0 +1,117 @@
+// The C API: thin wrappers over monarch::Monarch. Nothing here throws: a
+// std::bad_alloc would terminate, which is what a C caller would get anyway.
+
+#include "monarch/monarch_c.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "monarch/monarch.h"
+
+struct monarch_t {
+  std::unique_ptr<monarch::Monarch> instance;
+};
+
+namespace {
+
+char* CopyString(absl::string_view s) {
+  char* copy = static_cast<char*>(std::malloc(s.size() + 1));
+  if (copy == nullptr) return nullptr;
+  std::memcpy(copy, s.data(), s.size());
+  copy[s.size()] = '\0';
+  return copy;
+}
+
+monarch_code Report(const absl::Status& status, char** error) {
+  if (error != nullptr) *error = status.ok() ? nullptr : CopyString(status.ToString());
+  return static_cast<monarch_code>(status.code());
+}
+
+monarch_code Open(absl::StatusOr<std::unique_ptr<monarch::Monarch>> created, monarch_t** out,
+                  char** error) {
+  *out = nullptr;
+  if (!created.ok()) return Report(created.status(), error);
+  *out = new monarch_t{std::move(*created)};
+  return Report(absl::OkStatus(), error);
+}
+
+absl::Status NullArgument(const char* what) {
+  return absl::InvalidArgumentError(std::string(what) + " must not be NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+monarch_code monarch_open_yaml_file(const char* path, monarch_t** out, char** error) {
+  if (path == nullptr) return Report(NullArgument("path"), error);
+  return Open(monarch::Monarch::CreateFromYamlFile(path), out, error);
+}
+
+monarch_code monarch_open_yaml_string(const char* yaml, monarch_t** out, char** error) {
+  if (yaml == nullptr) return Report(NullArgument("yaml"), error);
+  return Open(monarch::Monarch::CreateFromYamlString(yaml), out, error);
+}
+
+monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char** error) {
+  if (dataset_dir == nullptr) return Report(NullArgument("dataset_dir"), error);
+  return Open(monarch::Monarch::Create(monarch::DefaultConfig(dataset_dir)), out, error);
+}
+
+void monarch_close(monarch_t* m) { delete m; }
+
+monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
+                          size_t* bytes_read, char** error) {
+  *bytes_read = 0;
+  if (name == nullptr) return Report(NullArgument("name"), error);
+  absl::StatusOr<size_t> result = m->instance->Read(name, buffer, n, offset);
+  if (result.ok()) *bytes_read = *result;
+  return Report(result.status(), error);
+}
+
+monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size,
+                               char** error) {
+  if (name == nullptr) return Report(NullArgument("name"), error);
+  absl::StatusOr<uint64_t> result = m->instance->FileSize(name);
+  *size = result.ok() ? *result : 0;
+  return Report(result.status(), error);
+}
+
+int monarch_file_exists(const monarch_t* m, const char* name) {
+  return name != nullptr && m->instance->FileExists(name) ? 1 : 0;
+}
+
+int monarch_is_directory(const monarch_t* m, const char* name) {
+  return name != nullptr && m->instance->IsDirectory(name) ? 1 : 0;
+}
+
+monarch_code monarch_list_directory(const monarch_t* m, const char* dir, char*** names,
+                                    size_t* count, char** error) {
+  *names = nullptr;
+  *count = 0;
+  if (dir == nullptr) return Report(NullArgument("dir"), error);
+  absl::StatusOr<std::vector<std::string>> listed = m->instance->ListDirectory(dir);
+  if (!listed.ok()) return Report(listed.status(), error);
+  *names = static_cast<char**>(std::calloc(listed->size() + 1, sizeof(char*)));
+  for (size_t i = 0; i < listed->size(); ++i) (*names)[i] = CopyString((*listed)[i]);
+  *count = listed->size();
+  return Report(absl::OkStatus(), error);
+}
+
+void monarch_free_list(char** names, size_t count) {
+  if (names == nullptr) return;
+  for (size_t i = 0; i < count; ++i) std::free(names[i]);
+  std::free(names);
+}
+
+const char* monarch_dataset_root(const monarch_t* m) { return m->instance->dataset_root().c_str(); }
+
+char* monarch_stats_json(const monarch_t* m) { return CopyString(m->instance->GetStats().ToJson()); }
+
+void monarch_wait_for_placement(monarch_t* m) { m->instance->WaitForPlacement(); }
+
+void monarch_free(void* p) { std::free(p); }
+
+}  // extern "C"

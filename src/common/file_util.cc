@@ -1,0 +1,121 @@
+// Small POSIX file helpers.
+
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace monarch {
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+absl::StatusOr<ScopedFd> OpenForRead(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  return ScopedFd(fd);
+}
+
+absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(const std::string& path) {
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path));
+  return std::make_shared<ScopedFd>(std::move(fd));
+}
+
+absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset,
+                                 absl::string_view path) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    }
+    if (r == 0) break;  // End of file.
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+absl::Status PwriteFull(int fd, const char* buffer, size_t n, uint64_t offset,
+                        absl::string_view path) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pwrite(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("write ", path));
+    }
+    if (r == 0) return ErrnoToStatus(EIO, absl::StrCat("write ", path));
+    done += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirectories(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return ErrnoToStatus(ENOTDIR, absl::StrCat("mkdir ", dir));
+  }
+  size_t slash = dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(dir.substr(0, slash)));
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  return absl::OkStatus();
+}
+
+std::string JoinPath(absl::string_view a, absl::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  if (a.back() == '/') return absl::StrCat(a, b);
+  return absl::StrCat(a, "/", b);
+}
+
+uint64_t PhysicalMemoryBytes() {
+  long pages = ::sysconf(_SC_PHYS_PAGES);
+  long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+uint64_t AvailableMemoryBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return PhysicalMemoryBytes() / 2;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long value;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &value) == 1) {
+      kib = value;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib > 0 ? kib * 1024 : PhysicalMemoryBytes() / 2;
+}
+
+}  // namespace monarch

@@ -1,0 +1,70 @@
+// Small POSIX file helpers used by the drivers and the namespace walk.
+//
+// Every helper retries EINTR and short transfers, and turns any other
+// failure into a status (never a loop): a read that returns 0 bytes ends the
+// transfer as end-of-file. All are thread-safe.
+
+#ifndef MONARCH_COMMON_FILE_UTIL_H_
+#define MONARCH_COMMON_FILE_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace monarch {
+
+// An owned file descriptor, closed on destruction.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd();
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.release()) {}
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` read-only (O_CLOEXEC). NotFound if it does not exist.
+absl::StatusOr<ScopedFd> OpenForRead(const std::string& path);
+
+// Same, shared: the form the descriptor caches hold.
+absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(const std::string& path);
+
+// Reads up to `n` bytes at `offset`; fewer only at end of file.
+absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset,
+                                 absl::string_view path);
+
+// Writes all `n` bytes at `offset`.
+absl::Status PwriteFull(int fd, const char* buffer, size_t n, uint64_t offset,
+                        absl::string_view path);
+
+// Creates `dir` and its missing parents (mode 0755). OK if it exists.
+absl::Status MakeDirectories(const std::string& dir);
+
+// "a/b/c" + "d" -> "a/b/c/d".
+std::string JoinPath(absl::string_view a, absl::string_view b);
+
+// Physical memory in bytes, and memory currently available (MemAvailable).
+uint64_t PhysicalMemoryBytes();
+uint64_t AvailableMemoryBytes();
+
+}  // namespace monarch
+
+#endif  // MONARCH_COMMON_FILE_UTIL_H_

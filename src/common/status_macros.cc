@@ -1,0 +1,45 @@
+// errno -> absl::Status, in one place.
+
+#include "common/status_macros.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace monarch {
+
+absl::Status ErrnoToStatus(int error_number, absl::string_view context) {
+  const std::string message = absl::StrCat(context, ": ", std::strerror(error_number));
+  switch (error_number) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EEXIST:
+      return absl::AlreadyExistsError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(message);
+    case EINVAL:
+    case ENAMETOOLONG:
+    case EISDIR:
+      return absl::InvalidArgumentError(message);
+    case EAGAIN:
+    case EBUSY:
+    case ETIMEDOUT:
+      return absl::UnavailableError(message);
+    case EIO:
+      return absl::DataLossError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace monarch

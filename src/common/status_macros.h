@@ -1,0 +1,42 @@
+// Status plumbing shared by every Monarch source file.
+//
+// Debian's Abseil (20220623) has no RETURN_IF_ERROR / ASSIGN_OR_RETURN, so
+// they are defined once here. ErrnoToStatus() is the single place where an
+// errno becomes a canonical status code.
+
+#ifndef MONARCH_COMMON_STATUS_MACROS_H_
+#define MONARCH_COMMON_STATUS_MACROS_H_
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+#define MONARCH_CONCAT_INNER_(a, b) a##b
+#define MONARCH_CONCAT_(a, b) MONARCH_CONCAT_INNER_(a, b)
+
+#define MONARCH_RETURN_IF_ERROR(expr)           \
+  do {                                          \
+    ::absl::Status monarch_status_ = (expr);    \
+    if (!monarch_status_.ok()) return monarch_status_; \
+  } while (0)
+
+#define MONARCH_ASSIGN_OR_RETURN(lhs, expr) \
+  MONARCH_ASSIGN_OR_RETURN_IMPL_(MONARCH_CONCAT_(monarch_statusor_, __LINE__), lhs, expr)
+
+#define MONARCH_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
+  auto statusor = (expr);                                   \
+  if (!statusor.ok()) return std::move(statusor).status();  \
+  lhs = std::move(statusor).value()
+
+namespace monarch {
+
+// Maps an errno value to the closest canonical code: ENOENT -> NotFound,
+// ENOSPC/EDQUOT/EMFILE -> ResourceExhausted, EACCES -> PermissionDenied,
+// EROFS/EPERM -> PermissionDenied, EIO and the rest -> Internal/Unknown.
+// The message is "<context>: <strerror>".
+absl::Status ErrnoToStatus(int error_number, absl::string_view context);
+
+}  // namespace monarch
+
+#endif  // MONARCH_COMMON_STATUS_MACROS_H_

@@ -1,0 +1,391 @@
+// Config: YAML parsing and whole-config validation.
+//
+// Every error is one InvalidArgument message that starts with the offending
+// key's path ("tiers[1].capacity: ...") and says what was expected.
+
+#include "monarch/config.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <string_view>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace monarch {
+namespace {
+
+absl::Status KeyError(absl::string_view key, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", what));
+}
+
+std::string Describe(const YAML::Node& node) {
+  if (node.IsScalar()) return absl::StrCat("'", node.Scalar(), "'");
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// Refuses keys outside `allowed`, so a typo never silently means "default".
+absl::Status CheckKeys(const YAML::Node& map, absl::string_view where,
+                       std::initializer_list<absl::string_view> allowed) {
+  for (const auto& item : map) {
+    const std::string key = item.first.as<std::string>();
+    bool known = false;
+    for (absl::string_view a : allowed) known = known || key == a;
+    if (!known) {
+      std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
+      return KeyError(path, absl::StrCat("unknown key; expected one of: ",
+                                         absl::StrJoin(allowed, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GetString(const YAML::Node& node, absl::string_view key) {
+  if (!node.IsScalar()) return KeyError(key, absl::StrCat("expected a string, got ", Describe(node)));
+  return node.Scalar();
+}
+
+absl::StatusOr<uint64_t> GetSize(const YAML::Node& node, absl::string_view key) {
+  if (!node.IsScalar()) {
+    return KeyError(key, absl::StrCat("expected a size such as 64GiB or 1048576, got ",
+                                      Describe(node)));
+  }
+  absl::StatusOr<uint64_t> size = ParseByteSize(node.Scalar());
+  if (!size.ok()) return KeyError(key, size.status().message());
+  return *size;
+}
+
+absl::StatusOr<int64_t> GetInt(const YAML::Node& node, absl::string_view key) {
+  int64_t value;
+  if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
+    return KeyError(key, absl::StrCat("expected an integer, got ", Describe(node)));
+  }
+  return value;
+}
+
+absl::StatusOr<TierKind> ParseTierKind(const YAML::Node& node, absl::string_view key) {
+  MONARCH_ASSIGN_OR_RETURN(std::string kind, GetString(node, key));
+  if (kind == "ram") return TierKind::kRam;
+  if (kind == "pmem") return TierKind::kPmem;
+  if (kind == "posix") return TierKind::kPosix;
+  if (kind == "source") return TierKind::kSource;
+  return KeyError(key, absl::StrCat("expected one of ram, pmem, posix, source; got '", kind, "'"));
+}
+
+absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
+  Config config;
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, logging; "
+                     "got ", Describe(root)));
+  }
+  MONARCH_RETURN_IF_ERROR(CheckKeys(root, "", {"dataset", "tiers", "placement", "logging"}));
+
+  const YAML::Node dataset = root["dataset"];
+  if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
+  if (!dataset.IsMap()) return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
+  MONARCH_RETURN_IF_ERROR(CheckKeys(dataset, "dataset", {"path", "file_regex"}));
+  if (!dataset["path"]) return KeyError("dataset.path", "required: the dataset directory on the source");
+  MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
+  if (dataset["file_regex"]) {
+    MONARCH_ASSIGN_OR_RETURN(config.dataset.file_regex,
+                             GetString(dataset["file_regex"], "dataset.file_regex"));
+  }
+
+  const YAML::Node tiers = root["tiers"];
+  if (!tiers) return KeyError("tiers", "required: a list of tiers, fastest first, ending with the source");
+  if (!tiers.IsSequence()) return KeyError("tiers", absl::StrCat("expected a list, got ", Describe(tiers)));
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const std::string where = absl::StrCat("tiers[", i, "]");
+    const YAML::Node t = tiers[i];
+    if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity"}));
+    TierConfig tier;
+    if (!t["kind"]) return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
+    MONARCH_ASSIGN_OR_RETURN(tier.kind, ParseTierKind(t["kind"], absl::StrCat(where, ".kind")));
+    tier.name = TierKindName(tier.kind);
+    if (t["name"]) {
+      MONARCH_ASSIGN_OR_RETURN(tier.name, GetString(t["name"], absl::StrCat(where, ".name")));
+    }
+    if (t["path"]) {
+      MONARCH_ASSIGN_OR_RETURN(tier.path, GetString(t["path"], absl::StrCat(where, ".path")));
+    }
+    if (t["capacity"]) {
+      MONARCH_ASSIGN_OR_RETURN(tier.capacity_bytes,
+                               GetSize(t["capacity"], absl::StrCat(where, ".capacity")));
+    }
+    if (tier.kind == TierKind::kSource && t["path"]) {
+      return KeyError(absl::StrCat(where, ".path"),
+                      "a source tier reads dataset.path; remove this key");
+    }
+    if (tier.kind == TierKind::kSource && t["capacity"]) {
+      return KeyError(absl::StrCat(where, ".capacity"), "a source tier has no capacity; remove this key");
+    }
+    if (tier.kind == TierKind::kRam && t["path"]) {
+      return KeyError(absl::StrCat(where, ".path"), "a ram tier has no path; remove this key");
+    }
+    if (tier.kind != TierKind::kSource && !t["capacity"]) {
+      return KeyError(absl::StrCat(where, ".capacity"),
+                      absl::StrCat("required for a ", TierKindName(tier.kind),
+                                   " tier: a size such as 64GiB"));
+    }
+    if ((tier.kind == TierKind::kPosix || tier.kind == TierKind::kPmem) && !t["path"]) {
+      return KeyError(absl::StrCat(where, ".path"),
+                      absl::StrCat("required for a ", TierKindName(tier.kind),
+                                   " tier: the directory that holds its copies"));
+    }
+    config.tiers.push_back(std::move(tier));
+  }
+
+  if (const YAML::Node placement = root["placement"]) {
+    if (!placement.IsMap()) return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(
+        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files"}));
+    if (placement["threads"]) {
+      MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
+      if (threads < 0 || threads > 1024) {
+        return KeyError("placement.threads", absl::StrCat("expected 0 (one per core) to 1024, got ", threads));
+      }
+      config.placement.threads = static_cast<int>(threads);
+    }
+    if (placement["policy"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.placement.policy, GetString(placement["policy"], "placement.policy"));
+    }
+    if (placement["max_staging_bytes"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.placement.max_staging_bytes,
+                               GetSize(placement["max_staging_bytes"], "placement.max_staging_bytes"));
+    }
+    if (placement["chunk_bytes"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.placement.chunk_bytes,
+                               GetSize(placement["chunk_bytes"], "placement.chunk_bytes"));
+    }
+    if (placement["max_open_files"]) {
+      MONARCH_ASSIGN_OR_RETURN(int64_t files, GetInt(placement["max_open_files"], "placement.max_open_files"));
+      if (files < 4 || files > 1000000) {
+        return KeyError("placement.max_open_files", absl::StrCat("expected 4 to 1000000, got ", files));
+      }
+      config.placement.max_open_files = static_cast<int>(files);
+    }
+  }
+
+  if (const YAML::Node logging = root["logging"]) {
+    if (!logging.IsMap()) return KeyError("logging", absl::StrCat("expected a mapping, got ", Describe(logging)));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(logging, "logging", {"level"}));
+    if (logging["level"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.logging.level, GetString(logging["level"], "logging.level"));
+    }
+  }
+  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// True if `inner` is `outer` or lies beneath it (both canonical, absolute).
+bool IsWithin(const std::string& inner, const std::string& outer) {
+  if (inner == outer) return true;
+  std::string prefix = outer.back() == '/' ? outer : outer + "/";
+  return absl::StartsWith(inner, prefix);
+}
+
+std::string RealPath(const std::string& path) {
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) return path;
+  std::string result(resolved);
+  ::free(resolved);
+  return result;
+}
+
+}  // namespace
+
+const char* TierKindName(TierKind kind) {
+  switch (kind) {
+    case TierKind::kRam: return "ram";
+    case TierKind::kPmem: return "pmem";
+    case TierKind::kPosix: return "posix";
+    case TierKind::kSource: return "source";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
+  const absl::string_view text(text_in.data(), text_in.size());
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) {
+    ++digits;
+  }
+  double number;
+  if (digits == 0 || !absl::SimpleAtod(s.substr(0, digits), &number)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a size such as 64GiB, 512MB or 1048576, got '", text, "'"));
+  }
+  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
+  struct Unit { const char* name; double factor; };
+  static constexpr Unit kUnits[] = {
+      {"", 1}, {"b", 1},
+      {"k", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
+      {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+  };
+  for (const Unit& u : kUnits) {
+    if (unit == u.name) {
+      double bytes = std::floor(number * u.factor);
+      if (bytes >= 1.8e19) {
+        return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is too large"));
+      }
+      if (unit.empty() && number != std::floor(number)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("expected a whole number of bytes, got '", text, "'"));
+      }
+      return static_cast<uint64_t>(bytes);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected a size such as 64GiB, 512MB or 1048576 (units B, KiB, MiB, GiB, TiB, KB, MB, GB, "
+      "TB), got '", text, "'"));
+}
+
+absl::Status ValidateConfig(const Config& config) {
+  if (config.dataset.path.empty()) return KeyError("dataset.path", "required: the dataset directory on the source");
+  if (config.dataset.path[0] != '/') {
+    return KeyError("dataset.path", absl::StrCat("expected an absolute path, got '", config.dataset.path, "'"));
+  }
+  if (!IsDirectory(config.dataset.path)) {
+    return KeyError("dataset.path", absl::StrCat("'", config.dataset.path, "' is not an existing directory"));
+  }
+  const std::string dataset = RealPath(config.dataset.path);
+  if (config.tiers.empty()) return KeyError("tiers", "expected at least the source tier");
+
+  absl::flat_hash_set<std::string> names;
+  std::vector<std::pair<std::string, std::string>> tier_paths;  // (key, real path)
+  int sources = 0;
+  for (size_t i = 0; i < config.tiers.size(); ++i) {
+    const TierConfig& tier = config.tiers[i];
+    const std::string where = absl::StrCat("tiers[", i, "]");
+    if (tier.name.empty()) return KeyError(absl::StrCat(where, ".name"), "must not be empty");
+    if (!names.insert(tier.name).second) {
+      return KeyError(absl::StrCat(where, ".name"), absl::StrCat("'", tier.name, "' is used by another tier; names must be unique"));
+    }
+    if (tier.kind == TierKind::kSource) {
+      ++sources;
+      if (sources > 1) return KeyError(absl::StrCat(where, ".kind"), "a second source tier; expected exactly one, last");
+      if (i + 1 != config.tiers.size()) {
+        return KeyError(absl::StrCat(where, ".kind"), "the source tier must be the last tier (tiers are fastest first)");
+      }
+      continue;
+    }
+    if (tier.capacity_bytes == 0) {
+      return KeyError(absl::StrCat(where, ".capacity"), "expected a size greater than 0");
+    }
+    if (tier.kind == TierKind::kRam) {
+      const uint64_t memory = PhysicalMemoryBytes();
+      if (tier.capacity_bytes > memory) {
+        return KeyError(absl::StrCat(where, ".capacity"),
+                        absl::StrCat(tier.capacity_bytes, " bytes is more than this machine's ", memory, " bytes of memory"));
+      }
+      continue;
+    }
+    const std::string path_key = absl::StrCat(where, ".path");
+    if (tier.path.empty() || tier.path[0] != '/') {
+      return KeyError(path_key, absl::StrCat("expected an absolute directory, got '", tier.path, "'"));
+    }
+    if (!IsDirectory(tier.path)) {
+      return KeyError(path_key, absl::StrCat("'", tier.path, "' is not an existing directory"));
+    }
+    const std::string real = RealPath(tier.path);
+    if (IsWithin(real, dataset) || IsWithin(dataset, real)) {
+      return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps dataset.path; the source is read-only and must stay apart from tier copies"));
+    }
+    for (const auto& [other_key, other] : tier_paths) {
+      if (IsWithin(real, other) || IsWithin(other, real)) {
+        return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps ", other_key, "; each tier needs its own directory"));
+      }
+    }
+    tier_paths.emplace_back(path_key, real);
+    struct statvfs fs;
+    if (::statvfs(real.c_str(), &fs) == 0) {
+      const uint64_t device = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+      if (tier.capacity_bytes > device) {
+        return KeyError(absl::StrCat(where, ".capacity"),
+                        absl::StrCat(tier.capacity_bytes, " bytes is more than the ", device, " bytes of the device holding '", tier.path, "'"));
+      }
+    }
+  }
+  if (sources == 0) return KeyError("tiers", "expected a last tier of kind 'source' (the dataset on the PFS)");
+
+  const PlacementConfig& p = config.placement;
+  if (p.threads < 0 || p.threads > 1024) return KeyError("placement.threads", "expected 0 (one per core) to 1024");
+  if (p.policy != "first-fit" && p.policy != "none") {
+    return KeyError("placement.policy", absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));
+  }
+  if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30)) {
+    return KeyError("placement.chunk_bytes", "expected a size from 4KiB to 1GiB");
+  }
+  if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
+  const std::string& level = config.logging.level;
+  if (level != "debug" && level != "info" && level != "warning" && level != "error") {
+    return KeyError("logging.level", absl::StrCat("expected debug, info, warning or error; got '", level, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+    return ParseNode(root);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: malformed YAML at line ", e.mark.line + 1,
+                                                   ", column ", e.mark.column + 1, ": ", e.msg));
+  }
+}
+
+absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file '", path, "' cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Config> config = ParseConfigString(text.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+Config DefaultConfig(const std::string& dataset_dir) {
+  Config config;
+  config.dataset.path = dataset_dir;
+  TierConfig ram;
+  ram.name = "ram";
+  ram.kind = TierKind::kRam;
+  // Half of what is free now: the training process needs the rest.
+  ram.capacity_bytes = std::max<uint64_t>(AvailableMemoryBytes() / 2, 1);
+  TierConfig source;
+  source.name = "source";
+  source.kind = TierKind::kSource;
+  config.tiers = {ram, source};
+  return config;
+}
+
+}  // namespace monarch

@@ -1,0 +1,110 @@
+// CopyTree: layout, temporaries and publication of file-tier copies.
+
+#include "drivers/copy_tree.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace monarch {
+namespace {
+
+constexpr absl::string_view kTempMarker = ".monarch-tmp.";
+
+// For ".name.monarch-tmp.<pid>.<seq>" returns <pid>; 0 if not a temporary.
+pid_t TemporaryOwner(absl::string_view base) {
+  size_t marker = base.rfind(kTempMarker);
+  if (base.empty() || base[0] != '.' || marker == absl::string_view::npos) return 0;
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(base.substr(marker + kTempMarker.size()), '.');
+  int pid = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0) return 0;
+  return pid;
+}
+
+bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+}  // namespace
+
+std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }
+
+absl::StatusOr<std::string> CopyTree::PrepareTemporary(absl::string_view name) {
+  std::string path = PathOf(name);
+  size_t slash = path.find_last_of('/');
+  MONARCH_RETURN_IF_ERROR(MakeDirectories(path.substr(0, slash)));
+  return absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1), kTempMarker,
+                      ::getpid(), ".", next_sequence_.fetch_add(1));
+}
+
+absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;
+  times[1].tv_sec = file.mtime_ns / 1000000000;
+  times[1].tv_nsec = file.mtime_ns % 1000000000;
+  if (::utimensat(AT_FDCWD, temporary.c_str(), times, 0) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("set mtime of ", temporary));
+  }
+  if (::rename(temporary.c_str(), PathOf(file.name).c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", temporary));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyTree::Remove(absl::string_view name) {
+  std::string path = PathOf(name);
+  if (::unlink(path.c_str()) != 0) return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
+  return absl::OkStatus();
+}
+
+absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
+  // Iterative walk; `relative` is the dataset-relative directory ("" = root).
+  std::vector<std::string> pending = {""};
+  while (!pending.empty()) {
+    std::string relative = std::move(pending.back());
+    pending.pop_back();
+    std::string dir_path = relative.empty() ? root_ : PathOf(relative);
+    DIR* dir = ::opendir(dir_path.c_str());
+    if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("opendir ", dir_path));
+    int dir_fd = ::dirfd(dir);
+    while (struct dirent* entry = ::readdir(dir)) {
+      absl::string_view base = entry->d_name;
+      if (base == "." || base == "..") continue;
+      std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
+      struct stat st;
+      if (::fstatat(dir_fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (S_ISDIR(st.st_mode)) {
+        pending.push_back(std::move(name));
+        continue;
+      }
+      if (!S_ISREG(st.st_mode)) continue;
+      if (pid_t owner = TemporaryOwner(base); owner != 0) {
+        if (!ProcessAlive(owner)) {
+          MONARCH_LOG(kInfo, "removing leftover temporary ", PathOf(name));
+          ::unlinkat(dir_fd, entry->d_name, 0);
+        }
+        continue;
+      }
+      visit(name, static_cast<uint64_t>(st.st_size),
+            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+    }
+    ::closedir(dir);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace monarch

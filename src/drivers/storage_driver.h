@@ -1,0 +1,93 @@
+// StorageDriver: the one interface every storage tier implements.
+//
+// A driver holds whole-file copies of dataset files (or, for the source, the
+// dataset itself) and knows nothing about placement, capacity or other tiers:
+// those live in Tier (tier.h) and the placement handler. Concrete drivers are
+// hidden in their .cc files and built by the factories at the bottom.
+//
+// Threading: every method may be called concurrently, except ScanCopies(),
+// which runs once at start-up before any other call. A caller never stores or
+// removes the same file concurrently with itself within one process.
+
+#ifndef MONARCH_DRIVERS_STORAGE_DRIVER_H_
+#define MONARCH_DRIVERS_STORAGE_DRIVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace monarch {
+
+// What a driver needs to know about a dataset file.
+struct FileRef {
+  uint32_t id = 0;        // Dense namespace id, stable for the instance's life.
+  absl::string_view name;  // Dataset-relative path, e.g. "train/a.jpg".
+  uint64_t size = 0;      // Size on the source at start-up.
+  int64_t mtime_ns = 0;   // Modification time on the source at start-up.
+};
+
+// An immutable, complete image of one file, shared between a promotion that
+// filled it and the RAM tier that keeps it (so a RAM promotion copies nothing).
+class FileImage {
+ public:
+  explicit FileImage(size_t size) : data_(new char[size == 0 ? 1 : size]), size_(size) {}
+  char* mutable_data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;  // Deliberately uninitialized: it is about to be overwritten.
+  size_t size_;
+};
+
+class StorageDriver {
+ public:
+  virtual ~StorageDriver() = default;
+
+  // Reads up to `n` bytes of the driver's copy of `file` at `offset` into
+  // `dst`; returns the bytes read, fewer than `n` only at the end of the copy.
+  // NotFound if the driver holds no copy. I/O errors come back as statuses
+  // (EIO -> DataLoss, ...), never as retries.
+  virtual absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
+                                      size_t n) = 0;
+
+  // Stores `image` as the complete copy of `file`. The copy becomes readable
+  // only once complete: file tiers write a temporary name and rename it, so a
+  // crash or error never leaves a partial copy under the real name. On
+  // failure nothing is left behind. Errors: ResourceExhausted (ENOSPC),
+  // DataLoss (EIO), PermissionDenied (read-only source).
+  virtual absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) = 0;
+
+  // Deletes the copy of `file`. NotFound if there is none; PermissionDenied
+  // for the source.
+  virtual absl::Status Remove(const FileRef& file) = 0;
+
+  // File-backed tiers: calls `visit` for every complete copy an earlier run
+  // left (its dataset-relative name, size, and mtime, which Store sets to the
+  // source's mtime), and deletes temporaries left by processes that are no
+  // longer alive. Others: visits nothing.
+  using CopyVisitor =
+      absl::FunctionRef<void(absl::string_view name, uint64_t size, int64_t mtime_ns)>;
+  virtual absl::Status ScanCopies(CopyVisitor visit) {
+    (void)visit;
+    return absl::OkStatus();
+  }
+};
+
+// Factories. `max_open_files` bounds the descriptors (or mappings) kept open
+// between reads.
+std::unique_ptr<StorageDriver> NewRamDriver();
+std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files);
+std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files);
+// The dataset on the PFS. Read-only: Store and Remove fail with PermissionDenied.
+std::unique_ptr<StorageDriver> NewSourceDriver(const std::string& root, int max_open_files);
+
+}  // namespace monarch
+
+#endif  // MONARCH_DRIVERS_STORAGE_DRIVER_H_

@@ -1,0 +1,59 @@
+// Tier: driver plus capacity accounting and counters.
+
+#include "drivers/tier.h"
+
+namespace monarch {
+
+Tier::Tier(TierConfig config, std::unique_ptr<StorageDriver> driver)
+    : config_(std::move(config)), driver_(std::move(driver)), limit_(config_.capacity_bytes) {}
+
+absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* dst, size_t n) {
+  absl::StatusOr<size_t> result = driver_->Read(file, offset, dst, n);
+  if (result.ok()) {
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(*result, std::memory_order_relaxed);
+  } else {
+    read_errors_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return result;
+}
+
+bool Tier::TryReserve(uint64_t bytes) {
+  uint64_t current = reserved_.load(std::memory_order_relaxed);
+  do {
+    if (current + bytes > limit_.load(std::memory_order_relaxed) || current + bytes < current) {
+      return false;
+    }
+  } while (!reserved_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void Tier::Commit(uint64_t bytes) {
+  committed_.fetch_add(bytes, std::memory_order_relaxed);
+  files_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Tier::Release(uint64_t bytes) { reserved_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+void Tier::MarkFull() { limit_.store(reserved_.load(std::memory_order_relaxed)); }
+
+void Tier::SetDatasetSize(uint64_t files, uint64_t bytes) {
+  files_.store(files);
+  committed_.store(bytes);
+}
+
+TierStats Tier::GetStats() const {
+  TierStats stats;
+  stats.name = config_.name;
+  stats.kind = TierKindName(config_.kind);
+  stats.reads = reads_.load(std::memory_order_relaxed);
+  stats.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  stats.files = files_.load(std::memory_order_relaxed);
+  stats.bytes_used = committed_.load(std::memory_order_relaxed);
+  stats.capacity = config_.capacity_bytes;
+  stats.read_errors = read_errors_.load(std::memory_order_relaxed);
+  stats.write_errors = write_errors_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+}  // namespace monarch

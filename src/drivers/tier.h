@@ -1,0 +1,70 @@
+// Tier: one level of the storage hierarchy, a driver plus its properties.
+//
+// The tier owns its driver, its configuration (name, kind, path, capacity)
+// and its counters. Capacity is accounted in two steps so that concurrent
+// promotions never overcommit a tier, while "bytes used" only ever counts
+// complete copies: TryReserve() before a copy starts, then Commit() or
+// Release() when it ends.
+//
+// Thread-safe: counters are atomics; the config and driver never change.
+
+#ifndef MONARCH_DRIVERS_TIER_H_
+#define MONARCH_DRIVERS_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "drivers/storage_driver.h"
+#include "monarch/config.h"
+#include "monarch/stats.h"
+
+namespace monarch {
+
+class Tier {
+ public:
+  Tier(TierConfig config, std::unique_ptr<StorageDriver> driver);
+
+  const TierConfig& config() const { return config_; }
+  bool is_source() const { return config_.kind == TierKind::kSource; }
+  StorageDriver& driver() { return *driver_; }
+
+  // Reads through the driver and counts the call: a success adds to reads and
+  // bytes read, a failure to read errors.
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
+
+  // Reserves room for a copy of `bytes`; false if it would not fit.
+  bool TryReserve(uint64_t bytes);
+  // The reserved copy is complete: it now counts as used.
+  void Commit(uint64_t bytes);
+  // The reserved copy was abandoned.
+  void Release(uint64_t bytes);
+  // Treats the tier as full from now on (after the device reported ENOSPC
+  // before the configured capacity was reached).
+  void MarkFull();
+  void CountWriteError() { write_errors_.fetch_add(1, std::memory_order_relaxed); }
+
+  // For the source: what the dataset holds, reported as its files and bytes.
+  void SetDatasetSize(uint64_t files, uint64_t bytes);
+
+  TierStats GetStats() const;
+
+ private:
+  const TierConfig config_;
+  const std::unique_ptr<StorageDriver> driver_;
+
+  std::atomic<uint64_t> limit_;        // Capacity, lowered by MarkFull().
+  std::atomic<uint64_t> committed_{0};  // Bytes of complete copies.
+  std::atomic<uint64_t> reserved_{0};  // Committed plus in-flight reservations.
+  std::atomic<uint64_t> files_{0};
+
+  // Counters, each on its own cache line: reader threads bump them on every call.
+  alignas(64) std::atomic<uint64_t> reads_{0};
+  alignas(64) std::atomic<uint64_t> bytes_read_{0};
+  alignas(64) std::atomic<uint64_t> read_errors_{0};
+  std::atomic<uint64_t> write_errors_{0};
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_DRIVERS_TIER_H_

@@ -1,0 +1,93 @@
+// Namespace: the in-memory view of the dataset, built once at start-up.
+//
+// Walks the dataset directory (optionally keeping only names that fully
+// match a regex) and records, per file, its dataset-relative name, size,
+// source mtime, the fastest tier holding a complete copy, and its placement
+// state. The set of files and directories never changes after Build(), so
+// lookups take no lock and scale across reader threads; only each file's
+// tier and state change, and those are atomics.
+//
+// Names are stored once, in one arena, and the lookup map holds views into
+// it: a million files cost a few tens of MB.
+
+#ifndef MONARCH_METADATA_NAMESPACE_H_
+#define MONARCH_METADATA_NAMESPACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "drivers/storage_driver.h"
+
+namespace monarch {
+
+enum class PlacementState : uint8_t {
+  kOnSource,       // Only the source holds it; the next read may promote it.
+  kPromoting,      // A promotion is in flight.
+  kInTier,         // `tier` holds a complete copy.
+  kStaysOnSource,  // No tier had room, or its promotion failed: not retried.
+};
+
+struct FileEntry {
+  FileRef ref;
+  // Index (in the tier list) of the fastest tier with a complete copy. Set
+  // with release order only after the copy is complete, so a reader that
+  // loads it with acquire order can read that copy.
+  std::atomic<int> tier{0};
+  std::atomic<PlacementState> state{PlacementState::kOnSource};
+};
+
+class Namespace {
+ public:
+  // Walks `root` (an absolute directory). Every file starts on
+  // `source_tier`. `file_regex` may be empty (keep everything).
+  static absl::StatusOr<std::unique_ptr<Namespace>> Build(const std::string& root,
+                                                          const std::string& file_regex,
+                                                          int source_tier);
+
+  // The entry for `name` (dataset-relative, or absolute inside the root),
+  // or nullptr if it is not a dataset file.
+  FileEntry* Find(absl::string_view name) const;
+
+  bool IsDirectory(absl::string_view name) const;
+  // Sorted names directly inside `dir`; NotFound if it is not a directory.
+  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const;
+
+  uint32_t file_count() const { return file_count_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+  FileEntry& entry(uint32_t id) const { return entries_[id]; }
+  const std::string& root() const { return root_; }
+
+ private:
+  struct Directory {
+    std::vector<uint32_t> files;
+    std::vector<uint32_t> subdirectories;
+  };
+
+  Namespace() = default;
+
+  // Turns `name` into the canonical dataset-relative form ("a/b"), using
+  // `scratch` only when it has to be rewritten. nullopt: outside the root.
+  bool Canonicalize(absl::string_view name, std::string* scratch, absl::string_view* out) const;
+  const Directory* FindDirectory(absl::string_view name) const;
+
+  std::string root_;
+  std::string names_;  // Arena of all file names; never resized after Build.
+  std::unique_ptr<FileEntry[]> entries_;
+  uint32_t file_count_ = 0;
+  uint64_t total_bytes_ = 0;
+  absl::flat_hash_map<absl::string_view, uint32_t> by_name_;
+
+  std::vector<std::string> directory_names_;  // "" is the root.
+  std::vector<Directory> directories_;
+  absl::flat_hash_map<absl::string_view, uint32_t> directory_by_name_;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_METADATA_NAMESPACE_H_

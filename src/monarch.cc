@@ -1,0 +1,218 @@
+// MonarchImpl: the read path and the wiring of namespace, tiers and placement.
+//
+// The read path is: name -> namespace entry -> the tier its entry names.
+// Only files still on the source take the detour through the placement
+// handler, which may start a promotion and serve from its staged bytes.
+
+#include "monarch/monarch.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "drivers/tier.h"
+#include "metadata/namespace.h"
+#include "monarch_internal.h"
+#include "placement/placement_handler.h"
+#include "placement/placement_policy.h"
+
+namespace monarch {
+namespace {
+
+// Debian's Abseil has its own string_view type; the public API uses std's.
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+LogLevel ParseLogLevel(const std::string& level) {
+  if (level == "debug") return LogLevel::kDebug;
+  if (level == "info") return LogLevel::kInfo;
+  if (level == "error") return LogLevel::kError;
+  return LogLevel::kWarning;
+}
+
+std::unique_ptr<StorageDriver> NewDriver(const TierConfig& tier, const Config& config) {
+  const int max_open = config.placement.max_open_files;
+  switch (tier.kind) {
+    case TierKind::kRam: return NewRamDriver();
+    case TierKind::kPmem: return NewPmemDriver(tier.path, max_open);
+    case TierKind::kPosix: return NewPosixDriver(tier.path, max_open);
+    case TierKind::kSource: return NewSourceDriver(config.dataset.path, max_open);
+  }
+  return nullptr;
+}
+
+class MonarchImpl final : public Monarch {
+ public:
+  MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
+              std::unique_ptr<Namespace> ns)
+      : config_(std::move(config)),
+        tiers_(std::move(tiers)),
+        source_index_(static_cast<int>(tiers_.size()) - 1),
+        namespace_(std::move(ns)) {}
+
+  ~MonarchImpl() override { Shutdown(ShutdownMode::kCancel); }
+
+  absl::Status Start(std::unique_ptr<PlacementPolicy> policy) {
+    source().SetDatasetSize(namespace_->file_count(), namespace_->total_bytes());
+    MONARCH_RETURN_IF_ERROR(ReuseEarlierCopies());
+    placement_ = std::make_unique<PlacementHandler>(&tiers_, std::move(policy), config_.placement);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
+                              uint64_t offset) override {
+    FileEntry* entry = namespace_->Find(ToAbsl(name));
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    const uint64_t size = entry->ref.size;
+    if (offset >= size || n == 0) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+    char* dst = static_cast<char*>(buffer);
+    for (;;) {
+      const int tier = entry->tier.load(std::memory_order_acquire);
+      if (tier != source_index_) return ReadFromTier(*entry, tier, offset, dst, n);
+      if (auto result = placement_->ReadIfOnSource(*entry, offset, dst, n)) return *result;
+      // Published to a tier meanwhile: go around once more and read it there.
+    }
+  }
+
+  absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
+    const FileEntry* entry = namespace_->Find(ToAbsl(name));
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return entry->ref.size;
+  }
+
+  bool FileExists(std::string_view name) const override { return namespace_->Find(ToAbsl(name)) != nullptr; }
+  bool IsDirectory(std::string_view name) const override { return namespace_->IsDirectory(ToAbsl(name)); }
+
+  absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
+    return namespace_->List(ToAbsl(dir));
+  }
+
+  std::vector<std::string> ListFiles() const override {
+    std::vector<std::string> names;
+    names.reserve(namespace_->file_count());
+    for (uint32_t id = 0; id < namespace_->file_count(); ++id) {
+      names.emplace_back(namespace_->entry(id).ref.name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  const std::string& dataset_root() const override { return namespace_->root(); }
+
+  Stats GetStats() const override {
+    Stats stats;
+    for (const auto& tier : tiers_) stats.tiers.push_back(tier->GetStats());
+    placement_->AddStats(&stats);
+    stats.warm_files_reused = warm_reused_;
+    stats.warm_files_discarded = warm_discarded_;
+    return stats;
+  }
+
+  void Shutdown(ShutdownMode mode) override {
+    if (placement_ != nullptr) placement_->Shutdown(mode == ShutdownMode::kDrain);
+  }
+
+  void WaitForPlacement() override { placement_->WaitIdle(); }
+
+ private:
+  Tier& source() { return *tiers_.back(); }
+
+  // A copy that cannot be read (deleted behind our back, EIO) is dropped
+  // from the namespace and the read is served from the source: a read never
+  // fails or returns wrong bytes because a cache copy went bad.
+  absl::StatusOr<size_t> ReadFromTier(FileEntry& entry, int tier, uint64_t offset, char* dst,
+                                      size_t n) {
+    absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
+    if (result.ok() && *result == n) return result;
+    MONARCH_LOG(kWarning, "tier '", tiers_[tier]->config().name, "' failed to read ",
+                entry.ref.name, " (",
+                result.ok() ? absl::StrCat("short read of ", *result, " bytes")
+                            : result.status().ToString(),
+                "); serving it from the source from now on");
+    int expected = tier;
+    if (entry.tier.compare_exchange_strong(expected, source_index_)) {
+      entry.state.store(PlacementState::kStaysOnSource);
+    }
+    return source().Read(entry.ref, offset, dst, n);
+  }
+
+  // Warm restart: adopt the copies an earlier run left in file-backed tiers
+  // when they still match the source (size and mtime), delete stale ones.
+  absl::Status ReuseEarlierCopies() {
+    for (int t = 0; t < source_index_; ++t) {
+      Tier& tier = *tiers_[t];
+      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies(
+          [&](absl::string_view name, uint64_t size, int64_t mtime_ns) {
+            FileEntry* entry = namespace_->Find(name);
+            if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
+            const bool valid = size == entry->ref.size && mtime_ns == entry->ref.mtime_ns;
+            const bool wanted = valid && entry->tier.load() == source_index_ &&
+                                tier.TryReserve(size);
+            if (wanted) {
+              tier.Commit(size);
+              entry->tier.store(t, std::memory_order_release);
+              entry->state.store(PlacementState::kInTier);
+              ++warm_reused_;
+              return;
+            }
+            // Stale, a duplicate of a faster tier's copy, or over capacity.
+            absl::Status removed = tier.driver().Remove(entry->ref);
+            if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
+            if (!valid) ++warm_discarded_;
+          }));
+    }
+    if (warm_reused_ + warm_discarded_ > 0) {
+      MONARCH_LOG(kInfo, "warm restart: reused ", warm_reused_, " copies, discarded ",
+                  warm_discarded_, " stale ones");
+    }
+    return absl::OkStatus();
+  }
+
+  const Config config_;
+  std::vector<std::unique_ptr<Tier>> tiers_;
+  const int source_index_;
+  const std::unique_ptr<Namespace> namespace_;
+  std::unique_ptr<PlacementHandler> placement_;  // Declared last: stops first.
+  uint64_t warm_reused_ = 0;     // Written only during Start().
+  uint64_t warm_discarded_ = 0;  // Written only during Start().
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
+                                                                        const DriverWrapper& wrap) {
+  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  SetLogLevel(ParseLogLevel(config.logging.level));
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<PlacementPolicy> policy,
+                           NewPlacementPolicy(config.placement.policy));
+  std::vector<std::unique_ptr<Tier>> tiers;
+  for (size_t i = 0; i < config.tiers.size(); ++i) {
+    std::unique_ptr<StorageDriver> driver = NewDriver(config.tiers[i], config);
+    if (wrap) driver = wrap(static_cast<int>(i), std::move(driver));
+    tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(driver)));
+  }
+  const int source_index = static_cast<int>(tiers.size()) - 1;
+  MONARCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<Namespace> ns,
+      Namespace::Build(config.dataset.path, config.dataset.file_regex, source_index));
+  auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns));
+  MONARCH_RETURN_IF_ERROR(monarch->Start(std::move(policy)));
+  return std::unique_ptr<Monarch>(std::move(monarch));
+}
+
+absl::StatusOr<std::unique_ptr<Monarch>> Monarch::Create(const Config& config) {
+  return CreateMonarchWithDriverWrapper(config, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path) {
+  MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigFile(path));
+  return Create(config);
+}
+
+absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml) {
+  MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigString(yaml));
+  return Create(config);
+}
+
+}  // namespace monarch

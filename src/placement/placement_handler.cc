@@ -1,0 +1,137 @@
+// PlacementHandler: background promotion of whole files.
+
+#include "placement/placement_handler.h"
+
+#include "common/file_util.h"
+#include "common/log.h"
+
+namespace monarch {
+
+PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
+                                   std::unique_ptr<PlacementPolicy> policy,
+                                   const PlacementConfig& config)
+    : tiers_(tiers),
+      source_index_(static_cast<int>(tiers->size()) - 1),
+      policy_(std::move(policy)),
+      chunk_bytes_(config.chunk_bytes),
+      max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
+                                                       : PhysicalMemoryBytes() / 4),
+      pool_(static_cast<size_t>(config.threads)) {}
+
+PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
+
+std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
+                                                                        uint64_t offset,
+                                                                        char* dst, size_t n) {
+  std::shared_ptr<Promotion> promotion;
+  {
+    MutexLock lock(&mu_);
+    // Publication changes `tier` under this lock, so this check and the
+    // lookup below see either the promotion or its published copy.
+    if (entry.tier.load(std::memory_order_acquire) != source_index_) return std::nullopt;
+    auto it = in_flight_.find(entry.ref.id);
+    if (it != in_flight_.end()) {
+      promotion = it->second;
+    } else if (accepting_ && entry.state.load() == PlacementState::kOnSource) {
+      promotion = StartLocked(entry);
+    }
+  }
+  if (promotion == nullptr) return source().Read(entry.ref, offset, dst, n);
+  bool hit = false;
+  absl::StatusOr<size_t> result = promotion->Read(source(), offset, dst, n, &hit);
+  if (hit) staging_hits_.fetch_add(1, std::memory_order_relaxed);
+  return result;
+}
+
+std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
+  const uint64_t size = entry.ref.size;
+  if (size > max_staging_bytes_) {
+    MONARCH_LOG(kInfo, entry.ref.name, " is larger than placement.max_staging_bytes (",
+                max_staging_bytes_, "); it stays on the source");
+    entry.state.store(PlacementState::kStaysOnSource);
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  // Staging memory is busy: serve from the source now and let a later read
+  // of this file try again.
+  if (staging_bytes_ + size > max_staging_bytes_) return nullptr;
+  std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
+  if (!tier.has_value()) {
+    // No tier has room, and without eviction none will: stop asking.
+    entry.state.store(PlacementState::kStaysOnSource);
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  auto promotion = std::make_shared<Promotion>(&entry, *tier, chunk_bytes_);
+  entry.state.store(PlacementState::kPromoting);
+  in_flight_.emplace(entry.ref.id, promotion);
+  staging_bytes_ += size;
+  started_.fetch_add(1, std::memory_order_relaxed);
+  pool_.detach_task([this, promotion] { Run(promotion); });
+  return promotion;
+}
+
+void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
+  FileEntry& entry = promotion->entry();
+  Tier& tier = *(*tiers_)[promotion->target_tier()];
+  absl::Status status = promotion->FillAll(source(), cancel_);
+  bool write_failed = false;
+  if (status.ok()) {
+    status = tier.driver().Store(entry.ref, promotion->image());
+    write_failed = !status.ok();
+  }
+  if (status.ok()) {
+    tier.Commit(entry.ref.size);
+  } else {
+    tier.Release(entry.ref.size);
+    if (write_failed) {
+      tier.CountWriteError();
+      // The device filled up before the configured capacity: stop sending
+      // it copies rather than failing every one of them.
+      if (absl::IsResourceExhausted(status)) tier.MarkFull();
+    }
+  }
+  const bool cancelled = absl::IsCancelled(status);
+  {
+    MutexLock lock(&mu_);
+    if (status.ok()) {
+      entry.tier.store(promotion->target_tier(), std::memory_order_release);
+      entry.state.store(PlacementState::kInTier);
+    } else {
+      // A cancelled file may be promoted by a later instance; a failed one
+      // stays on the source for this run rather than failing again.
+      entry.state.store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource);
+    }
+    in_flight_.erase(entry.ref.id);
+    staging_bytes_ -= entry.ref.size;
+  }
+  if (status.ok()) {
+    completed_.fetch_add(1, std::memory_order_relaxed);
+  } else if (cancelled) {
+    cancelled_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    MONARCH_LOG(kWarning, "promotion of ", entry.ref.name, " to tier '", tier.config().name,
+                "' failed; it stays on the source: ", status.ToString());
+  }
+}
+
+void PlacementHandler::Shutdown(bool drain) {
+  {
+    MutexLock lock(&mu_);
+    accepting_ = false;
+  }
+  if (!drain) cancel_.store(true);
+  pool_.wait();
+}
+
+void PlacementHandler::AddStats(Stats* stats) const {
+  stats->promotions_started = started_.load();
+  stats->promotions_completed = completed_.load();
+  stats->promotions_failed = failed_.load();
+  stats->promotions_skipped = skipped_.load();
+  stats->promotions_cancelled = cancelled_.load();
+  stats->staging_hits = staging_hits_.load();
+}
+
+}  // namespace monarch

@@ -1,0 +1,38 @@
+// PlacementPolicy: decides which tier, if any, receives a file's copy.
+//
+// Kept behind this small interface so that other policies (eviction,
+// prefetch-driven) can be added without touching the read path.
+// Implementations must be thread-safe: promotions are decided concurrently.
+
+#ifndef MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
+#define MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "drivers/tier.h"
+
+namespace monarch {
+
+class PlacementPolicy {
+ public:
+  virtual ~PlacementPolicy() = default;
+
+  // Picks the tier to receive a complete copy of `file` and reserves its
+  // bytes there (Tier::TryReserve); nullopt leaves the file on the source.
+  // `tiers` is fastest first and ends with the source, which is never picked.
+  virtual std::optional<int> ChooseTier(const FileRef& file,
+                                        const std::vector<std::unique_ptr<Tier>>& tiers) = 0;
+};
+
+// "first-fit": the MONARCH paper's policy. Top-down, the first tier with
+// room for the whole file; no eviction, so when every tier is full files
+// stay on the source. "none": never promote (a pass-through baseline).
+absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name);
+
+}  // namespace monarch
+
+#endif  // MONARCH_PLACEMENT_PLACEMENT_POLICY_H_

@@ -1,0 +1,79 @@
+// ThreadPool implementation.
+
+#include "placement/thread_pool.h"
+
+namespace monarch {
+
+ThreadPool::ThreadPool(size_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads_.reserve(threads);
+  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  wait();
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  work_available_.SignalAll();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void ThreadPool::Enqueue(std::function<void()> task) {
+  {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(task));
+  }
+  work_available_.Signal();
+}
+
+void ThreadPool::wait() {
+  MutexLock lock(&mu_);
+  while (!queue_.empty() || running_ > 0) idle_.Wait(&mu_);
+}
+
+size_t ThreadPool::purge() {
+  std::deque<std::function<void()>> dropped;  // Destroyed after unlocking.
+  size_t count;
+  {
+    MutexLock lock(&mu_);
+    dropped.swap(queue_);
+    count = dropped.size();
+  }
+  idle_.SignalAll();
+  return count;
+}
+
+size_t ThreadPool::get_tasks_queued() {
+  MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+size_t ThreadPool::get_tasks_running() {
+  MutexLock lock(&mu_);
+  return running_;
+}
+
+void ThreadPool::WorkerLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !stopping_) work_available_.Wait(&mu_);
+      if (queue_.empty()) return;  // Stopping, and nothing left to run.
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+    }
+    task();
+    task = nullptr;  // Release captures before reporting idle.
+    {
+      MutexLock lock(&mu_);
+      --running_;
+      if (running_ == 0 && queue_.empty()) idle_.SignalAll();
+    }
+  }
+}
+
+}  // namespace monarch

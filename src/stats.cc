@@ -1,0 +1,60 @@
+// Stats::ToJson: the one place counters become text.
+
+#include "monarch/stats.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace monarch {
+namespace {
+
+void AppendJsonString(std::string* out, const std::string& s) {
+  out->push_back('"');
+  for (char c : s) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\n': out->append("\\n"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+          out->append(escaped);
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+}  // namespace
+
+std::string Stats::ToJson() const {
+  std::string out = "{\"tiers\":[";
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const TierStats& t = tiers[i];
+    if (i > 0) out.push_back(',');
+    out.append("{\"name\":");
+    AppendJsonString(&out, t.name);
+    out.append(",\"kind\":");
+    AppendJsonString(&out, t.kind);
+    absl::StrAppend(&out, ",\"reads\":", t.reads, ",\"bytes_read\":", t.bytes_read,
+                    ",\"files\":", t.files, ",\"bytes_used\":", t.bytes_used,
+                    ",\"capacity\":", t.capacity, ",\"read_errors\":", t.read_errors,
+                    ",\"write_errors\":", t.write_errors, "}");
+  }
+  absl::StrAppend(&out, "],\"promotions_started\":", promotions_started,
+                  ",\"promotions_completed\":", promotions_completed,
+                  ",\"promotions_failed\":", promotions_failed,
+                  ",\"promotions_skipped\":", promotions_skipped,
+                  ",\"promotions_cancelled\":", promotions_cancelled,
+                  ",\"staging_hits\":", staging_hits,
+                  ",\"warm_files_reused\":", warm_files_reused,
+                  ",\"warm_files_discarded\":", warm_files_discarded, "}");
+  return out;
+}
+
+}  // namespace monarch
