@@ -20,11 +20,11 @@
 // API is thread-safe; the only plugin state is the holder, which counts the
 // ops in flight so that closing can wait for them.
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 
@@ -43,6 +43,7 @@ namespace {
 // Monarch codes use the canonical numbering TensorFlow uses too; mapping each
 // one by name keeps the plugin correct even if either enum ever drifts.
 TF_Code ToTfCode(monarch_code code) {
+  // clang-format off
   switch (code) {
     case MONARCH_OK: return TF_OK;
     case MONARCH_CANCELLED: return TF_CANCELLED;
@@ -61,6 +62,7 @@ TF_Code ToTfCode(monarch_code code) {
     case MONARCH_UNAVAILABLE: return TF_UNAVAILABLE;
     case MONARCH_DATA_LOSS: return TF_DATA_LOSS;
   }
+  // clang-format on
   return TF_UNKNOWN;
 }
 
@@ -245,9 +247,8 @@ int64_t Read(const TF_RandomAccessFile* file, uint64_t offset, size_t n, char* b
   while (total < n && offset + total < f->size) {
     size_t got = 0;
     char* error = nullptr;
-    monarch_code code =
-        monarch_read(session.get(), f->name.c_str(), buffer + total, n - total, offset + total,
-                     &got, &error);
+    monarch_code code = monarch_read(session.get(), f->name.c_str(), buffer + total, n - total,
+                                     offset + total, &got, &error);
     if (code != MONARCH_OK) {
       SetFromMonarch(status, code, error, f->name.c_str());
       return -1;

@@ -5,6 +5,7 @@
 
 #include "monarch/config.h"
 
+#include <regex.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -274,6 +275,18 @@ absl::Status ValidateConfig(const Config& config) {
   if (!IsDirectory(config.dataset.path)) {
     return KeyError("dataset.path", absl::StrCat("'", config.dataset.path, "' is not an existing directory"));
   }
+  if (!config.dataset.file_regex.empty()) {
+    regex_t regex;
+    int rc = ::regcomp(&regex, absl::StrCat("^(", config.dataset.file_regex, ")$").c_str(),
+                       REG_EXTENDED | REG_NOSUB);
+    if (rc != 0) {
+      char message[256];
+      ::regerror(rc, &regex, message, sizeof(message));
+      return KeyError("dataset.file_regex", absl::StrCat("invalid regular expression '",
+                                                         config.dataset.file_regex, "': ", message));
+    }
+    ::regfree(&regex);
+  }
   const std::string dataset = RealPath(config.dataset.path);
   if (config.tiers.empty()) return KeyError("tiers", "expected at least the source tier");
 
@@ -290,6 +303,13 @@ absl::Status ValidateConfig(const Config& config) {
     if (tier.kind == TierKind::kSource) {
       ++sources;
       if (sources > 1) return KeyError(absl::StrCat(where, ".kind"), "a second source tier; expected exactly one, last");
+      bool another_follows = false;
+      for (size_t j = i + 1; j < config.tiers.size(); ++j) {
+        another_follows = another_follows || config.tiers[j].kind == TierKind::kSource;
+      }
+      if (another_follows) {
+        continue;  // Reported as "a second source tier" at the next one.
+      }
       if (i + 1 != config.tiers.size()) {
         return KeyError(absl::StrCat(where, ".kind"), "the source tier must be the last tier (tiers are fastest first)");
       }

@@ -144,6 +144,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
 
 bool Namespace::Canonicalize(absl::string_view name, std::string* scratch,
                              absl::string_view* out) const {
+  if (name == "/") name = "";  // The dataset root, as front ends spell it.
   if (!name.empty() && name[0] == '/') {
     if (!absl::StartsWith(name, root_)) return false;
     name.remove_prefix(root_.size());

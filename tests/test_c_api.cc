@@ -1,0 +1,74 @@
+// The C API: same behaviour as the C++ API, codes and messages for errors.
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "monarch/monarch_c.h"
+#include "test_util.h"
+
+namespace {
+
+using monarch::testing::ScratchDir;
+
+TEST_CASE("C API: open, read, list, stat, stats, close") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 4, {5000});
+  monarch_t* m = nullptr;
+  char* error = nullptr;
+  REQUIRE(monarch_open_default(ds.c_str(), &m, &error) == MONARCH_OK);
+  CHECK(error == nullptr);
+  REQUIRE(m != nullptr);
+
+  char buffer[6000];
+  size_t n = 0;
+  CHECK(monarch_read(m, files[1].name.c_str(), buffer, sizeof(buffer), 0, &n, &error) == MONARCH_OK);
+  CHECK(n == 5000);
+  CHECK(monarch::testing::BytesMatch(files[1], buffer, 0, n));
+  CHECK(monarch_read(m, files[1].name.c_str(), buffer, 10, 5000, &n, nullptr) == MONARCH_OK);
+  CHECK(n == 0);
+
+  CHECK(monarch_read(m, "dir0/missing", buffer, 10, 0, &n, &error) == MONARCH_NOT_FOUND);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "dir0/missing") != nullptr);
+  monarch_free(error);
+
+  uint64_t size = 0;
+  CHECK(monarch_file_size(m, files[0].name.c_str(), &size, nullptr) == MONARCH_OK);
+  CHECK(size == 5000);
+  CHECK(monarch_file_exists(m, files[0].name.c_str()) == 1);
+  CHECK(monarch_file_exists(m, "nope") == 0);
+  CHECK(monarch_is_directory(m, "dir0") == 1);
+  CHECK(std::string(monarch_dataset_root(m)) == ds);
+
+  char** names = nullptr;
+  size_t count = 0;
+  REQUIRE(monarch_list_directory(m, "", &names, &count, nullptr) == MONARCH_OK);
+  REQUIRE(count == 4);
+  CHECK(std::string(names[0]) == "dir0");
+  CHECK(std::string(names[3]) == "dir3");
+  monarch_free_list(names, count);
+  CHECK(monarch_list_directory(m, "nope", &names, &count, nullptr) == MONARCH_NOT_FOUND);
+
+  monarch_wait_for_placement(m);
+  char* json = monarch_stats_json(m);
+  CHECK(std::strstr(json, "\"promotions_completed\":1") != nullptr);
+  monarch_free(json);
+  monarch_close(m);
+}
+
+TEST_CASE("C API: a bad config gives INVALID_ARGUMENT and a message naming the key") {
+  monarch_t* m = reinterpret_cast<monarch_t*>(1);
+  char* error = nullptr;
+  CHECK(monarch_open_yaml_string("tiers: 3\n", &m, &error) == MONARCH_INVALID_ARGUMENT);
+  CHECK(m == nullptr);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "dataset") != nullptr);
+  monarch_free(error);
+  CHECK(monarch_open_yaml_file("/nonexistent.yaml", &m, &error) == MONARCH_NOT_FOUND);
+  monarch_free(error);
+}
+
+}  // namespace

@@ -1,0 +1,276 @@
+// Config parsing and validation: good configs parse into the expected
+// structs; every bad config is refused with one message naming the key.
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "monarch/config.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::ScratchDir;
+
+// Returns the error message of parsing `yaml`; fails the test if it parsed.
+std::string ErrorOf(const std::string& yaml) {
+  absl::StatusOr<Config> config = ParseConfigString(yaml);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+struct Dirs {
+  ScratchDir scratch;
+  std::string dataset = scratch.Sub("dataset");
+  std::string nvme = scratch.Sub("nvme");
+  std::string pmem = scratch.Sub("pmem");
+};
+
+TEST_CASE("a full config parses into the expected structs") {
+  Dirs d;
+  absl::StatusOr<Config> config = ParseConfigString(absl::StrCat(R"(
+dataset:
+  path: )", d.dataset, R"(
+  file_regex: '.*\.jpg'
+tiers:
+  - {name: mem, kind: ram, capacity: 1GiB}
+  - {name: pm, kind: pmem, path: )", d.pmem, R"(, capacity: 64MiB}
+  - {name: nvme, kind: posix, path: )", d.nvme, R"(, capacity: 100MB}
+  - {name: lustre, kind: source}
+placement:
+  threads: 3
+  policy: first-fit
+  max_staging_bytes: 256MiB
+  chunk_bytes: 512KiB
+  max_open_files: 64
+logging:
+  level: info
+)"));
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->dataset.path == d.dataset);
+  CHECK(config->dataset.file_regex == ".*\\.jpg");
+  REQUIRE(config->tiers.size() == 4);
+  CHECK(config->tiers[0].kind == TierKind::kRam);
+  CHECK(config->tiers[0].capacity_bytes == (1ull << 30));
+  CHECK(config->tiers[1].kind == TierKind::kPmem);
+  CHECK(config->tiers[1].path == d.pmem);
+  CHECK(config->tiers[2].capacity_bytes == 100000000);
+  CHECK(config->tiers[3].kind == TierKind::kSource);
+  CHECK(config->tiers[3].name == "lustre");
+  CHECK(config->placement.threads == 3);
+  CHECK(config->placement.max_staging_bytes == (256ull << 20));
+  CHECK(config->placement.chunk_bytes == (512ull << 10));
+  CHECK(config->placement.max_open_files == 64);
+  CHECK(config->logging.level == "info");
+}
+
+TEST_CASE("tier names default to the kind") {
+  Dirs d;
+  absl::StatusOr<Config> config = ParseConfigString(absl::StrCat(
+      "dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"));
+  REQUIRE(config.ok());
+  CHECK(config->tiers[0].name == "ram");
+  CHECK(config->tiers[1].name == "source");
+}
+
+TEST_CASE("sizes accept binary and decimal units") {
+  CHECK(*ParseByteSize("1048576") == 1048576);
+  CHECK(*ParseByteSize("64GiB") == (64ull << 30));
+  CHECK(*ParseByteSize("64 GiB") == (64ull << 30));
+  CHECK(*ParseByteSize("1.5KiB") == 1536);
+  CHECK(*ParseByteSize("2MB") == 2000000);
+  CHECK(*ParseByteSize("512k") == 524288);
+  CHECK(*ParseByteSize("3g") == (3ull << 30));
+  CHECK_FALSE(ParseByteSize("12 parsecs").ok());
+  CHECK_FALSE(ParseByteSize("-5").ok());
+  CHECK_FALSE(ParseByteSize("").ok());
+  CHECK_FALSE(ParseByteSize("GiB").ok());
+  CHECK_FALSE(ParseByteSize("1.5").ok());
+  CHECK_FALSE(ParseByteSize("99999999TiB").ok());
+}
+
+TEST_CASE("bad configs are refused with the key named") {
+  Dirs d;
+  const std::string ds = absl::StrCat("dataset: {path: ", d.dataset, "}\n");
+  const std::string src = "  - {kind: source}\n";
+
+  SUBCASE("malformed YAML") {
+    std::string e = ErrorOf("dataset: {path: [unclosed\n");
+    CHECK(absl::StrContains(e, "malformed YAML at line"));
+  }
+  SUBCASE("not a mapping") { CHECK(absl::StrContains(ErrorOf("- a\n- b\n"), "expected a mapping")); }
+  SUBCASE("unknown top-level key") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
+    CHECK(absl::StrContains(e, "cache: unknown key; expected one of: dataset, tiers, placement, logging"));
+  }
+  SUBCASE("unknown tier key") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].size: unknown key"));
+  }
+  SUBCASE("unknown placement key") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {thread: 2}\n");
+    CHECK(absl::StrContains(e, "placement.thread: unknown key"));
+  }
+  SUBCASE("missing dataset") {
+    CHECK(absl::StrContains(ErrorOf("tiers:\n" + src), "dataset: required"));
+  }
+  SUBCASE("missing dataset path") {
+    CHECK(absl::StrContains(ErrorOf("dataset: {file_regex: x}\ntiers:\n" + src), "dataset.path: required"));
+  }
+  SUBCASE("dataset path that does not exist") {
+    std::string e = ErrorOf("dataset: {path: /nonexistent/monarch}\ntiers:\n" + src);
+    CHECK(absl::StrContains(e, "dataset.path: '/nonexistent/monarch' is not an existing directory"));
+  }
+  SUBCASE("relative dataset path") {
+    CHECK(absl::StrContains(ErrorOf("dataset: {path: data}\ntiers:\n" + src), "dataset.path: expected an absolute path"));
+  }
+  SUBCASE("invalid regex") {
+    std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", file_regex: '(unclosed'}\ntiers:\n", src));
+    CHECK(absl::StrContains(e, "dataset.file_regex: invalid regular expression"));
+  }
+  SUBCASE("tiers is not a list") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers: ram\n"), "tiers: expected a list, got 'ram'"));
+  }
+  SUBCASE("missing tiers") { CHECK(absl::StrContains(ErrorOf(ds), "tiers: required")); }
+  SUBCASE("unknown kind") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: tape, capacity: 1MiB}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].kind: expected one of ram, pmem, posix, source; got 'tape'"));
+  }
+  SUBCASE("wrong type for capacity") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: [1, 2]}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].capacity: expected a size such as 64GiB or 1048576, got a list"));
+  }
+  SUBCASE("bad unit") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 12 parsecs}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].capacity: expected a size such as 64GiB"));
+    CHECK(absl::StrContains(e, "12 parsecs"));
+  }
+  SUBCASE("zero capacity") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 0}\n" + src),
+                            "tiers[0].capacity: expected a size greater than 0"));
+  }
+  SUBCASE("missing capacity") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n  - {kind: ram}\n" + src), "tiers[0].capacity: required for a ram tier"));
+  }
+  SUBCASE("missing path for a posix tier") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, capacity: 1MiB}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].path: required for a posix tier"));
+  }
+  SUBCASE("path that does not exist") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, path: /nonexistent/nvme, capacity: 1MiB}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].path: '/nonexistent/nvme' is not an existing directory"));
+  }
+  SUBCASE("a tier inside the dataset") {
+    std::string inner = d.scratch.Sub("dataset/cache");
+    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", inner, ", capacity: 1MiB}\n") + src);
+    CHECK(absl::StrContains(e, "tiers[0].path:"));
+    CHECK(absl::StrContains(e, "overlaps dataset.path"));
+  }
+  SUBCASE("two tiers sharing a directory") {
+    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {name: a, kind: posix, path: ", d.nvme,
+                                              ", capacity: 1MiB}\n  - {name: b, kind: pmem, path: ", d.nvme,
+                                              ", capacity: 1MiB}\n") + src);
+    CHECK(absl::StrContains(e, "tiers[1].path:"));
+    CHECK(absl::StrContains(e, "overlaps tiers[0].path"));
+  }
+  SUBCASE("source not last") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "  - {kind: ram, capacity: 1MiB}\n");
+    CHECK(absl::StrContains(e, "tiers[0].kind: the source tier must be the last tier"));
+  }
+  SUBCASE("two sources") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {name: a, kind: source}\n  - {name: b, kind: source}\n");
+    CHECK(absl::StrContains(e, "tiers[1].kind: a second source tier"));
+  }
+  SUBCASE("no source") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB}\n");
+    CHECK(absl::StrContains(e, "tiers: expected a last tier of kind 'source'"));
+  }
+  SUBCASE("a path on the source tier") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: source, path: /lustre}\n");
+    CHECK(absl::StrContains(e, "tiers[0].path: a source tier reads dataset.path"));
+  }
+  SUBCASE("duplicate names") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {name: x, kind: ram, capacity: 1MiB}\n  - {name: x, kind: source}\n");
+    CHECK(absl::StrContains(e, "tiers[1].name: 'x' is used by another tier"));
+  }
+  SUBCASE("capacity larger than the device") {
+    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", d.nvme, ", capacity: 1000TiB}\n") + src);
+    CHECK(absl::StrContains(e, "tiers[0].capacity:"));
+    CHECK(absl::StrContains(e, "more than the"));
+    CHECK(absl::StrContains(e, "bytes of the device holding"));
+  }
+  SUBCASE("ram capacity larger than memory") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1000TiB}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].capacity:"));
+    CHECK(absl::StrContains(e, "bytes of memory"));
+  }
+  SUBCASE("threads of the wrong type") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {threads: many}\n");
+    CHECK(absl::StrContains(e, "placement.threads: expected an integer, got 'many'"));
+  }
+  SUBCASE("negative threads") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {threads: -1}\n"), "placement.threads: expected 0"));
+  }
+  SUBCASE("unknown policy") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {policy: lru}\n");
+    CHECK(absl::StrContains(e, "placement.policy: expected 'first-fit' or 'none', got 'lru'"));
+  }
+  SUBCASE("tiny chunk size") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"), "placement.chunk_bytes"));
+  }
+  SUBCASE("bad log level") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");
+    CHECK(absl::StrContains(e, "logging.level: expected debug, info, warning or error; got 'loud'"));
+  }
+}
+
+TEST_CASE("a missing config file is NotFound and names the file") {
+  absl::StatusOr<Config> config = ParseConfigFile("/nonexistent/monarch.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(config.status().message(), "/nonexistent/monarch.yaml"));
+}
+
+TEST_CASE("ValidateConfig checks configs built in code the same way") {
+  Dirs d;
+  Config config = testing::MakeConfig(d.dataset, {testing::RamTier(1 << 20)});
+  CHECK(ValidateConfig(config).ok());
+  config.tiers.push_back(testing::RamTier(1 << 20, "late"));
+  absl::Status status = ValidateConfig(config);
+  CHECK(absl::StrContains(status.message(), "tiers[1].kind: the source tier must be the last tier"));
+}
+
+TEST_CASE("the embedded default is a RAM tier over the source") {
+  Dirs d;
+  Config config = DefaultConfig(d.dataset);
+  REQUIRE(config.tiers.size() == 2);
+  CHECK(config.tiers[0].kind == TierKind::kRam);
+  CHECK(config.tiers[0].capacity_bytes > 0);
+  CHECK(config.tiers[1].kind == TierKind::kSource);
+  CHECK(ValidateConfig(config).ok());
+}
+
+TEST_CASE("the shipped example configs parse once their paths exist") {
+  // config/*.yaml use placeholder paths; check their structure by pointing
+  // the paths at scratch directories.
+  Dirs d;
+  for (const char* name : {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml"}) {
+    std::ifstream in(std::string(MONARCH_SOURCE_DIR) + "/config/" + name);
+    REQUIRE_MESSAGE(in.good(), name);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto [from, to] : {std::pair<std::string, std::string>{"/lustre/datasets/imagenet", d.dataset},
+                            {"/mnt/nvme/monarch", d.nvme},
+                            {"/mnt/pmem0/monarch", d.pmem}}) {
+      for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+    }
+    absl::StatusOr<Config> config = ParseConfigString(text);
+    CHECK_MESSAGE(config.ok(), name, ": ", config.status().ToString());
+  }
+}
+
+}  // namespace
+}  // namespace monarch

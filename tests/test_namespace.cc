@@ -1,0 +1,84 @@
+// Namespace: the walk, the regex filter, lookups by relative and absolute
+// names, directory queries.
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include "metadata/namespace.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::ScratchDir;
+
+TEST_CASE("the walk records every file with its size") {
+  ScratchDir dir;
+  testing::WriteFile(dir.path() + "/top.bin", 1, 10);
+  testing::WriteFile(dir.path() + "/a/b/deep.bin", 2, 2000);
+  testing::WriteFile(dir.path() + "/a/with space.jpg", 3, 0);
+  dir.Sub("emptydir");
+  REQUIRE(::symlink((dir.path() + "/a").c_str(), (dir.path() + "/loop").c_str()) == 0);
+  REQUIRE(::symlink((dir.path() + "/top.bin").c_str(), (dir.path() + "/link.bin").c_str()) == 0);
+
+  absl::StatusOr<std::unique_ptr<Namespace>> ns = Namespace::Build(dir.path(), "", 3);
+  REQUIRE(ns.ok());
+  CHECK((*ns)->file_count() == 4);  // The symlinked directory is not followed.
+  CHECK((*ns)->total_bytes() == 10 + 2000 + 0 + 10);
+  FileEntry* deep = (*ns)->Find("a/b/deep.bin");
+  REQUIRE(deep != nullptr);
+  CHECK(deep->ref.size == 2000);
+  CHECK(deep->ref.mtime_ns > 0);
+  CHECK(deep->tier.load() == 3);
+  CHECK(deep->state.load() == PlacementState::kOnSource);
+  CHECK((*ns)->Find(dir.path() + "/a/b/deep.bin") == deep);
+  CHECK((*ns)->Find("./a//b/deep.bin") == deep);
+  CHECK((*ns)->Find("a/with space.jpg") != nullptr);
+  CHECK((*ns)->Find("link.bin") != nullptr);
+  CHECK((*ns)->Find("a/b/missing.bin") == nullptr);
+  CHECK((*ns)->Find("a/b") == nullptr);
+  CHECK((*ns)->Find("../" + dir.path().substr(dir.path().rfind('/') + 1) + "/top.bin") == nullptr);
+  CHECK((*ns)->Find(dir.path() + "x/top.bin") == nullptr);
+  CHECK((*ns)->Find("/elsewhere/top.bin") == nullptr);
+}
+
+TEST_CASE("directories are listed sorted, with files and subdirectories") {
+  ScratchDir dir;
+  testing::WriteFile(dir.path() + "/b.bin", 1, 1);
+  testing::WriteFile(dir.path() + "/a/x.bin", 1, 1);
+  testing::WriteFile(dir.path() + "/a/c/y.bin", 1, 1);
+  dir.Sub("empty");
+  auto ns = *Namespace::Build(dir.path(), "", 1);
+  CHECK(*ns->List("") == std::vector<std::string>{"a", "b.bin", "empty"});
+  CHECK(*ns->List("/") == std::vector<std::string>{"a", "b.bin", "empty"});
+  CHECK(*ns->List(dir.path()) == std::vector<std::string>{"a", "b.bin", "empty"});
+  CHECK(*ns->List("a") == std::vector<std::string>{"c", "x.bin"});
+  CHECK(*ns->List("a/") == std::vector<std::string>{"c", "x.bin"});
+  CHECK(ns->List("empty")->empty());
+  CHECK(ns->List("nope").status().code() == absl::StatusCode::kNotFound);
+  CHECK(ns->List("b.bin").status().code() == absl::StatusCode::kNotFound);
+  CHECK(ns->IsDirectory("a/c"));
+  CHECK(ns->IsDirectory(""));
+  CHECK_FALSE(ns->IsDirectory("b.bin"));
+}
+
+TEST_CASE("the regex keeps only matching relative names") {
+  ScratchDir dir;
+  testing::WriteFile(dir.path() + "/train/a.jpg", 1, 1);
+  testing::WriteFile(dir.path() + "/train/a.txt", 1, 1);
+  testing::WriteFile(dir.path() + "/val/b.jpg", 1, 1);
+  auto ns = *Namespace::Build(dir.path(), "train/.*\\.jpg", 1);
+  CHECK(ns->file_count() == 1);
+  CHECK(ns->Find("train/a.jpg") != nullptr);
+  CHECK(ns->Find("train/a.txt") == nullptr);
+  CHECK(ns->Find("val/b.jpg") == nullptr);
+  CHECK(*ns->List("train") == std::vector<std::string>{"a.jpg"});
+}
+
+TEST_CASE("a missing dataset directory is an error, not a crash") {
+  auto ns = Namespace::Build("/nonexistent/monarch/dataset", "", 1);
+  CHECK(ns.status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace monarch

@@ -1,0 +1,183 @@
+// Shared helpers for Monarch's tests: scratch directories, synthetic
+// datasets with verifiable contents, configs built in code, and a
+// fault-injecting / counting driver.
+
+#ifndef MONARCH_TESTS_TEST_UTIL_H_
+#define MONARCH_TESTS_TEST_UTIL_H_
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/mutex.h"
+#include "drivers/forwarding_driver.h"
+#include "monarch/config.h"
+
+namespace monarch::testing {
+
+// A directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base ? base : "/tmp") + "/monarch-test-XXXXXX";
+    char* made = ::mkdtemp(pattern.data());
+    if (made == nullptr) std::abort();
+    path_ = made;
+  }
+  ~ScratchDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& name) const {
+    std::string p = path_ + "/" + name;
+    std::system(("mkdir -p '" + p + "'").c_str());
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+// The byte at `offset` of a synthetic file: depends on both, so a read of the
+// wrong file or the wrong offset is caught.
+inline char ExpectedByte(uint32_t file_seed, uint64_t offset) {
+  uint64_t x = (offset + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t{file_seed} << 32 | file_seed);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<char>(x);
+}
+
+inline void WriteFile(const std::string& path, uint32_t seed, uint64_t size) {
+  std::string dir = path.substr(0, path.find_last_of('/'));
+  std::system(("mkdir -p '" + dir + "'").c_str());
+  std::string data(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) data[i] = ExpectedByte(seed, i);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(data.data(), data.size());
+}
+
+struct TestFile {
+  std::string name;  // Dataset-relative.
+  uint32_t seed;
+  uint64_t size;
+};
+
+// Writes `count` files named "dir<k>/file<i>.bin" with sizes from `sizes`
+// (cycled), and returns their descriptions.
+inline std::vector<TestFile> MakeDataset(const std::string& root, int count,
+                                         const std::vector<uint64_t>& sizes) {
+  std::vector<TestFile> files;
+  for (int i = 0; i < count; ++i) {
+    TestFile f{"dir" + std::to_string(i % 4) + "/file" + std::to_string(i) + ".bin",
+               static_cast<uint32_t>(1000 + i), sizes[i % sizes.size()]};
+    WriteFile(root + "/" + f.name, f.seed, f.size);
+    files.push_back(f);
+  }
+  return files;
+}
+
+inline bool BytesMatch(const TestFile& f, const char* data, uint64_t offset, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (data[i] != ExpectedByte(f.seed, offset + i)) return false;
+  }
+  return true;
+}
+
+inline TierConfig RamTier(uint64_t capacity, const std::string& name = "ram") {
+  TierConfig t;
+  t.name = name;
+  t.kind = TierKind::kRam;
+  t.capacity_bytes = capacity;
+  return t;
+}
+
+inline TierConfig FileTier(TierKind kind, const std::string& path, uint64_t capacity,
+                           const std::string& name) {
+  TierConfig t;
+  t.name = name;
+  t.kind = kind;
+  t.path = path;
+  t.capacity_bytes = capacity;
+  return t;
+}
+
+inline TierConfig SourceTier() {
+  TierConfig t;
+  t.name = "pfs";
+  t.kind = TierKind::kSource;
+  return t;
+}
+
+inline Config MakeConfig(const std::string& dataset, std::vector<TierConfig> upper) {
+  Config c;
+  c.dataset.path = dataset;
+  c.tiers = std::move(upper);
+  c.tiers.push_back(SourceTier());
+  c.placement.threads = 2;
+  return c;
+}
+
+// Counts calls per file and injects failures on demand. Thread-safe.
+class FaultInjectingDriver final : public ForwardingDriver {
+ public:
+  struct Faults {
+    std::atomic<bool> fail_reads{false};
+    std::atomic<bool> fail_stores{false};
+    absl::StatusCode store_error = absl::StatusCode::kDataLoss;
+    std::atomic<int> read_delay_us{0};
+    std::atomic<uint64_t> reads{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> stores{0};
+    Mutex mu;
+    absl::flat_hash_map<std::string, uint64_t> bytes_per_file ABSL_GUARDED_BY(mu);
+    uint64_t BytesOf(const std::string& name) {
+      MutexLock lock(&mu);
+      auto it = bytes_per_file.find(name);
+      return it == bytes_per_file.end() ? 0 : it->second;
+    }
+  };
+
+  FaultInjectingDriver(std::unique_ptr<StorageDriver> target, Faults* faults)
+      : ForwardingDriver(std::move(target)), faults_(faults) {}
+
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
+                              size_t n) override {
+    if (int delay = faults_->read_delay_us.load(); delay > 0) ::usleep(delay);
+    faults_->reads.fetch_add(1);
+    if (faults_->fail_reads.load()) return absl::DataLossError("injected read error (EIO)");
+    absl::StatusOr<size_t> r = ForwardingDriver::Read(file, offset, dst, n);
+    if (r.ok()) {
+      faults_->bytes.fetch_add(*r);
+      MutexLock lock(&faults_->mu);
+      faults_->bytes_per_file[std::string(file.name.data(), file.name.size())] += *r;
+    }
+    return r;
+  }
+
+  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
+    faults_->stores.fetch_add(1);
+    if (faults_->fail_stores.load()) {
+      return absl::Status(faults_->store_error, "injected write error");
+    }
+    return ForwardingDriver::Store(file, std::move(image));
+  }
+
+ private:
+  Faults* faults_;
+};
+
+}  // namespace monarch::testing
+
+#endif  // MONARCH_TESTS_TEST_UTIL_H_
