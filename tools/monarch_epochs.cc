@@ -278,7 +278,12 @@ int main(int argc, char** argv) {
                    static_cast<unsigned long long>(result.mismatches));
       return 1;
     }
-    if (o.settle) monarch->WaitForPlacement();
+    if (o.settle) {
+      auto settle_start = std::chrono::steady_clock::now();
+      monarch->WaitForPlacement();
+      std::printf("  placement settled %.3f s after the epoch\n",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count());
+    }
     previous = monarch->GetStats();
   }
   json += "]";

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what Monarch needs to build and test: Debian packages, and (unless
+# MONARCH_SKIP_TENSORFLOW=1) the Python virtual environment with TensorFlow
+# used by the TensorFlow plugin and its tests. Idempotent; run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake pkg-config libabsl-dev libyaml-cpp-dev libpmem-dev
+          doctest-dev libfuse3-dev fuse3 python3 python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# cmake, python3 may come from elsewhere (pip, pyenv): accept them if on PATH.
+if command -v cmake >/dev/null; then missing=("${missing[@]/cmake}"); fi
+if command -v python3 >/dev/null; then
+  missing=("${missing[@]/python3-venv}")
+  missing=("${missing[@]/python3}")
+fi
+want=()
+for p in "${missing[@]}"; do [ -n "$p" ] && want+=("$p"); done
+if [ ${#want[@]} -gt 0 ]; then
+  echo "installing: ${want[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${want[@]}" >/dev/null
+fi
+
+if [ "${MONARCH_SKIP_TENSORFLOW:-0}" != 1 ] && [ -x integrations/tensorflow/setup_venv.sh ]; then
+  integrations/tensorflow/setup_venv.sh
+fi

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test: the full build
+# (unit, integration, PFS emulator and TensorFlow tests), then the C++ tests
+# again under AddressSanitizer+UBSan and under ThreadSanitizer.
+# MONARCH_TEST_SANITIZERS=0 skips the two sanitizer passes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+jobs=$(nproc)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest -j"$jobs" --output-on-failure)
+
+if [ "${MONARCH_TEST_SANITIZERS:-1}" != 0 ]; then
+  for sanitizer in address thread; do
+    dir=build-$sanitizer
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DMONARCH_SANITIZE=$sanitizer \
+      -DMONARCH_BUILD_TENSORFLOW=OFF -DMONARCH_BUILD_PFS_EMULATOR=OFF \
+      -DMONARCH_BUILD_BENCHMARKS=OFF >/dev/null
+    cmake --build "$dir" -j"$jobs"
+    echo "== tests under $sanitizer sanitizer =="
+    (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest -j"$jobs" --output-on-failure)
+  done
+fi
