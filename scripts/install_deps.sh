@@ -5,20 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(build-essential cmake pkg-config libabsl-dev libyaml-cpp-dev libpmem-dev
-          doctest-dev libfuse3-dev fuse3 python3 python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-# cmake, python3 may come from elsewhere (pip, pyenv): accept them if on PATH.
-if command -v cmake >/dev/null; then missing=("${missing[@]/cmake}"); fi
-if command -v python3 >/dev/null; then
-  missing=("${missing[@]/python3-venv}")
-  missing=("${missing[@]/python3}")
-fi
+packages=(build-essential pkg-config libabsl-dev libyaml-cpp-dev libpmem-dev doctest-dev
+          libfuse3-dev fuse3)
+# cmake and python3 may come from elsewhere (pip, pyenv): take them from
+# Debian only when they are not on PATH.
+command -v cmake >/dev/null || packages+=(cmake)
+command -v python3 >/dev/null || packages+=(python3 python3-venv)
 want=()
-for p in "${missing[@]}"; do [ -n "$p" ] && want+=("$p"); done
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
+done
 if [ ${#want[@]} -gt 0 ]; then
   echo "installing: ${want[*]}"
   export DEBIAN_FRONTEND=noninteractive

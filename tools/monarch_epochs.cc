@@ -109,7 +109,7 @@ Options ParseArgs(int argc, char** argv) {
   if (o.mode != "monarch" && o.mode != "plain") Usage("--mode: expected monarch or plain");
   if (o.profile != "imagenet" && o.profile != "shards") Usage("--profile: expected imagenet or shards");
   if (o.threads < 1 || o.threads > 1024) Usage("--threads: expected 1 to 1024");
-  if (o.epochs < 1) Usage("--epochs: expected at least 1");
+  if (o.epochs < 0) Usage("--epochs: expected 0 (generate only) or more");
   if (o.dataset.empty() && o.config.empty()) Usage("give --dataset DIR or --config FILE");
   if (o.generate > 0 && o.dataset.empty()) Usage("--generate needs --dataset DIR");
   return o;
@@ -170,6 +170,7 @@ struct EpochResult {
 int main(int argc, char** argv) {
   Options o = ParseArgs(argc, argv);
   if (o.generate > 0) Generate(o);
+  if (o.epochs == 0) return 0;
 
   absl::StatusOr<std::unique_ptr<monarch::Monarch>> created =
       o.config.empty() ? monarch::Monarch::Create(monarch::DefaultConfig(o.dataset))

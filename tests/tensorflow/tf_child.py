@@ -215,7 +215,8 @@ def listing(args):
             out["read_file " + rel] = hashlib.sha1(tf.io.read_file(path).numpy()).hexdigest()
         out["stat dir"] = gfile.stat(os.path.join(base, "a")).is_directory
         for pattern in ["*", "*/*", "a/*/*", "a/b/c/*.txt", "with space/*spaces*", "*/*/*/*",
-                        "a/?ne.bin", "images/class*/*.png", "nomatch*"]:
+                        "a/?ne.bin", "images/class*/*.png", "nomatch*", "[at]*", "a/[^o]*",
+                        "images/*/img[0-1].png", "top.txt", "a", "missing/*"]:
             out["glob " + pattern] = sorted(
                 p[len(base):] for p in gfile.glob(os.path.join(base, pattern)))
         out["walk"] = sorted([d[len(base):], sorted(ds), sorted(fs)]
@@ -251,7 +252,9 @@ def bad_config(args):
     monarch_tf.register()
     path = monarch_tf.uri(args["root"]) + "/top.txt"
     attempts = []
-    for access in (lambda: tf.io.gfile.exists(path),
+    for access in (lambda: tf.data.Dataset.list_files(path),
+                   lambda: tf.io.gfile.glob(path + "*"),
+                   lambda: tf.io.gfile.exists(path),
                    lambda: tf.io.gfile.GFile(path, "rb").read(),
                    lambda: list(tf.data.TFRecordDataset(path)),
                    monarch_tf.stats):

@@ -281,6 +281,7 @@ def main():
         subprocess.run([args.emulator, "stop", pfs], capture_output=True)
         subprocess.run([args.emulator, "start", backing, pfs] + args.emulator_flags.split(),
                        check=True, capture_output=True)
+    args.pfs = pfs
     try:
         if args.emulator:
             emulator_config = json.loads(subprocess.run(
