@@ -57,6 +57,10 @@ struct PlacementConfig {
   // keeps open between reads; the total stays bounded whatever the number of
   // files and readers.
   int max_open_files = 256;
+  // Run placement threads at idle CPU priority (SCHED_IDLE), so copying
+  // never takes CPU from the job's readers: it uses the time they spend
+  // waiting. Reads of files still being copied are served from memory.
+  bool idle_priority = true;
 };
 
 struct LoggingConfig {

@@ -94,6 +94,10 @@ struct Holder {
   std::once_flag open_once;
   // Set by Open() and never changed until CloseAtExit().
   monarch_t* monarch = nullptr;
+  // The dataset root as Monarch reports it, and its realpath() when that
+  // differs (a root given through a symlink), so both spellings work.
+  std::string root;
+  std::string real_root;
   // Why Open() failed; immutable once open_once has run.
   monarch_code open_code = MONARCH_OK;
   std::string open_error;
@@ -144,6 +148,11 @@ void Open(Holder& holder) {
     return;
   }
   if (code == MONARCH_OK) {
+    holder.root = monarch_dataset_root(holder.monarch);
+    if (char* real = realpath(holder.root.c_str(), nullptr)) {
+      if (holder.root != real) holder.real_root = real;
+      std::free(real);
+    }
     std::atexit(CloseAtExit);
     return;
   }
@@ -155,6 +164,24 @@ void Open(Holder& holder) {
   holder.monarch = nullptr;
   // Printed once; every later op returns the same error without retrying.
   std::fprintf(stderr, "monarch_tf: %s\n", holder.open_error.c_str());
+}
+
+// If `path` is `root` or below it, sets `name` to the rest ("" for the root).
+bool StripRoot(const char* path, const std::string& root, std::string* name) {
+  const size_t len = std::strlen(path);
+  if (root == "/") {  // Everything absolute is inside a dataset rooted at "/".
+    if (path[0] != '/') return false;
+    *name = path + 1;
+    return true;
+  }
+  if (len < root.size() || std::strncmp(path, root.c_str(), root.size()) != 0) return false;
+  if (len == root.size()) {
+    name->clear();
+    return true;
+  }
+  if (path[root.size()] != '/') return false;  // "/data/set2" is not in "/data/set".
+  *name = path + root.size() + 1;
+  return true;
 }
 
 // Opens the instance on first use and keeps it from being closed while in
@@ -192,21 +219,8 @@ class Session {
   // to Monarch's dataset-relative name ("a/b"; "" for the root). False for a
   // path outside the dataset root.
   bool ToDatasetName(const char* path, std::string* name) const {
-    const std::string root = monarch_dataset_root(monarch_);
-    const size_t len = std::strlen(path);
-    if (root == "/") {  // Everything is inside a dataset rooted at "/".
-      if (path[0] != '/') return false;
-      *name = path + 1;
-      return true;
-    }
-    if (len < root.size() || std::strncmp(path, root.c_str(), root.size()) != 0) return false;
-    if (len == root.size()) {
-      name->clear();
-      return true;
-    }
-    if (path[root.size()] != '/') return false;  // "/data/set2" is not in "/data/set".
-    *name = path + root.size() + 1;
-    return true;
+    return StripRoot(path, holder_.root, name) ||
+           (!holder_.real_root.empty() && StripRoot(path, holder_.real_root, name));
   }
 
  private:

@@ -17,6 +17,7 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "drivers/storage_driver.h"
@@ -30,12 +31,11 @@ class CopyTree {
   const std::string& root() const { return root_; }
   std::string PathOf(absl::string_view name) const;
 
-  // Creates the parent directories of `name`'s copy and returns a fresh
-  // temporary path next to it.
-  absl::StatusOr<std::string> PrepareTemporary(absl::string_view name);
-
-  // Sets the temporary's mtime to the source's and renames it over the copy.
-  absl::Status Publish(const std::string& temporary, const FileRef& file);
+  // Stores a copy of `file`: `write` fills a fresh temporary path next to
+  // the copy's, which then gets the source's mtime and is renamed over the
+  // copy. On any failure the temporary is deleted and nothing changes.
+  absl::Status Store(const FileRef& file,
+                     absl::FunctionRef<absl::Status(const std::string& temporary)> write);
 
   absl::Status Remove(absl::string_view name);
 

@@ -69,11 +69,9 @@ class PmemDriver final : public StorageDriver {
   }
 
   absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
-    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.PrepareTemporary(file.name));
-    absl::Status status = WriteFile(temporary, *image);
-    if (status.ok()) status = tree_.Publish(temporary, file);
-    if (!status.ok()) ::unlink(temporary.c_str());
-    mappings_.Erase(file.id);
+    absl::Status status =
+        tree_.Store(file, [&](const std::string& temporary) { return WriteFile(temporary, *image); });
+    mappings_.Erase(file.id);  // A handle on an older copy must not be reused.
     return status;
   }
 

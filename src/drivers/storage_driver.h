@@ -34,16 +34,30 @@ struct FileRef {
 
 // An immutable, complete image of one file, shared between a promotion that
 // filled it and the RAM tier that keeps it (so a RAM promotion copies nothing).
+// The buffer is page-aligned and padded to whole pages, so drivers may hand it
+// to O_DIRECT I/O; large images ask for transparent huge pages.
+//
+// A `transient` image (one bound for a file tier, freed once written) takes
+// its buffer from a small process-wide free list and returns it there: fresh
+// memory must be faulted in and zeroed by the kernel, which on a 2-core VM
+// cost more than reading the file itself.
 class FileImage {
  public:
-  explicit FileImage(size_t size) : data_(new char[size == 0 ? 1 : size]), size_(size) {}
-  char* mutable_data() { return data_.get(); }
-  const char* data() const { return data_.get(); }
+  explicit FileImage(size_t size, bool transient = false);
+  ~FileImage();
+  FileImage(const FileImage&) = delete;
+  FileImage& operator=(const FileImage&) = delete;
+
+  char* mutable_data() { return data_; }
+  const char* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }  // At least size(), in whole pages.
 
  private:
-  std::unique_ptr<char[]> data_;  // Deliberately uninitialized: it is about to be overwritten.
+  char* data_;  // Deliberately uninitialized: it is about to be overwritten.
   size_t size_;
+  size_t capacity_;
+  bool transient_;
 };
 
 class StorageDriver {

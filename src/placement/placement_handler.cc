@@ -2,10 +2,38 @@
 
 #include "placement/placement_handler.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include "common/file_util.h"
 #include "common/log.h"
 
 namespace monarch {
+namespace {
+
+// Runs the current thread under SCHED_IDLE for the scope's duration. Used for
+// the tier write only: nobody waits for it, so it should take CPU time only
+// when the job's readers leave some idle. Source loads keep normal priority,
+// because readers may be waiting on a chunk the placement thread is loading.
+class ScopedIdlePriority {
+ public:
+  explicit ScopedIdlePriority(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    struct sched_param param = {};
+    // If the kernel refuses, the copy simply runs at normal priority.
+    enabled_ = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
+  }
+  ~ScopedIdlePriority() {
+    if (!enabled_) return;
+    struct sched_param param = {};
+    ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &param);
+  }
+
+ private:
+  bool enabled_;
+};
+
+}  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    std::unique_ptr<PlacementPolicy> policy,
@@ -16,6 +44,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       chunk_bytes_(config.chunk_bytes),
       max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
                                                        : PhysicalMemoryBytes() / 4),
+      idle_priority_(config.idle_priority),
       pool_(static_cast<size_t>(config.threads)) {}
 
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
@@ -24,6 +53,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
                                                                         uint64_t offset,
                                                                         char* dst, size_t n) {
   std::shared_ptr<Promotion> promotion;
+  bool started = false;
   {
     MutexLock lock(&mu_);
     // Publication changes `tier` under this lock, so this check and the
@@ -34,12 +64,17 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       promotion = it->second;
     } else if (accepting_ && entry.state.load() == PlacementState::kOnSource) {
       promotion = StartLocked(entry);
+      started = promotion != nullptr;
     }
   }
   if (promotion == nullptr) return source().Read(entry.ref, offset, dst, n);
   bool hit = false;
   absl::StatusOr<size_t> result = promotion->Read(source(), offset, dst, n, &hit);
   if (hit) staging_hits_.fetch_add(1, std::memory_order_relaxed);
+  // The reader that started the promotion queues the background copy only
+  // after loading its own chunks, so the copy never holds a chunk the
+  // reader is waiting for.
+  if (started) pool_.detach_task([this, promotion] { Run(promotion); });
   return result;
 }
 
@@ -62,12 +97,12 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
     skipped_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  auto promotion = std::make_shared<Promotion>(&entry, *tier, chunk_bytes_);
+  const bool tier_keeps_image = (*tiers_)[*tier]->config().kind == TierKind::kRam;
+  auto promotion = std::make_shared<Promotion>(&entry, *tier, tier_keeps_image, chunk_bytes_);
   entry.state.store(PlacementState::kPromoting);
   in_flight_.emplace(entry.ref.id, promotion);
   staging_bytes_ += size;
   started_.fetch_add(1, std::memory_order_relaxed);
-  pool_.detach_task([this, promotion] { Run(promotion); });
   return promotion;
 }
 
@@ -77,6 +112,7 @@ void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
   absl::Status status = promotion->FillAll(source(), cancel_);
   bool write_failed = false;
   if (status.ok()) {
+    ScopedIdlePriority idle(idle_priority_);
     status = tier.driver().Store(entry.ref, promotion->image());
     write_failed = !status.ok();
   }

@@ -66,6 +66,7 @@ class PlacementHandler {
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const uint64_t max_staging_bytes_;
+  const bool idle_priority_;
 
   Mutex mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight_ ABSL_GUARDED_BY(mu_);

@@ -17,12 +17,13 @@ constexpr uint64_t kMaxRunBytes = 1 << 20;
 
 }  // namespace
 
-Promotion::Promotion(FileEntry* entry, int target_tier, uint64_t chunk_bytes)
+Promotion::Promotion(FileEntry* entry, int target_tier, bool tier_keeps_image,
+                     uint64_t chunk_bytes)
     : entry_(entry),
       target_tier_(target_tier),
       chunk_bytes_(chunk_bytes),
       chunk_count_((entry->ref.size + chunk_bytes - 1) / chunk_bytes),
-      image_(std::make_shared<FileImage>(entry->ref.size)),
+      image_(std::make_shared<FileImage>(entry->ref.size, /*transient=*/!tier_keeps_image)),
       chunks_(chunk_count_, ChunkState::kEmpty) {}
 
 absl::Status Promotion::ClaimAndLoad(Tier& source, size_t first, size_t last, bool* loaded_any) {

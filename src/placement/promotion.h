@@ -31,7 +31,9 @@ namespace monarch {
 
 class Promotion {
  public:
-  Promotion(FileEntry* entry, int target_tier, uint64_t chunk_bytes);
+  // `tier_keeps_image`: the target tier holds on to the image itself (RAM);
+  // otherwise the image is transient and its buffer is recycled.
+  Promotion(FileEntry* entry, int target_tier, bool tier_keeps_image, uint64_t chunk_bytes);
 
   FileEntry& entry() const { return *entry_; }
   int target_tier() const { return target_tier_; }

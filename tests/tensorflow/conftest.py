@@ -21,16 +21,23 @@ sys.path.insert(0, os.path.join(REPO, "integrations", "tensorflow"))
 import monarch_tf  # noqa: E402  (importing it does not import TensorFlow)
 
 
-def _plugin_or_skip():
+def _find_plugin():
+    """(plugin path, None) or (None, why every test is skipped)."""
     if importlib.util.find_spec("tensorflow") is None:
-        pytest.skip("TensorFlow is not installed in this Python", allow_module_level=True)
+        return None, "TensorFlow is not installed in this Python"
     try:
-        return monarch_tf.plugin_path()
+        return monarch_tf.plugin_path(), None
     except FileNotFoundError as e:
-        pytest.skip(str(e), allow_module_level=True)
+        return None, str(e)
 
 
-PLUGIN = _plugin_or_skip()
+PLUGIN, SKIP_REASON = _find_plugin()
+
+
+def pytest_collection_modifyitems(config, items):
+    if SKIP_REASON:
+        for item in items:
+            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
 
 
 def run_child(scenario, args, env=None, timeout=240):

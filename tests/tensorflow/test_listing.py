@@ -9,10 +9,14 @@ import pytest
 from conftest import run_child, write_config
 
 
-def test_listing_matches_plain_filesystem(tree_dataset):
+def test_listing_matches_plain_filesystem(tree_dataset, tmp_path):
     root, _ = tree_dataset
-    # The embedded default config over MONARCH_DATASET.
-    result, _ = run_child("listing", {"root": root}, env={"MONARCH_DATASET": root})
+    # The embedded default config over MONARCH_DATASET, given through a
+    # symlink while the queries use the real path.
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    result, _ = run_child("listing", {"root": root, "link": str(link)},
+                          env={"MONARCH_DATASET": str(link)})
     plain, monarch = result["plain"], result["monarch"]
     assert plain.keys() == monarch.keys()
     for key in plain:
@@ -24,7 +28,7 @@ def test_listing_matches_plain_filesystem(tree_dataset):
     assert result["errors"] == {
         "missing": "NotFoundError", "outside": "NotFoundError",
         "directory": "FailedPreconditionError", "tfrecord": "NotFoundError",
-        "outside exists": False}
+        "outside exists": False, "via symlink": True}
     assert result["stats"]["tiers"][-1]["kind"] == "source"
 
 

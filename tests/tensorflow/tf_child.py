@@ -244,6 +244,8 @@ def listing(args):
     except tf.errors.OpError as e:
         errors["tfrecord"] = type(e).__name__
     errors["outside exists"] = tf.io.gfile.exists(monarch_tf.uri(os.path.dirname(root)))
+    # The dataset was configured through a symlink; both spellings must work.
+    errors["via symlink"] = tf.io.gfile.exists(monarch_tf.uri(args["link"]) + "/a/b/two.txt")
     emit({"plain": plain, "monarch": monarch, "errors": errors, "stats": monarch_tf.stats()})
 
 

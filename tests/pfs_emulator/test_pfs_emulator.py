@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""End-to-end tests for monarch-pfs-emulator and its pfs-emulator script.
+
+Mounts real FUSE file systems (needs /dev/fuse and fusermount3; fails loudly
+without them), reads through them and checks data, counters, injected delays,
+queueing, read-only behaviour, argument errors and start/stop robustness.
+Timing checks compare against a --no-delay mount of the same data (ratios) or
+against lower bounds implied by sleeps, never against absolute speeds.
+
+Threading: the main thread drives the cases; some cases start short-lived
+reader threads and join them before asserting. Every mount is stopped in a
+finally block (also on SIGINT/SIGTERM).
+
+Usage: test_pfs_emulator.py --binary PATH --script PATH [--only NAME...]
+Python 3 stdlib only.
+"""
+
+import argparse
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KIB = 1024
+MIB = 1024 * KIB
+CHUNK = 64 * KIB
+CHUNK_FILES = {"c0.bin": 3, "c1.bin": 5, "c2.bin": 2}  # name -> number of CHUNK reads
+BIG_SIZE = 64 * MIB
+DATA_FILES = {  # name -> size; read-back checks
+    "empty.bin": 0,
+    "one.bin": 1,
+    "page.bin": 4096,
+    "odd.bin": 100_003,
+    "sub/deeper/mib3.bin": 3 * MIB + 7,
+}
+
+
+class TestFailure(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise TestFailure(message)
+
+
+class Harness:
+    """Owns the temp dir, the backing data and every mount started."""
+
+    def __init__(self, binary, script):
+        self.binary = os.path.abspath(binary)
+        self.script = os.path.abspath(script)
+        self.tmp = tempfile.mkdtemp(prefix="pfs_emulator_test.")
+        self.backing = os.path.join(self.tmp, "data")
+        self.mounts = []  # mount points started and not yet stopped
+        self.env = dict(os.environ, MONARCH_PFS_EMULATOR=self.binary)
+
+    # --- Data.
+
+    def make_data(self):
+        rng = random.Random(1234)
+        for name, size in DATA_FILES.items():
+            self._write(name, rng.randbytes(size))
+        for name, chunks in CHUNK_FILES.items():
+            self._write("chunks/" + name, rng.randbytes(chunks * CHUNK))
+        for i in range(6):
+            self._write(f"par/p{i}.bin", rng.randbytes(4096))
+        self._write("big.bin", rng.randbytes(BIG_SIZE))
+        os.symlink("one.bin", os.path.join(self.backing, "link-to-one"))
+
+    def _write(self, rel, data):
+        path = os.path.join(self.backing, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def backing_bytes(self, rel):
+        with open(os.path.join(self.backing, rel), "rb") as f:
+            return f.read()
+
+    # --- Script wrappers.
+
+    def run_script(self, *args, check_rc=True, timeout=30):
+        proc = subprocess.run([self.script, *args], capture_output=True, text=True,
+                              env=self.env, timeout=timeout)
+        if check_rc and proc.returncode != 0:
+            raise TestFailure(f"pfs-emulator {' '.join(args)} failed rc={proc.returncode}: "
+                              f"{proc.stderr.strip()}")
+        return proc
+
+    def start(self, name, *flags, backing=None):
+        mnt = os.path.join(self.tmp, name)
+        self.mounts.append(mnt)
+        proc = self.run_script("start", backing or self.backing, mnt, *flags)
+        stats_path = proc.stdout.strip()
+        check(stats_path, "start printed no stats path")
+        check(os.path.isfile(stats_path), f"stats file {stats_path} missing after start")
+        return mnt
+
+    def stop(self, mnt):
+        proc = self.run_script("stop", mnt)
+        if mnt in self.mounts:
+            self.mounts.remove(mnt)
+        return proc
+
+    def stats(self, mnt):
+        return json.loads(self.run_script("stats", mnt).stdout)
+
+    def counters(self, mnt):
+        return self.stats(mnt)["counters"]
+
+    def reset(self, mnt):
+        self.run_script("reset", mnt)
+
+    def pid(self, mnt):
+        with open(mnt + ".pid") as f:
+            return int(f.read().split()[0])
+
+    def cleanup(self):
+        for mnt in list(self.mounts):
+            try:
+                self.stop(mnt)
+            except Exception as e:  # Keep going: leave nothing mounted.
+                print(f"cleanup: stop {mnt} failed: {e}; forcing lazy unmount", file=sys.stderr)
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
+                self.mounts.remove(mnt)
+        if not any(is_mounted(os.path.join(self.tmp, n)) for n in os.listdir(self.tmp)):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            print(f"cleanup: mounts remain under {self.tmp}; not deleting it", file=sys.stderr)
+
+
+def is_mounted(path):
+    """Reads the mount table (stat() would fail on a dead FUSE mount)."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def pread_all(path, chunk):
+    """Reads a file with os-level preads of `chunk` bytes; returns (data, calls)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts, offset, calls = [], 0, 0
+        size = os.fstat(fd).st_size
+        while offset < size:
+            data = os.pread(fd, min(chunk, size - offset), offset)
+            calls += 1
+            check(data, f"short read at {offset} of {path}")
+            parts.append(data)
+            offset += len(data)
+        return b"".join(parts), calls
+    finally:
+        os.close(fd)
+
+
+def timed(fn):
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
+
+
+def process_cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- Test cases. Each takes the Harness and raises TestFailure on failure.
+
+
+def test_mount_and_listing(h):
+    mnt = h.start("m_list", "--no-delay")
+    check(subprocess.run(["mountpoint", "-q", mnt]).returncode == 0, "mountpoint -q says no")
+    for root, dirs, files in os.walk(h.backing):
+        rel = os.path.relpath(root, h.backing)
+        listed = sorted(os.listdir(os.path.join(mnt, rel)))
+        check(listed == sorted(dirs + files), f"listing of {rel}: {listed} != {dirs + files}")
+        for name in files:
+            b = os.lstat(os.path.join(root, name))
+            m = os.lstat(os.path.join(mnt, rel, name))
+            check((b.st_size, b.st_mode) == (m.st_size, m.st_mode), f"stat mismatch for {name}")
+    check(os.readlink(os.path.join(mnt, "link-to-one")) == "one.bin", "symlink target differs")
+    stats_file = mnt + ".stats.json"
+    check(os.path.isfile(stats_file), "default stats file not next to the mount")
+    check(os.path.dirname(stats_file) == os.path.dirname(mnt), "stats file not beside the mount")
+    with open(stats_file) as f:
+        check(json.load(f)["mountpoint"] == os.path.realpath(mnt), "stats names wrong mount")
+    h.stop(mnt)
+
+
+def test_read_bytes(h):
+    rng = random.Random(99)
+    # Default flags (real delays) and --no-delay must both return exact bytes.
+    for name, flags in (("m_bytes_fast", ["--no-delay"]), ("m_bytes_default", [])):
+        mnt = h.start(name, *flags)
+        for rel in list(DATA_FILES) + ["link-to-one"]:
+            want = h.backing_bytes(rel)
+            with open(os.path.join(mnt, rel), "rb") as f:
+                check(f.read() == want, f"{name}: whole-file read of {rel} differs")
+            fd = os.open(os.path.join(mnt, rel), os.O_RDONLY)
+            try:
+                for _ in range(40):
+                    off = rng.randrange(0, len(want) + 2)
+                    length = rng.choice([1, 7, 4096, 65_537, 300_000, MIB])
+                    got = os.pread(fd, length, off)
+                    check(got == want[off:off + length],
+                          f"{name}: pread({rel}, {length}, {off}) differs")
+            finally:
+                os.close(fd)
+        h.stop(mnt)
+
+
+def test_exact_counters(h):
+    mnt = h.start("m_count", "--no-delay")
+    paths = {n: os.path.join(mnt, "chunks", n) for n in CHUNK_FILES}
+    h.reset(mnt)
+    total_reads = 0
+    for name, path in paths.items():
+        data, calls = pread_all(path, CHUNK)
+        check(data == h.backing_bytes("chunks/" + name), f"{name} bytes differ")
+        total_reads += calls
+    c = h.counters(mnt)
+    want_reads = sum(CHUNK_FILES.values())
+    check(total_reads == want_reads, "test bug: unexpected number of preads")
+    check(c["opens"] == 3, f"opens {c['opens']} != 3")
+    check(c["reads"] == want_reads, f"reads {c['reads']} != {want_reads}")
+    check(c["bytes_read"] == want_reads * CHUNK, f"bytes_read {c['bytes_read']}")
+    check(c["lookups"] >= 3, f"lookups {c['lookups']} < 3")
+    parts = ["lookups", "getattrs", "opens", "opendirs", "readdirs", "statfs", "readlinks",
+             "accesses"]
+    check(c["metadata_ops"] == sum(c[p] for p in parts), "metadata_ops != sum of its parts")
+
+    h.reset(mnt)
+    c = h.counters(mnt)
+    nonzero = {k: v for k, v in c.items() if v != 0}
+    check(not nonzero, f"counters not zero after reset: {nonzero}")
+
+    # Same file twice: both passes must reach the emulator (no page cache).
+    for _ in range(2):
+        pread_all(paths["c0.bin"], CHUNK)
+    c = h.counters(mnt)
+    check(c["opens"] == 2, f"re-read: opens {c['opens']} != 2")
+    check(c["reads"] == 2 * CHUNK_FILES["c0.bin"], f"re-read: reads {c['reads']} (cached?)")
+    check(c["bytes_read"] == 2 * CHUNK_FILES["c0.bin"] * CHUNK, "re-read: bytes_read")
+
+    # Metadata is not cached either: every stat() and listing is seen.
+    h.reset(mnt)
+    for _ in range(5):
+        os.stat(paths["c1.bin"])
+    os.listdir(os.path.join(mnt, "chunks"))
+    c = h.counters(mnt)
+    check(c["getattrs"] + c["lookups"] >= 5, f"5 stats gave only {c['getattrs']}+{c['lookups']}")
+    check(c["opendirs"] == 1 and c["readdirs"] >= 1, f"listing: {c}")
+    check(c["opens"] == 0 and c["reads"] == 0, "stat/listdir counted as open/read")
+    h.stop(mnt)
+
+
+def test_stats_exact_right_after_read(h):
+    # A stats call right after a read returns must already include it. The
+    # emulator also rewrites the file every 100 ms on its own; pausing ~100 ms
+    # before each read makes that periodic snapshot land right around the read,
+    # so a snapshot taken before the read but published after it would show.
+    mnt = h.start("m_sync", "--no-delay")
+    h.reset(mnt)
+    rng = random.Random(7)
+    fd = os.open(os.path.join(mnt, "page.bin"), os.O_RDONLY)
+    try:
+        for i in range(1, 13):
+            time.sleep(rng.uniform(0.08, 0.12))
+            os.pread(fd, 100, 0)
+            c = h.counters(mnt)
+            check(c["reads"] == i, f"after {i} reads, stats say {c['reads']}")
+            check(c["bytes_read"] == 100 * i, f"after {i} reads, bytes {c['bytes_read']}")
+    finally:
+        os.close(fd)
+    # Direct SIGUSR1 reset (the documented signal) also works.
+    pid = h.pid(mnt)
+    before = h.stats(mnt)["last_reset_monotonic_ns"]
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while h.stats(mnt)["last_reset_monotonic_ns"] == before:
+        check(time.monotonic() < deadline, "SIGUSR1 did not reset")
+        time.sleep(0.01)
+    check(h.counters(mnt)["reads"] == 0, "SIGUSR1 reset left reads")
+    h.stop(mnt)
+
+
+def test_meta_latency_ratio(h):
+    slow = h.start("m_meta_slow", "--no-delay", "--meta-latency-us", "5000")
+    fast = h.start("m_meta_fast", "--no-delay")
+
+    def opens(mnt):
+        path = os.path.join(mnt, "page.bin")
+        for _ in range(50):
+            os.close(os.open(path, os.O_RDONLY))
+
+    h.reset(slow)
+    t_slow = timed(lambda: opens(slow))
+    t_fast = timed(lambda: opens(fast))
+    meta = h.counters(slow)["metadata_ops"]
+    check(meta >= 100, f"50 opens gave only {meta} metadata ops")
+    check(t_slow >= 0.95 * meta * 0.005, f"{meta} meta ops at 5 ms took only {t_slow:.3f}s")
+    check(t_slow > 5 * t_fast, f"meta latency ratio {t_slow:.3f}s / {t_fast:.3f}s <= 5")
+    print(f"    50 opens: {t_slow:.3f}s with 5 ms meta latency vs {t_fast:.3f}s no-delay")
+    h.stop(slow)
+    h.stop(fast)
+
+
+def test_read_latency_ratio(h):
+    slow = h.start("m_rlat_slow", "--no-delay", "--read-latency-us", "2000")
+    fast = h.start("m_rlat_fast", "--no-delay")
+
+    def reads(mnt):
+        fd = os.open(os.path.join(mnt, "odd.bin"), os.O_RDONLY)
+        for i in range(100):
+            os.pread(fd, 4096, i * 512)
+        os.close(fd)
+
+    h.reset(slow)
+    t_slow = timed(lambda: reads(slow))
+    t_fast = timed(lambda: reads(fast))
+    check(h.counters(slow)["reads"] == 100, "read count")
+    check(t_slow >= 100 * 0.002 * 0.95, f"100 reads at 2 ms took only {t_slow:.3f}s")
+    check(t_slow > 5 * t_fast, f"read latency ratio {t_slow:.3f}s / {t_fast:.3f}s <= 5")
+    print(f"    100 reads: {t_slow:.3f}s with 2 ms read latency vs {t_fast:.3f}s no-delay")
+    h.stop(slow)
+    h.stop(fast)
+
+
+def test_bandwidth_cap(h):
+    capped = h.start("m_bw_capped", "--no-delay", "--bandwidth-mbps", "100")
+    fast = h.start("m_bw_fast", "--no-delay")
+    want = h.backing_bytes("big.bin")
+    ideal = BIG_SIZE / 100e6  # 0.67 s at 100 MB/s
+
+    def read_big(mnt):
+        data, _ = pread_all(os.path.join(mnt, "big.bin"), MIB)
+        check(data == want, "big.bin bytes differ")
+
+    t_fast = timed(lambda: read_big(fast))
+    h.reset(capped)
+    t_capped = timed(lambda: read_big(capped))
+    check(h.counters(capped)["bytes_read"] == BIG_SIZE, "bytes_read for 64 MiB")
+    check(t_capped - t_fast >= 0.5, f"64 MiB: capped {t_capped:.3f}s vs {t_fast:.3f}s")
+    check(t_capped >= 0.9 * ideal, f"64 MiB at 100 MB/s took {t_capped:.3f}s < {ideal:.3f}s")
+
+    # The cap is aggregate: two parallel readers share it. Waiting readers
+    # must sleep, not spin: the emulator's CPU time stays far below wall time.
+    def read_half(index):
+        fd = os.open(os.path.join(capped, "big.bin"), os.O_RDONLY)
+        try:
+            half = BIG_SIZE // 2
+            for off in range(index * half, (index + 1) * half, MIB):
+                data = os.pread(fd, MIB, off)
+                if data != want[off:off + MIB]:
+                    errors.append(f"parallel reader {index} got wrong bytes at {off}")
+        finally:
+            os.close(fd)
+
+    errors = []
+    pid = h.pid(capped)
+    cpu_before = process_cpu_seconds(pid)
+    threads = [threading.Thread(target=read_half, args=(i,)) for i in range(2)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t_par = time.monotonic() - start
+    cpu = process_cpu_seconds(pid) - cpu_before
+    check(not errors, errors[0] if errors else "")
+    check(t_par >= 0.9 * ideal, f"2 parallel readers beat the aggregate cap: {t_par:.3f}s")
+    check(cpu < 0.5 * t_par, f"emulator used {cpu:.2f}s CPU in {t_par:.2f}s (spinning?)")
+    print(f"    64 MiB: {t_capped:.3f}s at 100 MB/s vs {t_fast:.3f}s no-delay; "
+          f"2 readers {t_par:.3f}s, emulator CPU {cpu:.2f}s")
+    h.stop(capped)
+    h.stop(fast)
+
+
+def test_max_concurrent_queues(h):
+    def parallel_reads(mnt):
+        fds = [os.open(os.path.join(mnt, f"par/p{i}.bin"), os.O_RDONLY) for i in range(6)]
+        h.reset(mnt)
+        barrier = threading.Barrier(len(fds))
+
+        def reader(fd):
+            barrier.wait()
+            os.pread(fd, 4096, 0)
+
+        threads = [threading.Thread(target=reader, args=(fd,)) for fd in fds]
+        elapsed = timed(lambda: ([t.start() for t in threads], [t.join() for t in threads]))
+        for fd in fds:
+            os.close(fd)
+        return elapsed, h.counters(mnt)
+
+    limited = h.start("m_conc2", "--no-delay", "--read-latency-us", "100000",
+                      "--max-concurrent", "2")
+    wide = h.start("m_conc6", "--no-delay", "--read-latency-us", "100000",
+                   "--max-concurrent", "6")
+    t_limited, c_limited = parallel_reads(limited)
+    t_wide, c_wide = parallel_reads(wide)
+    check(c_limited["reads"] == 6 and c_wide["reads"] == 6, "read counts")
+    check(c_limited["max_in_flight"] == 2, f"max_in_flight {c_limited['max_in_flight']} != 2")
+    check(c_limited["queued_ops"] >= 4, f"queued_ops {c_limited['queued_ops']} < 4")
+    check(t_limited >= 0.95 * 0.3, f"6 reads x 100 ms, 2 at a time, took {t_limited:.3f}s")
+    check(c_wide["max_in_flight"] >= 3, f"no parallelism: max_in_flight {c_wide['max_in_flight']}")
+    check(t_wide < 0.7 * t_limited, f"wide {t_wide:.3f}s not faster than limited {t_limited:.3f}s")
+    print(f"    6 parallel 100 ms reads: {t_limited:.3f}s at max 2 "
+          f"(peak {c_limited['max_in_flight']}), {t_wide:.3f}s at max 6 "
+          f"(peak {c_wide['max_in_flight']})")
+    h.stop(limited)
+    h.stop(wide)
+
+
+def test_read_only(h):
+    mnt = h.start("m_ro", "--no-delay")
+    target = os.path.join(mnt, "one.bin")
+    before = os.stat(os.path.join(h.backing, "one.bin"))
+    attempts = {
+        "open O_WRONLY": lambda: os.open(target, os.O_WRONLY),
+        "open O_RDWR": lambda: os.open(target, os.O_RDWR),
+        "open O_TRUNC": lambda: os.open(target, os.O_WRONLY | os.O_TRUNC),
+        "create": lambda: os.open(os.path.join(mnt, "new.bin"), os.O_WRONLY | os.O_CREAT),
+        "mkdir": lambda: os.mkdir(os.path.join(mnt, "newdir")),
+        "unlink": lambda: os.unlink(target),
+        "rmdir": lambda: os.rmdir(os.path.join(mnt, "chunks")),
+        "rename": lambda: os.rename(target, os.path.join(mnt, "renamed.bin")),
+        "chmod": lambda: os.chmod(target, 0o600),
+        "truncate": lambda: os.truncate(target, 0),
+        "utime": lambda: os.utime(target, (1, 1)),
+        "symlink": lambda: os.symlink("one.bin", os.path.join(mnt, "newlink")),
+        "link": lambda: os.link(target, os.path.join(mnt, "hardlink")),
+    }
+    for what, fn in attempts.items():
+        try:
+            fn()
+        except OSError as e:
+            check(e.errno == errno.EROFS, f"{what}: errno {errno.errorcode.get(e.errno)} != EROFS")
+        else:
+            raise TestFailure(f"{what} succeeded on a read-only mount")
+    after = os.stat(os.path.join(h.backing, "one.bin"))
+    check((before.st_mtime_ns, before.st_mode, before.st_size) ==
+          (after.st_mtime_ns, after.st_mode, after.st_size), "backing file was modified")
+    check(sorted(os.listdir(mnt)) == sorted(os.listdir(h.backing)), "backing dir changed")
+    h.stop(mnt)
+
+
+def test_bad_args(h):
+    not_dir = os.path.join(h.backing, "one.bin")
+    mnt = os.path.join(h.tmp, "m_badargs")
+    os.makedirs(mnt, exist_ok=True)
+    missing = os.path.join(h.tmp, "does-not-exist")
+    b = h.backing
+    cases = [
+        ([], "BACKING_DIR"),
+        ([missing, mnt], "BACKING_DIR"),
+        ([not_dir, mnt], "BACKING_DIR"),
+        ([b, missing], "MOUNTPOINT"),
+        ([b, os.path.join(b, "chunks")], "MOUNTPOINT"),
+        (["--read-latency-us", "abc", b, mnt], "--read-latency-us"),
+        (["--meta-latency-us", "-5", b, mnt], "--meta-latency-us"),
+        (["--bandwidth-mbps", "fast", b, mnt], "--bandwidth-mbps"),
+        (["--bandwidth-mbps=-1", b, mnt], "--bandwidth-mbps"),
+        (["--max-concurrent", "1.5", b, mnt], "--max-concurrent"),
+        (["--bogus-flag", b, mnt], "--bogus-flag"),
+        ([b, mnt, "--stats-file"], "--stats-file"),
+        (["--stats-file", os.path.join(mnt, "s.json"), b, mnt], "--stats-file"),
+        ([b, mnt, "extra"], "extra"),
+    ]
+    for args, name in cases:
+        proc = subprocess.run([h.binary, *args], capture_output=True, text=True, timeout=10)
+        label = " ".join(args) or "(no args)"
+        check(proc.returncode == 2, f"'{label}': exit {proc.returncode} != 2")
+        errors = [l for l in proc.stderr.splitlines() if "error:" in l]
+        check(len(errors) == 1 and name in errors[0],
+              f"'{label}': stderr should name {name} once: {proc.stderr!r}")
+        check(not is_mounted(mnt), f"'{label}' mounted something")
+    # Through the script too: same code, the flag named, nothing left behind.
+    proc = h.run_script("start", b, mnt, "--max-concurrent", "-1", check_rc=False)
+    check(proc.returncode == 2 and "--max-concurrent" in proc.stderr,
+          f"script start with bad flag: rc {proc.returncode}, {proc.stderr!r}")
+    check(not is_mounted(mnt) and not os.path.exists(mnt + ".pid"), "script left state behind")
+    help_proc = subprocess.run([h.binary, "--help"], capture_output=True, text=True)
+    check(help_proc.returncode == 0 and "--bandwidth-mbps" in help_proc.stdout, "--help")
+
+
+def test_hidden_stats_file(h):
+    backing = os.path.join(h.tmp, "data_hidden")
+    os.makedirs(backing)
+    with open(os.path.join(backing, "sample.bin"), "wb") as f:
+        f.write(b"x" * 10)
+    stats_file = os.path.join(backing, ".pfs-stats.json")
+    mnt = h.start("m_hidden", "--no-delay", "--stats-file", stats_file, backing=backing)
+    check(os.path.isfile(stats_file), "stats file not written inside backing dir")
+    check(os.listdir(mnt) == ["sample.bin"], f"stats file visible in mount: {os.listdir(mnt)}")
+    for name in (".pfs-stats.json", ".pfs-stats.json.tmp"):
+        check(not os.path.exists(os.path.join(mnt, name)), f"{name} reachable through mount")
+    check(".pfs-stats.json" in os.listdir(backing), "stats file not in backing dir")
+    check(h.counters(mnt)["opens"] == 0, "stats via custom --stats-file path")
+    h.stop(mnt)
+
+
+def test_start_stop_lifecycle(h):
+    mnt = h.start("m_life", "--no-delay")
+    pid = h.pid(mnt)
+    again = h.run_script("start", h.backing, mnt, check_rc=False)
+    check(again.returncode != 0 and "already mounted" in again.stderr,
+          f"second start: rc {again.returncode}, {again.stderr!r}")
+    proc = h.stop(mnt)
+    check(not is_mounted(mnt), "still mounted after stop")
+    check(not os.path.exists(mnt + ".pid"), "pid file left after stop")
+    check(not os.path.exists(f"/proc/{pid}/cmdline") or
+          open(f"/proc/{pid}/cmdline").read() == "", "emulator still running after stop")
+    check(os.listdir(mnt) == [], "mount point not back to the empty directory")
+    proc = h.stop(mnt)
+    check("not mounted" in proc.stdout, f"second stop: {proc.stdout!r}")
+
+
+def test_stop_after_crashes(h):
+    holder_code = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); " \
+                  "os.chdir(os.path.dirname(sys.argv[1])); print('ready', flush=True); " \
+                  "time.sleep(60)"
+
+    def hold(path):
+        p = subprocess.Popen([sys.executable, "-c", holder_code, path], stdout=subprocess.PIPE,
+                             text=True)
+        check(p.stdout.readline().strip() == "ready", "holder did not start")
+        return p
+
+    # 1. Emulator SIGKILLed while a user holds a file open and has cwd in it.
+    mnt = h.start("m_crash", "--no-delay")
+    holder = hold(os.path.join(mnt, "sub", "deeper", "mib3.bin"))
+    try:
+        os.kill(h.pid(mnt), signal.SIGKILL)
+        try:
+            os.stat(os.path.join(mnt, "one.bin"))
+        except OSError as e:
+            # First access after the abort may report ECONNABORTED, later ENOTCONN.
+            check(e.errno in (errno.ENOTCONN, errno.ECONNABORTED), f"dead mount gave {e}")
+        else:
+            raise TestFailure("mount still served after SIGKILL")
+        h.stop(mnt)
+        check(not is_mounted(mnt), "dead mount not removed by stop")
+        check(os.listdir(mnt) == [], "mount point unusable after stop")
+    finally:
+        holder.kill()
+        holder.wait()
+
+    # 2. Live emulator, busy mount (open fd + cwd), user program then crashes.
+    h.start("m_crash", "--no-delay")
+    holder = hold(os.path.join(mnt, "chunks", "c0.bin"))
+    try:
+        h.stop(mnt)
+        check(not is_mounted(mnt), "busy mount not removed by stop")
+    finally:
+        holder.kill()
+        holder.wait()
+    # 3. Same mount point is reusable afterwards.
+    h.start("m_crash", "--no-delay")
+    check(pread_all(os.path.join(mnt, "one.bin"), 10)[0] == h.backing_bytes("one.bin"),
+          "restart after crash serves wrong data")
+    h.stop(mnt)
+
+
+TESTS = [
+    test_mount_and_listing,
+    test_read_bytes,
+    test_exact_counters,
+    test_stats_exact_right_after_read,
+    test_meta_latency_ratio,
+    test_read_latency_ratio,
+    test_bandwidth_cap,
+    test_max_concurrent_queues,
+    test_read_only,
+    test_bad_args,
+    test_hidden_stats_file,
+    test_start_stop_lifecycle,
+    test_stop_after_crashes,
+]
+
+
+def preflight(args):
+    problems = []
+    if not os.path.exists("/dev/fuse"):
+        problems.append("/dev/fuse does not exist")
+    elif not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        problems.append("/dev/fuse is not readable/writable")
+    if shutil.which("fusermount3") is None:
+        problems.append("fusermount3 not found (install fuse3)")
+    for path in (args.binary, args.script):
+        if not os.access(path, os.X_OK):
+            problems.append(f"{path} is not executable")
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True, help="monarch-pfs-emulator")
+    parser.add_argument("--script", required=True, help="tools/pfs_emulator/pfs-emulator")
+    parser.add_argument("--only", nargs="*", default=[], help="run only these test names")
+    args = parser.parse_args()
+
+    problems = preflight(args)
+    if problems:
+        for p in problems:
+            print(f"FAIL preflight: {p}")
+        print("FAILED: FUSE is required for these tests; refusing to skip.")
+        return 1
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    h = Harness(args.binary, args.script)
+    failures = []
+    selected = [t for t in TESTS if not args.only or t.__name__ in args.only
+                or t.__name__.removeprefix("test_") in args.only]
+    start_all = time.monotonic()
+    try:
+        h.make_data()
+        for test in selected:
+            start = time.monotonic()
+            try:
+                test(h)
+                print(f"PASS {test.__name__} ({time.monotonic() - start:.2f}s)", flush=True)
+            except (TestFailure, OSError, subprocess.SubprocessError, ValueError) as e:
+                failures.append(test.__name__)
+                print(f"FAIL {test.__name__}: {type(e).__name__}: {e}", flush=True)
+                # Leave no mount of the failed case behind for the next one.
+                for mnt in list(h.mounts):
+                    try:
+                        h.stop(mnt)
+                    except Exception:
+                        pass
+    finally:
+        h.cleanup()
+    total = time.monotonic() - start_all
+    print(f"{len(selected) - len(failures)}/{len(selected)} passed in {total:.1f}s"
+          + (f"; FAILED: {', '.join(failures)}" if failures else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
