@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   std::vector<long> counts;
   for (int i = 2; i < argc; ++i) counts.push_back(std::atol(argv[i]));
   if (counts.empty()) counts = {100000, 1000000};
+  ::mkdir(argv[1], 0755);
   for (long count : counts) {
     std::string root = std::string(argv[1]) + "/tree" + std::to_string(count);
     MakeTree(root, count);
