@@ -145,6 +145,15 @@ def is_mounted(path):
         return any(line.split()[1] == path for line in f)
 
 
+def emulator_alive(pid):
+    """A zombie (empty cmdline) counts as gone: init may not reap it at once."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"monarch-pfs-emulator" in f.read()
+    except FileNotFoundError:
+        return False
+
+
 def pread_all(path, chunk):
     """Reads a file with os-level preads of `chunk` bytes; returns (data, calls)."""
     fd = os.open(path, os.O_RDONLY)
@@ -515,11 +524,10 @@ def test_start_stop_lifecycle(h):
     again = h.run_script("start", h.backing, mnt, check_rc=False)
     check(again.returncode != 0 and "already mounted" in again.stderr,
           f"second start: rc {again.returncode}, {again.stderr!r}")
-    proc = h.stop(mnt)
+    h.stop(mnt)
     check(not is_mounted(mnt), "still mounted after stop")
     check(not os.path.exists(mnt + ".pid"), "pid file left after stop")
-    check(not os.path.exists(f"/proc/{pid}/cmdline") or
-          open(f"/proc/{pid}/cmdline").read() == "", "emulator still running after stop")
+    check(not emulator_alive(pid), "emulator still running after stop")
     check(os.listdir(mnt) == [], "mount point not back to the empty directory")
     proc = h.stop(mnt)
     check("not mounted" in proc.stdout, f"second stop: {proc.stdout!r}")
@@ -634,7 +642,7 @@ def main():
             try:
                 test(h)
                 print(f"PASS {test.__name__} ({time.monotonic() - start:.2f}s)", flush=True)
-            except (TestFailure, OSError, subprocess.SubprocessError, ValueError) as e:
+            except Exception as e:  # Report every case; KeyboardInterrupt still aborts.
                 failures.append(test.__name__)
                 print(f"FAIL {test.__name__}: {type(e).__name__}: {e}", flush=True)
                 # Leave no mount of the failed case behind for the next one.
