@@ -185,7 +185,7 @@ def run_child(args, setup, extra):
     return json.loads(results[-1])
 
 
-def report(args, results, emulator_config, command):
+def report(args, results, emulator_config, command, loads):
     def t(setup, epoch):
         return results[setup][epoch]["seconds"]
 
@@ -225,7 +225,8 @@ Command (as root, from the repository root, after building the plugin):
   (capacity {args.tier_capacity}, started empty) over the same source.
 - The page cache is dropped before every epoch; each setup runs in a fresh process.
   Each time is the median over {args.repeat} run(s) of that setup.
-- Machine: {os.cpu_count()} cores. Times include the whole `model.fit` of one epoch.
+- Machine: {os.cpu_count()} cores; 1-minute load average when the runs started:
+  {min(loads):.2f} to {max(loads):.2f}. Times include the whole `model.fit` of one epoch.
 
 {table}
 
@@ -297,36 +298,42 @@ def main():
         subprocess.run([args.emulator, "start", backing, pfs] + args.emulator_flags.split(),
                        check=True, capture_output=True)
     args.pfs = pfs
+    loads = []
     try:
         if args.emulator:
             emulator_config = json.loads(subprocess.run(
                 [args.emulator, "stats", pfs], check=True, capture_output=True,
                 text=True).stdout)["config"]
         config = os.path.join(args.workdir, "monarch.yaml")
-        results = {}
-        for setup in args.setups.split(","):
-            extra = ["--plugin", args.plugin, "--workdir", args.workdir, "--pfs", pfs,
-                     "--local", local, "--config", config, "--epochs", str(args.epochs),
-                     "--batch", str(args.batch), "--readers", str(args.readers)]
-            if args.emulator:
-                extra += ["--emulator", args.emulator]
-            runs = []
-            for _ in range(args.repeat):
+        extra = ["--plugin", args.plugin, "--workdir", args.workdir, "--pfs", pfs,
+                 "--local", local, "--config", config, "--epochs", str(args.epochs),
+                 "--batch", str(args.batch), "--readers", str(args.readers)]
+        if args.emulator:
+            extra += ["--emulator", args.emulator]
+        setups = args.setups.split(",")
+        runs = {setup: [] for setup in setups}
+        # Round robin, so load from anything else on the machine spreads over
+        # all setups instead of hitting one.
+        for _ in range(args.repeat):
+            for setup in setups:
                 # Every run starts cold: no tf.data cache file, an empty tier.
                 shutil.rmtree(os.path.join(args.workdir, "tf-cache"), ignore_errors=True)
                 os.makedirs(os.path.join(args.workdir, "tf-cache"))
                 if setup == "monarch":
                     write_config(args, config)
-                runs.append(run_child(args, setup, extra))
-                print(setup, json.dumps(runs[-1]), flush=True)
-            # Per epoch, the run with the median time.
-            results[setup] = [sorted((run[e] for run in runs), key=lambda x: x["seconds"])
-                              [len(runs) // 2] for e in range(args.epochs)]
+                load = os.getloadavg()[0]
+                runs[setup].append(run_child(args, setup, extra))
+                print(setup, f"load {load:.2f}", json.dumps(runs[setup][-1]), flush=True)
+                loads.append(load)
+        # Per epoch, the run with the median time.
+        results = {setup: [sorted((run[e] for run in runs[setup]), key=lambda x: x["seconds"])
+                           [len(runs[setup]) // 2] for e in range(args.epochs)]
+                   for setup in setups}
     finally:
         if args.emulator:
             subprocess.run([args.emulator, "stop", pfs], capture_output=True)
     if set(SETUPS) <= results.keys():
-        report(args, results, emulator_config, command)
+        report(args, results, emulator_config, command, loads)
 
 
 if __name__ == "__main__":
