@@ -74,7 +74,14 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   // The reader that started the promotion queues the background copy only
   // after loading its own chunks, so the copy never holds a chunk the
   // reader is waiting for.
-  if (started) pool_.detach_task([this, promotion] { Run(promotion); });
+  if (started) {
+    pool_.detach_task([this, promotion] { Run(promotion); });
+    {
+      MutexLock lock(&mu_);
+      --unqueued_starts_;
+    }
+    starts_queued_.SignalAll();
+  }
   return result;
 }
 
@@ -102,6 +109,7 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
   entry.state.store(PlacementState::kPromoting);
   in_flight_.emplace(entry.ref.id, promotion);
   staging_bytes_ += size;
+  ++unqueued_starts_;
   started_.fetch_add(1, std::memory_order_relaxed);
   return promotion;
 }
@@ -156,6 +164,9 @@ void PlacementHandler::Shutdown(bool drain) {
   {
     MutexLock lock(&mu_);
     accepting_ = false;
+    // A reader that just started a promotion queues its task after loading
+    // its own chunks; wait for that, or the pool could look idle too early.
+    while (unqueued_starts_ > 0) starts_queued_.Wait(&mu_);
   }
   if (!drain) cancel_.store(true);
   pool_.wait();

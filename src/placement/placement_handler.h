@@ -72,6 +72,8 @@ class PlacementHandler {
   absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight_ ABSL_GUARDED_BY(mu_);
   uint64_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  int unqueued_starts_ ABSL_GUARDED_BY(mu_) = 0;  // Started, task not yet queued.
+  CondVar starts_queued_;
   std::atomic<bool> cancel_{false};
 
   std::atomic<uint64_t> started_{0};

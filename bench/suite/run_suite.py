@@ -1,0 +1,846 @@
+#!/usr/bin/env python3
+"""Monarch experiment suite (issue 4): the MONARCH paper's two scenarios on a
+PFS you can feel on one machine, with one command.
+
+  sudo bench/suite/run_suite.py                 # full size, 10-20 minutes
+  sudo bench/suite/run_suite.py --scale small   # a few hundred MB, ~2 minutes
+
+For each generated dataset (ImageNet-like small files; TFRecord-like shards)
+it runs 3 epochs per setup, dropping the page cache before every epoch:
+
+  scenario 1, the dataset fits in the local tier:
+    vanilla-pfs     plain open/pread/close of the PFS (the emulator mount)
+    vanilla-local   plain reads of a copy staged on local disk beforehand
+    monarch         Monarch, posix tier on local disk (room for the whole
+                    dataset) over the PFS as source
+    tf-*            the same three through TensorFlow, plus vanilla-caching
+                    (dataset.cache(file)), when the monarch_tf plugin exists
+  scenario 2, the dataset does not fit: monarch with a tier of 50% of the
+    dataset, against scenario 1's vanilla-pfs run (vanilla-pfs does not
+    depend on the tier).
+
+The PFS is tools/pfs_emulator (FUSE, default Lustre-like delays) over the
+generated dataset; its exact counters are read and reset at every epoch
+boundary inside one process (epoch_hook.c, see there). With --pfs-dir the
+suite runs against a real PFS directory instead, and PFS figures come from
+Monarch's own source-tier counters (application level). Results go to
+bench/results/suite/: results.md, PNG charts and results.json.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+MiB = 1 << 20
+
+# Dataset sizes per scale. read_size 0 = whole file per read call (JPEG
+# loaders); shards are read in 256 KiB calls like TFRecordDataset's buffer.
+SCALES = {
+    "full": [
+        {"name": "imagenet", "profile": "imagenet", "count": 20000, "file_size": 0, "read_size": 0},
+        {"name": "shards", "profile": "shards", "count": 32, "file_size": 64 * MiB,
+         "read_size": 256 * 1024},
+    ],
+    "small": [
+        {"name": "imagenet", "profile": "imagenet", "count": 2000, "file_size": 0, "read_size": 0},
+        {"name": "shards", "profile": "shards", "count": 8, "file_size": 16 * MiB,
+         "read_size": 256 * 1024},
+    ],
+}
+GENERATE_SEED = 42  # monarch-epochs --generate seed: same bytes on every run
+EPOCH_SEED = 7      # shuffle seed: the same per-epoch order for every setup
+TF_SETUPS = ["tf-vanilla-pfs", "tf-vanilla-local", "tf-vanilla-caching", "tf-monarch"]
+COUNTER_KEYS = ["metadata_ops", "opens", "reads", "bytes_read", "lookups", "getattrs",
+                "readdirs", "opendirs", "queued_ops", "errors"]
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def fmt_mib(b):
+    return "n/a" if b is None else f"{b / MiB:.0f}"
+
+
+# ---------------------------------------------------------------------------
+# Environment: matplotlib, binaries, the emulator.
+
+def ensure_matplotlib():
+    """Makes matplotlib importable: runs setup.sh if needed and re-executes
+    this script under <repo>/.venv/bin/python when that venv exists."""
+    def importable(python):
+        return subprocess.run([python, "-c", "import matplotlib"], capture_output=True).returncode == 0
+
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    want = VENV_PYTHON if os.access(VENV_PYTHON, os.X_OK) else sys.executable
+    if not importable(want):
+        subprocess.run([os.path.join(HERE, "setup.sh")], check=True)
+    if os.environ.get("MONARCH_SUITE_REEXEC") == "1":
+        sys.exit("run_suite: matplotlib is still missing after bench/suite/setup.sh")
+    os.environ["MONARCH_SUITE_REEXEC"] = "1"
+    os.execv(want, [want, os.path.abspath(__file__)] + sys.argv[1:])
+
+
+class Emulator:
+    """One pfs-emulator mount; stats/reset are the script's exact ones."""
+
+    def __init__(self, script, backing, mount, flags):
+        self.script, self.backing, self.mount, self.flags = script, backing, mount, flags
+        self.started = False
+
+    def _run(self, *args):
+        return subprocess.run([self.script, *args], check=True, capture_output=True, text=True).stdout
+
+    def start(self):
+        subprocess.run([self.script, "stop", self.mount], capture_output=True)  # a stale one
+        self._run("start", self.backing, self.mount, *self.flags)
+        self.started = True
+        return self.stats()["config"]
+
+    def stats(self):
+        return json.loads(self._run("stats", self.mount))
+
+    def counters(self):
+        return {k: v for k, v in self.stats()["counters"].items()}
+
+    def reset(self):
+        self._run("reset", self.mount)
+
+    def stop(self):
+        if self.started:
+            r = subprocess.run([self.script, "stop", self.mount], capture_output=True, text=True)
+            if r.returncode != 0:
+                log(f"warning: pfs-emulator stop {self.mount}: {r.stderr.strip()}")
+            self.started = False
+
+
+class LoadSampler(threading.Thread):
+    """Samples /proc/loadavg every few seconds (the machine is shared)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples, self.halt = [], threading.Event()
+
+    def run(self):
+        while not self.halt.wait(5):
+            with open("/proc/loadavg") as f:
+                self.samples.append(float(f.read().split()[0]))
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+# ---------------------------------------------------------------------------
+# Running one setup with exact per-epoch PFS counters.
+
+def run_hooked(cmd, env, emulator, log_path):
+    """Runs `cmd` (monarch-epochs with epoch_hook.so preloaded, or
+    tf_reader.py). At every epoch boundary the child blocks; we read the
+    emulator's counters (exact) and reset them. Returns the phases: phase 0
+    is start-up (process start, dataset walk/listing), phase k epoch k
+    (including its settle). Without an emulator, returns wall times only."""
+    req_r, req_w = os.pipe()
+    ack_r, ack_w = os.pipe()
+    env = dict(env, MONARCH_SUITE_HOOK_REQ_FD=str(req_w), MONARCH_SUITE_HOOK_ACK_FD=str(ack_r))
+    if emulator:
+        emulator.reset()
+    phases = []
+    t = time.perf_counter()
+    with open(log_path, "w") as out:
+        out.write("+ " + shlex.join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                pass_fds=(req_w, ack_r))
+    os.close(req_w)
+    os.close(ack_r)
+    try:
+        while True:
+            byte = os.read(req_r, 1)
+            now = time.perf_counter()
+            phase = {"wall_seconds": now - t}
+            if emulator:
+                phase["pfs"] = emulator.counters()
+                emulator.reset()
+            if not byte:  # the child exited: the last phase is complete
+                proc.wait()
+                phase["wall_seconds"] = time.perf_counter() - t
+                phases.append(phase)
+                break
+            phases.append(phase)
+            t = time.perf_counter()
+            os.write(ack_w, b"a")
+    finally:
+        os.close(req_r)
+        os.close(ack_w)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{cmd[0]} failed with exit code {proc.returncode}:\n{tail}")
+    return phases
+
+
+def served_split(e):
+    """Monarch's figures for one epoch: bytes from the local tier, from the
+    in-memory staging image of a promotion not yet written to the tier (no
+    tier counts those), and from the source; None for plain setups."""
+    s = e.get("served", {})
+    if "local" not in s or "pfs" not in s:
+        return None
+    local, pfs = s["local"]["bytes"], s["pfs"]["bytes"]
+    return local, max(0, e["bytes"] - local - pfs), pfs
+
+
+def pfs_ops(counters):
+    """PFS operations: every request that reached the file system (metadata
+    requests, opens included, plus READs)."""
+    return counters["metadata_ops"] + counters["reads"]
+
+
+class Suite:
+    def __init__(self, a):
+        self.a = a
+        self.build = os.path.abspath(a.build)
+        self.epochs_bin = os.path.join(self.build, "monarch-epochs")
+        self.work = os.path.abspath(a.workdir)
+        self.out = os.path.abspath(a.out)
+        self.emulators = []
+        self.cleanup = []  # tier dirs and TF cache files, removed at the end
+        self.results = []
+        self.hook = None
+        self.tf = None  # (python, plugin) when the TF setups run
+
+    # -- preparation -------------------------------------------------------
+
+    def check_binaries(self):
+        emulator_bin = os.path.join(self.build, "bin", "monarch-pfs-emulator")
+        need = [self.epochs_bin] + ([] if self.a.pfs_dir else [emulator_bin])
+        if not all(os.access(p, os.X_OK) for p in need):
+            log("building monarch-epochs and the PFS emulator")
+            subprocess.run(["cmake", "-S", REPO, "-B", self.build, "-DCMAKE_BUILD_TYPE=Release"],
+                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(["cmake", "--build", self.build, "-j2", "--target", "monarch-epochs"]
+                           + ([] if self.a.pfs_dir else ["--target", "monarch-pfs-emulator"]),
+                           check=True, stdout=subprocess.DEVNULL)
+        if not self.a.pfs_dir:
+            os.environ["MONARCH_PFS_EMULATOR"] = emulator_bin
+            self.hook = os.path.join(self.work, "epoch_hook.so")
+            subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-o", self.hook,
+                            os.path.join(HERE, "epoch_hook.c")], check=True)
+
+    def detect_tf(self):
+        if self.a.tf == "off":
+            return "disabled with --tf off"
+        python = VENV_PYTHON if os.access(VENV_PYTHON, os.X_OK) else None
+        if python is None:
+            reason = f"no venv at {VENV_PYTHON}"
+        else:
+            env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "integrations", "tensorflow"))
+            if self.a.tf_plugin:
+                env["MONARCH_TF_PLUGIN"] = os.path.abspath(self.a.tf_plugin)
+            r = subprocess.run([python, "-c", "import monarch_tf; print(monarch_tf.plugin_path())"],
+                               capture_output=True, text=True, env=env)
+            if r.returncode == 0:
+                self.tf = (python, r.stdout.strip())
+                return f"plugin {self.tf[1]}"
+            reason = (r.stderr.strip().splitlines() or ["import monarch_tf failed"])[-1]
+        if self.a.tf == "on":
+            sys.exit(f"run_suite: --tf on, but the TensorFlow plugin is unavailable: {reason}")
+        return f"skipped: {reason}"
+
+    def prepare_dataset(self, ds):
+        """Generates the dataset on the PFS side (the emulator's backing
+        directory, or --pfs-dir) once, and stages the local copy."""
+        tag = f"{ds['name']}-{ds['count']}x{ds['file_size'] or 'profile'}"
+        base = os.path.abspath(self.a.pfs_dir) if self.a.pfs_dir else os.path.join(self.work, "pfs")
+        backing = os.path.join(base, tag)
+        local = os.path.join(self.work, "local", tag)
+        for path, make in ((backing, self.generate), (local, None)):
+            marker = path + ".complete"
+            if os.path.exists(marker):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if make:
+                log(f"generating {tag} in {path}")
+                make(ds, path)
+            else:
+                log(f"staging the local copy {path}")
+                shutil.copytree(backing, path)
+            open(marker, "w").close()
+        files, total = 0, 0
+        for dirpath, _, names in os.walk(local):
+            for n in names:
+                files += 1
+                total += os.path.getsize(os.path.join(dirpath, n))
+        ds.update(tag=tag, backing=backing, local=local, files=files, bytes=total)
+
+    def generate(self, ds, path):
+        cmd = [self.epochs_bin, "--dataset", path, "--generate", str(ds["count"]),
+               "--profile", ds["profile"], "--epochs", "0", "--seed", str(GENERATE_SEED)]
+        if ds["file_size"]:
+            cmd += ["--file-size", str(ds["file_size"])]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+    def new_tier(self, label):
+        path = os.path.join(self.work, "tiers", f"{label}-{os.getpid()}-{len(self.cleanup)}")
+        os.makedirs(path)
+        self.cleanup.append(path)
+        return path
+
+    def write_config(self, ds, source, label, capacity):
+        tier = self.new_tier(label)
+        path = os.path.join(self.work, "runs", f"{label}.yaml")
+        with open(path, "w") as f:
+            f.write(f"dataset:\n  path: {source}\n"
+                    f"tiers:\n  - name: local\n    kind: posix\n    path: {tier}\n"
+                    f"    capacity: {capacity}\n"
+                    f"  - name: pfs\n    kind: source\n")
+            if self.a.placement_threads:
+                f.write(f"placement:\n  threads: {self.a.placement_threads}\n")
+        return path
+
+    # -- setups ------------------------------------------------------------
+
+    def record(self, ds, scenario, setup, cmd, phases, epochs, extra=None):
+        """Joins the per-epoch JSON of the child with the exact PFS phases."""
+        result = {"dataset": ds["name"], "scenario": scenario, "setup": setup,
+                  "command": cmd, "startup": phases[0] if phases else None, "epochs": []}
+        for i, e in enumerate(epochs):
+            e = dict(e)
+            if self.emulated:
+                e["pfs"] = phases[i + 1]["pfs"]
+                e["pfs"]["ops"] = pfs_ops(e["pfs"])
+                e["pfs_source"] = "emulator"
+            else:
+                e["pfs"] = self.app_level_pfs(ds, setup, e)
+                e["pfs_source"] = "application"
+            result["epochs"].append(e)
+        if result["startup"] and "pfs" in result["startup"]:
+            result["startup"]["pfs"]["ops"] = pfs_ops(result["startup"]["pfs"])
+        result.update(extra or {})
+        self.results.append(result)
+        self.save_json()
+        times = " / ".join(f"{e['seconds']:.2f}" for e in result["epochs"])
+        ops = " / ".join(str(e["pfs"].get("ops", "n/a")) for e in result["epochs"])
+        log(f"  {ds['name']} s{scenario} {setup}: epochs {times} s; PFS ops {ops}")
+        return result
+
+    def app_level_pfs(self, ds, setup, e):
+        """Without the emulator: what the application sent to the PFS."""
+        if "local" in setup or (setup == "tf-vanilla-caching" and e["epoch"] > 1):
+            return {"reads": 0, "bytes_read": 0, "opens": 0, "ops": 0}
+        if "served" in e and "pfs" in e["served"]:
+            s = e["served"]["pfs"]
+            return {"reads": s["reads"], "bytes_read": s["bytes"], "ops": s["reads"]}
+        if setup == "vanilla-pfs":
+            rs = ds["read_size"]
+            reads = ds["files"] if rs == 0 else math.ceil(ds["bytes"] / rs)
+            return {"reads": reads, "bytes_read": e["bytes"], "opens": ds["files"],
+                    "ops": reads + ds["files"]}
+        return {"bytes_read": e.get("bytes")}
+
+    def run_epochs_tool(self, ds, scenario, setup, mode_args, emulator, extra=None):
+        label = f"{ds['name']}-s{scenario}-{setup}"
+        json_path = os.path.join(self.work, "runs", label + ".json")
+        log_path = os.path.join(self.work, "runs", label + ".log")
+        cmd = [self.epochs_bin] + mode_args + [
+            "--epochs", str(self.a.epochs), "--threads", str(self.a.threads),
+            "--seed", str(EPOCH_SEED), "--read-size", str(ds["read_size"]),
+            "--json", json_path] + ([] if self.a.no_drop_caches else ["--drop-caches"])
+        env = dict(os.environ)
+        if self.hook and not self.a.no_drop_caches:
+            env["LD_PRELOAD"] = self.hook
+        log(f"{label}: {shlex.join(cmd)}")
+        load = loadavg()
+        phases = run_hooked(cmd, env, emulator, log_path)
+        with open(json_path) as f:
+            epochs = json.load(f)
+        extra = dict(extra or {}, load_before=load, load_after=loadavg())
+        with open(log_path) as f:
+            text = f.read()
+        settles = [float(x) for x in re.findall(r"placement settled ([0-9.]+) s", text)]
+        for e, s in zip(epochs, settles):
+            e["settle_seconds"] = s
+        m = re.search(r"^stats: (\{.*\})$", text, re.M)
+        if m and "--config" in mode_args:
+            extra["monarch_stats"] = json.loads(m.group(1))
+        if self.emulated and len(phases) != self.a.epochs + 1:
+            raise RuntimeError(f"{label}: expected {self.a.epochs + 1} phases, got {len(phases)} "
+                               "(is the epoch hook preloaded?)")
+        return self.record(ds, scenario, setup, cmd, phases, epochs, extra)
+
+    def run_tf(self, ds, setup, source, emulator):
+        python, plugin = self.tf
+        label = f"{ds['name']}-s1-{setup}"
+        json_path = os.path.join(self.work, "runs", label + ".json")
+        log_path = os.path.join(self.work, "runs", label + ".log")
+        data = ds["local"] if setup == "tf-vanilla-local" else source
+        cmd = [python, os.path.join(HERE, "tf_reader.py"), "--setup", setup, "--data", data,
+               "--profile", ds["profile"], "--epochs", str(self.a.epochs),
+               "--threads", str(self.a.threads), "--seed", str(EPOCH_SEED),
+               "--read-size", str(ds["read_size"] or 256 * 1024), "--json", json_path]
+        cmd += [] if self.a.no_drop_caches else ["--drop-caches"]
+        extra = {}
+        if setup == "tf-vanilla-caching":
+            cache_dir = self.new_tier(label + "-cache")
+            cmd += ["--cache-file", os.path.join(cache_dir, "cache")]
+        if setup == "tf-monarch":
+            capacity = ds["bytes"] * 5 // 4
+            cmd += ["--config", self.write_config(ds, source, label, capacity), "--plugin", plugin]
+            extra["tier_capacity"] = capacity
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "integrations", "tensorflow"),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        log(f"{label}: {shlex.join(cmd)}")
+        extra["load_before"] = loadavg()
+        phases = run_hooked(cmd, env, emulator, log_path)
+        extra["load_after"] = loadavg()
+        with open(json_path) as f:
+            epochs = json.load(f)
+        if epochs and "monarch_stats" in epochs[-1]:
+            extra["monarch_stats"] = epochs[-1].pop("monarch_stats")
+        return self.record(ds, 1, setup, cmd, phases, epochs, extra)
+
+    def run_dataset(self, ds):
+        emulator = None
+        source = ds["backing"]
+        if not self.a.pfs_dir:
+            mount = os.path.join(self.work, "mnt", ds["tag"])
+            emulator = Emulator(os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator"),
+                                ds["backing"], mount, shlex.split(self.a.emulator_flags))
+            self.emulators.append(emulator)
+            log(f"starting the PFS emulator: {ds['backing']} -> {mount}")
+            self.emulator_config = emulator.start()
+            source = mount
+        try:
+            setups = self.a.setups
+            if "vanilla-pfs" in setups:
+                self.run_epochs_tool(ds, 1, "vanilla-pfs", ["--dataset", source, "--mode", "plain"],
+                                     emulator)
+            if "vanilla-local" in setups:
+                self.run_epochs_tool(ds, 1, "vanilla-local",
+                                     ["--dataset", ds["local"], "--mode", "plain"], emulator)
+            for scenario, capacity in ((1, ds["bytes"] * 5 // 4), (2, ds["bytes"] // 2)):
+                if f"monarch-s{scenario}" not in setups and "monarch" not in setups:
+                    continue
+                label = f"{ds['name']}-s{scenario}-monarch"
+                config = self.write_config(ds, source, label, capacity)
+                self.run_epochs_tool(ds, scenario, "monarch", ["--config", config, "--settle"],
+                                     emulator,
+                                     {"tier_capacity": capacity})
+            if self.tf:
+                for setup in TF_SETUPS:
+                    if setup in setups or "tf" in setups:
+                        self.run_tf(ds, setup, source, emulator)
+        finally:
+            if emulator:
+                emulator.stop()
+
+    @property
+    def emulated(self):
+        return not self.a.pfs_dir
+
+    def save_json(self):
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, "results.json"), "w") as f:
+            json.dump({"meta": self.meta, "results": self.results}, f, indent=1)
+
+    # -- the whole run -----------------------------------------------------
+
+    def run(self):
+        a = self.a
+        if os.geteuid() != 0 and not a.no_drop_caches:
+            sys.exit("run_suite: dropping the page cache needs root (or pass --no-drop-caches)")
+        os.makedirs(os.path.join(self.work, "runs"), exist_ok=True)
+        self.check_binaries()
+        tf_status = self.detect_tf()
+        log(f"TensorFlow setups: {tf_status}")
+        datasets = [dict(d) for d in SCALES[a.scale] if d["name"] in a.datasets]
+        for ds in datasets:
+            if a.imagenet_files and ds["profile"] == "imagenet":
+                ds["count"] = a.imagenet_files
+            if a.shards and ds["profile"] == "shards":
+                ds["count"] = a.shards
+            if a.shard_size and ds["profile"] == "shards":
+                ds["file_size"] = a.shard_size
+        self.emulator_config = None
+        sampler = LoadSampler()
+        self.meta = {
+            "command": shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + sys.argv[1:]),
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": platform.node(), "kernel": platform.release(), "cores": os.cpu_count(),
+            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "uptime_before": uptime(), "scale": a.scale, "epochs": a.epochs,
+            "threads": a.threads, "tf": tf_status,
+            "pfs": a.pfs_dir or "pfs-emulator", "drop_caches": not a.no_drop_caches,
+        }
+        sampler.start()
+        try:
+            for ds in datasets:
+                self.prepare_dataset(ds)
+            self.meta["datasets"] = datasets
+            for ds in datasets:
+                log(f"dataset {ds['tag']}: {ds['files']} files, {ds['bytes'] / MiB:.0f} MiB")
+                self.run_dataset(ds)
+        finally:
+            for emulator in self.emulators:
+                emulator.stop()
+            sampler.halt.set()
+            self.meta["uptime_after"] = uptime()
+            self.meta["load_samples"] = sampler.samples
+            self.meta["emulator_config"] = self.emulator_config
+            self.meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+            if not a.keep:
+                for path in self.cleanup:
+                    shutil.rmtree(path, ignore_errors=True)
+            if self.results:
+                self.save_json()
+        report = Report(self.meta, self.results, datasets)
+        report.write(self.out)
+        print(report.summary)
+
+
+# ---------------------------------------------------------------------------
+# Report: results.md and charts.
+
+class Report:
+    def __init__(self, meta, results, datasets):
+        self.meta, self.results, self.datasets = meta, results, datasets
+        self.summary = ""
+
+    def get(self, ds, scenario, setup):
+        for r in self.results:
+            if r["dataset"] == ds and r["setup"] == setup and r["scenario"] == scenario:
+                return r
+        return None
+
+    def rows(self, ds):
+        """(scenario, label, result) in display order; scenario 2's
+        vanilla-pfs is scenario 1's run."""
+        out = []
+        for setup in ["vanilla-pfs", "vanilla-local", "monarch"] + TF_SETUPS:
+            r = self.get(ds, 1, setup)
+            if r:
+                out.append((1, setup, r))
+        for setup in ["vanilla-pfs", "monarch"]:
+            r = self.get(ds, 2, setup) or (self.get(ds, 1, setup) if setup == "vanilla-pfs" else None)
+            if r:
+                out.append((2, setup, r))
+        return out
+
+    @staticmethod
+    def total_ops(r):
+        ops = [e["pfs"].get("ops") for e in r["epochs"]]
+        if None in ops:
+            return None, None
+        startup = (r.get("startup") or {}).get("pfs", {}).get("ops", 0)
+        return sum(ops) + startup, sum(ops)
+
+    def table(self, ds):
+        lines = [
+            "| scenario | setup | startup s (PFS ops) | epoch 1 s | epoch 2 s | epoch 3 s | "
+            "3-epoch total s | settle s | PFS ops per epoch | PFS MiB per epoch | "
+            "PFS ops, 3 epochs + startup | Monarch served local:staging:pfs MiB per epoch | "
+            "load before / after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for scenario, setup, r in self.rows(ds):
+            ep = r["epochs"]
+            st = r.get("startup") or {}
+            st_ops = st.get("pfs", {}).get("ops")
+            startup = f"{st.get('wall_seconds', 0):.1f}" + (f" ({st_ops})" if st_ops is not None else "")
+            times = [f"{e['seconds']:.2f}" for e in ep] + [""] * (3 - len(ep))
+            settle = " / ".join(f"{e['settle_seconds']:.1f}" for e in ep if "settle_seconds" in e) or "-"
+            ops = " / ".join(str(e["pfs"].get("ops", "n/a")) for e in ep)
+            mib = " / ".join(fmt_mib(e["pfs"].get("bytes_read")) for e in ep)
+            total, _ = self.total_ops(r)
+            served = "-"
+            if all(served_split(e) for e in ep):
+                served = " / ".join(":".join(fmt_mib(b) for b in served_split(e)) for e in ep)
+            name = setup + (" (= scenario 1 run)" if scenario == 2 and r["scenario"] == 1 else "")
+            if "tier_capacity" in r:
+                name += f", tier {r['tier_capacity'] / MiB:.0f} MiB"
+            load = f"{r.get('load_before', 0):.1f} / {r.get('load_after', 0):.1f}"
+            lines.append(f"| {scenario} | {name} | {startup} | {' | '.join(times[:3])} | "
+                         f"{sum(e['seconds'] for e in ep):.2f} | {settle} | {ops} | {mib} | "
+                         f"{total if total is not None else 'n/a'} | {served} | {load} |")
+        return "\n".join(lines)
+
+    def targets(self, ds):
+        """[(target, measured, threshold, met, margin text, profile text)]"""
+        out = []
+        pfs = self.get(ds, 1, "vanilla-pfs")
+        local = self.get(ds, 1, "vanilla-local")
+        m1 = self.get(ds, 1, "monarch")
+        m2 = self.get(ds, 2, "monarch")
+
+        def served(r, i):
+            e = r["epochs"][i]
+            split = served_split(e) or (None, None, None)
+            return (f"served local {fmt_mib(split[0])} / staging {fmt_mib(split[1])} / pfs "
+                    f"{fmt_mib(split[2])} MiB; PFS ops {e['pfs'].get('ops', 'n/a')}; "
+                    f"settle {e.get('settle_seconds', 0):.1f} s; load {r.get('load_before', 0):.1f}")
+
+        n = min(3, len(m1["epochs"]) if m1 else 0)
+        if m1 and local:
+            for i in range(1, n):
+                ratio = m1["epochs"][i]["seconds"] / local["epochs"][i]["seconds"]
+                out.append((f"S1 epoch {i + 1}: monarch time within 5% of vanilla-local",
+                            f"{m1['epochs'][i]['seconds']:.2f} s vs {local['epochs'][i]['seconds']:.2f} s "
+                            f"= {ratio:.3f}", "<= 1.05", ratio <= 1.05,
+                            f"{(ratio - 1.05) * 100:+.1f} pts vs limit", served(m1, i)))
+            for i in range(1, n):
+                reads = m1["epochs"][i]["pfs"].get("reads")
+                out.append((f"S1 epoch {i + 1}: monarch sends zero reads to the PFS",
+                            f"{reads} reads, {fmt_mib(m1['epochs'][i]['pfs'].get('bytes_read'))} MiB, "
+                            f"{m1['epochs'][i]['pfs'].get('metadata_ops', 'n/a')} metadata ops",
+                            "0 reads", reads == 0, "" if reads == 0 else f"{reads} reads over",
+                            served(m1, i)))
+        if m1 and pfs:
+            ratio = m1["epochs"][0]["seconds"] / pfs["epochs"][0]["seconds"]
+            with_settle = (m1["epochs"][0]["seconds"] + m1["epochs"][0].get("settle_seconds", 0)) \
+                / pfs["epochs"][0]["seconds"]
+            out.append(("S1 epoch 1: monarch no more than 5% slower than vanilla-pfs",
+                        f"{m1['epochs'][0]['seconds']:.2f} s vs {pfs['epochs'][0]['seconds']:.2f} s "
+                        f"= {ratio:.3f} (with settle {with_settle:.3f})", "<= 1.05", ratio <= 1.05,
+                        f"{(ratio - 1.05) * 100:+.1f} pts vs limit", served(m1, 0)))
+        if m2 and pfs:
+            for i in range(1, min(3, len(m2["epochs"]))):
+                mb, pb = m2["epochs"][i]["pfs"].get("bytes_read"), pfs["epochs"][i]["pfs"].get("bytes_read")
+                ratio = mb / pb if mb is not None and pb else None
+                out.append((f"S2 epoch {i + 1}: monarch PFS bytes <= 55% of vanilla-pfs",
+                            f"{fmt_mib(mb)} MiB vs {fmt_mib(pb)} MiB = "
+                            + ("n/a" if ratio is None else f"{ratio:.3f}"), "<= 0.55",
+                            ratio is not None and ratio <= 0.55,
+                            "" if ratio is None else f"{(ratio - 0.55) * 100:+.1f} pts vs limit",
+                            served(m2, i)))
+            for i in range(1, min(3, len(m2["epochs"]))):
+                mt, pt = m2["epochs"][i]["seconds"], pfs["epochs"][i]["seconds"]
+                out.append((f"S2 epoch {i + 1}: monarch time lower than vanilla-pfs",
+                            f"{mt:.2f} s vs {pt:.2f} s = {mt / pt:.3f}", "< 1.00", mt < pt,
+                            f"{(mt / pt - 1) * 100:+.1f}% vs vanilla-pfs", served(m2, i)))
+            mt = sum(e["seconds"] for e in m2["epochs"])
+            pt = sum(e["seconds"] for e in pfs["epochs"])
+            out.append(("S2, 3 epochs: monarch total time lower than vanilla-pfs",
+                        f"{mt:.2f} s vs {pt:.2f} s = {mt / pt:.3f}", "< 1.00", mt < pt,
+                        f"{(mt / pt - 1) * 100:+.1f}% vs vanilla-pfs",
+                        "settle " + " / ".join(f"{e.get('settle_seconds', 0):.1f}" for e in m2["epochs"]) + " s"))
+        for scenario, m in ((1, m1), (2, m2)):
+            if not (m and pfs):
+                continue
+            (mt, me), (pt, pe) = self.total_ops(m), self.total_ops(pfs)
+            if mt is None or pt is None:
+                out.append((f"S{scenario}, 3 epochs: PFS ops below 45% of vanilla-pfs (55% reduction)",
+                            "n/a (no PFS counters)", "<= 0.45", None, "", ""))
+                continue
+            ratio = mt / pt
+            out.append((f"S{scenario}, 3 epochs: PFS ops below 45% of vanilla-pfs (55% reduction)",
+                        f"{mt} vs {pt} = {ratio:.3f} (reduction {(1 - ratio) * 100:.1f}%); "
+                        f"epochs only {me} vs {pe} = {me / pe:.3f}",
+                        "<= 0.45", ratio <= 0.45, f"{(ratio - 0.45) * 100:+.1f} pts vs limit",
+                        "per epoch " + " / ".join(str(e["pfs"]["ops"]) for e in m["epochs"])
+                        + f"; startup {m['startup']['pfs']['ops']}"))
+        return out
+
+    def tf_ratios(self, ds):
+        get = lambda s: self.get(ds, 1, s)
+        if not get("tf-monarch"):
+            return []
+        lines = []
+        m, p, l, c = get("tf-monarch"), get("tf-vanilla-pfs"), get("tf-vanilla-local"), \
+            get("tf-vanilla-caching")
+        if p:
+            lines.append(f"tf-monarch epoch 1 / tf-vanilla-pfs epoch 1 = "
+                         f"{m['epochs'][0]['seconds'] / p['epochs'][0]['seconds']:.3f}")
+        for i in range(1, len(m["epochs"])):
+            if l:
+                lines.append(f"tf-monarch epoch {i + 1} / tf-vanilla-local = "
+                             f"{m['epochs'][i]['seconds'] / l['epochs'][i]['seconds']:.3f}")
+            if c:
+                lines.append(f"tf-monarch epoch {i + 1} / tf-vanilla-caching = "
+                             f"{m['epochs'][i]['seconds'] / c['epochs'][i]['seconds']:.3f}")
+        return lines
+
+    def charts(self, out):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = [d["name"] for d in self.datasets]
+        made = []
+        for metric, ylabel, fname, value in (
+                ("time", "epoch wall time (s)", "epoch_time.png", lambda e: e["seconds"]),
+                ("ops", "PFS operations per epoch", "pfs_ops.png", lambda e: e["pfs"].get("ops")),
+                ("bytes", "PFS MiB read per epoch", "pfs_bytes.png",
+                 lambda e: (e["pfs"].get("bytes_read") or 0) / MiB)):
+            fig, axes = plt.subplots(len(names), 2, figsize=(13, 4.2 * len(names)), squeeze=False)
+            for row, ds in enumerate(names):
+                for col, scenario in enumerate((1, 2)):
+                    ax = axes[row][col]
+                    rows = [(s, r) for sc, s, r in self.rows(ds) if sc == scenario]
+                    if not rows:
+                        ax.set_visible(False)
+                        continue
+                    n_ep = max(len(r["epochs"]) for _, r in rows)
+                    width = 0.8 / len(rows)
+                    for k, (setup, r) in enumerate(rows):
+                        vals = [value(e) for e in r["epochs"]]
+                        vals = [v if v is not None else 0 for v in vals]
+                        xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(vals))]
+                        bars = ax.bar(xs, vals, width, label=setup)
+                        if metric != "time":
+                            ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=6,
+                                         rotation=90, padding=2)
+                    ax.set_xticks(range(n_ep), [f"epoch {i + 1}" for i in range(n_ep)])
+                    ax.set_ylabel(ylabel)
+                    title = "fits in the local tier" if scenario == 1 else "local tier = 50% of the data"
+                    ax.set_title(f"{ds}: scenario {scenario} ({title})", fontsize=10)
+                    ax.legend(fontsize=7)
+                    ax.margins(y=0.15)
+            fig.suptitle(f"Monarch suite ({self.meta['scale']} scale, PFS: {self.meta['pfs']}) - {ylabel}")
+            fig.tight_layout()
+            fig.savefig(os.path.join(out, fname), dpi=110)
+            plt.close(fig)
+            made.append(fname)
+        return made
+
+    def write(self, out):
+        os.makedirs(out, exist_ok=True)
+        charts = self.charts(out)
+        meta = self.meta
+        L = [f"# Monarch experiment suite ({meta['scale']} scale)", "",
+             "Generated by `bench/suite/run_suite.py`; see `bench/suite/README.md`.", "",
+             f"- Command (as root, from the repository root): `{meta['command']}`",
+             f"- Run: {meta['started']} to {meta.get('finished', '?')}, host {meta['host']}, "
+             f"kernel {meta['kernel']}, {meta['cores']} cores, {meta['ram_gib']} GiB RAM.",
+             f"- Load before: `{meta['uptime_before']}`",
+             f"- Load after: `{meta.get('uptime_after', '?')}`"]
+        samples = meta.get("load_samples") or []
+        if samples:
+            L.append(f"- 1-min load average sampled every 5 s during the run: mean "
+                     f"{sum(samples) / len(samples):.2f}, max {max(samples):.2f} "
+                     f"({len(samples)} samples).")
+            if max(samples) > meta["cores"] * 0.75:
+                L.append(f"- **The machine was shared**: the load exceeded what this suite alone puts "
+                         f"on {meta['cores']} cores, so other jobs competed for CPU and disk; "
+                         "single runs, expect noise of about 10% in the times.")
+        if meta["pfs"] == "pfs-emulator":
+            L.append(f"- PFS: `tools/pfs_emulator` FUSE mount over the generated dataset, config "
+                     f"`{json.dumps(meta.get('emulator_config'))}`. PFS counters are the emulator's, "
+                     "read and reset exactly at each epoch boundary inside the one process that "
+                     "runs all epochs (`bench/suite/epoch_hook.c`).")
+        else:
+            L.append(f"- PFS: real directory `{meta['pfs']}` (no emulator). PFS figures are "
+                     "application-level: Monarch's source-tier counters, and for vanilla-pfs "
+                     "the reads and opens the job issued. Metadata traffic is not counted.")
+        L += [f"- {meta['epochs']} epochs, {meta['threads']} reader threads, the same seeded "
+              f"shuffle (seed {EPOCH_SEED}) for every setup; page cache "
+              + ("dropped before every epoch." if meta["drop_caches"] else "NOT dropped (--no-drop-caches)."),
+              f"- TensorFlow setups: {meta['tf']}.", "", "Datasets (generated with fixed seed "
+              f"{GENERATE_SEED} by `monarch-epochs --generate`):", ""]
+        for d in self.datasets:
+            if d["profile"] == "imagenet":
+                shape = "~110 KiB ImageNet-like files, whole-file reads"
+            else:
+                shape = f"{d['file_size'] / MiB:.0f} MiB shards, {d['read_size'] // 1024} KiB reads"
+            L.append(f"- **{d['name']}**: {d.get('files')} files, "
+                     f"{d.get('bytes', 0) / MiB:.0f} MiB ({shape}).")
+        L += ["", "Columns: *startup* is process start to the first epoch (Monarch walks the "
+              "dataset on the PFS; plain mode lists it the same way), not included in epoch times. "
+              "*settle* is the untimed wait for Monarch's background placement after each epoch "
+              "(its PFS traffic is counted in that epoch). *PFS ops* = metadata requests "
+              "(lookup, getattr, open, readdir, ...) + READ requests that reached the PFS. "
+              "*served* = Monarch's own per-tier figures. Scenario 2's vanilla-pfs row is "
+              "scenario 1's run (it does not depend on the tier size).", ""]
+        summary = []
+        for d in self.datasets:
+            name = d["name"]
+            if not any(r["dataset"] == name for r in self.results):
+                continue
+            L += [f"## {name}", "", self.table(name), "", "### Targets", "",
+                  "| target | measured | limit | met | margin | profile |", "|---|---|---|---|---|---|"]
+            for t, measured, limit, met, margin, profile in self.targets(name):
+                status = "n/a" if met is None else ("met" if met else "**missed**")
+                L.append(f"| {t} | {measured} | {limit} | {status} | {margin} | {profile} |")
+                summary.append(f"{name}: {t}: {measured} -> {status}")
+            tf = self.tf_ratios(name)
+            if tf:
+                L += ["", "TensorFlow ratios (informational): " + "; ".join(tf) + "."]
+            L.append("")
+        L += ["## Charts", ""] + [f"![{c}]({c})" for c in charts] + [
+            "", "Raw data: `results.json` (every run's command, per-epoch times, the emulator's "
+            "full counters per phase, Monarch's per-tier figures and final stats).", ""]
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write("\n".join(L))
+        self.summary = "\n".join(summary + [f"wrote {out}/results.md and {', '.join(charts)}"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--scale", choices=sorted(SCALES), default="full")
+    ap.add_argument("--datasets", default="imagenet,shards", help="comma list (imagenet,shards)")
+    ap.add_argument("--setups", default="vanilla-pfs,vanilla-local,monarch,tf",
+                    help="comma list: vanilla-pfs, vanilla-local, monarch (both scenarios), "
+                         "monarch-s1, monarch-s2, tf (all TF setups) or single tf-* setups")
+    ap.add_argument("--imagenet-files", type=int, default=0, help="override the scale's count")
+    ap.add_argument("--shards", type=int, default=0, help="override the scale's shard count")
+    ap.add_argument("--shard-size", type=int, default=0, help="override the shard size (bytes)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4, help="reader threads")
+    ap.add_argument("--placement-threads", type=int, default=0,
+                    help="Monarch placement.threads (0: its default, one per core)")
+    ap.add_argument("--pfs-dir", default=None,
+                    help="a directory on a real PFS: generate the datasets there and use it as "
+                         "the source, without the emulator")
+    ap.add_argument("--emulator-flags", default="",
+                    help="extra monarch-pfs-emulator flags (default: its Lustre-like defaults)")
+    ap.add_argument("--tf", choices=["auto", "on", "off"], default="auto",
+                    help="TensorFlow setups: auto = when monarch_tf and its plugin are found")
+    ap.add_argument("--tf-plugin", default=None, help="libmonarch_tf_plugin.so to use")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--workdir", default="/var/tmp/monarch-suite",
+                    help="datasets, local copies, tiers, mounts, logs (on the local disk)")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "suite"))
+    ap.add_argument("--no-drop-caches", action="store_true", help="for runs without root")
+    ap.add_argument("--keep", action="store_true", help="keep the tier directories afterwards")
+    a = ap.parse_args()
+    a.datasets = a.datasets.split(",")
+    a.setups = a.setups.split(",")
+    ensure_matplotlib()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    Suite(a).run()
+
+
+if __name__ == "__main__":
+    main()
