@@ -33,6 +33,21 @@ FileRef Ref(uint32_t id, absl::string_view name, uint64_t size, int64_t mtime_ns
   return ref;
 }
 
+std::vector<std::string> ListAll(const std::string& dir) {
+  std::vector<std::string> names;
+  std::string cmd = "cd '" + dir + "' && find . -type f | sort";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char line[4096];
+  while (std::fgets(line, sizeof(line), p)) names.emplace_back(line, std::strlen(line) - 1);
+  ::pclose(p);
+  return names;
+}
+
+absl::Status Store(StorageDriver& driver, const FileRef& file, uint32_t seed) {
+  std::shared_ptr<FileImage> image = ImageOf(seed, file.size);
+  return StoreCopy(driver, file, image->data(), file.size);
+}
+
 // Store, read back whole and in pieces, read past the end, remove.
 void RoundTrip(StorageDriver& driver) {
   const FileRef a = Ref(7, "sub/dir/a.bin", 300000);
@@ -40,8 +55,8 @@ void RoundTrip(StorageDriver& driver) {
   char buffer[4096];
   CHECK(driver.Read(a, 0, buffer, 10).status().code() == absl::StatusCode::kNotFound);
 
-  REQUIRE(driver.Store(a, ImageOf(1, a.size)).ok());
-  REQUIRE(driver.Store(empty, ImageOf(2, 0)).ok());
+  REQUIRE(Store(driver, a, 1).ok());
+  REQUIRE(Store(driver, empty, 2).ok());
   std::vector<char> whole(a.size);
   absl::StatusOr<size_t> n = driver.Read(a, 0, whole.data(), whole.size());
   REQUIRE(n.ok());
@@ -65,14 +80,46 @@ void RoundTrip(StorageDriver& driver) {
   CHECK(driver.Remove(a).code() == absl::StatusCode::kNotFound);
 }
 
-std::vector<std::string> ListAll(const std::string& dir) {
-  std::vector<std::string> names;
-  std::string cmd = "cd '" + dir + "' && find . -type f | sort";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char line[4096];
-  while (std::fgets(line, sizeof(line), p)) names.emplace_back(line, std::strlen(line) - 1);
-  ::pclose(p);
-  return names;
+
+// A copy streamed in chunks: invisible until committed, readable back while
+// in flight, and gone without a trace when abandoned.
+void StreamedCopy(StorageDriver& driver, const std::string& root) {
+  const FileRef f = Ref(11, "s/streamed.bin", 3 * 8192 + 100);
+  std::shared_ptr<FileImage> image = ImageOf(21, f.size);
+  const testing::TestFile tf{"", 21, f.size};
+  char buffer[8192];
+  {
+    auto writer = driver.NewWriter(f);
+    REQUIRE(writer.ok());
+    REQUIRE((*writer)->Write(0, image->data(), 8192).ok());
+    REQUIRE((*writer)->Write(8192, image->data() + 8192, 8192).ok());
+    CHECK(driver.Read(f, 0, buffer, 10).status().code() == absl::StatusCode::kNotFound);
+    REQUIRE(*(*writer)->ReadBack(8000, buffer, 300) == 300);
+    CHECK(testing::BytesMatch(tf, buffer, 8000, 300));
+  }  // Abandoned.
+  CHECK(driver.Read(f, 0, buffer, 10).status().code() == absl::StatusCode::kNotFound);
+  if (!root.empty()) CHECK(ListAll(root).empty());
+  auto writer = driver.NewWriter(f);
+  REQUIRE(writer.ok());
+  for (uint64_t offset = 0; offset < f.size; offset += 8192) {
+    REQUIRE((*writer)->Write(offset, image->data() + offset, std::min<uint64_t>(8192, f.size - offset)).ok());
+  }
+  REQUIRE((*writer)->Commit().ok());
+  std::vector<char> whole(f.size + 10);
+  REQUIRE(*driver.Read(f, 0, whole.data(), whole.size()) == f.size);
+  CHECK(testing::BytesMatch(tf, whole.data(), 0, f.size));
+  REQUIRE(*(*writer)->ReadBack(f.size - 50, buffer, 500) == 50);  // Still readable after commit.
+  CHECK(testing::BytesMatch(tf, buffer, f.size - 50, 50));
+}
+
+TEST_CASE("streamed copies: ram, posix, pmem") {
+  std::unique_ptr<StorageDriver> ram = NewRamDriver();
+  StreamedCopy(*ram, "");
+  ScratchDir posix_dir, pmem_dir;
+  std::unique_ptr<StorageDriver> posix = NewPosixDriver(posix_dir.path(), 8);
+  StreamedCopy(*posix, posix_dir.path());
+  std::unique_ptr<StorageDriver> pmem = NewPmemDriver(pmem_dir.path(), 8);
+  StreamedCopy(*pmem, pmem_dir.path());
 }
 
 TEST_CASE("ram driver round trip") {
@@ -85,7 +132,7 @@ TEST_CASE("posix driver round trip, layout and mtime") {
   std::unique_ptr<StorageDriver> driver = NewPosixDriver(dir.path(), 8);
   RoundTrip(*driver);
   const FileRef b = Ref(3, "x/b.bin", 5000, 1600000000123456789);
-  REQUIRE(driver->Store(b, ImageOf(9, b.size)).ok());
+  REQUIRE(Store(*driver, b, 9).ok());
   struct stat st;
   REQUIRE(::stat((dir.path() + "/x/b.bin").c_str(), &st) == 0);
   CHECK(st.st_size == 5000);
@@ -100,7 +147,7 @@ TEST_CASE("pmem driver round trip through libpmem") {
   std::unique_ptr<StorageDriver> driver = NewPmemDriver(dir.path(), 8);
   RoundTrip(*driver);
   const FileRef b = Ref(3, "b.bin", 70000, 1600000000000000001);
-  REQUIRE(driver->Store(b, ImageOf(5, b.size)).ok());
+  REQUIRE(Store(*driver, b, 5).ok());
   struct stat st;
   REQUIRE(::stat((dir.path() + "/b.bin").c_str(), &st) == 0);
   CHECK(st.st_size == 70000);
@@ -117,7 +164,7 @@ TEST_CASE("bounded descriptor caches still serve many files") {
   std::unique_ptr<StorageDriver> driver = NewPosixDriver(dir.path(), 4);
   std::vector<std::string> names;
   for (uint32_t i = 0; i < 50; ++i) names.push_back("f" + std::to_string(i));
-  for (uint32_t i = 0; i < 50; ++i) REQUIRE(driver->Store(Ref(i, names[i], 100), ImageOf(i, 100)).ok());
+  for (uint32_t i = 0; i < 50; ++i) REQUIRE(Store(*driver, Ref(i, names[i], 100), i).ok());
   for (int round = 0; round < 3; ++round) {
     for (uint32_t i = 0; i < 50; ++i) {
       char buffer[100];
@@ -135,7 +182,7 @@ TEST_CASE("source driver reads the dataset and refuses to write or delete") {
   std::vector<char> data(10000);
   REQUIRE(*driver->Read(s, 0, data.data(), data.size()) == 10000);
   CHECK(testing::BytesMatch({"", 4, 10000}, data.data(), 0, 10000));
-  CHECK(driver->Store(s, ImageOf(1, 10)).code() == absl::StatusCode::kPermissionDenied);
+  CHECK(Store(*driver, s, 1).code() == absl::StatusCode::kPermissionDenied);
   CHECK(driver->Remove(s).code() == absl::StatusCode::kPermissionDenied);
   CHECK(driver->Read(Ref(1, "missing.bin", 1), 0, data.data(), 1).status().code() ==
         absl::StatusCode::kNotFound);
@@ -148,8 +195,8 @@ TEST_CASE("source driver reads the dataset and refuses to write or delete") {
 TEST_CASE("scans report complete copies and clean up dead writers' temporaries") {
   ScratchDir dir;
   std::unique_ptr<StorageDriver> driver = NewPosixDriver(dir.path(), 8);
-  REQUIRE(driver->Store(Ref(0, "a/one.bin", 10, 111), ImageOf(1, 10)).ok());
-  REQUIRE(driver->Store(Ref(1, "two.bin", 20, 222), ImageOf(2, 20)).ok());
+  REQUIRE(Store(*driver, Ref(0, "a/one.bin", 10, 111), 1).ok());
+  REQUIRE(Store(*driver, Ref(1, "two.bin", 20, 222), 2).ok());
   // A temporary from a process that no longer exists (pid 0x7ffffffe is never
   // valid under the default pid_max), and one from this live process.
   std::ofstream(dir.path() + "/a/.one.bin.monarch-tmp.2147483646.0") << "partial";

@@ -139,7 +139,7 @@ class FaultInjectingDriver final : public ForwardingDriver {
     std::atomic<int> read_delay_us{0};
     std::atomic<uint64_t> reads{0};
     std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> stores{0};
+    std::atomic<uint64_t> stores{0};  // Copies started.
     Mutex mu;
     absl::flat_hash_map<std::string, uint64_t> bytes_per_file ABSL_GUARDED_BY(mu);
     uint64_t BytesOf(const std::string& name) {
@@ -166,15 +166,35 @@ class FaultInjectingDriver final : public ForwardingDriver {
     return r;
   }
 
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
     faults_->stores.fetch_add(1);
-    if (faults_->fail_stores.load()) {
-      return absl::Status(faults_->store_error, "injected write error");
-    }
-    return ForwardingDriver::Store(file, std::move(image));
+    absl::StatusOr<std::unique_ptr<CopyWriter>> writer = ForwardingDriver::NewWriter(file);
+    if (!writer.ok() || !faults_->fail_stores.load()) return writer;
+    return std::unique_ptr<CopyWriter>(new FailingWriter(std::move(*writer), faults_->store_error));
   }
 
  private:
+  // Accepts the first write, fails the next ones (as a device that fills up
+  // or breaks mid-copy would) and the commit.
+  class FailingWriter final : public CopyWriter {
+   public:
+    FailingWriter(std::unique_ptr<CopyWriter> target, absl::StatusCode code)
+        : target_(std::move(target)), code_(code) {}
+    absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      if (writes_++ > 0) return absl::Status(code_, "injected write error");
+      return target_->Write(offset, data, n);
+    }
+    absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+      return target_->ReadBack(offset, dst, n);
+    }
+    absl::Status Commit() override { return absl::Status(code_, "injected write error"); }
+
+   private:
+    std::unique_ptr<CopyWriter> target_;
+    absl::StatusCode code_;
+    int writes_ = 0;
+  };
+
   Faults* faults_;
 };
 

@@ -47,20 +47,17 @@ struct DatasetConfig {
 struct PlacementConfig {
   int threads = 0;                  // Background placement threads; 0 = number of cores.
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
-  // Promotions stage a file in memory while it is copied up; this caps the
-  // bytes staged at once. A file larger than the cap stays on the source.
-  // 0 = a quarter of physical memory.
+  // Bytes of files being promoted at once (a promotion holds at most this
+  // much memory, usually far less: chunks are freed once written). A file
+  // larger than the cap stays on the source. 0 = a quarter of physical memory.
   uint64_t max_staging_bytes = 0;
-  // Granularity at which reads share the bytes a promotion is fetching.
+  // Granularity at which reads share the bytes a promotion is fetching, and
+  // at which it streams them into the tier. A multiple of 4 KiB.
   uint64_t chunk_bytes = 1 << 20;
   // Upper bound on file descriptors (and pmem mappings) each file-backed tier
   // keeps open between reads; the total stays bounded whatever the number of
   // files and readers.
   int max_open_files = 256;
-  // Run placement threads at idle CPU priority (SCHED_IDLE), so copying
-  // never takes CPU from the job's readers: it uses the time they spend
-  // waiting. Reads of files still being copied are served from memory.
-  bool idle_priority = true;
 };
 
 struct LoggingConfig {

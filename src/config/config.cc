@@ -157,8 +157,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (const YAML::Node placement = root["placement"]) {
     if (!placement.IsMap()) return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(
-        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files",
-                    "idle_priority"}));
+        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
@@ -184,14 +183,6 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       }
       config.placement.max_open_files = static_cast<int>(files);
     }
-  }
-
-  if (const YAML::Node placement = root["placement"]; placement && placement["idle_priority"]) {
-    const YAML::Node idle = placement["idle_priority"];
-    if (!idle.IsScalar() || (idle.Scalar() != "true" && idle.Scalar() != "false")) {
-      return KeyError("placement.idle_priority", absl::StrCat("expected true or false, got ", Describe(idle)));
-    }
-    config.placement.idle_priority = idle.Scalar() == "true";
   }
 
   if (const YAML::Node logging = root["logging"]) {
@@ -368,8 +359,8 @@ absl::Status ValidateConfig(const Config& config) {
   if (p.policy != "first-fit" && p.policy != "none") {
     return KeyError("placement.policy", absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));
   }
-  if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30)) {
-    return KeyError("placement.chunk_bytes", "expected a size from 4KiB to 1GiB");
+  if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
+    return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
   const std::string& level = config.logging.level;

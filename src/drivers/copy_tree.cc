@@ -42,29 +42,27 @@ bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }
 
-absl::Status CopyTree::Store(const FileRef& file,
-                             absl::FunctionRef<absl::Status(const std::string&)> write) {
-  const std::string path = PathOf(file.name);
+absl::StatusOr<std::string> CopyTree::NewTemporary(absl::string_view name) {
+  const std::string path = PathOf(name);
   const size_t slash = path.find_last_of('/');
   MONARCH_RETURN_IF_ERROR(MakeDirectories(path.substr(0, slash)));
-  const std::string temporary =
-      absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1), kTempMarker, ::getpid(),
-                   ".", next_sequence_.fetch_add(1));
-  absl::Status status = write(temporary);
-  if (status.ok()) {
-    struct timespec times[2];
-    times[0].tv_sec = 0;
-    times[0].tv_nsec = UTIME_OMIT;
-    times[1].tv_sec = file.mtime_ns / 1000000000;
-    times[1].tv_nsec = file.mtime_ns % 1000000000;
-    if (::utimensat(AT_FDCWD, temporary.c_str(), times, 0) != 0) {
-      status = ErrnoToStatus(errno, absl::StrCat("set mtime of ", temporary));
-    } else if (::rename(temporary.c_str(), path.c_str()) != 0) {
-      status = ErrnoToStatus(errno, absl::StrCat("rename ", temporary));
-    }
+  return absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1), kTempMarker,
+                      ::getpid(), ".", next_sequence_.fetch_add(1));
+}
+
+absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;
+  times[1].tv_sec = file.mtime_ns / 1000000000;
+  times[1].tv_nsec = file.mtime_ns % 1000000000;
+  if (::utimensat(AT_FDCWD, temporary.c_str(), times, 0) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("set mtime of ", temporary));
   }
-  if (!status.ok()) ::unlink(temporary.c_str());
-  return status;
+  if (::rename(temporary.c_str(), PathOf(file.name).c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", temporary));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CopyTree::Remove(absl::string_view name) {

@@ -17,7 +17,6 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "drivers/storage_driver.h"
@@ -31,11 +30,13 @@ class CopyTree {
   const std::string& root() const { return root_; }
   std::string PathOf(absl::string_view name) const;
 
-  // Stores a copy of `file`: `write` fills a fresh temporary path next to
-  // the copy's, which then gets the source's mtime and is renamed over the
-  // copy. On any failure the temporary is deleted and nothing changes.
-  absl::Status Store(const FileRef& file,
-                     absl::FunctionRef<absl::Status(const std::string& temporary)> write);
+  // Creates the parent directories of `name`'s copy and returns a fresh
+  // temporary path next to it.
+  absl::StatusOr<std::string> NewTemporary(absl::string_view name);
+
+  // Gives the complete temporary the source's mtime and renames it over the
+  // copy. The caller deletes the temporary if this fails.
+  absl::Status Publish(const std::string& temporary, const FileRef& file);
 
   absl::Status Remove(absl::string_view name);
 

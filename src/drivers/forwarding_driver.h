@@ -21,8 +21,8 @@ class ForwardingDriver : public StorageDriver {
                               size_t n) override {
     return target_->Read(file, offset, dst, n);
   }
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
-    return target_->Store(file, std::move(image));
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
+    return target_->NewWriter(file);
   }
   absl::Status Remove(const FileRef& file) override { return target_->Remove(file); }
   absl::Status ScanCopies(CopyVisitor visit) override { return target_->ScanCopies(visit); }

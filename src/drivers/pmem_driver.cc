@@ -2,8 +2,8 @@
 //
 // Each copy is a file on the tier's path (a DAX mount on real hardware; any
 // directory, such as /dev/shm, for testing), created and mapped with
-// pmem_map_file and filled with pmem_memcpy_persist (or memcpy + msync when
-// the mapping is not real persistent memory). Reads copy straight out of a
+// pmem_map_file and filled with libpmem's persistent copies (or memcpy +
+// msync when the mapping is not real persistent memory). Reads copy straight out of a
 // mapping; mappings are cached and bounded like descriptors elsewhere, since
 // mapping every file would exhaust vm.max_map_count on large datasets.
 
@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/handle_cache.h"
@@ -29,10 +31,13 @@ class Mapping {
   ~Mapping() {
     if (address_ != nullptr) pmem_unmap(address_, length_);
   }
+  Mapping(Mapping&& other) noexcept
+      : address_(std::exchange(other.address_, nullptr)), length_(other.length_) {}
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
 
   const char* data() const { return static_cast<const char*>(address_); }
+  char* mutable_data() { return static_cast<char*>(address_); }
   size_t length() const { return length_; }
 
  private:
@@ -68,11 +73,28 @@ class PmemDriver final : public StorageDriver {
     return count;
   }
 
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
-    absl::Status status =
-        tree_.Store(file, [&](const std::string& temporary) { return WriteFile(temporary, *image); });
-    mappings_.Erase(file.id);  // A handle on an older copy must not be reused.
-    return status;
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
+    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
+    void* address = nullptr;
+    size_t length = 0;
+    int is_pmem = 0;
+    if (file.size == 0) {
+      // pmem_map_file cannot create an empty mapping; an empty file needs none.
+      int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
+      ::close(fd);
+    } else {
+      errno = 0;
+      address = pmem_map_file(temporary.c_str(), file.size, PMEM_FILE_CREATE | PMEM_FILE_EXCL,
+                              0644, &length, &is_pmem);
+      if (address == nullptr) {
+        absl::Status status = PmemError("create", temporary);
+        ::unlink(temporary.c_str());
+        return status;
+      }
+    }
+    return std::unique_ptr<CopyWriter>(
+        new Writer(this, file, std::move(temporary), Mapping(address, length), is_pmem != 0));
   }
 
   absl::Status Remove(const FileRef& file) override {
@@ -91,30 +113,59 @@ class PmemDriver final : public StorageDriver {
     return std::make_shared<Mapping>(address, length);
   }
 
-  static absl::Status WriteFile(const std::string& path, const FileImage& image) {
-    if (image.size() == 0) {
-      // pmem_map_file cannot create an empty mapping; an empty file needs none.
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", path));
-      ::close(fd);
+  // Copies chunks into a mapping of the temporary file: with the persistent
+  // memcpy when the mapping is real persistent memory, else memcpy plus
+  // msync at commit.
+  class Writer final : public CopyWriter {
+   public:
+    Writer(PmemDriver* driver, const FileRef& file, std::string temporary, Mapping mapping,
+           bool is_pmem)
+        : driver_(driver), file_(file), temporary_(std::move(temporary)),
+          mapping_(std::move(mapping)), is_pmem_(is_pmem) {}
+    ~Writer() override {
+      if (!committed_) ::unlink(temporary_.c_str());
+    }
+
+    absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      if (offset + n > mapping_.length()) return absl::OutOfRangeError("write past the end of the file");
+      char* dst = mapping_.mutable_data() + offset;
+      if (is_pmem_) {
+        pmem_memcpy_nodrain(dst, data, n);
+      } else {
+        std::memcpy(dst, data, n);
+      }
       return absl::OkStatus();
     }
-    size_t length = 0;
-    int is_pmem = 0;
-    errno = 0;
-    void* address = pmem_map_file(path.c_str(), image.size(), PMEM_FILE_CREATE | PMEM_FILE_EXCL,
-                                  0644, &length, &is_pmem);
-    if (address == nullptr) return PmemError("create", path);
-    absl::Status status;
-    if (is_pmem) {
-      pmem_memcpy_persist(address, image.data(), image.size());
-    } else {
-      std::memcpy(address, image.data(), image.size());
-      if (pmem_msync(address, image.size()) != 0) status = PmemError("msync", path);
+
+    absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+      if (offset >= file_.size) return 0;
+      const size_t count = std::min<uint64_t>(n, file_.size - offset);
+      std::memcpy(dst, mapping_.data() + offset, count);
+      return count;
     }
-    pmem_unmap(address, length);
-    return status;
-  }
+
+    absl::Status Commit() override {
+      if (mapping_.length() > 0) {
+        if (is_pmem_) {
+          pmem_drain();
+        } else if (pmem_msync(mapping_.mutable_data(), mapping_.length()) != 0) {
+          return PmemError("msync", temporary_);
+        }
+      }
+      MONARCH_RETURN_IF_ERROR(driver_->tree_.Publish(temporary_, file_));
+      committed_ = true;
+      driver_->mappings_.Erase(file_.id);  // A mapping of an older copy must not be reused.
+      return absl::OkStatus();
+    }
+
+   private:
+    PmemDriver* const driver_;
+    const FileRef file_;
+    const std::string temporary_;
+    Mapping mapping_;
+    const bool is_pmem_;
+    bool committed_ = false;
+  };
 
   CopyTree tree_;
   HandleCache<Mapping> mappings_;

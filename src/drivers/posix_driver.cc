@@ -5,8 +5,11 @@
 // stays bounded whatever the number of files.
 
 #include <fcntl.h>
-#include <cerrno>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -18,9 +21,6 @@
 namespace monarch {
 namespace {
 
-// How much of an image one pwrite call sends: large enough to stream, small
-// enough that a cancelled shutdown is not stuck behind one call for long.
-constexpr size_t kWriteChunk = 8 << 20;
 constexpr size_t kPage = 4096;
 
 class PosixDriver final : public StorageDriver {
@@ -37,11 +37,14 @@ class PosixDriver final : public StorageDriver {
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }
 
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
-    absl::Status status =
-        tree_.Store(file, [&](const std::string& temporary) { return WriteFile(temporary, *image); });
-    descriptors_.Erase(file.id);  // A handle on an older copy must not be reused.
-    return status;
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
+    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    int fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
+    const bool direct = fd >= 0;
+    if (!direct && errno == EINVAL) fd = ::open(temporary.c_str(), flags, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
+    return std::unique_ptr<CopyWriter>(new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
   }
 
   absl::Status Remove(const FileRef& file) override {
@@ -52,48 +55,76 @@ class PosixDriver final : public StorageDriver {
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
  private:
-  // Writes with O_DIRECT where the file system allows it: the copy goes
-  // from the image to the device without a second copy into the page cache,
-  // which on a small node costs as much CPU as the reads the job is waiting
-  // for. The image is page-aligned and padded, so whole pages are written and
-  // the file is then cut to its real size. File systems without O_DIRECT
-  // (tmpfs) get ordinary buffered writes.
-  static absl::Status WriteFile(const std::string& path, const FileImage& image) {
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-    ScopedFd fd(::open(path.c_str(), flags | O_DIRECT, 0644));
-    bool direct = fd.valid();
-    if (!direct && errno == EINVAL) fd = ScopedFd(::open(path.c_str(), flags, 0644));
-    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("create ", path));
-    const size_t padded = direct ? (image.size() + kPage - 1) / kPage * kPage : image.size();
-    for (size_t done = 0; done < padded; done += kWriteChunk) {
-      size_t n = std::min(kWriteChunk, padded - done);
-      absl::Status written = PwriteFull(fd.get(), image.data() + done, n, done, path);
-      if (!written.ok() && direct && done == 0 && absl::IsInvalidArgument(written)) {
-        // The device refused the alignment: fall back to buffered writes.
-        direct = false;
-        int buffered = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-        if (buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-        fd = ScopedFd(buffered);
-        return WriteBuffered(fd, path, image);
-      }
-      MONARCH_RETURN_IF_ERROR(written);
+  // Writes with O_DIRECT where the file system allows it: the bytes go from
+  // the promotion's chunk to the device without a second copy into the page
+  // cache, which on a small node costs as much CPU as the reads the job is
+  // waiting for. Chunks are page-aligned and padded, so whole pages are
+  // written and the file is cut to its real size on Commit(). File systems
+  // without O_DIRECT (tmpfs) get ordinary buffered writes.
+  class Writer final : public CopyWriter {
+   public:
+    Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,
+           bool direct)
+        : driver_(driver), file_(file), temporary_(std::move(temporary)), fd_(std::move(fd)),
+          direct_(direct) {}
+    ~Writer() override {
+      if (!committed_) ::unlink(temporary_.c_str());
     }
-    if (direct && padded != image.size() && ::ftruncate(fd.get(), static_cast<off_t>(image.size())) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
-    }
-    // close() reports deferred write errors on some file systems (NFS).
-    if (::close(fd.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", path));
-    return absl::OkStatus();
-  }
 
-  static absl::Status WriteBuffered(ScopedFd& fd, const std::string& path, const FileImage& image) {
-    for (size_t done = 0; done < image.size(); done += kWriteChunk) {
-      size_t n = std::min(kWriteChunk, image.size() - done);
-      MONARCH_RETURN_IF_ERROR(PwriteFull(fd.get(), image.data() + done, n, done, path));
+    absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      if (direct_) {
+        const size_t padded = (n + kPage - 1) / kPage * kPage;
+        absl::Status written = PwriteFull(fd_.get(), data, padded, offset, temporary_);
+        if (!absl::IsInvalidArgument(written)) {
+          padded_ = padded_ || padded != n;
+          return written;
+        }
+        // The device refused the alignment: continue with buffered writes.
+        int buffered = ::open(temporary_.c_str(), O_WRONLY | O_CLOEXEC);
+        if (buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", temporary_));
+        fd_ = ScopedFd(buffered);
+        direct_ = false;
+      }
+      return PwriteFull(fd_.get(), data, n, offset, temporary_);
     }
-    if (::close(fd.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", path));
-    return absl::OkStatus();
-  }
+
+    absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+      // Its own buffered descriptor: O_DIRECT reads would need aligned buffers.
+      std::call_once(reader_once_, [&] {
+        reader_ = OpenForRead(temporary_);
+        // While a reader holds this writer the temporary is only ever gone
+        // because Commit() renamed it: the published copy is the same file.
+        if (!reader_.ok()) reader_ = OpenForRead(driver_->tree_.PathOf(file_.name));
+      });
+      if (!reader_.ok()) return reader_.status();
+      const uint64_t end = std::min<uint64_t>(offset + n, file_.size);
+      if (offset >= end) return 0;
+      return PreadFull(reader_->get(), dst, end - offset, offset, temporary_);
+    }
+
+    absl::Status Commit() override {
+      if (padded_ && ::ftruncate(fd_.get(), static_cast<off_t>(file_.size)) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("truncate ", temporary_));
+      }
+      // close() reports deferred write errors on some file systems (NFS).
+      if (::close(fd_.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", temporary_));
+      MONARCH_RETURN_IF_ERROR(driver_->tree_.Publish(temporary_, file_));
+      committed_ = true;
+      driver_->descriptors_.Erase(file_.id);  // A descriptor of an older copy must not be reused.
+      return absl::OkStatus();
+    }
+
+   private:
+    PosixDriver* const driver_;
+    const FileRef file_;
+    const std::string temporary_;
+    ScopedFd fd_;
+    bool direct_;
+    bool padded_ = false;
+    bool committed_ = false;
+    std::once_flag reader_once_;
+    absl::StatusOr<ScopedFd> reader_ = absl::UnknownError("not opened");
+  };
 
   CopyTree tree_;
   HandleCache<ScopedFd> descriptors_;

@@ -2,9 +2,9 @@
 //
 // Images are indexed by file id in a fixed set of shards, each a small
 // map under its own mutex, so concurrent readers of different files rarely
-// meet. The image is shared with the promotion that filled it: storing a
-// file in RAM copies nothing.
+// meet. A copy becomes visible only when its writer commits.
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -27,11 +27,8 @@ class RamDriver final : public StorageDriver {
     return count;
   }
 
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) override {
-    Shard& shard = ShardFor(file.id);
-    MutexLock lock(&shard.mu);
-    shard.images[file.id] = std::move(image);
-    return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
+    return std::unique_ptr<CopyWriter>(new Writer(this, file));
   }
 
   absl::Status Remove(const FileRef& file) override {
@@ -46,6 +43,35 @@ class RamDriver final : public StorageDriver {
   }
 
  private:
+  // Fills a FileImage; Commit() publishes it to the shard map.
+  class Writer final : public CopyWriter {
+   public:
+    Writer(RamDriver* driver, const FileRef& file)
+        : driver_(driver), id_(file.id), image_(std::make_shared<FileImage>(file.size)) {}
+    absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      if (offset + n > image_->size()) return absl::OutOfRangeError("write past the end of the file");
+      std::memcpy(image_->mutable_data() + offset, data, n);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+      if (offset >= image_->size()) return 0;
+      const size_t count = std::min<uint64_t>(n, image_->size() - offset);
+      std::memcpy(dst, image_->data() + offset, count);
+      return count;
+    }
+    absl::Status Commit() override {
+      Shard& shard = driver_->ShardFor(id_);
+      MutexLock lock(&shard.mu);
+      shard.images[id_] = image_;
+      return absl::OkStatus();
+    }
+
+   private:
+    RamDriver* const driver_;
+    const uint32_t id_;
+    const std::shared_ptr<FileImage> image_;
+  };
+
   static constexpr size_t kShards = 64;
   struct alignas(64) Shard {
     Mutex mu;

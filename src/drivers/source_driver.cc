@@ -1,6 +1,6 @@
 // source tier: the dataset on the parallel file system. Read-only.
 //
-// Monarch never writes, creates or deletes anything here; Store and Remove
+// Monarch never writes, creates or deletes anything here; NewWriter and Remove
 // refuse. Descriptors are cached (bounded), so a shard read in many calls
 // costs one open on the PFS.
 
@@ -27,7 +27,7 @@ class SourceDriver final : public StorageDriver {
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }
 
-  absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage>) override {
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
     return absl::PermissionDeniedError(
         absl::StrCat("the source is read-only; refusing to write ", file.name));
   }

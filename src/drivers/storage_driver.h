@@ -32,18 +32,11 @@ struct FileRef {
   int64_t mtime_ns = 0;   // Modification time on the source at start-up.
 };
 
-// An immutable, complete image of one file, shared between a promotion that
-// filled it and the RAM tier that keeps it (so a RAM promotion copies nothing).
-// The buffer is page-aligned and padded to whole pages, so drivers may hand it
-// to O_DIRECT I/O; large images ask for transparent huge pages.
-//
-// A `transient` image (one bound for a file tier, freed once written) takes
-// its buffer from a small process-wide free list and returns it there: fresh
-// memory must be faulted in and zeroed by the kernel, which on a 2-core VM
-// cost more than reading the file itself.
+// A whole-file buffer, page-aligned and padded to whole pages (so it can
+// feed O_DIRECT I/O). The RAM tier keeps its copies in these.
 class FileImage {
  public:
-  explicit FileImage(size_t size, bool transient = false);
+  explicit FileImage(size_t size);
   ~FileImage();
   FileImage(const FileImage&) = delete;
   FileImage& operator=(const FileImage&) = delete;
@@ -51,13 +44,33 @@ class FileImage {
   char* mutable_data() { return data_; }
   const char* data() const { return data_; }
   size_t size() const { return size_; }
-  size_t capacity() const { return capacity_; }  // At least size(), in whole pages.
 
  private:
   char* data_;  // Deliberately uninitialized: it is about to be overwritten.
   size_t size_;
-  size_t capacity_;
-  bool transient_;
+};
+
+// A copy of one file being written into a tier. The placement handler
+// streams the file through it chunk by chunk, so a promotion never needs the
+// whole file in memory, then commits it. Until Commit() succeeds the copy is
+// invisible to Read(); destroying an uncommitted writer deletes everything it
+// wrote. Write() and Commit() are called by one thread; ReadBack() may be
+// called concurrently from others, for ranges whose Write() has returned.
+class CopyWriter {
+ public:
+  virtual ~CopyWriter() = default;
+
+  // Writes `n` bytes at `offset`. `offset` is a multiple of 4096 and `data`
+  // is 4096-aligned and readable up to `n` rounded up to 4096, so drivers may
+  // use O_DIRECT. Errors: ResourceExhausted (ENOSPC), DataLoss (EIO).
+  virtual absl::Status Write(uint64_t offset, const char* data, size_t n) = 0;
+
+  // Reads back bytes already written, for readers that arrive while the
+  // copy is in flight.
+  virtual absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) = 0;
+
+  // Makes the complete copy visible to Read(), atomically.
+  virtual absl::Status Commit() = 0;
 };
 
 class StorageDriver {
@@ -71,12 +84,11 @@ class StorageDriver {
   virtual absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
                                       size_t n) = 0;
 
-  // Stores `image` as the complete copy of `file`. The copy becomes readable
-  // only once complete: file tiers write a temporary name and rename it, so a
-  // crash or error never leaves a partial copy under the real name. On
-  // failure nothing is left behind. Errors: ResourceExhausted (ENOSPC),
-  // DataLoss (EIO), PermissionDenied (read-only source).
-  virtual absl::Status Store(const FileRef& file, std::shared_ptr<const FileImage> image) = 0;
+  // Starts a new copy of `file` (its size and mtime are in `file`). File
+  // tiers write a temporary name and rename it on Commit(), so a crash or an
+  // error never leaves a partial copy under the real name. The source refuses
+  // with PermissionDenied.
+  virtual absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) = 0;
 
   // Deletes the copy of `file`. NotFound if there is none; PermissionDenied
   // for the source.
@@ -101,6 +113,10 @@ std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_o
 std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files);
 // The dataset on the PFS. Read-only: Store and Remove fail with PermissionDenied.
 std::unique_ptr<StorageDriver> NewSourceDriver(const std::string& root, int max_open_files);
+
+// Writes `n` bytes (at `data`, 4096-aligned and padded) as the whole copy of
+// `file` through a writer: a convenience for tests and tools.
+absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n);
 
 }  // namespace monarch
 

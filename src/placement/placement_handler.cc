@@ -2,38 +2,10 @@
 
 #include "placement/placement_handler.h"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include "common/file_util.h"
 #include "common/log.h"
 
 namespace monarch {
-namespace {
-
-// Runs the current thread under SCHED_IDLE for the scope's duration. Used for
-// the tier write only: nobody waits for it, so it should take CPU time only
-// when the job's readers leave some idle. Source loads keep normal priority,
-// because readers may be waiting on a chunk the placement thread is loading.
-class ScopedIdlePriority {
- public:
-  explicit ScopedIdlePriority(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    struct sched_param param = {};
-    // If the kernel refuses, the copy simply runs at normal priority.
-    enabled_ = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
-  }
-  ~ScopedIdlePriority() {
-    if (!enabled_) return;
-    struct sched_param param = {};
-    ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &param);
-  }
-
- private:
-  bool enabled_;
-};
-
-}  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    std::unique_ptr<PlacementPolicy> policy,
@@ -44,7 +16,8 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       chunk_bytes_(config.chunk_bytes),
       max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
                                                        : PhysicalMemoryBytes() / 4),
-      idle_priority_(config.idle_priority),
+      // Enough recycled chunk buffers for a few large files in flight.
+      chunk_pool_(config.chunk_bytes, std::max<uint64_t>(64 << 20, 16 * config.chunk_bytes)),
       pool_(static_cast<size_t>(config.threads)) {}
 
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
@@ -104,8 +77,7 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
     skipped_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  const bool tier_keeps_image = (*tiers_)[*tier]->config().kind == TierKind::kRam;
-  auto promotion = std::make_shared<Promotion>(&entry, *tier, tier_keeps_image, chunk_bytes_);
+  auto promotion = std::make_shared<Promotion>(&entry, *tier, chunk_bytes_, &chunk_pool_);
   entry.state.store(PlacementState::kPromoting);
   in_flight_.emplace(entry.ref.id, promotion);
   staging_bytes_ += size;
@@ -117,12 +89,22 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
 void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
   FileEntry& entry = promotion->entry();
   Tier& tier = *(*tiers_)[promotion->target_tier()];
-  absl::Status status = promotion->FillAll(source(), cancel_);
+  absl::Status status = absl::CancelledError("shutting down");
   bool write_failed = false;
-  if (status.ok()) {
-    ScopedIdlePriority idle(idle_priority_);
-    status = tier.driver().Store(entry.ref, promotion->image());
-    write_failed = !status.ok();
+  if (!cancel_.load()) {
+    absl::StatusOr<std::unique_ptr<CopyWriter>> writer = tier.driver().NewWriter(entry.ref);
+    if (!writer.ok()) {
+      status = writer.status();
+      write_failed = true;
+    } else {
+      std::shared_ptr<CopyWriter> shared(std::move(*writer));
+      status = promotion->CopyTo(source(), shared, cancel_, &write_failed);
+      if (status.ok()) {
+        status = shared->Commit();
+        write_failed = !status.ok();
+      }
+      if (!status.ok()) promotion->Abandon();
+    }
   }
   if (status.ok()) {
     tier.Commit(entry.ref.size);

@@ -27,6 +27,7 @@
 #include "metadata/namespace.h"
 #include "monarch/config.h"
 #include "monarch/stats.h"
+#include "placement/chunk_pool.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/thread_pool.h"
@@ -66,7 +67,8 @@ class PlacementHandler {
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const uint64_t max_staging_bytes_;
-  const bool idle_priority_;
+
+  ChunkPool chunk_pool_;  // Before in_flight_: promotions return buffers to it.
 
   Mutex mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight_ ABSL_GUARDED_BY(mu_);
