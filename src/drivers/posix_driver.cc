@@ -22,6 +22,12 @@ namespace monarch {
 namespace {
 
 constexpr size_t kPage = 4096;
+// Files from this size on are written with O_DIRECT. Below it the per-call
+// cost of direct I/O (pinning pages, a synchronous device write, padding the
+// tail) outweighs the page-cache copy it saves: measured on 110 KiB files,
+// direct writes took more system time than buffered ones, while for 64 MiB
+// shards they took less.
+constexpr uint64_t kDirectMinBytes = 1 << 20;
 
 class PosixDriver final : public StorageDriver {
  public:
@@ -40,9 +46,13 @@ class PosixDriver final : public StorageDriver {
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
     MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-    int fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
+    int fd = -1;
+    if (file.size >= kDirectMinBytes) {
+      fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
+      if (fd < 0 && errno != EINVAL) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
+    }
     const bool direct = fd >= 0;
-    if (!direct && errno == EINVAL) fd = ::open(temporary.c_str(), flags, 0644);
+    if (!direct) fd = ::open(temporary.c_str(), flags, 0644);
     if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
     return std::unique_ptr<CopyWriter>(new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
   }
@@ -55,12 +65,12 @@ class PosixDriver final : public StorageDriver {
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
  private:
-  // Writes with O_DIRECT where the file system allows it: the bytes go from
-  // the promotion's chunk to the device without a second copy into the page
-  // cache, which on a small node costs as much CPU as the reads the job is
-  // waiting for. Chunks are page-aligned and padded, so whole pages are
-  // written and the file is cut to its real size on Commit(). File systems
-  // without O_DIRECT (tmpfs) get ordinary buffered writes.
+  // Writes large files with O_DIRECT where the file system allows it: the
+  // bytes go from the promotion's chunk to the device without a second copy
+  // into the page cache, which on a small node costs as much CPU as the reads
+  // the job is waiting for. Chunks are page-aligned and padded, so whole pages
+  // are written and the file is cut to its real size on Commit(). Small
+  // files, and file systems without O_DIRECT (tmpfs), get buffered writes.
   class Writer final : public CopyWriter {
    public:
     Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,

@@ -16,8 +16,8 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       chunk_bytes_(config.chunk_bytes),
       max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
                                                        : PhysicalMemoryBytes() / 4),
-      // Enough recycled chunk buffers for a few large files in flight.
-      chunk_pool_(config.chunk_bytes, std::max<uint64_t>(64 << 20, 16 * config.chunk_bytes)),
+      // Recycled chunk buffers: enough for a couple of large files in flight.
+      chunk_pool_(config.chunk_bytes, std::max<uint64_t>(128 << 20, 16 * config.chunk_bytes)),
       pool_(static_cast<size_t>(config.threads)) {}
 
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
