@@ -330,8 +330,11 @@ class Suite:
 
     def record(self, ds, scenario, setup, cmd, phases, epochs, extra=None):
         """Joins the per-epoch JSON of the child with the exact PFS phases."""
+        # Without the hook (no emulator) monarch-epochs gives one phase: no
+        # start-up figure then.
+        startup = phases[0] if len(phases) == len(epochs) + 1 else None
         result = {"dataset": ds["name"], "scenario": scenario, "setup": setup,
-                  "command": cmd, "startup": phases[0] if phases else None, "epochs": []}
+                  "command": cmd, "startup": startup, "epochs": []}
         for i, e in enumerate(epochs):
             e = dict(e)
             if self.emulated:
@@ -573,7 +576,8 @@ class Report:
             ep = r["epochs"]
             st = r.get("startup") or {}
             st_ops = st.get("pfs", {}).get("ops")
-            startup = f"{st.get('wall_seconds', 0):.1f}" + (f" ({st_ops})" if st_ops is not None else "")
+            startup = (f"{st['wall_seconds']:.1f}" if st else "n/a") + \
+                (f" ({st_ops})" if st_ops is not None else "")
             times = [f"{e['seconds']:.2f}" for e in ep] + [""] * (3 - len(ep))
             settle = " / ".join(f"{e['settle_seconds']:.1f}" for e in ep if "settle_seconds" in e) or "-"
             ops = " / ".join(str(e["pfs"].get("ops", "n/a")) for e in ep)
@@ -664,7 +668,7 @@ class Report:
                         f"epochs only {me} vs {pe} = {me / pe:.3f}",
                         "<= 0.45", ratio <= 0.45, f"{(ratio - 0.45) * 100:+.1f} pts vs limit",
                         "per epoch " + " / ".join(str(e["pfs"]["ops"]) for e in m["epochs"])
-                        + f"; startup {m['startup']['pfs']['ops']}"))
+                        + f"; startup {(m.get('startup') or {}).get('pfs', {}).get('ops', 'n/a')}"))
         return out
 
     def tf_ratios(self, ds):
