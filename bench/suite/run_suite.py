@@ -64,6 +64,7 @@ SCALES = {
 GENERATE_SEED = 42  # monarch-epochs --generate seed: same bytes on every run
 EPOCH_SEED = 7      # shuffle seed: the same per-epoch order for every setup
 TF_SETUPS = ["tf-vanilla-pfs", "tf-vanilla-local", "tf-vanilla-caching", "tf-monarch"]
+SETUP_ORDER = ["vanilla-pfs", "vanilla-local", "monarch"] + TF_SETUPS
 COUNTER_KEYS = ["metadata_ops", "opens", "reads", "bytes_read", "lookups", "getattrs",
                 "readdirs", "opendirs", "queued_ops", "errors"]
 
@@ -133,16 +134,71 @@ class Emulator:
 
 
 class LoadSampler(threading.Thread):
-    """Samples /proc/loadavg every few seconds (the machine is shared)."""
+    """Every 5 s: the 1-minute load average, and how many cores processes
+    outside this suite used (the machine is shared). Ours are this process's
+    descendants and the emulators (which run in their own session); kernel
+    threads are left out, since they also do our I/O."""
 
-    def __init__(self):
+    PERIOD = 5.0
+
+    def __init__(self, work):
         super().__init__(daemon=True)
-        self.samples, self.halt = [], threading.Event()
+        self.work = work
+        self.samples, self.others, self.timeline, self.halt = [], [], [], threading.Event()
+        self.other_cpu = {}  # comm -> CPU seconds over the run
+        self.hz = os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _procs():
+        procs = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            procs[int(pid)] = (comm, int(fields[1]), int(fields[11]) + int(fields[12]), cmdline,
+                               int(fields[6]) & 0x00200000)  # PF_KTHREAD
+        return procs
+
+    def _ours(self, procs):
+        ours, me = set(), os.getpid()
+        for pid in procs:
+            p, seen = pid, 0
+            while p in procs and seen < 64:
+                if p == me or ("monarch-pfs-emulator" in procs[p][3] and self.work in procs[p][3]):
+                    ours.add(pid)
+                    break
+                p, seen = procs[p][1], seen + 1
+        return ours
 
     def run(self):
-        while not self.halt.wait(5):
+        before = self._procs()
+        while not self.halt.wait(self.PERIOD):
             with open("/proc/loadavg") as f:
                 self.samples.append(float(f.read().split()[0]))
+            now = self._procs()
+            ours = self._ours(now)
+            used = 0.0
+            for pid, (comm, _, ticks, _, kthread) in now.items():
+                if pid in ours or kthread or pid not in before or before[pid][0] != comm:
+                    continue
+                delta = (ticks - before[pid][2]) / self.hz
+                used += delta
+                self.other_cpu[comm] = self.other_cpu.get(comm, 0.0) + delta
+            self.others.append(used / self.PERIOD)
+            self.timeline.append((time.time(), used / self.PERIOD))
+            before = now
+
+    def others_between(self, start, end):
+        vals = [v for t, v in self.timeline if start < t <= end + self.PERIOD / 2]
+        return round(sum(vals) / len(vals), 2) if vals else None
 
 
 def loadavg():
@@ -365,8 +421,9 @@ class Suite:
         if setup == "vanilla-pfs":
             rs = ds["read_size"]
             reads = ds["files"] if rs == 0 else math.ceil(ds["bytes"] / rs)
-            return {"reads": reads, "bytes_read": e["bytes"], "opens": ds["files"],
-                    "ops": reads + ds["files"]}
+            # Read calls only, like Monarch's source counters (which cannot
+            # see opens); the opens are noted separately.
+            return {"reads": reads, "bytes_read": e["bytes"], "opens": ds["files"], "ops": reads}
         return {"bytes_read": e.get("bytes")}
 
     def run_epochs_tool(self, ds, scenario, setup, mode_args, emulator, extra=None):
@@ -381,11 +438,12 @@ class Suite:
         if self.hook and not self.a.no_drop_caches:
             env["LD_PRELOAD"] = self.hook
         log(f"{label}: {shlex.join(cmd)}")
-        load = loadavg()
+        load, t0 = loadavg(), time.time()
         phases = run_hooked(cmd, env, emulator, log_path)
         with open(json_path) as f:
             epochs = json.load(f)
-        extra = dict(extra or {}, load_before=load, load_after=loadavg())
+        extra = dict(extra or {}, load_before=load, load_after=loadavg(),
+                     other_cores=self.sampler.others_between(t0, time.time()))
         with open(log_path) as f:
             text = f.read()
         settles = [float(x) for x in re.findall(r"placement settled ([0-9.]+) s", text)]
@@ -421,9 +479,10 @@ class Suite:
         env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "integrations", "tensorflow"),
                    TF_CPP_MIN_LOG_LEVEL="2")
         log(f"{label}: {shlex.join(cmd)}")
-        extra["load_before"] = loadavg()
+        extra["load_before"], t0 = loadavg(), time.time()
         phases = run_hooked(cmd, env, emulator, log_path)
         extra["load_after"] = loadavg()
+        extra["other_cores"] = self.sampler.others_between(t0, time.time())
         with open(json_path) as f:
             epochs = json.load(f)
         if epochs and "monarch_stats" in epochs[-1]:
@@ -493,7 +552,7 @@ class Suite:
             if a.shard_size and ds["profile"] == "shards":
                 ds["file_size"] = a.shard_size
         self.emulator_config = None
-        sampler = LoadSampler()
+        sampler = self.sampler = LoadSampler(self.work)
         self.meta = {
             "command": shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + sys.argv[1:]),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -517,6 +576,10 @@ class Suite:
             sampler.halt.set()
             self.meta["uptime_after"] = uptime()
             self.meta["load_samples"] = sampler.samples
+            self.meta["other_cores_samples"] = [round(x, 2) for x in sampler.others]
+            self.meta["other_cpu_seconds"] = dict(sorted(
+                ((k, round(v, 1)) for k, v in sampler.other_cpu.items() if v >= 1),
+                key=lambda kv: -kv[1])[:8])
             self.meta["emulator_config"] = self.emulator_config
             self.meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
             if not a.keep:
@@ -570,7 +633,7 @@ class Report:
             "| scenario | setup | startup s (PFS ops) | epoch 1 s | epoch 2 s | epoch 3 s | "
             "3-epoch total s | settle s | PFS ops per epoch | PFS MiB per epoch | "
             "PFS ops, 3 epochs + startup | Monarch served local:staging:pfs MiB per epoch | "
-            "load before / after |",
+            "load before / after / other jobs' cores |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for scenario, setup, r in self.rows(ds):
             ep = r["epochs"]
@@ -589,7 +652,9 @@ class Report:
             name = setup + (" (= scenario 1 run)" if scenario == 2 and r["scenario"] == 1 else "")
             if "tier_capacity" in r:
                 name += f", tier {r['tier_capacity'] / MiB:.0f} MiB"
-            load = f"{r.get('load_before', 0):.1f} / {r.get('load_after', 0):.1f}"
+            oc = r.get("other_cores")
+            load = f"{r.get('load_before', 0):.1f} / {r.get('load_after', 0):.1f} / " + \
+                ("-" if oc is None else f"{oc:.2f}")
             lines.append(f"| {scenario} | {name} | {startup} | {' | '.join(times[:3])} | "
                          f"{sum(e['seconds'] for e in ep):.2f} | {settle} | {ops} | {mib} | "
                          f"{total if total is not None else 'n/a'} | {served} | {load} |")
@@ -608,7 +673,8 @@ class Report:
             split = served_split(e) or (None, None, None)
             return (f"served local {fmt_mib(split[0])} / staging {fmt_mib(split[1])} / pfs "
                     f"{fmt_mib(split[2])} MiB; PFS ops {e['pfs'].get('ops', 'n/a')}; "
-                    f"settle {e.get('settle_seconds', 0):.1f} s; load {r.get('load_before', 0):.1f}")
+                    f"settle {e.get('settle_seconds', 0):.1f} s; other jobs' cores "
+                    f"{r.get('other_cores') if r.get('other_cores') is not None else '-'}")
 
         n = min(3, len(m1["epochs"]) if m1 else 0)
         if m1 and local:
@@ -716,7 +782,9 @@ class Report:
                         vals = [value(e) for e in r["epochs"]]
                         vals = [v if v is not None else 0 for v in vals]
                         xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(vals))]
-                        bars = ax.bar(xs, vals, width, label=setup)
+                        color = plt.get_cmap("tab10")(SETUP_ORDER.index(setup) % 10)
+                        bars = ax.bar(xs, vals, width, label=setup, color=color,
+                                      hatch="//" if setup.startswith("tf-") else None)
                         if metric != "time":
                             ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=6,
                                          rotation=90, padding=2)
@@ -745,14 +813,23 @@ class Report:
              f"- Load before: `{meta['uptime_before']}`",
              f"- Load after: `{meta.get('uptime_after', '?')}`"]
         samples = meta.get("load_samples") or []
+        others = meta.get("other_cores_samples") or []
         if samples:
             L.append(f"- 1-min load average sampled every 5 s during the run: mean "
                      f"{sum(samples) / len(samples):.2f}, max {max(samples):.2f} "
-                     f"({len(samples)} samples).")
-            if max(samples) > meta["cores"] * 0.75:
-                L.append(f"- **The machine was shared**: the load exceeded what this suite alone puts "
-                         f"on {meta['cores']} cores, so other jobs competed for CPU and disk; "
-                         "single runs, expect noise of about 10% in the times.")
+                     f"({len(samples)} samples; the suite's own blocked readers count too).")
+        if others:
+            mean = sum(others) / len(others)
+            top = ", ".join(f"{k} {v:.0f} s" for k, v in meta.get("other_cpu_seconds", {}).items())
+            L.append(f"- CPU used by processes outside the suite, in cores: mean {mean:.2f}, "
+                     f"max {max(others):.2f} of {meta['cores']}" + (f" (top: {top})" if top else "")
+                     + ".")
+            if mean > 0.25 or max(others) > 1.0:
+                L.append(f"- **The machine was shared** during this run: other jobs used "
+                         f"{mean:.2f} of {meta['cores']} cores on average (up to {max(others):.2f}), "
+                         "competing for CPU and disk. These are single runs: expect noise of 10% "
+                         "or more in the times, and compare setups using the per-run load "
+                         "column.")
         if meta["pfs"] == "pfs-emulator":
             L.append(f"- PFS: `tools/pfs_emulator` FUSE mount over the generated dataset, config "
                      f"`{json.dumps(meta.get('emulator_config'))}`. PFS counters are the emulator's, "
@@ -760,8 +837,9 @@ class Report:
                      "runs all epochs (`bench/suite/epoch_hook.c`).")
         else:
             L.append(f"- PFS: real directory `{meta['pfs']}` (no emulator). PFS figures are "
-                     "application-level: Monarch's source-tier counters, and for vanilla-pfs "
-                     "the reads and opens the job issued. Metadata traffic is not counted.")
+                     "application-level read calls: Monarch's source-tier counters, and for "
+                     "vanilla-pfs the read calls the job issued. Opens and other metadata traffic "
+                     "are not counted (see bench/suite/README.md for Lustre's own counters).")
         L += [f"- {meta['epochs']} epochs, {meta['threads']} reader threads, the same seeded "
               f"shuffle (seed {EPOCH_SEED}) for every setup; page cache "
               + ("dropped before every epoch." if meta["drop_caches"] else "NOT dropped (--no-drop-caches)."),
@@ -780,7 +858,9 @@ class Report:
               "(its PFS traffic is counted in that epoch). *PFS ops* = metadata requests "
               "(lookup, getattr, open, readdir, ...) + READ requests that reached the PFS. "
               "*served* = Monarch's own per-tier figures. Scenario 2's vanilla-pfs row is "
-              "scenario 1's run (it does not depend on the tier size).", ""]
+              "scenario 1's run (it does not depend on the tier size). *load*: 1-min load "
+              "average before and after the run, and the mean cores used by processes outside "
+              "the suite during it (sampled every 5 s; - for runs shorter than that).", ""]
         summary = []
         for d in self.datasets:
             name = d["name"]
@@ -834,10 +914,19 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "suite"))
     ap.add_argument("--no-drop-caches", action="store_true", help="for runs without root")
     ap.add_argument("--keep", action="store_true", help="keep the tier directories afterwards")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only rewrite results.md and the charts from --out's results.json")
     a = ap.parse_args()
     a.datasets = a.datasets.split(",")
     a.setups = a.setups.split(",")
     ensure_matplotlib()
+    if a.report_only:
+        with open(os.path.join(a.out, "results.json")) as f:
+            saved = json.load(f)
+        report = Report(saved["meta"], saved["results"], saved["meta"]["datasets"])
+        report.write(os.path.abspath(a.out))
+        print(report.summary)
+        return
 
     def on_term(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
