@@ -47,6 +47,7 @@ placement:
   max_staging_bytes: 256MiB
   chunk_bytes: 512KiB
   max_open_files: 64
+  idle_priority: false
 logging:
   level: info
 )"));
@@ -65,6 +66,7 @@ logging:
   CHECK(config->placement.max_staging_bytes == (256ull << 20));
   CHECK(config->placement.chunk_bytes == (512ull << 10));
   CHECK(config->placement.max_open_files == 64);
+  CHECK_FALSE(config->placement.idle_priority);
   CHECK(config->logging.level == "info");
 }
 
@@ -221,6 +223,10 @@ TEST_CASE("bad configs are refused with the key named") {
   }
   SUBCASE("tiny chunk size") {
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"), "placement.chunk_bytes"));
+  }
+  SUBCASE("idle_priority that is not a boolean") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {idle_priority: maybe}\n");
+    CHECK(absl::StrContains(e, "placement.idle_priority: expected true or false, got 'maybe'"));
   }
   SUBCASE("bad log level") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");

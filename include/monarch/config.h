@@ -58,6 +58,10 @@ struct PlacementConfig {
   // keeps open between reads; the total stays bounded whatever the number of
   // files and readers.
   int max_open_files = 256;
+  // Write tier copies at idle CPU priority (SCHED_IDLE): copying then uses
+  // only CPU time the job's readers leave idle, while reads of files still
+  // being copied are served from the promotion's chunks.
+  bool idle_priority = true;
 };
 
 struct LoggingConfig {

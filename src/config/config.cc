@@ -157,7 +157,8 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (const YAML::Node placement = root["placement"]) {
     if (!placement.IsMap()) return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(
-        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files"}));
+        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files",
+                    "idle_priority"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
@@ -182,6 +183,13 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
         return KeyError("placement.max_open_files", absl::StrCat("expected 4 to 1000000, got ", files));
       }
       config.placement.max_open_files = static_cast<int>(files);
+    }
+    if (const YAML::Node idle = placement["idle_priority"]) {
+      if (!idle.IsScalar() || (idle.Scalar() != "true" && idle.Scalar() != "false")) {
+        return KeyError("placement.idle_priority",
+                        absl::StrCat("expected true or false, got ", Describe(idle)));
+      }
+      config.placement.idle_priority = idle.Scalar() == "true";
     }
   }
 

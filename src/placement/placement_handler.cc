@@ -2,10 +2,59 @@
 
 #include "placement/placement_handler.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include "common/file_util.h"
 #include "common/log.h"
 
 namespace monarch {
+namespace {
+
+// Runs the calling thread under SCHED_IDLE for the scope's duration, so the
+// work in it takes CPU time only when the job's readers leave some idle.
+class ScopedIdlePriority {
+ public:
+  explicit ScopedIdlePriority(bool enabled) {
+    struct sched_param param = {};
+    // If the kernel refuses, the work simply runs at normal priority.
+    enabled_ = enabled && ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
+  }
+  ~ScopedIdlePriority() {
+    struct sched_param param = {};
+    if (enabled_) ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &param);
+  }
+  ScopedIdlePriority(const ScopedIdlePriority&) = delete;
+  ScopedIdlePriority& operator=(const ScopedIdlePriority&) = delete;
+
+ private:
+  bool enabled_;
+};
+
+// Runs a writer's Write() and Commit() at idle priority. Nobody waits for
+// them: readers are served from the promotion's chunks meanwhile. Loading
+// chunks from the source stays at normal priority, because a reader may be
+// waiting for exactly that chunk.
+class IdlePriorityWriter final : public CopyWriter {
+ public:
+  explicit IdlePriorityWriter(std::unique_ptr<CopyWriter> target) : target_(std::move(target)) {}
+  absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+    ScopedIdlePriority idle(true);
+    return target_->Write(offset, data, n);
+  }
+  absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+    return target_->ReadBack(offset, dst, n);
+  }
+  absl::Status Commit() override {
+    ScopedIdlePriority idle(true);
+    return target_->Commit();
+  }
+
+ private:
+  const std::unique_ptr<CopyWriter> target_;
+};
+
+}  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    std::unique_ptr<PlacementPolicy> policy,
@@ -17,6 +66,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
                                                        : PhysicalMemoryBytes() / 4),
       // Recycled chunk buffers: enough for a couple of large files in flight.
+      idle_priority_(config.idle_priority),
       chunk_pool_(config.chunk_bytes, std::max<uint64_t>(128 << 20, 16 * config.chunk_bytes)),
       pool_(static_cast<size_t>(config.threads)) {}
 
@@ -92,7 +142,14 @@ void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
   absl::Status status = absl::CancelledError("shutting down");
   bool write_failed = false;
   if (!cancel_.load()) {
-    absl::StatusOr<std::unique_ptr<CopyWriter>> writer = tier.driver().NewWriter(entry.ref);
+    absl::StatusOr<std::unique_ptr<CopyWriter>> writer;
+    {
+      ScopedIdlePriority idle(idle_priority_);
+      writer = tier.driver().NewWriter(entry.ref);
+    }
+    if (writer.ok() && idle_priority_) {
+      writer = std::unique_ptr<CopyWriter>(new IdlePriorityWriter(std::move(*writer)));
+    }
     if (!writer.ok()) {
       status = writer.status();
       write_failed = true;

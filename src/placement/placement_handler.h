@@ -67,6 +67,7 @@ class PlacementHandler {
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const uint64_t max_staging_bytes_;
+  const bool idle_priority_;
 
   ChunkPool chunk_pool_;  // Before in_flight_: promotions return buffers to it.
 
