@@ -263,14 +263,16 @@ def run_hooked(cmd, env, emulator, log_path):
 
 
 def served_split(e):
-    """Monarch's figures for one epoch: bytes from the local tier, from the
-    in-memory staging image of a promotion not yet written to the tier (no
-    tier counts those), and from the source; None for plain setups."""
+    """Monarch's tier counters for one epoch: bytes read from the local
+    tier, bytes read from the source (by readers and by background
+    promotions alike), and the bytes the job got that neither counted: served
+    from a promotion's in-memory staging image loaded in an earlier epoch.
+    None for plain setups."""
     s = e.get("served", {})
     if "local" not in s or "pfs" not in s:
         return None
     local, pfs = s["local"]["bytes"], s["pfs"]["bytes"]
-    return local, max(0, e["bytes"] - local - pfs), pfs
+    return local, pfs, max(0, e["bytes"] - local - pfs)
 
 
 def pfs_ops(counters):
@@ -632,7 +634,7 @@ class Report:
         lines = [
             "| scenario | setup | startup s (PFS ops) | epoch 1 s | epoch 2 s | epoch 3 s | "
             "3-epoch total s | settle s | PFS ops per epoch | PFS MiB per epoch | "
-            "PFS ops, 3 epochs + startup | Monarch served local:staging:pfs MiB per epoch | "
+            "PFS ops, 3 epochs + startup | Monarch read local:source:uncounted MiB per epoch | "
             "load before / after / other jobs' cores |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for scenario, setup, r in self.rows(ds):
@@ -671,8 +673,8 @@ class Report:
         def served(r, i):
             e = r["epochs"][i]
             split = served_split(e) or (None, None, None)
-            return (f"served local {fmt_mib(split[0])} / staging {fmt_mib(split[1])} / pfs "
-                    f"{fmt_mib(split[2])} MiB; PFS ops {e['pfs'].get('ops', 'n/a')}; "
+            return (f"Monarch read local {fmt_mib(split[0])} / source {fmt_mib(split[1])} / "
+                    f"uncounted {fmt_mib(split[2])} MiB; PFS ops {e['pfs'].get('ops', 'n/a')}; "
                     f"settle {e.get('settle_seconds', 0):.1f} s; other jobs' cores "
                     f"{r.get('other_cores') if r.get('other_cores') is not None else '-'}")
 
@@ -792,8 +794,10 @@ class Report:
                     ax.set_ylabel(ylabel)
                     title = "fits in the local tier" if scenario == 1 else "local tier = 50% of the data"
                     ax.set_title(f"{ds}: scenario {scenario} ({title})", fontsize=10)
-                    ax.legend(fontsize=7)
-                    ax.margins(y=0.15)
+                    top = max([value(e) or 0 for _, r in rows for e in r["epochs"]] + [1e-9])
+                    ax.set_ylim(0, top * (1.5 if len(rows) > 3 else 1.3))
+                    ax.legend(fontsize=7, ncol=4 if len(rows) > 3 else len(rows),
+                              loc="upper center")
             fig.suptitle(f"Monarch suite ({self.meta['scale']} scale, PFS: {self.meta['pfs']}) - {ylabel}")
             fig.tight_layout()
             fig.savefig(os.path.join(out, fname), dpi=110)
@@ -857,7 +861,9 @@ class Report:
               "*settle* is the untimed wait for Monarch's background placement after each epoch "
               "(its PFS traffic is counted in that epoch). *PFS ops* = metadata requests "
               "(lookup, getattr, open, readdir, ...) + READ requests that reached the PFS. "
-              "*served* = Monarch's own per-tier figures. Scenario 2's vanilla-pfs row is "
+              "*Monarch read* = its own tier counters per epoch: MiB read from the local tier, "
+              "MiB read from the source (by readers and background promotions), and MiB the job got "
+              "that neither counted (from in-memory staging). Scenario 2's vanilla-pfs row is "
               "scenario 1's run (it does not depend on the tier size). *load*: 1-min load "
               "average before and after the run, and the mean cores used by processes outside "
               "the suite during it (sampled every 5 s; - for runs shorter than that).", ""]
@@ -876,6 +882,9 @@ class Report:
             if tf:
                 L += ["", "TensorFlow ratios (informational): " + "; ".join(tf) + "."]
             L.append("")
+        if os.path.exists(os.path.join(out, "ANALYSIS.md")):
+            L += ["Analysis of the missed targets (written by hand for the recorded run): "
+                  "[ANALYSIS.md](ANALYSIS.md).", ""]
         L += ["## Charts", ""] + [f"![{c}]({c})" for c in charts] + [
             "", "Raw data: `results.json` (every run's command, per-epoch times, the emulator's "
             "full counters per phase, Monarch's per-tier figures and final stats).", ""]

@@ -257,8 +257,8 @@ def main():
     parser.add_argument("--emulator-flags", default="--bandwidth-mbps 150",
                         help="extra monarch-pfs-emulator flags")
     parser.add_argument("--files", type=int, default=24)
-    parser.add_argument("--records-per-file", type=int, default=1024)
-    parser.add_argument("--payload-kib", type=int, default=16)
+    parser.add_argument("--records-per-file", type=int, default=256)
+    parser.add_argument("--payload-kib", type=int, default=64)
     parser.add_argument("--tier-capacity", default="4GiB")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256)
