@@ -79,6 +79,19 @@ monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* s
   return Report(result.status(), error);
 }
 
+monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, int64_t* mtime_ns,
+                          char** error) {
+  *size = 0;
+  *mtime_ns = 0;
+  if (name == nullptr) return Report(NullArgument("name"), error);
+  absl::StatusOr<monarch::Monarch::FileStat> stat = m->instance->Stat(name);
+  if (stat.ok()) {
+    *size = stat->size;
+    *mtime_ns = stat->mtime_ns;
+  }
+  return Report(stat.status(), error);
+}
+
 int monarch_file_exists(const monarch_t* m, const char* name) {
   return name != nullptr && m->instance->FileExists(name) ? 1 : 0;
 }

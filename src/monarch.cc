@@ -81,6 +81,12 @@ class MonarchImpl final : public Monarch {
     return entry->ref.size;
   }
 
+  absl::StatusOr<FileStat> Stat(std::string_view name) const override {
+    const FileEntry* entry = namespace_->Find(ToAbsl(name));
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return FileStat{entry->ref.size, entry->ref.mtime_ns};
+  }
+
   bool FileExists(std::string_view name) const override { return namespace_->Find(ToAbsl(name)) != nullptr; }
   bool IsDirectory(std::string_view name) const override { return namespace_->IsDirectory(ToAbsl(name)); }
 

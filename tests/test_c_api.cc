@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <string>
 
@@ -38,6 +40,13 @@ TEST_CASE("C API: open, read, list, stat, stats, close") {
   uint64_t size = 0;
   CHECK(monarch_file_size(m, files[0].name.c_str(), &size, nullptr) == MONARCH_OK);
   CHECK(size == 5000);
+  int64_t mtime_ns = 0;
+  CHECK(monarch_stat(m, files[0].name.c_str(), &size, &mtime_ns, nullptr) == MONARCH_OK);
+  CHECK(size == 5000);
+  struct stat st;
+  REQUIRE(::stat((ds + "/" + files[0].name).c_str(), &st) == 0);
+  CHECK(mtime_ns == int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+  CHECK(monarch_stat(m, "nope", &size, &mtime_ns, nullptr) == MONARCH_NOT_FOUND);
   CHECK(monarch_file_exists(m, files[0].name.c_str()) == 1);
   CHECK(monarch_file_exists(m, "nope") == 0);
   CHECK(monarch_is_directory(m, "dir0") == 1);

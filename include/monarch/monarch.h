@@ -60,6 +60,12 @@ class Monarch {
   // Namespace queries, answered from memory (no I/O).
   // Size of a file; NotFound if it is not a dataset file.
   virtual absl::StatusOr<uint64_t> FileSize(std::string_view name) const = 0;
+  // Size and source modification time (as seen at start-up).
+  struct FileStat {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;  // Nanoseconds since the Unix epoch.
+  };
+  virtual absl::StatusOr<FileStat> Stat(std::string_view name) const = 0;
   virtual bool FileExists(std::string_view name) const = 0;
   // True for the dataset root ("" or "/"), and every directory holding at
   // least one dataset file.

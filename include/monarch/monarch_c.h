@@ -57,6 +57,9 @@ monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n
 
 monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size,
                                char** error);
+/* Size and source modification time (nanoseconds since the epoch). */
+monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, int64_t* mtime_ns,
+                          char** error);
 /* 1 if true, 0 if false. */
 int monarch_file_exists(const monarch_t* m, const char* name);
 int monarch_is_directory(const monarch_t* m, const char* name);

@@ -331,16 +331,18 @@ void Stat(const TF_Filesystem* /*filesystem*/, const char* path, TF_FileStatisti
   if (!session.ok()) return;
   std::string name;
   if (!session.ToDatasetName(path, &name)) return SetNotFound(status, path);
-  // The C API has no modification time; 0 means "unknown" to TensorFlow.
+  // Directories have no modification time in the namespace; 0 means
+  // "unknown" to TensorFlow.
   if (monarch_is_directory(session.get(), name.c_str())) {
     *stats = TF_FileStatistics{0, 0, true};
     return SetOk(status);
   }
   uint64_t size = 0;
+  int64_t mtime_ns = 0;
   char* error = nullptr;
-  monarch_code code = monarch_file_size(session.get(), name.c_str(), &size, &error);
+  monarch_code code = monarch_stat(session.get(), name.c_str(), &size, &mtime_ns, &error);
   if (code != MONARCH_OK) return SetFromMonarch(status, code, error, path);
-  *stats = TF_FileStatistics{static_cast<int64_t>(size), 0, false};
+  *stats = TF_FileStatistics{static_cast<int64_t>(size), mtime_ns, false};
   SetOk(status);
 }
 

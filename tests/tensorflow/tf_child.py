@@ -209,7 +209,9 @@ def listing(args):
         for rel in ["top.txt", "a/one.bin", "a/b/c/deep file.txt",
                     "with space/file with spaces.txt", "empty.bin"]:
             path = os.path.join(base, rel)
-            out["stat " + rel] = [gfile.stat(path).length, gfile.stat(path).is_directory]
+            st = gfile.stat(path)
+            # TensorFlow's own POSIX filesystem reports whole seconds.
+            out["stat " + rel] = [st.length, st.is_directory, st.mtime_nsec // 10**9]
             with gfile.GFile(path, "rb") as f:
                 out["sha " + rel] = hashlib.sha1(f.read()).hexdigest()
             out["read_file " + rel] = hashlib.sha1(tf.io.read_file(path).numpy()).hexdigest()
