@@ -15,7 +15,7 @@ and reports monarch epoch 1 / plain-source (target <= 1.10) and monarch
 epochs 2, 3 / plain-local (target <= 1.05). Needs root (drop_caches).
 
 usage: bench/core_epochs.py [--build build] [--dir /var/tmp/monarch-bench]
-                            [--small-files 20000] [--shards 24] [--threads 4]
+                            [--small-files 20000] [--shards 64] [--threads 4]
 """
 import argparse
 import json
@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--dir", default="/var/tmp/monarch-bench")
     ap.add_argument("--small-files", type=int, default=20000)
-    ap.add_argument("--shards", type=int, default=24)
+    ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="bench/results/core_epochs.md")
