@@ -201,7 +201,8 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
   const int source_index = static_cast<int>(tiers.size()) - 1;
   MONARCH_ASSIGN_OR_RETURN(
       std::unique_ptr<Namespace> ns,
-      Namespace::Build(config.dataset.path, config.dataset.file_regex, source_index));
+      Namespace::Build(config.dataset.path, config.dataset.file_regex, source_index,
+                       config.dataset.scan_threads));
   auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns));
   MONARCH_RETURN_IF_ERROR(monarch->Start(std::move(policy)));
   return std::unique_ptr<Monarch>(std::move(monarch));

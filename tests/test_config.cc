@@ -36,6 +36,7 @@ TEST_CASE("a full config parses into the expected structs") {
 dataset:
   path: )", d.dataset, R"(
   file_regex: '.*\.jpg'
+  scan_threads: 16
 tiers:
   - {name: mem, kind: ram, capacity: 1GiB}
   - {name: pm, kind: pmem, path: )", d.pmem, R"(, capacity: 64MiB}
@@ -54,6 +55,7 @@ logging:
   REQUIRE_MESSAGE(config.ok(), config.status().ToString());
   CHECK(config->dataset.path == d.dataset);
   CHECK(config->dataset.file_regex == ".*\\.jpg");
+  CHECK(config->dataset.scan_threads == 16);
   REQUIRE(config->tiers.size() == 4);
   CHECK(config->tiers[0].kind == TierKind::kRam);
   CHECK(config->tiers[0].capacity_bytes == (1ull << 30));
@@ -133,6 +135,10 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("invalid regex") {
     std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", file_regex: '(unclosed'}\ntiers:\n", src));
     CHECK(absl::StrContains(e, "dataset.file_regex: invalid regular expression"));
+  }
+  SUBCASE("scan_threads out of range") {
+    std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", scan_threads: 0}\ntiers:\n", src));
+    CHECK(absl::StrContains(e, "dataset.scan_threads: expected 1 to 256, got 0"));
   }
   SUBCASE("tiers is not a list") {
     CHECK(absl::StrContains(ErrorOf(ds + "tiers: ram\n"), "tiers: expected a list, got 'ram'"));

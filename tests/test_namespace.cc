@@ -75,6 +75,31 @@ TEST_CASE("the regex keeps only matching relative names") {
   CHECK(*ns->List("train") == std::vector<std::string>{"a.jpg"});
 }
 
+TEST_CASE("walks with 1 and 8 threads find the same files and directories") {
+  ScratchDir dir;
+  for (int d = 0; d < 20; ++d) {
+    for (int f = 0; f < 30; ++f) {
+      testing::WriteFile(dir.path() + "/d" + std::to_string(d % 5) + "/e" + std::to_string(d) +
+                             "/f" + std::to_string(f), static_cast<uint32_t>(f), static_cast<uint64_t>(f));
+    }
+  }
+  auto one = *Namespace::Build(dir.path(), "", 1, 1);
+  auto eight = *Namespace::Build(dir.path(), "", 1, 8);
+  CHECK(one->file_count() == 600);
+  CHECK(eight->file_count() == 600);
+  CHECK(one->total_bytes() == eight->total_bytes());
+  for (int d = 0; d < 5; ++d) {
+    std::string sub = "d" + std::to_string(d);
+    CHECK(*one->List(sub) == *eight->List(sub));
+  }
+  CHECK(*one->List("") == *eight->List(""));
+  for (uint32_t id = 0; id < one->file_count(); ++id) {
+    const FileEntry* other = eight->Find(one->entry(id).ref.name);
+    REQUIRE(other != nullptr);
+    CHECK(other->ref.size == one->entry(id).ref.size);
+  }
+}
+
 TEST_CASE("a missing dataset directory is an error, not a crash") {
   auto ns = Namespace::Build("/nonexistent/monarch/dataset", "", 1);
   CHECK(ns.status().code() == absl::StatusCode::kNotFound);

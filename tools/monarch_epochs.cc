@@ -9,15 +9,28 @@
 //   monarch-epochs --config config/ram-source.yaml --epochs 3 --threads 8
 //   monarch-epochs --dataset /tmp/ds --mode plain   # baseline: open/pread/close
 //
-// Exit code: 0 on success, 1 if any read failed or (with --verify) returned
-// wrong bytes, 2 for bad arguments.
+// --before-epoch CMD runs CMD through /bin/sh -c before every epoch, with
+// MONARCH_EPOCH set to the epoch number (1-based), and waits for it: after
+// the page cache drop and the previous epoch's --settle wait, right before
+// the epoch's timer starts. It runs once more after the last epoch (and its
+// --settle wait), with MONARCH_EPOCH=E+1, so per-epoch counters can be
+// collected, e.g. a PFS's counters read and reset at each boundary:
+//
+//   monarch-epochs --config c.yaml --before-epoch 'pfs-emulator stats /mnt/pfs \
+//       >/tmp/phase-$MONARCH_EPOCH.json && pfs-emulator reset /mnt/pfs'
+//
+// Exit code: 0 on success, 1 if any read failed, (with --verify) returned
+// wrong bytes, or the --before-epoch command failed, 2 for bad arguments.
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +48,8 @@
 #include "common/file_util.h"
 #include "monarch/monarch.h"
 
+extern char** environ;  // The process environment, for posix_spawn.
+
 namespace {
 
 struct Options {
@@ -44,6 +59,7 @@ struct Options {
   std::string mode = "monarch";
   std::string profile = "imagenet";
   std::string json_out;
+  std::string before_epoch;  // Shell command run before each epoch.
   uint64_t generate = 0;
   uint64_t file_size = 0;  // 0: from the profile.
   uint64_t read_size = 0;  // 0: whole file in one call.
@@ -69,7 +85,12 @@ struct Options {
                "  --drop-caches          drop the page cache before every epoch (root)\n"
                "  --settle               wait for background placement between epochs\n"
                "  --verify               compare every read with the source (slow)\n"
-               "  --json FILE            also write the per-epoch figures as JSON\n",
+               "  --json FILE            also write the per-epoch figures as JSON\n"
+               "  --before-epoch CMD     run CMD with /bin/sh -c right before each epoch's timer\n"
+               "                         starts (after the cache drop and --settle), with\n"
+               "                         MONARCH_EPOCH=N (1-based), and once more after the last\n"
+               "                         epoch with MONARCH_EPOCH=E+1, so per-epoch counters can\n"
+               "                         be collected; a non-zero exit aborts with exit code 1\n",
                error.c_str());
   std::exit(2);
 }
@@ -94,6 +115,7 @@ Options ParseArgs(int argc, char** argv) {
     else if (flag == "--mode") o.mode = value();
     else if (flag == "--profile") o.profile = value();
     else if (flag == "--json") o.json_out = value();
+    else if (flag == "--before-epoch") o.before_epoch = value();
     else if (flag == "--generate") o.generate = ParseCount("--generate", value());
     else if (flag == "--file-size") o.file_size = ParseCount("--file-size", value());
     else if (flag == "--read-size") o.read_size = ParseCount("--read-size", value());
@@ -158,6 +180,43 @@ void DropCaches() {
   if (!drop) std::fprintf(stderr, "warning: cannot drop the page cache (not root?)\n");
 }
 
+// Runs `command` through /bin/sh -c with MONARCH_EPOCH=`epoch` added to the
+// environment and waits for it. Returns false (after printing why) unless it
+// exits with status 0. posix_spawn with its own environment block, not
+// setenv() + system(): Monarch's threads are running.
+bool RunBeforeEpoch(const std::string& command, int epoch) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "MONARCH_EPOCH=", 14) != 0) env_strings.emplace_back(*e);
+  }
+  env_strings.push_back(absl::StrCat("MONARCH_EPOCH=", epoch));
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string sh = "/bin/sh", dash_c = "-c", cmd = command;
+  char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+  std::fflush(stdout);  // Keep our output and the command's in order.
+  pid_t pid;
+  int err = ::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv, envp.data());
+  if (err != 0) {
+    std::fprintf(stderr, "monarch-epochs: --before-epoch: cannot run /bin/sh: %s\n", std::strerror(err));
+    return false;
+  }
+  int status;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      std::fprintf(stderr, "monarch-epochs: --before-epoch: waitpid: %s\n", std::strerror(errno));
+      return false;
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  const std::string how = WIFEXITED(status) ? absl::StrCat("exited with status ", WEXITSTATUS(status))
+                                            : absl::StrCat("was killed by signal ", WTERMSIG(status));
+  std::fprintf(stderr, "monarch-epochs: --before-epoch command %s (MONARCH_EPOCH=%d): %s\n",
+               how.c_str(), epoch, command.c_str());
+  return false;
+}
+
 struct EpochResult {
   double seconds = 0;
   uint64_t bytes = 0;
@@ -200,6 +259,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 shuffle_rng(o.seed * 1000 + epoch);
     std::shuffle(order.begin(), order.end(), shuffle_rng);
     if (o.drop_caches) DropCaches();
+    if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, epoch)) return 1;
 
     std::atomic<size_t> next{0};
     std::atomic<uint64_t> bytes{0}, errors{0}, mismatches{0};
@@ -287,6 +347,7 @@ int main(int argc, char** argv) {
     }
     previous = monarch->GetStats();
   }
+  if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, o.epochs + 1)) return 1;
   json += "]";
   monarch->Shutdown(monarch::Monarch::ShutdownMode::kDrain);
   std::printf("stats: %s\n", monarch->GetStats().ToJson().c_str());

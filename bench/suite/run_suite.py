@@ -21,10 +21,11 @@ it runs 3 epochs per setup, dropping the page cache before every epoch:
 
 The PFS is tools/pfs_emulator (FUSE, default Lustre-like delays) over the
 generated dataset; its exact counters are read and reset at every epoch
-boundary inside one process (epoch_hook.c, see there). With --pfs-dir the
-suite runs against a real PFS directory instead, and PFS figures come from
-Monarch's own source-tier counters (application level). Results go to
-bench/results/suite/: results.md, PNG charts and results.json.
+boundary inside one process (`monarch-epochs --before-epoch` running
+epoch_phase.py, see there; tf_reader.py has its own handshake). With
+--pfs-dir the suite runs against a real PFS directory instead, and PFS
+figures come from Monarch's own source-tier counters (application level).
+Results go to bench/results/suite/: results.md, PNG charts and results.json.
 """
 
 import argparse
@@ -213,12 +214,60 @@ def uptime():
 # ---------------------------------------------------------------------------
 # Running one setup with exact per-epoch PFS counters.
 
+def monotonic_ns():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def run_epochs_hooked(cmd, env, emulator, log_path, phase_dir, epochs):
+    """Runs monarch-epochs `cmd`, whose --before-epoch runs epoch_phase.py
+    with `phase_dir`: that writes phase-K.json for phases 0..epochs, each
+    with the emulator's exact counters (read and reset while the job waits).
+    Returns (phases, shutdown): phase 0 is start-up (process start, dataset
+    walk), phase k epoch k (including its settle); wall times run from the
+    end of one boundary hook to the start of the next. `shutdown` is what
+    came after the last hook (Monarch's shutdown, process exit), kept apart.
+    Without an emulator, wall times only."""
+    shutil.rmtree(phase_dir, ignore_errors=True)
+    os.makedirs(phase_dir)
+    if emulator:
+        emulator.reset()
+    t = monotonic_ns()
+    with open(log_path, "w") as out:
+        out.write("+ " + shlex.join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    exited = monotonic_ns()
+    shutdown = {}
+    if emulator:
+        shutdown["pfs"] = emulator.counters()
+        emulator.reset()
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{cmd[0]} failed with exit code {proc.returncode}:\n{tail}")
+    phases = []
+    for k in range(epochs + 1):
+        path = os.path.join(phase_dir, f"phase-{k}.json")
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} is missing: did --before-epoch run?")
+        with open(path) as f:
+            hook = json.load(f)
+        phase = {"wall_seconds": (hook["start_ns"] - t) / 1e9}
+        if "pfs" in hook:
+            phase["pfs"] = hook["pfs"]
+        phases.append(phase)
+        t = hook["end_ns"]
+    shutdown["wall_seconds"] = (exited - t) / 1e9
+    return phases, shutdown
+
+
 def run_hooked(cmd, env, emulator, log_path):
-    """Runs `cmd` (monarch-epochs with epoch_hook.so preloaded, or
-    tf_reader.py). At every epoch boundary the child blocks; we read the
-    emulator's counters (exact) and reset them. Returns the phases: phase 0
-    is start-up (process start, dataset walk/listing), phase k epoch k
-    (including its settle). Without an emulator, returns wall times only."""
+    """Runs tf_reader.py, which blocks at every epoch boundary writing one
+    byte to MONARCH_SUITE_HOOK_REQ_FD and waiting for one on
+    MONARCH_SUITE_HOOK_ACK_FD; meanwhile we read the emulator's counters
+    (exact) and reset them. Returns the phases: phase 0 is start-up (process
+    start, listing), phase k epoch k (including its settle; the last one also
+    the process exit). Without an emulator, returns wall times only."""
     req_r, req_w = os.pipe()
     ack_r, ack_w = os.pipe()
     env = dict(env, MONARCH_SUITE_HOOK_REQ_FD=str(req_w), MONARCH_SUITE_HOOK_ACK_FD=str(ack_r))
@@ -291,7 +340,6 @@ class Suite:
         self.emulators = []
         self.cleanup = []  # tier dirs and TF cache files, removed at the end
         self.results = []
-        self.hook = None
         self.tf = None  # (python, plugin) when the TF setups run
 
     # -- preparation -------------------------------------------------------
@@ -299,7 +347,9 @@ class Suite:
     def check_binaries(self):
         emulator_bin = os.path.join(self.build, "bin", "monarch-pfs-emulator")
         need = [self.epochs_bin] + ([] if self.a.pfs_dir else [emulator_bin])
-        if not all(os.access(p, os.X_OK) for p in need):
+        # A monarch-epochs built before --before-epoch existed is rebuilt too.
+        if not all(os.access(p, os.X_OK) for p in need) or "--before-epoch" not in subprocess.run(
+                [self.epochs_bin, "--help"], capture_output=True, text=True).stderr:
             log("building monarch-epochs and the PFS emulator")
             subprocess.run(["cmake", "-S", REPO, "-B", self.build, "-DCMAKE_BUILD_TYPE=Release"],
                            check=True, stdout=subprocess.DEVNULL)
@@ -308,9 +358,6 @@ class Suite:
                            check=True, stdout=subprocess.DEVNULL)
         if not self.a.pfs_dir:
             os.environ["MONARCH_PFS_EMULATOR"] = emulator_bin
-            self.hook = os.path.join(self.work, "epoch_hook.so")
-            subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-o", self.hook,
-                            os.path.join(HERE, "epoch_hook.c")], check=True)
 
     def detect_tf(self):
         if self.a.tf == "off":
@@ -388,8 +435,7 @@ class Suite:
 
     def record(self, ds, scenario, setup, cmd, phases, epochs, extra=None):
         """Joins the per-epoch JSON of the child with the exact PFS phases."""
-        # Without the hook (no emulator) monarch-epochs gives one phase: no
-        # start-up figure then.
+        # A run without boundaries gives one phase: no start-up figure then.
         startup = phases[0] if len(phases) == len(epochs) + 1 else None
         result = {"dataset": ds["name"], "scenario": scenario, "setup": setup,
                   "command": cmd, "startup": startup, "epochs": []}
@@ -436,16 +482,23 @@ class Suite:
             "--epochs", str(self.a.epochs), "--threads", str(self.a.threads),
             "--seed", str(EPOCH_SEED), "--read-size", str(ds["read_size"]),
             "--json", json_path] + ([] if self.a.no_drop_caches else ["--drop-caches"])
-        env = dict(os.environ)
-        if self.hook and not self.a.no_drop_caches:
-            env["LD_PRELOAD"] = self.hook
+        phase_dir = os.path.join(self.work, "runs", label + ".phases")
+        hook = [sys.executable, os.path.join(HERE, "epoch_phase.py"), phase_dir]
+        if emulator:
+            hook += [emulator.script, emulator.mount]
+        cmd += ["--before-epoch", shlex.join(hook)]
         log(f"{label}: {shlex.join(cmd)}")
         load, t0 = loadavg(), time.time()
-        phases = run_hooked(cmd, env, emulator, log_path)
+        phases, shutdown = run_epochs_hooked(cmd, dict(os.environ), emulator, log_path, phase_dir,
+                                             self.a.epochs)
         with open(json_path) as f:
             epochs = json.load(f)
+        if "pfs" in shutdown:
+            shutdown["pfs"]["ops"] = pfs_ops(shutdown["pfs"])
+            if shutdown["pfs"]["ops"]:
+                log(f"  note: {shutdown['pfs']['ops']} PFS ops after the last epoch (shutdown)")
         extra = dict(extra or {}, load_before=load, load_after=loadavg(),
-                     other_cores=self.sampler.others_between(t0, time.time()))
+                     other_cores=self.sampler.others_between(t0, time.time()), shutdown=shutdown)
         with open(log_path) as f:
             text = f.read()
         settles = [float(x) for x in re.findall(r"placement settled ([0-9.]+) s", text)]
@@ -454,9 +507,6 @@ class Suite:
         m = re.search(r"^stats: (\{.*\})$", text, re.M)
         if m and "--config" in mode_args:
             extra["monarch_stats"] = json.loads(m.group(1))
-        if self.emulated and len(phases) != self.a.epochs + 1:
-            raise RuntimeError(f"{label}: expected {self.a.epochs + 1} phases, got {len(phases)} "
-                               "(is the epoch hook preloaded?)")
         return self.record(ds, scenario, setup, cmd, phases, epochs, extra)
 
     def run_tf(self, ds, setup, source, emulator):
@@ -838,7 +888,8 @@ class Report:
             L.append(f"- PFS: `tools/pfs_emulator` FUSE mount over the generated dataset, config "
                      f"`{json.dumps(meta.get('emulator_config'))}`. PFS counters are the emulator's, "
                      "read and reset exactly at each epoch boundary inside the one process that "
-                     "runs all epochs (`bench/suite/epoch_hook.c`).")
+                     "runs all epochs (`monarch-epochs --before-epoch` running "
+                     "`bench/suite/epoch_phase.py`; the TF reader's own handshake).")
         else:
             L.append(f"- PFS: real directory `{meta['pfs']}` (no emulator). PFS figures are "
                      "application-level read calls: Monarch's source-tier counters, and for "

@@ -19,8 +19,8 @@ Both then take the record lengths, batch 256 and prefetch.
 Epoch boundaries: before every epoch (after the previous epoch and, for
 tf-monarch, after waiting for background placement) the reader writes one
 byte to MONARCH_SUITE_HOOK_REQ_FD and waits for one on
-MONARCH_SUITE_HOOK_ACK_FD, the same protocol as epoch_hook.c, so the suite
-reads and resets the PFS emulator's counters at exact epoch boundaries. Then
+MONARCH_SUITE_HOOK_ACK_FD (run_suite.py's run_hooked), so the suite reads
+and resets the PFS emulator's counters at exact epoch boundaries. Then
 it drops the page cache (--drop-caches) and times the epoch.
 
 Writes a JSON list of epochs to --json, in the shape monarch-epochs writes

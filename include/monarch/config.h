@@ -42,6 +42,9 @@ struct TierConfig {
 struct DatasetConfig {
   std::string path;        // The dataset directory on the source (required).
   std::string file_regex;  // Optional: only dataset-relative names fully matching it are served.
+  // Threads that walk the dataset at start-up. Each readdir and stat on a
+  // PFS is a metadata round trip, so the walk is latency-bound, not CPU-bound.
+  int scan_threads = 8;
 };
 
 struct PlacementConfig {

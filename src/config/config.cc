@@ -101,12 +101,19 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
   if (!dataset.IsMap()) return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
-  MONARCH_RETURN_IF_ERROR(CheckKeys(dataset, "dataset", {"path", "file_regex"}));
+  MONARCH_RETURN_IF_ERROR(CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads"}));
   if (!dataset["path"]) return KeyError("dataset.path", "required: the dataset directory on the source");
   MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
   if (dataset["file_regex"]) {
     MONARCH_ASSIGN_OR_RETURN(config.dataset.file_regex,
                              GetString(dataset["file_regex"], "dataset.file_regex"));
+  }
+  if (dataset["scan_threads"]) {
+    MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(dataset["scan_threads"], "dataset.scan_threads"));
+    if (threads < 1 || threads > 256) {
+      return KeyError("dataset.scan_threads", absl::StrCat("expected 1 to 256, got ", threads));
+    }
+    config.dataset.scan_threads = static_cast<int>(threads);
   }
 
   const YAML::Node tiers = root["tiers"];
@@ -277,6 +284,9 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
 
 absl::Status ValidateConfig(const Config& config) {
   if (config.dataset.path.empty()) return KeyError("dataset.path", "required: the dataset directory on the source");
+  if (config.dataset.scan_threads < 1 || config.dataset.scan_threads > 256) {
+    return KeyError("dataset.scan_threads", "expected 1 to 256");
+  }
   if (config.dataset.path[0] != '/') {
     return KeyError("dataset.path", absl::StrCat("expected an absolute path, got '", config.dataset.path, "'"));
   }

@@ -10,10 +10,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -49,78 +53,159 @@ class NameFilter {
 };
 
 struct WalkedFile {
-  size_t name_offset;
-  uint32_t name_length;
+  std::string name;  // Dataset-relative.
+  uint32_t directory;
   uint64_t size;
   int64_t mtime_ns;
+};
+
+struct WalkedDirectory {
+  std::string name;  // Dataset-relative; "" for the root.
+  uint32_t parent;   // Index of the parent; the root's is itself.
+};
+
+// Walks a tree with several threads, each reading whole directories taken
+// from a shared queue. On a parallel file system every readdir and stat is a
+// metadata round trip of a millisecond or so, so a serial walk of a million
+// files would take a quarter of an hour; with N threads it takes 1/N of that.
+class ParallelWalk {
+ public:
+  ParallelWalk(const std::string& root, const NameFilter& filter)
+      : root_(root), filter_(filter) {}
+
+  void Run(int threads) {
+    directories_.push_back({"", 0});
+    queue_.push_back(0);
+    files_.resize(threads);
+    std::vector<std::thread> workers;
+    for (int w = 0; w < threads; ++w) workers.emplace_back([this, w] { Work(&files_[w]); });
+    for (std::thread& worker : workers) worker.join();
+  }
+
+  // Valid once Run() has returned.
+  std::vector<WalkedDirectory>& directories() { return directories_; }
+  std::vector<std::vector<WalkedFile>>& files() { return files_; }
+
+ private:
+  void Work(std::vector<WalkedFile>* files) {
+    for (;;) {
+      uint32_t index;
+      std::string relative;
+      {
+        MutexLock lock(&mu_);
+        while (queue_.empty() && busy_ > 0) changed_.Wait(&mu_);
+        if (queue_.empty()) return;  // Nothing queued and nobody can queue more.
+        index = queue_.front();
+        queue_.pop_front();
+        relative = directories_[index].name;
+        ++busy_;
+      }
+      std::vector<std::string> subdirectories;
+      ReadDirectory(index, relative, files, &subdirectories);
+      {
+        MutexLock lock(&mu_);
+        for (std::string& name : subdirectories) {
+          queue_.push_back(static_cast<uint32_t>(directories_.size()));
+          directories_.push_back({std::move(name), index});
+        }
+        --busy_;
+      }
+      changed_.SignalAll();
+    }
+  }
+
+  void ReadDirectory(uint32_t index, const std::string& relative, std::vector<WalkedFile>* files,
+                     std::vector<std::string>* subdirectories) {
+    const std::string path = relative.empty() ? root_ : absl::StrCat(root_, "/", relative);
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) {
+      MONARCH_LOG(kWarning, "skipping unreadable directory ", path, ": ", std::strerror(errno));
+      return;
+    }
+    const int dir_fd = ::dirfd(dir);
+    while (struct dirent* d = ::readdir(dir)) {
+      absl::string_view base = d->d_name;
+      if (base == "." || base == "..") continue;
+      std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
+      if (d->d_type == DT_DIR) {
+        subdirectories->push_back(std::move(name));
+        continue;
+      }
+      if (d->d_type == DT_REG && !filter_.Keep(name)) continue;  // Spare the stat.
+      // Follows symlinks to files; a symlinked directory is skipped rather
+      // than followed, so a link cycle cannot trap the walk.
+      struct stat st;
+      if (::fstatat(dir_fd, d->d_name, &st, 0) != 0) continue;
+      if (S_ISDIR(st.st_mode)) {
+        if (d->d_type == DT_UNKNOWN) {
+          subdirectories->push_back(std::move(name));  // File systems without d_type.
+        } else {
+          MONARCH_LOG(kInfo, "not following symlinked directory ", name);
+        }
+        continue;
+      }
+      if (!S_ISREG(st.st_mode) || (d->d_type != DT_REG && !filter_.Keep(name))) continue;
+      files->push_back({std::move(name), index, static_cast<uint64_t>(st.st_size),
+                        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+    }
+    ::closedir(dir);
+  }
+
+  const std::string& root_;
+  const NameFilter& filter_;
+  Mutex mu_;
+  CondVar changed_;  // The queue grew, or a worker finished a directory.
+  std::deque<uint32_t> queue_ ABSL_GUARDED_BY(mu_);
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<WalkedDirectory> directories_;  // Guarded by mu_ while workers run.
+  std::vector<std::vector<WalkedFile>> files_;  // One list per worker.
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& root,
                                                             const std::string& file_regex,
-                                                            int source_tier) {
+                                                            int source_tier, int threads) {
   NameFilter filter;
   MONARCH_RETURN_IF_ERROR(filter.Compile(file_regex));
 
   std::unique_ptr<Namespace> ns(new Namespace());
   ns->root_ = root;
   while (ns->root_.size() > 1 && ns->root_.back() == '/') ns->root_.pop_back();
+  DIR* top = ::opendir(ns->root_.c_str());
+  if (top == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", ns->root_));
+  ::closedir(top);
 
-  std::vector<WalkedFile> files;
-  ns->directory_names_.push_back("");
-  ns->directories_.emplace_back();
-  std::string name;
-  // Depth-first; each directory is read completely before its children, so
-  // only one DIR stream is open at a time.
-  std::vector<uint32_t> pending = {0};
-  while (!pending.empty()) {
-    uint32_t dir_index = pending.back();
-    pending.pop_back();
-    const std::string relative = ns->directory_names_[dir_index];
-    const std::string path = relative.empty() ? ns->root_ : absl::StrCat(ns->root_, "/", relative);
-    DIR* dir = ::opendir(path.c_str());
-    if (dir == nullptr) {
-      if (dir_index == 0) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", path));
-      MONARCH_LOG(kWarning, "skipping unreadable directory ", path, ": ", std::strerror(errno));
-      continue;
+  ParallelWalk walk(ns->root_, filter);
+  walk.Run(std::max(1, threads));
+
+  ns->directory_names_.reserve(walk.directories().size());
+  ns->directories_.resize(walk.directories().size());
+  for (uint32_t i = 0; i < walk.directories().size(); ++i) {
+    ns->directory_names_.push_back(std::move(walk.directories()[i].name));
+    if (i > 0) ns->directories_[walk.directories()[i].parent].subdirectories.push_back(i);
+  }
+  size_t name_bytes = 0;
+  size_t count = 0;
+  for (const auto& list : walk.files()) {
+    count += list.size();
+    for (const WalkedFile& f : list) name_bytes += f.name.size();
+  }
+  ns->names_.reserve(name_bytes);
+  std::vector<const WalkedFile*> files;
+  files.reserve(count);
+  for (const auto& list : walk.files()) {
+    for (const WalkedFile& f : list) {
+      ns->directories_[f.directory].files.push_back(static_cast<uint32_t>(files.size()));
+      files.push_back(&f);
     }
-    const int dir_fd = ::dirfd(dir);
-    while (struct dirent* d = ::readdir(dir)) {
-      absl::string_view base = d->d_name;
-      if (base == "." || base == "..") continue;
-      name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
-      bool is_dir = d->d_type == DT_DIR;
-      if (d->d_type == DT_REG && !filter.Keep(name)) continue;
-      struct stat st;
-      if (d->d_type != DT_DIR) {
-        // Follows symlinks to files; a symlinked directory is skipped below
-        // rather than followed, so a link cycle cannot trap the walk.
-        if (::fstatat(dir_fd, d->d_name, &st, 0) != 0) continue;
-        if (S_ISDIR(st.st_mode)) {
-          MONARCH_LOG(kInfo, "not following symlinked directory ", name);
-          continue;
-        }
-        if (!S_ISREG(st.st_mode) || (d->d_type != DT_REG && !filter.Keep(name))) continue;
-      }
-      if (is_dir) {
-        uint32_t child = static_cast<uint32_t>(ns->directory_names_.size());
-        ns->directory_names_.push_back(name);
-        ns->directories_.emplace_back();
-        ns->directories_[dir_index].subdirectories.push_back(child);
-        pending.push_back(child);
-        continue;
-      }
-      uint32_t id = static_cast<uint32_t>(files.size());
-      files.push_back({ns->names_.size(), static_cast<uint32_t>(name.size()),
-                       static_cast<uint64_t>(st.st_size),
-                       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
-      ns->names_.append(name);
-      ns->directories_[dir_index].files.push_back(id);
-    }
-    ::closedir(dir);
   }
 
+  std::vector<size_t> name_offsets(files.size());
+  for (size_t id = 0; id < files.size(); ++id) {
+    name_offsets[id] = ns->names_.size();
+    ns->names_.append(files[id]->name);
+  }
   // The arena is complete: views into it stay valid from here on.
   ns->file_count_ = static_cast<uint32_t>(files.size());
   ns->entries_ = std::make_unique<FileEntry[]>(files.size());
@@ -128,12 +213,11 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   for (uint32_t id = 0; id < files.size(); ++id) {
     FileEntry& entry = ns->entries_[id];
     entry.ref.id = id;
-    entry.ref.name = absl::string_view(ns->names_).substr(files[id].name_offset,
-                                                          files[id].name_length);
-    entry.ref.size = files[id].size;
-    entry.ref.mtime_ns = files[id].mtime_ns;
+    entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id]->name.size());
+    entry.ref.size = files[id]->size;
+    entry.ref.mtime_ns = files[id]->mtime_ns;
     entry.tier.store(source_tier, std::memory_order_relaxed);
-    ns->total_bytes_ += files[id].size;
+    ns->total_bytes_ += files[id]->size;
     ns->by_name_.emplace(entry.ref.name, id);
   }
   for (uint32_t i = 0; i < ns->directory_names_.size(); ++i) {

@@ -44,11 +44,11 @@ struct FileEntry {
 
 class Namespace {
  public:
-  // Walks `root` (an absolute directory). Every file starts on
-  // `source_tier`. `file_regex` may be empty (keep everything).
+  // Walks `root` (an absolute directory) with `threads` threads. Every file
+  // starts on `source_tier`. `file_regex` may be empty (keep everything).
   static absl::StatusOr<std::unique_ptr<Namespace>> Build(const std::string& root,
                                                           const std::string& file_regex,
-                                                          int source_tier);
+                                                          int source_tier, int threads = 8);
 
   // The entry for `name` (dataset-relative, or absolute inside the root),
   // or nullptr if it is not a dataset file.
