@@ -51,7 +51,10 @@ std::string Stats::ToJson() const {
                   ",\"promotions_failed\":", promotions_failed,
                   ",\"promotions_skipped\":", promotions_skipped,
                   ",\"promotions_cancelled\":", promotions_cancelled,
+                  ",\"staging_reads\":", staging_reads,
+                  ",\"staging_bytes_read\":", staging_bytes_read,
                   ",\"staging_hits\":", staging_hits,
+                  ",\"staging_fallbacks\":", staging_fallbacks,
                   ",\"warm_files_reused\":", warm_files_reused,
                   ",\"warm_files_discarded\":", warm_files_discarded, "}");
   return out;

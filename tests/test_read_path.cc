@@ -123,6 +123,7 @@ TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
   Stats stats = m->GetStats();
   CHECK(stats.promotions_failed == 0);
   CHECK(stats.promotions_completed == stats.promotions_started);
+  CHECK(stats.staging_fallbacks == 0);
   CHECK(stats.tiers[0].bytes_used <= (8 << 20));
   CHECK(stats.tiers[0].files + stats.tiers[1].files == stats.promotions_completed);
   // No byte was read twice from the PFS while its promotion was in flight.
@@ -185,6 +186,8 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   Stats stats = m->GetStats();
   CHECK(stats.promotions_started == 1);
   CHECK(stats.promotions_completed == 1);
+  CHECK(stats.staging_reads == 8);  // Every reader was served by the one promotion...
+  CHECK(stats.staging_fallbacks == 0);  // ...none had to go around it.
   CHECK(source.bytes.load() == (8u << 20));  // One PFS read of each byte.
   CHECK(stats.source().bytes_read == (8u << 20));
 }
@@ -301,6 +304,10 @@ TEST_CASE("injected source read errors become error statuses, never hangs or wro
   CHECK(errors.load() == 8);
   m->WaitForPlacement();
   CHECK(m->GetStats().promotions_failed == m->GetStats().promotions_started);
+  // The reader that started each file's promotion found its chunk failed and
+  // was sent to the source; nobody was served from a failed promotion.
+  CHECK(m->GetStats().staging_reads == 0);
+  CHECK(m->GetStats().staging_fallbacks >= 4);
   source.fail_reads = false;  // The PFS recovers: reads work again, from the source.
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
 }

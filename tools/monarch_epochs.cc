@@ -316,6 +316,15 @@ int main(int argc, char** argv) {
     monarch::Stats now = monarch->GetStats();
     std::string served;
     std::string served_json;
+    {
+      const uint64_t reads = now.staging_reads - previous.staging_reads;
+      const uint64_t staged = now.staging_bytes_read - previous.staging_bytes_read;
+      if (reads > 0) {
+        absl::StrAppend(&served, "in-flight promotions ", reads, " reads/",
+                        absl::StrFormat("%.1f", staged / 1048576.0), " MiB, ");
+      }
+      absl::StrAppend(&served_json, "\"staging\":{\"reads\":", reads, ",\"bytes\":", staged, "},");
+    }
     for (size_t t = 0; t < now.tiers.size(); ++t) {
       uint64_t reads = now.tiers[t].reads - previous.tiers[t].reads;
       uint64_t tier_bytes = now.tiers[t].bytes_read - previous.tiers[t].bytes_read;

@@ -34,7 +34,12 @@ struct Stats {
   uint64_t promotions_failed = 0;   // Source or tier error; the file stays on the source.
   uint64_t promotions_skipped = 0;  // No tier had room, or staging memory was exhausted.
   uint64_t promotions_cancelled = 0;
-  uint64_t staging_hits = 0;  // Reads served from bytes an in-flight promotion had fetched.
+  // Reads of files being promoted, served from the promotion's chunks (the
+  // chunks such a read loads itself also count as source reads above).
+  uint64_t staging_reads = 0;
+  uint64_t staging_bytes_read = 0;
+  uint64_t staging_hits = 0;       // Of those, reads whose bytes others had already loaded.
+  uint64_t staging_fallbacks = 0;  // Reads of files being promoted that went to the source.
   uint64_t warm_files_reused = 0;    // Valid copies found at start-up.
   uint64_t warm_files_discarded = 0;  // Stale copies removed at start-up.
 

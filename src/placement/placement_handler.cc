@@ -91,9 +91,15 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     }
   }
   if (promotion == nullptr) return source().Read(entry.ref, offset, dst, n);
-  bool hit = false;
-  absl::StatusOr<size_t> result = promotion->Read(source(), offset, dst, n, &hit);
-  if (hit) staging_hits_.fetch_add(1, std::memory_order_relaxed);
+  Promotion::ReadOutcome outcome;
+  absl::StatusOr<size_t> result = promotion->Read(source(), offset, dst, n, &outcome);
+  if (outcome == Promotion::ReadOutcome::kFellBack) {
+    staging_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  } else if (result.ok()) {
+    staging_reads_.fetch_add(1, std::memory_order_relaxed);
+    staging_bytes_read_.fetch_add(*result, std::memory_order_relaxed);
+    if (outcome == Promotion::ReadOutcome::kShared) staging_hits_.fetch_add(1, std::memory_order_relaxed);
+  }
   // The reader that started the promotion queues the background copy only
   // after loading its own chunks, so the copy never holds a chunk the
   // reader is waiting for.
@@ -217,7 +223,10 @@ void PlacementHandler::AddStats(Stats* stats) const {
   stats->promotions_failed = failed_.load();
   stats->promotions_skipped = skipped_.load();
   stats->promotions_cancelled = cancelled_.load();
+  stats->staging_reads = staging_reads_.load();
+  stats->staging_bytes_read = staging_bytes_read_.load();
   stats->staging_hits = staging_hits_.load();
+  stats->staging_fallbacks = staging_fallbacks_.load();
 }
 
 }  // namespace monarch

@@ -84,7 +84,10 @@ class PlacementHandler {
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> cancelled_{0};
+  std::atomic<uint64_t> staging_reads_{0};
+  std::atomic<uint64_t> staging_bytes_read_{0};
   std::atomic<uint64_t> staging_hits_{0};
+  std::atomic<uint64_t> staging_fallbacks_{0};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
 };

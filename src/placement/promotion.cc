@@ -61,8 +61,8 @@ void Promotion::Load(Tier& source, size_t c) {
 }
 
 absl::StatusOr<size_t> Promotion::Read(Tier& source, uint64_t offset, char* dst, size_t n,
-                                       bool* hit) {
-  *hit = false;
+                                       ReadOutcome* outcome) {
+  *outcome = ReadOutcome::kShared;
   if (n == 0) return 0;
   const size_t first = offset / chunk_bytes_;
   const size_t last = (offset + n - 1) / chunk_bytes_;
@@ -112,10 +112,11 @@ absl::StatusOr<size_t> Promotion::Read(Tier& source, uint64_t offset, char* dst,
     usable = got.ok() && *got == end - begin;
   }
   if (usable) {
-    *hit = claimed.empty();
+    *outcome = claimed.empty() ? ReadOutcome::kShared : ReadOutcome::kLoaded;
     return n;
   }
   // Some chunk could not be had: the source decides what this read gets.
+  *outcome = ReadOutcome::kFellBack;
   return source.Read(entry_->ref, offset, dst, n);
 }
 

@@ -41,12 +41,19 @@ class Promotion {
   FileEntry& entry() const { return *entry_; }
   int target_tier() const { return target_tier_; }
 
+  // How Read() got its bytes.
+  enum class ReadOutcome {
+    kShared,    // Every byte was already loaded by someone else.
+    kLoaded,    // This read loaded some chunks from the source itself.
+    kFellBack,  // A chunk could not be had: the request went to the source.
+  };
+
   // Serves [offset, offset + n) (within the file) from the promotion's
   // chunks, loading those nobody has loaded yet from `source`. If a chunk
   // cannot be had, the request is read from the source directly instead, so
-  // the caller gets either the right bytes or the source's error. `*hit` is
-  // set when every byte was already loaded by someone else.
-  absl::StatusOr<size_t> Read(Tier& source, uint64_t offset, char* dst, size_t n, bool* hit);
+  // the caller gets either the right bytes or the source's error.
+  absl::StatusOr<size_t> Read(Tier& source, uint64_t offset, char* dst, size_t n,
+                              ReadOutcome* outcome);
 
   // The background copy: streams every chunk into `writer` in order, loading
   // the ones still missing. Stops with Cancelled once `*cancel` is set, with
