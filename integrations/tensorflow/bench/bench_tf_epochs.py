@@ -242,7 +242,7 @@ Reading the numbers:
 - vanilla-caching's later epochs skip the TFRecord parsing as well as the I/O
   (the cache holds parsed tensors), so they can beat vanilla-local; its cache
   file is only usable once epoch 1 ran to completion.
-- Single runs on a 2-core VM: differences under ~10% are noise.
+- A shared 2-core VM: even as medians, differences under ~10% are noise.
 """
     with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
         f.write(text)
