@@ -47,7 +47,8 @@ long BareWalk(const std::string& path) {
   DIR* dir = ::opendir(path.c_str());
   if (dir == nullptr) return 0;
   while (struct dirent* d = ::readdir(dir)) {
-    if (d->d_name[0] == '.' && (d->d_name[1] == 0 || (d->d_name[1] == '.' && d->d_name[2] == 0))) continue;
+    if (d->d_name[0] == '.' && (d->d_name[1] == 0 || (d->d_name[1] == '.' && d->d_name[2] == 0)))
+      continue;
     if (d->d_type == DT_DIR) {
       files += BareWalk(path + "/" + d->d_name);
     } else {
@@ -92,9 +93,13 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      std::printf("namespace build, %ld files, %d thread(s): %.3f s (bare serial readdir+stat walk %.3f s, ratio %.2f)%s\n",
-                  count, threads, best_build, best_walk, best_build / best_walk,
-                  count >= 1000000 ? (best_build <= 5.0 ? "  [target <= 5 s: met]" : "  [target <= 5 s: MISSED]") : "");
+      std::printf(
+          "namespace build, %ld files, %d thread(s): %.3f s (bare serial readdir+stat walk %.3f s, "
+          "ratio %.2f)%s\n",
+          count, threads, best_build, best_walk, best_build / best_walk,
+          count >= 1000000
+              ? (best_build <= 5.0 ? "  [target <= 5 s: met]" : "  [target <= 5 s: MISSED]")
+              : "");
     }
   }
   return 0;

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   constexpr size_t kLarge = 256 << 10;
   const int large_reads = 40000;
   std::vector<std::pair<int, uint64_t>> large_ops(large_reads);
-  for (auto& op : large_ops) op = {static_cast<int>(rng() % files), (rng() % (file_bytes / kLarge)) * kLarge};
+  for (auto& op : large_ops)
+    op = {static_cast<int>(rng() % files), (rng() % (file_bytes / kLarge)) * kLarge};
   auto run = [&](bool through_monarch) {
     auto start = Clock::now();
     std::vector<std::thread> pool;
@@ -122,12 +123,15 @@ int main(int argc, char** argv) {
   }
 
   std::printf("RAM-tier hit, %d files x %zu MiB, %d thread(s)\n", files, file_bytes >> 20, threads);
-  std::printf("4KiB read latency through Monarch: p50 %.0f ns, p90 %.0f ns, p99 %.0f ns (target p50 < 1000 ns)\n",
-              percentile(latency_ns, 0.5), percentile(latency_ns, 0.9), percentile(latency_ns, 0.99));
-  std::printf("4KiB plain memcpy baseline:        p50 %.0f ns, p99 %.0f ns\n", percentile(memcpy_ns, 0.5),
-              percentile(memcpy_ns, 0.99));
-  std::printf("256KiB throughput: Monarch %.2f GiB/s, memcpy %.2f GiB/s, ratio %.2f (target >= 0.70)\n",
-              best_monarch, best_memcpy, best_monarch / best_memcpy);
+  std::printf(
+      "4KiB read latency through Monarch: p50 %.0f ns, p90 %.0f ns, p99 %.0f ns (target p50 < 1000 "
+      "ns)\n",
+      percentile(latency_ns, 0.5), percentile(latency_ns, 0.9), percentile(latency_ns, 0.99));
+  std::printf("4KiB plain memcpy baseline:        p50 %.0f ns, p99 %.0f ns\n",
+              percentile(memcpy_ns, 0.5), percentile(memcpy_ns, 0.99));
+  std::printf(
+      "256KiB throughput: Monarch %.2f GiB/s, memcpy %.2f GiB/s, ratio %.2f (target >= 0.70)\n",
+      best_monarch, best_memcpy, best_monarch / best_memcpy);
   m.reset();
   std::system(("rm -rf " + root).c_str());
   return 0;

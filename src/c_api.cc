@@ -1,14 +1,13 @@
 // The C API: thin wrappers over monarch::Monarch. Nothing here throws: a
 // std::bad_alloc would terminate, which is what a C caller would get anyway.
 
-#include "monarch/monarch_c.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "monarch/monarch.h"
+#include "monarch/monarch_c.h"
 
 struct monarch_t {
   std::unique_ptr<monarch::Monarch> instance;
@@ -71,8 +70,7 @@ monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n
   return Report(result.status(), error);
 }
 
-monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size,
-                               char** error) {
+monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size, char** error) {
   if (name == nullptr) return Report(NullArgument("name"), error);
   absl::StatusOr<uint64_t> result = m->instance->FileSize(name);
   *size = result.ok() ? *result : 0;
@@ -121,7 +119,9 @@ void monarch_free_list(char** names, size_t count) {
 
 const char* monarch_dataset_root(const monarch_t* m) { return m->instance->dataset_root().c_str(); }
 
-char* monarch_stats_json(const monarch_t* m) { return CopyString(m->instance->GetStats().ToJson()); }
+char* monarch_stats_json(const monarch_t* m) {
+  return CopyString(m->instance->GetStats().ToJson());
+}
 
 void monarch_wait_for_placement(monarch_t* m) { m->instance->WaitForPlacement(); }
 

@@ -33,10 +33,14 @@ LogLevel ParseLogLevel(const std::string& level) {
 std::unique_ptr<StorageDriver> NewDriver(const TierConfig& tier, const Config& config) {
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
-    case TierKind::kRam: return NewRamDriver();
-    case TierKind::kPmem: return NewPmemDriver(tier.path, max_open);
-    case TierKind::kPosix: return NewPosixDriver(tier.path, max_open);
-    case TierKind::kSource: return NewSourceDriver(config.dataset.path, max_open);
+    case TierKind::kRam:
+      return NewRamDriver();
+    case TierKind::kPmem:
+      return NewPmemDriver(tier.path, max_open);
+    case TierKind::kPosix:
+      return NewPosixDriver(tier.path, max_open);
+    case TierKind::kSource:
+      return NewSourceDriver(config.dataset.path, max_open);
   }
   return nullptr;
 }
@@ -62,7 +66,8 @@ class MonarchImpl final : public Monarch {
   absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
                               uint64_t offset) override {
     FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    if (entry == nullptr)
+      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     const uint64_t size = entry->ref.size;
     if (offset >= size || n == 0) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
@@ -77,18 +82,24 @@ class MonarchImpl final : public Monarch {
 
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
     const FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    if (entry == nullptr)
+      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     return entry->ref.size;
   }
 
   absl::StatusOr<FileStat> Stat(std::string_view name) const override {
     const FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    if (entry == nullptr)
+      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     return FileStat{entry->ref.size, entry->ref.mtime_ns};
   }
 
-  bool FileExists(std::string_view name) const override { return namespace_->Find(ToAbsl(name)) != nullptr; }
-  bool IsDirectory(std::string_view name) const override { return namespace_->IsDirectory(ToAbsl(name)); }
+  bool FileExists(std::string_view name) const override {
+    return namespace_->Find(ToAbsl(name)) != nullptr;
+  }
+  bool IsDirectory(std::string_view name) const override {
+    return namespace_->IsDirectory(ToAbsl(name));
+  }
 
   absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
     return namespace_->List(ToAbsl(dir));
@@ -148,25 +159,24 @@ class MonarchImpl final : public Monarch {
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
-      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies(
-          [&](absl::string_view name, uint64_t size, int64_t mtime_ns) {
-            FileEntry* entry = namespace_->Find(name);
-            if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
-            const bool valid = size == entry->ref.size && mtime_ns == entry->ref.mtime_ns;
-            const bool wanted = valid && entry->tier.load() == source_index_ &&
-                                tier.TryReserve(size);
-            if (wanted) {
-              tier.Commit(size);
-              entry->tier.store(t, std::memory_order_release);
-              entry->state.store(PlacementState::kInTier);
-              ++warm_reused_;
-              return;
-            }
-            // Stale, a duplicate of a faster tier's copy, or over capacity.
-            absl::Status removed = tier.driver().Remove(entry->ref);
-            if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
-            if (!valid) ++warm_discarded_;
-          }));
+      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name, uint64_t size,
+                                                           int64_t mtime_ns) {
+        FileEntry* entry = namespace_->Find(name);
+        if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
+        const bool valid = size == entry->ref.size && mtime_ns == entry->ref.mtime_ns;
+        const bool wanted = valid && entry->tier.load() == source_index_ && tier.TryReserve(size);
+        if (wanted) {
+          tier.Commit(size);
+          entry->tier.store(t, std::memory_order_release);
+          entry->state.store(PlacementState::kInTier);
+          ++warm_reused_;
+          return;
+        }
+        // Stale, a duplicate of a faster tier's copy, or over capacity.
+        absl::Status removed = tier.driver().Remove(entry->ref);
+        if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
+        if (!valid) ++warm_discarded_;
+      }));
     }
     if (warm_reused_ + warm_discarded_ > 0) {
       MONARCH_LOG(kInfo, "warm restart: reused ", warm_reused_, " copies, discarded ",
@@ -180,8 +190,8 @@ class MonarchImpl final : public Monarch {
   const int source_index_;
   const std::unique_ptr<Namespace> namespace_;
   std::unique_ptr<PlacementHandler> placement_;  // Declared last: stops first.
-  uint64_t warm_reused_ = 0;     // Written only during Start().
-  uint64_t warm_discarded_ = 0;  // Written only during Start().
+  uint64_t warm_reused_ = 0;                     // Written only during Start().
+  uint64_t warm_discarded_ = 0;                  // Written only during Start().
 };
 
 }  // namespace
@@ -199,10 +209,9 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
     tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(driver)));
   }
   const int source_index = static_cast<int>(tiers.size()) - 1;
-  MONARCH_ASSIGN_OR_RETURN(
-      std::unique_ptr<Namespace> ns,
-      Namespace::Build(config.dataset.path, config.dataset.file_regex, source_index,
-                       config.dataset.scan_threads));
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
+                           Namespace::Build(config.dataset.path, config.dataset.file_regex,
+                                            source_index, config.dataset.scan_threads));
   auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns));
   MONARCH_RETURN_IF_ERROR(monarch->Start(std::move(policy)));
   return std::unique_ptr<Monarch>(std::move(monarch));

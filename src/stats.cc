@@ -13,10 +13,18 @@ void AppendJsonString(std::string* out, const std::string& s) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\t': out->append("\\t"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char escaped[8];
@@ -46,17 +54,14 @@ std::string Stats::ToJson() const {
                     ",\"capacity\":", t.capacity, ",\"read_errors\":", t.read_errors,
                     ",\"write_errors\":", t.write_errors, "}");
   }
-  absl::StrAppend(&out, "],\"promotions_started\":", promotions_started,
-                  ",\"promotions_completed\":", promotions_completed,
-                  ",\"promotions_failed\":", promotions_failed,
-                  ",\"promotions_skipped\":", promotions_skipped,
-                  ",\"promotions_cancelled\":", promotions_cancelled,
-                  ",\"staging_reads\":", staging_reads,
-                  ",\"staging_bytes_read\":", staging_bytes_read,
-                  ",\"staging_hits\":", staging_hits,
-                  ",\"staging_fallbacks\":", staging_fallbacks,
-                  ",\"warm_files_reused\":", warm_files_reused,
-                  ",\"warm_files_discarded\":", warm_files_discarded, "}");
+  absl::StrAppend(
+      &out, "],\"promotions_started\":", promotions_started,
+      ",\"promotions_completed\":", promotions_completed,
+      ",\"promotions_failed\":", promotions_failed, ",\"promotions_skipped\":", promotions_skipped,
+      ",\"promotions_cancelled\":", promotions_cancelled, ",\"staging_reads\":", staging_reads,
+      ",\"staging_bytes_read\":", staging_bytes_read, ",\"staging_hits\":", staging_hits,
+      ",\"staging_fallbacks\":", staging_fallbacks, ",\"warm_files_reused\":", warm_files_reused,
+      ",\"warm_files_discarded\":", warm_files_discarded, "}");
   return out;
 }
 

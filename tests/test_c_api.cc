@@ -1,7 +1,6 @@
 // The C API: same behaviour as the C++ API, codes and messages for errors.
 
 #include <doctest/doctest.h>
-
 #include <sys/stat.h>
 
 #include <cstring>
@@ -26,7 +25,8 @@ TEST_CASE("C API: open, read, list, stat, stats, close") {
 
   char buffer[6000];
   size_t n = 0;
-  CHECK(monarch_read(m, files[1].name.c_str(), buffer, sizeof(buffer), 0, &n, &error) == MONARCH_OK);
+  CHECK(monarch_read(m, files[1].name.c_str(), buffer, sizeof(buffer), 0, &n, &error) ==
+        MONARCH_OK);
   CHECK(n == 5000);
   CHECK(monarch::testing::BytesMatch(files[1], buffer, 0, n));
   CHECK(monarch_read(m, files[1].name.c_str(), buffer, 10, 5000, &n, nullptr) == MONARCH_OK);

@@ -34,13 +34,16 @@ TEST_CASE("a full config parses into the expected structs") {
   Dirs d;
   absl::StatusOr<Config> config = ParseConfigString(absl::StrCat(R"(
 dataset:
-  path: )", d.dataset, R"(
+  path: )",
+                                                                 d.dataset, R"(
   file_regex: '.*\.jpg'
   scan_threads: 16
 tiers:
   - {name: mem, kind: ram, capacity: 1GiB}
-  - {name: pm, kind: pmem, path: )", d.pmem, R"(, capacity: 64MiB}
-  - {name: nvme, kind: posix, path: )", d.nvme, R"(, capacity: 100MB}
+  - {name: pm, kind: pmem, path: )",
+                                                                 d.pmem, R"(, capacity: 64MiB}
+  - {name: nvme, kind: posix, path: )",
+                                                                 d.nvme, R"(, capacity: 100MB}
   - {name: lustre, kind: source}
 placement:
   threads: 3
@@ -74,8 +77,9 @@ logging:
 
 TEST_CASE("tier names default to the kind") {
   Dirs d;
-  absl::StatusOr<Config> config = ParseConfigString(absl::StrCat(
-      "dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"));
+  absl::StatusOr<Config> config = ParseConfigString(
+      absl::StrCat("dataset: {path: ", d.dataset,
+                   "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"));
   REQUIRE(config.ok());
   CHECK(config->tiers[0].name == "ram");
   CHECK(config->tiers[1].name == "source");
@@ -106,10 +110,13 @@ TEST_CASE("bad configs are refused with the key named") {
     std::string e = ErrorOf("dataset: {path: [unclosed\n");
     CHECK(absl::StrContains(e, "malformed YAML at line"));
   }
-  SUBCASE("not a mapping") { CHECK(absl::StrContains(ErrorOf("- a\n- b\n"), "expected a mapping")); }
+  SUBCASE("not a mapping") {
+    CHECK(absl::StrContains(ErrorOf("- a\n- b\n"), "expected a mapping"));
+  }
   SUBCASE("unknown top-level key") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
-    CHECK(absl::StrContains(e, "cache: unknown key; expected one of: dataset, tiers, placement, logging"));
+    CHECK(absl::StrContains(
+        e, "cache: unknown key; expected one of: dataset, tiers, placement, logging"));
   }
   SUBCASE("unknown tier key") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
@@ -123,21 +130,26 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(ErrorOf("tiers:\n" + src), "dataset: required"));
   }
   SUBCASE("missing dataset path") {
-    CHECK(absl::StrContains(ErrorOf("dataset: {file_regex: x}\ntiers:\n" + src), "dataset.path: required"));
+    CHECK(absl::StrContains(ErrorOf("dataset: {file_regex: x}\ntiers:\n" + src),
+                            "dataset.path: required"));
   }
   SUBCASE("dataset path that does not exist") {
     std::string e = ErrorOf("dataset: {path: /nonexistent/monarch}\ntiers:\n" + src);
-    CHECK(absl::StrContains(e, "dataset.path: '/nonexistent/monarch' is not an existing directory"));
+    CHECK(
+        absl::StrContains(e, "dataset.path: '/nonexistent/monarch' is not an existing directory"));
   }
   SUBCASE("relative dataset path") {
-    CHECK(absl::StrContains(ErrorOf("dataset: {path: data}\ntiers:\n" + src), "dataset.path: expected an absolute path"));
+    CHECK(absl::StrContains(ErrorOf("dataset: {path: data}\ntiers:\n" + src),
+                            "dataset.path: expected an absolute path"));
   }
   SUBCASE("invalid regex") {
-    std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", file_regex: '(unclosed'}\ntiers:\n", src));
+    std::string e = ErrorOf(
+        absl::StrCat("dataset: {path: ", d.dataset, ", file_regex: '(unclosed'}\ntiers:\n", src));
     CHECK(absl::StrContains(e, "dataset.file_regex: invalid regular expression"));
   }
   SUBCASE("scan_threads out of range") {
-    std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", scan_threads: 0}\ntiers:\n", src));
+    std::string e =
+        ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", scan_threads: 0}\ntiers:\n", src));
     CHECK(absl::StrContains(e, "dataset.scan_threads: expected 1 to 256, got 0"));
   }
   SUBCASE("tiers is not a list") {
@@ -146,11 +158,13 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("missing tiers") { CHECK(absl::StrContains(ErrorOf(ds), "tiers: required")); }
   SUBCASE("unknown kind") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: tape, capacity: 1MiB}\n" + src);
-    CHECK(absl::StrContains(e, "tiers[0].kind: expected one of ram, pmem, posix, source; got 'tape'"));
+    CHECK(absl::StrContains(e,
+                            "tiers[0].kind: expected one of ram, pmem, posix, source; got 'tape'"));
   }
   SUBCASE("wrong type for capacity") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: [1, 2]}\n" + src);
-    CHECK(absl::StrContains(e, "tiers[0].capacity: expected a size such as 64GiB or 1048576, got a list"));
+    CHECK(absl::StrContains(
+        e, "tiers[0].capacity: expected a size such as 64GiB or 1048576, got a list"));
   }
   SUBCASE("bad unit") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 12 parsecs}\n" + src);
@@ -162,26 +176,32 @@ TEST_CASE("bad configs are refused with the key named") {
                             "tiers[0].capacity: expected a size greater than 0"));
   }
   SUBCASE("missing capacity") {
-    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n  - {kind: ram}\n" + src), "tiers[0].capacity: required for a ram tier"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n  - {kind: ram}\n" + src),
+                            "tiers[0].capacity: required for a ram tier"));
   }
   SUBCASE("missing path for a posix tier") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, capacity: 1MiB}\n" + src);
     CHECK(absl::StrContains(e, "tiers[0].path: required for a posix tier"));
   }
   SUBCASE("path that does not exist") {
-    std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, path: /nonexistent/nvme, capacity: 1MiB}\n" + src);
+    std::string e =
+        ErrorOf(ds + "tiers:\n  - {kind: posix, path: /nonexistent/nvme, capacity: 1MiB}\n" + src);
     CHECK(absl::StrContains(e, "tiers[0].path: '/nonexistent/nvme' is not an existing directory"));
   }
   SUBCASE("a tier inside the dataset") {
     std::string inner = d.scratch.Sub("dataset/cache");
-    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", inner, ", capacity: 1MiB}\n") + src);
+    std::string e = ErrorOf(
+        ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", inner, ", capacity: 1MiB}\n") + src);
     CHECK(absl::StrContains(e, "tiers[0].path:"));
     CHECK(absl::StrContains(e, "overlaps dataset.path"));
   }
   SUBCASE("two tiers sharing a directory") {
-    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {name: a, kind: posix, path: ", d.nvme,
-                                              ", capacity: 1MiB}\n  - {name: b, kind: pmem, path: ", d.nvme,
-                                              ", capacity: 1MiB}\n") + src);
+    std::string e =
+        ErrorOf(ds +
+                absl::StrCat("tiers:\n  - {name: a, kind: posix, path: ", d.nvme,
+                             ", capacity: 1MiB}\n  - {name: b, kind: pmem, path: ", d.nvme,
+                             ", capacity: 1MiB}\n") +
+                src);
     CHECK(absl::StrContains(e, "tiers[1].path:"));
     CHECK(absl::StrContains(e, "overlaps tiers[0].path"));
   }
@@ -190,7 +210,8 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(e, "tiers[0].kind: the source tier must be the last tier"));
   }
   SUBCASE("two sources") {
-    std::string e = ErrorOf(ds + "tiers:\n  - {name: a, kind: source}\n  - {name: b, kind: source}\n");
+    std::string e =
+        ErrorOf(ds + "tiers:\n  - {name: a, kind: source}\n  - {name: b, kind: source}\n");
     CHECK(absl::StrContains(e, "tiers[1].kind: a second source tier"));
   }
   SUBCASE("no source") {
@@ -202,11 +223,14 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(e, "tiers[0].path: a source tier reads dataset.path"));
   }
   SUBCASE("duplicate names") {
-    std::string e = ErrorOf(ds + "tiers:\n  - {name: x, kind: ram, capacity: 1MiB}\n  - {name: x, kind: source}\n");
+    std::string e = ErrorOf(
+        ds + "tiers:\n  - {name: x, kind: ram, capacity: 1MiB}\n  - {name: x, kind: source}\n");
     CHECK(absl::StrContains(e, "tiers[1].name: 'x' is used by another tier"));
   }
   SUBCASE("capacity larger than the device") {
-    std::string e = ErrorOf(ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", d.nvme, ", capacity: 1000TiB}\n") + src);
+    std::string e = ErrorOf(
+        ds + absl::StrCat("tiers:\n  - {kind: posix, path: ", d.nvme, ", capacity: 1000TiB}\n") +
+        src);
     CHECK(absl::StrContains(e, "tiers[0].capacity:"));
     CHECK(absl::StrContains(e, "more than the"));
     CHECK(absl::StrContains(e, "bytes of the device holding"));
@@ -221,14 +245,16 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(e, "placement.threads: expected an integer, got 'many'"));
   }
   SUBCASE("negative threads") {
-    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {threads: -1}\n"), "placement.threads: expected 0"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {threads: -1}\n"),
+                            "placement.threads: expected 0"));
   }
   SUBCASE("unknown policy") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {policy: lru}\n");
     CHECK(absl::StrContains(e, "placement.policy: expected 'first-fit' or 'none', got 'lru'"));
   }
   SUBCASE("tiny chunk size") {
-    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"), "placement.chunk_bytes"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"),
+                            "placement.chunk_bytes"));
   }
   SUBCASE("idle_priority that is not a boolean") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {idle_priority: maybe}\n");
@@ -236,7 +262,8 @@ TEST_CASE("bad configs are refused with the key named") {
   }
   SUBCASE("bad log level") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");
-    CHECK(absl::StrContains(e, "logging.level: expected debug, info, warning or error; got 'loud'"));
+    CHECK(
+        absl::StrContains(e, "logging.level: expected debug, info, warning or error; got 'loud'"));
   }
 }
 
@@ -253,7 +280,8 @@ TEST_CASE("ValidateConfig checks configs built in code the same way") {
   CHECK(ValidateConfig(config).ok());
   config.tiers.push_back(testing::RamTier(1 << 20, "late"));
   absl::Status status = ValidateConfig(config);
-  CHECK(absl::StrContains(status.message(), "tiers[1].kind: the source tier must be the last tier"));
+  CHECK(
+      absl::StrContains(status.message(), "tiers[1].kind: the source tier must be the last tier"));
 }
 
 TEST_CASE("the embedded default is a RAM tier over the source") {
@@ -274,10 +302,12 @@ TEST_CASE("the shipped example configs parse once their paths exist") {
     std::ifstream in(std::string(MONARCH_SOURCE_DIR) + "/config/" + name);
     REQUIRE_MESSAGE(in.good(), name);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (auto [from, to] : {std::pair<std::string, std::string>{"/lustre/datasets/imagenet", d.dataset},
-                            {"/mnt/nvme/monarch", d.nvme},
-                            {"/mnt/pmem0/monarch", d.pmem}}) {
-      for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+    for (auto [from, to] :
+         {std::pair<std::string, std::string>{"/lustre/datasets/imagenet", d.dataset},
+          {"/mnt/nvme/monarch", d.nvme},
+          {"/mnt/pmem0/monarch", d.pmem}}) {
+      for (size_t at; (at = text.find(from)) != std::string::npos;)
+        text.replace(at, from.size(), to);
     }
     absl::StatusOr<Config> config = ParseConfigString(text);
     CHECK_MESSAGE(config.ok(), name, ": ", config.status().ToString());

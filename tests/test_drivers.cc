@@ -2,9 +2,9 @@
 // temporary-then-rename publication, scans of earlier copies, and the
 // source's refusal to write.
 
+#include <dirent.h>
 #include <doctest/doctest.h>
 #include <sys/stat.h>
-#include <dirent.h>
 
 #include <fstream>
 
@@ -24,7 +24,8 @@ std::shared_ptr<FileImage> ImageOf(uint32_t seed, size_t size) {
   return image;
 }
 
-FileRef Ref(uint32_t id, absl::string_view name, uint64_t size, int64_t mtime_ns = 1234567890123456789) {
+FileRef Ref(uint32_t id, absl::string_view name, uint64_t size,
+            int64_t mtime_ns = 1234567890123456789) {
   FileRef ref;
   ref.id = id;
   ref.name = name;
@@ -80,7 +81,6 @@ void RoundTrip(StorageDriver& driver) {
   CHECK(driver.Remove(a).code() == absl::StatusCode::kNotFound);
 }
 
-
 // A copy streamed in chunks: invisible until committed, readable back while
 // in flight, and gone without a trace when abandoned.
 void StreamedCopy(StorageDriver& driver, const std::string& root) {
@@ -102,7 +102,9 @@ void StreamedCopy(StorageDriver& driver, const std::string& root) {
   auto writer = driver.NewWriter(f);
   REQUIRE(writer.ok());
   for (uint64_t offset = 0; offset < f.size; offset += 8192) {
-    REQUIRE((*writer)->Write(offset, image->data() + offset, std::min<uint64_t>(8192, f.size - offset)).ok());
+    REQUIRE((*writer)
+                ->Write(offset, image->data() + offset, std::min<uint64_t>(8192, f.size - offset))
+                .ok());
   }
   REQUIRE((*writer)->Commit().ok());
   std::vector<char> whole(f.size + 10);
@@ -200,13 +202,16 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
   // A temporary from a process that no longer exists (pid 0x7ffffffe is never
   // valid under the default pid_max), and one from this live process.
   std::ofstream(dir.path() + "/a/.one.bin.monarch-tmp.2147483646.0") << "partial";
-  const std::string live = dir.path() + "/.two.bin.monarch-tmp." + std::to_string(::getpid()) + ".99";
+  const std::string live =
+      dir.path() + "/.two.bin.monarch-tmp." + std::to_string(::getpid()) + ".99";
   std::ofstream(live) << "in progress";
 
   std::vector<std::tuple<std::string, uint64_t, int64_t>> seen;
-  REQUIRE(driver->ScanCopies([&](absl::string_view name, uint64_t size, int64_t mtime) {
-    seen.emplace_back(std::string(name), size, mtime);
-  }).ok());
+  REQUIRE(driver
+              ->ScanCopies([&](absl::string_view name, uint64_t size, int64_t mtime) {
+                seen.emplace_back(std::string(name), size, mtime);
+              })
+              .ok());
   std::sort(seen.begin(), seen.end());
   REQUIRE(seen.size() == 2);
   CHECK(seen[0] == std::make_tuple(std::string("a/one.bin"), uint64_t{10}, int64_t{111}));

@@ -80,7 +80,8 @@ TEST_CASE("walks with 1 and 8 threads find the same files and directories") {
   for (int d = 0; d < 20; ++d) {
     for (int f = 0; f < 30; ++f) {
       testing::WriteFile(dir.path() + "/d" + std::to_string(d % 5) + "/e" + std::to_string(d) +
-                             "/f" + std::to_string(f), static_cast<uint32_t>(f), static_cast<uint64_t>(f));
+                             "/f" + std::to_string(f),
+                         static_cast<uint32_t>(f), static_cast<uint64_t>(f));
     }
   }
   auto one = *Namespace::Build(dir.path(), "", 1, 1);

@@ -29,9 +29,12 @@ std::unique_ptr<Monarch> MustCreate(const Config& config,
                                     FaultInjectingDriver::Faults* source = nullptr, int tier = -1,
                                     FaultInjectingDriver::Faults* tier_faults = nullptr) {
   const int source_index = static_cast<int>(config.tiers.size()) - 1;
-  DriverWrapper wrap = [=](int index, std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-    if (index == source_index && source != nullptr) return std::make_unique<FaultInjectingDriver>(std::move(d), source);
-    if (index == tier && tier_faults != nullptr) return std::make_unique<FaultInjectingDriver>(std::move(d), tier_faults);
+  DriverWrapper wrap = [=](int index,
+                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+    if (index == source_index && source != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
+    if (index == tier && tier_faults != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), tier_faults);
     return d;
   };
   absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
@@ -68,9 +71,9 @@ TEST_CASE("pread semantics and errors") {
   CHECK(testing::BytesMatch(files[0], buffer, 0, 1000));
   CHECK(m->Read("dir0/file0.bin", buffer, 100, 950).value() == 50);
   CHECK(testing::BytesMatch(files[0], buffer, 950, 50));
-  CHECK(m->Read("dir0/file0.bin", buffer, 100, 1000).value() == 0);  // At the end.
+  CHECK(m->Read("dir0/file0.bin", buffer, 100, 1000).value() == 0);   // At the end.
   CHECK(m->Read("dir0/file0.bin", buffer, 100, 99999).value() == 0);  // Past it.
-  CHECK(m->Read("dir1/file1.bin", buffer, 100, 0).value() == 0);  // Empty file.
+  CHECK(m->Read("dir1/file1.bin", buffer, 100, 0).value() == 0);      // Empty file.
   CHECK(m->Read("dir0/file0.bin", buffer, 0, 0).value() == 0);
   absl::StatusOr<size_t> missing = m->Read("dir0/nope.bin", buffer, 10, 0);
   CHECK(missing.status().code() == absl::StatusCode::kNotFound);
@@ -94,8 +97,9 @@ TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
   auto files = testing::MakeDataset(ds, 60, {1, 4096, 100000, 1 << 20, 3 << 20, 777777});
   FaultInjectingDriver::Faults source;
   source.read_delay_us = 200;  // Keep promotions in flight while readers run.
-  Config config = testing::MakeConfig(ds, {testing::RamTier(8 << 20),
-                                           testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")});
+  Config config = testing::MakeConfig(
+      ds, {testing::RamTier(8 << 20),
+           testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")});
   config.placement.chunk_bytes = 64 << 10;
   auto m = MustCreate(config, &source);
 
@@ -143,8 +147,10 @@ TEST_CASE("a partial read of a large file promotes the whole file, reading the P
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 1, {24 << 20});
   FaultInjectingDriver::Faults source;
-  auto m = MustCreate(testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}),
-                      &source);
+  auto m =
+      MustCreate(testing::MakeConfig(
+                     ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}),
+                 &source);
   char buffer[100];
   REQUIRE(m->Read(files[0].name, buffer, 100, 5 << 20).value() == 100);
   CHECK(testing::BytesMatch(files[0], buffer, 5 << 20, 100));
@@ -175,7 +181,8 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
       size_t n = t % 2 ? (3 << 20) : 4096;
       absl::StatusOr<size_t> got = m->Read(files[0].name, buffer.data(), n, offset);
       size_t expected = std::min<uint64_t>(n, files[0].size - offset);
-      if (!got.ok() || *got != expected || !testing::BytesMatch(files[0], buffer.data(), offset, expected)) {
+      if (!got.ok() || *got != expected ||
+          !testing::BytesMatch(files[0], buffer.data(), offset, expected)) {
         bad.fetch_add(1);
       }
     });
@@ -186,8 +193,8 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   Stats stats = m->GetStats();
   CHECK(stats.promotions_started == 1);
   CHECK(stats.promotions_completed == 1);
-  CHECK(stats.staging_reads == 8);  // Every reader was served by the one promotion...
-  CHECK(stats.staging_fallbacks == 0);  // ...none had to go around it.
+  CHECK(stats.staging_reads == 8);           // Every reader was served by the one promotion...
+  CHECK(stats.staging_fallbacks == 0);       // ...none had to go around it.
   CHECK(source.bytes.load() == (8u << 20));  // One PFS read of each byte.
   CHECK(stats.source().bytes_read == (8u << 20));
 }
@@ -207,7 +214,8 @@ TEST_CASE("when the tiers hold half the dataset, the rest keeps coming from the 
   CHECK(stats.tiers[0].bytes_used == total / 2);
   CHECK(stats.promotions_skipped == 20);  // Once per file that did not fit; not retried.
   CHECK(stats.promotions_started == 20);
-  CHECK(stats.source().bytes_read == total + total / 2);  // Epoch 1: all; epoch 2: the half that did not fit.
+  CHECK(stats.source().bytes_read ==
+        total + total / 2);  // Epoch 1: all; epoch 2: the half that did not fit.
 }
 
 TEST_CASE("a tier that fails writes abandons the promotion and keeps serving from the source") {
@@ -216,8 +224,10 @@ TEST_CASE("a tier that fails writes abandons the promotion and keeps serving fro
   auto files = testing::MakeDataset(ds, 10, {50000});
   FaultInjectingDriver::Faults tier;
   tier.fail_stores = true;  // EIO on every write.
-  auto m = MustCreate(testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}),
-                      nullptr, 0, &tier);
+  auto m =
+      MustCreate(testing::MakeConfig(
+                     ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}),
+                 nullptr, 0, &tier);
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
     m->WaitForPlacement();
@@ -238,7 +248,8 @@ TEST_CASE("ENOSPC from a tier marks it full: later files stay on the source") {
   FaultInjectingDriver::Faults tier;
   tier.fail_stores = true;
   tier.store_error = absl::StatusCode::kResourceExhausted;
-  Config config = testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")});
+  Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")});
   config.placement.threads = 1;
   auto m = MustCreate(config, nullptr, 0, &tier);
   ReadWholeAndCheck(*m, files[0]);
@@ -262,7 +273,8 @@ TEST_CASE("a real full device (small tmpfs) fails the copy cleanly") {
   }
   {
     // Capacity equals the device, so validation passes, but 3 x 600 kB fill it.
-    auto m = MustCreate(testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, mount, 2 << 20, "tiny")}));
+    auto m = MustCreate(
+        testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, mount, 2 << 20, "tiny")}));
     for (int epoch = 0; epoch < 2; ++epoch) {
       for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
       m->WaitForPlacement();
@@ -317,7 +329,8 @@ TEST_CASE("a tier copy that disappears is served from the source instead") {
   std::string ds = dir.Sub("ds");
   std::string nvme = dir.Sub("nvme");
   auto files = testing::MakeDataset(ds, 2, {10000});
-  auto m = MustCreate(testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
+  auto m = MustCreate(
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m->WaitForPlacement();
   REQUIRE(m->GetStats().tiers[0].files == 2);
@@ -334,8 +347,9 @@ TEST_CASE("warm restart reuses valid copies and discards stale ones") {
   std::string pmem = dir.Sub("pmem");
   auto files = testing::MakeDataset(ds, 20, {30000, 70000});
   const uint64_t total = TotalBytes(files);
-  Config config = testing::MakeConfig(ds, {testing::FileTier(TierKind::kPmem, pmem, total / 2, "pmem"),
-                                           testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPmem, pmem, total / 2, "pmem"),
+                               testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
   {
     auto m = MustCreate(config);
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
@@ -378,16 +392,19 @@ TEST_CASE("two processes promoting into the same tiers at once do not corrupt ea
   std::string nvme = dir.Sub("nvme");
   auto files = testing::MakeDataset(ds, 80, {50000, 300000});
   const std::string yaml = dir.path() + "/shared.yaml";
-  std::ofstream(yaml) << "dataset: {path: " << ds << "}\ntiers:\n  - {name: nvme, kind: posix, path: " << nvme
+  std::ofstream(yaml) << "dataset: {path: " << ds
+                      << "}\ntiers:\n  - {name: nvme, kind: posix, path: " << nvme
                       << ", capacity: 1GiB}\n  - {kind: source}\n";
   const std::string run = absl::StrCat(MONARCH_EPOCHS_BINARY, " --config ", yaml,
                                        " --epochs 2 --threads 4 --verify > /dev/null");
   // Both start together and race on every file.
-  int status = std::system(absl::StrCat("(", run, " --seed 1 & ", run, " --seed 2 & wait %1 && wait %2)").c_str());
+  int status = std::system(
+      absl::StrCat("(", run, " --seed 1 & ", run, " --seed 2 & wait %1 && wait %2)").c_str());
   CHECK(status == 0);
   FaultInjectingDriver::Faults source;
-  auto m = MustCreate(testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}),
-                      &source);
+  auto m = MustCreate(
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}),
+      &source);
   CHECK(m->GetStats().warm_files_reused == 80);
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   CHECK(source.reads.load() == 0);
@@ -397,8 +414,9 @@ TEST_CASE("open descriptors stay bounded: 8 readers, 400 files, ulimit -n 64") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 400, {2000, 9000});
-  Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20),
-                                           testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")});
+  Config config = testing::MakeConfig(
+      ds, {testing::RamTier(1 << 20),
+           testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")});
   config.placement.max_open_files = 8;
   struct rlimit saved;
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
@@ -417,7 +435,8 @@ TEST_CASE("open descriptors stay bounded: 8 readers, 400 files, ulimit -n 64") {
           for (size_t i; (i = next.fetch_add(1)) < files.size();) {
             const TestFile& f = files[(i * 7919) % files.size()];
             absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), buffer.size(), 0);
-            if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, f.size)) bad.fetch_add(1);
+            if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, f.size))
+              bad.fetch_add(1);
           }
         });
       }
@@ -438,7 +457,8 @@ TEST_CASE("shutdown: cancel leaves no partial copies, drain finishes everything,
   auto files = testing::MakeDataset(ds, 12, {4 << 20});
   FaultInjectingDriver::Faults source;
   source.read_delay_us = 20000;  // 20 ms per source call: promotions are slow.
-  Config config = testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
   config.placement.chunk_bytes = 256 << 10;
   {
     auto m = MustCreate(config, &source);
@@ -450,7 +470,7 @@ TEST_CASE("shutdown: cancel leaves no partial copies, drain finishes everything,
     CHECK(stats.promotions_completed + stats.promotions_cancelled + stats.promotions_failed ==
           stats.promotions_started);
     source.read_delay_us = 0;
-    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Reads still work.
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);             // Reads still work.
     CHECK(m->GetStats().promotions_started == stats.promotions_started);  // But start nothing new.
   }
   {
@@ -474,7 +494,8 @@ TEST_CASE("create from YAML: good string and file, bad config is a clear error")
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 2, {100});
-  std::string yaml = "dataset: {path: " + ds + "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n";
+  std::string yaml =
+      "dataset: {path: " + ds + "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n";
   auto from_string = Monarch::CreateFromYamlString(yaml);
   REQUIRE(from_string.ok());
   ReadWholeAndCheck(**from_string, files[0]);
@@ -498,9 +519,14 @@ TEST_CASE("stats JSON carries every counter") {
   m->WaitForPlacement();
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   std::string json = m->GetStats().ToJson();
-  CHECK(absl::StrContains(json, "{\"name\":\"ram\",\"kind\":\"ram\",\"reads\":3,\"bytes_read\":3000,\"files\":3,\"bytes_used\":3000,\"capacity\":1048576"));
-  CHECK(absl::StrContains(json, "{\"name\":\"pfs\",\"kind\":\"source\",\"reads\":3,\"bytes_read\":3000,\"files\":3,\"bytes_used\":3000"));
-  CHECK(absl::StrContains(json, "\"promotions_started\":3,\"promotions_completed\":3,\"promotions_failed\":0"));
+  CHECK(absl::StrContains(json,
+                          "{\"name\":\"ram\",\"kind\":\"ram\",\"reads\":3,\"bytes_read\":3000,"
+                          "\"files\":3,\"bytes_used\":3000,\"capacity\":1048576"));
+  CHECK(absl::StrContains(json,
+                          "{\"name\":\"pfs\",\"kind\":\"source\",\"reads\":3,\"bytes_read\":3000,"
+                          "\"files\":3,\"bytes_used\":3000"));
+  CHECK(absl::StrContains(
+      json, "\"promotions_started\":3,\"promotions_completed\":3,\"promotions_failed\":0"));
 }
 
 }  // namespace

@@ -152,8 +152,7 @@ class FaultInjectingDriver final : public ForwardingDriver {
   FaultInjectingDriver(std::unique_ptr<StorageDriver> target, Faults* faults)
       : ForwardingDriver(std::move(target)), faults_(faults) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     if (int delay = faults_->read_delay_us.load(); delay > 0) ::usleep(delay);
     faults_->reads.fetch_add(1);
     if (faults_->fail_reads.load()) return absl::DataLossError("injected read error (EIO)");

@@ -109,27 +109,46 @@ Options ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) Usage(absl::StrCat(flag, " needs a value"));
       return argv[++i];
     };
-    if (flag == "--config") o.config = value();
-    else if (flag == "--dataset") o.dataset = value();
-    else if (flag == "--plain-dir") o.plain_dir = value();
-    else if (flag == "--mode") o.mode = value();
-    else if (flag == "--profile") o.profile = value();
-    else if (flag == "--json") o.json_out = value();
-    else if (flag == "--before-epoch") o.before_epoch = value();
-    else if (flag == "--generate") o.generate = ParseCount("--generate", value());
-    else if (flag == "--file-size") o.file_size = ParseCount("--file-size", value());
-    else if (flag == "--read-size") o.read_size = ParseCount("--read-size", value());
-    else if (flag == "--epochs") o.epochs = static_cast<int>(ParseCount("--epochs", value()));
-    else if (flag == "--threads") o.threads = static_cast<int>(ParseCount("--threads", value()));
-    else if (flag == "--seed") o.seed = ParseCount("--seed", value());
-    else if (flag == "--drop-caches") o.drop_caches = true;
-    else if (flag == "--settle") o.settle = true;
-    else if (flag == "--verify") o.verify = true;
-    else if (flag == "--help" || flag == "-h") Usage("help");
-    else Usage(absl::StrCat("unknown flag '", flag, "'"));
+    if (flag == "--config")
+      o.config = value();
+    else if (flag == "--dataset")
+      o.dataset = value();
+    else if (flag == "--plain-dir")
+      o.plain_dir = value();
+    else if (flag == "--mode")
+      o.mode = value();
+    else if (flag == "--profile")
+      o.profile = value();
+    else if (flag == "--json")
+      o.json_out = value();
+    else if (flag == "--before-epoch")
+      o.before_epoch = value();
+    else if (flag == "--generate")
+      o.generate = ParseCount("--generate", value());
+    else if (flag == "--file-size")
+      o.file_size = ParseCount("--file-size", value());
+    else if (flag == "--read-size")
+      o.read_size = ParseCount("--read-size", value());
+    else if (flag == "--epochs")
+      o.epochs = static_cast<int>(ParseCount("--epochs", value()));
+    else if (flag == "--threads")
+      o.threads = static_cast<int>(ParseCount("--threads", value()));
+    else if (flag == "--seed")
+      o.seed = ParseCount("--seed", value());
+    else if (flag == "--drop-caches")
+      o.drop_caches = true;
+    else if (flag == "--settle")
+      o.settle = true;
+    else if (flag == "--verify")
+      o.verify = true;
+    else if (flag == "--help" || flag == "-h")
+      Usage("help");
+    else
+      Usage(absl::StrCat("unknown flag '", flag, "'"));
   }
   if (o.mode != "monarch" && o.mode != "plain") Usage("--mode: expected monarch or plain");
-  if (o.profile != "imagenet" && o.profile != "shards") Usage("--profile: expected imagenet or shards");
+  if (o.profile != "imagenet" && o.profile != "shards")
+    Usage("--profile: expected imagenet or shards");
   if (o.threads < 1 || o.threads > 1024) Usage("--threads: expected 1 to 1024");
   if (o.epochs < 0) Usage("--epochs: expected 0 (generate only) or more");
   if (o.dataset.empty() && o.config.empty()) Usage("give --dataset DIR or --config FILE");
@@ -148,8 +167,9 @@ void Generate(const Options& o) {
   for (uint64_t i = 0; i < o.generate; ++i) {
     uint64_t size = o.file_size;
     if (size == 0) {
-      size = o.profile == "shards" ? (64ull << 20)
-                                   : static_cast<uint64_t>(std::clamp(imagenet(rng), 4096.0, 4194304.0));
+      size = o.profile == "shards"
+                 ? (64ull << 20)
+                 : static_cast<uint64_t>(std::clamp(imagenet(rng), 4096.0, 4194304.0));
     }
     std::string dir = absl::StrFormat("%s/class%02d", o.dataset, i % 10);
     std::string path = absl::StrFormat("%s/%s%06d.%s", dir, o.profile == "shards" ? "shard" : "img",
@@ -199,7 +219,8 @@ bool RunBeforeEpoch(const std::string& command, int epoch) {
   pid_t pid;
   int err = ::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv, envp.data());
   if (err != 0) {
-    std::fprintf(stderr, "monarch-epochs: --before-epoch: cannot run /bin/sh: %s\n", std::strerror(err));
+    std::fprintf(stderr, "monarch-epochs: --before-epoch: cannot run /bin/sh: %s\n",
+                 std::strerror(err));
     return false;
   }
   int status;
@@ -210,8 +231,9 @@ bool RunBeforeEpoch(const std::string& command, int epoch) {
     }
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
-  const std::string how = WIFEXITED(status) ? absl::StrCat("exited with status ", WEXITSTATUS(status))
-                                            : absl::StrCat("was killed by signal ", WTERMSIG(status));
+  const std::string how = WIFEXITED(status)
+                              ? absl::StrCat("exited with status ", WEXITSTATUS(status))
+                              : absl::StrCat("was killed by signal ", WTERMSIG(status));
   std::fprintf(stderr, "monarch-epochs: --before-epoch command %s (MONARCH_EPOCH=%d): %s\n",
                how.c_str(), epoch, command.c_str());
   return false;
@@ -285,11 +307,14 @@ int main(int argc, char** argv) {
           } else {
             absl::StatusOr<size_t> r = monarch->Read(files[id], buffer.data(), chunk, offset);
             got = r.ok() ? static_cast<ssize_t>(*r) : -1;
-            if (!r.ok()) std::fprintf(stderr, "read %s: %s\n", files[id].c_str(), r.status().ToString().c_str());
+            if (!r.ok())
+              std::fprintf(stderr, "read %s: %s\n", files[id].c_str(),
+                           r.status().ToString().c_str());
             if (r.ok() && o.verify) {
               check.resize(chunk);
               ssize_t want = ::pread(fd, check.data(), chunk, static_cast<off_t>(offset));
-              if (want != got || std::memcmp(check.data(), buffer.data(), static_cast<size_t>(got)) != 0) {
+              if (want != got ||
+                  std::memcmp(check.data(), buffer.data(), static_cast<size_t>(got)) != 0) {
                 mismatches.fetch_add(1);
               }
             }
@@ -308,7 +333,8 @@ int main(int argc, char** argv) {
     for (int t = 0; t < o.threads; ++t) threads.emplace_back(reader);
     for (std::thread& t : threads) t.join();
     EpochResult result;
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.bytes = bytes.load();
     result.errors = errors.load();
     result.mismatches = mismatches.load();
@@ -337,11 +363,12 @@ int main(int argc, char** argv) {
                 result.bytes / 1048576.0 / result.seconds,
                 static_cast<unsigned long long>(result.errors),
                 o.verify ? absl::StrCat(", ", result.mismatches, " mismatches").c_str() : "",
-                o.mode == "plain" ? "plain pread" : "served from ", o.mode == "plain" ? "" : served.c_str());
-    absl::StrAppend(&json, epoch > 1 ? "," : "", "{\"epoch\":", epoch, ",\"seconds\":",
-                    absl::StrFormat("%.6f", result.seconds), ",\"bytes\":", result.bytes,
-                    ",\"errors\":", result.errors, ",\"mismatches\":", result.mismatches,
-                    ",\"served\":{", served_json, "}}");
+                o.mode == "plain" ? "plain pread" : "served from ",
+                o.mode == "plain" ? "" : served.c_str());
+    absl::StrAppend(&json, epoch > 1 ? "," : "", "{\"epoch\":", epoch,
+                    ",\"seconds\":", absl::StrFormat("%.6f", result.seconds),
+                    ",\"bytes\":", result.bytes, ",\"errors\":", result.errors,
+                    ",\"mismatches\":", result.mismatches, ",\"served\":{", served_json, "}}");
     if (result.errors > 0 || result.mismatches > 0) {
       std::fprintf(stderr, "monarch-epochs: epoch %d had %llu errors, %llu mismatches\n", epoch,
                    static_cast<unsigned long long>(result.errors),
@@ -351,8 +378,9 @@ int main(int argc, char** argv) {
     if (o.settle) {
       auto settle_start = std::chrono::steady_clock::now();
       monarch->WaitForPlacement();
-      std::printf("  placement settled %.3f s after the epoch\n",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count());
+      std::printf(
+          "  placement settled %.3f s after the epoch\n",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count());
     }
     previous = monarch->GetStats();
   }

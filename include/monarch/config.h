@@ -33,7 +33,7 @@ enum class TierKind {
 const char* TierKindName(TierKind kind);
 
 struct TierConfig {
-  std::string name;             // Unique; shows up in stats. Defaults to the kind.
+  std::string name;  // Unique; shows up in stats. Defaults to the kind.
   TierKind kind = TierKind::kRam;
   std::string path;             // pmem/posix: directory holding the copies. Unused otherwise.
   uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold. Unused for source.
@@ -48,7 +48,7 @@ struct DatasetConfig {
 };
 
 struct PlacementConfig {
-  int threads = 0;                  // Background placement threads; 0 = number of cores.
+  int threads = 0;                   // Background placement threads; 0 = number of cores.
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
   // Bytes of files being promoted at once (a promotion holds at most this
   // much memory, usually far less: chunks are freed once written). A file

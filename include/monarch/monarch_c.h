@@ -55,8 +55,7 @@ void monarch_close(monarch_t* m);
 monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
                           size_t* bytes_read, char** error);
 
-monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size,
-                               char** error);
+monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size, char** error);
 /* Size and source modification time (nanoseconds since the epoch). */
 monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, int64_t* mtime_ns,
                           char** error);

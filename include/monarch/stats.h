@@ -38,9 +38,9 @@ struct Stats {
   // chunks such a read loads itself also count as source reads above).
   uint64_t staging_reads = 0;
   uint64_t staging_bytes_read = 0;
-  uint64_t staging_hits = 0;       // Of those, reads whose bytes others had already loaded.
-  uint64_t staging_fallbacks = 0;  // Reads of files being promoted that went to the source.
-  uint64_t warm_files_reused = 0;    // Valid copies found at start-up.
+  uint64_t staging_hits = 0;          // Of those, reads whose bytes others had already loaded.
+  uint64_t staging_fallbacks = 0;     // Reads of files being promoted that went to the source.
+  uint64_t warm_files_reused = 0;     // Valid copies found at start-up.
   uint64_t warm_files_discarded = 0;  // Stale copies removed at start-up.
 
   const TierStats& source() const { return tiers.back(); }

@@ -7,9 +7,8 @@
 #ifndef MONARCH_COMMON_LOG_H_
 #define MONARCH_COMMON_LOG_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace monarch {
 
@@ -21,9 +20,9 @@ void LogMessage(LogLevel level, absl::string_view message);
 
 }  // namespace monarch
 
-#define MONARCH_LOG(level, ...)                                                 \
-  do {                                                                          \
-    if (::monarch::LogEnabled(::monarch::LogLevel::level))                      \
+#define MONARCH_LOG(level, ...)                                                     \
+  do {                                                                              \
+    if (::monarch::LogEnabled(::monarch::LogLevel::level))                          \
       ::monarch::LogMessage(::monarch::LogLevel::level, absl::StrCat(__VA_ARGS__)); \
   } while (0)
 

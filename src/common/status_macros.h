@@ -7,17 +7,16 @@
 #ifndef MONARCH_COMMON_STATUS_MACROS_H_
 #define MONARCH_COMMON_STATUS_MACROS_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define MONARCH_CONCAT_INNER_(a, b) a##b
 #define MONARCH_CONCAT_(a, b) MONARCH_CONCAT_INNER_(a, b)
 
-#define MONARCH_RETURN_IF_ERROR(expr)           \
-  do {                                          \
-    ::absl::Status monarch_status_ = (expr);    \
+#define MONARCH_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status monarch_status_ = (expr);           \
     if (!monarch_status_.ok()) return monarch_status_; \
   } while (0)
 

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
-
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
@@ -50,22 +49,23 @@ absl::Status CheckKeys(const YAML::Node& map, absl::string_view where,
     for (absl::string_view a : allowed) known = known || key == a;
     if (!known) {
       std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
-      return KeyError(path, absl::StrCat("unknown key; expected one of: ",
-                                         absl::StrJoin(allowed, ", ")));
+      return KeyError(path,
+                      absl::StrCat("unknown key; expected one of: ", absl::StrJoin(allowed, ", ")));
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> GetString(const YAML::Node& node, absl::string_view key) {
-  if (!node.IsScalar()) return KeyError(key, absl::StrCat("expected a string, got ", Describe(node)));
+  if (!node.IsScalar())
+    return KeyError(key, absl::StrCat("expected a string, got ", Describe(node)));
   return node.Scalar();
 }
 
 absl::StatusOr<uint64_t> GetSize(const YAML::Node& node, absl::string_view key) {
   if (!node.IsScalar()) {
-    return KeyError(key, absl::StrCat("expected a size such as 64GiB or 1048576, got ",
-                                      Describe(node)));
+    return KeyError(key,
+                    absl::StrCat("expected a size such as 64GiB or 1048576, got ", Describe(node)));
   }
   absl::StatusOr<uint64_t> size = ParseByteSize(node.Scalar());
   if (!size.ok()) return KeyError(key, size.status().message());
@@ -94,22 +94,26 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, logging; "
-                     "got ", Describe(root)));
+                     "got ",
+                     Describe(root)));
   }
   MONARCH_RETURN_IF_ERROR(CheckKeys(root, "", {"dataset", "tiers", "placement", "logging"}));
 
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
-  if (!dataset.IsMap()) return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
+  if (!dataset.IsMap())
+    return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
   MONARCH_RETURN_IF_ERROR(CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads"}));
-  if (!dataset["path"]) return KeyError("dataset.path", "required: the dataset directory on the source");
+  if (!dataset["path"])
+    return KeyError("dataset.path", "required: the dataset directory on the source");
   MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
   if (dataset["file_regex"]) {
     MONARCH_ASSIGN_OR_RETURN(config.dataset.file_regex,
                              GetString(dataset["file_regex"], "dataset.file_regex"));
   }
   if (dataset["scan_threads"]) {
-    MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(dataset["scan_threads"], "dataset.scan_threads"));
+    MONARCH_ASSIGN_OR_RETURN(int64_t threads,
+                             GetInt(dataset["scan_threads"], "dataset.scan_threads"));
     if (threads < 1 || threads > 256) {
       return KeyError("dataset.scan_threads", absl::StrCat("expected 1 to 256, got ", threads));
     }
@@ -117,15 +121,18 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   }
 
   const YAML::Node tiers = root["tiers"];
-  if (!tiers) return KeyError("tiers", "required: a list of tiers, fastest first, ending with the source");
-  if (!tiers.IsSequence()) return KeyError("tiers", absl::StrCat("expected a list, got ", Describe(tiers)));
+  if (!tiers)
+    return KeyError("tiers", "required: a list of tiers, fastest first, ending with the source");
+  if (!tiers.IsSequence())
+    return KeyError("tiers", absl::StrCat("expected a list, got ", Describe(tiers)));
   for (size_t i = 0; i < tiers.size(); ++i) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity"}));
     TierConfig tier;
-    if (!t["kind"]) return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
+    if (!t["kind"])
+      return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
     MONARCH_ASSIGN_OR_RETURN(tier.kind, ParseTierKind(t["kind"], absl::StrCat(where, ".kind")));
     tier.name = TierKindName(tier.kind);
     if (t["name"]) {
@@ -143,15 +150,16 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                       "a source tier reads dataset.path; remove this key");
     }
     if (tier.kind == TierKind::kSource && t["capacity"]) {
-      return KeyError(absl::StrCat(where, ".capacity"), "a source tier has no capacity; remove this key");
+      return KeyError(absl::StrCat(where, ".capacity"),
+                      "a source tier has no capacity; remove this key");
     }
     if (tier.kind == TierKind::kRam && t["path"]) {
       return KeyError(absl::StrCat(where, ".path"), "a ram tier has no path; remove this key");
     }
     if (tier.kind != TierKind::kSource && !t["capacity"]) {
-      return KeyError(absl::StrCat(where, ".capacity"),
-                      absl::StrCat("required for a ", TierKindName(tier.kind),
-                                   " tier: a size such as 64GiB"));
+      return KeyError(
+          absl::StrCat(where, ".capacity"),
+          absl::StrCat("required for a ", TierKindName(tier.kind), " tier: a size such as 64GiB"));
     }
     if ((tier.kind == TierKind::kPosix || tier.kind == TierKind::kPmem) && !t["path"]) {
       return KeyError(absl::StrCat(where, ".path"),
@@ -162,32 +170,38 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   }
 
   if (const YAML::Node placement = root["placement"]) {
-    if (!placement.IsMap()) return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(
-        placement, "placement", {"threads", "policy", "max_staging_bytes", "chunk_bytes", "max_open_files",
-                    "idle_priority"}));
+    if (!placement.IsMap())
+      return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(placement, "placement",
+                                      {"threads", "policy", "max_staging_bytes", "chunk_bytes",
+                                       "max_open_files", "idle_priority"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
-        return KeyError("placement.threads", absl::StrCat("expected 0 (one per core) to 1024, got ", threads));
+        return KeyError("placement.threads",
+                        absl::StrCat("expected 0 (one per core) to 1024, got ", threads));
       }
       config.placement.threads = static_cast<int>(threads);
     }
     if (placement["policy"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.placement.policy, GetString(placement["policy"], "placement.policy"));
+      MONARCH_ASSIGN_OR_RETURN(config.placement.policy,
+                               GetString(placement["policy"], "placement.policy"));
     }
     if (placement["max_staging_bytes"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.placement.max_staging_bytes,
-                               GetSize(placement["max_staging_bytes"], "placement.max_staging_bytes"));
+      MONARCH_ASSIGN_OR_RETURN(
+          config.placement.max_staging_bytes,
+          GetSize(placement["max_staging_bytes"], "placement.max_staging_bytes"));
     }
     if (placement["chunk_bytes"]) {
       MONARCH_ASSIGN_OR_RETURN(config.placement.chunk_bytes,
                                GetSize(placement["chunk_bytes"], "placement.chunk_bytes"));
     }
     if (placement["max_open_files"]) {
-      MONARCH_ASSIGN_OR_RETURN(int64_t files, GetInt(placement["max_open_files"], "placement.max_open_files"));
+      MONARCH_ASSIGN_OR_RETURN(int64_t files,
+                               GetInt(placement["max_open_files"], "placement.max_open_files"));
       if (files < 4 || files > 1000000) {
-        return KeyError("placement.max_open_files", absl::StrCat("expected 4 to 1000000, got ", files));
+        return KeyError("placement.max_open_files",
+                        absl::StrCat("expected 4 to 1000000, got ", files));
       }
       config.placement.max_open_files = static_cast<int>(files);
     }
@@ -201,7 +215,8 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   }
 
   if (const YAML::Node logging = root["logging"]) {
-    if (!logging.IsMap()) return KeyError("logging", absl::StrCat("expected a mapping, got ", Describe(logging)));
+    if (!logging.IsMap())
+      return KeyError("logging", absl::StrCat("expected a mapping, got ", Describe(logging)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(logging, "logging", {"level"}));
     if (logging["level"]) {
       MONARCH_ASSIGN_OR_RETURN(config.logging.level, GetString(logging["level"], "logging.level"));
@@ -235,10 +250,14 @@ std::string RealPath(const std::string& path) {
 
 const char* TierKindName(TierKind kind) {
   switch (kind) {
-    case TierKind::kRam: return "ram";
-    case TierKind::kPmem: return "pmem";
-    case TierKind::kPosix: return "posix";
-    case TierKind::kSource: return "source";
+    case TierKind::kRam:
+      return "ram";
+    case TierKind::kPmem:
+      return "pmem";
+    case TierKind::kPosix:
+      return "posix";
+    case TierKind::kSource:
+      return "source";
   }
   return "unknown";
 }
@@ -247,7 +266,8 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   const absl::string_view text(text_in.data(), text_in.size());
   absl::string_view s = absl::StripAsciiWhitespace(text);
   size_t digits = 0;
-  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) {
+  while (digits < s.size() &&
+         (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) {
     ++digits;
   }
   double number;
@@ -256,13 +276,25 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
         absl::StrCat("expected a size such as 64GiB, 512MB or 1048576, got '", text, "'"));
   }
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
-  struct Unit { const char* name; double factor; };
+  struct Unit {
+    const char* name;
+    double factor;
+  };
   static constexpr Unit kUnits[] = {
-      {"", 1}, {"b", 1},
-      {"k", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
-      {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
-      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
-      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+      {"", 1},
+      {"b", 1},
+      {"k", 1024.0},
+      {"kib", 1024.0},
+      {"kb", 1e3},
+      {"m", 1048576.0},
+      {"mib", 1048576.0},
+      {"mb", 1e6},
+      {"g", 1073741824.0},
+      {"gib", 1073741824.0},
+      {"gb", 1e9},
+      {"t", 1099511627776.0},
+      {"tib", 1099511627776.0},
+      {"tb", 1e12},
   };
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
@@ -279,19 +311,23 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "expected a size such as 64GiB, 512MB or 1048576 (units B, KiB, MiB, GiB, TiB, KB, MB, GB, "
-      "TB), got '", text, "'"));
+      "TB), got '",
+      text, "'"));
 }
 
 absl::Status ValidateConfig(const Config& config) {
-  if (config.dataset.path.empty()) return KeyError("dataset.path", "required: the dataset directory on the source");
+  if (config.dataset.path.empty())
+    return KeyError("dataset.path", "required: the dataset directory on the source");
   if (config.dataset.scan_threads < 1 || config.dataset.scan_threads > 256) {
     return KeyError("dataset.scan_threads", "expected 1 to 256");
   }
   if (config.dataset.path[0] != '/') {
-    return KeyError("dataset.path", absl::StrCat("expected an absolute path, got '", config.dataset.path, "'"));
+    return KeyError("dataset.path",
+                    absl::StrCat("expected an absolute path, got '", config.dataset.path, "'"));
   }
   if (!IsDirectory(config.dataset.path)) {
-    return KeyError("dataset.path", absl::StrCat("'", config.dataset.path, "' is not an existing directory"));
+    return KeyError("dataset.path",
+                    absl::StrCat("'", config.dataset.path, "' is not an existing directory"));
   }
   if (!config.dataset.file_regex.empty()) {
     regex_t regex;
@@ -300,8 +336,9 @@ absl::Status ValidateConfig(const Config& config) {
     if (rc != 0) {
       char message[256];
       ::regerror(rc, &regex, message, sizeof(message));
-      return KeyError("dataset.file_regex", absl::StrCat("invalid regular expression '",
-                                                         config.dataset.file_regex, "': ", message));
+      return KeyError(
+          "dataset.file_regex",
+          absl::StrCat("invalid regular expression '", config.dataset.file_regex, "': ", message));
     }
     ::regfree(&regex);
   }
@@ -316,11 +353,15 @@ absl::Status ValidateConfig(const Config& config) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     if (tier.name.empty()) return KeyError(absl::StrCat(where, ".name"), "must not be empty");
     if (!names.insert(tier.name).second) {
-      return KeyError(absl::StrCat(where, ".name"), absl::StrCat("'", tier.name, "' is used by another tier; names must be unique"));
+      return KeyError(
+          absl::StrCat(where, ".name"),
+          absl::StrCat("'", tier.name, "' is used by another tier; names must be unique"));
     }
     if (tier.kind == TierKind::kSource) {
       ++sources;
-      if (sources > 1) return KeyError(absl::StrCat(where, ".kind"), "a second source tier; expected exactly one, last");
+      if (sources > 1)
+        return KeyError(absl::StrCat(where, ".kind"),
+                        "a second source tier; expected exactly one, last");
       bool another_follows = false;
       for (size_t j = i + 1; j < config.tiers.size(); ++j) {
         another_follows = another_follows || config.tiers[j].kind == TierKind::kSource;
@@ -329,7 +370,8 @@ absl::Status ValidateConfig(const Config& config) {
         continue;  // Reported as "a second source tier" at the next one.
       }
       if (i + 1 != config.tiers.size()) {
-        return KeyError(absl::StrCat(where, ".kind"), "the source tier must be the last tier (tiers are fastest first)");
+        return KeyError(absl::StrCat(where, ".kind"),
+                        "the source tier must be the last tier (tiers are fastest first)");
       }
       continue;
     }
@@ -340,24 +382,29 @@ absl::Status ValidateConfig(const Config& config) {
       const uint64_t memory = PhysicalMemoryBytes();
       if (tier.capacity_bytes > memory) {
         return KeyError(absl::StrCat(where, ".capacity"),
-                        absl::StrCat(tier.capacity_bytes, " bytes is more than this machine's ", memory, " bytes of memory"));
+                        absl::StrCat(tier.capacity_bytes, " bytes is more than this machine's ",
+                                     memory, " bytes of memory"));
       }
       continue;
     }
     const std::string path_key = absl::StrCat(where, ".path");
     if (tier.path.empty() || tier.path[0] != '/') {
-      return KeyError(path_key, absl::StrCat("expected an absolute directory, got '", tier.path, "'"));
+      return KeyError(path_key,
+                      absl::StrCat("expected an absolute directory, got '", tier.path, "'"));
     }
     if (!IsDirectory(tier.path)) {
       return KeyError(path_key, absl::StrCat("'", tier.path, "' is not an existing directory"));
     }
     const std::string real = RealPath(tier.path);
     if (IsWithin(real, dataset) || IsWithin(dataset, real)) {
-      return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps dataset.path; the source is read-only and must stay apart from tier copies"));
+      return KeyError(path_key, absl::StrCat("'", tier.path,
+                                             "' overlaps dataset.path; the source is read-only and "
+                                             "must stay apart from tier copies"));
     }
     for (const auto& [other_key, other] : tier_paths) {
       if (IsWithin(real, other) || IsWithin(other, real)) {
-        return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps ", other_key, "; each tier needs its own directory"));
+        return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps ", other_key,
+                                               "; each tier needs its own directory"));
       }
     }
     tier_paths.emplace_back(path_key, real);
@@ -366,16 +413,20 @@ absl::Status ValidateConfig(const Config& config) {
       const uint64_t device = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
       if (tier.capacity_bytes > device) {
         return KeyError(absl::StrCat(where, ".capacity"),
-                        absl::StrCat(tier.capacity_bytes, " bytes is more than the ", device, " bytes of the device holding '", tier.path, "'"));
+                        absl::StrCat(tier.capacity_bytes, " bytes is more than the ", device,
+                                     " bytes of the device holding '", tier.path, "'"));
       }
     }
   }
-  if (sources == 0) return KeyError("tiers", "expected a last tier of kind 'source' (the dataset on the PFS)");
+  if (sources == 0)
+    return KeyError("tiers", "expected a last tier of kind 'source' (the dataset on the PFS)");
 
   const PlacementConfig& p = config.placement;
-  if (p.threads < 0 || p.threads > 1024) return KeyError("placement.threads", "expected 0 (one per core) to 1024");
+  if (p.threads < 0 || p.threads > 1024)
+    return KeyError("placement.threads", "expected 0 (one per core) to 1024");
   if (p.policy != "first-fit" && p.policy != "none") {
-    return KeyError("placement.policy", absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));
+    return KeyError("placement.policy",
+                    absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));
   }
   if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
@@ -383,7 +434,8 @@ absl::Status ValidateConfig(const Config& config) {
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
   const std::string& level = config.logging.level;
   if (level != "debug" && level != "info" && level != "warning" && level != "error") {
-    return KeyError("logging.level", absl::StrCat("expected debug, info, warning or error; got '", level, "'"));
+    return KeyError("logging.level",
+                    absl::StrCat("expected debug, info, warning or error; got '", level, "'"));
   }
   return absl::OkStatus();
 }
@@ -394,8 +446,9 @@ absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
     root = YAML::Load(std::string(yaml));
     return ParseNode(root);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config: malformed YAML at line ", e.mark.line + 1,
-                                                   ", column ", e.mark.column + 1, ": ", e.msg));
+    return absl::InvalidArgumentError(absl::StrCat("config: malformed YAML at line ",
+                                                   e.mark.line + 1, ", column ", e.mark.column + 1,
+                                                   ": ", e.msg));
   }
 }
 
@@ -406,7 +459,8 @@ absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
   text << in.rdbuf();
   absl::StatusOr<Config> config = ParseConfigString(text.str());
   if (!config.ok()) {
-    return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
   }
   return config;
 }

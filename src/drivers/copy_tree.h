@@ -15,10 +15,10 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {

@@ -17,8 +17,7 @@ class ForwardingDriver : public StorageDriver {
  public:
   explicit ForwardingDriver(std::unique_ptr<StorageDriver> target) : target_(std::move(target)) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     return target_->Read(file, offset, dst, n);
   }
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {

@@ -11,8 +11,8 @@
 #include <libpmem.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -56,17 +56,15 @@ class PmemDriver final : public StorageDriver {
   PmemDriver(const std::string& root, int max_open_files)
       : tree_(root), mappings_(max_open_files) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     if (file.size == 0) {
       if (::access(tree_.PathOf(file.name).c_str(), F_OK) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("open ", file.name));
       }
       return 0;  // An empty copy cannot be mapped; it has nothing to read.
     }
-    MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, mappings_.Get(file.id, [&] {
-      return Map(tree_.PathOf(file.name));
-    }));
+    MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping,
+                             mappings_.Get(file.id, [&] { return Map(tree_.PathOf(file.name)); }));
     if (offset >= mapping->length()) return 0;
     size_t count = std::min<uint64_t>(n, mapping->length() - offset);
     std::memcpy(dst, mapping->data() + offset, count);
@@ -85,8 +83,8 @@ class PmemDriver final : public StorageDriver {
       ::close(fd);
     } else {
       errno = 0;
-      address = pmem_map_file(temporary.c_str(), file.size, PMEM_FILE_CREATE | PMEM_FILE_EXCL,
-                              0644, &length, &is_pmem);
+      address = pmem_map_file(temporary.c_str(), file.size, PMEM_FILE_CREATE | PMEM_FILE_EXCL, 0644,
+                              &length, &is_pmem);
       if (address == nullptr) {
         absl::Status status = PmemError("create", temporary);
         ::unlink(temporary.c_str());
@@ -120,14 +118,18 @@ class PmemDriver final : public StorageDriver {
    public:
     Writer(PmemDriver* driver, const FileRef& file, std::string temporary, Mapping mapping,
            bool is_pmem)
-        : driver_(driver), file_(file), temporary_(std::move(temporary)),
-          mapping_(std::move(mapping)), is_pmem_(is_pmem) {}
+        : driver_(driver),
+          file_(file),
+          temporary_(std::move(temporary)),
+          mapping_(std::move(mapping)),
+          is_pmem_(is_pmem) {}
     ~Writer() override {
       if (!committed_) ::unlink(temporary_.c_str());
     }
 
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
-      if (offset + n > mapping_.length()) return absl::OutOfRangeError("write past the end of the file");
+      if (offset + n > mapping_.length())
+        return absl::OutOfRangeError("write past the end of the file");
       char* dst = mapping_.mutable_data() + offset;
       if (is_pmem_) {
         pmem_memcpy_nodrain(dst, data, n);

@@ -34,11 +34,9 @@ class PosixDriver final : public StorageDriver {
   PosixDriver(const std::string& root, int max_open_files)
       : tree_(root), descriptors_(max_open_files) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd = descriptors_.Get(file.id, [&] {
-      return OpenShared(tree_.PathOf(file.name));
-    });
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
+    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
+        descriptors_.Get(file.id, [&] { return OpenShared(tree_.PathOf(file.name)); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }
@@ -49,7 +47,8 @@ class PosixDriver final : public StorageDriver {
     int fd = -1;
     if (file.size >= kDirectMinBytes) {
       fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
-      if (fd < 0 && errno != EINVAL) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
+      if (fd < 0 && errno != EINVAL)
+        return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
     }
     const bool direct = fd >= 0;
     if (!direct) fd = ::open(temporary.c_str(), flags, 0644);
@@ -66,7 +65,8 @@ class PosixDriver final : public StorageDriver {
         return ErrnoToStatus(error, absl::StrCat("allocate ", temporary));
       }
     }
-    return std::unique_ptr<CopyWriter>(new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
+    return std::unique_ptr<CopyWriter>(
+        new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
   }
 
   absl::Status Remove(const FileRef& file) override {
@@ -87,7 +87,10 @@ class PosixDriver final : public StorageDriver {
    public:
     Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,
            bool direct)
-        : driver_(driver), file_(file), temporary_(std::move(temporary)), fd_(std::move(fd)),
+        : driver_(driver),
+          file_(file),
+          temporary_(std::move(temporary)),
+          fd_(std::move(fd)),
           direct_(direct) {}
     ~Writer() override {
       if (!committed_) ::unlink(temporary_.c_str());
@@ -129,7 +132,8 @@ class PosixDriver final : public StorageDriver {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", temporary_));
       }
       // close() reports deferred write errors on some file systems (NFS).
-      if (::close(fd_.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", temporary_));
+      if (::close(fd_.release()) != 0)
+        return ErrnoToStatus(errno, absl::StrCat("close ", temporary_));
       MONARCH_RETURN_IF_ERROR(driver_->tree_.Publish(temporary_, file_));
       committed_ = true;
       driver_->descriptors_.Erase(file_.id);  // A descriptor of an older copy must not be reused.

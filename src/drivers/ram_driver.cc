@@ -17,8 +17,7 @@ namespace {
 
 class RamDriver final : public StorageDriver {
  public:
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     std::shared_ptr<const FileImage> image = Find(file.id);
     if (image == nullptr) return absl::NotFoundError("no RAM copy");
     if (offset >= image->size()) return 0;
@@ -49,7 +48,8 @@ class RamDriver final : public StorageDriver {
     Writer(RamDriver* driver, const FileRef& file)
         : driver_(driver), id_(file.id), image_(std::make_shared<FileImage>(file.size)) {}
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
-      if (offset + n > image_->size()) return absl::OutOfRangeError("write past the end of the file");
+      if (offset + n > image_->size())
+        return absl::OutOfRangeError("write past the end of the file");
       std::memcpy(image_->mutable_data() + offset, data, n);
       return absl::OkStatus();
     }

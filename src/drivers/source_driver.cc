@@ -18,11 +18,9 @@ class SourceDriver final : public StorageDriver {
   SourceDriver(std::string root, int max_open_files)
       : root_(std::move(root)), descriptors_(max_open_files) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
-                              size_t n) override {
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd = descriptors_.Get(file.id, [&] {
-      return OpenShared(JoinPath(root_, file.name));
-    });
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
+    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
+        descriptors_.Get(file.id, [&] { return OpenShared(JoinPath(root_, file.name)); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }

@@ -16,20 +16,20 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace monarch {
 
 // What a driver needs to know about a dataset file.
 struct FileRef {
-  uint32_t id = 0;        // Dense namespace id, stable for the instance's life.
+  uint32_t id = 0;         // Dense namespace id, stable for the instance's life.
   absl::string_view name;  // Dataset-relative path, e.g. "train/a.jpg".
-  uint64_t size = 0;      // Size on the source at start-up.
-  int64_t mtime_ns = 0;   // Modification time on the source at start-up.
+  uint64_t size = 0;       // Size on the source at start-up.
+  int64_t mtime_ns = 0;    // Modification time on the source at start-up.
 };
 
 // A whole-file buffer, page-aligned and padded to whole pages (so it can

@@ -53,9 +53,9 @@ class Tier {
   const TierConfig config_;
   const std::unique_ptr<StorageDriver> driver_;
 
-  std::atomic<uint64_t> limit_;        // Capacity, lowered by MarkFull().
+  std::atomic<uint64_t> limit_;         // Capacity, lowered by MarkFull().
   std::atomic<uint64_t> committed_{0};  // Bytes of complete copies.
-  std::atomic<uint64_t> reserved_{0};  // Committed plus in-flight reservations.
+  std::atomic<uint64_t> reserved_{0};   // Committed plus in-flight reservations.
   std::atomic<uint64_t> files_{0};
 
   // Counters, each on its own cache line: reader threads bump them on every call.

@@ -29,13 +29,13 @@ class NameFilter {
  public:
   absl::Status Compile(const std::string& pattern) {
     if (pattern.empty()) return absl::OkStatus();
-    int rc = ::regcomp(&regex_, absl::StrCat("^(", pattern, ")$").c_str(),
-                       REG_EXTENDED | REG_NOSUB);
+    int rc =
+        ::regcomp(&regex_, absl::StrCat("^(", pattern, ")$").c_str(), REG_EXTENDED | REG_NOSUB);
     if (rc != 0) {
       char message[256];
       ::regerror(rc, &regex_, message, sizeof(message));
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.file_regex: invalid regular expression '", pattern, "': ", message));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.file_regex: invalid regular expression '", pattern, "': ", message));
     }
     compiled_ = true;
     return absl::OkStatus();
@@ -70,8 +70,7 @@ struct WalkedDirectory {
 // files would take a quarter of an hour; with N threads it takes 1/N of that.
 class ParallelWalk {
  public:
-  ParallelWalk(const std::string& root, const NameFilter& filter)
-      : root_(root), filter_(filter) {}
+  ParallelWalk(const std::string& root, const NameFilter& filter) : root_(root), filter_(filter) {}
 
   void Run(int threads) {
     directories_.push_back({"", 0});
@@ -157,7 +156,7 @@ class ParallelWalk {
   CondVar changed_;  // The queue grew, or a worker finished a directory.
   std::deque<uint32_t> queue_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<WalkedDirectory> directories_;  // Guarded by mu_ while workers run.
+  std::vector<WalkedDirectory> directories_;    // Guarded by mu_ while workers run.
   std::vector<std::vector<WalkedFile>> files_;  // One list per worker.
 };
 

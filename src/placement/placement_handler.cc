@@ -73,8 +73,8 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
-                                                                        uint64_t offset,
-                                                                        char* dst, size_t n) {
+                                                                       uint64_t offset, char* dst,
+                                                                       size_t n) {
   std::shared_ptr<Promotion> promotion;
   bool started = false;
   {
@@ -98,7 +98,8 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   } else if (result.ok()) {
     staging_reads_.fetch_add(1, std::memory_order_relaxed);
     staging_bytes_read_.fetch_add(*result, std::memory_order_relaxed);
-    if (outcome == Promotion::ReadOutcome::kShared) staging_hits_.fetch_add(1, std::memory_order_relaxed);
+    if (outcome == Promotion::ReadOutcome::kShared)
+      staging_hits_.fetch_add(1, std::memory_order_relaxed);
   }
   // The reader that started the promotion queues the background copy only
   // after loading its own chunks, so the copy never holds a chunk the

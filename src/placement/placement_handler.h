@@ -45,8 +45,8 @@ class PlacementHandler {
   // in-flight promotion's staged bytes (starting one if the policy finds a
   // tier), or from the source. Returns nullopt if the file has meanwhile
   // been published to a tier: the caller reads it there.
-  std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset,
-                                                       char* dst, size_t n);
+  std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset, char* dst,
+                                                       size_t n);
 
   // Stops starting promotions; kDrain finishes the queued and running ones,
   // kCancel abandons them at the next chunk boundary. Returns when the pool
