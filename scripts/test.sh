@@ -5,6 +5,7 @@
 # MONARCH_TEST_SANITIZERS=0 skips the two sanitizer passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 scripts/install_deps.sh
 jobs=$(nproc)
 
@@ -21,6 +22,6 @@ if [ "${MONARCH_TEST_SANITIZERS:-1}" != 0 ]; then
     cmake --build "$dir" -j"$jobs"
     echo "== tests under $sanitizer sanitizer =="
     (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest -j"$jobs" --output-on-failure)
+      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp ctest -j"$jobs" --output-on-failure)
   done
 fi
