@@ -295,7 +295,7 @@ TEST_CASE("the embedded default is a RAM tier over the source") {
 }
 
 TEST_CASE("the shipped example configs parse once their paths exist") {
-  // config/*.yaml use placeholder paths; check their structure by pointing
+  // config/*.yaml use example cluster paths; check their structure by pointing
   // the paths at scratch directories.
   Dirs d;
   for (const char* name : {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml"}) {
