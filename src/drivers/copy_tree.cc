@@ -65,6 +65,16 @@ absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file
   return absl::OkStatus();
 }
 
+PendingCopy::~PendingCopy() {
+  if (!published_) ::unlink(temporary_.c_str());
+}
+
+absl::Status PendingCopy::Publish() {
+  MONARCH_RETURN_IF_ERROR(tree_->Publish(temporary_, file_));
+  published_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status CopyTree::Remove(absl::string_view name) {
   std::string path = PathOf(name);
   if (::unlink(path.c_str()) != 0) return ErrnoToStatus(errno, absl::StrCat("unlink ", path));

@@ -49,6 +49,31 @@ class CopyTree {
   std::atomic<uint64_t> next_sequence_{0};
 };
 
+// A copy being written under a temporary name of a CopyTree: the temporary
+// is deleted on destruction unless Publish() renamed it into place. Shared by
+// the file-backed tiers' writers. Not thread-safe; the owner serializes calls.
+class PendingCopy {
+ public:
+  PendingCopy(CopyTree* tree, const FileRef& file, std::string temporary)
+      : tree_(tree), file_(file), temporary_(std::move(temporary)) {}
+  ~PendingCopy();
+  PendingCopy(const PendingCopy&) = delete;
+  PendingCopy& operator=(const PendingCopy&) = delete;
+
+  const FileRef& file() const { return file_; }
+  const std::string& temporary() const { return temporary_; }
+  std::string published_path() const { return tree_->PathOf(file_.name); }
+
+  // CopyTree::Publish(); afterwards the destructor leaves the file alone.
+  absl::Status Publish();
+
+ private:
+  CopyTree* const tree_;
+  const FileRef file_;
+  const std::string temporary_;
+  bool published_ = false;
+};
+
 }  // namespace monarch
 
 #endif  // MONARCH_DRIVERS_COPY_TREE_H_

@@ -119,13 +119,9 @@ class PmemDriver final : public StorageDriver {
     Writer(PmemDriver* driver, const FileRef& file, std::string temporary, Mapping mapping,
            bool is_pmem)
         : driver_(driver),
-          file_(file),
-          temporary_(std::move(temporary)),
+          copy_(&driver->tree_, file, std::move(temporary)),
           mapping_(std::move(mapping)),
           is_pmem_(is_pmem) {}
-    ~Writer() override {
-      if (!committed_) ::unlink(temporary_.c_str());
-    }
 
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
       if (offset + n > mapping_.length())
@@ -140,8 +136,8 @@ class PmemDriver final : public StorageDriver {
     }
 
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
-      if (offset >= file_.size) return 0;
-      const size_t count = std::min<uint64_t>(n, file_.size - offset);
+      if (offset >= copy_.file().size) return 0;
+      const size_t count = std::min<uint64_t>(n, copy_.file().size - offset);
       std::memcpy(dst, mapping_.data() + offset, count);
       return count;
     }
@@ -151,22 +147,19 @@ class PmemDriver final : public StorageDriver {
         if (is_pmem_) {
           pmem_drain();
         } else if (pmem_msync(mapping_.mutable_data(), mapping_.length()) != 0) {
-          return PmemError("msync", temporary_);
+          return PmemError("msync", copy_.temporary());
         }
       }
-      MONARCH_RETURN_IF_ERROR(driver_->tree_.Publish(temporary_, file_));
-      committed_ = true;
-      driver_->mappings_.Erase(file_.id);  // A mapping of an older copy must not be reused.
+      MONARCH_RETURN_IF_ERROR(copy_.Publish());
+      driver_->mappings_.Erase(copy_.file().id);  // A mapping of an older copy must not be reused.
       return absl::OkStatus();
     }
 
    private:
     PmemDriver* const driver_;
-    const FileRef file_;
-    const std::string temporary_;
+    PendingCopy copy_;
     Mapping mapping_;
     const bool is_pmem_;
-    bool committed_ = false;
   };
 
   CopyTree tree_;

@@ -88,66 +88,60 @@ class PosixDriver final : public StorageDriver {
     Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,
            bool direct)
         : driver_(driver),
-          file_(file),
-          temporary_(std::move(temporary)),
+          copy_(&driver->tree_, file, std::move(temporary)),
           fd_(std::move(fd)),
           direct_(direct) {}
-    ~Writer() override {
-      if (!committed_) ::unlink(temporary_.c_str());
-    }
 
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
       if (direct_) {
         const size_t padded = (n + kPage - 1) / kPage * kPage;
-        absl::Status written = PwriteFull(fd_.get(), data, padded, offset, temporary_);
+        absl::Status written = PwriteFull(fd_.get(), data, padded, offset, copy_.temporary());
         if (!absl::IsInvalidArgument(written)) {
           padded_ = padded_ || padded != n;
           return written;
         }
         // The device refused the alignment: continue with buffered writes.
-        int buffered = ::open(temporary_.c_str(), O_WRONLY | O_CLOEXEC);
-        if (buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", temporary_));
+        int buffered = ::open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC);
+        if (buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", copy_.temporary()));
         fd_ = ScopedFd(buffered);
         direct_ = false;
       }
-      return PwriteFull(fd_.get(), data, n, offset, temporary_);
+      return PwriteFull(fd_.get(), data, n, offset, copy_.temporary());
     }
 
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
       // Its own buffered descriptor: O_DIRECT reads would need aligned buffers.
       std::call_once(reader_once_, [&] {
-        reader_ = OpenForRead(temporary_);
+        reader_ = OpenForRead(copy_.temporary());
         // While a reader holds this writer the temporary is only ever gone
         // because Commit() renamed it: the published copy is the same file.
-        if (!reader_.ok()) reader_ = OpenForRead(driver_->tree_.PathOf(file_.name));
+        if (!reader_.ok()) reader_ = OpenForRead(copy_.published_path());
       });
       if (!reader_.ok()) return reader_.status();
-      const uint64_t end = std::min<uint64_t>(offset + n, file_.size);
+      const uint64_t end = std::min<uint64_t>(offset + n, copy_.file().size);
       if (offset >= end) return 0;
-      return PreadFull(reader_->get(), dst, end - offset, offset, temporary_);
+      return PreadFull(reader_->get(), dst, end - offset, offset, copy_.temporary());
     }
 
     absl::Status Commit() override {
-      if (padded_ && ::ftruncate(fd_.get(), static_cast<off_t>(file_.size)) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("truncate ", temporary_));
+      if (padded_ && ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
       // close() reports deferred write errors on some file systems (NFS).
       if (::close(fd_.release()) != 0)
-        return ErrnoToStatus(errno, absl::StrCat("close ", temporary_));
-      MONARCH_RETURN_IF_ERROR(driver_->tree_.Publish(temporary_, file_));
-      committed_ = true;
-      driver_->descriptors_.Erase(file_.id);  // A descriptor of an older copy must not be reused.
+        return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
+      MONARCH_RETURN_IF_ERROR(copy_.Publish());
+      driver_->descriptors_.Erase(
+          copy_.file().id);  // A descriptor of an older copy must not be reused.
       return absl::OkStatus();
     }
 
    private:
     PosixDriver* const driver_;
-    const FileRef file_;
-    const std::string temporary_;
+    PendingCopy copy_;
     ScopedFd fd_;
     bool direct_;
     bool padded_ = false;
-    bool committed_ = false;
     std::once_flag reader_once_;
     absl::StatusOr<ScopedFd> reader_ = absl::UnknownError("not opened");
   };
