@@ -2,7 +2,9 @@
 //
 // The read path is: name -> namespace entry -> the tier its entry names.
 // Only files still on the source take the detour through the placement
-// handler, which may start a promotion and serve from its staged bytes.
+// handler, which may start a promotion and serve from its staged bytes; the
+// bytes of such files come through a FetchSource: the source, or with peers
+// enabled the file's home peer and then the source.
 
 #include "monarch/monarch.h"
 
@@ -15,7 +17,9 @@
 #include "metadata/namespace.h"
 #include "monarch_internal.h"
 #include "placement/placement_handler.h"
+#include "placement/fetch_source.h"
 #include "placement/placement_policy.h"
+#include "remote/peer_fetch.h"
 
 namespace monarch {
 namespace {
@@ -52,14 +56,33 @@ class MonarchImpl final : public Monarch {
       : config_(std::move(config)),
         tiers_(std::move(tiers)),
         source_index_(static_cast<int>(tiers_.size()) - 1),
-        namespace_(std::move(ns)) {}
+        namespace_(std::move(ns)),
+        source_fetch_(tiers_.back().get()) {}
 
   ~MonarchImpl() override { Shutdown(ShutdownMode::kCancel); }
 
   absl::Status Start(std::unique_ptr<PlacementPolicy> policy) {
     source().SetDatasetSize(namespace_->file_count(), namespace_->total_bytes());
     MONARCH_RETURN_IF_ERROR(ReuseEarlierCopies());
-    placement_ = std::make_unique<PlacementHandler>(&tiers_, std::move(policy), config_.placement);
+    FetchSource* fetch = &source_fetch_;
+    if (config_.remote.enabled) {
+      MONARCH_ASSIGN_OR_RETURN(peers_,
+                               PeerFetch::Create(config_.remote, namespace_.get(), &source()));
+      policy = peers_->WrapPolicy(std::move(policy));
+      fetch = peers_.get();
+    }
+    placement_ =
+        std::make_unique<PlacementHandler>(&tiers_, fetch, std::move(policy), config_.placement);
+    if (peers_ != nullptr) {
+      // From here on peers may ask for files: the read path must be complete.
+      auto serve = [this](const PeerNetwork::FileRequest& request,
+                          char* dst) -> absl::StatusOr<size_t> {
+        MONARCH_RETURN_IF_ERROR(peers_->CheckServable(namespace_->Find(request.name), request));
+        return Read(std::string_view(request.name.data(), request.name.size()), dst,
+                    request.length, request.offset);
+      };
+      MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve)));
+    }
     return absl::OkStatus();
   }
 
@@ -123,11 +146,15 @@ class MonarchImpl final : public Monarch {
     placement_->AddStats(&stats);
     stats.warm_files_reused = warm_reused_;
     stats.warm_files_discarded = warm_discarded_;
+    if (peers_ != nullptr) peers_->AddStats(&stats);
     return stats;
   }
 
   void Shutdown(ShutdownMode mode) override {
     if (placement_ != nullptr) placement_->Shutdown(mode == ShutdownMode::kDrain);
+    // After the placement handler: draining promotions may still fetch from
+    // peers, and peers' requests are served (from the source) until here.
+    if (peers_ != nullptr) peers_->Shutdown();
   }
 
   void WaitForPlacement() override { placement_->WaitIdle(); }
@@ -189,6 +216,8 @@ class MonarchImpl final : public Monarch {
   std::vector<std::unique_ptr<Tier>> tiers_;
   const int source_index_;
   const std::unique_ptr<Namespace> namespace_;
+  SourceFetch source_fetch_;
+  std::unique_ptr<PeerFetch> peers_;             // Null unless remote.enabled.
   std::unique_ptr<PlacementHandler> placement_;  // Declared last: stops first.
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().

@@ -45,6 +45,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "monarch/monarch.h"
 
@@ -69,6 +70,9 @@ struct Options {
   bool drop_caches = false;
   bool settle = false;
   bool verify = false;
+  std::string barrier_dir;  // With --partition: all N processes meet here around each epoch.
+  int part = 0;  // --partition R/N: read every N-th file of each epoch's order, from R.
+  int parts = 1;
 };
 
 [[noreturn]] void Usage(const std::string& error) {
@@ -85,6 +89,12 @@ struct Options {
                "  --drop-caches          drop the page cache before every epoch (root)\n"
                "  --settle               wait for background placement between epochs\n"
                "  --verify               compare every read with the source (slow)\n"
+               "  --partition R/N        read only this process's 1/N of each epoch (every N-th\n"
+               "                         file of the shared shuffled order, from R), as a\n"
+               "                         data-parallel job's rank R of N does\n"
+               "  --barrier-dir DIR      with --partition: the N processes wait for each other\n"
+               "                         (files in DIR) before each epoch and before its\n"
+               "                         counters are read, so per-epoch figures line up\n"
                "  --json FILE            also write the per-epoch figures as JSON\n"
                "  --before-epoch CMD     run CMD with /bin/sh -c right before each epoch's timer\n"
                "                         starts (after the cache drop and --settle), with\n"
@@ -141,6 +151,15 @@ Options ParseArgs(int argc, char** argv) {
       o.settle = true;
     else if (flag == "--verify")
       o.verify = true;
+    else if (flag == "--barrier-dir")
+      o.barrier_dir = value();
+    else if (flag == "--partition") {
+      std::vector<std::string> rn = absl::StrSplit(value(), '/');
+      if (rn.size() != 2 || !absl::SimpleAtoi(rn[0], &o.part) || !absl::SimpleAtoi(rn[1], &o.parts) ||
+          o.parts < 1 || o.part < 0 || o.part >= o.parts) {
+        Usage("--partition: expected R/N with 0 <= R < N");
+      }
+    }
     else if (flag == "--help" || flag == "-h")
       Usage("help");
     else
@@ -153,6 +172,7 @@ Options ParseArgs(int argc, char** argv) {
   if (o.epochs < 0) Usage("--epochs: expected 0 (generate only) or more");
   if (o.dataset.empty() && o.config.empty()) Usage("give --dataset DIR or --config FILE");
   if (o.generate > 0 && o.dataset.empty()) Usage("--generate needs --dataset DIR");
+  if (!o.barrier_dir.empty() && o.parts < 2) Usage("--barrier-dir needs --partition R/N");
   return o;
 }
 
@@ -248,6 +268,29 @@ struct EpochResult {
 
 }  // namespace
 
+// A file barrier: each of the `o.parts` processes creates `<dir>/<name>.<part>`
+// and waits until all have. False after 10 minutes.
+bool Barrier(const Options& o, const std::string& name) {
+  if (o.barrier_dir.empty()) return true;
+  const std::string mine = absl::StrCat(o.barrier_dir, "/", name, ".", o.part);
+  std::ofstream(mine).flush();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  for (;;) {
+    int present = 0;
+    for (int p = 0; p < o.parts; ++p) {
+      struct stat st;
+      present += ::stat(absl::StrCat(o.barrier_dir, "/", name, ".", p).c_str(), &st) == 0;
+    }
+    if (present == o.parts) return true;
+    if (std::chrono::steady_clock::now() > give_up) {
+      std::fprintf(stderr, "monarch-epochs: barrier %s: only %d of %d processes arrived\n",
+                   name.c_str(), present, o.parts);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 int main(int argc, char** argv) {
   Options o = ParseArgs(argc, argv);
   if (o.generate > 0) Generate(o);
@@ -280,8 +323,14 @@ int main(int argc, char** argv) {
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
     std::mt19937_64 shuffle_rng(o.seed * 1000 + epoch);
     std::shuffle(order.begin(), order.end(), shuffle_rng);
+    if (o.parts > 1) {
+      std::vector<uint32_t> mine;
+      for (size_t k = o.part; k < order.size(); k += o.parts) mine.push_back(order[k]);
+      order.swap(mine);
+    }
     if (o.drop_caches) DropCaches();
     if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, epoch)) return 1;
+    if (!Barrier(o, absl::StrCat("start-", epoch))) return 1;
 
     std::atomic<size_t> next{0};
     std::atomic<uint64_t> bytes{0}, errors{0}, mismatches{0};
@@ -338,6 +387,8 @@ int main(int argc, char** argv) {
     result.bytes = bytes.load();
     result.errors = errors.load();
     result.mismatches = mismatches.load();
+    // Peers still fetching from us count in this epoch, not the next.
+    if (!Barrier(o, absl::StrCat("end-", epoch))) return 1;
 
     monarch::Stats now = monarch->GetStats();
     std::string served;
@@ -350,6 +401,16 @@ int main(int argc, char** argv) {
                         absl::StrFormat("%.1f", staged / 1048576.0), " MiB, ");
       }
       absl::StrAppend(&served_json, "\"staging\":{\"reads\":", reads, ",\"bytes\":", staged, "},");
+    }
+    if (now.remote.enabled) {
+      const uint64_t reads = now.remote.peer_reads - previous.remote.peer_reads;
+      const uint64_t got = now.remote.peer_bytes_read - previous.remote.peer_bytes_read;
+      const uint64_t served_reqs = now.remote.requests_served - previous.remote.requests_served;
+      const uint64_t fallbacks = now.remote.fallbacks - previous.remote.fallbacks;
+      absl::StrAppend(&served, "peers ", reads, " reads/", absl::StrFormat("%.1f", got / 1048576.0),
+                      " MiB (", fallbacks, " fell back; served ", served_reqs, " for peers), ");
+      absl::StrAppend(&served_json, "\"peers\":{\"reads\":", reads, ",\"bytes\":", got,
+                      ",\"fallbacks\":", fallbacks, ",\"served_for_peers\":", served_reqs, "},");
     }
     for (size_t t = 0; t < now.tiers.size(); ++t) {
       uint64_t reads = now.tiers[t].reads - previous.tiers[t].reads;
@@ -386,6 +447,8 @@ int main(int argc, char** argv) {
   }
   if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, o.epochs + 1)) return 1;
   json += "]";
+  // Peers may still need our files until they are done too.
+  if (!Barrier(o, "done")) return 1;
   monarch->Shutdown(monarch::Monarch::ShutdownMode::kDrain);
   std::printf("stats: %s\n", monarch->GetStats().ToJson().c_str());
   if (!o.json_out.empty()) std::ofstream(o.json_out) << json << "\n";

@@ -67,6 +67,38 @@ struct PlacementConfig {
   bool idle_priority = true;
 };
 
+// Peers: other Monarch processes of the same job, each with its own tiers,
+// that serve each other's misses over UCX (src/remote/DESIGN.md). Every file
+// has a home peer; a file no local tier holds is asked of its home before
+// the source.
+struct RemoteConfig {
+  bool enabled = false;
+  // This process's rank (0..size-1) and the number of peers: an integer,
+  // "env:NAME" (read that variable), or "auto" (the launcher's variables:
+  // Slurm, Flux, Open MPI, PMI, PMIx, or MONARCH_RANK / MONARCH_SIZE).
+  std::string rank = "auto";
+  std::string size = "auto";
+  // How peers exchange their UCX addresses: "directory" (files in
+  // rendezvous_dir, on a file system every peer sees) or "mpi" (an
+  // allgather; only in builds with MONARCH_WITH_MPI).
+  std::string bootstrap = "directory";
+  // Absolute; "${VAR}" and "$VAR" are expanded, e.g. /scratch/rdv/${SLURM_JOB_ID}.
+  // Use one directory per job: files of earlier jobs are not told apart.
+  std::string rendezvous_dir;
+  double rendezvous_timeout_seconds = 60;
+  // UCX transports (UCX_TLS syntax), e.g. "tcp", "rc,ud,sm", "all".
+  std::string transports = "tcp";
+  // Bytes of each pre-registered receive buffer; 0 = "auto", from the
+  // dataset's 95th-percentile file size. Larger transfers stream through a
+  // buffer in chunk_bytes pieces.
+  uint64_t buffer_bytes = 0;
+  uint64_t chunk_bytes = 1 << 20;
+  // A peer that has not answered within this time is marked down and the
+  // read goes to the source; it is tried again after retry_after_seconds.
+  double request_timeout_seconds = 10;
+  double retry_after_seconds = 30;
+};
+
 struct LoggingConfig {
   std::string level = "warning";  // "debug", "info", "warning" or "error".
 };
@@ -75,6 +107,7 @@ struct Config {
   DatasetConfig dataset;
   std::vector<TierConfig> tiers;  // Fastest first; exactly one source, last.
   PlacementConfig placement;
+  RemoteConfig remote;
   LoggingConfig logging;
 };
 

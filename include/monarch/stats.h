@@ -24,6 +24,26 @@ struct TierStats {
   uint64_t write_errors = 0;  // Failed copies (ENOSPC, EIO...). Always 0 for the source.
 };
 
+// Peers (remote tier). All zero when remote.enabled is false.
+struct RemoteStats {
+  bool enabled = false;
+  int rank = 0;
+  int peers = 0;                 // Processes in the job, this one included.
+  uint64_t buffer_bytes = 0;     // Each pre-registered receive buffer.
+  uint64_t home_files = 0;       // Files whose home is this process.
+  uint64_t peer_reads = 0;       // Fetches of files no local tier held, served by their home.
+  uint64_t peer_bytes_read = 0;
+  uint64_t fallbacks = 0;        // Peer fetches that failed and went to the source instead.
+  uint64_t down_skips = 0;       // Fetches sent straight to the source: the home was marked down.
+  uint64_t peer_wait_ns = 0;     // Time callers spent waiting on peers.
+  uint64_t requests_served = 0;  // Requests this process answered for peers, with data.
+  uint64_t bytes_served = 0;
+  uint64_t requests_refused = 0;  // Answered with an error (wrong version, shutting down...).
+  uint64_t timeouts = 0;
+  uint64_t peer_failures = 0;  // Times a peer was marked down.
+  uint64_t checksum_failures = 0;
+};
+
 struct Stats {
   // Fastest first; the last entry is the source. The source's `reads` and
   // `bytes_read` count the operations sent to the PFS, for callers and for
@@ -42,6 +62,7 @@ struct Stats {
   uint64_t staging_fallbacks = 0;     // Reads of files being promoted that went to the source.
   uint64_t warm_files_reused = 0;     // Valid copies found at start-up.
   uint64_t warm_files_discarded = 0;  // Stale copies removed at start-up.
+  RemoteStats remote;
 
   const TierStats& source() const { return tiers.back(); }
   std::string ToJson() const;

@@ -12,6 +12,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -80,6 +81,101 @@ absl::StatusOr<int64_t> GetInt(const YAML::Node& node, absl::string_view key) {
   return value;
 }
 
+absl::StatusOr<bool> GetBool(const YAML::Node& node, absl::string_view key) {
+  if (!node.IsScalar() || (node.Scalar() != "true" && node.Scalar() != "false")) {
+    return KeyError(key, absl::StrCat("expected true or false, got ", Describe(node)));
+  }
+  return node.Scalar() == "true";
+}
+
+// "30s", "500ms", "2m", or a bare number of seconds.
+absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key) {
+  const std::string expected = "expected a duration such as 30s, 500ms or 2m";
+  if (!node.IsScalar()) return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
+  std::string text(absl::StripAsciiWhitespace(node.Scalar()));
+  double scale = 1;
+  for (auto [suffix, factor] : {std::pair<const char*, double>{"ms", 1e-3}, {"s", 1}, {"m", 60}}) {
+    if (absl::EndsWith(text, suffix)) {
+      text.resize(text.size() - strlen(suffix));
+      scale = factor;
+      break;
+    }
+  }
+  double value;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &value) || !std::isfinite(value) ||
+      value <= 0) {
+    return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
+  }
+  return value * scale;
+}
+
+absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
+  if (!remote.IsMap())
+    return KeyError("remote", absl::StrCat("expected a mapping, got ", Describe(remote)));
+  MONARCH_RETURN_IF_ERROR(CheckKeys(
+      remote, "remote",
+      {"enabled", "rank", "size", "bootstrap", "rendezvous_dir", "rendezvous_timeout",
+       "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after"}));
+  if (remote["enabled"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->enabled, GetBool(remote["enabled"], "remote.enabled"));
+  }
+  if (remote["rank"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->rank, GetString(remote["rank"], "remote.rank"));
+  }
+  if (remote["size"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->size, GetString(remote["size"], "remote.size"));
+  }
+  if (remote["bootstrap"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->bootstrap, GetString(remote["bootstrap"], "remote.bootstrap"));
+  }
+  if (remote["rendezvous_dir"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->rendezvous_dir,
+                             GetString(remote["rendezvous_dir"], "remote.rendezvous_dir"));
+  }
+  if (remote["rendezvous_timeout"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->rendezvous_timeout_seconds,
+                             GetDuration(remote["rendezvous_timeout"], "remote.rendezvous_timeout"));
+  }
+  if (remote["transports"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->transports,
+                             GetString(remote["transports"], "remote.transports"));
+  }
+  if (const YAML::Node buffer = remote["buffer_size"]) {
+    if (buffer.IsScalar() && buffer.Scalar() == "auto") {
+      out->buffer_bytes = 0;
+    } else {
+      absl::StatusOr<uint64_t> bytes = GetSize(buffer, "remote.buffer_size");
+      if (!bytes.ok()) {
+        return KeyError("remote.buffer_size",
+                        absl::StrCat("expected 'auto' or a size such as 4MiB, got ",
+                                     Describe(buffer)));
+      }
+      if (*bytes == 0) return KeyError("remote.buffer_size", "expected 'auto' or a non-zero size");
+      out->buffer_bytes = *bytes;
+    }
+  }
+  if (remote["chunk_size"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->chunk_bytes, GetSize(remote["chunk_size"], "remote.chunk_size"));
+  }
+  if (remote["request_timeout"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->request_timeout_seconds,
+                             GetDuration(remote["request_timeout"], "remote.request_timeout"));
+  }
+  if (remote["retry_after"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->retry_after_seconds,
+                             GetDuration(remote["retry_after"], "remote.retry_after"));
+  }
+  return absl::OkStatus();
+}
+
+// "auto", "env:NAME" or a non-negative integer.
+bool IsRankSpec(const std::string& spec) {
+  int64_t value;
+  if (spec == "auto") return true;
+  if (absl::StartsWith(spec, "env:")) return spec.size() > 4;
+  return absl::SimpleAtoi(spec, &value) && value >= 0;
+}
+
 absl::StatusOr<TierKind> ParseTierKind(const YAML::Node& node, absl::string_view key) {
   MONARCH_ASSIGN_OR_RETURN(std::string kind, GetString(node, key));
   if (kind == "ram") return TierKind::kRam;
@@ -93,11 +189,12 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   Config config;
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, logging; "
+        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, remote, "
+                     "logging; "
                      "got ",
                      Describe(root)));
   }
-  MONARCH_RETURN_IF_ERROR(CheckKeys(root, "", {"dataset", "tiers", "placement", "logging"}));
+  MONARCH_RETURN_IF_ERROR(CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "logging"}));
 
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
@@ -214,6 +311,9 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     }
   }
 
+  if (const YAML::Node remote = root["remote"]) {
+    MONARCH_RETURN_IF_ERROR(ParseRemote(remote, &config.remote));
+  }
   if (const YAML::Node logging = root["logging"]) {
     if (!logging.IsMap())
       return KeyError("logging", absl::StrCat("expected a mapping, got ", Describe(logging)));
@@ -313,6 +413,54 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
       "expected a size such as 64GiB, 512MB or 1048576 (units B, KiB, MiB, GiB, TiB, KB, MB, GB, "
       "TB), got '",
       text, "'"));
+}
+
+static absl::Status ValidateRemote(const RemoteConfig& r) {
+  if (!r.enabled) return absl::OkStatus();
+  for (auto [key, spec] : {std::pair<const char*, const std::string*>{"remote.rank", &r.rank},
+                           {"remote.size", &r.size}}) {
+    if (!IsRankSpec(*spec)) {
+      return KeyError(key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got '",
+                                        *spec, "'"));
+    }
+  }
+  int64_t size;
+  if (absl::SimpleAtoi(r.size, &size) && size < 1) return KeyError("remote.size", "expected at least 1");
+  if (r.bootstrap != "directory" && r.bootstrap != "mpi") {
+    return KeyError("remote.bootstrap",
+                    absl::StrCat("expected 'directory' or 'mpi', got '", r.bootstrap, "'"));
+  }
+  if (r.bootstrap == "directory") {
+    if (r.rendezvous_dir.empty()) {
+      return KeyError("remote.rendezvous_dir",
+                      "required with bootstrap 'directory': a directory on a file system every "
+                      "peer sees, one per job");
+    }
+    if (r.rendezvous_dir[0] != '/') {
+      return KeyError("remote.rendezvous_dir",
+                      absl::StrCat("expected an absolute path, got '", r.rendezvous_dir, "'"));
+    }
+  }
+  if (r.transports.empty() ||
+      r.transports.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_,^") !=
+          std::string::npos) {
+    return KeyError("remote.transports",
+                    absl::StrCat("expected a UCX transport list such as 'tcp' or 'rc,ud,sm', got '",
+                                 r.transports, "'"));
+  }
+  if (r.chunk_bytes < 4096 || r.chunk_bytes > (1ull << 30) || r.chunk_bytes % 4096 != 0) {
+    return KeyError("remote.chunk_size", "expected a multiple of 4KiB from 4KiB to 1GiB");
+  }
+  if (r.buffer_bytes != 0 && (r.buffer_bytes < 4096 || r.buffer_bytes > (1ull << 30))) {
+    return KeyError("remote.buffer_size", "expected 'auto' or a size from 4KiB to 1GiB");
+  }
+  if (!(r.rendezvous_timeout_seconds > 0))
+    return KeyError("remote.rendezvous_timeout", "expected a positive duration");
+  if (!(r.request_timeout_seconds > 0))
+    return KeyError("remote.request_timeout", "expected a positive duration");
+  if (!(r.retry_after_seconds > 0))
+    return KeyError("remote.retry_after", "expected a positive duration");
+  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(const Config& config) {
@@ -432,6 +580,7 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
+  MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
   const std::string& level = config.logging.level;
   if (level != "debug" && level != "info" && level != "warning" && level != "error") {
     return KeyError("logging.level",

@@ -39,6 +39,12 @@ class Tier {
   void Commit(uint64_t bytes);
   // The reserved copy was abandoned.
   void Release(uint64_t bytes);
+  // Room left for new copies (capacity minus complete and reserved ones).
+  uint64_t free_bytes() const {
+    const uint64_t limit = limit_.load(std::memory_order_relaxed);
+    const uint64_t reserved = reserved_.load(std::memory_order_relaxed);
+    return reserved < limit ? limit - reserved : 0;
+  }
   // Treats the tier as full from now on (after the device reported ENOSPC
   // before the configured capacity was reached).
   void MarkFull();

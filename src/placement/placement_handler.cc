@@ -57,9 +57,10 @@ class IdlePriorityWriter final : public CopyWriter {
 }  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
-                                   std::unique_ptr<PlacementPolicy> policy,
+                                   FetchSource* fetch, std::unique_ptr<PlacementPolicy> policy,
                                    const PlacementConfig& config)
     : tiers_(tiers),
+      fetch_(fetch),
       source_index_(static_cast<int>(tiers->size()) - 1),
       policy_(std::move(policy)),
       chunk_bytes_(config.chunk_bytes),
@@ -90,9 +91,9 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       started = promotion != nullptr;
     }
   }
-  if (promotion == nullptr) return source().Read(entry.ref, offset, dst, n);
+  if (promotion == nullptr) return fetch_->Fetch(entry.ref, offset, dst, n);
   Promotion::ReadOutcome outcome;
-  absl::StatusOr<size_t> result = promotion->Read(source(), offset, dst, n, &outcome);
+  absl::StatusOr<size_t> result = promotion->Read(*fetch_, offset, dst, n, &outcome);
   if (outcome == Promotion::ReadOutcome::kFellBack) {
     staging_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   } else if (result.ok()) {
@@ -162,7 +163,7 @@ void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
       write_failed = true;
     } else {
       std::shared_ptr<CopyWriter> shared(std::move(*writer));
-      status = promotion->CopyTo(source(), shared, cancel_, &write_failed);
+      status = promotion->CopyTo(*fetch_, shared, cancel_, &write_failed);
       if (status.ok()) {
         status = shared->Commit();
         write_failed = !status.ok();

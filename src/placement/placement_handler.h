@@ -28,6 +28,7 @@
 #include "monarch/config.h"
 #include "monarch/stats.h"
 #include "placement/chunk_pool.h"
+#include "placement/fetch_source.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/thread_pool.h"
@@ -36,8 +37,9 @@ namespace monarch {
 
 class PlacementHandler {
  public:
-  // `tiers` must outlive the handler; the last one is the source.
-  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
+  // `tiers` and `fetch` must outlive the handler; the last tier is the
+  // source. Files no local tier holds are read through `fetch`.
+  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, FetchSource* fetch,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
   ~PlacementHandler();
 
@@ -60,9 +62,8 @@ class PlacementHandler {
  private:
   std::shared_ptr<Promotion> StartLocked(FileEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(const std::shared_ptr<Promotion>& promotion);
-  Tier& source() const { return *tiers_->back(); }
-
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
+  FetchSource* const fetch_;
   const int source_index_;
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;

@@ -35,7 +35,7 @@ bool Promotion::ClaimLocked(size_t c) {
   return true;
 }
 
-void Promotion::Load(Tier& source, size_t c) {
+void Promotion::Load(FetchSource& source, size_t c) {
   // Read without the lock: a slow PFS read must not block readers of other
   // chunks. Nobody else touches a kLoading chunk's buffer.
   char* buffer;
@@ -44,7 +44,7 @@ void Promotion::Load(Tier& source, size_t c) {
     buffer = chunks_[c].buffer;
   }
   const size_t length = ChunkLength(c);
-  absl::StatusOr<size_t> got = source.Read(entry_->ref, ChunkOffset(c), buffer, length);
+  absl::StatusOr<size_t> got = source.Fetch(entry_->ref, ChunkOffset(c), buffer, length);
   {
     MutexLock lock(&mu_);
     if (got.ok() && *got == length) {
@@ -60,7 +60,7 @@ void Promotion::Load(Tier& source, size_t c) {
   chunk_settled_.SignalAll();
 }
 
-absl::StatusOr<size_t> Promotion::Read(Tier& source, uint64_t offset, char* dst, size_t n,
+absl::StatusOr<size_t> Promotion::Read(FetchSource& source, uint64_t offset, char* dst, size_t n,
                                        ReadOutcome* outcome) {
   *outcome = ReadOutcome::kShared;
   if (n == 0) return 0;
@@ -117,10 +117,10 @@ absl::StatusOr<size_t> Promotion::Read(Tier& source, uint64_t offset, char* dst,
   }
   // Some chunk could not be had: the source decides what this read gets.
   *outcome = ReadOutcome::kFellBack;
-  return source.Read(entry_->ref, offset, dst, n);
+  return source.Fetch(entry_->ref, offset, dst, n);
 }
 
-absl::Status Promotion::CopyTo(Tier& source, std::shared_ptr<CopyWriter> writer,
+absl::Status Promotion::CopyTo(FetchSource& source, std::shared_ptr<CopyWriter> writer,
                                const std::atomic<bool>& cancel, bool* writer_failed) {
   *writer_failed = false;
   {

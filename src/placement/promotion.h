@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "drivers/tier.h"
+#include "placement/fetch_source.h"
 #include "metadata/namespace.h"
 #include "placement/chunk_pool.h"
 
@@ -52,7 +53,7 @@ class Promotion {
   // chunks, loading those nobody has loaded yet from `source`. If a chunk
   // cannot be had, the request is read from the source directly instead, so
   // the caller gets either the right bytes or the source's error.
-  absl::StatusOr<size_t> Read(Tier& source, uint64_t offset, char* dst, size_t n,
+  absl::StatusOr<size_t> Read(FetchSource& source, uint64_t offset, char* dst, size_t n,
                               ReadOutcome* outcome);
 
   // The background copy: streams every chunk into `writer` in order, loading
@@ -60,7 +61,7 @@ class Promotion {
   // the source's error if a chunk fails to load, or with the writer's error
   // (then `*writer_failed` is set). The caller commits the writer on success
   // and calls Abandon() otherwise.
-  absl::Status CopyTo(Tier& source, std::shared_ptr<CopyWriter> writer,
+  absl::Status CopyTo(FetchSource& source, std::shared_ptr<CopyWriter> writer,
                       const std::atomic<bool>& cancel, bool* writer_failed);
 
   // After a failed copy: readers stop using the writer's bytes.
@@ -78,7 +79,7 @@ class Promotion {
   // Claims chunk `c` if it is empty (taking a buffer); true if claimed.
   bool ClaimLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loads a claimed chunk from the source and marks it ready or failed.
-  void Load(Tier& source, size_t c);
+  void Load(FetchSource& source, size_t c);
 
   FileEntry* const entry_;
   const int target_tier_;

@@ -1,0 +1,231 @@
+#include "remote/bootstrap.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+#ifdef MONARCH_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace monarch {
+namespace {
+
+constexpr absl::string_view kMagic = "monarch-rendezvous-v1";
+
+std::string RankFile(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank-", rank, ".addr");
+}
+
+// Parses one published file; nullopt-like empty string if it is not (yet) valid.
+bool ParseRankFile(const std::string& path, int expected_size, std::string* address,
+                   std::string* problem) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::string> lines = absl::StrSplit(text.str(), '\n');
+  int size = 0;
+  if (lines.size() < 5 || lines[0] != kMagic || !absl::SimpleAtoi(lines[1], &size)) {
+    *problem = absl::StrCat(path, " is not a Monarch rendezvous file");
+    return false;
+  }
+  if (size != expected_size) {
+    *problem = absl::StrCat(path, " was written by a peer (", lines[2], ") that expects ", size,
+                            " peers, not ", expected_size);
+    return false;
+  }
+  return absl::Base64Unescape(lines[4], address);
+}
+
+}  // namespace
+
+std::vector<const char*> AutoRankVariables() {
+  return {"MONARCH_RANK", "SLURM_PROCID", "FLUX_TASK_RANK", "OMPI_COMM_WORLD_RANK",
+          "PMIX_RANK", "PMI_RANK"};
+}
+std::vector<const char*> AutoSizeVariables() {
+  return {"MONARCH_SIZE", "SLURM_NTASKS", "FLUX_JOB_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+}
+
+absl::StatusOr<int> ResolveRankSpec(const std::string& spec, absl::string_view key,
+                                    const std::vector<const char*>& auto_vars) {
+  int value;
+  if (absl::SimpleAtoi(spec, &value)) return value;
+  std::vector<const char*> names = auto_vars;
+  if (spec.rfind("env:", 0) == 0) names = {spec.c_str() + 4};
+  for (const char* name : names) {
+    const char* text = std::getenv(name);
+    if (text == nullptr) continue;
+    if (!absl::SimpleAtoi(text, &value) || value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": environment variable ", name, "='",
+                                                     text, "' is not a non-negative integer"));
+    }
+    return value;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(key, ": '", spec, "' found none of the environment variables ",
+                   absl::StrJoin(names, ", "), "; set one or give an integer"));
+}
+
+absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::string_view key) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] != '$') {
+      out += text[i++];
+      continue;
+    }
+    size_t start = i + 1, end;
+    const bool braced = start < text.size() && text[start] == '{';
+    if (braced) {
+      end = text.find('}', ++start);
+      if (end == std::string::npos)
+        return absl::InvalidArgumentError(absl::StrCat(key, ": unterminated ${ in '", text, "'"));
+    } else {
+      end = start;
+      while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) ||
+                                   text[end] == '_')) {
+        ++end;
+      }
+    }
+    const std::string name = text.substr(start, end - start);
+    const char* value = name.empty() ? nullptr : std::getenv(name.c_str());
+    if (value == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": environment variable '", name, "' in '", text, "' is not set"));
+    }
+    out += value;
+    i = braced ? end + 1 : end;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::string& dir, int rank,
+                                                                  int size, const std::string& mine,
+                                                                  double timeout_seconds) {
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remote.rendezvous_dir: cannot create '", dir, "': ", std::strerror(errno)));
+  }
+  char host[256] = "?";
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string final_path = RankFile(dir, rank);
+  const std::string temp_path = absl::StrCat(final_path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(temp_path, std::ios::trunc);
+    out << kMagic << '\n'
+        << size << '\n'
+        << host << " pid " << ::getpid() << " rank " << rank << '\n'
+        << "\n"
+        << absl::Base64Escape(mine) << '\n';
+    if (!out.flush()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remote.rendezvous_dir: cannot write '", temp_path, "'"));
+    }
+  }
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remote.rendezvous_dir: cannot publish '", final_path, "': ", std::strerror(errno)));
+  }
+
+  std::vector<std::string> addresses(size);
+  std::vector<bool> have(size, false);
+  addresses[rank] = mine;
+  have[rank] = true;
+  int missing = size - 1;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(timeout_seconds);
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    for (int r = 0; r < size; ++r) {
+      if (have[r]) continue;
+      std::string problem;
+      if (ParseRankFile(RankFile(dir, r), size, &addresses[r], &problem)) {
+        have[r] = true;
+        --missing;
+      } else if (!problem.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("remote.rendezvous_dir: ", problem));
+      }
+    }
+    if (missing == 0) return addresses;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(pause);  // Gentle on a PFS's metadata server.
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
+  std::vector<int> absent;
+  for (int r = 0; r < size; ++r)
+    if (!have[r]) absent.push_back(r);
+  return absl::DeadlineExceededError(absl::StrCat(
+      "remote: waited ", timeout_seconds, " s (remote.rendezvous_timeout) in '", dir, "' for ",
+      size, " peers; rank", absent.size() > 1 ? "s " : " ", absl::StrJoin(absent, ", "),
+      " never arrived"));
+}
+
+void WithdrawFromDirectory(const std::string& dir, int rank) {
+  ::unlink(RankFile(dir, rank).c_str());
+}
+
+#ifdef MONARCH_WITH_MPI
+namespace {
+absl::Status EnsureMpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return absl::OkStatus();
+  int provided;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+    return absl::UnavailableError("remote.bootstrap: MPI_Init_thread failed");
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<std::pair<int, int>> MpiRankAndSize() {
+  if (absl::Status s = EnsureMpi(); !s.ok()) return s;
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return std::make_pair(rank, size);
+}
+
+absl::StatusOr<std::vector<std::string>> ExchangeThroughMpi(const std::string& mine) {
+  if (absl::Status s = EnsureMpi(); !s.ok()) return s;
+  int size;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(size), offsets(size);
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(total, '\0');
+  MPI_Allgatherv(mine.data(), length, MPI_BYTE, all.data(), lengths.data(), offsets.data(),
+                 MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<std::string> addresses(size);
+  for (int r = 0; r < size; ++r) addresses[r] = all.substr(offsets[r], lengths[r]);
+  return addresses;
+}
+#else
+absl::StatusOr<std::pair<int, int>> MpiRankAndSize() {
+  return absl::UnimplementedError(
+      "remote.bootstrap: 'mpi' needs a build with -DMONARCH_WITH_MPI=ON (libopenmpi-dev)");
+}
+absl::StatusOr<std::vector<std::string>> ExchangeThroughMpi(const std::string&) {
+  return MpiRankAndSize().status();
+}
+#endif
+
+}  // namespace monarch

@@ -1,0 +1,889 @@
+// PeerNetwork over UCP active messages. See peer_network.h and DESIGN.md.
+//
+// Threads: the progress thread owns the UCP worker and is the only thread
+// that calls into UCX after start-up. Callers of Fetch and the serve pool
+// hand it work as commands (closures) through a queue and an eventfd; it
+// hands results back through Request objects under `mu_`.
+
+#include "remote/peer_network.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "placement/thread_pool.h"
+#include "remote/checksum.h"
+
+namespace monarch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr unsigned kRequestAm = 1;
+constexpr unsigned kReplyAm = 2;
+constexpr unsigned kGoodbyeAm = 3;  // "I am shutting down": header = the sender's rank.
+constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
+
+struct RequestHeader {
+  uint32_t protocol;
+  int32_t from_rank;
+  uint64_t request_id;
+  uint64_t offset;
+  uint64_t length;
+  uint64_t file_size;
+  int64_t file_mtime_ns;
+};
+
+struct ReplyHeader {
+  uint32_t protocol;
+  int32_t status_code;  // absl::StatusCode; 0 = OK and `length` bytes follow.
+  uint64_t request_id;
+  uint64_t length;
+  uint64_t checksum;
+};
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Page-aligned memory registered with UCX once, carved into equal buffers.
+class RegisteredRegion {
+ public:
+  RegisteredRegion() = default;
+  ~RegisteredRegion() { Release(); }
+
+  absl::Status Init(ucp_context_h context, size_t buffers, size_t buffer_bytes) {
+    context_ = context;
+    buffer_bytes_ = buffer_bytes;
+    bytes_ = buffers * buffer_bytes;
+    base_ = static_cast<char*>(std::aligned_alloc(4096, (bytes_ + 4095) / 4096 * 4096));
+    if (base_ == nullptr) return absl::ResourceExhaustedError("remote: cannot allocate buffers");
+    ucp_mem_map_params_t params = {};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = base_;
+    params.length = bytes_;
+    const ucs_status_t status = ucp_mem_map(context, &params, &memh_);
+    if (status != UCS_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("remote: ucp_mem_map of ", bytes_, " bytes: ", ucs_status_string(status)));
+    }
+    return absl::OkStatus();
+  }
+  void Release() {
+    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    memh_ = nullptr;
+    std::free(base_);
+    base_ = nullptr;
+  }
+  char* buffer(size_t i) const { return base_ + i * buffer_bytes_; }
+  ucp_mem_h memh() const { return memh_; }
+
+ private:
+  ucp_context_h context_ = nullptr;
+  char* base_ = nullptr;
+  size_t bytes_ = 0;
+  size_t buffer_bytes_ = 0;
+  ucp_mem_h memh_ = nullptr;
+};
+
+}  // namespace
+
+class PeerNetwork::Impl {
+ public:
+  Impl(const Options& options, ServeFn serve)
+      : options_(options),
+        serve_(std::move(serve)),
+        peers_(options.size),
+        serve_pool_(options.serve_threads) {}
+
+  ~Impl() {
+    Shutdown();
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    receive_region_.Release();
+    send_region_.Release();
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  absl::Status Init(const AddressExchange& exchange) {
+    ucp_config_t* config;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) return UcxError("ucp_config_read", status);
+    if (options_.transports != "all") {
+      status = ucp_config_modify(config, "TLS", options_.transports.c_str());
+      if (status != UCS_OK) {
+        ucp_config_release(config);
+        return absl::InvalidArgumentError(absl::StrCat("remote.transports: UCX refused '",
+                                                       options_.transports,
+                                                       "': ", ucs_status_string(status)));
+      }
+    }
+    ucp_params_t params = {};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    status = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (status != UCS_OK) return UcxError("ucp_init", status);
+
+    ucp_worker_params_t worker_params = {};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // Only the progress thread uses it.
+    status = ucp_worker_create(context_, &worker_params, &worker_);
+    if (status != UCS_OK) return UcxError("ucp_worker_create", status);
+    status = ucp_worker_get_efd(worker_, &worker_fd_);
+    if (status != UCS_OK) return UcxError("ucp_worker_get_efd", status);
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return absl::InternalError("remote: eventfd failed");
+
+    for (auto [id, callback] : {std::pair<unsigned, ucp_am_recv_callback_t>{kRequestAm, OnRequest},
+                                {kReplyAm, OnReply},
+                                {kGoodbyeAm, OnGoodbye}}) {
+      ucp_am_handler_param_t handler = {};
+      handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                           UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      handler.id = id;
+      handler.cb = callback;
+      handler.arg = this;
+      status = ucp_worker_set_am_recv_handler(worker_, &handler);
+      if (status != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", status);
+    }
+
+    // The buffers are registered once, here; the per-file path never registers.
+    send_bytes_ = std::max(options_.buffer_bytes, options_.chunk_bytes);
+    const size_t send_buffers = 2 * static_cast<size_t>(options_.serve_threads);
+    if (absl::Status s = receive_region_.Init(context_, options_.receive_buffers,
+                                              options_.buffer_bytes);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = send_region_.Init(context_, send_buffers, send_bytes_); !s.ok()) return s;
+    {
+      MutexLock lock(&mu_);
+      slots_.resize(options_.receive_buffers);
+      for (int i = options_.receive_buffers - 1; i >= 0; --i) free_slots_.push_back(i);
+      for (size_t i = send_buffers; i-- > 0;) free_send_buffers_.push_back(i);
+    }
+
+    ucp_address_t* address;
+    size_t address_length;
+    status = ucp_worker_get_address(worker_, &address, &address_length);
+    if (status != UCS_OK) return UcxError("ucp_worker_get_address", status);
+    const std::string mine(reinterpret_cast<const char*>(address), address_length);
+    ucp_worker_release_address(worker_, address);
+
+    absl::StatusOr<std::vector<std::string>> addresses = exchange(mine);
+    if (!addresses.ok()) return addresses.status();
+    if (static_cast<int>(addresses->size()) != options_.size) {
+      return absl::InternalError("remote: address exchange returned the wrong number of peers");
+    }
+    for (int r = 0; r < options_.size; ++r) {
+      peers_[r].owner = this;
+      peers_[r].rank = r;
+      peers_[r].address = std::move((*addresses)[r]);
+      if (r != options_.rank) {
+        if (absl::Status s = Connect(peers_[r]); !s.ok()) return s;
+      }
+    }
+    progress_thread_ = std::thread([this] { ProgressLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
+                               size_t n) {
+    if (n == 0) return 0;
+    const auto timeout = Seconds(options_.request_timeout_seconds);
+    int slot;
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return absl::UnavailableError("remote: shutting down");
+      if (!UpLocked(rank)) return PeerDown(rank);
+      const Clock::time_point give_up = Clock::now() + timeout;
+      while (free_slots_.empty()) {
+        if (!changed_.WaitUntil(&mu_, give_up) && free_slots_.empty()) {
+          return absl::UnavailableError("remote: no receive buffer became free");
+        }
+      }
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+      slots_[slot].fetch_active = true;
+    }
+    char* const buffer = receive_region_.buffer(slot);
+    // Fits one buffer: one piece. Larger: a ring of chunk-sized pieces.
+    const size_t piece = n <= options_.buffer_bytes
+                             ? n
+                             : static_cast<size_t>(std::min(options_.chunk_bytes,
+                                                            options_.buffer_bytes));
+    const size_t depth = std::max<size_t>(1, options_.buffer_bytes / piece);
+    const size_t pieces = (n + piece - 1) / piece;
+    std::vector<std::shared_ptr<Request>> ring(std::min(depth, pieces));
+
+    auto issue = [&](size_t k) {
+      auto request = std::make_shared<Request>();
+      request->owner = this;
+      request->rank = rank;
+      request->slot = slot;
+      request->buffer = buffer + (k % depth) * piece;
+      request->length = std::min(piece, n - k * piece);
+      request->name = std::string(file.name);
+      request->header = RequestHeader{kProtocol,   options_.rank,  0,           offset + k * piece,
+                                      request->length, file.size, file.mtime_ns};
+      request->deadline = Clock::now() + timeout;
+      {
+        MutexLock lock(&mu_);
+        request->header.request_id = request->id = next_request_id_++;
+        pending_.emplace(request->id, request);
+        commands_.push_back([this, request] { SendRequest(request); });
+      }
+      Wake();
+      ring[k % depth] = request;
+    };
+
+    absl::Status status;
+    for (size_t k = 0; k < ring.size(); ++k) issue(k);
+    for (size_t k = 0; k < pieces && status.ok(); ++k) {
+      std::shared_ptr<Request> request = ring[k % depth];
+      {
+        MutexLock lock(&mu_);
+        while (request->state != Request::kDone) {
+          if (!changed_.WaitUntil(&mu_, request->deadline) && request->state != Request::kDone) {
+            timeouts_.fetch_add(1, std::memory_order_relaxed);
+            MarkDownLocked(rank, "did not answer within remote.request_timeout");
+            break;
+          }
+        }
+        if (request->state != Request::kDone) {
+          status = absl::DeadlineExceededError(
+              absl::StrCat("remote: peer ", rank, " did not answer within ",
+                           options_.request_timeout_seconds, " s"));
+        } else {
+          status = request->status;
+          pending_.erase(request->id);
+        }
+      }
+      if (!status.ok()) break;
+      // Copy out first, then verify the copy: a late message landing in the
+      // buffer afterwards cannot change bytes already checked.
+      const uint64_t sum = CopyWithChecksum(dst + k * piece, request->buffer, request->length);
+      if (sum != request->checksum) {
+        checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+        status = absl::DataLossError(absl::StrCat("remote: checksum mismatch for ", file.name,
+                                                  " from peer ", rank));
+        break;
+      }
+      ring[k % depth] = nullptr;
+      if (k + depth < pieces) issue(k + depth);
+    }
+
+    {
+      MutexLock lock(&mu_);
+      for (const std::shared_ptr<Request>& request : ring) {
+        if (request == nullptr) continue;
+        if (request->state == Request::kReceiving) {
+          request->abandoned = true;  // Its receive callback retires it.
+        } else {
+          pending_.erase(request->id);
+        }
+      }
+      slots_[slot].fetch_active = false;
+      ReleaseSlotIfIdleLocked(slot);
+    }
+    if (!status.ok()) return status;
+    return n;
+  }
+
+  bool IsUp(int rank) const {
+    MutexLock lock(&mu_);
+    return UpLocked(rank);
+  }
+
+  void Shutdown() {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_ || !progress_thread_.joinable()) {
+        stopping_ = true;
+        return;
+      }
+      serving_ = false;
+    }
+    // Requests already accepted are answered; new ones are refused.
+    serve_pool_.wait();
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      for (auto& [id, request] : pending_) {
+        if (request->state == Request::kSent) Complete(*request, absl::UnavailableError("remote: shutting down"));
+      }
+    }
+    changed_.SignalAll();
+    Wake();
+    progress_thread_.join();
+  }
+
+  Counters counters() const {
+    Counters c;
+    c.requests_served = requests_served_.load();
+    c.bytes_served = bytes_served_.load();
+    c.requests_refused = requests_refused_.load();
+    c.timeouts = timeouts_.load();
+    c.peer_failures = peer_failures_.load();
+    c.checksum_failures = checksum_failures_.load();
+    return c;
+  }
+
+  const Options& options() const { return options_; }
+
+ private:
+  // One piece of a Fetch in flight.
+  struct Request {
+    enum State { kSent, kReceiving, kDone };
+    Impl* owner = nullptr;
+    uint64_t id = 0;
+    int rank = 0;
+    int slot = 0;
+    char* buffer = nullptr;  // Where the reply data lands (inside the slot).
+    size_t length = 0;
+    std::string name;  // Kept alive until the request message is sent.
+    RequestHeader header;
+    Clock::time_point deadline;
+    // Guarded by mu_:
+    State state = kSent;
+    absl::Status status;
+    uint64_t checksum = 0;
+    bool abandoned = false;  // The fetch gave up while data was arriving.
+  };
+
+  struct Slot {
+    bool fetch_active = false;
+    int receives = 0;  // Receives still writing into it.
+  };
+
+  struct Peer {
+    Impl* owner = nullptr;
+    int rank = 0;
+    std::string address;
+    ucp_ep_h ep = nullptr;                  // Progress thread (and Init) only.
+    Clock::time_point down_until{};         // Guarded by mu_.
+    bool departed = false;                  // Said goodbye. Guarded by mu_.
+  };
+
+  // A reply being sent, kept alive until UCX is done with its header and buffer.
+  struct Reply {
+    Impl* impl;
+    ReplyHeader header;
+    int send_buffer = -1;
+  };
+
+  static absl::Status UcxError(const char* what, ucs_status_t status) {
+    return absl::UnavailableError(absl::StrCat("remote: ", what, ": ", ucs_status_string(status)));
+  }
+
+  absl::Status PeerDown(int rank) const {
+    return absl::UnavailableError(absl::StrCat("remote: peer ", rank, " is marked down"));
+  }
+
+  bool UpLocked(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Clock::now() >= peers_[rank].down_until;
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
+    (void)ignored;
+  }
+
+  void Complete(Request& request, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    request.state = Request::kDone;
+    request.status = std::move(status);
+  }
+
+  // Marks `rank` down and fails its requests that are still waiting for an
+  // answer. A peer that said goodbye is not a failure, and is not retried.
+  void MarkDownLocked(int rank, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool was_up = UpLocked(rank);
+    if (peers_[rank].departed) return;
+    peers_[rank].down_until = Clock::now() + Seconds(options_.retry_after_seconds);
+    if (was_up) {
+      peer_failures_.fetch_add(1, std::memory_order_relaxed);
+      MONARCH_LOG(kWarning, "peer ", rank, " ", why, "; reading its files from the source for ",
+                  options_.retry_after_seconds, " s");
+    }
+    for (auto& [id, request] : pending_) {
+      if (request->rank == rank && request->state == Request::kSent) {
+        Complete(*request, PeerDown(rank));
+      }
+    }
+    changed_.SignalAll();
+  }
+
+  void ReleaseSlotIfIdleLocked(int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!slots_[slot].fetch_active && slots_[slot].receives == 0) {
+      free_slots_.push_back(slot);
+      changed_.SignalAll();
+    }
+  }
+
+  // ---- Progress thread ----
+
+  absl::Status Connect(Peer& peer) {
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(peer.address.data());
+    // Peer failure detection: a dead peer fails its requests instead of
+    // hanging them. (It also rules out UCX's shared-memory transports, see DESIGN.md.)
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = OnEndpointError;
+    params.err_handler.arg = &peer;
+    const ucs_status_t status = ucp_ep_create(worker_, &params, &peer.ep);
+    if (status != UCS_OK) {
+      peer.ep = nullptr;
+      return absl::UnavailableError(absl::StrCat("remote: cannot reach peer ", peer.rank, " over '",
+                                                 options_.transports,
+                                                 "': ", ucs_status_string(status)));
+    }
+    return absl::OkStatus();
+  }
+
+  void ProgressLoop() {
+    const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    for (int fd : {worker_fd_, wake_fd_}) {
+      epoll_event event = {};
+      event.events = EPOLLIN;
+      event.data.fd = fd;
+      ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
+    }
+    for (;;) {
+      RunCommands();
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      {
+        MutexLock lock(&mu_);
+        if (stopping_ && commands_.empty() && replies_in_flight_ == 0) break;
+        if (!commands_.empty()) continue;
+      }
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      epoll_event events[2];
+      const int ready = ::epoll_wait(epoll_fd, events, 2, 100);
+      for (int i = 0; i < ready; ++i) {
+        if (events[i].data.fd == wake_fd_) {
+          uint64_t count;
+          ssize_t ignored = ::read(wake_fd_, &count, sizeof(count));
+          (void)ignored;
+        }
+      }
+    }
+    SayGoodbye();
+    CloseEndpoints();
+    ::close(epoll_fd);
+  }
+
+  // Tells the peers we are leaving, so they stop asking (quietly) instead
+  // of discovering it through an endpoint error. Best effort, bounded.
+  void SayGoodbye() {
+    std::vector<void*> sending;
+    const int32_t me = options_.rank;
+    for (Peer& peer : peers_) {
+      if (peer.ep == nullptr) continue;
+      ucp_request_param_t param = {};
+      void* request = ucp_am_send_nbx(peer.ep, kGoodbyeAm, &me, sizeof(me), nullptr, 0, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) sending.push_back(request);
+    }
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(1);
+    for (void* request : sending) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+  }
+
+  static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void*,
+                                size_t, const ucp_am_recv_param_t*) {
+    Impl* self = static_cast<Impl*>(arg);
+    int32_t rank;
+    if (header_length != sizeof(rank)) return UCS_OK;
+    std::memcpy(&rank, header, sizeof(rank));
+    if (rank < 0 || rank >= self->options_.size || rank == self->options_.rank) return UCS_OK;
+    {
+      MutexLock lock(&self->mu_);
+      self->peers_[rank].down_until = Clock::time_point::max();
+      self->peers_[rank].departed = true;
+      for (auto& [id, request] : self->pending_) {
+        if (request->rank == rank && request->state == Request::kSent) {
+          self->Complete(*request, absl::UnavailableError("remote: peer left"));
+        }
+      }
+    }
+    self->changed_.SignalAll();
+    MONARCH_LOG(kInfo, "peer ", rank, " left; reading its files from the source");
+    return UCS_OK;
+  }
+
+  void RunCommands() {
+    std::deque<std::function<void()>> commands;
+    {
+      MutexLock lock(&mu_);
+      commands.swap(commands_);
+    }
+    for (auto& command : commands) command();
+  }
+
+  void CloseEndpoints() {
+    std::vector<void*> closing;
+    for (Peer& peer : peers_) {
+      if (peer.ep == nullptr) continue;
+      ucp_request_param_t param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* request = ucp_ep_close_nbx(peer.ep, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+      peer.ep = nullptr;
+    }
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+  }
+
+  void SendRequest(const std::shared_ptr<Request>& request) {
+    Peer& peer = peers_[request->rank];
+    {
+      MutexLock lock(&mu_);
+      if (request->state != Request::kSent || request->abandoned) return;
+    }
+    if (peer.ep == nullptr) {  // Closed after a failure: this is the retry.
+      if (absl::Status s = Connect(peer); !s.ok()) {
+        MutexLock lock(&mu_);
+        MarkDownLocked(request->rank, s.message());
+        return;
+      }
+    }
+    auto* keep = new std::shared_ptr<Request>(request);
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = OnRequestSent;
+    param.user_data = keep;
+    void* status = ucp_am_send_nbx(peer.ep, kRequestAm, &request->header, sizeof(RequestHeader),
+                                   request->name.data(), request->name.size(), &param);
+    if (status == nullptr) {
+      delete keep;
+    } else if (UCS_PTR_IS_ERR(status)) {
+      delete keep;
+      MutexLock lock(&mu_);
+      MarkDownLocked(request->rank, ucs_status_string(UCS_PTR_STATUS(status)));
+    }
+  }
+
+  static void OnRequestSent(void* ucx_request, ucs_status_t status, void* user_data) {
+    // A failed send needs no handling here: the endpoint's error callback
+    // marks the peer down and fails its requests.
+    (void)status;
+    delete static_cast<std::shared_ptr<Request>*>(user_data);
+    ucp_request_free(ucx_request);
+  }
+
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    Peer* peer = static_cast<Peer*>(arg);
+    Impl* self = peer->owner;
+    {
+      MutexLock lock(&self->mu_);
+      self->MarkDownLocked(peer->rank,
+                           absl::StrCat("failed (", ucs_status_string(status), ")"));
+      self->commands_.push_back([self, peer, ep] {
+        // Close outside the callback; reconnect on the next request after retry_after.
+        if (peer->ep == ep) peer->ep = nullptr;
+        ucp_request_param_t param = {};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        void* request = ucp_ep_close_nbx(ep, &param);
+        if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);
+      });
+    }
+    self->Wake();
+  }
+
+  // Incoming request (home side): hand it to the serve pool.
+  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+    Impl* self = static_cast<Impl*>(arg);
+    if (header_length != sizeof(RequestHeader)) return UCS_OK;
+    RequestHeader request;
+    std::memcpy(&request, header, sizeof(request));
+    if (request.protocol != kProtocol || request.from_rank < 0 ||
+        request.from_rank >= self->options_.size || request.from_rank == self->options_.rank) {
+      return UCS_OK;
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {  // A name this long is not ours.
+      self->QueueReply(request, absl::StatusCode::kInvalidArgument, -1, 0);
+      return UCS_OK;
+    }
+    std::string name(static_cast<const char*>(data), length);
+    {
+      MutexLock lock(&self->mu_);
+      if (!self->serving_) {
+        self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, -1, 0);
+        return UCS_OK;
+      }
+    }
+    self->serve_pool_.detach_task(
+        [self, request, name = std::move(name)] { self->Serve(request, name); });
+    return UCS_OK;
+  }
+
+  // Serve pool thread: reads the bytes and queues the reply.
+  void Serve(const RequestHeader& request, const std::string& name) {
+    int buffer_index;
+    {
+      MutexLock lock(&mu_);
+      while (free_send_buffers_.empty()) changed_.Wait(&mu_);
+      buffer_index = free_send_buffers_.back();
+      free_send_buffers_.pop_back();
+    }
+    char* buffer = send_region_.buffer(buffer_index);
+    absl::StatusCode code = absl::StatusCode::kOk;
+    uint64_t checksum = 0;
+    if (request.length > send_bytes_) {
+      code = absl::StatusCode::kInvalidArgument;  // remote.buffer_size differs between peers.
+    } else {
+      FileRequest file{name, request.file_size, request.file_mtime_ns, request.offset,
+                       static_cast<size_t>(request.length)};
+      absl::StatusOr<size_t> read = serve_(file, buffer);
+      if (!read.ok()) {
+        code = read.status().code();
+      } else if (*read != request.length) {
+        code = absl::StatusCode::kDataLoss;
+      } else {
+        checksum = Checksum(buffer, request.length);
+      }
+    }
+    MutexLock lock(&mu_);
+    if (code != absl::StatusCode::kOk) {
+      free_send_buffers_.push_back(buffer_index);
+      changed_.SignalAll();
+      QueueReplyLocked(request, code, -1, 0);
+    } else {
+      QueueReplyLocked(request, code, buffer_index, checksum);
+    }
+  }
+
+  void QueueReply(const RequestHeader& request, absl::StatusCode code, int buffer, uint64_t sum) {
+    MutexLock lock(&mu_);
+    QueueReplyLocked(request, code, buffer, sum);
+  }
+
+  void QueueReplyLocked(const RequestHeader& request, absl::StatusCode code, int buffer,
+                        uint64_t checksum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++replies_in_flight_;
+    auto* reply = new Reply{this,
+                            ReplyHeader{kProtocol, static_cast<int32_t>(code), request.request_id,
+                                        code == absl::StatusCode::kOk ? request.length : 0,
+                                        checksum},
+                            buffer};
+    const int to = request.from_rank;
+    commands_.push_back([this, reply, to] { SendReply(reply, to); });
+    Wake();
+  }
+
+  void SendReply(Reply* reply, int to) {
+    Peer& peer = peers_[to];
+    if (peer.ep == nullptr) {
+      // The requester failed; it reads the source (or has already timed out).
+      FinishReply(reply, false);
+      return;
+    }
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = OnReplySent;
+    param.user_data = reply;
+    const char* data = nullptr;
+    if (reply->send_buffer >= 0) {
+      data = send_region_.buffer(reply->send_buffer);
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = send_region_.memh();
+    }
+    void* status = ucp_am_send_nbx(peer.ep, kReplyAm, &reply->header, sizeof(ReplyHeader), data,
+                                   reply->header.length, &param);
+    if (status == nullptr) {
+      FinishReply(reply, true);
+    } else if (UCS_PTR_IS_ERR(status)) {
+      FinishReply(reply, false);
+    }
+  }
+
+  static void OnReplySent(void* ucx_request, ucs_status_t status, void* user_data) {
+    Reply* reply = static_cast<Reply*>(user_data);
+    reply->impl->FinishReply(reply, status == UCS_OK);
+    ucp_request_free(ucx_request);
+  }
+
+  void FinishReply(Reply* reply, bool sent) {
+    if (sent && reply->send_buffer >= 0) {
+      requests_served_.fetch_add(1, std::memory_order_relaxed);
+      bytes_served_.fetch_add(reply->header.length, std::memory_order_relaxed);
+    } else if (reply->header.status_code != 0) {
+      requests_refused_.fetch_add(1, std::memory_order_relaxed);
+    }
+    {
+      MutexLock lock(&mu_);
+      if (reply->send_buffer >= 0) free_send_buffers_.push_back(reply->send_buffer);
+      --replies_in_flight_;
+    }
+    changed_.SignalAll();
+    delete reply;
+  }
+
+  // Incoming reply (requester side).
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+    Impl* self = static_cast<Impl*>(arg);
+    if (header_length != sizeof(ReplyHeader)) return UCS_OK;
+    ReplyHeader reply;
+    std::memcpy(&reply, header, sizeof(reply));
+    std::shared_ptr<Request> request;
+    {
+      MutexLock lock(&self->mu_);
+      auto it = self->pending_.find(reply.request_id);
+      // Unknown: the fetch gave up on it. Returning UCS_OK drops the data.
+      if (it == self->pending_.end() || it->second->state != Request::kSent) return UCS_OK;
+      request = it->second;
+      if (reply.protocol != kProtocol) {
+        self->Complete(*request, absl::DataLossError("remote: reply of another protocol"));
+      } else if (reply.status_code != 0) {
+        self->Complete(*request,
+                       absl::UnavailableError(absl::StrCat(
+                           "remote: peer ", request->rank, " refused: ",
+                           absl::StatusCodeToString(static_cast<absl::StatusCode>(reply.status_code)))));
+      } else if (reply.length != request->length || length != request->length) {
+        self->Complete(*request, absl::DataLossError(absl::StrCat(
+                                     "remote: peer ", request->rank, " sent ", length,
+                                     " bytes for a request of ", request->length)));
+      } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        request->state = Request::kReceiving;
+        request->checksum = reply.checksum;
+        ++self->slots_[request->slot].receives;
+      } else {
+        std::memcpy(request->buffer, data, length);
+        request->checksum = reply.checksum;
+        self->Complete(*request, absl::OkStatus());
+      }
+      if (request->state == Request::kDone) {
+        self->changed_.SignalAll();
+        return UCS_OK;
+      }
+    }
+    // Rendezvous: pull the data into the pre-registered receive buffer.
+    auto* keep = new std::shared_ptr<Request>(request);
+    ucp_request_param_t recv = {};
+    recv.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_MEMH;
+    recv.cb.recv_am = OnReplyData;
+    recv.user_data = keep;
+    recv.memh = self->receive_region_.memh();
+    void* status = ucp_am_recv_data_nbx(self->worker_, data, request->buffer, length, &recv);
+    if (status == nullptr) {
+      self->FinishReceive(keep, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(status)) {
+      self->FinishReceive(keep, UCS_PTR_STATUS(status));
+    }
+    return UCS_OK;
+  }
+
+  static void OnReplyData(void* ucx_request, ucs_status_t status, size_t, void* user_data) {
+    auto* keep = static_cast<std::shared_ptr<Request>*>(user_data);
+    Impl* self = (*keep)->owner;
+    self->FinishReceive(keep, status);
+    ucp_request_free(ucx_request);
+  }
+
+  void FinishReceive(std::shared_ptr<Request>* keep, ucs_status_t status) {
+    std::shared_ptr<Request> request = std::move(*keep);
+    delete keep;
+    {
+      MutexLock lock(&mu_);
+      --slots_[request->slot].receives;
+      if (request->abandoned) {
+        pending_.erase(request->id);
+        ReleaseSlotIfIdleLocked(request->slot);
+      } else {
+        Complete(*request, status == UCS_OK
+                               ? absl::OkStatus()
+                               : absl::UnavailableError(absl::StrCat(
+                                     "remote: transfer from peer ", request->rank,
+                                     " failed: ", ucs_status_string(status))));
+      }
+    }
+    changed_.SignalAll();
+  }
+
+  const Options options_;
+  const ServeFn serve_;
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  RegisteredRegion receive_region_;
+  RegisteredRegion send_region_;
+  uint64_t send_bytes_ = 0;
+  std::vector<Peer> peers_;
+
+  mutable Mutex mu_;
+  CondVar changed_;  // A request finished, a buffer was freed, or a peer went down.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_send_buffers_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
+  int replies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool serving_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> bytes_served_{0};
+  std::atomic<uint64_t> requests_refused_{0};
+  std::atomic<uint64_t> timeouts_{0};
+  std::atomic<uint64_t> peer_failures_{0};
+  std::atomic<uint64_t> checksum_failures_{0};
+
+  ThreadPool serve_pool_;
+  std::thread progress_thread_;
+};
+
+PeerNetwork::PeerNetwork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PeerNetwork::~PeerNetwork() = default;
+
+absl::StatusOr<std::unique_ptr<PeerNetwork>> PeerNetwork::Start(const Options& options,
+                                                                const AddressExchange& exchange,
+                                                                ServeFn serve) {
+  auto impl = std::make_unique<Impl>(options, std::move(serve));
+  if (absl::Status s = impl->Init(exchange); !s.ok()) return s;
+  return std::unique_ptr<PeerNetwork>(new PeerNetwork(std::move(impl)));
+}
+
+absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_t offset,
+                                          char* dst, size_t n) {
+  return impl_->Fetch(rank, file, offset, dst, n);
+}
+bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
+void PeerNetwork::Shutdown() { impl_->Shutdown(); }
+PeerNetwork::Counters PeerNetwork::counters() const { return impl_->counters(); }
+int PeerNetwork::rank() const { return impl_->options().rank; }
+int PeerNetwork::size() const { return impl_->options().size; }
+uint64_t PeerNetwork::buffer_bytes() const { return impl_->options().buffer_bytes; }
+
+}  // namespace monarch

@@ -1,0 +1,113 @@
+// PeerNetwork: the UCX layer between the Monarch processes of one job.
+//
+// Each process has one UCP worker, driven by one progress thread that sleeps
+// on the worker's event descriptor (no busy polling: the cores belong to the
+// training job). Two active messages make up the protocol (DESIGN.md):
+//
+//   request  requester -> home   header {id, offset, length, size, mtime}, data = file name
+//   reply    home -> requester   header {id, status, length, checksum}, data = the bytes
+//
+// The requester receives reply data into receive buffers registered once at
+// start-up (ucp_mem_map); the home sends from staging buffers registered
+// once. A transfer larger than a receive buffer streams through it as a ring
+// of chunk-sized pieces with several in flight. Nothing is registered per
+// file; endpoints are created once per peer (again only after a failure).
+//
+// Failure: endpoints use UCX's peer error handling, so a dead peer fails its
+// requests at once; a silent one fails them at the request timeout. Either
+// way the peer is marked down for `retry_after_seconds` and Fetch returns
+// Unavailable / DeadlineExceeded: the caller reads the source instead. Every
+// piece is checked for length and checksum after it has been copied out of
+// the receive buffer, so the bytes returned are the bytes the home sent.
+//
+// Thread-safe: Fetch may be called from any number of threads.
+
+#ifndef MONARCH_REMOTE_PEER_NETWORK_H_
+#define MONARCH_REMOTE_PEER_NETWORK_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "drivers/storage_driver.h"
+
+namespace monarch {
+
+class PeerNetwork {
+ public:
+  struct Options {
+    int rank = 0;
+    int size = 1;
+    std::string transports = "tcp";  // UCX_TLS syntax; "all" lets UCX choose.
+    uint64_t buffer_bytes = 1 << 20;  // One receive buffer.
+    uint64_t chunk_bytes = 1 << 20;   // Piece size when a transfer streams.
+    int receive_buffers = 8;          // Fetches in flight at once.
+    int serve_threads = 4;            // Requests from peers served at once.
+    double request_timeout_seconds = 10;
+    double retry_after_seconds = 30;
+  };
+
+  // What a peer asks its home for.
+  struct FileRequest {
+    absl::string_view name;
+    uint64_t size;     // The requester's view of the file: the home refuses
+    int64_t mtime_ns;  // to serve a different version.
+    uint64_t offset;
+    size_t length;
+  };
+  // Fills `dst` with the requested bytes (exactly `length` of them).
+  using ServeFn = std::function<absl::StatusOr<size_t>(const FileRequest&, char* dst)>;
+  // Publishes this process's address and returns every rank's.
+  using AddressExchange =
+      std::function<absl::StatusOr<std::vector<std::string>>(const std::string& mine)>;
+
+  struct Counters {
+    uint64_t requests_served = 0;  // Answered with data.
+    uint64_t bytes_served = 0;
+    uint64_t requests_refused = 0;  // Answered with an error.
+    uint64_t timeouts = 0;
+    uint64_t peer_failures = 0;  // Times a peer was marked down.
+    uint64_t checksum_failures = 0;
+  };
+
+  // Creates the worker, registers the buffers, exchanges addresses (blocks
+  // until every peer has published, or fails) and starts serving.
+  static absl::StatusOr<std::unique_ptr<PeerNetwork>> Start(const Options& options,
+                                                            const AddressExchange& exchange,
+                                                            ServeFn serve);
+  ~PeerNetwork();
+
+  // Reads [offset, offset + n) of `file` from peer `rank` into `dst`. The
+  // range must lie within the file. Returns n, or an error after which the
+  // caller reads the source: Unavailable (peer down or refused),
+  // DeadlineExceeded, DataLoss (length or checksum mismatch).
+  absl::StatusOr<size_t> Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
+                               size_t n);
+
+  // False while `rank` is marked down (until its retry time).
+  bool IsUp(int rank) const;
+
+  // Refuses new requests, finishes the ones being served, closes the
+  // endpoints and stops the progress thread. Idempotent.
+  void Shutdown();
+
+  Counters counters() const;
+  int rank() const;
+  int size() const;
+  uint64_t buffer_bytes() const;
+
+  class Impl;
+
+ private:
+  explicit PeerNetwork(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_REMOTE_PEER_NETWORK_H_
