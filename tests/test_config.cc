@@ -298,7 +298,8 @@ TEST_CASE("the shipped example configs parse once their paths exist") {
   // config/*.yaml use example cluster paths; check their structure by pointing
   // the paths at scratch directories.
   Dirs d;
-  for (const char* name : {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml"}) {
+  for (const char* name : {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml",
+                           "peers-tcp.yaml"}) {
     std::ifstream in(std::string(MONARCH_SOURCE_DIR) + "/config/" + name);
     REQUIRE_MESSAGE(in.good(), name);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -34,6 +34,7 @@ constexpr unsigned kRequestAm = 1;
 constexpr unsigned kReplyAm = 2;
 constexpr unsigned kGoodbyeAm = 3;  // "I am shutting down": header = the sender's rank.
 constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
+constexpr uint64_t kMinRing = 4;
 
 struct RequestHeader {
   uint32_t protocol;
@@ -210,7 +211,7 @@ class PeerNetwork::Impl {
       if (!UpLocked(rank)) return PeerDown(rank);
       const Clock::time_point give_up = Clock::now() + timeout;
       while (free_slots_.empty()) {
-        if (!changed_.WaitUntil(&mu_, give_up) && free_slots_.empty()) {
+        if (!slot_freed_.WaitUntil(&mu_, give_up) && free_slots_.empty()) {
           return absl::UnavailableError("remote: no receive buffer became free");
         }
       }
@@ -219,11 +220,14 @@ class PeerNetwork::Impl {
       slots_[slot].fetch_active = true;
     }
     char* const buffer = receive_region_.buffer(slot);
-    // Fits one buffer: one piece. Larger: a ring of chunk-sized pieces.
-    const size_t piece = n <= options_.buffer_bytes
-                             ? n
-                             : static_cast<size_t>(std::min(options_.chunk_bytes,
-                                                            options_.buffer_bytes));
+    // Fits one buffer: one piece. Larger: a ring of chunk-sized pieces, at
+    // least kMinRing of them, so several are always in flight.
+    const size_t piece =
+        n <= options_.buffer_bytes
+            ? n
+            : static_cast<size_t>(std::min<uint64_t>(
+                  options_.chunk_bytes,
+                  std::max<uint64_t>(4096, options_.buffer_bytes / kMinRing / 4096 * 4096)));
     const size_t depth = std::max<size_t>(1, options_.buffer_bytes / piece);
     const size_t pieces = (n + piece - 1) / piece;
     std::vector<std::shared_ptr<Request>> ring(std::min(depth, pieces));
@@ -256,7 +260,8 @@ class PeerNetwork::Impl {
       {
         MutexLock lock(&mu_);
         while (request->state != Request::kDone) {
-          if (!changed_.WaitUntil(&mu_, request->deadline) && request->state != Request::kDone) {
+          if (!request->done.WaitUntil(&mu_, request->deadline) &&
+              request->state != Request::kDone) {
             timeouts_.fetch_add(1, std::memory_order_relaxed);
             MarkDownLocked(rank, "did not answer within remote.request_timeout");
             break;
@@ -322,10 +327,12 @@ class PeerNetwork::Impl {
       MutexLock lock(&mu_);
       stopping_ = true;
       for (auto& [id, request] : pending_) {
-        if (request->state == Request::kSent) Complete(*request, absl::UnavailableError("remote: shutting down"));
+        if (request->state == Request::kSent) {
+          Complete(*request, absl::UnavailableError("remote: shutting down"));
+        }
       }
     }
-    changed_.SignalAll();
+    slot_freed_.SignalAll();
     Wake();
     progress_thread_.join();
   }
@@ -361,6 +368,7 @@ class PeerNetwork::Impl {
     absl::Status status;
     uint64_t checksum = 0;
     bool abandoned = false;  // The fetch gave up while data was arriving.
+    CondVar done;            // Signalled when state becomes kDone.
   };
 
   struct Slot {
@@ -402,9 +410,11 @@ class PeerNetwork::Impl {
     (void)ignored;
   }
 
+  // Wakes exactly the thread waiting for this request.
   void Complete(Request& request, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     request.state = Request::kDone;
     request.status = std::move(status);
+    request.done.SignalAll();
   }
 
   // Marks `rank` down and fails its requests that are still waiting for an
@@ -423,13 +433,12 @@ class PeerNetwork::Impl {
         Complete(*request, PeerDown(rank));
       }
     }
-    changed_.SignalAll();
   }
 
   void ReleaseSlotIfIdleLocked(int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!slots_[slot].fetch_active && slots_[slot].receives == 0) {
       free_slots_.push_back(slot);
-      changed_.SignalAll();
+      slot_freed_.Signal();
     }
   }
 
@@ -525,7 +534,6 @@ class PeerNetwork::Impl {
         }
       }
     }
-    self->changed_.SignalAll();
     MONARCH_LOG(kInfo, "peer ", rank, " left; reading its files from the source");
     return UCS_OK;
   }
@@ -649,7 +657,7 @@ class PeerNetwork::Impl {
     int buffer_index;
     {
       MutexLock lock(&mu_);
-      while (free_send_buffers_.empty()) changed_.Wait(&mu_);
+      while (free_send_buffers_.empty()) send_buffer_freed_.Wait(&mu_);
       buffer_index = free_send_buffers_.back();
       free_send_buffers_.pop_back();
     }
@@ -673,7 +681,7 @@ class PeerNetwork::Impl {
     MutexLock lock(&mu_);
     if (code != absl::StatusCode::kOk) {
       free_send_buffers_.push_back(buffer_index);
-      changed_.SignalAll();
+      send_buffer_freed_.Signal();
       QueueReplyLocked(request, code, -1, 0);
     } else {
       QueueReplyLocked(request, code, buffer_index, checksum);
@@ -739,10 +747,12 @@ class PeerNetwork::Impl {
     }
     {
       MutexLock lock(&mu_);
-      if (reply->send_buffer >= 0) free_send_buffers_.push_back(reply->send_buffer);
+      if (reply->send_buffer >= 0) {
+        free_send_buffers_.push_back(reply->send_buffer);
+        send_buffer_freed_.Signal();
+      }
       --replies_in_flight_;
     }
-    changed_.SignalAll();
     delete reply;
   }
 
@@ -780,10 +790,7 @@ class PeerNetwork::Impl {
         request->checksum = reply.checksum;
         self->Complete(*request, absl::OkStatus());
       }
-      if (request->state == Request::kDone) {
-        self->changed_.SignalAll();
-        return UCS_OK;
-      }
+      if (request->state == Request::kDone) return UCS_OK;
     }
     // Rendezvous: pull the data into the pre-registered receive buffer.
     auto* keep = new std::shared_ptr<Request>(request);
@@ -826,7 +833,6 @@ class PeerNetwork::Impl {
                                      " failed: ", ucs_status_string(status))));
       }
     }
-    changed_.SignalAll();
   }
 
   const Options options_;
@@ -842,7 +848,8 @@ class PeerNetwork::Impl {
   std::vector<Peer> peers_;
 
   mutable Mutex mu_;
-  CondVar changed_;  // A request finished, a buffer was freed, or a peer went down.
+  CondVar slot_freed_;         // A receive buffer became free.
+  CondVar send_buffer_freed_;  // A staging buffer became free.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);

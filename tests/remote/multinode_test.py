@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Monarch peers as separate processes: the cluster tests of the remote tier.
+
+Each "node" is a monarch-epochs process with its own posix tier over one
+shared source directory, reading its share (--partition r/N) of a shuffled
+epoch with every read checked against the source (--verify). Scenarios:
+
+  loopback   3 processes on loopback: bytes exact, each file read from the
+             source once across all processes, zero source reads after epoch 1.
+  sigkill    3 processes, one SIGKILLed mid-run: the others finish every read
+             correctly (falling back to the source).
+  no-show    1 of 2 processes: a clear start-up error after the rendezvous
+             timeout, not a hang.
+  netns      the loopback scenario with each process in its own network
+             namespace, joined by veth pairs and a bridge, UCX restricted to
+             the veth device: the bytes cross a real network path. Needs root
+             and iproute2; skipped (exit 77) otherwise.
+
+usage: multinode_test.py MONARCH_EPOCHS SCENARIO
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def write_dataset(root, count, big_every=10):
+    """ImageNet-like small files plus a few multi-MiB ones; returns {name: size}."""
+    sizes = {}
+    for i in range(count):
+        size = 3 * 1024 * 1024 + 12345 if i % big_every == 0 else 20000 + (i * 7919) % 150000
+        name = "class%d/img%04d.bin" % (i % 5, i)
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+        sizes[name] = size
+    return sizes
+
+
+def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extra=""):
+    with open(path, "w") as f:
+        f.write(
+            "dataset: {path: %s}\n"
+            "tiers:\n"
+            "  - {kind: posix, path: %s, capacity: %d}\n"
+            "  - {kind: source}\n"
+            "remote:\n"
+            "  enabled: true\n"
+            "  rank: %d\n"
+            "  size: %d\n"
+            "  rendezvous_dir: %s\n"
+            "  rendezvous_timeout: 30s\n"
+            "  request_timeout: 3s\n"
+            "%s" % (dataset, tier_dir, capacity, rank, size, rendezvous, extra))
+
+
+def final_stats(output):
+    for line in output.splitlines():
+        if line.startswith("stats: "):
+            return json.loads(line[len("stats: "):])
+    raise AssertionError("no stats line in:\n" + output)
+
+
+class Cluster:
+    def __init__(self, binary, work, size, files=120, capacity_fraction=0.5, extra=""):
+        self.binary = binary
+        self.work = work
+        self.size = size
+        self.dataset = os.path.join(work, "dataset")
+        self.sizes = write_dataset(self.dataset, files)
+        self.total = sum(self.sizes.values())
+        self.rendezvous = os.path.join(work, "rendezvous")
+        self.barriers = os.path.join(work, "barriers")
+        os.makedirs(self.barriers)
+        self.configs = []
+        for r in range(size):
+            tier = os.path.join(work, "tier%d" % r)
+            os.makedirs(tier)
+            config = os.path.join(work, "rank%d.yaml" % r)
+            write_config(config, self.dataset, tier, int(self.total * capacity_fraction), r, size,
+                         self.rendezvous, extra)
+            self.configs.append(config)
+
+    def command(self, rank, epochs, barrier=True, read_size=0):
+        cmd = [self.binary, "--config", self.configs[rank], "--epochs", str(epochs),
+               "--threads", "2", "--partition", "%d/%d" % (rank, self.size), "--verify",
+               "--json", os.path.join(self.work, "epochs%d.json" % rank)]
+        if barrier:
+            cmd += ["--barrier-dir", self.barriers]
+        if read_size:
+            cmd += ["--read-size", str(read_size)]
+        return cmd
+
+    def epochs(self, rank):
+        with open(os.path.join(self.work, "epochs%d.json" % rank)) as f:
+            return json.load(f)
+
+
+def run_all(commands, timeout=300, prefixes=None):
+    procs = []
+    for i, cmd in enumerate(commands):
+        full = (prefixes[i] if prefixes else []) + cmd
+        procs.append(subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    outputs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        outputs.append((p.returncode, out, err))
+    return outputs
+
+
+def check_cluster_run(cluster, outputs, epochs):
+    for rank, (code, out, err) in enumerate(outputs):
+        assert code == 0, "rank %d exited %d\n%s\n%s" % (rank, code, out, err)
+    per_epoch_source = [0] * epochs
+    per_epoch_peers = [0] * epochs
+    for rank in range(cluster.size):
+        for e in cluster.epochs(rank):
+            assert e["errors"] == 0 and e["mismatches"] == 0, e
+            per_epoch_source[e["epoch"] - 1] += e["served"]["source"]["bytes"]
+            per_epoch_peers[e["epoch"] - 1] += e["served"]["peers"]["bytes"]
+    stats = [final_stats(out) for _, out, _ in outputs]
+    source_bytes = sum(s["tiers"][-1]["bytes_read"] for s in stats)
+    print("source bytes per epoch (all processes):", per_epoch_source, "dataset:", cluster.total)
+    print("peer bytes per epoch (all processes):", per_epoch_peers)
+    # Each file read from the source once, in epoch 1, across the cluster.
+    assert per_epoch_source[0] == cluster.total, per_epoch_source
+    assert all(b == 0 for b in per_epoch_source[1:]), per_epoch_source
+    assert source_bytes == cluster.total, source_bytes
+    assert all(b > 0 for b in per_epoch_peers), per_epoch_peers
+    for s in stats:
+        assert s["remote"]["checksum_failures"] == 0 and s["remote"]["fallbacks"] == 0, s["remote"]
+    return stats
+
+
+def scenario_loopback(binary, work):
+    cluster = Cluster(binary, work, size=3)
+    outputs = run_all([cluster.command(r, 3) for r in range(3)])
+    check_cluster_run(cluster, outputs, 3)
+
+
+def scenario_sigkill(binary, work):
+    # Tiers of a third of the dataset: most reads keep going to peers, every epoch.
+    cluster = Cluster(binary, work, size=3, capacity_fraction=0.34)
+    epochs = 40
+    procs = [subprocess.Popen(cluster.command(r, epochs, barrier=False, read_size=256 << 10),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(3)]
+    victim = procs[2]
+    seen = ""
+    while "epoch 2:" not in seen:  # Let it serve for a while first.
+        line = victim.stdout.readline()
+        assert line, "rank 2 ended early:\n" + seen
+        seen += line
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = time.time()
+    for rank in (0, 1):
+        out, _ = procs[rank].communicate(timeout=300)
+        assert procs[rank].returncode == 0, "rank %d exited %d\n%s" % (
+            rank, procs[rank].returncode, out)
+        stats = final_stats(out)
+        epochs_done = cluster.epochs(rank)
+        assert len(epochs_done) == epochs
+        assert all(e["errors"] == 0 and e["mismatches"] == 0 for e in epochs_done)
+        remote = stats["remote"]
+        print("rank %d after the kill: %s" % (rank, json.dumps(remote)))
+        assert remote["peer_failures"] >= 1, remote  # It noticed rank 2 die...
+        assert remote["fallbacks"] + remote["down_skips"] >= 1, remote  # ...and used the source.
+        assert remote["checksum_failures"] == 0
+    print("survivors finished %.1f s after the kill" % (time.time() - killed_at))
+
+
+def scenario_no_show(binary, work):
+    cluster = Cluster(binary, work, size=2, files=10)
+    with open(cluster.configs[0], "a") as f:
+        f.write("")  # Rank 1 is never started.
+    text = open(cluster.configs[0]).read().replace("rendezvous_timeout: 30s",
+                                                   "rendezvous_timeout: 2s")
+    open(cluster.configs[0], "w").write(text)
+    start = time.time()
+    code, out, err = run_all([cluster.command(0, 1, barrier=False)], timeout=60)[0]
+    elapsed = time.time() - start
+    print("exit %d after %.1f s: %s" % (code, elapsed, err.strip()))
+    assert code == 2, (code, out, err)
+    assert "rank 1 never arrived" in err and "remote.rendezvous_timeout" in err, err
+    assert elapsed < 20, elapsed
+
+
+def sh(*args):
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def scenario_netns(binary, work):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("SKIP: needs root and iproute2")
+        return SKIP
+    tag = "m%d" % (os.getpid() % 100000)
+    hub = tag + "hub"
+    nodes = [tag + "n%d" % i for i in range(3)]
+    try:
+        try:
+            sh("ip", "netns", "add", hub)
+        except subprocess.CalledProcessError as e:
+            print("SKIP: cannot create a network namespace:", e.stderr.decode().strip())
+            return SKIP
+        sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", hub, "link", "set", "br0", "up")
+        for i, ns in enumerate(nodes):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", tag + "a%d" % i, "type", "veth", "peer", "name", tag + "b%d" % i)
+            sh("ip", "link", "set", tag + "a%d" % i, "netns", ns)
+            sh("ip", "link", "set", tag + "b%d" % i, "netns", hub)
+            sh("ip", "-n", hub, "link", "set", tag + "b%d" % i, "master", "br0")
+            sh("ip", "-n", hub, "link", "set", tag + "b%d" % i, "up")
+            sh("ip", "-n", ns, "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", tag + "a%d" % i)
+            sh("ip", "-n", ns, "link", "set", tag + "a%d" % i, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        cluster = Cluster(binary, work, size=3)
+        prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
+                    for i, ns in enumerate(nodes)]
+        outputs = run_all([cluster.command(r, 3) for r in range(3)], prefixes=prefixes)
+        check_cluster_run(cluster, outputs, 3)
+        crossed = 0
+        for i, ns in enumerate(nodes):
+            out = subprocess.run(["ip", "netns", "exec", ns, "cat",
+                                  "/sys/class/net/%sa%d/statistics/tx_bytes" % (tag, i)],
+                                 check=True, capture_output=True, text=True).stdout
+            crossed += int(out)
+        print("bytes sent over the veth devices: %d (dataset %d)" % (crossed, cluster.total))
+        # Epochs 2-3 alone move most of the dataset between the nodes.
+        assert crossed > cluster.total // 2, crossed
+    finally:
+        for ns in nodes + [hub]:
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+    return 0
+
+
+def main():
+    binary, scenario = sys.argv[1], sys.argv[2]
+    work = tempfile.mkdtemp(prefix="monarch-multinode-")
+    try:
+        result = {"loopback": scenario_loopback, "sigkill": scenario_sigkill,
+                  "no-show": scenario_no_show, "netns": scenario_netns}[scenario](binary, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if result == SKIP:
+        return SKIP
+    print("PASS", scenario)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
