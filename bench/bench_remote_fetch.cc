@@ -35,8 +35,8 @@ struct SizeClass {
   uint64_t size;
   int files;
 };
-const SizeClass kClasses[] = {{"s128k", 128 << 10, 2048}, {"s1m", 1 << 20, 512},
-                              {"s16m", 16 << 20, 48}};
+const SizeClass kClasses[] = {
+    {"s128k", 128 << 10, 2048}, {"s1m", 1 << 20, 512}, {"s16m", 16 << 20, 48}};
 
 void Generate(const std::string& dataset) {
   std::mt19937_64 rng(1);

@@ -16,8 +16,8 @@
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "monarch_internal.h"
-#include "placement/placement_handler.h"
 #include "placement/fetch_source.h"
+#include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "remote/peer_fetch.h"
 
@@ -78,8 +78,8 @@ class MonarchImpl final : public Monarch {
       auto serve = [this](const PeerNetwork::FileRequest& request,
                           char* dst) -> absl::StatusOr<size_t> {
         MONARCH_RETURN_IF_ERROR(peers_->CheckServable(namespace_->Find(request.name), request));
-        return Read(std::string_view(request.name.data(), request.name.size()), dst,
-                    request.length, request.offset);
+        return Read(std::string_view(request.name.data(), request.name.size()), dst, request.length,
+                    request.offset);
       };
       MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve)));
     }

@@ -63,16 +63,15 @@ std::string Stats::ToJson() const {
       ",\"staging_fallbacks\":", staging_fallbacks, ",\"warm_files_reused\":", warm_files_reused,
       ",\"warm_files_discarded\":", warm_files_discarded);
   const RemoteStats& r = remote;
-  absl::StrAppend(&out, ",\"remote\":{\"enabled\":", r.enabled ? "true" : "false",
-                  ",\"rank\":", r.rank, ",\"peers\":", r.peers, ",\"buffer_bytes\":",
-                  r.buffer_bytes, ",\"home_files\":", r.home_files, ",\"peer_reads\":",
-                  r.peer_reads, ",\"peer_bytes_read\":", r.peer_bytes_read,
-                  ",\"fallbacks\":", r.fallbacks, ",\"down_skips\":", r.down_skips,
-                  ",\"peer_wait_ns\":", r.peer_wait_ns, ",\"requests_served\":",
-                  r.requests_served, ",\"bytes_served\":", r.bytes_served,
-                  ",\"requests_refused\":", r.requests_refused, ",\"timeouts\":", r.timeouts,
-                  ",\"peer_failures\":", r.peer_failures,
-                  ",\"checksum_failures\":", r.checksum_failures, "}}");
+  absl::StrAppend(
+      &out, ",\"remote\":{\"enabled\":", r.enabled ? "true" : "false", ",\"rank\":", r.rank,
+      ",\"peers\":", r.peers, ",\"buffer_bytes\":", r.buffer_bytes,
+      ",\"home_files\":", r.home_files, ",\"peer_reads\":", r.peer_reads,
+      ",\"peer_bytes_read\":", r.peer_bytes_read, ",\"fallbacks\":", r.fallbacks,
+      ",\"down_skips\":", r.down_skips, ",\"peer_wait_ns\":", r.peer_wait_ns,
+      ",\"requests_served\":", r.requests_served, ",\"bytes_served\":", r.bytes_served,
+      ",\"requests_refused\":", r.requests_refused, ",\"timeouts\":", r.timeouts,
+      ",\"peer_failures\":", r.peer_failures, ",\"checksum_failures\":", r.checksum_failures, "}}");
   return out;
 }
 

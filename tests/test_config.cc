@@ -116,7 +116,7 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("unknown top-level key") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
     CHECK(absl::StrContains(
-        e, "cache: unknown key; expected one of: dataset, tiers, placement, logging"));
+        e, "cache: unknown key; expected one of: dataset, tiers, placement, remote, logging"));
   }
   SUBCASE("unknown tier key") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
@@ -298,8 +298,8 @@ TEST_CASE("the shipped example configs parse once their paths exist") {
   // config/*.yaml use example cluster paths; check their structure by pointing
   // the paths at scratch directories.
   Dirs d;
-  for (const char* name : {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml",
-                           "peers-tcp.yaml"}) {
+  for (const char* name :
+       {"ram-source.yaml", "ram-pmem-nvme-source.yaml", "nvme-pfs.yaml", "peers-tcp.yaml"}) {
     std::ifstream in(std::string(MONARCH_SOURCE_DIR) + "/config/" + name);
     REQUIRE_MESSAGE(in.good(), name);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

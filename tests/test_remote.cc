@@ -43,7 +43,8 @@ struct Cluster {
 
   Cluster(const std::vector<Config>& configs) {
     const size_t n = configs.size();
-    for (size_t r = 0; r < n; ++r) faults.push_back(std::make_unique<FaultInjectingDriver::Faults>());
+    for (size_t r = 0; r < n; ++r)
+      faults.push_back(std::make_unique<FaultInjectingDriver::Faults>());
     std::vector<absl::StatusOr<std::unique_ptr<Monarch>>> made(n);
     std::vector<std::thread> threads;
     for (size_t r = 0; r < n; ++r) {
@@ -81,8 +82,8 @@ struct Cluster {
 
 // Every peer reads every file (whole, in `piece` byte calls), shuffled, from
 // `threads` threads each; returns the number of wrong or failed reads.
-int ReadEverything(Cluster& cluster, const std::vector<TestFile>& files, int threads,
-                   size_t piece, uint64_t seed) {
+int ReadEverything(Cluster& cluster, const std::vector<TestFile>& files, int threads, size_t piece,
+                   uint64_t seed) {
   std::atomic<int> bad{0};
   std::vector<std::thread> readers;
   for (size_t r = 0; r < cluster.peers.size(); ++r) {
@@ -162,7 +163,8 @@ TEST_CASE("peers: tiers holding part of the dataset still keep every home file")
   std::vector<Config> configs;
   // 70% of the dataset each: both home shares fit, inclusive copies of the
   // other's files must not crowd them out.
-  for (int r = 0; r < 2; ++r) configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, total * 7 / 10));
+  for (int r = 0; r < 2; ++r)
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, total * 7 / 10));
   Cluster cluster(configs);
   CHECK(ReadEverything(cluster, files, 2, 1 << 20, 3) == 0);
   cluster.Settle();
@@ -180,7 +182,8 @@ TEST_CASE("peers: concurrent first reads of one file on every peer cause one sou
   const std::string dataset = dir.Sub("dataset");
   auto files = testing::MakeDataset(dataset, 6, {8 << 20, 4096});
   std::vector<Config> configs;
-  for (int r = 0; r < 2; ++r) configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, 64 << 20));
+  for (int r = 0; r < 2; ++r)
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, 64 << 20));
   Cluster cluster(configs);
   const TestFile& big = files[0];
   std::atomic<int> bad{0};
@@ -192,7 +195,8 @@ TEST_CASE("peers: concurrent first reads of one file on every peer cause one sou
         // Each thread starts at a different place in the file.
         for (uint64_t k = 0; k < 32; ++k) {
           const uint64_t off = ((k + t * 8) % 32) * (256 << 10);
-          absl::StatusOr<size_t> got = cluster.peers[r]->Read(big.name, buffer.data(), 256 << 10, off);
+          absl::StatusOr<size_t> got =
+              cluster.peers[r]->Read(big.name, buffer.data(), 256 << 10, off);
           if (!got.ok() || *got != (256u << 10) ||
               !testing::BytesMatch(big, buffer.data(), off, 256 << 10)) {
             bad.fetch_add(1);
@@ -318,11 +322,13 @@ TEST_CASE("remote config: bad values are refused with the key and what was expec
       {"remote: {enabled: true, rank: -1, rendezvous_dir: /tmp}",
        "remote.rank: expected an integer, 'auto' or 'env:VARIABLE', got '-1'"},
       {"remote: {enabled: true, size: lots, rendezvous_dir: /tmp}", "remote.size: expected"},
-      {"remote: {enabled: true, size: 0, rendezvous_dir: /tmp}", "remote.size: expected at least 1"},
+      {"remote: {enabled: true, size: 0, rendezvous_dir: /tmp}",
+       "remote.size: expected at least 1"},
       {"remote: {enabled: true, bootstrap: pmi, rendezvous_dir: /tmp}",
        "remote.bootstrap: expected 'directory' or 'mpi', got 'pmi'"},
       {"remote: {enabled: true}", "remote.rendezvous_dir: required"},
-      {"remote: {enabled: true, rendezvous_dir: rdv}", "remote.rendezvous_dir: expected an absolute path"},
+      {"remote: {enabled: true, rendezvous_dir: rdv}",
+       "remote.rendezvous_dir: expected an absolute path"},
       {"remote: {enabled: true, rendezvous_dir: /tmp, transports: 'tcp;rm'}",
        "remote.transports: expected a UCX transport list"},
       {"remote: {enabled: true, rendezvous_dir: /tmp, buffer_size: lots}",
@@ -371,7 +377,7 @@ TEST_CASE("rendezvous hashing: even shares, and a departing peer moves only its 
     }
   }
   for (int s : share) CHECK(std::abs(s - files / 4) < files / 20);  // Within 20% of even.
-  CHECK(moved == share[3]);  // Exactly rank 3's files moved...
+  CHECK(moved == share[3]);     // Exactly rank 3's files moved...
   CHECK(moved_elsewhere == 0);  // ...and nobody else's.
   // Stable across processes and builds: a fixed value.
   CHECK(StableNameHash("a/b.rec") == StableNameHash(std::string("a/b.rec")));
@@ -398,7 +404,8 @@ TEST_CASE("checksum: catches flipped bits, swapped words, truncation; copy match
 
 TEST_CASE("bootstrap: environment expansion and rank variables") {
   ::setenv("MONARCH_TEST_JOB", "1234", 1);
-  absl::StatusOr<std::string> path = ExpandEnvironment("/scratch/rdv/${MONARCH_TEST_JOB}/x$MONARCH_TEST_JOB", "k");
+  absl::StatusOr<std::string> path =
+      ExpandEnvironment("/scratch/rdv/${MONARCH_TEST_JOB}/x$MONARCH_TEST_JOB", "k");
   REQUIRE(path.ok());
   CHECK(*path == "/scratch/rdv/1234/x1234");
   CHECK(!ExpandEnvironment("/a/${UNTERMINATED", "k").ok());

@@ -71,7 +71,7 @@ struct Options {
   bool settle = false;
   bool verify = false;
   std::string barrier_dir;  // With --partition: all N processes meet here around each epoch.
-  int part = 0;  // --partition R/N: read every N-th file of each epoch's order, from R.
+  int part = 0;             // --partition R/N: read every N-th file of each epoch's order, from R.
   int parts = 1;
 };
 
@@ -155,12 +155,11 @@ Options ParseArgs(int argc, char** argv) {
       o.barrier_dir = value();
     else if (flag == "--partition") {
       std::vector<std::string> rn = absl::StrSplit(value(), '/');
-      if (rn.size() != 2 || !absl::SimpleAtoi(rn[0], &o.part) || !absl::SimpleAtoi(rn[1], &o.parts) ||
-          o.parts < 1 || o.part < 0 || o.part >= o.parts) {
+      if (rn.size() != 2 || !absl::SimpleAtoi(rn[0], &o.part) ||
+          !absl::SimpleAtoi(rn[1], &o.parts) || o.parts < 1 || o.part < 0 || o.part >= o.parts) {
         Usage("--partition: expected R/N with 0 <= R < N");
       }
-    }
-    else if (flag == "--help" || flag == "-h")
+    } else if (flag == "--help" || flag == "-h")
       Usage("help");
     else
       Usage(absl::StrCat("unknown flag '", flag, "'"));

@@ -28,10 +28,10 @@ struct TierStats {
 struct RemoteStats {
   bool enabled = false;
   int rank = 0;
-  int peers = 0;                 // Processes in the job, this one included.
-  uint64_t buffer_bytes = 0;     // Each pre-registered receive buffer.
-  uint64_t home_files = 0;       // Files whose home is this process.
-  uint64_t peer_reads = 0;       // Fetches of files no local tier held, served by their home.
+  int peers = 0;              // Processes in the job, this one included.
+  uint64_t buffer_bytes = 0;  // Each pre-registered receive buffer.
+  uint64_t home_files = 0;    // Files whose home is this process.
+  uint64_t peer_reads = 0;    // Fetches of files no local tier held, served by their home.
   uint64_t peer_bytes_read = 0;
   uint64_t fallbacks = 0;        // Peer fetches that failed and went to the source instead.
   uint64_t down_skips = 0;       // Fetches sent straight to the source: the home was marked down.

@@ -112,10 +112,10 @@ absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key
 absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
   if (!remote.IsMap())
     return KeyError("remote", absl::StrCat("expected a mapping, got ", Describe(remote)));
-  MONARCH_RETURN_IF_ERROR(CheckKeys(
-      remote, "remote",
-      {"enabled", "rank", "size", "bootstrap", "rendezvous_dir", "rendezvous_timeout",
-       "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after"}));
+  MONARCH_RETURN_IF_ERROR(
+      CheckKeys(remote, "remote",
+                {"enabled", "rank", "size", "bootstrap", "rendezvous_dir", "rendezvous_timeout",
+                 "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after"}));
   if (remote["enabled"]) {
     MONARCH_ASSIGN_OR_RETURN(out->enabled, GetBool(remote["enabled"], "remote.enabled"));
   }
@@ -133,12 +133,12 @@ absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
                              GetString(remote["rendezvous_dir"], "remote.rendezvous_dir"));
   }
   if (remote["rendezvous_timeout"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->rendezvous_timeout_seconds,
-                             GetDuration(remote["rendezvous_timeout"], "remote.rendezvous_timeout"));
+    MONARCH_ASSIGN_OR_RETURN(
+        out->rendezvous_timeout_seconds,
+        GetDuration(remote["rendezvous_timeout"], "remote.rendezvous_timeout"));
   }
   if (remote["transports"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->transports,
-                             GetString(remote["transports"], "remote.transports"));
+    MONARCH_ASSIGN_OR_RETURN(out->transports, GetString(remote["transports"], "remote.transports"));
   }
   if (const YAML::Node buffer = remote["buffer_size"]) {
     if (buffer.IsScalar() && buffer.Scalar() == "auto") {
@@ -146,9 +146,9 @@ absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
     } else {
       absl::StatusOr<uint64_t> bytes = GetSize(buffer, "remote.buffer_size");
       if (!bytes.ok()) {
-        return KeyError("remote.buffer_size",
-                        absl::StrCat("expected 'auto' or a size such as 4MiB, got ",
-                                     Describe(buffer)));
+        return KeyError(
+            "remote.buffer_size",
+            absl::StrCat("expected 'auto' or a size such as 4MiB, got ", Describe(buffer)));
       }
       if (*bytes == 0) return KeyError("remote.buffer_size", "expected 'auto' or a non-zero size");
       out->buffer_bytes = *bytes;
@@ -194,7 +194,8 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                      "got ",
                      Describe(root)));
   }
-  MONARCH_RETURN_IF_ERROR(CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "logging"}));
+  MONARCH_RETURN_IF_ERROR(
+      CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "logging"}));
 
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
@@ -420,12 +421,13 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
   for (auto [key, spec] : {std::pair<const char*, const std::string*>{"remote.rank", &r.rank},
                            {"remote.size", &r.size}}) {
     if (!IsRankSpec(*spec)) {
-      return KeyError(key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got '",
-                                        *spec, "'"));
+      return KeyError(
+          key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got '", *spec, "'"));
     }
   }
   int64_t size;
-  if (absl::SimpleAtoi(r.size, &size) && size < 1) return KeyError("remote.size", "expected at least 1");
+  if (absl::SimpleAtoi(r.size, &size) && size < 1)
+    return KeyError("remote.size", "expected at least 1");
   if (r.bootstrap != "directory" && r.bootstrap != "mpi") {
     return KeyError("remote.bootstrap",
                     absl::StrCat("expected 'directory' or 'mpi', got '", r.bootstrap, "'"));
@@ -441,9 +443,8 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
                       absl::StrCat("expected an absolute path, got '", r.rendezvous_dir, "'"));
     }
   }
-  if (r.transports.empty() ||
-      r.transports.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_,^") !=
-          std::string::npos) {
+  if (r.transports.empty() || r.transports.find_first_not_of(
+                                  "abcdefghijklmnopqrstuvwxyz0123456789_,^") != std::string::npos) {
     return KeyError("remote.transports",
                     absl::StrCat("expected a UCX transport list such as 'tcp' or 'rc,ud,sm', got '",
                                  r.transports, "'"));

@@ -29,8 +29,7 @@ class FetchSource {
 class SourceFetch final : public FetchSource {
  public:
   explicit SourceFetch(Tier* source) : source_(source) {}
-  absl::StatusOr<size_t> Fetch(const FileRef& file, uint64_t offset, char* dst,
-                               size_t n) override {
+  absl::StatusOr<size_t> Fetch(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     return source_->Read(file, offset, dst, n);
   }
 

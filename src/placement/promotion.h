@@ -27,9 +27,9 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "drivers/tier.h"
-#include "placement/fetch_source.h"
 #include "metadata/namespace.h"
 #include "placement/chunk_pool.h"
+#include "placement/fetch_source.h"
 
 namespace monarch {
 

@@ -54,8 +54,8 @@ bool ParseRankFile(const std::string& path, int expected_size, std::string* addr
 }  // namespace
 
 std::vector<const char*> AutoRankVariables() {
-  return {"MONARCH_RANK", "SLURM_PROCID", "FLUX_TASK_RANK", "OMPI_COMM_WORLD_RANK",
-          "PMIX_RANK", "PMI_RANK"};
+  return {"MONARCH_RANK",         "SLURM_PROCID", "FLUX_TASK_RANK",
+          "OMPI_COMM_WORLD_RANK", "PMIX_RANK",    "PMI_RANK"};
 }
 std::vector<const char*> AutoSizeVariables() {
   return {"MONARCH_SIZE", "SLURM_NTASKS", "FLUX_JOB_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
@@ -96,8 +96,8 @@ absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::str
         return absl::InvalidArgumentError(absl::StrCat(key, ": unterminated ${ in '", text, "'"));
     } else {
       end = start;
-      while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) ||
-                                   text[end] == '_')) {
+      while (end < text.size() &&
+             (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_')) {
         ++end;
       }
     }
@@ -117,8 +117,8 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
                                                                   int size, const std::string& mine,
                                                                   double timeout_seconds) {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "remote.rendezvous_dir: cannot create '", dir, "': ", std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote.rendezvous_dir: cannot create '", dir, "': ", std::strerror(errno)));
   }
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
@@ -137,8 +137,8 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
     }
   }
   if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "remote.rendezvous_dir: cannot publish '", final_path, "': ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("remote.rendezvous_dir: cannot publish '",
+                                                      final_path, "': ", std::strerror(errno)));
   }
 
   std::vector<std::string> addresses(size);
@@ -146,8 +146,8 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
   addresses[rank] = mine;
   have[rank] = true;
   int missing = size - 1;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(timeout_seconds);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
   auto pause = std::chrono::milliseconds(2);
   for (;;) {
     for (int r = 0; r < size; ++r) {
@@ -168,10 +168,10 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
   std::vector<int> absent;
   for (int r = 0; r < size; ++r)
     if (!have[r]) absent.push_back(r);
-  return absl::DeadlineExceededError(absl::StrCat(
-      "remote: waited ", timeout_seconds, " s (remote.rendezvous_timeout) in '", dir, "' for ",
-      size, " peers; rank", absent.size() > 1 ? "s " : " ", absl::StrJoin(absent, ", "),
-      " never arrived"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("remote: waited ", timeout_seconds, " s (remote.rendezvous_timeout) in '", dir,
+                   "' for ", size, " peers; rank", absent.size() > 1 ? "s " : " ",
+                   absl::StrJoin(absent, ", "), " never arrived"));
 }
 
 void WithdrawFromDirectory(const std::string& dir, int rank) {

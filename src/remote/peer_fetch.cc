@@ -43,8 +43,8 @@ class HomeFirstPolicy final : public PlacementPolicy {
       std::optional<int> tier = inner_->ChooseTier(file, tiers);
       if (tier.has_value()) {
         uint64_t pending = home_pending_.load();
-        while (!home_pending_.compare_exchange_weak(pending,
-                                                    pending - std::min(pending, file.size))) {
+        while (
+            !home_pending_.compare_exchange_weak(pending, pending - std::min(pending, file.size))) {
         }
       }
       return tier;
@@ -83,9 +83,8 @@ absl::StatusOr<std::unique_ptr<PeerFetch>> PeerFetch::Create(const RemoteConfig&
         absl::StrCat("remote.size: expected 1 to 65535 peers, got ", size));
   }
   if (rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("remote.rank: expected 0 to ", size - 1, " (remote.size is ", size,
-                     "), got ", rank));
+    return absl::InvalidArgumentError(absl::StrCat("remote.rank: expected 0 to ", size - 1,
+                                                   " (remote.size is ", size, "), got ", rank));
   }
   auto fetch = std::unique_ptr<PeerFetch>(new PeerFetch(config, ns, source, rank, size));
   if (config.bootstrap == "directory") {
@@ -150,8 +149,7 @@ void PeerFetch::Shutdown() {
   rendezvous_dir_.clear();
 }
 
-absl::StatusOr<size_t> PeerFetch::Fetch(const FileRef& file, uint64_t offset, char* dst,
-                                        size_t n) {
+absl::StatusOr<size_t> PeerFetch::Fetch(const FileRef& file, uint64_t offset, char* dst, size_t n) {
   const int home = homes_[file.id];
   if (network_ == nullptr || home == rank_) return source_->Read(file, offset, dst, n);
   if (!network_->IsUp(home)) {
@@ -163,10 +161,10 @@ absl::StatusOr<size_t> PeerFetch::Fetch(const FileRef& file, uint64_t offset, ch
   n = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<size_t> got = network_->Fetch(home, file, offset, dst, n);
-  wait_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count(),
-                     std::memory_order_relaxed);
+  wait_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count(),
+      std::memory_order_relaxed);
   if (got.ok()) {
     peer_reads_.fetch_add(1, std::memory_order_relaxed);
     peer_bytes_.fetch_add(*got, std::memory_order_relaxed);

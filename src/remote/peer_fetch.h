@@ -41,8 +41,7 @@ class PeerFetch final : public FetchSource {
   absl::Status Connect(PeerNetwork::ServeFn serve);
   void Shutdown();
 
-  absl::StatusOr<size_t> Fetch(const FileRef& file, uint64_t offset, char* dst,
-                               size_t n) override;
+  absl::StatusOr<size_t> Fetch(const FileRef& file, uint64_t offset, char* dst, size_t n) override;
 
   // True if `file` may be served to a peer by this process: its home is us
   // and the peer's view of it (size, mtime) is ours.

@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr unsigned kRequestAm = 1;
 constexpr unsigned kReplyAm = 2;
-constexpr unsigned kGoodbyeAm = 3;  // "I am shutting down": header = the sender's rank.
+constexpr unsigned kGoodbyeAm = 3;          // "I am shutting down": header = the sender's rank.
 constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
 constexpr uint64_t kMinRing = 4;
 
@@ -163,8 +163,8 @@ class PeerNetwork::Impl {
     // The buffers are registered once, here; the per-file path never registers.
     send_bytes_ = std::max(options_.buffer_bytes, options_.chunk_bytes);
     const size_t send_buffers = 2 * static_cast<size_t>(options_.serve_threads);
-    if (absl::Status s = receive_region_.Init(context_, options_.receive_buffers,
-                                              options_.buffer_bytes);
+    if (absl::Status s =
+            receive_region_.Init(context_, options_.receive_buffers, options_.buffer_bytes);
         !s.ok()) {
       return s;
     }
@@ -240,8 +240,9 @@ class PeerNetwork::Impl {
       request->buffer = buffer + (k % depth) * piece;
       request->length = std::min(piece, n - k * piece);
       request->name = std::string(file.name);
-      request->header = RequestHeader{kProtocol,   options_.rank,  0,           offset + k * piece,
-                                      request->length, file.size, file.mtime_ns};
+      request->header =
+          RequestHeader{kProtocol, options_.rank, 0, offset + k * piece, request->length,
+                        file.size, file.mtime_ns};
       request->deadline = Clock::now() + timeout;
       {
         MutexLock lock(&mu_);
@@ -282,8 +283,8 @@ class PeerNetwork::Impl {
       const uint64_t sum = CopyWithChecksum(dst + k * piece, request->buffer, request->length);
       if (sum != request->checksum) {
         checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-        status = absl::DataLossError(absl::StrCat("remote: checksum mismatch for ", file.name,
-                                                  " from peer ", rank));
+        status = absl::DataLossError(
+            absl::StrCat("remote: checksum mismatch for ", file.name, " from peer ", rank));
         break;
       }
       ring[k % depth] = nullptr;
@@ -380,9 +381,9 @@ class PeerNetwork::Impl {
     Impl* owner = nullptr;
     int rank = 0;
     std::string address;
-    ucp_ep_h ep = nullptr;                  // Progress thread (and Init) only.
-    Clock::time_point down_until{};         // Guarded by mu_.
-    bool departed = false;                  // Said goodbye. Guarded by mu_.
+    ucp_ep_h ep = nullptr;           // Progress thread (and Init) only.
+    Clock::time_point down_until{};  // Guarded by mu_.
+    bool departed = false;           // Said goodbye. Guarded by mu_.
   };
 
   // A reply being sent, kept alive until UCX is done with its header and buffer.
@@ -517,8 +518,8 @@ class PeerNetwork::Impl {
     }
   }
 
-  static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void*,
-                                size_t, const ucp_am_recv_param_t*) {
+  static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void*, size_t,
+                                const ucp_am_recv_param_t*) {
     Impl* self = static_cast<Impl*>(arg);
     int32_t rank;
     if (header_length != sizeof(rank)) return UCS_OK;
@@ -609,8 +610,7 @@ class PeerNetwork::Impl {
     Impl* self = peer->owner;
     {
       MutexLock lock(&self->mu_);
-      self->MarkDownLocked(peer->rank,
-                           absl::StrCat("failed (", ucs_status_string(status), ")"));
+      self->MarkDownLocked(peer->rank, absl::StrCat("failed (", ucs_status_string(status), ")"));
       self->commands_.push_back([self, peer, ep] {
         // Close outside the callback; reconnect on the next request after retry_after.
         if (peer->ep == ep) peer->ep = nullptr;
@@ -640,12 +640,12 @@ class PeerNetwork::Impl {
       return UCS_OK;
     }
     std::string name(static_cast<const char*>(data), length);
-    {
-      MutexLock lock(&self->mu_);
-      if (!self->serving_) {
-        self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, -1, 0);
-        return UCS_OK;
-      }
+    // Queued under the lock that Shutdown() takes to stop serving, so no
+    // task can slip into the pool after Shutdown() has waited for it.
+    MutexLock lock(&self->mu_);
+    if (!self->serving_) {
+      self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, -1, 0);
+      return UCS_OK;
     }
     self->serve_pool_.detach_task(
         [self, request, name = std::move(name)] { self->Serve(request, name); });
@@ -696,11 +696,11 @@ class PeerNetwork::Impl {
   void QueueReplyLocked(const RequestHeader& request, absl::StatusCode code, int buffer,
                         uint64_t checksum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++replies_in_flight_;
-    auto* reply = new Reply{this,
-                            ReplyHeader{kProtocol, static_cast<int32_t>(code), request.request_id,
-                                        code == absl::StatusCode::kOk ? request.length : 0,
-                                        checksum},
-                            buffer};
+    auto* reply =
+        new Reply{this,
+                  ReplyHeader{kProtocol, static_cast<int32_t>(code), request.request_id,
+                              code == absl::StatusCode::kOk ? request.length : 0, checksum},
+                  buffer};
     const int to = request.from_rank;
     commands_.push_back([this, reply, to] { SendReply(reply, to); });
     Wake();
@@ -773,14 +773,15 @@ class PeerNetwork::Impl {
       if (reply.protocol != kProtocol) {
         self->Complete(*request, absl::DataLossError("remote: reply of another protocol"));
       } else if (reply.status_code != 0) {
-        self->Complete(*request,
-                       absl::UnavailableError(absl::StrCat(
-                           "remote: peer ", request->rank, " refused: ",
-                           absl::StatusCodeToString(static_cast<absl::StatusCode>(reply.status_code)))));
+        self->Complete(
+            *request,
+            absl::UnavailableError(absl::StrCat(
+                "remote: peer ", request->rank, " refused: ",
+                absl::StatusCodeToString(static_cast<absl::StatusCode>(reply.status_code)))));
       } else if (reply.length != request->length || length != request->length) {
-        self->Complete(*request, absl::DataLossError(absl::StrCat(
-                                     "remote: peer ", request->rank, " sent ", length,
-                                     " bytes for a request of ", request->length)));
+        self->Complete(*request, absl::DataLossError(
+                                     absl::StrCat("remote: peer ", request->rank, " sent ", length,
+                                                  " bytes for a request of ", request->length)));
       } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         request->state = Request::kReceiving;
         request->checksum = reply.checksum;
@@ -795,8 +796,8 @@ class PeerNetwork::Impl {
     // Rendezvous: pull the data into the pre-registered receive buffer.
     auto* keep = new std::shared_ptr<Request>(request);
     ucp_request_param_t recv = {};
-    recv.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_MEMH;
+    recv.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
     recv.cb.recv_am = OnReplyData;
     recv.user_data = keep;
     recv.memh = self->receive_region_.memh();
@@ -826,11 +827,10 @@ class PeerNetwork::Impl {
         pending_.erase(request->id);
         ReleaseSlotIfIdleLocked(request->slot);
       } else {
-        Complete(*request, status == UCS_OK
-                               ? absl::OkStatus()
-                               : absl::UnavailableError(absl::StrCat(
-                                     "remote: transfer from peer ", request->rank,
-                                     " failed: ", ucs_status_string(status))));
+        Complete(*request, status == UCS_OK ? absl::OkStatus()
+                                            : absl::UnavailableError(absl::StrCat(
+                                                  "remote: transfer from peer ", request->rank,
+                                                  " failed: ", ucs_status_string(status))));
       }
     }
   }
@@ -882,8 +882,8 @@ absl::StatusOr<std::unique_ptr<PeerNetwork>> PeerNetwork::Start(const Options& o
   return std::unique_ptr<PeerNetwork>(new PeerNetwork(std::move(impl)));
 }
 
-absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_t offset,
-                                          char* dst, size_t n) {
+absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
+                                          size_t n) {
   return impl_->Fetch(rank, file, offset, dst, n);
 }
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }

@@ -43,7 +43,7 @@ class PeerNetwork {
   struct Options {
     int rank = 0;
     int size = 1;
-    std::string transports = "tcp";  // UCX_TLS syntax; "all" lets UCX choose.
+    std::string transports = "tcp";   // UCX_TLS syntax; "all" lets UCX choose.
     uint64_t buffer_bytes = 1 << 20;  // One receive buffer.
     uint64_t chunk_bytes = 1 << 20;   // Piece size when a transfer streams.
     int receive_buffers = 8;          // Fetches in flight at once.
@@ -86,8 +86,7 @@ class PeerNetwork {
   // range must lie within the file. Returns n, or an error after which the
   // caller reads the source: Unavailable (peer down or refused),
   // DeadlineExceeded, DataLoss (length or checksum mismatch).
-  absl::StatusOr<size_t> Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
-                               size_t n);
+  absl::StatusOr<size_t> Fetch(int rank, const FileRef& file, uint64_t offset, char* dst, size_t n);
 
   // False while `rank` is marked down (until its retry time).
   bool IsUp(int rank) const;
