@@ -55,12 +55,6 @@ void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
   }
 }
 
-uint64_t TotalBytes(const std::vector<TestFile>& files) {
-  uint64_t total = 0;
-  for (const TestFile& f : files) total += f.size;
-  return total;
-}
-
 TEST_CASE("pread semantics and errors") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
@@ -203,7 +197,7 @@ TEST_CASE("when the tiers hold half the dataset, the rest keeps coming from the 
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 40, {100000});
-  const uint64_t total = TotalBytes(files);
+  const uint64_t total = testing::TotalBytes(files);
   auto m = MustCreate(testing::MakeConfig(ds, {testing::RamTier(total / 2)}));
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
@@ -238,7 +232,7 @@ TEST_CASE("a tier that fails writes abandons the promotion and keeps serving fro
   CHECK(stats.tiers[0].write_errors == 10);
   CHECK(stats.tiers[0].files == 0);
   CHECK(stats.tiers[0].bytes_used == 0);
-  CHECK(stats.source().bytes_read == 2 * TotalBytes(files));
+  CHECK(stats.source().bytes_read == 2 * testing::TotalBytes(files));
 }
 
 TEST_CASE("ENOSPC from a tier marks it full: later files stay on the source") {
@@ -346,7 +340,7 @@ TEST_CASE("warm restart reuses valid copies and discards stale ones") {
   std::string nvme = dir.Sub("nvme");
   std::string pmem = dir.Sub("pmem");
   auto files = testing::MakeDataset(ds, 20, {30000, 70000});
-  const uint64_t total = TotalBytes(files);
+  const uint64_t total = testing::TotalBytes(files);
   Config config =
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPmem, pmem, total / 2, "pmem"),
                                testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});

@@ -111,17 +111,11 @@ int ReadEverything(Cluster& cluster, const std::vector<TestFile>& files, int thr
   return bad.load();
 }
 
-uint64_t TotalBytes(const std::vector<TestFile>& files) {
-  uint64_t total = 0;
-  for (const auto& f : files) total += f.size;
-  return total;
-}
-
 TEST_CASE("peers: each file is read from the source once in the whole cluster, bytes exact") {
   ScratchDir dir;
   const std::string dataset = dir.Sub("dataset");
   auto files = testing::MakeDataset(dataset, 48, {4096, 100 << 10, 1536 << 10, 3 << 20, 7});
-  const uint64_t total = TotalBytes(files);
+  const uint64_t total = testing::TotalBytes(files);
   const int size = 3;
   std::vector<Config> configs;
   for (int r = 0; r < size; ++r) {
@@ -159,7 +153,7 @@ TEST_CASE("peers: tiers holding part of the dataset still keep every home file")
   ScratchDir dir;
   const std::string dataset = dir.Sub("dataset");
   auto files = testing::MakeDataset(dataset, 40, {200 << 10, 300 << 10});
-  const uint64_t total = TotalBytes(files);
+  const uint64_t total = testing::TotalBytes(files);
   std::vector<Config> configs;
   // 70% of the dataset each: both home shares fit, inclusive copies of the
   // other's files must not crowd them out.

@@ -88,6 +88,12 @@ inline std::vector<TestFile> MakeDataset(const std::string& root, int count,
   return files;
 }
 
+inline uint64_t TotalBytes(const std::vector<TestFile>& files) {
+  uint64_t total = 0;
+  for (const TestFile& f : files) total += f.size;
+  return total;
+}
+
 inline bool BytesMatch(const TestFile& f, const char* data, uint64_t offset, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (data[i] != ExpectedByte(f.seed, offset + i)) return false;

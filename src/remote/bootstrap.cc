@@ -187,6 +187,14 @@ absl::Status EnsureMpi() {
   int provided;
   if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     return absl::UnavailableError("remote.bootstrap: MPI_Init_thread failed");
+  // We initialized MPI, so we finalize it (launchers treat a missing
+  // MPI_Finalize as a crash); an application that initializes MPI itself
+  // finalizes it itself.
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
   return absl::OkStatus();
 }
 }  // namespace
