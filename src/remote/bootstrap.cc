@@ -1,8 +1,8 @@
 #include "remote/bootstrap.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/file_util.h"
 
 #ifdef MONARCH_WITH_MPI
 #include <mpi.h>
@@ -30,7 +31,8 @@ std::string RankFile(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rank-", rank, ".addr");
 }
 
-// Parses one published file; nullopt-like empty string if it is not (yet) valid.
+// Parses one published file into `address`; false if it is not there (yet),
+// or, with `problem` set, if it belongs to another job or is not ours.
 bool ParseRankFile(const std::string& path, int expected_size, std::string* address,
                    std::string* problem) {
   std::ifstream in(path);
@@ -116,9 +118,9 @@ absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::str
 absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::string& dir, int rank,
                                                                   int size, const std::string& mine,
                                                                   double timeout_seconds) {
-  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+  if (absl::Status made = MakeDirectories(dir); !made.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("remote.rendezvous_dir: cannot create '", dir, "': ", std::strerror(errno)));
+        absl::StrCat("remote.rendezvous_dir: cannot create '", dir, "': ", made.message()));
   }
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);

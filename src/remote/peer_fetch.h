@@ -48,8 +48,6 @@ class PeerFetch final : public FetchSource {
   absl::Status CheckServable(const FileEntry* entry, const PeerNetwork::FileRequest& request) const;
 
   bool IsHome(uint32_t id) const { return homes_[id] == rank_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
 
   // Wraps `inner` so that copies of files homed elsewhere (DYAD-style
   // inclusive copies) never take room this process needs for its own home

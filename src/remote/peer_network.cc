@@ -349,8 +349,6 @@ class PeerNetwork::Impl {
     return c;
   }
 
-  const Options& options() const { return options_; }
-
  private:
   // One piece of a Fetch in flight.
   struct Request {
@@ -889,8 +887,5 @@ absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
 void PeerNetwork::Shutdown() { impl_->Shutdown(); }
 PeerNetwork::Counters PeerNetwork::counters() const { return impl_->counters(); }
-int PeerNetwork::rank() const { return impl_->options().rank; }
-int PeerNetwork::size() const { return impl_->options().size; }
-uint64_t PeerNetwork::buffer_bytes() const { return impl_->options().buffer_bytes; }
 
 }  // namespace monarch

@@ -96,9 +96,6 @@ class PeerNetwork {
   void Shutdown();
 
   Counters counters() const;
-  int rank() const;
-  int size() const;
-  uint64_t buffer_bytes() const;
 
   class Impl;
 
