@@ -48,7 +48,6 @@ def run_cluster(a, work, mount, n, remote):
         with open(config, "w") as f:
             f.write("dataset: {path: %s}\n" % mount)
             f.write("tiers:\n  - {kind: ram, capacity: %d}\n  - {kind: source}\n" % capacity)
-            f.write("placement: {idle_priority: false}\n")
             if remote:
                 f.write("remote: {enabled: true, rank: %d, size: %d, rendezvous_dir: %s}\n"
                         % (r, n, os.path.join(base, "rendezvous")))

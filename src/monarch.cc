@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "drivers/tier.h"
@@ -34,19 +35,38 @@ LogLevel ParseLogLevel(const std::string& level) {
   return LogLevel::kWarning;
 }
 
-std::unique_ptr<StorageDriver> NewDriver(const TierConfig& tier, const Config& config) {
+// Memory the page cache may spend on buffered posix-tier copies ("auto"
+// write mode): half of what is available at start-up, less the RAM tiers.
+uint64_t BufferedCopyBudget(const Config& config) {
+  uint64_t ram_tiers = 0;
+  for (const TierConfig& tier : config.tiers) {
+    if (tier.kind == TierKind::kRam) ram_tiers += tier.capacity_bytes;
+  }
+  const uint64_t available = AvailableMemoryBytes();
+  return available > ram_tiers ? (available - ram_tiers) / 2 : 0;
+}
+
+absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
+                                                         const Config& config,
+                                                         const Namespace& ns) {
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
     case TierKind::kRam:
-      return NewRamDriver();
+      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count());
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open);
-    case TierKind::kPosix:
-      return NewPosixDriver(tier.path, max_open);
+    case TierKind::kPosix: {
+      PosixWriteOptions options;
+      options.mode = tier.write_mode == WriteMode::kBuffered ? PosixWriteOptions::Mode::kBuffered
+                     : tier.write_mode == WriteMode::kDirect ? PosixWriteOptions::Mode::kDirect
+                                                             : PosixWriteOptions::Mode::kAuto;
+      options.buffered_budget_bytes = BufferedCopyBudget(config);
+      return NewPosixDriver(tier.path, max_open, options);
+    }
     case TierKind::kSource:
       return NewSourceDriver(config.dataset.path, max_open);
   }
-  return nullptr;
+  return absl::InternalError("unknown tier kind");
 }
 
 class MonarchImpl final : public Monarch {
@@ -231,16 +251,21 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
   SetLogLevel(ParseLogLevel(config.logging.level));
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<PlacementPolicy> policy,
                            NewPlacementPolicy(config.placement.policy));
-  std::vector<std::unique_ptr<Tier>> tiers;
-  for (size_t i = 0; i < config.tiers.size(); ++i) {
-    std::unique_ptr<StorageDriver> driver = NewDriver(config.tiers[i], config);
-    if (wrap) driver = wrap(static_cast<int>(i), std::move(driver));
-    tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(driver)));
-  }
-  const int source_index = static_cast<int>(tiers.size()) - 1;
+  const int source_index = static_cast<int>(config.tiers.size()) - 1;
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(config.dataset.path, config.dataset.file_regex,
                                             source_index, config.dataset.scan_threads));
+  std::vector<std::unique_ptr<Tier>> tiers;
+  for (size_t i = 0; i < config.tiers.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);
+    if (!driver.ok()) {
+      return absl::Status(driver.status().code(),
+                          absl::StrCat("tiers[", i, "] ('", config.tiers[i].name,
+                                       "'): ", driver.status().message()));
+    }
+    if (wrap) *driver = wrap(static_cast<int>(i), std::move(*driver));
+    tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(*driver)));
+  }
   auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns));
   MONARCH_RETURN_IF_ERROR(monarch->Start(std::move(policy)));
   return std::unique_ptr<Monarch>(std::move(monarch));

@@ -60,7 +60,11 @@ std::string Stats::ToJson() const {
       ",\"promotions_failed\":", promotions_failed, ",\"promotions_skipped\":", promotions_skipped,
       ",\"promotions_cancelled\":", promotions_cancelled, ",\"staging_reads\":", staging_reads,
       ",\"staging_bytes_read\":", staging_bytes_read, ",\"staging_hits\":", staging_hits,
-      ",\"staging_fallbacks\":", staging_fallbacks, ",\"warm_files_reused\":", warm_files_reused,
+      ",\"staging_fallbacks\":", staging_fallbacks, ",\"staging_bytes\":", staging_bytes,
+      ",\"staging_peak_bytes\":", staging_peak_bytes,
+      ",\"chunks_written_by_placement\":", chunks_written_by_placement,
+      ",\"chunks_written_by_readers\":", chunks_written_by_readers,
+      ",\"warm_files_reused\":", warm_files_reused,
       ",\"warm_files_discarded\":", warm_files_discarded);
   const RemoteStats& r = remote;
   absl::StrAppend(

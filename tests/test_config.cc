@@ -43,7 +43,7 @@ tiers:
   - {name: pm, kind: pmem, path: )",
                                                                  d.pmem, R"(, capacity: 64MiB}
   - {name: nvme, kind: posix, path: )",
-                                                                 d.nvme, R"(, capacity: 100MB}
+                                                                 d.nvme, R"(, capacity: 100MB, write_mode: direct}
   - {name: lustre, kind: source}
 placement:
   threads: 3
@@ -51,7 +51,6 @@ placement:
   max_staging_bytes: 256MiB
   chunk_bytes: 512KiB
   max_open_files: 64
-  idle_priority: false
 logging:
   level: info
 )"));
@@ -65,13 +64,14 @@ logging:
   CHECK(config->tiers[1].kind == TierKind::kPmem);
   CHECK(config->tiers[1].path == d.pmem);
   CHECK(config->tiers[2].capacity_bytes == 100000000);
+  CHECK(config->tiers[2].write_mode == WriteMode::kDirect);
+  CHECK(config->tiers[1].write_mode == WriteMode::kAuto);
   CHECK(config->tiers[3].kind == TierKind::kSource);
   CHECK(config->tiers[3].name == "lustre");
   CHECK(config->placement.threads == 3);
   CHECK(config->placement.max_staging_bytes == (256ull << 20));
   CHECK(config->placement.chunk_bytes == (512ull << 10));
   CHECK(config->placement.max_open_files == 64);
-  CHECK_FALSE(config->placement.idle_priority);
   CHECK(config->logging.level == "info");
 }
 
@@ -256,9 +256,21 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"),
                             "placement.chunk_bytes"));
   }
-  SUBCASE("idle_priority that is not a boolean") {
-    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {idle_priority: maybe}\n");
-    CHECK(absl::StrContains(e, "placement.idle_priority: expected true or false, got 'maybe'"));
+  SUBCASE("the retired idle_priority says what replaced it") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {idle_priority: true}\n");
+    CHECK(absl::StrContains(e, "placement.idle_priority: no longer supported"));
+    CHECK(absl::StrContains(e, "placement.max_staging_bytes"));
+  }
+  SUBCASE("a write mode that is not auto, buffered or direct") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, path: " + d.nvme +
+                            ", capacity: 1MiB, write_mode: sometimes}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].write_mode: expected auto, buffered or direct, got "
+                               "'sometimes'"));
+  }
+  SUBCASE("a write mode on a tier that is not posix") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, write_mode: direct}\n" +
+                            src);
+    CHECK(absl::StrContains(e, "tiers[0].write_mode: only a posix tier has a write mode"));
   }
   SUBCASE("bad log level") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");

@@ -4,11 +4,18 @@
 
 #include <dirent.h>
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 #include "drivers/tier.h"
 #include "test_util.h"
@@ -18,10 +25,19 @@ namespace {
 
 using testing::ScratchDir;
 
-std::shared_ptr<FileImage> ImageOf(uint32_t seed, size_t size) {
-  auto image = std::make_shared<FileImage>(size);
-  for (size_t i = 0; i < size; ++i) image->mutable_data()[i] = testing::ExpectedByte(seed, i);
+// A file's bytes in a page-aligned buffer padded to whole pages, as the
+// placement code hands them to writers.
+std::shared_ptr<char> ImageOf(uint32_t seed, size_t size) {
+  const size_t padded = (size + 4095) / 4096 * 4096 + 4096;
+  std::shared_ptr<char> image(static_cast<char*>(std::aligned_alloc(4096, padded)), std::free);
+  for (size_t i = 0; i < size; ++i) image.get()[i] = testing::ExpectedByte(seed, i);
   return image;
+}
+
+std::unique_ptr<StorageDriver> MustRam(uint64_t capacity = 64 << 20, uint32_t files = 64) {
+  absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewRamDriver("ram", capacity, files);
+  REQUIRE_MESSAGE(driver.ok(), driver.status().ToString());
+  return std::move(*driver);
 }
 
 FileRef Ref(uint32_t id, absl::string_view name, uint64_t size,
@@ -45,8 +61,8 @@ std::vector<std::string> ListAll(const std::string& dir) {
 }
 
 absl::Status Store(StorageDriver& driver, const FileRef& file, uint32_t seed) {
-  std::shared_ptr<FileImage> image = ImageOf(seed, file.size);
-  return StoreCopy(driver, file, image->data(), file.size);
+  std::shared_ptr<char> image = ImageOf(seed, file.size);
+  return StoreCopy(driver, file, image.get(), file.size);
 }
 
 // Store, read back whole and in pieces, read past the end, remove.
@@ -85,14 +101,14 @@ void RoundTrip(StorageDriver& driver) {
 // in flight, and gone without a trace when abandoned.
 void StreamedCopy(StorageDriver& driver, const std::string& root) {
   const FileRef f = Ref(11, "s/streamed.bin", 3 * 8192 + 100);
-  std::shared_ptr<FileImage> image = ImageOf(21, f.size);
+  std::shared_ptr<char> image = ImageOf(21, f.size);
   const testing::TestFile tf{"", 21, f.size};
   char buffer[8192];
   {
     auto writer = driver.NewWriter(f);
     REQUIRE(writer.ok());
-    REQUIRE((*writer)->Write(0, image->data(), 8192).ok());
-    REQUIRE((*writer)->Write(8192, image->data() + 8192, 8192).ok());
+    REQUIRE((*writer)->Write(0, image.get(), 8192).ok());
+    REQUIRE((*writer)->Write(8192, image.get() + 8192, 8192).ok());
     CHECK(driver.Read(f, 0, buffer, 10).status().code() == absl::StatusCode::kNotFound);
     REQUIRE(*(*writer)->ReadBack(8000, buffer, 300) == 300);
     CHECK(testing::BytesMatch(tf, buffer, 8000, 300));
@@ -103,7 +119,7 @@ void StreamedCopy(StorageDriver& driver, const std::string& root) {
   REQUIRE(writer.ok());
   for (uint64_t offset = 0; offset < f.size; offset += 8192) {
     REQUIRE((*writer)
-                ->Write(offset, image->data() + offset, std::min<uint64_t>(8192, f.size - offset))
+                ->Write(offset, image.get() + offset, std::min<uint64_t>(8192, f.size - offset))
                 .ok());
   }
   REQUIRE((*writer)->Commit().ok());
@@ -115,7 +131,7 @@ void StreamedCopy(StorageDriver& driver, const std::string& root) {
 }
 
 TEST_CASE("streamed copies: ram, posix, pmem") {
-  std::unique_ptr<StorageDriver> ram = NewRamDriver();
+  std::unique_ptr<StorageDriver> ram = MustRam();
   StreamedCopy(*ram, "");
   ScratchDir posix_dir, pmem_dir;
   std::unique_ptr<StorageDriver> posix = NewPosixDriver(posix_dir.path(), 8);
@@ -125,7 +141,7 @@ TEST_CASE("streamed copies: ram, posix, pmem") {
 }
 
 TEST_CASE("ram driver round trip") {
-  std::unique_ptr<StorageDriver> driver = NewRamDriver();
+  std::unique_ptr<StorageDriver> driver = MustRam();
   RoundTrip(*driver);
 }
 
@@ -221,7 +237,7 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
 }
 
 TEST_CASE("tier capacity: reservations never overcommit, used counts complete copies") {
-  Tier tier(testing::RamTier(1000), NewRamDriver());
+  Tier tier(testing::RamTier(1000), MustRam(1000));
   CHECK(tier.TryReserve(600));
   CHECK_FALSE(tier.TryReserve(500));  // 600 reserved + 500 > 1000.
   CHECK(tier.GetStats().bytes_used == 0);
@@ -233,6 +249,165 @@ TEST_CASE("tier capacity: reservations never overcommit, used counts complete co
   CHECK(tier.TryReserve(300));
   tier.MarkFull();  // ENOSPC: nothing more fits, whatever the configured capacity.
   CHECK_FALSE(tier.TryReserve(1));
+}
+
+// Pages of `path` in the page cache.
+size_t ResidentPages(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  struct stat st;
+  REQUIRE(::fstat(fd, &st) == 0);
+  const size_t pages = (static_cast<size_t>(st.st_size) + 4095) / 4096;
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(map != MAP_FAILED);
+  std::vector<unsigned char> resident(pages);
+  REQUIRE(::mincore(map, static_cast<size_t>(st.st_size), resident.data()) == 0);
+  ::munmap(map, static_cast<size_t>(st.st_size));
+  size_t count = 0;
+  for (unsigned char r : resident) count += r & 1;
+  return count;
+}
+
+TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do not") {
+  ScratchDir dir;
+  {
+    // O_DIRECT is what makes the difference; a file system without it
+    // (tmpfs) writes everything buffered.
+    int probe = ::open((dir.path() + "/probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+    if (probe < 0) {
+      MESSAGE("no O_DIRECT on " << dir.path() << "; set TMPDIR to a disk to run this test");
+      return;
+    }
+    ::close(probe);
+    ::unlink((dir.path() + "/probe").c_str());
+  }
+  PosixWriteOptions options;
+  options.mode = PosixWriteOptions::Mode::kAuto;
+  options.buffered_budget_bytes = 3 << 20;
+  std::unique_ptr<StorageDriver> driver = NewPosixDriver(dir.path(), 8, options);
+  const FileRef first = Ref(1, "first.bin", 2 << 20);    // Fits the budget: buffered.
+  const FileRef second = Ref(2, "second.bin", 2 << 20);  // Over it: direct.
+  const FileRef small = Ref(3, "small.bin", 100000);     // Small files are always buffered.
+  REQUIRE(Store(*driver, first, 1).ok());
+  REQUIRE(Store(*driver, second, 2).ok());
+  REQUIRE(Store(*driver, small, 3).ok());
+  CHECK(ResidentPages(dir.path() + "/first.bin") == 512);
+  CHECK(ResidentPages(dir.path() + "/second.bin") == 0);
+  CHECK(ResidentPages(dir.path() + "/small.bin") == 25);
+  std::vector<char> whole(2 << 20);
+  REQUIRE(*driver->Read(second, 0, whole.data(), whole.size()) == whole.size());
+  CHECK(testing::BytesMatch(testing::TestFile{"", 2, second.size}, whole.data(), 0, whole.size()));
+
+  options.mode = PosixWriteOptions::Mode::kBuffered;
+  options.buffered_budget_bytes = 0;
+  std::unique_ptr<StorageDriver> buffered = NewPosixDriver(dir.Sub("b"), 8, options);
+  REQUIRE(Store(*buffered, second, 2).ok());
+  CHECK(ResidentPages(dir.path() + "/b/second.bin") == 512);
+  options.mode = PosixWriteOptions::Mode::kDirect;
+  options.buffered_budget_bytes = 1ull << 40;
+  std::unique_ptr<StorageDriver> direct = NewPosixDriver(dir.Sub("d"), 8, options);
+  REQUIRE(Store(*direct, first, 1).ok());
+  CHECK(ResidentPages(dir.path() + "/d/first.bin") == 0);
+}
+
+TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read back") {
+  absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(8 << 20, 3, "test");
+  REQUIRE(made.ok());
+  RamArena& arena = **made;
+  CHECK(arena.stripe_count() == 3);
+  struct Held {
+    RamArena::Extent extent;
+    uint64_t size;
+    uint32_t seed;
+  };
+  std::vector<Held> held;
+  std::mt19937 rng(5);
+  std::vector<char> bytes(300000);
+  for (int round = 0; round < 400; ++round) {
+    if (!held.empty() && rng() % 3 == 0) {
+      const size_t k = rng() % held.size();
+      arena.Free(held[k].extent, held[k].size);
+      held.erase(held.begin() + static_cast<long>(k));
+      continue;
+    }
+    const uint64_t size = 1 + rng() % bytes.size();
+    absl::StatusOr<RamArena::Extent> extent = arena.Allocate(size);
+    if (!extent.ok()) {
+      CHECK(absl::IsResourceExhausted(extent.status()));
+      continue;
+    }
+    const uint32_t seed = static_cast<uint32_t>(round);
+    for (uint64_t i = 0; i < size; ++i) bytes[i] = testing::ExpectedByte(seed, i);
+    REQUIRE(arena.Write(*extent, 0, bytes.data(), size).ok());
+    held.push_back({*extent, size, seed});
+  }
+  REQUIRE(held.size() > 10);
+  for (size_t a = 0; a < held.size(); ++a) {
+    const Held& h = held[a];
+    CHECK(h.extent.offset % 64 == 0);
+    CHECK(testing::BytesMatch(testing::TestFile{"", h.seed, h.size}, arena.data(h.extent), 0,
+                              h.size));
+    for (size_t b = a + 1; b < held.size(); ++b) {
+      const Held& o = held[b];
+      if (o.extent.stripe != h.extent.stripe) continue;
+      const bool apart = h.extent.offset + h.size <= o.extent.offset ||
+                         o.extent.offset + o.size <= h.extent.offset;
+      CHECK(apart);
+    }
+  }
+  // Everything freed: each stripe is empty again and takes a whole-stripe extent.
+  for (const Held& h : held) arena.Free(h.extent, h.size);
+  for (int s = 0; s < arena.stripe_count(); ++s) {
+    absl::StatusOr<RamArena::Extent> whole = arena.Allocate(8 << 20);
+    REQUIRE(whole.ok());
+    CHECK(whole->offset == 0);
+  }
+  CHECK(absl::IsResourceExhausted(arena.Allocate(1).status()));
+}
+
+TEST_CASE("RAM tier: a copy removed while readers read it never yields wrong bytes") {
+  std::unique_ptr<StorageDriver> driver = MustRam(16 << 20, 8);
+  const FileRef file = Ref(0, "f.bin", 1 << 20);
+  // Extents are dealt out over up to 8 stripes in turn: storing 7 other
+  // files after a removal reuses the removed copy's memory, whatever the
+  // number of stripes.
+  std::vector<std::string> names;
+  std::vector<FileRef> others;
+  for (uint32_t id = 1; id < 8; ++id) names.push_back("g" + std::to_string(id));
+  for (uint32_t id = 1; id < 8; ++id) others.push_back(Ref(id, names[id - 1], 1 << 20));
+  REQUIRE(Store(*driver, file, 1).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, served{0}, missing{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&] {
+      std::vector<char> buffer(file.size);
+      while (!stop.load()) {
+        absl::StatusOr<size_t> n = driver->Read(file, 0, buffer.data(), buffer.size());
+        if (!n.ok()) {
+          missing.fetch_add(1);
+          continue;
+        }
+        served.fetch_add(1);
+        if (*n != file.size ||
+            !testing::BytesMatch(testing::TestFile{"", 1, file.size}, buffer.data(), 0, *n)) {
+          wrong.fetch_add(1);
+        }
+      }
+    });
+  }
+  // Remove the copy and fill its memory with other files' bytes, over and over.
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(driver->Remove(file).ok());
+    for (const FileRef& other : others) REQUIRE(Store(*driver, other, 2).ok());
+    for (const FileRef& other : others) REQUIRE(driver->Remove(other).ok());
+    REQUIRE(Store(*driver, file, 1).ok());
+  }
+  stop.store(true);
+  for (std::thread& r : readers) r.join();
+  CHECK(wrong.load() == 0);
+  CHECK(served.load() > 0);
 }
 
 }  // namespace

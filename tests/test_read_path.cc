@@ -85,7 +85,12 @@ TEST_CASE("pread semantics and errors") {
   CHECK(m->dataset_root() == ds);
 }
 
-TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
+// 8 threads of random reads (lengths and offsets across chunk boundaries and
+// the end of files) while promotions run into a RAM and a posix tier, with a
+// given staging budget: the default (placement threads write the copies), or
+// 1 byte (readers write the chunks they loaded themselves, racing the
+// placement threads that load and write the rest).
+void RandomReadsStayExact(uint64_t staging_budget) {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 60, {1, 4096, 100000, 1 << 20, 3 << 20, 777777});
@@ -95,6 +100,7 @@ TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
       ds, {testing::RamTier(8 << 20),
            testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")});
   config.placement.chunk_bytes = 64 << 10;
+  config.placement.max_staging_bytes = staging_budget;
   auto m = MustCreate(config, &source);
 
   std::atomic<int> bad{0};
@@ -122,8 +128,10 @@ TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
   CHECK(stats.promotions_failed == 0);
   CHECK(stats.promotions_completed == stats.promotions_started);
   CHECK(stats.staging_fallbacks == 0);
+  CHECK(stats.staging_bytes == 0);  // Every staged chunk was written and returned.
   CHECK(stats.tiers[0].bytes_used <= (8 << 20));
   CHECK(stats.tiers[0].files + stats.tiers[1].files == stats.promotions_completed);
+  if (staging_budget == 1) CHECK(stats.chunks_written_by_readers > 0);
   // No byte was read twice from the PFS while its promotion was in flight.
   for (const TestFile& f : files) {
     if (source.BytesOf(f.name) > 0) CHECK_MESSAGE(source.BytesOf(f.name) == f.size, f.name);
@@ -134,6 +142,70 @@ TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
     if (source.BytesOf(f.name) > 0) ReadWholeAndCheck(*m, f);
   }
   CHECK(source.bytes.load() == before);
+}
+
+TEST_CASE("random reads from 8 threads stay byte-exact while promotions run") {
+  RandomReadsStayExact(/*staging_budget=*/0);
+}
+
+TEST_CASE("random reads stay byte-exact when readers and placement threads both write copies") {
+  RandomReadsStayExact(/*staging_budget=*/1);
+}
+
+TEST_CASE("over the staging budget, a reader writes and publishes its file before returning") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 40, {100000});
+  Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")});
+  config.placement.max_staging_bytes = 1;  // Any loaded chunk is over it.
+  auto m = MustCreate(config);
+  for (size_t i = 0; i < files.size(); ++i) {
+    ReadWholeAndCheck(*m, files[i]);
+    // No waiting: the read itself wrote and committed the copy.
+    REQUIRE(m->GetStats().tiers[0].files == i + 1);
+  }
+  Stats stats = m->GetStats();
+  CHECK(stats.chunks_written_by_readers == 40);
+  CHECK(stats.chunks_written_by_placement == 0);
+  CHECK(stats.staging_bytes == 0);
+  CHECK(stats.staging_peak_bytes == 131072);  // One reader held one 100 kB chunk at a time.
+  CHECK(stats.source().bytes_read == testing::TotalBytes(files));
+}
+
+TEST_CASE("staging memory stays within its budget while placement falls behind") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 120, {100000});
+  FaultInjectingDriver::Faults tier;
+  tier.write_delay_us = 3000;  // A slow tier: placement threads cannot keep up with the readers.
+  Config config = testing::MakeConfig(ds, {testing::RamTier(64 << 20)});
+  config.placement.max_staging_bytes = 1 << 20;
+  auto m = MustCreate(config, nullptr, 0, &tier);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      std::vector<char> buffer(100000);
+      for (size_t i = t; i < files.size(); i += 4) {
+        absl::StatusOr<size_t> got = m->Read(files[i].name, buffer.data(), buffer.size(), 0);
+        if (!got.ok() || *got != files[i].size ||
+            !testing::BytesMatch(files[i], buffer.data(), 0, *got)) {
+          bad.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  m->WaitForPlacement();
+  CHECK(bad.load() == 0);
+  Stats stats = m->GetStats();
+  // The budget, plus the chunk each reader and placement thread (2) may hold
+  // while it decides.
+  CHECK(stats.staging_peak_bytes <= (1 << 20) + 6 * 131072);
+  CHECK(stats.chunks_written_by_readers > 0);
+  CHECK(stats.tiers[0].files == files.size());
+  CHECK(stats.staging_bytes == 0);
 }
 
 TEST_CASE("a partial read of a large file promotes the whole file, reading the PFS once") {
@@ -521,6 +593,12 @@ TEST_CASE("stats JSON carries every counter") {
                           "\"files\":3,\"bytes_used\":3000"));
   CHECK(absl::StrContains(
       json, "\"promotions_started\":3,\"promotions_completed\":3,\"promotions_failed\":0"));
+  // Each 1000-byte file was staged in a 4 KiB buffer; up to all three at once.
+  const uint64_t peak = m->GetStats().staging_peak_bytes;
+  CHECK((peak == 4096 || peak == 8192 || peak == 12288));
+  CHECK(absl::StrContains(json, absl::StrCat("\"staging_bytes\":0,\"staging_peak_bytes\":", peak,
+                                             ",\"chunks_written_by_placement\":3,"
+                                             "\"chunks_written_by_readers\":0")));
 }
 
 }  // namespace

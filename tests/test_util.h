@@ -143,6 +143,7 @@ class FaultInjectingDriver final : public ForwardingDriver {
     std::atomic<bool> fail_stores{false};
     absl::StatusCode store_error = absl::StatusCode::kDataLoss;
     std::atomic<int> read_delay_us{0};
+    std::atomic<int> write_delay_us{0};  // Before every chunk written to a copy.
     std::atomic<uint64_t> reads{0};
     std::atomic<uint64_t> bytes{0};
     std::atomic<uint64_t> stores{0};  // Copies started.
@@ -174,11 +175,37 @@ class FaultInjectingDriver final : public ForwardingDriver {
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
     faults_->stores.fetch_add(1);
     absl::StatusOr<std::unique_ptr<CopyWriter>> writer = ForwardingDriver::NewWriter(file);
-    if (!writer.ok() || !faults_->fail_stores.load()) return writer;
-    return std::unique_ptr<CopyWriter>(new FailingWriter(std::move(*writer), faults_->store_error));
+    if (!writer.ok()) return writer;
+    if (faults_->fail_stores.load()) {
+      return std::unique_ptr<CopyWriter>(
+          new FailingWriter(std::move(*writer), faults_->store_error));
+    }
+    if (faults_->write_delay_us.load() > 0) {
+      return std::unique_ptr<CopyWriter>(new SlowWriter(std::move(*writer), faults_));
+    }
+    return writer;
   }
 
  private:
+  // Sleeps before every write, as a tier on a busy device would take time.
+  class SlowWriter final : public CopyWriter {
+   public:
+    SlowWriter(std::unique_ptr<CopyWriter> target, Faults* faults)
+        : target_(std::move(target)), faults_(faults) {}
+    absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      ::usleep(faults_->write_delay_us.load());
+      return target_->Write(offset, data, n);
+    }
+    absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
+      return target_->ReadBack(offset, dst, n);
+    }
+    absl::Status Commit() override { return target_->Commit(); }
+
+   private:
+    std::unique_ptr<CopyWriter> target_;
+    Faults* faults_;
+  };
+
   // Accepts the first write, fails the next ones (as a device that fills up
   // or breaks mid-copy would) and the commit.
   class FailingWriter final : public CopyWriter {

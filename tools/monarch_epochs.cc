@@ -68,6 +68,7 @@ struct Options {
   int threads = 4;
   uint64_t seed = 42;
   bool drop_caches = false;
+  bool drop_source_cache = false;
   bool settle = false;
   bool verify = false;
   std::string barrier_dir;  // With --partition: all N processes meet here around each epoch.
@@ -87,6 +88,9 @@ struct Options {
                "  --profile imagenet|shards  sizes for --generate (~110 KiB / 64 MiB)\n"
                "  --file-size BYTES      fixed size for --generate instead of the profile\n"
                "  --drop-caches          drop the page cache before every epoch (root)\n"
+               "  --drop-source-cache    evict only the dataset's files (and --plain-dir's) from\n"
+               "                         the page cache before every epoch, as a PFS client whose\n"
+               "                         cache went cold would be; tier copies keep theirs\n"
                "  --settle               wait for background placement between epochs\n"
                "  --verify               compare every read with the source (slow)\n"
                "  --partition R/N        read only this process's 1/N of each epoch (every N-th\n"
@@ -147,6 +151,8 @@ Options ParseArgs(int argc, char** argv) {
       o.seed = ParseCount("--seed", value());
     else if (flag == "--drop-caches")
       o.drop_caches = true;
+    else if (flag == "--drop-source-cache")
+      o.drop_source_cache = true;
     else if (flag == "--settle")
       o.settle = true;
     else if (flag == "--verify")
@@ -210,6 +216,18 @@ void Generate(const Options& o) {
   }
   std::printf("generated %llu files, %.1f MiB in %s\n", static_cast<unsigned long long>(o.generate),
               total / 1048576.0, o.dataset.c_str());
+}
+
+// Evicts `files` under `root` from the page cache: written back first (dirty
+// pages cannot be dropped), then POSIX_FADV_DONTNEED. Needs no privileges.
+void DropFileCaches(const std::string& root, const std::vector<std::string>& files) {
+  for (const std::string& f : files) {
+    int fd = ::open(monarch::JoinPath(root, f).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
 }
 
 void DropCaches() {
@@ -328,6 +346,10 @@ int main(int argc, char** argv) {
       order.swap(mine);
     }
     if (o.drop_caches) DropCaches();
+    if (o.drop_source_cache) {
+      DropFileCaches(root, files);
+      if (plain_root != root) DropFileCaches(plain_root, files);
+    }
     if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, epoch)) return 1;
     if (!Barrier(o, absl::StrCat("start-", epoch))) return 1;
 
@@ -425,8 +447,14 @@ int main(int argc, char** argv) {
                 o.verify ? absl::StrCat(", ", result.mismatches, " mismatches").c_str() : "",
                 o.mode == "plain" ? "plain pread" : "served from ",
                 o.mode == "plain" ? "" : served.c_str());
+    // Complete copies in the tiers when the epoch ended: how far placement got.
+    uint64_t published = 0;
+    for (size_t t = 0; t + 1 < now.tiers.size(); ++t) published += now.tiers[t].files;
+    if (o.mode != "plain") std::printf("  %llu of %zu files in tiers at the end of the epoch\n",
+                                       static_cast<unsigned long long>(published), files.size());
     absl::StrAppend(&json, epoch > 1 ? "," : "", "{\"epoch\":", epoch,
                     ",\"seconds\":", absl::StrFormat("%.6f", result.seconds),
+                    ",\"published_files\":", published,
                     ",\"bytes\":", result.bytes, ",\"errors\":", result.errors,
                     ",\"mismatches\":", result.mismatches, ",\"served\":{", served_json, "}}");
     if (result.errors > 0 || result.mismatches > 0) {

@@ -32,11 +32,22 @@ enum class TierKind {
 
 const char* TierKindName(TierKind kind);
 
+// How a posix tier writes its copies.
+enum class WriteMode {
+  // Through the page cache while the copies written so far fit in half the
+  // memory that was available at start-up (less the RAM tiers); after that,
+  // files of 1 MiB and more with O_DIRECT.
+  kAuto,
+  kBuffered,  // Always through the page cache.
+  kDirect,    // O_DIRECT for files of 1 MiB and more (smaller ones are buffered).
+};
+
 struct TierConfig {
   std::string name;  // Unique; shows up in stats. Defaults to the kind.
   TierKind kind = TierKind::kRam;
   std::string path;             // pmem/posix: directory holding the copies. Unused otherwise.
   uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold. Unused for source.
+  WriteMode write_mode = WriteMode::kAuto;  // posix only.
 };
 
 struct DatasetConfig {
@@ -50,9 +61,10 @@ struct DatasetConfig {
 struct PlacementConfig {
   int threads = 0;                   // Background placement threads; 0 = number of cores.
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
-  // Bytes of files being promoted at once (a promotion holds at most this
-  // much memory, usually far less: chunks are freed once written). A file
-  // larger than the cap stays on the source. 0 = a quarter of physical memory.
+  // Staging memory: chunks read from the source and not yet written to a
+  // tier. While it is over this budget, readers write the chunks they loaded
+  // into the tier themselves instead of leaving them to the placement
+  // threads. 0 = 256 MiB, or 1/16 of physical memory if that is less.
   uint64_t max_staging_bytes = 0;
   // Granularity at which reads share the bytes a promotion is fetching, and
   // at which it streams them into the tier. A multiple of 4 KiB.
@@ -61,10 +73,6 @@ struct PlacementConfig {
   // keeps open between reads; the total stays bounded whatever the number of
   // files and readers.
   int max_open_files = 256;
-  // Write tier copies at idle CPU priority (SCHED_IDLE): copying then uses
-  // only CPU time the job's readers leave idle, while reads of files still
-  // being copied are served from the promotion's chunks.
-  bool idle_priority = true;
 };
 
 // Peers: other Monarch processes of the same job, each with its own tiers,

@@ -60,6 +60,13 @@ struct Stats {
   uint64_t staging_bytes_read = 0;
   uint64_t staging_hits = 0;          // Of those, reads whose bytes others had already loaded.
   uint64_t staging_fallbacks = 0;     // Reads of files being promoted that went to the source.
+  // Staging memory: chunks read from the source and not yet written to a
+  // tier (bytes now, and the most at any time), and who wrote the chunks:
+  // placement threads, or readers when staging was over its budget.
+  uint64_t staging_bytes = 0;
+  uint64_t staging_peak_bytes = 0;
+  uint64_t chunks_written_by_placement = 0;
+  uint64_t chunks_written_by_readers = 0;
   uint64_t warm_files_reused = 0;     // Valid copies found at start-up.
   uint64_t warm_files_discarded = 0;  // Stale copies removed at start-up.
   RemoteStats remote;

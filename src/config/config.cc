@@ -227,7 +227,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity"}));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity", "write_mode"}));
     TierConfig tier;
     if (!t["kind"])
       return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
@@ -242,6 +242,23 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     if (t["capacity"]) {
       MONARCH_ASSIGN_OR_RETURN(tier.capacity_bytes,
                                GetSize(t["capacity"], absl::StrCat(where, ".capacity")));
+    }
+    if (const YAML::Node mode = t["write_mode"]) {
+      const std::string key = absl::StrCat(where, ".write_mode");
+      if (tier.kind != TierKind::kPosix) {
+        return KeyError(key, absl::StrCat("only a posix tier has a write mode, not a ",
+                                          TierKindName(tier.kind), " tier; remove this key"));
+      }
+      MONARCH_ASSIGN_OR_RETURN(std::string text, GetString(mode, key));
+      if (text == "auto") {
+        tier.write_mode = WriteMode::kAuto;
+      } else if (text == "buffered") {
+        tier.write_mode = WriteMode::kBuffered;
+      } else if (text == "direct") {
+        tier.write_mode = WriteMode::kDirect;
+      } else {
+        return KeyError(key, absl::StrCat("expected auto, buffered or direct, got '", text, "'"));
+      }
     }
     if (tier.kind == TierKind::kSource && t["path"]) {
       return KeyError(absl::StrCat(where, ".path"),
@@ -270,9 +287,15 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (const YAML::Node placement = root["placement"]) {
     if (!placement.IsMap())
       return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
+    if (placement["idle_priority"]) {
+      return KeyError("placement.idle_priority",
+                      "no longer supported: placement threads run at normal priority, and "
+                      "readers write the chunks they loaded themselves when staging memory is "
+                      "over placement.max_staging_bytes; remove this key");
+    }
     MONARCH_RETURN_IF_ERROR(CheckKeys(placement, "placement",
                                       {"threads", "policy", "max_staging_bytes", "chunk_bytes",
-                                       "max_open_files", "idle_priority"}));
+                                       "max_open_files"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
@@ -302,13 +325,6 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                         absl::StrCat("expected 4 to 1000000, got ", files));
       }
       config.placement.max_open_files = static_cast<int>(files);
-    }
-    if (const YAML::Node idle = placement["idle_priority"]) {
-      if (!idle.IsScalar() || (idle.Scalar() != "true" && idle.Scalar() != "false")) {
-        return KeyError("placement.idle_priority",
-                        absl::StrCat("expected true or false, got ", Describe(idle)));
-      }
-      config.placement.idle_priority = idle.Scalar() == "true";
     }
   }
 

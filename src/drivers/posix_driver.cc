@@ -3,17 +3,27 @@
 // Descriptors are cached (bounded) so a file read in many calls, such as a
 // TFRecord shard, is opened once, and the total number of open descriptors
 // stays bounded whatever the number of files.
+//
+// Copies are written through the page cache by default, so the next epoch
+// reads a copy just written from memory: as fast as the page-cached source it
+// came from. Copies written with O_DIRECT go straight to the device and the
+// epoch after reads them from there (measured: epoch 2 of 16 MiB files from
+// direct-written copies took 5.8x plain reads of a page-cached source). Direct
+// writes are for data that cannot stay cached anyway: in "auto" mode, files
+// of 1 MiB and more once the buffered budget is used up.
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/handle_cache.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
 #include "drivers/storage_driver.h"
@@ -22,7 +32,7 @@ namespace monarch {
 namespace {
 
 constexpr size_t kPage = 4096;
-// Files from this size on are written with O_DIRECT. Below it the per-call
+// Files from this size on may be written with O_DIRECT. Below it the per-call
 // cost of direct I/O (pinning pages, a synchronous device write, padding the
 // tail) outweighs the page-cache copy it saves: measured on 110 KiB files,
 // direct writes took more system time than buffered ones, while for 64 MiB
@@ -31,8 +41,8 @@ constexpr uint64_t kDirectMinBytes = 1 << 20;
 
 class PosixDriver final : public StorageDriver {
  public:
-  PosixDriver(const std::string& root, int max_open_files)
-      : tree_(root), descriptors_(max_open_files) {}
+  PosixDriver(const std::string& root, int max_open_files, const PosixWriteOptions& options)
+      : tree_(root), descriptors_(max_open_files), options_(options) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
@@ -45,7 +55,7 @@ class PosixDriver final : public StorageDriver {
     MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
     int fd = -1;
-    if (file.size >= kDirectMinBytes) {
+    if (WantDirect(file.size)) {
       fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
       if (fd < 0 && errno != EINVAL)
         return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
@@ -64,6 +74,8 @@ class PosixDriver final : public StorageDriver {
         ::unlink(temporary.c_str());
         return ErrnoToStatus(error, absl::StrCat("allocate ", temporary));
       }
+    } else {
+      buffered_bytes_.fetch_add(file.size, std::memory_order_relaxed);
     }
     return std::unique_ptr<CopyWriter>(
         new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
@@ -77,12 +89,24 @@ class PosixDriver final : public StorageDriver {
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
  private:
-  // Writes large files with O_DIRECT where the file system allows it: the
-  // bytes go from the promotion's chunk to the device without a second copy
-  // into the page cache, which on a small node costs as much CPU as the reads
-  // the job is waiting for. Chunks are page-aligned and padded, so whole pages
-  // are written and the file is cut to its real size on Commit(). Small
-  // files, and file systems without O_DIRECT (tmpfs), get buffered writes.
+  bool WantDirect(uint64_t size) const {
+    if (size < kDirectMinBytes) return false;
+    switch (options_.mode) {
+      case PosixWriteOptions::Mode::kBuffered:
+        return false;
+      case PosixWriteOptions::Mode::kDirect:
+        return true;
+      case PosixWriteOptions::Mode::kAuto:
+        return buffered_bytes_.load(std::memory_order_relaxed) + size >
+               options_.buffered_budget_bytes;
+    }
+    return false;
+  }
+
+  // A direct writer writes whole pages (chunks are page-aligned and padded)
+  // and cuts the file to its real size on Commit(). If the device refuses the
+  // alignment it goes on with a buffered descriptor. Small files, file systems
+  // without O_DIRECT (tmpfs) and buffered copies use buffered writes.
   class Writer final : public CopyWriter {
    public:
     Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,
@@ -93,20 +117,16 @@ class PosixDriver final : public StorageDriver {
           direct_(direct) {}
 
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
-      if (direct_) {
+      if (direct_ && !fell_back_.load(std::memory_order_acquire)) {
         const size_t padded = (n + kPage - 1) / kPage * kPage;
         absl::Status written = PwriteFull(fd_.get(), data, padded, offset, copy_.temporary());
         if (!absl::IsInvalidArgument(written)) {
-          padded_ = padded_ || padded != n;
+          if (padded != n) padded_.store(true, std::memory_order_relaxed);
           return written;
         }
-        // The device refused the alignment: continue with buffered writes.
-        int buffered = ::open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC);
-        if (buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", copy_.temporary()));
-        fd_ = ScopedFd(buffered);
-        direct_ = false;
+        MONARCH_RETURN_IF_ERROR(FallBackToBuffered());
       }
-      return PwriteFull(fd_.get(), data, n, offset, copy_.temporary());
+      return PwriteFull(buffered_fd(), data, n, offset, copy_.temporary());
     }
 
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
@@ -124,11 +144,14 @@ class PosixDriver final : public StorageDriver {
     }
 
     absl::Status Commit() override {
-      if (padded_ && ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
+      if (padded_.load(std::memory_order_relaxed) &&
+          ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
       // close() reports deferred write errors on some file systems (NFS).
       if (::close(fd_.release()) != 0)
+        return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
+      if (buffered_.valid() && ::close(buffered_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
       driver_->descriptors_.Erase(
@@ -137,23 +160,45 @@ class PosixDriver final : public StorageDriver {
     }
 
    private:
+    // The descriptor for buffered writes: the creating one, unless that one
+    // is direct and the device refused an aligned write.
+    int buffered_fd() const {
+      return fell_back_.load(std::memory_order_acquire) ? buffered_.get() : fd_.get();
+    }
+
+    absl::Status FallBackToBuffered() {
+      MutexLock lock(&fallback_mu_);
+      if (fell_back_.load(std::memory_order_relaxed)) return absl::OkStatus();
+      int fd = ::open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", copy_.temporary()));
+      buffered_ = ScopedFd(fd);
+      fell_back_.store(true, std::memory_order_release);
+      return absl::OkStatus();
+    }
+
     PosixDriver* const driver_;
     PendingCopy copy_;
     ScopedFd fd_;
-    bool direct_;
-    bool padded_ = false;
+    const bool direct_;
+    Mutex fallback_mu_;
+    ScopedFd buffered_;  // Set once, under fallback_mu_, before fell_back_.
+    std::atomic<bool> fell_back_{false};
+    std::atomic<bool> padded_{false};
     std::once_flag reader_once_;
     absl::StatusOr<ScopedFd> reader_ = absl::UnknownError("not opened");
   };
 
   CopyTree tree_;
   HandleCache<ScopedFd> descriptors_;
+  const PosixWriteOptions options_;
+  std::atomic<uint64_t> buffered_bytes_{0};  // Of copies started with buffered writes.
 };
 
 }  // namespace
 
-std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files) {
-  return std::make_unique<PosixDriver>(root, max_open_files);
+std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files,
+                                              const PosixWriteOptions& options) {
+  return std::make_unique<PosixDriver>(root, max_open_files, options);
 }
 
 }  // namespace monarch

@@ -32,30 +32,17 @@ struct FileRef {
   int64_t mtime_ns = 0;    // Modification time on the source at start-up.
 };
 
-// A whole-file buffer, page-aligned and padded to whole pages (so it can
-// feed O_DIRECT I/O). The RAM tier keeps its copies in these.
-class FileImage {
- public:
-  explicit FileImage(size_t size);
-  ~FileImage();
-  FileImage(const FileImage&) = delete;
-  FileImage& operator=(const FileImage&) = delete;
-
-  char* mutable_data() { return data_; }
-  const char* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  char* data_;  // Deliberately uninitialized: it is about to be overwritten.
-  size_t size_;
-};
-
 // A copy of one file being written into a tier. The placement handler
 // streams the file through it chunk by chunk, so a promotion never needs the
 // whole file in memory, then commits it. Until Commit() succeeds the copy is
 // invisible to Read(); destroying an uncommitted writer deletes everything it
-// wrote. Write() and Commit() are called by one thread; ReadBack() may be
-// called concurrently from others, for ranges whose Write() has returned.
+// wrote.
+//
+// Threading: Write() may be called concurrently from several threads for
+// disjoint ranges (a reader writing the chunk it loaded while a placement
+// thread writes another). ReadBack() may be called concurrently with both,
+// for ranges whose Write() has returned. Commit() is called once, after every
+// Write() has returned, and not concurrently with anything but ReadBack().
 class CopyWriter {
  public:
   virtual ~CopyWriter() = default;
@@ -108,14 +95,30 @@ class StorageDriver {
 
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
 // between reads.
-std::unique_ptr<StorageDriver> NewRamDriver();
-std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files);
+// A RAM tier named `name` of `capacity` bytes for a namespace of
+// `file_count` files (ids 0..file_count-1).
+absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
+                                                            uint64_t capacity, uint32_t file_count);
+// How a posix tier writes copies. Buffered copies stay in the page cache, so
+// the epoch after a copy was written reads it from memory, as fast as the
+// source it came from; direct (O_DIRECT) copies bypass the cache, for data
+// that could not stay cached anyway and would only push other pages out.
+struct PosixWriteOptions {
+  enum class Mode { kAuto, kBuffered, kDirect };
+  Mode mode = Mode::kAuto;
+  // kAuto: copies are buffered while the bytes written buffered so far fit
+  // in this budget; beyond it, files of 1 MiB and more are written direct.
+  uint64_t buffered_budget_bytes = 0;
+};
+std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files,
+                                              const PosixWriteOptions& options = {});
 std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files);
 // The dataset on the PFS. Read-only: Store and Remove fail with PermissionDenied.
 std::unique_ptr<StorageDriver> NewSourceDriver(const std::string& root, int max_open_files);
 
-// Writes `n` bytes (at `data`, 4096-aligned and padded) as the whole copy of
-// `file` through a writer: a convenience for tests and tools.
+// Writes `n` bytes (at `data`, 4096-aligned and readable up to `n` rounded up
+// to 4096) as the whole copy of `file` through a writer: a convenience for
+// tests and tools.
 absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n);
 
 }  // namespace monarch

@@ -24,6 +24,10 @@ size_t ChunkPool::CapacityFor(size_t bytes) const {
 
 char* ChunkPool::Acquire(size_t bytes) {
   const size_t capacity = CapacityFor(bytes);
+  const uint64_t in_use = in_use_.fetch_add(capacity, std::memory_order_relaxed) + capacity;
+  uint64_t peak = peak_.load(std::memory_order_relaxed);
+  while (in_use > peak && !peak_.compare_exchange_weak(peak, in_use, std::memory_order_relaxed)) {
+  }
   {
     MutexLock lock(&mu_);
     auto it = free_.find(capacity);
@@ -41,6 +45,7 @@ char* ChunkPool::Acquire(size_t bytes) {
 
 void ChunkPool::Release(char* buffer, size_t bytes) {
   const size_t capacity = CapacityFor(bytes);
+  in_use_.fetch_sub(capacity, std::memory_order_relaxed);
   {
     MutexLock lock(&mu_);
     if (retained_bytes_ + capacity <= max_retained_bytes_) {

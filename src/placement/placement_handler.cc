@@ -3,7 +3,8 @@
 #include "placement/placement_handler.h"
 
 #include <pthread.h>
-#include <sched.h>
+
+#include <algorithm>
 
 #include "common/file_util.h"
 #include "common/log.h"
@@ -11,48 +12,13 @@
 namespace monarch {
 namespace {
 
-// Runs the calling thread under SCHED_IDLE for the scope's duration, so the
-// work in it takes CPU time only when the job's readers leave some idle.
-class ScopedIdlePriority {
- public:
-  explicit ScopedIdlePriority(bool enabled) {
-    struct sched_param param = {};
-    // If the kernel refuses, the work simply runs at normal priority.
-    enabled_ = enabled && ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
-  }
-  ~ScopedIdlePriority() {
-    struct sched_param param = {};
-    if (enabled_) ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &param);
-  }
-  ScopedIdlePriority(const ScopedIdlePriority&) = delete;
-  ScopedIdlePriority& operator=(const ScopedIdlePriority&) = delete;
-
- private:
-  bool enabled_;
-};
-
-// Runs a writer's Write() and Commit() at idle priority. Nobody waits for
-// them: readers are served from the promotion's chunks meanwhile. Loading
-// chunks from the source stays at normal priority, because a reader may be
-// waiting for exactly that chunk.
-class IdlePriorityWriter final : public CopyWriter {
- public:
-  explicit IdlePriorityWriter(std::unique_ptr<CopyWriter> target) : target_(std::move(target)) {}
-  absl::Status Write(uint64_t offset, const char* data, size_t n) override {
-    ScopedIdlePriority idle(true);
-    return target_->Write(offset, data, n);
-  }
-  absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
-    return target_->ReadBack(offset, dst, n);
-  }
-  absl::Status Commit() override {
-    ScopedIdlePriority idle(true);
-    return target_->Commit();
-  }
-
- private:
-  const std::unique_ptr<CopyWriter> target_;
-};
+// Staging memory holds chunks read from the source and not yet written to a
+// tier. The default lets placement fall a few hundred MB behind a burst of
+// first reads (its threads catch up when the readers leave CPU time), and
+// stays small beside the tiers themselves.
+uint64_t DefaultStagingBudget() {
+  return std::min<uint64_t>(256ull << 20, PhysicalMemoryBytes() / 16);
+}
 
 }  // namespace
 
@@ -64,36 +30,42 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       source_index_(static_cast<int>(tiers->size()) - 1),
       policy_(std::move(policy)),
       chunk_bytes_(config.chunk_bytes),
-      max_staging_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
-                                                       : PhysicalMemoryBytes() / 4),
-      // Recycled chunk buffers: enough for a couple of large files in flight.
-      idle_priority_(config.idle_priority),
-      chunk_pool_(config.chunk_bytes, std::max<uint64_t>(128 << 20, 16 * config.chunk_bytes)),
-      pool_(static_cast<size_t>(config.threads)) {}
+      staging_budget_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
+                                                          : DefaultStagingBudget()),
+      // Free buffers are kept (mapped and warm) up to the budget: fresh
+      // memory costs a page fault and zeroing per page.
+      chunk_pool_(config.chunk_bytes, staging_budget_bytes_),
+      // Named, so that top and profiles tell copying from reading.
+      pool_(static_cast<size_t>(config.threads),
+            [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {}
 
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
                                                                        uint64_t offset, char* dst,
                                                                        size_t n) {
+  // The cold path: a file that stays on the source takes no lock at all.
+  if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
+    return fetch_->Fetch(entry.ref, offset, dst, n);
+  }
   std::shared_ptr<Promotion> promotion;
-  bool started = false;
   {
-    MutexLock lock(&mu_);
+    Shard& shard = ShardOf(entry.ref.id);
+    MutexLock lock(&shard.mu);
     // Publication changes `tier` under this lock, so this check and the
     // lookup below see either the promotion or its published copy.
     if (entry.tier.load(std::memory_order_acquire) != source_index_) return std::nullopt;
-    auto it = in_flight_.find(entry.ref.id);
-    if (it != in_flight_.end()) {
+    auto it = shard.in_flight.find(entry.ref.id);
+    if (it != shard.in_flight.end()) {
       promotion = it->second;
-    } else if (accepting_ && entry.state.load() == PlacementState::kOnSource) {
-      promotion = StartLocked(entry);
-      started = promotion != nullptr;
+    } else if (accepting_.load(std::memory_order_relaxed) &&
+               entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
+      promotion = StartLocked(entry, shard);
     }
   }
   if (promotion == nullptr) return fetch_->Fetch(entry.ref, offset, dst, n);
   Promotion::ReadOutcome outcome;
-  absl::StatusOr<size_t> result = promotion->Read(*fetch_, offset, dst, n, &outcome);
+  absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
   if (outcome == Promotion::ReadOutcome::kFellBack) {
     staging_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   } else if (result.ok()) {
@@ -102,80 +74,41 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     if (outcome == Promotion::ReadOutcome::kShared)
       staging_hits_.fetch_add(1, std::memory_order_relaxed);
   }
-  // The reader that started the promotion queues the background copy only
-  // after loading its own chunks, so the copy never holds a chunk the
-  // reader is waiting for.
-  if (started) {
-    pool_.detach_task([this, promotion] { Run(promotion); });
-    {
-      MutexLock lock(&mu_);
-      --unqueued_starts_;
-    }
-    starts_queued_.SignalAll();
+  // Queued after this reader's own chunks are loaded, so the placement
+  // thread never holds a chunk the reader is waiting for.
+  if (promotion->ClaimBackgroundTask()) {
+    pool_.detach_task([promotion] { promotion->RunToCompletion(); });
   }
   return result;
 }
 
-std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry) {
-  const uint64_t size = entry.ref.size;
-  if (size > max_staging_bytes_) {
-    MONARCH_LOG(kInfo, entry.ref.name, " is larger than placement.max_staging_bytes (",
-                max_staging_bytes_, "); it stays on the source");
-    entry.state.store(PlacementState::kStaysOnSource);
-    skipped_.fetch_add(1, std::memory_order_relaxed);
-    return nullptr;
-  }
-  // Staging memory is busy: serve from the source now and let a later read
-  // of this file try again.
-  if (staging_bytes_ + size > max_staging_bytes_) return nullptr;
+std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard& shard) {
   std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
   if (!tier.has_value()) {
     // No tier has room, and without eviction none will: stop asking.
-    entry.state.store(PlacementState::kStaysOnSource);
+    entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
     skipped_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  auto promotion = std::make_shared<Promotion>(&entry, *tier, chunk_bytes_, &chunk_pool_);
-  entry.state.store(PlacementState::kPromoting);
-  in_flight_.emplace(entry.ref.id, promotion);
-  staging_bytes_ += size;
-  ++unqueued_starts_;
+  auto promotion =
+      std::make_shared<Promotion>(this, &entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_);
+  entry.state.store(PlacementState::kPromoting, std::memory_order_relaxed);
+  shard.in_flight.emplace(entry.ref.id, promotion);
   started_.fetch_add(1, std::memory_order_relaxed);
+  MutexLock lock(&idle_mu_);
+  ++in_flight_count_;
   return promotion;
 }
 
-void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
-  FileEntry& entry = promotion->entry();
-  Tier& tier = *(*tiers_)[promotion->target_tier()];
-  absl::Status status = absl::CancelledError("shutting down");
-  bool write_failed = false;
-  if (!cancel_.load()) {
-    absl::StatusOr<std::unique_ptr<CopyWriter>> writer;
-    {
-      ScopedIdlePriority idle(idle_priority_);
-      writer = tier.driver().NewWriter(entry.ref);
-    }
-    if (writer.ok() && idle_priority_) {
-      writer = std::unique_ptr<CopyWriter>(new IdlePriorityWriter(std::move(*writer)));
-    }
-    if (!writer.ok()) {
-      status = writer.status();
-      write_failed = true;
-    } else {
-      std::shared_ptr<CopyWriter> shared(std::move(*writer));
-      status = promotion->CopyTo(*fetch_, shared, cancel_, &write_failed);
-      if (status.ok()) {
-        status = shared->Commit();
-        write_failed = !status.ok();
-      }
-      if (!status.ok()) promotion->Abandon();
-    }
-  }
+void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& status,
+                                     bool tier_failed) {
+  FileEntry& entry = promotion.entry();
+  Tier& tier = *(*tiers_)[promotion.target_tier()];
   if (status.ok()) {
     tier.Commit(entry.ref.size);
   } else {
     tier.Release(entry.ref.size);
-    if (write_failed) {
+    if (tier_failed) {
       tier.CountWriteError();
       // The device filled up before the configured capacity: stop sending
       // it copies rather than failing every one of them.
@@ -184,17 +117,18 @@ void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
   }
   const bool cancelled = absl::IsCancelled(status);
   {
-    MutexLock lock(&mu_);
+    Shard& shard = ShardOf(entry.ref.id);
+    MutexLock lock(&shard.mu);
     if (status.ok()) {
-      entry.tier.store(promotion->target_tier(), std::memory_order_release);
-      entry.state.store(PlacementState::kInTier);
+      entry.tier.store(promotion.target_tier(), std::memory_order_release);
+      entry.state.store(PlacementState::kInTier, std::memory_order_release);
     } else {
       // A cancelled file may be promoted by a later instance; a failed one
       // stays on the source for this run rather than failing again.
-      entry.state.store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource);
+      entry.state.store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource,
+                        std::memory_order_release);
     }
-    in_flight_.erase(entry.ref.id);
-    staging_bytes_ -= entry.ref.size;
+    shard.in_flight.erase(entry.ref.id);
   }
   if (status.ok()) {
     completed_.fetch_add(1, std::memory_order_relaxed);
@@ -205,17 +139,38 @@ void PlacementHandler::Run(const std::shared_ptr<Promotion>& promotion) {
     MONARCH_LOG(kWarning, "promotion of ", entry.ref.name, " to tier '", tier.config().name,
                 "' failed; it stays on the source: ", status.ToString());
   }
+  MutexLock lock(&idle_mu_);
+  if (--in_flight_count_ == 0) idle_.SignalAll();
+}
+
+std::vector<std::shared_ptr<Promotion>> PlacementHandler::InFlight() {
+  std::vector<std::shared_ptr<Promotion>> all;
+  for (Shard& shard : shards_) {
+    MutexLock lock(&shard.mu);
+    for (const auto& [id, promotion] : shard.in_flight) all.push_back(promotion);
+  }
+  return all;
+}
+
+void PlacementHandler::WaitIdle() {
+  MutexLock lock(&idle_mu_);
+  while (in_flight_count_ > 0) idle_.Wait(&idle_mu_);
 }
 
 void PlacementHandler::Shutdown(bool drain) {
-  {
-    MutexLock lock(&mu_);
-    accepting_ = false;
-    // A reader that just started a promotion queues its task after loading
-    // its own chunks; wait for that, or the pool could look idle too early.
-    while (unqueued_starts_ > 0) starts_queued_.Wait(&mu_);
-  }
+  accepting_.store(false);
   if (!drain) cancel_.store(true);
+  // Promotions whose readers left chunks behind get a placement task (drain)
+  // or are abandoned (cancel). One a reader is still inside asks for its
+  // task itself when that reader is done.
+  for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
+    if (!drain) {
+      promotion->Cancel();
+    } else if (promotion->ClaimBackgroundTask()) {
+      pool_.detach_task([promotion] { promotion->RunToCompletion(); });
+    }
+  }
+  WaitIdle();
   pool_.wait();
 }
 
@@ -229,6 +184,10 @@ void PlacementHandler::AddStats(Stats* stats) const {
   stats->staging_bytes_read = staging_bytes_read_.load();
   stats->staging_hits = staging_hits_.load();
   stats->staging_fallbacks = staging_fallbacks_.load();
+  stats->staging_bytes = chunk_pool_.bytes_in_use();
+  stats->staging_peak_bytes = chunk_pool_.peak_bytes_in_use();
+  stats->chunks_written_by_placement = written_by_placement_.load();
+  stats->chunks_written_by_readers = written_by_readers_.load();
 }
 
 }  // namespace monarch

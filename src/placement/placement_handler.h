@@ -1,12 +1,17 @@
-// PlacementHandler: promotes files from the source into faster tiers in the
-// background, off the reader's critical path.
+// PlacementHandler: promotes files from the source into faster tiers, off
+// the reader's critical path.
 //
 // It sits beside the read path, not in it: Monarch::Read asks it only for
 // files that live on the source. The first such read of a file starts (at
-// most) one Promotion, keyed by file id; later reads of the file share the
-// promotion's staged bytes until the copy is published, after which they go
+// most) one Promotion, keyed by file id in a sharded in-flight table; the
+// reader loads the bytes it needs itself and is answered from them, and a
+// placement thread writes the copy. Later reads of the file share the
+// promotion's chunks until the copy is published, after which they go
 // straight to the tier. The policy picks the tier; the handler updates the
-// namespace and capacity counters only once the copy is complete.
+// namespace and capacity counters once the copy is complete.
+//
+// A file that stays on the source (no tier had room, policy "none", a failed
+// copy) is read without taking any lock here.
 //
 // Start: the constructor starts the pool. Stop: Shutdown(), explicit and
 // idempotent; the destructor cancels. Thread-safe.
@@ -14,6 +19,7 @@
 #ifndef MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
 #define MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -35,50 +41,71 @@
 
 namespace monarch {
 
-class PlacementHandler {
+class PlacementHandler final : public PromotionHost {
  public:
   // `tiers` and `fetch` must outlive the handler; the last tier is the
   // source. Files no local tier holds are read through `fetch`.
   PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, FetchSource* fetch,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
-  ~PlacementHandler();
+  ~PlacementHandler() override;
 
   // Serves a read of `entry`, which the caller saw on the source: from an
-  // in-flight promotion's staged bytes (starting one if the policy finds a
-  // tier), or from the source. Returns nullopt if the file has meanwhile
-  // been published to a tier: the caller reads it there.
+  // in-flight promotion (starting one if the policy finds a tier), or from
+  // the source. Returns nullopt if the file has meanwhile been published to
+  // a tier: the caller reads it there.
   std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset, char* dst,
                                                        size_t n);
 
-  // Stops starting promotions; kDrain finishes the queued and running ones,
-  // kCancel abandons them at the next chunk boundary. Returns when the pool
-  // is idle. Idempotent.
+  // Stops starting promotions; `drain` finishes the ones in flight, else
+  // they are abandoned at the next chunk boundary. Returns when none is
+  // left. Idempotent.
   void Shutdown(bool drain);
-  // Returns when no promotion is queued or running.
-  void WaitIdle() { pool_.wait(); }
+  // Returns when no promotion is in flight.
+  void WaitIdle();
 
   void AddStats(Stats* stats) const;
 
+  // PromotionHost.
+  FetchSource& fetch() override { return *fetch_; }
+  ChunkPool& chunk_pool() override { return chunk_pool_; }
+  bool StagingOverBudget() const override {
+    return chunk_pool_.bytes_in_use() > staging_budget_bytes_;
+  }
+  bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
+  void ChunkWritten(bool by_reader) override {
+    (by_reader ? written_by_readers_ : written_by_placement_)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  void PromotionDone(Promotion& promotion, const absl::Status& status, bool tier_failed) override;
+
  private:
-  std::shared_ptr<Promotion> StartLocked(FileEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Run(const std::shared_ptr<Promotion>& promotion);
+  static constexpr size_t kShards = 64;
+  struct alignas(64) Shard {
+    Mutex mu;
+    absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight ABSL_GUARDED_BY(mu);
+  };
+  Shard& ShardOf(uint32_t id) { return shards_[id % kShards]; }
+
+  std::shared_ptr<Promotion> StartLocked(FileEntry& entry, Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Every in-flight promotion, for shutdown.
+  std::vector<std::shared_ptr<Promotion>> InFlight();
+
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
   FetchSource* const fetch_;
   const int source_index_;
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
-  const uint64_t max_staging_bytes_;
-  const bool idle_priority_;
+  const uint64_t staging_budget_bytes_;
 
-  ChunkPool chunk_pool_;  // Before in_flight_: promotions return buffers to it.
-
-  Mutex mu_;
-  absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight_ ABSL_GUARDED_BY(mu_);
-  uint64_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
-  int unqueued_starts_ ABSL_GUARDED_BY(mu_) = 0;  // Started, task not yet queued.
-  CondVar starts_queued_;
+  ChunkPool chunk_pool_;  // Before the shards: promotions return buffers to it.
+  std::array<Shard, kShards> shards_;
+  std::atomic<bool> accepting_{true};
   std::atomic<bool> cancel_{false};
+
+  Mutex idle_mu_;  // Taken after a shard's mutex, never before.
+  CondVar idle_;   // Signalled when in_flight_count_ drops to 0.
+  uint64_t in_flight_count_ ABSL_GUARDED_BY(idle_mu_) = 0;
 
   std::atomic<uint64_t> started_{0};
   std::atomic<uint64_t> completed_{0};
@@ -89,6 +116,8 @@ class PlacementHandler {
   std::atomic<uint64_t> staging_bytes_read_{0};
   std::atomic<uint64_t> staging_hits_{0};
   std::atomic<uint64_t> staging_fallbacks_{0};
+  std::atomic<uint64_t> written_by_readers_{0};
+  std::atomic<uint64_t> written_by_placement_{0};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
 };

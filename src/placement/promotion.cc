@@ -9,18 +9,20 @@
 
 namespace monarch {
 
-Promotion::Promotion(FileEntry* entry, int target_tier, uint64_t chunk_bytes, ChunkPool* pool)
-    : entry_(entry),
-      target_tier_(target_tier),
+Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
+                     uint64_t chunk_bytes)
+    : host_(host),
+      entry_(entry),
+      tier_(tier),
+      tier_index_(tier_index),
       chunk_bytes_(chunk_bytes),
       chunk_count_((entry->ref.size + chunk_bytes - 1) / chunk_bytes),
-      pool_(pool),
       chunks_(chunk_count_) {}
 
 Promotion::~Promotion() {
   MutexLock lock(&mu_);
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c].buffer != nullptr) pool_->Release(chunks_[c].buffer, ChunkLength(c));
+    if (chunks_[c].buffer != nullptr) host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
   }
 }
 
@@ -28,14 +30,26 @@ size_t Promotion::ChunkLength(size_t c) const {
   return static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry_->ref.size - ChunkOffset(c)));
 }
 
-bool Promotion::ClaimLocked(size_t c) {
+bool Promotion::ClaimLoadLocked(size_t c) {
   if (chunks_[c].state != ChunkState::kEmpty) return false;
   chunks_[c].state = ChunkState::kLoading;
-  chunks_[c].buffer = pool_->Acquire(ChunkLength(c));
+  chunks_[c].buffer = host_->chunk_pool().Acquire(ChunkLength(c));
   return true;
 }
 
-void Promotion::Load(FetchSource& source, size_t c) {
+bool Promotion::ClaimWriteLocked(size_t c) {
+  if (chunks_[c].state != ChunkState::kStaged) return false;
+  chunks_[c].state = ChunkState::kWriting;
+  return true;
+}
+
+void Promotion::ReleaseLocked(size_t c) {
+  if (chunks_[c].buffer != nullptr) host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
+  chunks_[c].buffer = nullptr;
+  chunks_[c].state = ChunkState::kFailed;
+}
+
+void Promotion::Load(size_t c) {
   // Read without the lock: a slow PFS read must not block readers of other
   // chunks. Nobody else touches a kLoading chunk's buffer.
   char* buffer;
@@ -44,51 +58,156 @@ void Promotion::Load(FetchSource& source, size_t c) {
     buffer = chunks_[c].buffer;
   }
   const size_t length = ChunkLength(c);
-  absl::StatusOr<size_t> got = source.Fetch(entry_->ref, ChunkOffset(c), buffer, length);
+  absl::StatusOr<size_t> got = host_->fetch().Fetch(entry_->ref, ChunkOffset(c), buffer, length);
+  bool failed_here = false;
   {
     MutexLock lock(&mu_);
-    if (got.ok() && *got == length) {
-      chunks_[c].state = ChunkState::kReady;
+    if (got.ok() && *got == length && !failed_) {
+      chunks_[c].state = ChunkState::kStaged;
     } else {
-      // A short read means the file changed on the source; either way this
-      // chunk cannot be trusted.
-      chunks_[c].state = ChunkState::kFailed;
-      pool_->Release(chunks_[c].buffer, length);
-      chunks_[c].buffer = nullptr;
+      // A short read means the file changed on the source; either way the
+      // chunk cannot be trusted, and without it there is no copy.
+      failed_here = !failed_;
+      ReleaseLocked(c);
     }
   }
   chunk_settled_.SignalAll();
+  if (failed_here) {
+    Fail(got.ok() ? absl::DataLossError(absl::StrCat(entry_->ref.name, ": bytes ", ChunkOffset(c),
+                                                     " to ", ChunkOffset(c) + length,
+                                                     " came back short from the source"))
+                  : got.status(),
+         /*tier_failed=*/false);
+  }
 }
 
-absl::StatusOr<size_t> Promotion::Read(FetchSource& source, uint64_t offset, char* dst, size_t n,
+absl::StatusOr<std::shared_ptr<CopyWriter>> Promotion::GetWriter() {
+  {
+    MutexLock lock(&mu_);
+    if (writer_ != nullptr) return writer_;
+  }
+  // Creating a copy can be slow (a file create on a busy file system), so it
+  // happens outside mu_; writer_mu_ makes sure only one thread does it.
+  MutexLock creating(&writer_mu_);
+  {
+    MutexLock lock(&mu_);
+    if (writer_ != nullptr) return writer_;
+    if (failed_) return absl::CancelledError("promotion abandoned");
+  }
+  absl::StatusOr<std::unique_ptr<CopyWriter>> created = tier_->driver().NewWriter(entry_->ref);
+  if (!created.ok()) return created.status();
+  std::shared_ptr<CopyWriter> writer(std::move(*created));
+  MutexLock lock(&mu_);
+  if (failed_) return absl::CancelledError("promotion abandoned");
+  writer_ = writer;
+  return writer;
+}
+
+void Promotion::Write(size_t c, bool by_reader) {
+  char* buffer;
+  {
+    MutexLock lock(&mu_);
+    buffer = chunks_[c].buffer;  // Stable while kWriting; readers only copy from it.
+  }
+  absl::StatusOr<std::shared_ptr<CopyWriter>> writer = GetWriter();
+  absl::Status status = writer.ok() ? (*writer)->Write(ChunkOffset(c), buffer, ChunkLength(c))
+                                    : writer.status();
+  bool last = false;
+  bool failed_here = false;
+  {
+    MutexLock lock(&mu_);
+    if (status.ok() && !failed_) {
+      host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
+      chunks_[c].buffer = nullptr;
+      chunks_[c].state = ChunkState::kWritten;
+      last = ++written_ == chunk_count_;
+      committing_ = last;
+    } else {
+      failed_here = !failed_;
+      ReleaseLocked(c);
+    }
+  }
+  if (failed_here) Fail(status, /*tier_failed=*/!absl::IsCancelled(status));
+  if (status.ok()) host_->ChunkWritten(by_reader);
+  if (last) Commit();
+}
+
+void Promotion::Commit() {
+  std::shared_ptr<CopyWriter> writer;
+  {
+    MutexLock lock(&mu_);
+    writer = writer_;
+  }
+  const absl::Status status = writer->Commit();
+  std::shared_ptr<CopyWriter> dropped;  // Destroyed (deleting its temporary) after unlocking.
+  {
+    MutexLock lock(&mu_);
+    done_ = true;
+    if (!status.ok()) {
+      failed_ = true;
+      dropped = std::move(writer_);
+    }
+  }
+  host_->PromotionDone(*this, status, /*tier_failed=*/!status.ok());
+}
+
+void Promotion::Fail(const absl::Status& status, bool tier_failed) {
+  std::shared_ptr<CopyWriter> dropped;
+  {
+    MutexLock lock(&mu_);
+    if (done_ || committing_) return;
+    done_ = true;
+    failed_ = true;
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      // Loading and writing threads own their chunks' buffers until they
+      // finish; they see failed_ and release them.
+      const ChunkState state = chunks_[c].state;
+      if (state == ChunkState::kLoading || state == ChunkState::kWriting) continue;
+      ReleaseLocked(c);
+    }
+    dropped = std::move(writer_);
+  }
+  chunk_settled_.SignalAll();
+  host_->PromotionDone(*this, status, tier_failed);
+}
+
+void Promotion::Cancel() { Fail(absl::CancelledError("shutting down"), /*tier_failed=*/false); }
+
+absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
                                        ReadOutcome* outcome) {
   *outcome = ReadOutcome::kShared;
   if (n == 0) return 0;
   const size_t first = offset / chunk_bytes_;
   const size_t last = (offset + n - 1) / chunk_bytes_;
-  std::vector<size_t> claimed;
+  std::vector<size_t> loaded;
+  bool usable;
   {
     MutexLock lock(&mu_);
-    for (size_t c = first; c <= last; ++c) {
-      if (ClaimLocked(c)) claimed.push_back(c);
+    usable = !failed_;
+    for (size_t c = first; c <= last && usable; ++c) {
+      if (ClaimLoadLocked(c)) loaded.push_back(c);
     }
   }
-  for (size_t c : claimed) Load(source, c);
+  for (size_t c : loaded) Load(c);
 
-  // Copy what is in memory under the lock (the background copy frees a
-  // chunk's buffer once written), and note the chunks to read back from the
-  // writer, which needs no lock.
+  // Copy what is staged under the lock (a chunk's buffer is returned once it
+  // is written), and note the chunks to read back from the tier's copy, which
+  // needs no lock.
   std::vector<size_t> written;
   std::shared_ptr<CopyWriter> writer;
-  bool usable = true;
-  {
+  if (usable) {
     MutexLock lock(&mu_);
     for (size_t c = first; c <= last && usable; ++c) {
       while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
+      if (failed_) {
+        usable = false;
+        break;
+      }
       const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
       const uint64_t end = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
       switch (chunks_[c].state) {
-        case ChunkState::kReady:
+        case ChunkState::kStaged:
+        case ChunkState::kWriting:
           std::memcpy(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
                       end - begin);
           break;
@@ -111,63 +230,67 @@ absl::StatusOr<size_t> Promotion::Read(FetchSource& source, uint64_t offset, cha
     absl::StatusOr<size_t> got = writer->ReadBack(begin, dst + (begin - offset), end - begin);
     usable = got.ok() && *got == end - begin;
   }
-  if (usable) {
-    *outcome = claimed.empty() ? ReadOutcome::kShared : ReadOutcome::kLoaded;
-    return n;
+  if (!usable) {
+    // The promotion failed or a chunk could not be had: the source decides
+    // what this read gets.
+    *outcome = ReadOutcome::kFellBack;
+    return host_->fetch().Fetch(entry_->ref, offset, dst, n);
   }
-  // Some chunk could not be had: the source decides what this read gets.
-  *outcome = ReadOutcome::kFellBack;
-  return source.Fetch(entry_->ref, offset, dst, n);
-}
-
-absl::Status Promotion::CopyTo(FetchSource& source, std::shared_ptr<CopyWriter> writer,
-                               const std::atomic<bool>& cancel, bool* writer_failed) {
-  *writer_failed = false;
-  {
-    MutexLock lock(&mu_);
-    writer_ = writer;
-  }
-  for (size_t c = 0; c < chunk_count_; ++c) {
-    if (cancel.load(std::memory_order_relaxed)) return absl::CancelledError("shutting down");
-    bool claimed;
-    {
-      MutexLock lock(&mu_);
-      claimed = ClaimLocked(c);
-    }
-    if (claimed) Load(source, c);
-    char* buffer;
-    {
-      MutexLock lock(&mu_);
-      while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
-      if (chunks_[c].state != ChunkState::kReady) {
-        return absl::DataLossError(
-            absl::StrCat(entry_->ref.name, ": reading bytes ", ChunkOffset(c), " to ",
-                         ChunkOffset(c) + ChunkLength(c), " from the source failed"));
+  *outcome = loaded.empty() ? ReadOutcome::kShared : ReadOutcome::kLoaded;
+  // Placement is behind: write what this read loaded before returning,
+  // rather than leaving it in staging memory for a thread that may not get
+  // to it soon.
+  if (!loaded.empty() && host_->StagingOverBudget()) {
+    for (size_t c : loaded) {
+      bool claimed;
+      {
+        MutexLock lock(&mu_);
+        claimed = ClaimWriteLocked(c);
       }
-      buffer = chunks_[c].buffer;  // Only this loop frees a ready chunk's buffer.
-    }
-    absl::Status status = writer->Write(ChunkOffset(c), buffer, ChunkLength(c));
-    if (!status.ok()) {
-      *writer_failed = true;
-      return status;
-    }
-    {
-      MutexLock lock(&mu_);
-      chunks_[c].state = ChunkState::kWritten;
-      pool_->Release(chunks_[c].buffer, ChunkLength(c));
-      chunks_[c].buffer = nullptr;
+      if (claimed) Write(c, /*by_reader=*/true);
     }
   }
-  return absl::OkStatus();
+  return n;
 }
 
-void Promotion::Abandon() {
-  std::shared_ptr<CopyWriter> dropped;  // Destroyed (deleting its temporary) after unlocking.
+bool Promotion::ClaimBackgroundTask() {
   MutexLock lock(&mu_);
-  for (Chunk& chunk : chunks_) {
-    if (chunk.state == ChunkState::kWritten) chunk.state = ChunkState::kFailed;
+  if (done_ || background_claimed_) return false;
+  for (const Chunk& chunk : chunks_) {
+    if (chunk.state == ChunkState::kEmpty || chunk.state == ChunkState::kStaged) {
+      background_claimed_ = true;
+      return true;
+    }
   }
-  dropped = std::move(writer_);
+  // Every chunk is loading or being written by the threads that claimed it;
+  // each of those threads asks again after its part.
+  return false;
+}
+
+void Promotion::RunToCompletion() {
+  for (size_t c = 0; c < chunk_count_; ++c) {
+    if (host_->cancelled()) {
+      Cancel();
+      return;
+    }
+    bool load = false;
+    bool write = false;
+    {
+      MutexLock lock(&mu_);
+      if (done_) return;
+      load = ClaimLoadLocked(c);
+      if (!load) {
+        while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
+        write = ClaimWriteLocked(c);
+      }
+    }
+    if (load) {
+      Load(c);
+      MutexLock lock(&mu_);
+      write = ClaimWriteLocked(c);
+    }
+    if (write) Write(c, /*by_reader=*/false);
+  }
 }
 
 }  // namespace monarch

@@ -1,19 +1,26 @@
 // Promotion: one file on its way from the source to a faster tier.
 //
-// The file is streamed through fixed-size chunks. Readers that arrive while
-// the copy is in flight and the background copy share those chunks: whoever
-// first needs a chunk claims it and reads it from the source into a pooled
-// buffer, everyone else waits for it, and nobody reads it again. So a
-// framework that reads the whole file feeds the promotion (the paper's
-// "reuse the bytes already read"), and a partial read of a shard costs the
-// PFS no extra bytes. The background copy writes chunks to the tier's
-// CopyWriter in order and then frees their buffers, so a promotion holds
-// only the chunks loaded but not yet written, never the whole file; readers
-// get those later chunks back from the writer. The tier copy becomes visible
-// only when the handler commits the writer.
+// The file moves in fixed-size chunks. Whoever first needs a chunk claims it
+// and reads it from the source into a staging buffer, in its own thread: a
+// reader that misses loads the chunks of its request itself and is answered
+// from them at once; the placement thread loads the chunks nobody asked for.
+// Every chunk is read from the source once, however many readers share it,
+// and a partial read of a shard still brings the whole file up.
 //
-// Thread-safe. Lifetime: shared by the placement handler, the background
-// task and in-flight readers.
+// A loaded chunk is "staged" until someone writes it into the tier's copy.
+// Normally a placement thread does, off the reader's path. When staging
+// memory is over its budget (the placement threads are falling behind, e.g.
+// on a busy CPU), the reader writes the chunks it loaded itself before it
+// returns: the work gets done either way, staging memory stays bounded, and
+// nothing waits on a thread that does not get CPU time.
+//
+// Whoever writes the last chunk commits the copy and reports the outcome to
+// the handler (PromotionHost::PromotionDone), once. A failure (the source,
+// the tier, or cancellation) abandons the copy: readers are then served
+// from the source, and the temporary copy is deleted.
+//
+// Thread-safe. Shared (std::shared_ptr) by the handler's in-flight table,
+// the placement task and the readers inside it.
 
 #ifndef MONARCH_PLACEMENT_PROMOTION_H_
 #define MONARCH_PLACEMENT_PROMOTION_H_
@@ -33,64 +40,116 @@
 
 namespace monarch {
 
+class Promotion;
+
+// What a promotion needs from its owner. Everything here outlives it.
+class PromotionHost {
+ public:
+  virtual ~PromotionHost() = default;
+  virtual FetchSource& fetch() = 0;
+  virtual ChunkPool& chunk_pool() = 0;
+  // True when staging memory is over budget: readers write their own chunks.
+  virtual bool StagingOverBudget() const = 0;
+  virtual bool cancelled() const = 0;
+  // A chunk went into the tier, written by a reader or a placement thread.
+  virtual void ChunkWritten(bool by_reader) = 0;
+  // The copy was committed (ok) or abandoned. Called once per promotion, by
+  // the thread that finished it, with no promotion lock held.
+  // `tier_failed`: the error came from the tier, not the source.
+  virtual void PromotionDone(Promotion& promotion, const absl::Status& status,
+                             bool tier_failed) = 0;
+};
+
 class Promotion {
  public:
-  // `pool` must outlive the promotion.
-  Promotion(FileEntry* entry, int target_tier, uint64_t chunk_bytes, ChunkPool* pool);
+  Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
+            uint64_t chunk_bytes);
   ~Promotion();
+  Promotion(const Promotion&) = delete;
+  Promotion& operator=(const Promotion&) = delete;
 
   FileEntry& entry() const { return *entry_; }
-  int target_tier() const { return target_tier_; }
+  int target_tier() const { return tier_index_; }
 
   // How Read() got its bytes.
   enum class ReadOutcome {
     kShared,    // Every byte was already loaded by someone else.
     kLoaded,    // This read loaded some chunks from the source itself.
-    kFellBack,  // A chunk could not be had: the request went to the source.
+    kFellBack,  // The promotion failed or a chunk could not be had: read from the source.
   };
 
-  // Serves [offset, offset + n) (within the file) from the promotion's
-  // chunks, loading those nobody has loaded yet from `source`. If a chunk
-  // cannot be had, the request is read from the source directly instead, so
-  // the caller gets either the right bytes or the source's error.
-  absl::StatusOr<size_t> Read(FetchSource& source, uint64_t offset, char* dst, size_t n,
-                              ReadOutcome* outcome);
+  // Serves [offset, offset + n) (within the file): loads the chunks nobody
+  // has claimed, waits only for chunks another thread is loading, copies.
+  // If the promotion cannot serve it, the range is read from the source
+  // instead, so the caller gets the right bytes or the source's error.
+  absl::StatusOr<size_t> Read(uint64_t offset, char* dst, size_t n, ReadOutcome* outcome);
 
-  // The background copy: streams every chunk into `writer` in order, loading
-  // the ones still missing. Stops with Cancelled once `*cancel` is set, with
-  // the source's error if a chunk fails to load, or with the writer's error
-  // (then `*writer_failed` is set). The caller commits the writer on success
-  // and calls Abandon() otherwise.
-  absl::Status CopyTo(FetchSource& source, std::shared_ptr<CopyWriter> writer,
-                      const std::atomic<bool>& cancel, bool* writer_failed);
+  // True once, if chunks remain to be loaded or written and nobody has taken
+  // the job of finishing them: the caller must then run RunToCompletion() on
+  // a placement thread.
+  bool ClaimBackgroundTask();
 
-  // After a failed copy: readers stop using the writer's bytes.
-  void Abandon();
+  // The placement thread's part: loads every chunk nobody loaded, writes
+  // every staged chunk, in file order. Returns when nothing is left to do
+  // (the last chunk may still be finishing in a reader's thread).
+  void RunToCompletion();
+
+  // Abandons the promotion (shutdown): Cancelled is reported to the host
+  // unless it has already finished.
+  void Cancel();
 
  private:
-  enum class ChunkState : uint8_t { kEmpty, kLoading, kReady, kWritten, kFailed };
+  enum class ChunkState : uint8_t {
+    kEmpty,    // Nobody has it.
+    kLoading,  // A thread is reading it from the source into `buffer`.
+    kStaged,   // In `buffer`, not yet in the tier.
+    kWriting,  // In `buffer`, being written to the tier (buffer still readable).
+    kWritten,  // In the tier's copy; buffer returned.
+    kFailed,   // Could not be loaded.
+  };
   struct Chunk {
     ChunkState state = ChunkState::kEmpty;
-    char* buffer = nullptr;  // Set while kLoading or kReady.
+    char* buffer = nullptr;  // Set in kLoading, kStaged and kWriting.
   };
 
   uint64_t ChunkOffset(size_t c) const { return c * chunk_bytes_; }
   size_t ChunkLength(size_t c) const;
-  // Claims chunk `c` if it is empty (taking a buffer); true if claimed.
-  bool ClaimLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Loads a claimed chunk from the source and marks it ready or failed.
-  void Load(FetchSource& source, size_t c);
 
+  // kEmpty -> kLoading with a buffer; false if the chunk was not empty.
+  bool ClaimLoadLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads a claimed chunk from the source: kStaged, or kFailed (the
+  // promotion then fails).
+  void Load(size_t c);
+  // kStaged -> kWriting; false if the chunk was not staged.
+  bool ClaimWriteLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a claimed chunk into the tier: kWritten, or fails the promotion.
+  // Commits the copy if it was the last one.
+  void Write(size_t c, bool by_reader);
+  // The tier's writer, created by the first thread that needs it.
+  absl::StatusOr<std::shared_ptr<CopyWriter>> GetWriter();
+  // Releases the buffer of a chunk leaving kLoading/kWriting after a failure.
+  void ReleaseLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Commit();
+  void Fail(const absl::Status& status, bool tier_failed);
+
+  PromotionHost* const host_;
   FileEntry* const entry_;
-  const int target_tier_;
+  Tier* const tier_;
+  const int tier_index_;
   const uint64_t chunk_bytes_;
   const size_t chunk_count_;
-  ChunkPool* const pool_;
+
+  Mutex writer_mu_;  // Serializes creating the writer; taken before mu_, never inside it.
 
   Mutex mu_;
   CondVar chunk_settled_;  // A chunk left kLoading.
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<CopyWriter> writer_ ABSL_GUARDED_BY(mu_);  // Holds the kWritten chunks.
+  size_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<CopyWriter> writer_ ABSL_GUARDED_BY(mu_);
+  bool background_claimed_ ABSL_GUARDED_BY(mu_) = false;
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;  // Every chunk written: too late to fail.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;        // Committed or failed; reported to the host.
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace monarch

@@ -4,10 +4,15 @@
 
 namespace monarch {
 
-ThreadPool::ThreadPool(size_t threads) {
+ThreadPool::ThreadPool(size_t threads, std::function<void()> init) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   threads_.reserve(threads);
-  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+  for (size_t i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, init] {
+      if (init) init();
+      WorkerLoop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -26,7 +26,10 @@ namespace monarch {
 class ThreadPool {
  public:
   // `threads` == 0 means one per hardware thread.
-  explicit ThreadPool(size_t threads = 0);
+  explicit ThreadPool(size_t threads = 0) : ThreadPool(threads, nullptr) {}
+  // As BS::thread_pool: `init` runs first in every worker thread (to set its
+  // name, for instance).
+  ThreadPool(size_t threads, std::function<void()> init);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

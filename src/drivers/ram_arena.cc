@@ -1,0 +1,116 @@
+// RamArena implementation.
+
+#include "drivers/ram_arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace monarch {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+constexpr uint64_t kPage = 4096;
+
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
+                                                           const std::string& name) {
+  const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
+  std::unique_ptr<RamArena> arena(new RamArena(size));
+  for (int i = 0; i < std::max(stripes, 1); ++i) {
+    auto stripe = std::make_unique<Stripe>();
+    stripe->fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+    if (stripe->fd < 0) return ErrnoToStatus(errno, absl::StrCat("memfd_create for ", name));
+    arena->stripes_.push_back(std::move(stripe));  // From here on the destructor cleans up.
+    Stripe& s = *arena->stripes_.back();
+    if (::ftruncate(s.fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("size ", name));
+    }
+    // MAP_NORESERVE: the size is address space, not a commitment.
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
+    if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
+    s.base = static_cast<char*>(base);
+  }
+  return arena;
+}
+
+RamArena::~RamArena() {
+  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
+    if (stripe->base != nullptr) ::munmap(stripe->base, size_);
+    ::close(stripe->fd);
+  }
+}
+
+absl::StatusOr<RamArena::Extent> RamArena::Allocate(uint64_t n) {
+  n = RoundUp(n, kAlign);
+  const uint32_t index = next_stripe_.fetch_add(1, std::memory_order_relaxed) % stripes_.size();
+  Stripe& stripe = *stripes_[index];
+  MutexLock lock(&stripe.mu);
+  for (auto it = stripe.free.begin(); it != stripe.free.end(); ++it) {
+    if (it->second < n) continue;
+    const uint64_t offset = it->first;
+    const uint64_t rest = it->second - n;
+    stripe.free.erase(it);
+    if (rest > 0) stripe.free.emplace(offset + n, rest);
+    return Extent{index, offset};
+  }
+  if (stripe.end + n > size_ || stripe.end + n < stripe.end) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "RAM tier arena stripe full: ", n, " bytes wanted, ", size_ - stripe.end, " left"));
+  }
+  const uint64_t offset = stripe.end;
+  stripe.end += n;
+  return Extent{index, offset};
+}
+
+void RamArena::Free(Extent extent, uint64_t n) {
+  Stripe& stripe = *stripes_[extent.stripe];
+  uint64_t offset = extent.offset;
+  n = RoundUp(n, kAlign);
+  // Give the pages that lie wholly inside the extent back to the kernel.
+  const uint64_t first_page = RoundUp(offset, kPage);
+  const uint64_t last_page = (offset + n) / kPage * kPage;
+  if (last_page > first_page) {
+    ::fallocate(stripe.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(first_page), static_cast<off_t>(last_page - first_page));
+  }
+  MutexLock lock(&stripe.mu);
+  auto next = stripe.free.lower_bound(offset);
+  if (next != stripe.free.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second == offset) {
+      offset = previous->first;
+      n += previous->second;
+      stripe.free.erase(previous);
+    }
+  }
+  if (next != stripe.free.end() && offset + n == next->first) {
+    n += next->second;
+    stripe.free.erase(next);
+  }
+  if (offset + n == stripe.end) {
+    stripe.end = offset;
+  } else {
+    stripe.free.emplace(offset, n);
+  }
+}
+
+absl::Status RamArena::Write(Extent extent, uint64_t offset, const char* data, size_t n) {
+  const uint64_t at = extent.offset + offset;
+  if (at < extent.offset || at > size_ || n > size_ - at) {
+    return absl::OutOfRangeError("write past the end of the RAM tier arena");
+  }
+  // ENOSPC and ENOMEM (memory cgroup limits) come back as ResourceExhausted.
+  return PwriteFull(stripes_[extent.stripe]->fd, data, n, at, "RAM tier");
+}
+
+}  // namespace monarch
