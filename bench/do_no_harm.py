@@ -28,6 +28,9 @@ Targets (issue "Do no harm"): epoch 1 <= 1.10x plain with 1 reader, <= 1.5x
 with 4; epochs 2 and 3 <= 1.05x in every cell; every copy published by the end
 of epoch 2. Writes bench/results/do_no_harm.{md,json,png}.
 
+Needs root: every repetition starts from an empty page cache (drop_caches),
+so that one cell's tier copies do not fill the memory the next one needs.
+
 Note: ext4 creates files slowly for minutes after many were deleted (its
 search for an inode not recently freed). The script deletes its tier
 directories only at the very end; wait a few minutes between two runs.
@@ -55,9 +58,21 @@ def run(cmd, **kw):
 
 
 def epochs(binary, args, json_path):
+    # Dirty pages an earlier run left (tier copies) are written back first, so
+    # their writeback does not run, and cost CPU and disk, inside this one.
+    os.sync()
     out = run([binary] + args + ["--json", json_path])
     with open(json_path) as f:
         return json.load(f), out
+
+
+def drop_page_cache():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError as e:
+        sys.exit(f"cannot drop the page cache ({e}): run as root")
 
 
 def device_bandwidth(path, scratch):
@@ -69,13 +84,24 @@ def device_bandwidth(path, scratch):
                          "oflag=direct", "conv=fsync"], capture_output=True, text=True).stderr
     os.unlink(target)
 
-    def rate(text):
+    def rate(text, what):
         m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", text)
+        if not m or int(m.group(1)) == 0:
+            raise SystemExit(f"cannot measure the device's {what} bandwidth with dd: {text.strip()}")
         return int(m.group(1)) / float(m.group(2))
-    return rate(rd), rate(wr)
+    return rate(rd, "read"), rate(wr, "write")
 
 
 def main():
+    tiers_made = []
+    try:
+        return measure(tiers_made)
+    finally:
+        for t in tiers_made:
+            shutil.rmtree(t, ignore_errors=True)
+
+
+def measure(tiers_made):
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--dir", default="/var/tmp/monarch-dnh")
@@ -93,10 +119,15 @@ def main():
         source = os.path.join(a.dir, name)
         if not os.path.isdir(source):
             run([binary, "--dataset", source, "--epochs", "0"] + gen)
+    # Every posix run keeps its fresh tier until the end (see the note on ext4).
+    need = sum(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in
+                   os.walk(os.path.join(a.dir, n)) for f in fs) for n in datasets) * (4 * a.repeat + 2)
+    free = shutil.disk_usage(a.dir).free
+    if free < need * 1.1:
+        raise SystemExit(f"{a.dir}: {free >> 30} GiB free, the tier copies need ~{need >> 30} GiB")
     only = set(filter(None, a.only.split(",")))
     load_before = os.getloadavg()[0]
     run_id = f"{os.getpid()}-{int(time.time())}"
-    tiers_made = []
     cells = []
     bounds = {}
     for name in datasets:
@@ -120,11 +151,16 @@ def main():
                               "--epochs", str(EPOCHS), "--seed", "7"]
                     if state == "dropped":
                         common.append("--drop-source-cache")
-                    if state == "cached":  # Bring the source into the page cache first.
-                        run([binary, "--dataset", source, "--mode", "plain", "--epochs", "1",
-                             "--threads", "2"])
                     plain_runs, monarch_runs, published = [], [], []
                     for rep in range(a.repeat):
+                        # Every repetition starts with the same memory: earlier
+                        # runs' tier copies out of the page cache (so fresh
+                        # memory need not be reclaimed from them), the source
+                        # back in it for "cached".
+                        drop_page_cache()
+                        if state == "cached":
+                            run([binary, "--dataset", source, "--mode", "plain", "--epochs", "1",
+                                 "--threads", "2"])
                         j = os.path.join(a.dir, "run.json")
                         p, _ = epochs(binary, ["--dataset", source, "--mode", "plain"] + common, j)
                         tier_dir = os.path.join(a.dir, f"tier-{cell}-{run_id}-{rep}")
@@ -180,8 +216,6 @@ def main():
                 c["device_read_bound_s"] = c["bytes"] / read_bw
                 c["device_read_write_bound_s"] = c["bytes"] / read_bw + c["bytes"] / write_bw
 
-    for t in tiers_made:
-        shutil.rmtree(t, ignore_errors=True)
     write_report(a, cells, bounds, device, load_before, cores)
     ok = all(c["ratios"][0] <= TARGET_E1[c["readers"]] and
              all(r <= TARGET_HOT for r in c["ratios"][1:]) and
@@ -194,7 +228,7 @@ def write_report(a, cells, bounds, device, load_before, cores):
     with open(a.out + ".json", "w") as f:
         json.dump({"cells": cells, "device": device,
                    "bounds": {f"{k[0]}-{k[1]}": v for k, v in bounds.items()}}, f, indent=1)
-    cmd = f"python3 bench/do_no_harm.py --repeat {a.repeat}" + (f" --only {a.only}" if a.only else "")
+    cmd = f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" + (f" --only {a.only}" if a.only else "")
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
              f"Command: `{cmd}` (needs a Release build: `cmake -S . -B build "
              "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2`). "

@@ -20,22 +20,25 @@ readers=${4:-1}
 work=$(mktemp -d /var/tmp/monarch-profile.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkfifo "$work/ctl" "$work/ack"
-mkdir "$work/tier"
+write_config() {  # write_config TIER_DIR: a fresh, empty tier for each profile
 {
   echo "dataset: {path: $dataset}"
   echo "tiers:"
   if [ "$tier" = ram ]; then
     echo "  - {kind: ram, capacity: 4GiB}"
   else
-    echo "  - {kind: posix, path: $work/tier, capacity: 64GiB}"
+    echo "  - {kind: posix, path: $1, capacity: 64GiB}"
   fi
   echo "  - {kind: source}"
 } >"$work/config.yaml"
+}
 # The source in the page cache: the case where Monarch's own costs show.
 "$build/monarch-epochs" --dataset "$dataset" --mode plain --epochs 1 --threads 2 >/dev/null
 
 profile() {  # profile NAME FIRST_EPOCH LAST_EPOCH
   local name=$1 first=$2 last=$3
+  mkdir "$work/tier-$name"
+  write_config "$work/tier-$name"
   # perf answers each command with one "ack" line on the ack FIFO.
   local hook="if [ \$MONARCH_EPOCH = $first ]; then echo enable >$work/ctl; read a <$work/ack; fi;"
   hook+=" if [ \$MONARCH_EPOCH = $((last + 1)) ]; then echo disable >$work/ctl; read a <$work/ack; fi"

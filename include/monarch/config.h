@@ -59,7 +59,7 @@ struct DatasetConfig {
 };
 
 struct PlacementConfig {
-  int threads = 0;                   // Background placement threads; 0 = number of cores.
+  int threads = 0;                   // Placement threads; 0 = half the cores (at least 1).
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
   // Staging memory: chunks read from the source and not yet written to a
   // tier. While it is over this budget, readers write the chunks they loaded

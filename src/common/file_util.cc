@@ -41,6 +41,22 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(const std::string& path) {
   return std::make_shared<ScopedFd>(std::move(fd));
 }
 
+DirectoryHandle::DirectoryHandle(std::string path) : path_(std::move(path)) {
+  fd_ = ScopedFd(::open(path_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+}
+
+absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
+    absl::string_view relative) const {
+  if (!fd_.valid()) return monarch::OpenShared(JoinPath(path_, relative));
+  const std::string name(relative);
+  int fd;
+  do {
+    fd = ::openat(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", JoinPath(path_, relative)));
+  return std::make_shared<ScopedFd>(fd);
+}
+
 absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset,
                                  absl::string_view path) {
   size_t done = 0;

@@ -47,6 +47,22 @@ absl::StatusOr<ScopedFd> OpenForRead(const std::string& path);
 // Same, shared: the form the descriptor caches hold.
 absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(const std::string& path);
 
+// A directory opened once (O_PATH), so that files under it are opened by
+// their relative names: the kernel then walks only those components, not the
+// directory's own path again. Invalid (and OpenShared falls back to full
+// paths) if the directory could not be opened.
+class DirectoryHandle {
+ public:
+  explicit DirectoryHandle(std::string path);
+  const std::string& path() const { return path_; }
+  // Opens `relative` under the directory read-only (O_CLOEXEC).
+  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(absl::string_view relative) const;
+
+ private:
+  std::string path_;
+  ScopedFd fd_;
+};
+
 // Reads up to `n` bytes at `offset`; fewer only at end of file.
 absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset,
                                  absl::string_view path);

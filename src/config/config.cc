@@ -300,7 +300,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
         return KeyError("placement.threads",
-                        absl::StrCat("expected 0 (one per core) to 1024, got ", threads));
+                        absl::StrCat("expected 0 (half the cores) to 1024, got ", threads));
       }
       config.placement.threads = static_cast<int>(threads);
     }
@@ -588,7 +588,7 @@ absl::Status ValidateConfig(const Config& config) {
 
   const PlacementConfig& p = config.placement;
   if (p.threads < 0 || p.threads > 1024)
-    return KeyError("placement.threads", "expected 0 (one per core) to 1024");
+    return KeyError("placement.threads", "expected 0 (half the cores) to 1024");
   if (p.policy != "first-fit" && p.policy != "none") {
     return KeyError("placement.policy",
                     absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));

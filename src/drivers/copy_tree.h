@@ -19,16 +19,21 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_util.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
 
 class CopyTree {
  public:
-  explicit CopyTree(std::string root) : root_(std::move(root)) {}
+  explicit CopyTree(std::string root) : root_(std::move(root)), directory_(root_) {}
 
   const std::string& root() const { return root_; }
   std::string PathOf(absl::string_view name) const;
+  // Opens the complete copy of `name` for reading.
+  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopy(absl::string_view name) const {
+    return directory_.OpenShared(name);
+  }
 
   // Creates the parent directories of `name`'s copy and returns a fresh
   // temporary path next to it.
@@ -46,6 +51,7 @@ class CopyTree {
 
  private:
   const std::string root_;
+  const DirectoryHandle directory_;
   std::atomic<uint64_t> next_sequence_{0};
 };
 

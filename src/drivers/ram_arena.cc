@@ -104,6 +104,15 @@ void RamArena::Free(Extent extent, uint64_t n) {
   }
 }
 
+void RamArena::PrepareForReading(Extent extent, uint64_t n) const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older kernels refuse it, harmlessly.
+#endif
+  const uint64_t begin = extent.offset / kPage * kPage;
+  const uint64_t end = RoundUp(extent.offset + n, kPage);
+  ::madvise(stripes_[extent.stripe]->base + begin, end - begin, MADV_POPULATE_READ);
+}
+
 absl::Status RamArena::Write(Extent extent, uint64_t offset, const char* data, size_t n) {
   const uint64_t at = extent.offset + offset;
   if (at < extent.offset || at > size_ || n > size_ - at) {

@@ -64,6 +64,10 @@ class RamArena {
   // when the kernel refuses memory (ENOSPC, ENOMEM), others as from pwrite.
   absl::Status Write(Extent extent, uint64_t offset, const char* data, size_t n);
 
+  // Maps the extent's pages into this process's page tables ahead of its
+  // first reads, so they do not each take a page fault. Best effort.
+  void PrepareForReading(Extent extent, uint64_t n) const;
+
   // The bytes of an extent, in the read-only mapping of its stripe.
   const char* data(Extent extent) const { return stripes_[extent.stripe]->base + extent.offset; }
 

@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -105,6 +104,8 @@ class RamDriver final : public StorageDriver {
       return count;
     }
     absl::Status Commit() override {
+      // The copy's first reader would otherwise fault on every page.
+      if (size_ > 0) driver_->arena_->PrepareForReading(extent_, size_);
       Slot& slot = driver_->slots_[id_];
       MutexLock lock(&driver_->remove_mu_);
       const uint64_t previous = slot.location.load(std::memory_order_relaxed);
@@ -138,10 +139,12 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             uint64_t capacity,
                                                             uint32_t file_count) {
   // Each stripe has room for the capacity plus each file's rounding to a
-  // 64-byte extent; one stripe per core lets that many writers run at once.
-  const int stripes = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
+  // 64-byte extent. Writers are the placement threads plus, when staging is
+  // over budget, every reader: 8 stripes keep them from queueing on one
+  // memfd's inode lock, for the cost of 8 descriptors and mappings.
+  constexpr int kStripes = 8;
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
-                           RamArena::Create(capacity + 64 * uint64_t{file_count}, stripes,
+                           RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
                                             absl::StrCat("monarch-ram:", name)));
   return std::unique_ptr<StorageDriver>(new RamDriver(std::move(arena), file_count));
 }

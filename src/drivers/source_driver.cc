@@ -20,7 +20,7 @@ class SourceDriver final : public StorageDriver {
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return OpenShared(JoinPath(root_, file.name)); });
+        descriptors_.Get(file.id, [&] { return root_.OpenShared(file.name); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }
@@ -36,7 +36,7 @@ class SourceDriver final : public StorageDriver {
   }
 
  private:
-  const std::string root_;
+  const DirectoryHandle root_;
   HandleCache<ScopedFd> descriptors_;
 };
 
