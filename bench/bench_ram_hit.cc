@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   std::vector<char> scratch(file_bytes);
   for (const std::string& name : names) (void)m->Read(name, scratch.data(), file_bytes, 0);
   m->WaitForPlacement();
-  if (m->GetStats().tiers[0].files != static_cast<uint64_t>(files)) {
+  if (m->GetStats().Tier(0, "files") != static_cast<uint64_t>(files)) {
     std::fprintf(stderr, "not everything was promoted\n");
     return 1;
   }

@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const monarch::Stats after = m.GetStats();
-    const uint64_t source_reads = after.source().reads - before.source().reads;
-    const uint64_t fallbacks = after.remote.fallbacks - before.remote.fallbacks;
+    const uint64_t source_reads = after.Source("reads") - before.Source("reads");
+    const uint64_t fallbacks = after.Get("remote.fallbacks") - before.Get("remote.fallbacks");
     failures += bad.load() + static_cast<int>(source_reads) + static_cast<int>(fallbacks);
     std::printf(
         "fetch size=%llu threads=%d files=%zu rounds=%d seconds=%.3f MBps=%.1f source_reads=%llu "

@@ -123,6 +123,10 @@ char* monarch_stats_json(const monarch_t* m) {
   return CopyString(m->instance->GetStats().ToJson());
 }
 
+char* monarch_stats_prometheus(const monarch_t* m) {
+  return CopyString(m->instance->GetStats().ToPrometheus());
+}
+
 void monarch_wait_for_placement(monarch_t* m) { m->instance->WaitForPlacement(); }
 
 void monarch_free(void* p) { std::free(p); }

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/counters.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -162,11 +163,12 @@ class MonarchImpl final : public Monarch {
 
   Stats GetStats() const override {
     Stats stats;
-    for (const auto& tier : tiers_) stats.tiers.push_back(tier->GetStats());
-    placement_->AddStats(&stats);
-    stats.warm_files_reused = warm_reused_;
-    stats.warm_files_discarded = warm_discarded_;
-    if (peers_ != nullptr) peers_->AddStats(&stats);
+    CounterSink sink(&stats);
+    placement_->ReportCounters(sink);
+    sink.Counter("warm_files_reused", warm_reused_, "Valid copies found at start-up.");
+    sink.Counter("warm_files_discarded", warm_discarded_, "Stale copies removed at start-up.");
+    if (peers_ != nullptr) peers_->ReportCounters(sink);
+    for (const auto& tier : tiers_) tier->ReportCounters(sink);
     return stats;
   }
 

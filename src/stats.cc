@@ -1,15 +1,17 @@
-// Stats::ToJson: the one place counters become text.
+// Stats: lookups, and the one place counters become text (JSON, Prometheus).
 
 #include "monarch/stats.h"
 
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace monarch {
 namespace {
 
-void AppendJsonString(std::string* out, const std::string& s) {
+void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
@@ -38,44 +40,133 @@ void AppendJsonString(std::string* out, const std::string& s) {
   out->push_back('"');
 }
 
+// Label values in the Prometheus text format escape \, " and newlines.
+std::string PrometheusLabel(std::string_view value) {
+  return absl::StrReplaceAll(absl::string_view(value.data(), value.size()),
+                             {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
+}
+
 }  // namespace
 
-std::string Stats::ToJson() const {
-  std::string out = "{\"tiers\":[";
-  for (size_t i = 0; i < tiers.size(); ++i) {
-    const TierStats& t = tiers[i];
-    if (i > 0) out.push_back(',');
-    out.append("{\"name\":");
-    AppendJsonString(&out, t.name);
-    out.append(",\"kind\":");
-    AppendJsonString(&out, t.kind);
-    absl::StrAppend(&out, ",\"reads\":", t.reads, ",\"bytes_read\":", t.bytes_read,
-                    ",\"files\":", t.files, ",\"bytes_used\":", t.bytes_used,
-                    ",\"capacity\":", t.capacity, ",\"read_errors\":", t.read_errors,
-                    ",\"write_errors\":", t.write_errors, "}");
+uint64_t Stats::Get(std::string_view name) const {
+  for (const Metric& m : metrics) {
+    if (m.tier.empty() && m.name == name) return m.value;
   }
-  absl::StrAppend(
-      &out, "],\"promotions_started\":", promotions_started,
-      ",\"promotions_completed\":", promotions_completed,
-      ",\"promotions_failed\":", promotions_failed, ",\"promotions_skipped\":", promotions_skipped,
-      ",\"promotions_cancelled\":", promotions_cancelled, ",\"staging_reads\":", staging_reads,
-      ",\"staging_bytes_read\":", staging_bytes_read, ",\"staging_hits\":", staging_hits,
-      ",\"staging_fallbacks\":", staging_fallbacks, ",\"staging_bytes\":", staging_bytes,
-      ",\"staging_peak_bytes\":", staging_peak_bytes,
-      ",\"chunks_written_by_placement\":", chunks_written_by_placement,
-      ",\"chunks_written_by_readers\":", chunks_written_by_readers,
-      ",\"warm_files_reused\":", warm_files_reused,
-      ",\"warm_files_discarded\":", warm_files_discarded);
-  const RemoteStats& r = remote;
-  absl::StrAppend(
-      &out, ",\"remote\":{\"enabled\":", r.enabled ? "true" : "false", ",\"rank\":", r.rank,
-      ",\"peers\":", r.peers, ",\"buffer_bytes\":", r.buffer_bytes,
-      ",\"home_files\":", r.home_files, ",\"peer_reads\":", r.peer_reads,
-      ",\"peer_bytes_read\":", r.peer_bytes_read, ",\"fallbacks\":", r.fallbacks,
-      ",\"down_skips\":", r.down_skips, ",\"peer_wait_ns\":", r.peer_wait_ns,
-      ",\"requests_served\":", r.requests_served, ",\"bytes_served\":", r.bytes_served,
-      ",\"requests_refused\":", r.requests_refused, ",\"timeouts\":", r.timeouts,
-      ",\"peer_failures\":", r.peer_failures, ",\"checksum_failures\":", r.checksum_failures, "}}");
+  return 0;
+}
+
+std::vector<std::string> Stats::TierNames() const {
+  std::vector<std::string> names;
+  for (const Metric& m : metrics) {
+    if (!m.tier.empty() && (names.empty() || names.back() != m.tier)) {
+      bool seen = false;
+      for (const std::string& n : names) seen = seen || n == m.tier;
+      if (!seen) names.push_back(m.tier);
+    }
+  }
+  return names;
+}
+
+uint64_t Stats::Tier(size_t index, std::string_view name) const {
+  const std::vector<std::string> names = TierNames();
+  if (index >= names.size()) return 0;
+  for (const Metric& m : metrics) {
+    if (m.tier == names[index] && m.name == name) return m.value;
+  }
+  return 0;
+}
+
+uint64_t Stats::Source(std::string_view name) const {
+  const size_t tiers = TierNames().size();
+  return tiers == 0 ? 0 : Tier(tiers - 1, name);
+}
+
+std::string Stats::ToJson() const {
+  std::string out = "{";
+  bool first = true;
+  auto key = [&](std::string* s, bool* first_in, std::string_view k) {
+    if (!*first_in) s->push_back(',');
+    *first_in = false;
+    AppendJsonString(s, k);
+    s->push_back(':');
+  };
+  // General metrics; a "group." prefix becomes a nested object.
+  std::map<std::string, std::string> groups;  // group -> its members' JSON
+  std::vector<std::string> group_order;
+  for (const Metric& m : metrics) {
+    if (!m.tier.empty()) continue;
+    const size_t dot = m.name.find('.');
+    if (dot == std::string::npos) {
+      key(&out, &first, m.name);
+      absl::StrAppend(&out, m.value);
+      continue;
+    }
+    const std::string group = m.name.substr(0, dot);
+    auto [it, inserted] = groups.emplace(group, "");
+    if (inserted) group_order.push_back(group);
+    bool group_first = it->second.empty();
+    key(&it->second, &group_first, m.name.substr(dot + 1));
+    absl::StrAppend(&it->second, m.value);
+  }
+  for (const std::string& group : group_order) {
+    key(&out, &first, group);
+    absl::StrAppend(&out, "{", groups[group], "}");
+  }
+  key(&out, &first, "tiers");
+  out.push_back('[');
+  const std::vector<std::string> tiers = TierNames();
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    if (t > 0) out.push_back(',');
+    std::string body;
+    bool tier_first = true;
+    std::string kind;
+    for (const Metric& m : metrics) {
+      if (m.tier != tiers[t]) continue;
+      kind = m.tier_kind;
+      key(&body, &tier_first, m.name);
+      absl::StrAppend(&body, m.value);
+    }
+    out.append("{\"name\":");
+    AppendJsonString(&out, tiers[t]);
+    out.append(",\"kind\":");
+    AppendJsonString(&out, kind);
+    if (!body.empty()) absl::StrAppend(&out, ",", body);
+    out.push_back('}');
+  }
+  out.append("]}");
+  return out;
+}
+
+std::string Stats::ToPrometheus() const {
+  // One HELP/TYPE block per metric name, then a sample per tier (or one).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const Metric*>> by_name;
+  for (const Metric& m : metrics) {
+    // Prometheus names counters "..._total".
+    std::string name = absl::StrCat(
+        "monarch_", m.tier.empty() ? "" : "tier_",
+        absl::StrReplaceAll(absl::string_view(m.name.data(), m.name.size()), {{".", "_"}}),
+        m.kind == Metric::Kind::kCounter ? "_total" : "");
+    auto [it, inserted] = by_name.emplace(name, std::vector<const Metric*>());
+    if (inserted) order.push_back(name);
+    it->second.push_back(&m);
+  }
+  std::string out;
+  for (const std::string& name : order) {
+    const std::vector<const Metric*>& samples = by_name[name];
+    absl::StrAppend(&out, "# HELP ", name, " ",
+                    absl::StrReplaceAll(samples[0]->help, {{"\\", "\\\\"}, {"\n", "\\n"}}), "\n",
+                    "# TYPE ", name, " ",
+                    samples[0]->kind == Metric::Kind::kCounter ? "counter" : "gauge", "\n");
+    for (const Metric* m : samples) {
+      absl::StrAppend(&out, name);
+      if (!m->tier.empty()) {
+        absl::StrAppend(&out, "{tier=\"", PrometheusLabel(m->tier), "\",kind=\"",
+                        PrometheusLabel(m->tier_kind), "\"}");
+      }
+      absl::StrAppend(&out, " ", m->value, "\n");
+    }
+  }
   return out;
 }
 

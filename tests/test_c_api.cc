@@ -65,6 +65,9 @@ TEST_CASE("C API: open, read, list, stat, stats, close") {
   char* json = monarch_stats_json(m);
   CHECK(std::strstr(json, "\"promotions_completed\":1") != nullptr);
   monarch_free(json);
+  char* text = monarch_stats_prometheus(m);
+  CHECK(std::strstr(text, "\nmonarch_promotions_completed_total 1\n") != nullptr);
+  monarch_free(text);
   monarch_close(m);
 }
 

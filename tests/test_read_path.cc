@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "test_util.h"
@@ -125,13 +126,13 @@ void RandomReadsStayExact(uint64_t staging_budget) {
   CHECK(bad.load() == 0);
   m->WaitForPlacement();
   Stats stats = m->GetStats();
-  CHECK(stats.promotions_failed == 0);
-  CHECK(stats.promotions_completed == stats.promotions_started);
-  CHECK(stats.staging_fallbacks == 0);
-  CHECK(stats.staging_bytes == 0);  // Every staged chunk was written and returned.
-  CHECK(stats.tiers[0].bytes_used <= (8 << 20));
-  CHECK(stats.tiers[0].files + stats.tiers[1].files == stats.promotions_completed);
-  if (staging_budget == 1) CHECK(stats.chunks_written_by_readers > 0);
+  CHECK(stats.Get("promotions_failed") == 0);
+  CHECK(stats.Get("promotions_completed") == stats.Get("promotions_started"));
+  CHECK(stats.Get("staging_fallbacks") == 0);
+  CHECK(stats.Get("staging_bytes") == 0);  // Every staged chunk was written and returned.
+  CHECK(stats.Tier(0, "bytes_used") <= (8 << 20));
+  CHECK(stats.Tier(0, "files") + stats.Tier(1, "files") == stats.Get("promotions_completed"));
+  if (staging_budget == 1) CHECK(stats.Get("chunks_written_by_readers") > 0);
   // No byte was read twice from the PFS while its promotion was in flight.
   for (const TestFile& f : files) {
     if (source.BytesOf(f.name) > 0) CHECK_MESSAGE(source.BytesOf(f.name) == f.size, f.name);
@@ -163,14 +164,14 @@ TEST_CASE("over the staging budget, a reader writes and publishes its file befor
   for (size_t i = 0; i < files.size(); ++i) {
     ReadWholeAndCheck(*m, files[i]);
     // No waiting: the read itself wrote and committed the copy.
-    REQUIRE(m->GetStats().tiers[0].files == i + 1);
+    REQUIRE(m->GetStats().Tier(0, "files") == i + 1);
   }
   Stats stats = m->GetStats();
-  CHECK(stats.chunks_written_by_readers == 40);
-  CHECK(stats.chunks_written_by_placement == 0);
-  CHECK(stats.staging_bytes == 0);
-  CHECK(stats.staging_peak_bytes == 131072);  // One reader held one 100 kB chunk at a time.
-  CHECK(stats.source().bytes_read == testing::TotalBytes(files));
+  CHECK(stats.Get("chunks_written_by_readers") == 40);
+  CHECK(stats.Get("chunks_written_by_placement") == 0);
+  CHECK(stats.Get("staging_bytes") == 0);
+  CHECK(stats.Get("staging_peak_bytes") == 131072);  // One reader held one 100 kB chunk at a time.
+  CHECK(stats.Source("bytes_read") == testing::TotalBytes(files));
 }
 
 TEST_CASE("staging memory stays within its budget while placement falls behind") {
@@ -202,10 +203,10 @@ TEST_CASE("staging memory stays within its budget while placement falls behind")
   Stats stats = m->GetStats();
   // The budget, plus the chunk each reader and placement thread (2) may hold
   // while it decides.
-  CHECK(stats.staging_peak_bytes <= (1 << 20) + 6 * 131072);
-  CHECK(stats.chunks_written_by_readers > 0);
-  CHECK(stats.tiers[0].files == files.size());
-  CHECK(stats.staging_bytes == 0);
+  CHECK(stats.Get("staging_peak_bytes") <= (1 << 20) + 6 * 131072);
+  CHECK(stats.Get("chunks_written_by_readers") > 0);
+  CHECK(stats.Tier(0, "files") == files.size());
+  CHECK(stats.Get("staging_bytes") == 0);
 }
 
 TEST_CASE("a partial read of a large file promotes the whole file, reading the PFS once") {
@@ -222,13 +223,13 @@ TEST_CASE("a partial read of a large file promotes the whole file, reading the P
   CHECK(testing::BytesMatch(files[0], buffer, 5 << 20, 100));
   m->WaitForPlacement();
   Stats stats = m->GetStats();
-  CHECK(stats.promotions_completed == 1);
-  CHECK(stats.tiers[0].files == 1);
-  CHECK(stats.tiers[0].bytes_used == (24u << 20));
+  CHECK(stats.Get("promotions_completed") == 1);
+  CHECK(stats.Tier(0, "files") == 1);
+  CHECK(stats.Tier(0, "bytes_used") == (24u << 20));
   CHECK(source.bytes.load() == (24u << 20));  // The read's chunk was reused, not re-read.
   ReadWholeAndCheck(*m, files[0], 256 << 10);
   CHECK(source.bytes.load() == (24u << 20));
-  CHECK(m->GetStats().tiers[0].bytes_read == (24u << 20));
+  CHECK(m->GetStats().Tier(0, "bytes_read") == (24u << 20));
 }
 
 TEST_CASE("concurrent first reads of one file start exactly one promotion") {
@@ -257,12 +258,12 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   m->WaitForPlacement();
   CHECK(bad.load() == 0);
   Stats stats = m->GetStats();
-  CHECK(stats.promotions_started == 1);
-  CHECK(stats.promotions_completed == 1);
-  CHECK(stats.staging_reads == 8);           // Every reader was served by the one promotion...
-  CHECK(stats.staging_fallbacks == 0);       // ...none had to go around it.
+  CHECK(stats.Get("promotions_started") == 1);
+  CHECK(stats.Get("promotions_completed") == 1);
+  CHECK(stats.Get("staging_reads") == 8);           // Every reader was served by the one promotion...
+  CHECK(stats.Get("staging_fallbacks") == 0);       // ...none had to go around it.
   CHECK(source.bytes.load() == (8u << 20));  // One PFS read of each byte.
-  CHECK(stats.source().bytes_read == (8u << 20));
+  CHECK(stats.Source("bytes_read") == (8u << 20));
 }
 
 TEST_CASE("when the tiers hold half the dataset, the rest keeps coming from the source") {
@@ -276,11 +277,11 @@ TEST_CASE("when the tiers hold half the dataset, the rest keeps coming from the 
     m->WaitForPlacement();
   }
   Stats stats = m->GetStats();
-  CHECK(stats.tiers[0].files == 20);
-  CHECK(stats.tiers[0].bytes_used == total / 2);
-  CHECK(stats.promotions_skipped == 20);  // Once per file that did not fit; not retried.
-  CHECK(stats.promotions_started == 20);
-  CHECK(stats.source().bytes_read ==
+  CHECK(stats.Tier(0, "files") == 20);
+  CHECK(stats.Tier(0, "bytes_used") == total / 2);
+  CHECK(stats.Get("promotions_skipped") == 20);  // Once per file that did not fit; not retried.
+  CHECK(stats.Get("promotions_started") == 20);
+  CHECK(stats.Source("bytes_read") ==
         total + total / 2);  // Epoch 1: all; epoch 2: the half that did not fit.
 }
 
@@ -299,12 +300,12 @@ TEST_CASE("a tier that fails writes abandons the promotion and keeps serving fro
     m->WaitForPlacement();
   }
   Stats stats = m->GetStats();
-  CHECK(stats.promotions_failed == 10);
-  CHECK(stats.promotions_started == 10);  // Failed files are not retried on every read.
-  CHECK(stats.tiers[0].write_errors == 10);
-  CHECK(stats.tiers[0].files == 0);
-  CHECK(stats.tiers[0].bytes_used == 0);
-  CHECK(stats.source().bytes_read == 2 * testing::TotalBytes(files));
+  CHECK(stats.Get("promotions_failed") == 10);
+  CHECK(stats.Get("promotions_started") == 10);  // Failed files are not retried on every read.
+  CHECK(stats.Tier(0, "write_errors") == 10);
+  CHECK(stats.Tier(0, "files") == 0);
+  CHECK(stats.Tier(0, "bytes_used") == 0);
+  CHECK(stats.Source("bytes_read") == 2 * testing::TotalBytes(files));
 }
 
 TEST_CASE("ENOSPC from a tier marks it full: later files stay on the source") {
@@ -324,8 +325,8 @@ TEST_CASE("ENOSPC from a tier marks it full: later files stay on the source") {
   m->WaitForPlacement();
   Stats stats = m->GetStats();
   CHECK(tier.stores.load() == 1);
-  CHECK(stats.promotions_failed == 1);
-  CHECK(stats.promotions_skipped == 9);
+  CHECK(stats.Get("promotions_failed") == 1);
+  CHECK(stats.Get("promotions_skipped") == 9);
 }
 
 TEST_CASE("a real full device (small tmpfs) fails the copy cleanly") {
@@ -346,10 +347,10 @@ TEST_CASE("a real full device (small tmpfs) fails the copy cleanly") {
       m->WaitForPlacement();
     }
     Stats stats = m->GetStats();
-    CHECK(stats.tiers[0].files == 3);
-    CHECK(stats.tiers[0].bytes_used == 3 * 600000);
-    CHECK(stats.promotions_completed + stats.promotions_failed == stats.promotions_started);
-    CHECK(stats.promotions_completed == 3);
+    CHECK(stats.Tier(0, "files") == 3);
+    CHECK(stats.Tier(0, "bytes_used") == 3 * 600000);
+    CHECK(stats.Get("promotions_completed") + stats.Get("promotions_failed") == stats.Get("promotions_started"));
+    CHECK(stats.Get("promotions_completed") == 3);
   }
   // Nothing partial is left on the device.
   std::string leftovers;
@@ -381,11 +382,11 @@ TEST_CASE("injected source read errors become error statuses, never hangs or wro
   for (auto& r : readers) r.join();
   CHECK(errors.load() == 8);
   m->WaitForPlacement();
-  CHECK(m->GetStats().promotions_failed == m->GetStats().promotions_started);
+  CHECK(m->GetStats().Get("promotions_failed") == m->GetStats().Get("promotions_started"));
   // The reader that started each file's promotion found its chunk failed and
   // was sent to the source; nobody was served from a failed promotion.
-  CHECK(m->GetStats().staging_reads == 0);
-  CHECK(m->GetStats().staging_fallbacks >= 4);
+  CHECK(m->GetStats().Get("staging_reads") == 0);
+  CHECK(m->GetStats().Get("staging_fallbacks") >= 4);
   source.fail_reads = false;  // The PFS recovers: reads work again, from the source.
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
 }
@@ -399,11 +400,11 @@ TEST_CASE("a tier copy that disappears is served from the source instead") {
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m->WaitForPlacement();
-  REQUIRE(m->GetStats().tiers[0].files == 2);
+  REQUIRE(m->GetStats().Tier(0, "files") == 2);
   std::remove((nvme + "/" + files[1].name).c_str());
   ReadWholeAndCheck(*m, files[1]);
   ReadWholeAndCheck(*m, files[1]);
-  CHECK(m->GetStats().tiers[0].read_errors == 1);  // Dropped after the first failure.
+  CHECK(m->GetStats().Tier(0, "read_errors") == 1);  // Dropped after the first failure.
 }
 
 TEST_CASE("warm restart reuses valid copies and discards stale ones") {
@@ -421,18 +422,18 @@ TEST_CASE("warm restart reuses valid copies and discards stale ones") {
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
     m->Shutdown(Monarch::ShutdownMode::kDrain);
     Stats stats = m->GetStats();
-    REQUIRE(stats.promotions_completed == 20);
-    REQUIRE(stats.tiers[0].files + stats.tiers[1].files == 20);
+    REQUIRE(stats.Get("promotions_completed") == 20);
+    REQUIRE(stats.Tier(0, "files") + stats.Tier(1, "files") == 20);
   }
   {
     FaultInjectingDriver::Faults source;
     auto m = MustCreate(config, &source);
     Stats stats = m->GetStats();
-    CHECK(stats.warm_files_reused == 20);
-    CHECK(stats.warm_files_discarded == 0);
+    CHECK(stats.Get("warm_files_reused") == 20);
+    CHECK(stats.Get("warm_files_discarded") == 0);
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
     CHECK(source.reads.load() == 0);  // Nothing from the PFS.
-    CHECK(m->GetStats().promotions_started == 0);
+    CHECK(m->GetStats().Get("promotions_started") == 0);
   }
   // Change two source files: one in size, one only in content and mtime.
   testing::WriteFile(ds + "/" + files[3].name, 77, files[3].size + 5);
@@ -445,8 +446,8 @@ TEST_CASE("warm restart reuses valid copies and discards stale ones") {
     FaultInjectingDriver::Faults source;
     auto m = MustCreate(config, &source);
     Stats stats = m->GetStats();
-    CHECK(stats.warm_files_reused == 18);
-    CHECK(stats.warm_files_discarded == 2);
+    CHECK(stats.Get("warm_files_reused") == 18);
+    CHECK(stats.Get("warm_files_discarded") == 2);
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // New bytes for the changed files.
     CHECK(source.bytes.load() == files[3].size + files[4].size);
   }
@@ -471,7 +472,7 @@ TEST_CASE("two processes promoting into the same tiers at once do not corrupt ea
   auto m = MustCreate(
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}),
       &source);
-  CHECK(m->GetStats().warm_files_reused == 80);
+  CHECK(m->GetStats().Get("warm_files_reused") == 80);
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   CHECK(source.reads.load() == 0);
 }
@@ -509,8 +510,8 @@ TEST_CASE("open descriptors stay bounded: 8 readers, 400 files, ulimit -n 64") {
       for (auto& r : readers) r.join();
     }
     m->WaitForPlacement();
-    CHECK(m->GetStats().promotions_failed == 0);
-    CHECK(m->GetStats().tiers[1].files > 0);  // Both tiers were used, so both caches were busy.
+    CHECK(m->GetStats().Get("promotions_failed") == 0);
+    CHECK(m->GetStats().Tier(1, "files") > 0);  // Both tiers were used, so both caches were busy.
   }
   ::setrlimit(RLIMIT_NOFILE, &saved);
   CHECK(bad.load() == 0);
@@ -532,18 +533,18 @@ TEST_CASE("shutdown: cancel leaves no partial copies, drain finishes everything,
     for (const TestFile& f : files) REQUIRE(m->Read(f.name, b, 10, 0).ok());
     m->Shutdown(Monarch::ShutdownMode::kCancel);
     Stats stats = m->GetStats();
-    CHECK(stats.promotions_cancelled > 0);
-    CHECK(stats.promotions_completed + stats.promotions_cancelled + stats.promotions_failed ==
-          stats.promotions_started);
+    CHECK(stats.Get("promotions_cancelled") > 0);
+    CHECK(stats.Get("promotions_completed") + stats.Get("promotions_cancelled") + stats.Get("promotions_failed") ==
+          stats.Get("promotions_started"));
     source.read_delay_us = 0;
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);             // Reads still work.
-    CHECK(m->GetStats().promotions_started == stats.promotions_started);  // But start nothing new.
+    CHECK(m->GetStats().Get("promotions_started") == stats.Get("promotions_started"));  // But start nothing new.
   }
   {
     // Whatever was published is complete and valid; nothing half-written exists.
     auto m = MustCreate(config);
     Stats stats = m->GetStats();
-    CHECK(stats.warm_files_discarded == 0);
+    CHECK(stats.Get("warm_files_discarded") == 0);
     FILE* p = ::popen(("find '" + nvme + "' -name '*monarch-tmp*' | wc -l").c_str(), "r");
     int temporaries = -1;
     CHECK(std::fscanf(p, "%d", &temporaries) == 1);
@@ -552,7 +553,7 @@ TEST_CASE("shutdown: cancel leaves no partial copies, drain finishes everything,
     char b[10];
     for (const TestFile& f : files) REQUIRE(m->Read(f.name, b, 10, 0).ok());
     m->Shutdown(Monarch::ShutdownMode::kDrain);
-    CHECK(m->GetStats().tiers[0].files == 12);
+    CHECK(m->GetStats().Tier(0, "files") == 12);
   }
 }
 
@@ -594,11 +595,42 @@ TEST_CASE("stats JSON carries every counter") {
   CHECK(absl::StrContains(
       json, "\"promotions_started\":3,\"promotions_completed\":3,\"promotions_failed\":0"));
   // Each 1000-byte file was staged in a 4 KiB buffer; up to all three at once.
-  const uint64_t peak = m->GetStats().staging_peak_bytes;
+  const uint64_t peak = m->GetStats().Get("staging_peak_bytes");
   CHECK((peak == 4096 || peak == 8192 || peak == 12288));
   CHECK(absl::StrContains(json, absl::StrCat("\"staging_bytes\":0,\"staging_peak_bytes\":", peak,
                                              ",\"chunks_written_by_placement\":3,"
                                              "\"chunks_written_by_readers\":0")));
+}
+
+TEST_CASE("one set of counters feeds JSON and Prometheus alike") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 3, {1000});
+  auto m = MustCreate(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  const Stats stats = m->GetStats();
+  const std::string text = stats.ToPrometheus();
+  CHECK(absl::StrContains(text,
+                          "# TYPE monarch_promotions_completed_total counter\n"
+                          "monarch_promotions_completed_total 3\n"));
+  CHECK(absl::StrContains(text, "# TYPE monarch_tier_bytes_used gauge\n"
+                                "monarch_tier_bytes_used{tier=\"ram\",kind=\"ram\"} 3000\n"
+                                "monarch_tier_bytes_used{tier=\"pfs\",kind=\"source\"} 3000\n"));
+  // Every metric has a help line, and appears once in each form.
+  size_t samples = 0;
+  for (const Metric& metric : stats.metrics) {
+    CHECK_MESSAGE(!metric.help.empty(), metric.name);
+    const std::string json_key = "\"" + metric.name + "\":";
+    CHECK_MESSAGE(absl::StrContains(stats.ToJson(), json_key), metric.name);
+    ++samples;
+  }
+  size_t lines = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    lines += !line.empty() && line[0] != '#';
+  }
+  CHECK(lines == samples);
+  CHECK(stats.TierNames() == std::vector<std::string>{"ram", "pfs"});
 }
 
 }  // namespace

@@ -132,13 +132,13 @@ TEST_CASE("peers: each file is read from the source once in the whole cluster, b
   uint64_t peer_reads = 0, peer_bytes = 0, served_bytes = 0, home_files = 0;
   for (auto& p : cluster.peers) {
     const Stats s = p->GetStats();
-    CHECK(s.remote.enabled);
-    CHECK(s.remote.checksum_failures == 0);
-    CHECK(s.remote.fallbacks == 0);
-    peer_reads += s.remote.peer_reads;
-    peer_bytes += s.remote.peer_bytes_read;
-    served_bytes += s.remote.bytes_served;
-    home_files += s.remote.home_files;
+    CHECK(s.Get("remote.enabled"));
+    CHECK(s.Get("remote.checksum_failures") == 0);
+    CHECK(s.Get("remote.fallbacks") == 0);
+    peer_reads += s.Get("remote.peer_reads");
+    peer_bytes += s.Get("remote.peer_bytes_read");
+    served_bytes += s.Get("remote.bytes_served");
+    home_files += s.Get("remote.home_files");
   }
   CHECK(home_files == files.size());  // Every file has exactly one home.
   CHECK(peer_reads > 0);
@@ -167,7 +167,7 @@ TEST_CASE("peers: tiers holding part of the dataset still keep every home file")
   CHECK(cluster.SourceBytes() == total);
   // Some reads in epoch 2 had to go to the peer (no room for every copy).
   uint64_t peer_reads = 0;
-  for (auto& p : cluster.peers) peer_reads += p->GetStats().remote.peer_reads;
+  for (auto& p : cluster.peers) peer_reads += p->GetStats().Get("remote.peer_reads");
   CHECK(peer_reads > 0);
 }
 
@@ -227,10 +227,10 @@ TEST_CASE("peers: a home that does not answer in time: reads go to the source, b
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(bad == 0);
   const Stats s = cluster.peers[0]->GetStats();
-  CHECK(s.remote.timeouts == 1);  // The first timeout marks the peer down...
-  CHECK(s.remote.fallbacks >= 1);
-  CHECK(s.remote.down_skips >= 1);  // ...and later reads go straight to the source.
-  CHECK(s.remote.peer_failures == 1);
+  CHECK(s.Get("remote.timeouts") == 1);  // The first timeout marks the peer down...
+  CHECK(s.Get("remote.fallbacks") >= 1);
+  CHECK(s.Get("remote.down_skips") >= 1);  // ...and later reads go straight to the source.
+  CHECK(s.Get("remote.peer_failures") == 1);
   CHECK(seconds < 10);
   cluster.faults[1]->read_delay_us = 0;
 }
@@ -254,9 +254,12 @@ TEST_CASE("peers: a peer that shuts down: the others serve every read from the s
   }
   CHECK(bad == 0);
   const Stats s = cluster.peers[0]->GetStats();
-  CHECK(s.remote.peer_failures == 0);  // It said goodbye: not a failure...
-  CHECK(s.remote.down_skips >= 1);     // ...and its files now come from the source.
-  CHECK(s.remote.fallbacks == 0);
+  CHECK(s.Get("remote.peer_failures") == 0);  // It said goodbye: not a failure...
+  CHECK(s.Get("remote.down_skips") >= 1);     // ...and its files now come from the source.
+  // The goodbye reaches peer 0's progress thread asynchronously: under load,
+  // one fetch may still be sent before it is handled, fail, and go to the
+  // source (seen in 2 of 12 runs beside another test). Never more than one.
+  CHECK(s.Get("remote.fallbacks") <= 1);
 }
 
 TEST_CASE("peers: a peer that never arrives is a clear start-up error, not a hang") {

@@ -412,33 +412,35 @@ int main(int argc, char** argv) {
     if (!Barrier(o, absl::StrCat("end-", epoch))) return 1;
 
     monarch::Stats now = monarch->GetStats();
+    const std::vector<std::string> tier_names = now.TierNames();
+    auto Delta = [&](std::string_view name) { return now.Get(name) - previous.Get(name); };
     std::string served;
     std::string served_json;
     {
-      const uint64_t reads = now.staging_reads - previous.staging_reads;
-      const uint64_t staged = now.staging_bytes_read - previous.staging_bytes_read;
+      const uint64_t reads = Delta("staging_reads");
+      const uint64_t staged = Delta("staging_bytes_read");
       if (reads > 0) {
         absl::StrAppend(&served, "in-flight promotions ", reads, " reads/",
                         absl::StrFormat("%.1f", staged / 1048576.0), " MiB, ");
       }
       absl::StrAppend(&served_json, "\"staging\":{\"reads\":", reads, ",\"bytes\":", staged, "},");
     }
-    if (now.remote.enabled) {
-      const uint64_t reads = now.remote.peer_reads - previous.remote.peer_reads;
-      const uint64_t got = now.remote.peer_bytes_read - previous.remote.peer_bytes_read;
-      const uint64_t served_reqs = now.remote.requests_served - previous.remote.requests_served;
-      const uint64_t fallbacks = now.remote.fallbacks - previous.remote.fallbacks;
+    if (now.Get("remote.enabled") != 0) {
+      const uint64_t reads = Delta("remote.peer_reads");
+      const uint64_t got = Delta("remote.peer_bytes_read");
+      const uint64_t served_reqs = Delta("remote.requests_served");
+      const uint64_t fallbacks = Delta("remote.fallbacks");
       absl::StrAppend(&served, "peers ", reads, " reads/", absl::StrFormat("%.1f", got / 1048576.0),
                       " MiB (", fallbacks, " fell back; served ", served_reqs, " for peers), ");
       absl::StrAppend(&served_json, "\"peers\":{\"reads\":", reads, ",\"bytes\":", got,
                       ",\"fallbacks\":", fallbacks, ",\"served_for_peers\":", served_reqs, "},");
     }
-    for (size_t t = 0; t < now.tiers.size(); ++t) {
-      uint64_t reads = now.tiers[t].reads - previous.tiers[t].reads;
-      uint64_t tier_bytes = now.tiers[t].bytes_read - previous.tiers[t].bytes_read;
-      absl::StrAppend(&served, t ? ", " : "", now.tiers[t].name, " ", reads, " reads/",
+    for (size_t t = 0; t < tier_names.size(); ++t) {
+      uint64_t reads = now.Tier(t, "reads") - previous.Tier(t, "reads");
+      uint64_t tier_bytes = now.Tier(t, "bytes_read") - previous.Tier(t, "bytes_read");
+      absl::StrAppend(&served, t ? ", " : "", tier_names[t], " ", reads, " reads/",
                       absl::StrFormat("%.1f", tier_bytes / 1048576.0), " MiB");
-      absl::StrAppend(&served_json, t ? "," : "", "\"", now.tiers[t].name, "\":{\"reads\":", reads,
+      absl::StrAppend(&served_json, t ? "," : "", "\"", tier_names[t], "\":{\"reads\":", reads,
                       ",\"bytes\":", tier_bytes, "}");
     }
     std::printf("epoch %d: %.3f s, %.1f MiB/s, %llu errors%s | %s%s\n", epoch, result.seconds,
@@ -449,7 +451,7 @@ int main(int argc, char** argv) {
                 o.mode == "plain" ? "" : served.c_str());
     // Complete copies in the tiers when the epoch ended: how far placement got.
     uint64_t published = 0;
-    for (size_t t = 0; t + 1 < now.tiers.size(); ++t) published += now.tiers[t].files;
+    for (size_t t = 0; t + 1 < tier_names.size(); ++t) published += now.Tier(t, "files");
     if (o.mode != "plain") std::printf("  %llu of %zu files in tiers at the end of the epoch\n",
                                        static_cast<unsigned long long>(published), files.size());
     absl::StrAppend(&json, epoch > 1 ? "," : "", "{\"epoch\":", epoch,

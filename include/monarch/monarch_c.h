@@ -72,8 +72,10 @@ void monarch_free_list(char** names, size_t count);
 /* The absolute dataset directory; valid until monarch_close(). */
 const char* monarch_dataset_root(const monarch_t* m);
 
-/* Counters as JSON (malloc'ed; free with monarch_free). */
+/* Counters as JSON, or in the Prometheus text format (malloc'ed; free with
+ * monarch_free). */
 char* monarch_stats_json(const monarch_t* m);
+char* monarch_stats_prometheus(const monarch_t* m);
 
 /* Waits until no promotion is queued or running. */
 void monarch_wait_for_placement(monarch_t* m);

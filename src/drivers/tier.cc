@@ -42,18 +42,21 @@ void Tier::SetDatasetSize(uint64_t files, uint64_t bytes) {
   committed_.store(bytes);
 }
 
-TierStats Tier::GetStats() const {
-  TierStats stats;
-  stats.name = config_.name;
-  stats.kind = TierKindName(config_.kind);
-  stats.reads = reads_.load(std::memory_order_relaxed);
-  stats.bytes_read = bytes_read_.load(std::memory_order_relaxed);
-  stats.files = files_.load(std::memory_order_relaxed);
-  stats.bytes_used = committed_.load(std::memory_order_relaxed);
-  stats.capacity = config_.capacity_bytes;
-  stats.read_errors = read_errors_.load(std::memory_order_relaxed);
-  stats.write_errors = write_errors_.load(std::memory_order_relaxed);
-  return stats;
+void Tier::ReportCounters(CounterSink& out) const {
+  CounterSink sink = out.ForTier(config_.name, TierKindName(config_.kind));
+  sink.Counter("reads", reads_.load(std::memory_order_relaxed),
+               "Read calls served, fully or partly, from this tier.");
+  sink.Counter("bytes_read", bytes_read_.load(std::memory_order_relaxed),
+               "Bytes served from this tier.");
+  sink.Gauge("files", files_.load(std::memory_order_relaxed),
+             "Complete copies held (for the source: dataset files).");
+  sink.Gauge("bytes_used", committed_.load(std::memory_order_relaxed),
+             "Bytes of the complete copies held (for the source: the dataset's size).");
+  sink.Gauge("capacity", config_.capacity_bytes, "Configured capacity in bytes (source: 0).");
+  sink.Counter("read_errors", read_errors_.load(std::memory_order_relaxed),
+               "Failed reads; a non-source tier's fell back to the source.");
+  sink.Counter("write_errors", write_errors_.load(std::memory_order_relaxed),
+               "Failed copies (ENOSPC, EIO...).");
 }
 
 }  // namespace monarch

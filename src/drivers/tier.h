@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/counters.h"
 #include "drivers/storage_driver.h"
 #include "monarch/config.h"
 #include "monarch/stats.h"
@@ -53,7 +54,8 @@ class Tier {
   // For the source: what the dataset holds, reported as its files and bytes.
   void SetDatasetSize(uint64_t files, uint64_t bytes);
 
-  TierStats GetStats() const;
+  // Reads, bytes read, files, bytes used, capacity, read and write errors.
+  void ReportCounters(CounterSink& sink) const;
 
  private:
   const TierConfig config_;

@@ -186,20 +186,30 @@ void PlacementHandler::Shutdown(bool drain) {
   pool_.wait();
 }
 
-void PlacementHandler::AddStats(Stats* stats) const {
-  stats->promotions_started = started_.load();
-  stats->promotions_completed = completed_.load();
-  stats->promotions_failed = failed_.load();
-  stats->promotions_skipped = skipped_.load();
-  stats->promotions_cancelled = cancelled_.load();
-  stats->staging_reads = staging_reads_.load();
-  stats->staging_bytes_read = staging_bytes_read_.load();
-  stats->staging_hits = staging_hits_.load();
-  stats->staging_fallbacks = staging_fallbacks_.load();
-  stats->staging_bytes = chunk_pool_.bytes_in_use();
-  stats->staging_peak_bytes = chunk_pool_.peak_bytes_in_use();
-  stats->chunks_written_by_placement = written_by_placement_.load();
-  stats->chunks_written_by_readers = written_by_readers_.load();
+void PlacementHandler::ReportCounters(CounterSink& sink) const {
+  sink.Counter("promotions_started", started_.load(), "Promotions started.");
+  sink.Counter("promotions_completed", completed_.load(), "Copies published to a tier.");
+  sink.Counter("promotions_failed", failed_.load(),
+               "Promotions abandoned on a source or tier error; the file stays on the source.");
+  sink.Counter("promotions_skipped", skipped_.load(),
+               "Files left on the source because no tier had room.");
+  sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
+  sink.Counter("staging_reads", staging_reads_.load(),
+               "Reads of files being promoted, served from the promotion's chunks.");
+  sink.Counter("staging_bytes_read", staging_bytes_read_.load(),
+               "Bytes of those reads.");
+  sink.Counter("staging_hits", staging_hits_.load(),
+               "Reads of files being promoted whose bytes other threads had already loaded.");
+  sink.Counter("staging_fallbacks", staging_fallbacks_.load(),
+               "Reads of files being promoted that went to the source instead.");
+  sink.Gauge("staging_bytes", chunk_pool_.bytes_in_use(),
+             "Staging memory now: chunks read from the source, not yet written to a tier.");
+  sink.Gauge("staging_peak_bytes", chunk_pool_.peak_bytes_in_use(),
+             "The most staging memory held at any time.");
+  sink.Counter("chunks_written_by_placement", written_by_placement_.load(),
+               "Chunks placement threads wrote into tiers.");
+  sink.Counter("chunks_written_by_readers", written_by_readers_.load(),
+               "Chunks readers wrote into tiers themselves, staging being over budget.");
 }
 
 }  // namespace monarch

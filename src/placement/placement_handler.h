@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/counters.h"
 #include "common/mutex.h"
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
@@ -63,7 +64,7 @@ class PlacementHandler final : public PromotionHost {
   // Returns when no promotion is in flight.
   void WaitIdle();
 
-  void AddStats(Stats* stats) const;
+  void ReportCounters(CounterSink& sink) const;
 
   // PromotionHost.
   FetchSource& fetch() override { return *fetch_; }

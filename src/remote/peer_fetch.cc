@@ -207,27 +207,21 @@ std::unique_ptr<PlacementPolicy> PeerFetch::WrapPolicy(std::unique_ptr<Placement
   return std::make_unique<HomeFirstPolicy>(std::move(inner), this, pending);
 }
 
-void PeerFetch::AddStats(Stats* stats) const {
-  RemoteStats& r = stats->remote;
-  r.enabled = true;
-  r.rank = rank_;
-  r.peers = size_;
-  r.buffer_bytes = buffer_bytes_;
-  r.home_files = home_files_;
-  r.peer_reads = peer_reads_.load();
-  r.peer_bytes_read = peer_bytes_.load();
-  r.fallbacks = fallbacks_.load();
-  r.down_skips = down_skips_.load();
-  r.peer_wait_ns = wait_ns_.load();
-  if (network_ != nullptr) {
-    const PeerNetwork::Counters c = network_->counters();
-    r.requests_served = c.requests_served;
-    r.bytes_served = c.bytes_served;
-    r.requests_refused = c.requests_refused;
-    r.timeouts = c.timeouts;
-    r.peer_failures = c.peer_failures;
-    r.checksum_failures = c.checksum_failures;
-  }
+void PeerFetch::ReportCounters(CounterSink& sink) const {
+  sink.Gauge("remote.enabled", 1, "1 when peers are enabled.");
+  sink.Gauge("remote.rank", static_cast<uint64_t>(rank_), "This process's rank.");
+  sink.Gauge("remote.peers", static_cast<uint64_t>(size_), "Processes in the job.");
+  sink.Gauge("remote.buffer_bytes", buffer_bytes_, "Each pre-registered receive buffer.");
+  sink.Gauge("remote.home_files", home_files_, "Files whose home is this process.");
+  sink.Counter("remote.peer_reads", peer_reads_.load(),
+               "Fetches of files no local tier held, served by their home.");
+  sink.Counter("remote.peer_bytes_read", peer_bytes_.load(), "Bytes of those fetches.");
+  sink.Counter("remote.fallbacks", fallbacks_.load(),
+               "Peer fetches that failed and went to the source instead.");
+  sink.Counter("remote.down_skips", down_skips_.load(),
+               "Fetches sent straight to the source: the home was marked down.");
+  sink.Counter("remote.peer_wait_ns", wait_ns_.load(), "Time callers spent waiting on peers.");
+  if (network_ != nullptr) network_->ReportCounters(sink);
 }
 
 }  // namespace monarch

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/counters.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
 #include "monarch/stats.h"
@@ -55,7 +56,7 @@ class PeerFetch final : public FetchSource {
   // peers rely on it to keep.
   std::unique_ptr<PlacementPolicy> WrapPolicy(std::unique_ptr<PlacementPolicy> inner);
 
-  void AddStats(Stats* stats) const;
+  void ReportCounters(CounterSink& sink) const;
 
  private:
   PeerFetch(const RemoteConfig& config, const Namespace* ns, Tier* source, int rank, int size);

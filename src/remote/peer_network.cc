@@ -338,15 +338,16 @@ class PeerNetwork::Impl {
     progress_thread_.join();
   }
 
-  Counters counters() const {
-    Counters c;
-    c.requests_served = requests_served_.load();
-    c.bytes_served = bytes_served_.load();
-    c.requests_refused = requests_refused_.load();
-    c.timeouts = timeouts_.load();
-    c.peer_failures = peer_failures_.load();
-    c.checksum_failures = checksum_failures_.load();
-    return c;
+  void ReportCounters(CounterSink& sink) const {
+    sink.Counter("remote.requests_served", requests_served_.load(),
+                 "Requests this process answered for peers, with data.");
+    sink.Counter("remote.bytes_served", bytes_served_.load(), "Bytes sent to peers.");
+    sink.Counter("remote.requests_refused", requests_refused_.load(),
+                 "Peer requests answered with an error (wrong version, shutting down...).");
+    sink.Counter("remote.timeouts", timeouts_.load(), "Fetches a peer did not answer in time.");
+    sink.Counter("remote.peer_failures", peer_failures_.load(), "Times a peer was marked down.");
+    sink.Counter("remote.checksum_failures", checksum_failures_.load(),
+                 "Transfers whose length or checksum did not match.");
   }
 
  private:
@@ -886,6 +887,6 @@ absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_
 }
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
 void PeerNetwork::Shutdown() { impl_->Shutdown(); }
-PeerNetwork::Counters PeerNetwork::counters() const { return impl_->counters(); }
+void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }
 
 }  // namespace monarch

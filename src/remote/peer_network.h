@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/counters.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -66,14 +67,6 @@ class PeerNetwork {
   using AddressExchange =
       std::function<absl::StatusOr<std::vector<std::string>>(const std::string& mine)>;
 
-  struct Counters {
-    uint64_t requests_served = 0;  // Answered with data.
-    uint64_t bytes_served = 0;
-    uint64_t requests_refused = 0;  // Answered with an error.
-    uint64_t timeouts = 0;
-    uint64_t peer_failures = 0;  // Times a peer was marked down.
-    uint64_t checksum_failures = 0;
-  };
 
   // Creates the worker, registers the buffers, exchanges addresses (blocks
   // until every peer has published, or fails) and starts serving.
@@ -95,7 +88,7 @@ class PeerNetwork {
   // endpoints and stops the progress thread. Idempotent.
   void Shutdown();
 
-  Counters counters() const;
+  void ReportCounters(CounterSink& sink) const;
 
   class Impl;
 

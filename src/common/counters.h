@@ -1,0 +1,61 @@
+// CounterSink: the one way components report their counters.
+//
+// A component with counters has `void ReportCounters(CounterSink& sink) const`
+// and calls sink.Counter() / sink.Gauge() once per metric; per-tier metrics
+// go through sink.ForTier(). Monarch::GetStats() visits every component with
+// one sink, and the resulting Stats feeds the JSON and Prometheus outputs, so
+// adding a counter is one line where it is counted.
+//
+// Not thread-safe: one sink per snapshot.
+
+#ifndef MONARCH_COMMON_COUNTERS_H_
+#define MONARCH_COMMON_COUNTERS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "monarch/stats.h"
+
+namespace monarch {
+
+class CounterSink {
+ public:
+  explicit CounterSink(Stats* out) : out_(out) {}
+
+  // Something that only grows (reads, bytes, events).
+  void Counter(std::string_view name, uint64_t value, std::string_view help) {
+    Add(name, Metric::Kind::kCounter, value, help);
+  }
+  // A level (bytes held now, a capacity, 0/1 for a flag).
+  void Gauge(std::string_view name, uint64_t value, std::string_view help) {
+    Add(name, Metric::Kind::kGauge, value, help);
+  }
+  // A sink whose metrics belong to tier `tier` of kind `kind`.
+  CounterSink ForTier(std::string_view tier, std::string_view kind) const {
+    CounterSink sink(out_);
+    sink.tier_ = tier;
+    sink.tier_kind_ = kind;
+    return sink;
+  }
+
+ private:
+  void Add(std::string_view name, Metric::Kind kind, uint64_t value, std::string_view help) {
+    Metric m;
+    m.name = name;
+    m.kind = kind;
+    m.value = value;
+    m.help = help;
+    m.tier = tier_;
+    m.tier_kind = tier_kind_;
+    out_->metrics.push_back(std::move(m));
+  }
+
+  Stats* out_;
+  std::string tier_;
+  std::string tier_kind_;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_COMMON_COUNTERS_H_
