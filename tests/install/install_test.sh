@@ -13,6 +13,14 @@ mkdir -p "$work/data/sub"
 printf 'hello from monarch' > "$work/data/sub/hello.txt"
 out=$("$work/build/consumer" "$work/data" sub/hello.txt)
 [ "$out" = "hello from monarch" ] || { echo "unexpected output: $out"; exit 1; }
+out=$("$work/build/c_consumer" "$work/data" sub/hello.txt)
+[ "$out" = "hello from monarch" ] || { echo "unexpected output from C: $out"; exit 1; }
+# c_api.cc is compiled once, into an object library both libraries use.
+# (Counted in the Makefiles' rules: stale objects of older layouts may linger.)
+if ls "$build_dir"/CMakeFiles/*.dir/build.make >/dev/null 2>&1; then
+  compiles=$(grep -l 'src/c_api.cc.o:' "$build_dir"/CMakeFiles/*.dir/build.make | wc -l)
+  [ "$compiles" = 1 ] || { echo "c_api.cc is compiled by $compiles targets"; exit 1; }
+fi
 test -f "$work/prefix/include/monarch/monarch.h"
 test -f "$work/prefix/lib/cmake/monarch/monarchConfig.cmake" || test -f "$work/prefix/lib/x86_64-linux-gnu/cmake/monarch/monarchConfig.cmake"
 echo "install test passed"
