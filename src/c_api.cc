@@ -6,11 +6,17 @@
 #include <memory>
 #include <string>
 
+#include "frontend/dataset_paths.h"
+#include "frontend/glob.h"
+#include "frontend/process_instance.h"
 #include "monarch/monarch.h"
 #include "monarch/monarch_c.h"
 
 struct monarch_t {
-  std::unique_ptr<monarch::Monarch> instance;
+  // Null for the process instance, which belongs to frontend::ProcessInstance.
+  std::unique_ptr<monarch::Monarch> owned;
+  monarch::Monarch* instance;
+  monarch::frontend::DatasetPaths paths;
 };
 
 namespace {
@@ -32,7 +38,9 @@ monarch_code Open(absl::StatusOr<std::unique_ptr<monarch::Monarch>> created, mon
                   char** error) {
   *out = nullptr;
   if (!created.ok()) return Report(created.status(), error);
-  *out = new monarch_t{std::move(*created)};
+  monarch::Monarch* instance = created->get();
+  *out = new monarch_t{std::move(*created), instance,
+                       monarch::frontend::DatasetPaths(instance->dataset_root())};
   return Report(absl::OkStatus(), error);
 }
 
@@ -59,7 +67,47 @@ monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char
   return Open(monarch::Monarch::Create(monarch::DefaultConfig(dataset_dir)), out, error);
 }
 
-void monarch_close(monarch_t* m) { delete m; }
+void monarch_close(monarch_t* m) {
+  if (m != nullptr && m->owned != nullptr) delete m;
+}
+
+monarch_code monarch_process_acquire(const char* front_end, monarch_t** out, char** error) {
+  *out = nullptr;
+  absl::StatusOr<monarch::Monarch*> acquired = monarch::frontend::ProcessInstance::Get().Acquire(
+      front_end != nullptr ? front_end : "monarch");
+  if (!acquired.ok()) return Report(acquired.status(), error);
+  // One handle for the process, made on the first success and never freed
+  // (see ProcessInstance on why the holder outlives exit).
+  static monarch_t* const handle =
+      new monarch_t{nullptr, *acquired, monarch::frontend::ProcessInstance::Get().paths()};
+  *out = handle;
+  return Report(absl::OkStatus(), error);
+}
+
+void monarch_process_release(monarch_t* m) {
+  if (m != nullptr && m->owned == nullptr) monarch::frontend::ProcessInstance::Get().Release();
+}
+
+int monarch_path_to_name(const monarch_t* m, const char* path, char** name) {
+  *name = nullptr;
+  std::string found;
+  if (path == nullptr || !m->paths.ToDatasetName(path, &found)) return 0;
+  *name = CopyString(found);
+  return 1;
+}
+
+monarch_code monarch_glob(const monarch_t* m, const char* pattern, char*** paths, size_t* count,
+                          char** error) {
+  *paths = nullptr;
+  *count = 0;
+  if (pattern == nullptr) return Report(NullArgument("pattern"), error);
+  const std::vector<std::string> matches =
+      monarch::frontend::Glob(*m->instance, m->paths, pattern);
+  *paths = static_cast<char**>(std::calloc(matches.size() + 1, sizeof(char*)));
+  for (size_t i = 0; i < matches.size(); ++i) (*paths)[i] = CopyString(matches[i]);
+  *count = matches.size();
+  return Report(absl::OkStatus(), error);
+}
 
 monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
                           size_t* bytes_read, char** error) {

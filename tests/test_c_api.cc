@@ -2,7 +2,10 @@
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -69,6 +72,79 @@ TEST_CASE("C API: open, read, list, stat, stats, close") {
   CHECK(std::strstr(text, "\nmonarch_promotions_completed_total 1\n") != nullptr);
   monarch_free(text);
   monarch_close(m);
+}
+
+TEST_CASE("C API: path mapping and glob for front ends") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 4, {100});
+  monarch_t* m = nullptr;
+  REQUIRE(monarch_open_default(ds.c_str(), &m, nullptr) == MONARCH_OK);
+  char* name = nullptr;
+  REQUIRE(monarch_path_to_name(m, (ds + "/" + files[2].name).c_str(), &name) == 1);
+  CHECK(std::string(name) == files[2].name);
+  monarch_free(name);
+  CHECK(monarch_path_to_name(m, (ds + "x/" + files[2].name).c_str(), &name) == 0);
+  CHECK(name == nullptr);
+  char** paths = nullptr;
+  size_t count = 0;
+  REQUIRE(monarch_glob(m, (ds + "/dir[12]/*").c_str(), &paths, &count, nullptr) == MONARCH_OK);
+  REQUIRE(count == 2);
+  CHECK(std::string(paths[0]) == ds + "/" + files[1].name);
+  CHECK(std::string(paths[1]) == ds + "/" + files[2].name);
+  monarch_free_list(paths, count);
+  monarch_close(m);
+}
+
+TEST_CASE("C API: the process instance is shared, released, and closed at exit") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 3, {7000});
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::unsetenv("MONARCH_CONFIG");
+    ::setenv("MONARCH_DATASET", ds.c_str(), 1);
+    monarch_t* a = nullptr;
+    monarch_t* b = nullptr;
+    if (monarch_process_acquire("test_c", &a, nullptr) != MONARCH_OK) std::_Exit(1);
+    if (monarch_process_acquire("test_c", &b, nullptr) != MONARCH_OK || a != b) std::_Exit(2);
+    monarch_close(a);  // Ignored for the process instance: it must still work.
+    char buffer[8000];
+    size_t n = 0;
+    if (monarch_read(b, files[0].name.c_str(), buffer, sizeof(buffer), 0, &n, nullptr) !=
+            MONARCH_OK ||
+        n != 7000 || !monarch::testing::BytesMatch(files[0], buffer, 0, n)) {
+      std::_Exit(3);
+    }
+    monarch_process_release(a);
+    monarch_process_release(b);
+    std::exit(0);  // The at-exit close runs with no use left.
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::unsetenv("MONARCH_CONFIG");
+    ::unsetenv("MONARCH_DATASET");
+    ::close(2);  // The one-line complaint is tested in test_frontend.
+    monarch_t* m = reinterpret_cast<monarch_t*>(1);
+    char* error = nullptr;
+    if (monarch_process_acquire("test_c", &m, &error) != MONARCH_FAILED_PRECONDITION) std::_Exit(1);
+    if (m != nullptr || error == nullptr || std::strstr(error, "MONARCH_DATASET") == nullptr) {
+      std::_Exit(2);
+    }
+    monarch_free(error);
+    monarch_process_release(m);  // NULL: a no-op.
+    std::_Exit(0);
+  }
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("C API: a bad config gives INVALID_ARGUMENT and a message naming the key") {

@@ -82,6 +82,31 @@ void monarch_wait_for_placement(monarch_t* m);
 
 void monarch_free(void* p);
 
+/* --- For front ends (the TensorFlow plugin, the preload library, Python). */
+
+/* The process's shared instance, opened on the first call from the
+ * environment: MONARCH_CONFIG (a YAML file) or else the embedded default over
+ * MONARCH_DATASET. A failed open is reported once on stderr, prefixed with
+ * `front_end`, and every later call returns the same error without retrying
+ * (a missing config or dataset is MONARCH_FAILED_PRECONDITION, never
+ * MONARCH_NOT_FOUND). Each success must be paired with
+ * monarch_process_release(); at exit the instance is closed once the
+ * acquired uses are released, and later acquires fail with MONARCH_CANCELLED.
+ * Every success returns the same handle; monarch_close() ignores it. */
+monarch_code monarch_process_acquire(const char* front_end, monarch_t** out, char** error);
+void monarch_process_release(monarch_t* m);
+
+/* If the absolute, clean `path` is the dataset root or below it (through the
+ * root as given or its realpath), sets *name to the dataset name ("" for the
+ * root; malloc'ed, free with monarch_free) and returns 1; else 0. */
+int monarch_path_to_name(const monarch_t* m, const char* path, char** name);
+
+/* Absolute paths of dataset files and directories matching `pattern`
+ * (absolute; fnmatch() per path component, as glob(3)), sorted, from the
+ * in-memory namespace. Free with monarch_free_list(paths, count). */
+monarch_code monarch_glob(const monarch_t* m, const char* pattern, char*** paths, size_t* count,
+                          char** error);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

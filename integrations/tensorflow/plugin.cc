@@ -8,26 +8,25 @@
 // is read-only, so the writable and memory-region tables stay null, which
 // TensorFlow reports as "not supported".
 //
-// Lifetime: one Monarch instance per process, opened on first use from
-// MONARCH_CONFIG (a YAML file) or, failing that, the embedded default over
-// MONARCH_DATASET. A failed open is remembered and reported by every later op,
-// so a bad config is never retried. An atexit handler closes the instance (it
-// stops the placement threads before static destructors run); the small
-// holder around it is leaked on purpose, so TensorFlow threads still running
-// during exit find a "closed" flag instead of a destroyed mutex.
+// What every front end shares lives in the library (src/frontend/) and is
+// reached through the C API: the process-wide instance opened from
+// MONARCH_CONFIG or MONARCH_DATASET and closed at exit after the ops in
+// flight (monarch_process_acquire), the mapping of paths to dataset names
+// (monarch_path_to_name) and the glob over the namespace (monarch_glob).
+// Only TensorFlow's conventions are here: status codes, the short read at
+// the end of a file, allocation.
 //
-// Threading: TensorFlow calls every op from many I/O threads at once. The C
-// API is thread-safe; the only plugin state is the holder, which counts the
-// ops in flight so that closing can wait for them.
+// Why the C API and not the C++ one: TensorFlow's headers bring their own
+// Abseil, whose absl::Status differs from the one Monarch is built with; the
+// C API keeps Abseil types out of this file.
+//
+// Threading: TensorFlow calls every op from many I/O threads at once; the
+// C API and the process instance are thread-safe.
 
-#include <fnmatch.h>
-
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,125 +89,21 @@ void SetNotFound(TF_Status* status, const char* path) {
 // ---------------------------------------------------------------------------
 // The process-wide Monarch instance.
 
-struct Holder {
-  std::once_flag open_once;
-  // Set by Open() and never changed until CloseAtExit().
-  monarch_t* monarch = nullptr;
-  // The dataset root as Monarch reports it, and its realpath() when that
-  // differs (a root given through a symlink), so both spellings work.
-  std::string root;
-  std::string real_root;
-  // Why Open() failed; immutable once open_once has run.
-  monarch_code open_code = MONARCH_OK;
-  std::string open_error;
+constexpr char kFrontEnd[] = "monarch_tf";
 
-  std::mutex mu;
-  std::condition_variable idle;  // Signalled when `active` drops to 0.
-  int active = 0;                // Ops using `monarch` now. Guarded by mu.
-  bool closed = false;           // Guarded by mu.
-};
-
-// Leaked: see the banner.
-Holder& GetHolder() {
-  static Holder* holder = new Holder;
-  return *holder;
-}
-
-// Refuses new ops first, then waits for the running ones, so a steady stream
-// of reads from TensorFlow threads cannot hold up the exit.
-void CloseAtExit() {
-  Holder& holder = GetHolder();
-  std::unique_lock<std::mutex> lock(holder.mu);
-  holder.closed = true;
-  holder.idle.wait(lock, [&] { return holder.active == 0; });
-  monarch_t* monarch = holder.monarch;
-  holder.monarch = nullptr;
-  lock.unlock();
-  if (monarch != nullptr) monarch_close(monarch);
-}
-
-void Open(Holder& holder) {
-  monarch_code code;
-  char* error = nullptr;
-  std::string what;
-  const char* config = std::getenv("MONARCH_CONFIG");
-  const char* dataset = std::getenv("MONARCH_DATASET");
-  if (config != nullptr && config[0] != '\0') {
-    what = std::string("config '") + config + "'";
-    code = monarch_open_yaml_file(config, &holder.monarch, &error);
-  } else if (dataset != nullptr && dataset[0] != '\0') {
-    what = std::string("default config over MONARCH_DATASET '") + dataset + "'";
-    code = monarch_open_default(dataset, &holder.monarch, &error);
-  } else {
-    holder.open_code = MONARCH_FAILED_PRECONDITION;
-    holder.open_error =
-        "not configured: set MONARCH_CONFIG to a YAML config file or MONARCH_DATASET to "
-        "the dataset directory before the first monarch:// access";
-    std::fprintf(stderr, "monarch_tf: %s\n", holder.open_error.c_str());
-    return;
-  }
-  if (code == MONARCH_OK) {
-    holder.root = monarch_dataset_root(holder.monarch);
-    if (char* real = realpath(holder.root.c_str(), nullptr)) {
-      if (holder.root != real) holder.real_root = real;
-      std::free(real);
-    }
-    std::atexit(CloseAtExit);
-    return;
-  }
-  // A missing config file or dataset must not read as NotFound: tf.io.gfile
-  // turns NotFound into "file does not exist" and the cause would be lost.
-  holder.open_code = code == MONARCH_NOT_FOUND ? MONARCH_FAILED_PRECONDITION : code;
-  holder.open_error = "cannot start from " + what + ": " + (error != nullptr ? error : "error");
-  monarch_free(error);
-  holder.monarch = nullptr;
-  // Printed once; every later op returns the same error without retrying.
-  std::fprintf(stderr, "monarch_tf: %s\n", holder.open_error.c_str());
-}
-
-// If `path` is `root` or below it, sets `name` to the rest ("" for the root).
-bool StripRoot(const char* path, const std::string& root, std::string* name) {
-  const size_t len = std::strlen(path);
-  if (root == "/") {  // Everything absolute is inside a dataset rooted at "/".
-    if (path[0] != '/') return false;
-    *name = path + 1;
-    return true;
-  }
-  if (len < root.size() || std::strncmp(path, root.c_str(), root.size()) != 0) return false;
-  if (len == root.size()) {
-    name->clear();
-    return true;
-  }
-  if (path[root.size()] != '/') return false;  // "/data/set2" is not in "/data/set".
-  *name = path + root.size() + 1;
-  return true;
-}
-
-// Opens the instance on first use and keeps it from being closed while in
-// scope. On failure ok() is false and the status is already set.
+// One op's use of the process instance: acquired on construction, released
+// on destruction. On failure ok() is false and `status` is set.
 class Session {
  public:
-  explicit Session(TF_Status* status) : holder_(GetHolder()) {
-    std::call_once(holder_.open_once, Open, std::ref(holder_));
-    if (holder_.open_code != MONARCH_OK) {
-      SetError(status, ToTfCode(holder_.open_code), holder_.open_error);
-      return;
+  explicit Session(TF_Status* status) {
+    char* error = nullptr;
+    monarch_code code = monarch_process_acquire(kFrontEnd, &monarch_, &error);
+    if (code != MONARCH_OK) {
+      SetError(status, ToTfCode(code), error != nullptr ? error : "error");
+      monarch_free(error);
     }
-    std::lock_guard<std::mutex> lock(holder_.mu);
-    if (holder_.closed) {
-      SetError(status, TF_CANCELLED, "the Monarch instance was closed at process exit");
-      return;
-    }
-    ++holder_.active;
-    monarch_ = holder_.monarch;
   }
-
-  ~Session() {
-    if (monarch_ == nullptr) return;
-    std::lock_guard<std::mutex> lock(holder_.mu);
-    if (--holder_.active == 0) holder_.idle.notify_all();
-  }
-
+  ~Session() { monarch_process_release(monarch_); }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -219,13 +114,15 @@ class Session {
   // to Monarch's dataset-relative name ("a/b"; "" for the root). False for a
   // path outside the dataset root.
   bool ToDatasetName(const char* path, std::string* name) const {
-    return StripRoot(path, holder_.root, name) ||
-           (!holder_.real_root.empty() && StripRoot(path, holder_.real_root, name));
+    char* found = nullptr;
+    if (monarch_path_to_name(monarch_, path, &found) == 0) return false;
+    *name = found;
+    monarch_free(found);
+    return true;
   }
 
  private:
-  Holder& holder_;
-  monarch_t* monarch_ = nullptr;  // Null unless this Session counts in `active`.
+  monarch_t* monarch_ = nullptr;  // Null unless acquired.
 };
 
 // Memory handed to TensorFlow (tables, names, listings) comes from here;
@@ -289,7 +186,7 @@ int64_t Read(const TF_RandomAccessFile* file, uint64_t offset, size_t n, char* b
 // TF_FilesystemOps.
 namespace tf_filesystem {
 
-// All state is process-wide (see Holder), so there is nothing per filesystem.
+// All state is process-wide (see Session), so there is nothing per filesystem.
 void Init(TF_Filesystem* filesystem, TF_Status* status) {
   filesystem->plugin_filesystem = nullptr;
   SetOk(status);
@@ -422,8 +319,8 @@ int GetChildren(const TF_Filesystem* /*filesystem*/, const char* path, char*** e
 
 // Why a glob of our own: TensorFlow's default glob drops every error, so with
 // a bad config tf.data.Dataset.list_files() would only say "No files matched
-// pattern". This one reports the config error, and walks the in-memory
-// namespace level by level with the same per-component fnmatch() semantics.
+// pattern". This one reports the config error, and matches against the
+// in-memory namespace with the same per-component fnmatch() semantics.
 int GetMatchingPaths(const TF_Filesystem* /*filesystem*/, const char* glob, char*** entries,
                      TF_Status* status) {
   Session session(status);
@@ -435,51 +332,16 @@ int GetMatchingPaths(const TF_Filesystem* /*filesystem*/, const char* glob, char
     const size_t path_start = pattern.find('/', scheme.size());
     pattern = path_start == std::string::npos ? "/" : pattern.substr(path_start);
   }
-  // Split into components; the leading ones without wildcards are the fixed
-  // directory the walk starts from.
-  std::vector<std::string> components;
-  for (size_t start = 0; start <= pattern.size();) {
-    size_t end = pattern.find('/', start);
-    if (end == std::string::npos) end = pattern.size();
-    if (end > start) components.push_back(pattern.substr(start, end - start));
-    start = end + 1;
+  char** found = nullptr;
+  size_t count = 0;
+  char* error = nullptr;
+  monarch_code code = monarch_glob(session.get(), pattern.c_str(), &found, &count, &error);
+  if (code != MONARCH_OK) {
+    SetFromMonarch(status, code, error, glob);
+    return -1;
   }
-  std::string fixed;
-  size_t first_wild = 0;
-  while (first_wild < components.size() &&
-         components[first_wild].find_first_of("*?[\\") == std::string::npos) {
-    fixed += "/" + components[first_wild++];
-  }
-  if (fixed.empty()) fixed = "/";
-
-  std::vector<std::string> matches;  // Absolute paths.
-  std::string name;
-  if (session.ToDatasetName(fixed.c_str(), &name) &&
-      (monarch_file_exists(session.get(), name.c_str()) ||
-       monarch_is_directory(session.get(), name.c_str()))) {
-    // (dataset name, absolute path) pairs matching the components so far.
-    std::vector<std::pair<std::string, std::string>> level = {{name, fixed}};
-    for (size_t i = first_wild; i < components.size() && !level.empty(); ++i) {
-      std::vector<std::pair<std::string, std::string>> next;
-      for (const auto& [dir, dir_path] : level) {
-        char** children = nullptr;
-        size_t count = 0;
-        // Not a directory (or gone): nothing below it can match.
-        if (monarch_list_directory(session.get(), dir.c_str(), &children, &count, nullptr) !=
-            MONARCH_OK) {
-          continue;
-        }
-        for (size_t c = 0; c < count; ++c) {
-          if (fnmatch(components[i].c_str(), children[c], 0) != 0) continue;
-          next.emplace_back(dir.empty() ? children[c] : dir + "/" + children[c],
-                            (dir_path == "/" ? "" : dir_path) + "/" + children[c]);
-        }
-        monarch_free_list(children, count);
-      }
-      level = std::move(next);
-    }
-    for (const auto& [unused, path] : level) matches.push_back(path);
-  }
+  std::vector<std::string> matches(found, found + count);
+  monarch_free_list(found, count);
   *entries =
       static_cast<char**>(PluginAllocate((matches.empty() ? 1 : matches.size()) * sizeof(char*)));
   for (size_t i = 0; i < matches.size(); ++i) {
