@@ -3,8 +3,8 @@
 // The read path is: name -> namespace entry -> the tier its entry names.
 // Only files still on the source take the detour through the placement
 // handler, which may start a promotion and serve from its staged bytes; the
-// bytes of such files come through a FetchSource: the source, or with peers
-// enabled the file's home peer and then the source.
+// bytes of such files come from the read-only tiers at the end of the list:
+// with peers enabled the peers tier (the file's home), then the source.
 
 #include "monarch/monarch.h"
 
@@ -18,10 +18,9 @@
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "monarch_internal.h"
-#include "placement/fetch_source.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
-#include "remote/peer_fetch.h"
+#include "remote/peer_driver.h"
 
 namespace monarch {
 namespace {
@@ -66,41 +65,43 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
     }
     case TierKind::kSource:
       return NewSourceDriver(config.dataset.path, max_open);
+    case TierKind::kPeers:
+      break;  // Built by CreateMonarchWithDriverWrapper, which needs the namespace.
   }
   return absl::InternalError("unknown tier kind");
 }
 
 class MonarchImpl final : public Monarch {
  public:
+  // `tiers`: the cache tiers, then the peers tier if `peers` is set (and
+  // `peers` is its driver), then the source.
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
-              std::unique_ptr<Namespace> ns)
+              std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
         tiers_(std::move(tiers)),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(std::move(ns)),
-        source_fetch_(tiers_.back().get()) {}
+        peers_(peers) {}
 
   ~MonarchImpl() override { Shutdown(ShutdownMode::kCancel); }
 
-  absl::Status Start(std::unique_ptr<PlacementPolicy> policy) {
+  absl::Status Start() {
     source().SetDatasetSize(namespace_->file_count(), namespace_->total_bytes());
     MONARCH_RETURN_IF_ERROR(ReuseEarlierCopies());
-    FetchSource* fetch = &source_fetch_;
-    if (config_.remote.enabled) {
-      MONARCH_ASSIGN_OR_RETURN(peers_,
-                               PeerFetch::Create(config_.remote, namespace_.get(), &source()));
-      policy = peers_->WrapPolicy(std::move(policy));
-      fetch = peers_.get();
-    }
-    placement_ =
-        std::make_unique<PlacementHandler>(&tiers_, fetch, std::move(policy), config_.placement);
+    MONARCH_ASSIGN_OR_RETURN(
+        std::unique_ptr<PlacementPolicy> policy,
+        NewPlacementPolicy(config_.placement.policy,
+                           peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
+    placement_ = std::make_unique<PlacementHandler>(&tiers_, std::move(policy), config_.placement);
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
+      // Served through the internal read path, not the public Read: a peer's
+      // request is not one of this process's reads.
       auto serve = [this](const PeerNetwork::FileRequest& request,
                           char* dst) -> absl::StatusOr<size_t> {
-        MONARCH_RETURN_IF_ERROR(peers_->CheckServable(namespace_->Find(request.name), request));
-        return Read(std::string_view(request.name.data(), request.name.size()), dst, request.length,
-                    request.offset);
+        FileEntry* entry = namespace_->Find(request.name);
+        MONARCH_RETURN_IF_ERROR(peers_->CheckServable(entry, request));
+        return ReadEntry(*entry, dst, request.length, request.offset);
       };
       MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve)));
     }
@@ -112,16 +113,7 @@ class MonarchImpl final : public Monarch {
     FileEntry* entry = namespace_->Find(ToAbsl(name));
     if (entry == nullptr)
       return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    const uint64_t size = entry->ref.size;
-    if (offset >= size || n == 0) return 0;
-    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
-    char* dst = static_cast<char*>(buffer);
-    for (;;) {
-      const int tier = entry->tier.load(std::memory_order_acquire);
-      if (tier != source_index_) return ReadFromTier(*entry, tier, offset, dst, n);
-      if (auto result = placement_->ReadIfOnSource(*entry, offset, dst, n)) return *result;
-      // Published to a tier meanwhile: go around once more and read it there.
-    }
+    return ReadEntry(*entry, static_cast<char*>(buffer), n, offset);
   }
 
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
@@ -184,6 +176,18 @@ class MonarchImpl final : public Monarch {
  private:
   Tier& source() { return *tiers_.back(); }
 
+  absl::StatusOr<size_t> ReadEntry(FileEntry& entry, char* dst, size_t n, uint64_t offset) {
+    const uint64_t size = entry.ref.size;
+    if (offset >= size || n == 0) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+    for (;;) {
+      const int tier = entry.tier.load(std::memory_order_acquire);
+      if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
+      if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
+      // Published to a tier meanwhile: go around once more and read it there.
+    }
+  }
+
   // A copy that cannot be read (deleted behind our back, EIO) is dropped
   // from the namespace and the read is served from the source: a read never
   // fails or returns wrong bytes because a cache copy went bad.
@@ -191,6 +195,7 @@ class MonarchImpl final : public Monarch {
                                       size_t n) {
     absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
     if (result.ok() && *result == n) return result;
+    tiers_[tier]->CountReadError();
     MONARCH_LOG(kWarning, "tier '", tiers_[tier]->config().name, "' failed to read ",
                 entry.ref.name, " (",
                 result.ok() ? absl::StrCat("short read of ", *result, " bytes")
@@ -200,7 +205,9 @@ class MonarchImpl final : public Monarch {
     if (entry.tier.compare_exchange_strong(expected, source_index_)) {
       entry.state.store(PlacementState::kStaysOnSource);
     }
-    return source().Read(entry.ref, offset, dst, n);
+    result = source().Read(entry.ref, offset, dst, n);
+    if (!result.ok()) source().CountReadError();
+    return result;
   }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
@@ -208,6 +215,7 @@ class MonarchImpl final : public Monarch {
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
+      if (!tier.is_cache()) continue;
       MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name, uint64_t size,
                                                            int64_t mtime_ns) {
         FileEntry* entry = namespace_->Find(name);
@@ -238,8 +246,7 @@ class MonarchImpl final : public Monarch {
   std::vector<std::unique_ptr<Tier>> tiers_;
   const int source_index_;
   const std::unique_ptr<Namespace> namespace_;
-  SourceFetch source_fetch_;
-  std::unique_ptr<PeerFetch> peers_;             // Null unless remote.enabled.
+  PeerDriver* const peers_;                      // The peers tier's driver, or null.
   std::unique_ptr<PlacementHandler> placement_;  // Declared last: stops first.
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
@@ -251,9 +258,9 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
                                                                         const DriverWrapper& wrap) {
   MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
   SetLogLevel(ParseLogLevel(config.logging.level));
-  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<PlacementPolicy> policy,
-                           NewPlacementPolicy(config.placement.policy));
-  const int source_index = static_cast<int>(config.tiers.size()) - 1;
+  // The tiers from the config, with the peers tier before the source when
+  // peers are enabled.
+  const int source_index = static_cast<int>(config.tiers.size()) - (config.remote.enabled ? 0 : 1);
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(config.dataset.path, config.dataset.file_regex,
                                             source_index, config.dataset.scan_threads));
@@ -268,8 +275,19 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
     if (wrap) *driver = wrap(static_cast<int>(i), std::move(*driver));
     tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(*driver)));
   }
-  auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns));
-  MONARCH_RETURN_IF_ERROR(monarch->Start(std::move(policy)));
+  PeerDriver* peers = nullptr;
+  if (config.remote.enabled) {
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<PeerDriver> driver,
+                             PeerDriver::Create(config.remote, ns.get()));
+    peers = driver.get();
+    TierConfig peers_tier;
+    peers_tier.name = TierKindName(TierKind::kPeers);
+    peers_tier.kind = TierKind::kPeers;
+    peers_tier.capacity_bytes = 0;
+    tiers.insert(tiers.end() - 1, std::make_unique<Tier>(peers_tier, std::move(driver)));
+  }
+  auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns), peers);
+  MONARCH_RETURN_IF_ERROR(monarch->Start());
   return std::unique_ptr<Monarch>(std::move(monarch));
 }
 

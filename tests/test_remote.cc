@@ -22,6 +22,16 @@ using testing::FaultInjectingDriver;
 using testing::ScratchDir;
 using testing::TestFile;
 
+// A counter of the peers tier (what this process got from homes).
+uint64_t PeersTier(const Stats& stats, std::string_view counter) {
+  const std::vector<std::string> names = stats.TierNames();
+  for (size_t t = 0; t < names.size(); ++t) {
+    if (names[t] == "peers") return stats.Tier(t, counter);
+  }
+  FAIL("no peers tier");
+  return 0;
+}
+
 Config PeerConfig(const std::string& dataset, const std::string& rendezvous, int rank, int size,
                   uint64_t capacity) {
   Config c = testing::MakeConfig(dataset, {testing::RamTier(capacity)});
@@ -135,8 +145,13 @@ TEST_CASE("peers: each file is read from the source once in the whole cluster, b
     CHECK(s.Get("remote.enabled"));
     CHECK(s.Get("remote.checksum_failures") == 0);
     CHECK(s.Get("remote.fallbacks") == 0);
-    peer_reads += s.Get("remote.peer_reads");
-    peer_bytes += s.Get("remote.peer_bytes_read");
+    // The peers tier sits just before the source and counts what homes sent.
+    const std::vector<std::string> names = s.TierNames();
+    REQUIRE(names.size() >= 2);
+    CHECK(names[names.size() - 2] == "peers");
+    peer_reads += PeersTier(s, "reads");
+    peer_bytes += PeersTier(s, "bytes_read");
+    CHECK(PeersTier(s, "read_errors") == 0);
     served_bytes += s.Get("remote.bytes_served");
     home_files += s.Get("remote.home_files");
   }
@@ -167,7 +182,7 @@ TEST_CASE("peers: tiers holding part of the dataset still keep every home file")
   CHECK(cluster.SourceBytes() == total);
   // Some reads in epoch 2 had to go to the peer (no room for every copy).
   uint64_t peer_reads = 0;
-  for (auto& p : cluster.peers) peer_reads += p->GetStats().Get("remote.peer_reads");
+  for (auto& p : cluster.peers) peer_reads += PeersTier(p->GetStats(), "reads");
   CHECK(peer_reads > 0);
 }
 
@@ -231,6 +246,8 @@ TEST_CASE("peers: a home that does not answer in time: reads go to the source, b
   CHECK(s.Get("remote.fallbacks") >= 1);
   CHECK(s.Get("remote.down_skips") >= 1);  // ...and later reads go straight to the source.
   CHECK(s.Get("remote.peer_failures") == 1);
+  // A failed fetch is the peers tier's read error; a down home is not.
+  CHECK(PeersTier(s, "read_errors") == s.Get("remote.fallbacks"));
   CHECK(seconds < 10);
   cluster.faults[1]->read_delay_us = 0;
 }

@@ -426,14 +426,13 @@ int main(int argc, char** argv) {
       absl::StrAppend(&served_json, "\"staging\":{\"reads\":", reads, ",\"bytes\":", staged, "},");
     }
     if (now.Get("remote.enabled") != 0) {
-      const uint64_t reads = Delta("remote.peer_reads");
-      const uint64_t got = Delta("remote.peer_bytes_read");
+      // What the peers tier read is in the tier list below.
       const uint64_t served_reqs = Delta("remote.requests_served");
       const uint64_t fallbacks = Delta("remote.fallbacks");
-      absl::StrAppend(&served, "peers ", reads, " reads/", absl::StrFormat("%.1f", got / 1048576.0),
-                      " MiB (", fallbacks, " fell back; served ", served_reqs, " for peers), ");
-      absl::StrAppend(&served_json, "\"peers\":{\"reads\":", reads, ",\"bytes\":", got,
-                      ",\"fallbacks\":", fallbacks, ",\"served_for_peers\":", served_reqs, "},");
+      absl::StrAppend(&served, "peer fetches that fell back ", fallbacks, ", served ", served_reqs,
+                      " for peers, ");
+      absl::StrAppend(&served_json, "\"remote\":{\"fallbacks\":", fallbacks,
+                      ",\"served_for_peers\":", served_reqs, "},");
     }
     for (size_t t = 0; t < tier_names.size(); ++t) {
       uint64_t reads = now.Tier(t, "reads") - previous.Tier(t, "reads");

@@ -28,6 +28,8 @@ enum class TierKind {
   kPmem,    // Persistent memory through libpmem (files mapped on a DAX path).
   kPosix,   // A local directory (NVMe/SSD) read and written with pread/pwrite.
   kSource,  // The dataset on the PFS. Read-only: Monarch never writes there.
+  kPeers,   // Other nodes' tiers over UCX, just before the source. Read-only;
+            // added by the `remote:` section, never listed under `tiers:`.
 };
 
 const char* TierKindName(TierKind kind);

@@ -375,6 +375,8 @@ const char* TierKindName(TierKind kind) {
       return "posix";
     case TierKind::kSource:
       return "source";
+    case TierKind::kPeers:
+      return "peers";
   }
   return "unknown";
 }

@@ -12,8 +12,6 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
   if (result.ok()) {
     reads_.fetch_add(1, std::memory_order_relaxed);
     bytes_read_.fetch_add(*result, std::memory_order_relaxed);
-  } else {
-    read_errors_.fetch_add(1, std::memory_order_relaxed);
   }
   return result;
 }
@@ -54,7 +52,7 @@ void Tier::ReportCounters(CounterSink& out) const {
              "Bytes of the complete copies held (for the source: the dataset's size).");
   sink.Gauge("capacity", config_.capacity_bytes, "Configured capacity in bytes (source: 0).");
   sink.Counter("read_errors", read_errors_.load(std::memory_order_relaxed),
-               "Failed reads; a non-source tier's fell back to the source.");
+               "Failed reads; a cache or peer tier's went on to the source.");
   sink.Counter("write_errors", write_errors_.load(std::memory_order_relaxed),
                "Failed copies (ENOSPC, EIO...).");
 }

@@ -28,11 +28,18 @@ class Tier {
 
   const TierConfig& config() const { return config_; }
   bool is_source() const { return config_.kind == TierKind::kSource; }
+  // Holds copies Monarch makes (not the source, not the peers).
+  bool is_cache() const {
+    return config_.kind != TierKind::kSource && config_.kind != TierKind::kPeers;
+  }
   StorageDriver& driver() { return *driver_; }
 
-  // Reads through the driver and counts the call: a success adds to reads and
-  // bytes read, a failure to read errors.
+  // Reads through the driver; a success adds to reads and bytes read.
+  // Failures are counted by the caller (CountReadError), which knows whether
+  // one is an error: NotFound from the peers tier only means "not from a
+  // peer this time", and the read goes on to the source.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
+  void CountReadError() { read_errors_.fetch_add(1, std::memory_order_relaxed); }
 
   // Reserves room for a copy of `bytes`; false if it would not fit.
   bool TryReserve(uint64_t bytes);

@@ -35,11 +35,13 @@ size_t DefaultPlacementThreads() {
 }  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
-                                   FetchSource* fetch, std::unique_ptr<PlacementPolicy> policy,
+                                   std::unique_ptr<PlacementPolicy> policy,
                                    const PlacementConfig& config)
     : tiers_(tiers),
-      fetch_(fetch),
       source_index_(static_cast<int>(tiers->size()) - 1),
+      first_origin_(static_cast<int>(
+          std::find_if(tiers->begin(), tiers->end(), [](const auto& t) { return !t->is_cache(); }) -
+          tiers->begin())),
       policy_(std::move(policy)),
       chunk_bytes_(config.chunk_bytes),
       staging_budget_bytes_(config.max_staging_bytes != 0 ? config.max_staging_bytes
@@ -58,7 +60,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
                                                                        size_t n) {
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
-    return fetch_->Fetch(entry.ref, offset, dst, n);
+    return ReadOrigin(entry.ref, offset, dst, n);
   }
   std::shared_ptr<Promotion> promotion;
   {
@@ -75,7 +77,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       promotion = StartLocked(entry, shard);
     }
   }
-  if (promotion == nullptr) return fetch_->Fetch(entry.ref, offset, dst, n);
+  if (promotion == nullptr) return ReadOrigin(entry.ref, offset, dst, n);
   Promotion::ReadOutcome outcome;
   absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
   if (outcome == Promotion::ReadOutcome::kFellBack) {
@@ -92,6 +94,19 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     pool_.detach_task([promotion] { promotion->RunToCompletion(); });
   }
   return result;
+}
+
+absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
+                                                     size_t n) {
+  for (int t = first_origin_;; ++t) {
+    Tier& tier = *(*tiers_)[t];
+    absl::StatusOr<size_t> result = tier.Read(file, offset, dst, n);
+    if (result.ok()) return result;
+    // The source has the last word; a peer that does not have the file
+    // (NotFound: this node is its home, or the home is down) is no error.
+    if (t == source_index_ || !absl::IsNotFound(result.status())) tier.CountReadError();
+    if (t == source_index_) return result;
+  }
 }
 
 std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard& shard) {

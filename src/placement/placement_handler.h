@@ -35,7 +35,6 @@
 #include "monarch/config.h"
 #include "monarch/stats.h"
 #include "placement/chunk_pool.h"
-#include "placement/fetch_source.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/thread_pool.h"
@@ -44,9 +43,10 @@ namespace monarch {
 
 class PlacementHandler final : public PromotionHost {
  public:
-  // `tiers` and `fetch` must outlive the handler; the last tier is the
-  // source. Files no local tier holds are read through `fetch`.
-  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, FetchSource* fetch,
+  // `tiers` must outlive the handler: the cache tiers, then the read-only
+  // ones (the peers, if any, then the source, last). Files no cache tier
+  // holds are read from the first read-only tier that has them.
+  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
   ~PlacementHandler() override;
 
@@ -67,7 +67,8 @@ class PlacementHandler final : public PromotionHost {
   void ReportCounters(CounterSink& sink) const;
 
   // PromotionHost.
-  FetchSource& fetch() override { return *fetch_; }
+  absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
+                                    size_t n) override;
   ChunkPool& chunk_pool() override { return chunk_pool_; }
   bool StagingOverBudget() const override {
     return chunk_pool_.bytes_in_use() > staging_budget_bytes_;
@@ -93,8 +94,8 @@ class PlacementHandler final : public PromotionHost {
   std::vector<std::shared_ptr<Promotion>> InFlight();
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
-  FetchSource* const fetch_;
   const int source_index_;
+  const int first_origin_;  // The first read-only tier.
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const uint64_t staging_budget_bytes_;

@@ -2,6 +2,9 @@
 
 #include "placement/placement_policy.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 
 namespace monarch {
@@ -9,13 +12,35 @@ namespace {
 
 class FirstFitPolicy final : public PlacementPolicy {
  public:
+  explicit FirstFitPolicy(KeptShare kept)
+      : is_kept_(std::move(kept.is_kept)), kept_pending_(kept.pending_bytes) {}
+
   std::optional<int> ChooseTier(const FileRef& file,
                                 const std::vector<std::unique_ptr<Tier>>& tiers) override {
-    for (int i = 0; i + 1 < static_cast<int>(tiers.size()); ++i) {
-      if (tiers[i]->TryReserve(file.size)) return i;
+    const bool kept = is_kept_ && is_kept_(file.id);
+    if (is_kept_ && !kept) {
+      uint64_t free = 0;
+      for (const auto& tier : tiers) {
+        if (tier->is_cache()) free += tier->free_bytes();
+      }
+      if (free < kept_pending_.load(std::memory_order_relaxed) + file.size) return std::nullopt;
+    }
+    for (int i = 0; i < static_cast<int>(tiers.size()); ++i) {
+      if (!tiers[i]->is_cache() || !tiers[i]->TryReserve(file.size)) continue;
+      if (kept) {
+        uint64_t pending = kept_pending_.load(std::memory_order_relaxed);
+        while (!kept_pending_.compare_exchange_weak(pending, pending - std::min(pending, file.size),
+                                                    std::memory_order_relaxed)) {
+        }
+      }
+      return i;
     }
     return std::nullopt;
   }
+
+ private:
+  const std::function<bool(uint32_t)> is_kept_;
+  std::atomic<uint64_t> kept_pending_;
 };
 
 class NoPlacementPolicy final : public PlacementPolicy {
@@ -28,8 +53,9 @@ class NoPlacementPolicy final : public PlacementPolicy {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name) {
-  if (name == "first-fit") return std::make_unique<FirstFitPolicy>();
+absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
+                                                                    KeptShare kept) {
+  if (name == "first-fit") return std::make_unique<FirstFitPolicy>(std::move(kept));
   if (name == "none") return std::make_unique<NoPlacementPolicy>();
   return absl::InvalidArgumentError(
       absl::StrCat("placement.policy: expected 'first-fit' or 'none', got '", name, "'"));

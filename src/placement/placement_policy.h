@@ -7,6 +7,7 @@
 #ifndef MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
 #define MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,15 +24,28 @@ class PlacementPolicy {
 
   // Picks the tier to receive a complete copy of `file` and reserves its
   // bytes there (Tier::TryReserve); nullopt leaves the file on the source.
-  // `tiers` is fastest first and ends with the source, which is never picked.
+  // `tiers` is fastest first and ends with the read-only ones (the peers,
+  // the source), which are never picked.
   virtual std::optional<int> ChooseTier(const FileRef& file,
                                         const std::vector<std::unique_ptr<Tier>>& tiers) = 0;
+};
+
+// Files this node has promised to keep (with peers: the files it is home
+// of, which the other nodes will ask it for). They get room before the
+// others: a file outside the share is admitted only while the cache tiers
+// keep room for every kept file not yet placed. Without eviction, copies of
+// other files would otherwise fill the tiers first and the promised files
+// would stay on the source.
+struct KeptShare {
+  std::function<bool(uint32_t file_id)> is_kept;  // Empty: no share.
+  uint64_t pending_bytes = 0;  // Bytes of kept files not in a tier yet.
 };
 
 // "first-fit": the MONARCH paper's policy. Top-down, the first tier with
 // room for the whole file; no eviction, so when every tier is full files
 // stay on the source. "none": never promote (a pass-through baseline).
-absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name);
+absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
+                                                                    KeptShare kept = {});
 
 }  // namespace monarch
 

@@ -58,7 +58,7 @@ void Promotion::Load(size_t c) {
     buffer = chunks_[c].buffer;
   }
   const size_t length = ChunkLength(c);
-  absl::StatusOr<size_t> got = host_->fetch().Fetch(entry_->ref, ChunkOffset(c), buffer, length);
+  absl::StatusOr<size_t> got = host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length);
   bool failed_here = false;
   {
     MutexLock lock(&mu_);
@@ -234,7 +234,7 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
     // The promotion failed or a chunk could not be had: the source decides
     // what this read gets.
     *outcome = ReadOutcome::kFellBack;
-    return host_->fetch().Fetch(entry_->ref, offset, dst, n);
+    return host_->ReadOrigin(entry_->ref, offset, dst, n);
   }
   *outcome = loaded.empty() ? ReadOutcome::kShared : ReadOutcome::kLoaded;
   // Placement is behind: write what this read loaded before returning,

@@ -36,7 +36,6 @@
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "placement/chunk_pool.h"
-#include "placement/fetch_source.h"
 
 namespace monarch {
 
@@ -46,7 +45,11 @@ class Promotion;
 class PromotionHost {
  public:
   virtual ~PromotionHost() = default;
-  virtual FetchSource& fetch() = 0;
+  // Reads bytes of a file no cache tier holds, from where they come from:
+  // the file's home peer when there are peers, else (or failing that) the
+  // source. As StorageDriver::Read.
+  virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
+                                            size_t n) = 0;
   virtual ChunkPool& chunk_pool() = 0;
   // True when staging memory is over budget: readers write their own chunks.
   virtual bool StagingOverBudget() const = 0;

@@ -1,4 +1,4 @@
-#include "remote/peer_fetch.h"
+#include "remote/peer_driver.h"
 
 #include <algorithm>
 #include <chrono>
@@ -30,41 +30,10 @@ uint64_t AutoBufferBytes(const Namespace& ns) {
   return std::clamp<uint64_t>(p95, 64 << 10, 4 << 20);
 }
 
-// Home-first admission for inclusive copies; see PeerFetch::WrapPolicy.
-class HomeFirstPolicy final : public PlacementPolicy {
- public:
-  HomeFirstPolicy(std::unique_ptr<PlacementPolicy> inner, const PeerFetch* peers,
-                  uint64_t home_bytes_pending)
-      : inner_(std::move(inner)), peers_(peers), home_pending_(home_bytes_pending) {}
-
-  std::optional<int> ChooseTier(const FileRef& file,
-                                const std::vector<std::unique_ptr<Tier>>& tiers) override {
-    if (peers_->IsHome(file.id)) {
-      std::optional<int> tier = inner_->ChooseTier(file, tiers);
-      if (tier.has_value()) {
-        uint64_t pending = home_pending_.load();
-        while (
-            !home_pending_.compare_exchange_weak(pending, pending - std::min(pending, file.size))) {
-        }
-      }
-      return tier;
-    }
-    uint64_t free = 0;
-    for (size_t i = 0; i + 1 < tiers.size(); ++i) free += tiers[i]->free_bytes();
-    if (free < home_pending_.load() + file.size) return std::nullopt;
-    return inner_->ChooseTier(file, tiers);
-  }
-
- private:
-  const std::unique_ptr<PlacementPolicy> inner_;
-  const PeerFetch* const peers_;
-  std::atomic<uint64_t> home_pending_;  // Bytes of home files not yet given room.
-};
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PeerFetch>> PeerFetch::Create(const RemoteConfig& config,
-                                                             const Namespace* ns, Tier* source) {
+absl::StatusOr<std::unique_ptr<PeerDriver>> PeerDriver::Create(const RemoteConfig& config,
+                                                               const Namespace* ns) {
   int rank, size;
   if (config.bootstrap == "mpi") {
     absl::StatusOr<std::pair<int, int>> mpi = MpiRankAndSize();
@@ -86,7 +55,7 @@ absl::StatusOr<std::unique_ptr<PeerFetch>> PeerFetch::Create(const RemoteConfig&
     return absl::InvalidArgumentError(absl::StrCat("remote.rank: expected 0 to ", size - 1,
                                                    " (remote.size is ", size, "), got ", rank));
   }
-  auto fetch = std::unique_ptr<PeerFetch>(new PeerFetch(config, ns, source, rank, size));
+  auto fetch = std::unique_ptr<PeerDriver>(new PeerDriver(config, ns, rank, size));
   if (config.bootstrap == "directory") {
     absl::StatusOr<std::string> dir =
         ExpandEnvironment(config.rendezvous_dir, "remote.rendezvous_dir");
@@ -96,9 +65,8 @@ absl::StatusOr<std::unique_ptr<PeerFetch>> PeerFetch::Create(const RemoteConfig&
   return fetch;
 }
 
-PeerFetch::PeerFetch(const RemoteConfig& config, const Namespace* ns, Tier* source, int rank,
-                     int size)
-    : config_(config), ns_(ns), source_(source), rank_(rank), size_(size) {
+PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank, int size)
+    : config_(config), ns_(ns), rank_(rank), size_(size) {
   homes_.resize(ns->file_count());
   for (uint32_t id = 0; id < ns->file_count(); ++id) {
     homes_[id] = static_cast<uint16_t>(HomeRank(StableNameHash(ns->entry(id).ref.name), size));
@@ -107,9 +75,9 @@ PeerFetch::PeerFetch(const RemoteConfig& config, const Namespace* ns, Tier* sour
   buffer_bytes_ = config.buffer_bytes != 0 ? config.buffer_bytes : AutoBufferBytes(*ns);
 }
 
-PeerFetch::~PeerFetch() { Shutdown(); }
+PeerDriver::~PeerDriver() { Shutdown(); }
 
-absl::Status PeerFetch::Connect(PeerNetwork::ServeFn serve) {
+absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve) {
   if (size_ == 1) return absl::OkStatus();  // Alone: every file is ours.
   PeerNetwork::Options options;
   options.rank = rank_;
@@ -142,19 +110,23 @@ absl::Status PeerFetch::Connect(PeerNetwork::ServeFn serve) {
   return absl::OkStatus();
 }
 
-void PeerFetch::Shutdown() {
+void PeerDriver::Shutdown() {
   if (network_ == nullptr) return;
   network_->Shutdown();
   if (!rendezvous_dir_.empty()) WithdrawFromDirectory(rendezvous_dir_, rank_);
   rendezvous_dir_.clear();
 }
 
-absl::StatusOr<size_t> PeerFetch::Fetch(const FileRef& file, uint64_t offset, char* dst, size_t n) {
+absl::StatusOr<size_t> PeerDriver::Read(const FileRef& file, uint64_t offset, char* dst,
+                                        size_t n) {
   const int home = homes_[file.id];
-  if (network_ == nullptr || home == rank_) return source_->Read(file, offset, dst, n);
+  if (network_ == nullptr || home == rank_) {
+    return absl::NotFoundError(absl::StrCat(file.name, " is homed here"));
+  }
   if (!network_->IsUp(home)) {
     down_skips_.fetch_add(1, std::memory_order_relaxed);
-    return source_->Read(file, offset, dst, n);
+    return absl::NotFoundError(absl::StrCat("the home of ", file.name, " (rank ", home,
+                                            ") is marked down"));
   }
   // The network wants the exact range; clip to the file like a pread would.
   if (offset >= file.size) return 0;
@@ -165,19 +137,26 @@ absl::StatusOr<size_t> PeerFetch::Fetch(const FileRef& file, uint64_t offset, ch
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count(),
       std::memory_order_relaxed);
-  if (got.ok()) {
-    peer_reads_.fetch_add(1, std::memory_order_relaxed);
-    peer_bytes_.fetch_add(*got, std::memory_order_relaxed);
-    return got;
+  if (!got.ok()) {
+    // The caller goes on to the source, which has the right bytes.
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    MONARCH_LOG(kDebug, "remote: ", file.name, " from peer ", home, " failed (",
+                got.status().ToString(), "); reading the source");
+    // Never NotFound: a failed fetch is an error of this tier.
+    if (absl::IsNotFound(got.status())) return absl::UnavailableError(got.status().message());
   }
-  // Whatever went wrong, the source has the right bytes.
-  fallbacks_.fetch_add(1, std::memory_order_relaxed);
-  MONARCH_LOG(kDebug, "remote: ", file.name, " from peer ", home, " failed (",
-              got.status().ToString(), "); reading the source");
-  return source_->Read(file, offset, dst, n);
+  return got;
 }
 
-absl::Status PeerFetch::CheckServable(const FileEntry* entry,
+absl::StatusOr<std::unique_ptr<CopyWriter>> PeerDriver::NewWriter(const FileRef& /*file*/) {
+  return absl::PermissionDeniedError("the peers tier is read-only");
+}
+
+absl::Status PeerDriver::Remove(const FileRef& /*file*/) {
+  return absl::PermissionDeniedError("the peers tier is read-only");
+}
+
+absl::Status PeerDriver::CheckServable(const FileEntry* entry,
                                       const PeerNetwork::FileRequest& request) const {
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("not a dataset file here: ", request.name));
@@ -196,28 +175,27 @@ absl::Status PeerFetch::CheckServable(const FileEntry* entry,
   return absl::OkStatus();
 }
 
-std::unique_ptr<PlacementPolicy> PeerFetch::WrapPolicy(std::unique_ptr<PlacementPolicy> inner) {
-  uint64_t pending = 0;  // Home files not already in a tier (warm restart).
+KeptShare PeerDriver::HomeShare() const {
+  KeptShare share;
   for (uint32_t id = 0; id < ns_->file_count(); ++id) {
     const FileEntry& entry = ns_->entry(id);
     if (homes_[id] == rank_ && entry.state.load() == PlacementState::kOnSource) {
-      pending += entry.ref.size;
+      share.pending_bytes += entry.ref.size;
     }
   }
-  return std::make_unique<HomeFirstPolicy>(std::move(inner), this, pending);
+  share.is_kept = [this](uint32_t id) { return IsHome(id); };
+  return share;
 }
 
-void PeerFetch::ReportCounters(CounterSink& sink) const {
+void PeerDriver::ReportCounters(CounterSink& sink) const {
   sink.Gauge("remote.enabled", 1, "1 when peers are enabled.");
   sink.Gauge("remote.rank", static_cast<uint64_t>(rank_), "This process's rank.");
   sink.Gauge("remote.peers", static_cast<uint64_t>(size_), "Processes in the job.");
   sink.Gauge("remote.buffer_bytes", buffer_bytes_, "Each pre-registered receive buffer.");
   sink.Gauge("remote.home_files", home_files_, "Files whose home is this process.");
-  sink.Counter("remote.peer_reads", peer_reads_.load(),
-               "Fetches of files no local tier held, served by their home.");
-  sink.Counter("remote.peer_bytes_read", peer_bytes_.load(), "Bytes of those fetches.");
   sink.Counter("remote.fallbacks", fallbacks_.load(),
-               "Peer fetches that failed and went to the source instead.");
+               "Peer fetches that failed and went to the source instead (the peers tier's "
+               "read errors).");
   sink.Counter("remote.down_skips", down_skips_.load(),
                "Fetches sent straight to the source: the home was marked down.");
   sink.Counter("remote.peer_wait_ns", wait_ns_.load(), "Time callers spent waiting on peers.");
