@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential pkg-config libabsl-dev libyaml-cpp-dev libpmem-dev doctest-dev
-          libfuse3-dev fuse3 libucx-dev ucx-utils iproute2 libopenmpi-dev openmpi-bin)
+          libfuse3-dev fuse3 libucx-dev ucx-utils iproute2 libopenmpi-dev openmpi-bin
+          clang)
 # cmake and python3 may come from elsewhere (pip, pyenv): take them from
 # Debian only when they are not on PATH.
 command -v cmake >/dev/null || packages+=(cmake)

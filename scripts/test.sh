@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test: the full build
-# (unit, integration, PFS emulator and TensorFlow tests), then the C++ tests
-# again under AddressSanitizer+UBSan and under ThreadSanitizer.
+# (unit, integration, PFS emulator and TensorFlow tests), a Clang build that
+# checks the lock annotations, then the C++ tests again under
+# AddressSanitizer+UBSan and under ThreadSanitizer.
 # MONARCH_TEST_SANITIZERS=0 skips the two sanitizer passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,14 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure)
+
+# The lock annotations, checked by Clang's thread-safety analysis: a
+# violation fails the build.
+echo "== clang -Wthread-safety build =="
+CC=clang CXX=clang++ cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS=-Werror=thread-safety -DMONARCH_BUILD_TENSORFLOW=OFF \
+  -DMONARCH_BUILD_PFS_EMULATOR=OFF -DMONARCH_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build build-clang -j"$jobs"
 
 if [ "${MONARCH_TEST_SANITIZERS:-1}" != 0 ]; then
   for sanitizer in address thread; do

@@ -73,8 +73,11 @@ class ParallelWalk {
   ParallelWalk(const std::string& root, const NameFilter& filter) : root_(root), filter_(filter) {}
 
   void Run(int threads) {
-    directories_.push_back({"", 0});
-    queue_.push_back(0);
+    {
+      MutexLock lock(&mu_);  // No worker yet; taken for the analysis's sake.
+      directories_.push_back({"", 0});
+      queue_.push_back(0);
+    }
     files_.resize(threads);
     std::vector<std::thread> workers;
     for (int w = 0; w < threads; ++w) workers.emplace_back([this, w] { Work(&files_[w]); });

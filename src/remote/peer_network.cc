@@ -610,7 +610,7 @@ class PeerNetwork::Impl {
     {
       MutexLock lock(&self->mu_);
       self->MarkDownLocked(peer->rank, absl::StrCat("failed (", ucs_status_string(status), ")"));
-      self->commands_.push_back([self, peer, ep] {
+      self->commands_.push_back([peer, ep] {
         // Close outside the callback; reconnect on the next request after retry_after.
         if (peer->ep == ep) peer->ep = nullptr;
         ucp_request_param_t param = {};
