@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <memory>
 #include <string>
 
@@ -48,22 +50,43 @@ absl::Status NullArgument(const char* what) {
   return absl::InvalidArgumentError(std::string(what) + " must not be NULL");
 }
 
+// Returns the first of `args` (name, pointer) pairs whose pointer is NULL,
+// as an INVALID_ARGUMENT status; OK when none is.
+absl::Status CheckArguments(std::initializer_list<std::pair<const char*, const void*>> args) {
+  for (const auto& [name, pointer] : args) {
+    if (pointer == nullptr) return NullArgument(name);
+  }
+  return absl::OkStatus();
+}
+
+#define MONARCH_C_CHECK(error, ...)                                     \
+  do {                                                                  \
+    absl::Status checked_ = CheckArguments({__VA_ARGS__});              \
+    if (!checked_.ok()) return Report(checked_, error);                 \
+  } while (false)
+
 }  // namespace
 
 extern "C" {
 
 monarch_code monarch_open_yaml_file(const char* path, monarch_t** out, char** error) {
-  if (path == nullptr) return Report(NullArgument("path"), error);
+  MONARCH_C_CHECK(error, {"out", out});
+  *out = nullptr;
+  MONARCH_C_CHECK(error, {"path", path});
   return Open(monarch::Monarch::CreateFromYamlFile(path), out, error);
 }
 
 monarch_code monarch_open_yaml_string(const char* yaml, monarch_t** out, char** error) {
-  if (yaml == nullptr) return Report(NullArgument("yaml"), error);
+  MONARCH_C_CHECK(error, {"out", out});
+  *out = nullptr;
+  MONARCH_C_CHECK(error, {"yaml", yaml});
   return Open(monarch::Monarch::CreateFromYamlString(yaml), out, error);
 }
 
 monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char** error) {
-  if (dataset_dir == nullptr) return Report(NullArgument("dataset_dir"), error);
+  MONARCH_C_CHECK(error, {"out", out});
+  *out = nullptr;
+  MONARCH_C_CHECK(error, {"dataset_dir", dataset_dir});
   return Open(monarch::Monarch::Create(monarch::DefaultConfig(dataset_dir)), out, error);
 }
 
@@ -72,6 +95,7 @@ void monarch_close(monarch_t* m) {
 }
 
 monarch_code monarch_process_acquire(const char* front_end, monarch_t** out, char** error) {
+  MONARCH_C_CHECK(error, {"out", out});
   *out = nullptr;
   absl::StatusOr<monarch::Monarch*> acquired = monarch::frontend::ProcessInstance::Get().Acquire(
       front_end != nullptr ? front_end : "monarch");
@@ -89,18 +113,20 @@ void monarch_process_release(monarch_t* m) {
 }
 
 int monarch_path_to_name(const monarch_t* m, const char* path, char** name) {
+  if (name == nullptr) return 0;
   *name = nullptr;
   std::string found;
-  if (path == nullptr || !m->paths.ToDatasetName(path, &found)) return 0;
+  if (m == nullptr || path == nullptr || !m->paths.ToDatasetName(path, &found)) return 0;
   *name = CopyString(found);
   return 1;
 }
 
 monarch_code monarch_glob(const monarch_t* m, const char* pattern, char*** paths, size_t* count,
                           char** error) {
+  MONARCH_C_CHECK(error, {"paths", paths}, {"count", count});
   *paths = nullptr;
   *count = 0;
-  if (pattern == nullptr) return Report(NullArgument("pattern"), error);
+  MONARCH_C_CHECK(error, {"m", m}, {"pattern", pattern});
   const std::vector<std::string> matches =
       monarch::frontend::Glob(*m->instance, m->paths, pattern);
   *paths = static_cast<char**>(std::calloc(matches.size() + 1, sizeof(char*)));
@@ -111,25 +137,30 @@ monarch_code monarch_glob(const monarch_t* m, const char* pattern, char*** paths
 
 monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
                           size_t* bytes_read, char** error) {
+  MONARCH_C_CHECK(error, {"bytes_read", bytes_read});
   *bytes_read = 0;
-  if (name == nullptr) return Report(NullArgument("name"), error);
+  MONARCH_C_CHECK(error, {"m", m}, {"name", name});
+  if (n > 0) MONARCH_C_CHECK(error, {"buffer", buffer});
   absl::StatusOr<size_t> result = m->instance->Read(name, buffer, n, offset);
   if (result.ok()) *bytes_read = *result;
   return Report(result.status(), error);
 }
 
 monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size, char** error) {
-  if (name == nullptr) return Report(NullArgument("name"), error);
+  MONARCH_C_CHECK(error, {"size", size});
+  *size = 0;
+  MONARCH_C_CHECK(error, {"m", m}, {"name", name});
   absl::StatusOr<uint64_t> result = m->instance->FileSize(name);
-  *size = result.ok() ? *result : 0;
+  if (result.ok()) *size = *result;
   return Report(result.status(), error);
 }
 
 monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, int64_t* mtime_ns,
                           char** error) {
+  MONARCH_C_CHECK(error, {"size", size}, {"mtime_ns", mtime_ns});
   *size = 0;
   *mtime_ns = 0;
-  if (name == nullptr) return Report(NullArgument("name"), error);
+  MONARCH_C_CHECK(error, {"m", m}, {"name", name});
   absl::StatusOr<monarch::Monarch::FileStat> stat = m->instance->Stat(name);
   if (stat.ok()) {
     *size = stat->size;
@@ -139,18 +170,19 @@ monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, 
 }
 
 int monarch_file_exists(const monarch_t* m, const char* name) {
-  return name != nullptr && m->instance->FileExists(name) ? 1 : 0;
+  return m != nullptr && name != nullptr && m->instance->FileExists(name) ? 1 : 0;
 }
 
 int monarch_is_directory(const monarch_t* m, const char* name) {
-  return name != nullptr && m->instance->IsDirectory(name) ? 1 : 0;
+  return m != nullptr && name != nullptr && m->instance->IsDirectory(name) ? 1 : 0;
 }
 
 monarch_code monarch_list_directory(const monarch_t* m, const char* dir, char*** names,
                                     size_t* count, char** error) {
+  MONARCH_C_CHECK(error, {"names", names}, {"count", count});
   *names = nullptr;
   *count = 0;
-  if (dir == nullptr) return Report(NullArgument("dir"), error);
+  MONARCH_C_CHECK(error, {"m", m}, {"dir", dir});
   absl::StatusOr<std::vector<std::string>> listed = m->instance->ListDirectory(dir);
   if (!listed.ok()) return Report(listed.status(), error);
   *names = static_cast<char**>(std::calloc(listed->size() + 1, sizeof(char*)));
@@ -165,17 +197,21 @@ void monarch_free_list(char** names, size_t count) {
   std::free(names);
 }
 
-const char* monarch_dataset_root(const monarch_t* m) { return m->instance->dataset_root().c_str(); }
+const char* monarch_dataset_root(const monarch_t* m) {
+  return m != nullptr ? m->instance->dataset_root().c_str() : nullptr;
+}
 
 char* monarch_stats_json(const monarch_t* m) {
-  return CopyString(m->instance->GetStats().ToJson());
+  return m != nullptr ? CopyString(m->instance->GetStats().ToJson()) : nullptr;
 }
 
 char* monarch_stats_prometheus(const monarch_t* m) {
-  return CopyString(m->instance->GetStats().ToPrometheus());
+  return m != nullptr ? CopyString(m->instance->GetStats().ToPrometheus()) : nullptr;
 }
 
-void monarch_wait_for_placement(monarch_t* m) { m->instance->WaitForPlacement(); }
+void monarch_wait_for_placement(monarch_t* m) {
+  if (m != nullptr) m->instance->WaitForPlacement();
+}
 
 void monarch_free(void* p) { std::free(p); }
 

@@ -203,7 +203,16 @@ class MonarchImpl final : public Monarch {
                 "); serving it from the source from now on");
     int expected = tier;
     if (entry.tier.compare_exchange_strong(expected, source_index_)) {
+      // This thread dropped it: give its room back and delete what is left
+      // (a RAM copy's memory, a damaged file). Readers already inside the
+      // driver are safe: drivers allow Remove concurrent with Read.
       entry.state.store(PlacementState::kStaysOnSource);
+      Tier& dropped = *tiers_[tier];
+      absl::Status removed = dropped.driver().Remove(entry.ref);
+      if (!removed.ok() && !absl::IsNotFound(removed)) {
+        MONARCH_LOG(kWarning, "cannot remove the bad copy: ", removed.ToString());
+      }
+      dropped.Drop(entry.ref.size);
     }
     result = source().Read(entry.ref, offset, dst, n);
     if (!result.ok()) source().CountReadError();

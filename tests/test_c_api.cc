@@ -159,4 +159,66 @@ TEST_CASE("C API: a bad config gives INVALID_ARGUMENT and a message naming the k
   monarch_free(error);
 }
 
+TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a crash") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 2, {100});
+  monarch_t* m = nullptr;
+  char* error = nullptr;
+  auto expect_invalid = [&](monarch_code code, const char* argument) {
+    CHECK(code == MONARCH_INVALID_ARGUMENT);
+    REQUIRE(error != nullptr);
+    CHECK(std::strstr(error, argument) != nullptr);
+    monarch_free(error);
+    error = nullptr;
+  };
+  expect_invalid(monarch_open_default(ds.c_str(), nullptr, &error), "out");
+  expect_invalid(monarch_open_default(nullptr, &m, &error), "dataset_dir");
+  CHECK(m == nullptr);
+  expect_invalid(monarch_open_yaml_file(nullptr, &m, &error), "path");
+  expect_invalid(monarch_open_yaml_string("x: 1", nullptr, &error), "out");
+  CHECK(monarch_open_default(nullptr, nullptr, nullptr) == MONARCH_INVALID_ARGUMENT);
+  REQUIRE(monarch_open_default(ds.c_str(), &m, nullptr) == MONARCH_OK);
+
+  char buffer[200];
+  size_t n = 7;
+  const char* name = files[0].name.c_str();
+  expect_invalid(monarch_read(m, name, buffer, sizeof(buffer), 0, nullptr, &error), "bytes_read");
+  expect_invalid(monarch_read(nullptr, name, buffer, sizeof(buffer), 0, &n, &error), "m");
+  CHECK(n == 0);
+  expect_invalid(monarch_read(m, nullptr, buffer, sizeof(buffer), 0, &n, &error), "name");
+  expect_invalid(monarch_read(m, name, nullptr, sizeof(buffer), 0, &n, &error), "buffer");
+  CHECK(monarch_read(m, name, nullptr, 0, 0, &n, nullptr) == MONARCH_OK);  // n == 0: no buffer.
+  uint64_t size = 0;
+  int64_t mtime = 0;
+  expect_invalid(monarch_file_size(m, name, nullptr, &error), "size");
+  expect_invalid(monarch_file_size(nullptr, name, &size, &error), "m");
+  expect_invalid(monarch_stat(m, name, &size, nullptr, &error), "mtime_ns");
+  expect_invalid(monarch_stat(m, nullptr, &size, &mtime, &error), "name");
+  char** names = nullptr;
+  size_t count = 0;
+  expect_invalid(monarch_list_directory(m, "", nullptr, &count, &error), "names");
+  expect_invalid(monarch_list_directory(m, "", &names, nullptr, &error), "count");
+  expect_invalid(monarch_list_directory(m, nullptr, &names, &count, &error), "dir");
+  expect_invalid(monarch_glob(m, nullptr, &names, &count, &error), "pattern");
+  expect_invalid(monarch_process_acquire("x", nullptr, &error), "out");
+  CHECK(monarch_file_exists(nullptr, name) == 0);
+  CHECK(monarch_is_directory(m, nullptr) == 0);
+  CHECK(monarch_dataset_root(nullptr) == nullptr);
+  CHECK(monarch_stats_json(nullptr) == nullptr);
+  CHECK(monarch_stats_prometheus(nullptr) == nullptr);
+  char* mapped = nullptr;
+  CHECK(monarch_path_to_name(m, nullptr, &mapped) == 0);
+  CHECK(monarch_path_to_name(nullptr, ds.c_str(), &mapped) == 0);
+  CHECK(monarch_path_to_name(m, ds.c_str(), nullptr) == 0);
+  monarch_wait_for_placement(nullptr);
+  monarch_free_list(nullptr, 3);
+  monarch_process_release(nullptr);
+  monarch_close(nullptr);
+  // Still works after all that.
+  CHECK(monarch_read(m, name, buffer, sizeof(buffer), 0, &n, nullptr) == MONARCH_OK);
+  CHECK(n == 100);
+  monarch_close(m);
+}
+
 }  // namespace

@@ -279,6 +279,46 @@ TEST_CASE("bad configs are refused with the key named") {
   }
 }
 
+TEST_CASE("hostile configs: duplicate keys, huge files, too many tiers, huge values") {
+  Dirs d;
+  const std::string ds = absl::StrCat("dataset: {path: ", d.dataset, "}\n");
+  const std::string src = "  - {kind: source}\n";
+  SUBCASE("a key given twice is an error naming it, wherever it is") {
+    CHECK(absl::StrContains(
+        ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, capacity: 2MiB}\n" + src),
+        "tiers[0].capacity: given more than once"));
+    CHECK(absl::StrContains(ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, ", path: /tmp}\n",
+                                                 "tiers:\n", src)),
+                            "dataset.path: given more than once"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "tiers:\n" + src),
+                            "tiers: given more than once"));
+  }
+  SUBCASE("a config over 1 MiB is refused before parsing") {
+    std::string big = ds + "tiers:\n" + src + "#" + std::string(1 << 20, 'x') + "\n";
+    CHECK(absl::StrContains(ErrorOf(big), "larger than 1048576 bytes is refused"));
+  }
+  SUBCASE("more than 16 tiers") {
+    std::string tiers = "tiers:\n";
+    for (int i = 0; i < 17; ++i) tiers += absl::StrCat("  - {kind: ram, name: r", i, ", capacity: 1MiB}\n");
+    CHECK(absl::StrContains(ErrorOf(ds + tiers + src), "tiers: expected at most 16 tiers, got 18"));
+  }
+  SUBCASE("a huge value is quoted in 200 characters at most") {
+    const std::string huge(100000, 'a');
+    std::string e = ErrorOf(absl::StrCat("dataset: {path: /", huge, "}\ntiers:\n", src));
+    CHECK(absl::StrContains(e, "dataset.path: "));
+    CHECK(absl::StrContains(e, "(100001 bytes)"));
+    CHECK(e.size() < 400);
+    e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: " + huge + "}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].capacity"));
+    CHECK(e.size() < 500);
+    // An unknown key of 1000 characters (YAML's limit for a plain key is 1024).
+    e = ErrorOf(ds + "tiers:\n" + src + std::string(1000, 'k') + ": 1\n");
+    CHECK(absl::StrContains(e, "unknown key"));
+    CHECK(absl::StrContains(e, "(1000 bytes)"));
+    CHECK(e.size() < 500);
+  }
+}
+
 TEST_CASE("a missing config file is NotFound and names the file") {
   absl::StatusOr<Config> config = ParseConfigFile("/nonexistent/monarch.yaml");
   REQUIRE_FALSE(config.ok());

@@ -4,9 +4,13 @@
 
 #include <doctest/doctest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -405,6 +409,89 @@ TEST_CASE("a tier copy that disappears is served from the source instead") {
   ReadWholeAndCheck(*m, files[1]);
   ReadWholeAndCheck(*m, files[1]);
   CHECK(m->GetStats().Tier(0, "read_errors") == 1);  // Dropped after the first failure.
+}
+
+// Reads `f` whole on another thread; fails the test (and exits, since a
+// hung read cannot be cancelled) if it takes more than 20 s.
+void ReadWholeWithWatchdog(Monarch& m, const TestFile& f) {
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    ReadWholeAndCheck(m, f);
+    done = true;
+  });
+  for (int i = 0; i < 2000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done) {
+    std::fprintf(stderr, "read of %s hung\n", f.name.c_str());
+    std::_Exit(1);
+  }
+  reader.join();
+}
+
+TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, truncation") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 5, {300000});
+  const uint64_t total = testing::TotalBytes(files);
+  // Few descriptors: reads after the damage open the copies anew.
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.max_open_files = 4;
+  auto m = MustCreate(config);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  REQUIRE(m->GetStats().Tier(0, "files") == 5);
+  REQUIRE(m->GetStats().Tier(0, "bytes_used") == total);
+  auto copy = [&](int i) { return nvme + "/" + files[i].name; };
+  // A symlink to zeros of the right length, a FIFO (an open would block),
+  // a directory, a truncated copy, and one copy left alone.
+  REQUIRE(std::remove(copy(0).c_str()) == 0);
+  REQUIRE(::symlink("/dev/zero", copy(0).c_str()) == 0);
+  REQUIRE(std::remove(copy(1).c_str()) == 0);
+  REQUIRE(::mkfifo(copy(1).c_str(), 0644) == 0);
+  REQUIRE(std::remove(copy(2).c_str()) == 0);
+  REQUIRE(::mkdir(copy(2).c_str(), 0755) == 0);
+  REQUIRE(::truncate(copy(3).c_str(), 1000) == 0);
+  // Reading the good copy first leaves at most 3 of the 4 others cached;
+  // cached or not, each must be caught (by a short read or at its open).
+  ReadWholeWithWatchdog(*m, files[4]);
+  for (int i = 0; i < 4; ++i) {
+    ReadWholeWithWatchdog(*m, files[i]);
+    ReadWholeWithWatchdog(*m, files[i]);
+  }
+  const Stats stats = m->GetStats();
+  CHECK(stats.Tier(0, "read_errors") == 4);  // Each dropped at its first bad read.
+  // Their room is given back: the tier counts only the good copy.
+  CHECK(stats.Tier(0, "files") == 1);
+  CHECK(stats.Tier(0, "bytes_used") == files[4].size);
+  // What was left of them is gone (the directory cannot be unlinked).
+  struct stat st;
+  CHECK(::lstat(copy(0).c_str(), &st) != 0);
+  CHECK(::lstat(copy(1).c_str(), &st) != 0);
+  CHECK(::lstat(copy(3).c_str(), &st) != 0);
+}
+
+TEST_CASE("a pmem copy truncated while mapped is served from the source, no SIGBUS") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  std::string pmem = dir.Sub("pmem");
+  auto files = testing::MakeDataset(ds, 2, {1 << 20});
+  auto m = MustCreate(
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPmem, pmem, 1 << 30, "pmem")}));
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  REQUIRE(m->GetStats().Tier(0, "files") == 2);
+  ReadWholeAndCheck(*m, files[0]);  // Now mapped.
+  REQUIRE(m->GetStats().Tier(0, "reads") > 0);
+  REQUIRE(::truncate((pmem + "/" + files[0].name).c_str(), 4096) == 0);
+  ReadWholeAndCheck(*m, files[0]);  // The pages past 4096 are gone: SIGBUS, caught.
+  ReadWholeAndCheck(*m, files[0]);
+  REQUIRE(::truncate((pmem + "/" + files[1].name).c_str(), 0) == 0);
+  ReadWholeAndCheck(*m, files[1]);
+  const Stats stats = m->GetStats();
+  CHECK(stats.Tier(0, "read_errors") == 2);
+  CHECK(stats.Tier(0, "files") == 0);
+  CHECK(stats.Tier(0, "bytes_used") == 0);
 }
 
 TEST_CASE("warm restart reuses valid copies and discards stale ones") {

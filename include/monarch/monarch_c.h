@@ -7,6 +7,12 @@
  * the call fails, *error receives a malloc'ed message the caller frees with
  * monarch_free(); on success *error is set to NULL.
  *
+ * NULL arguments never crash. A call returning monarch_code answers a NULL
+ * pointer it needs with MONARCH_INVALID_ARGUMENT and a message naming the
+ * argument; `error` may always be NULL, and `buffer` may be NULL when n is 0.
+ * The calls returning int or a pointer answer 0 or NULL; monarch_close,
+ * monarch_free, monarch_free_list and monarch_process_release ignore NULL.
+ *
  * Threading: a monarch_t may be used from any number of threads at once,
  * except that monarch_close() must be the last call on it.
  */

@@ -3,7 +3,9 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,6 +56,45 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
     fd = ::openat(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", JoinPath(path_, relative)));
+  return std::make_shared<ScopedFd>(fd);
+}
+
+absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenBeneath(
+    absl::string_view relative) const {
+  const std::string name(relative);
+  const std::string path = JoinPath(path_, relative);
+  constexpr int kFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW;
+  int fd = -1;
+  if (fd_.valid()) {
+#ifdef SYS_openat2
+    open_how how = {};
+    how.flags = kFlags;
+    how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    do {
+      fd = static_cast<int>(::syscall(SYS_openat2, fd_.get(), name.c_str(), &how, sizeof(how)));
+    } while (fd < 0 && errno == EINTR);
+    // No openat2 (before Linux 5.6, or filtered by seccomp): O_NOFOLLOW only.
+    if (fd < 0 && (errno == ENOSYS || errno == EPERM)) fd = -2;
+#else
+    fd = -2;
+#endif
+    if (fd == -2) {
+      do {
+        fd = ::openat(fd_.get(), name.c_str(), kFlags);
+      } while (fd < 0 && errno == EINTR);
+    }
+  } else {
+    do {
+      fd = ::open(path.c_str(), kFlags);
+    } while (fd < 0 && errno == EINTR);
+  }
+  if (fd < 0) {
+    if (errno == ELOOP || errno == EXDEV || errno == ENXIO) {
+      return absl::DataLossError(absl::StrCat("open ", path, ": ", std::strerror(errno),
+                                              " (not a file Monarch wrote)"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  }
   return std::make_shared<ScopedFd>(fd);
 }
 

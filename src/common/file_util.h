@@ -57,6 +57,12 @@ class DirectoryHandle {
   const std::string& path() const { return path_; }
   // Opens `relative` under the directory read-only (O_CLOEXEC).
   absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(absl::string_view relative) const;
+  // The same, for files Monarch wrote itself: no component may be a symlink
+  // (openat2 RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; on kernels without
+  // openat2, O_NOFOLLOW on the last one), and O_NONBLOCK so that a FIFO put
+  // in the file's place cannot block the open. ELOOP and ENXIO read as
+  // DataLoss: the file is not what was written there.
+  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenBeneath(absl::string_view relative) const;
 
  private:
   std::string path_;

@@ -10,12 +10,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -30,12 +32,27 @@
 namespace monarch {
 namespace {
 
+// Limits that keep a hostile or broken config from costing minutes and GiBs.
+constexpr size_t kMaxConfigBytes = 1 << 20;
+constexpr size_t kMaxTiers = 16;
+constexpr size_t kMaxQuotedChars = 200;
+
+// A value quoted in an error message, cut to kMaxQuotedChars characters so
+// that a huge value cannot make a huge message.
+std::string Quote(absl::string_view value) {
+  if (value.size() <= kMaxQuotedChars) return absl::StrCat("'", value, "'");
+  return absl::StrCat("'", value.substr(0, kMaxQuotedChars), "...' (", value.size(), " bytes)");
+}
+
 absl::Status KeyError(absl::string_view key, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(key, ": ", what));
+  // Keys come from the config too: an unknown one is quoted as a value is.
+  const std::string shown =
+      key.size() <= kMaxQuotedChars ? std::string(key) : Quote(key);
+  return absl::InvalidArgumentError(absl::StrCat(shown, ": ", what));
 }
 
 std::string Describe(const YAML::Node& node) {
-  if (node.IsScalar()) return absl::StrCat("'", node.Scalar(), "'");
+  if (node.IsScalar()) return Quote(node.Scalar());
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
   return "nothing";
@@ -44,12 +61,19 @@ std::string Describe(const YAML::Node& node) {
 // Refuses keys outside `allowed`, so a typo never silently means "default".
 absl::Status CheckKeys(const YAML::Node& map, absl::string_view where,
                        std::initializer_list<absl::string_view> allowed) {
+  std::vector<std::string> seen;
   for (const auto& item : map) {
     const std::string key = item.first.as<std::string>();
+    std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
+    // yaml-cpp keeps every duplicate and answers lookups with the first: a
+    // second value would be silently ignored.
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return KeyError(path, "given more than once; keep one");
+    }
+    seen.push_back(key);
     bool known = false;
     for (absl::string_view a : allowed) known = known || key == a;
     if (!known) {
-      std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
       return KeyError(path,
                       absl::StrCat("unknown key; expected one of: ", absl::StrJoin(allowed, ", ")));
     }
@@ -182,7 +206,7 @@ absl::StatusOr<TierKind> ParseTierKind(const YAML::Node& node, absl::string_view
   if (kind == "pmem") return TierKind::kPmem;
   if (kind == "posix") return TierKind::kPosix;
   if (kind == "source") return TierKind::kSource;
-  return KeyError(key, absl::StrCat("expected one of ram, pmem, posix, source; got '", kind, "'"));
+  return KeyError(key, absl::StrCat("expected one of ram, pmem, posix, source; got ", Quote(kind)));
 }
 
 absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
@@ -223,6 +247,10 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     return KeyError("tiers", "required: a list of tiers, fastest first, ending with the source");
   if (!tiers.IsSequence())
     return KeyError("tiers", absl::StrCat("expected a list, got ", Describe(tiers)));
+  if (tiers.size() > kMaxTiers) {
+    return KeyError("tiers", absl::StrCat("expected at most ", kMaxTiers, " tiers, got ",
+                                          tiers.size()));
+  }
   for (size_t i = 0; i < tiers.size(); ++i) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
@@ -257,7 +285,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       } else if (text == "direct") {
         tier.write_mode = WriteMode::kDirect;
       } else {
-        return KeyError(key, absl::StrCat("expected auto, buffered or direct, got '", text, "'"));
+        return KeyError(key, absl::StrCat("expected auto, buffered or direct, got ", Quote(text)));
       }
     }
     if (tier.kind == TierKind::kSource && t["path"]) {
@@ -392,7 +420,7 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   double number;
   if (digits == 0 || !absl::SimpleAtod(s.substr(0, digits), &number)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected a size such as 64GiB, 512MB or 1048576, got '", text, "'"));
+        absl::StrCat("expected a size such as 64GiB, 512MB or 1048576, got ", Quote(text)));
   }
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
   struct Unit {
@@ -419,19 +447,19 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
     if (unit == u.name) {
       double bytes = std::floor(number * u.factor);
       if (bytes >= 1.8e19) {
-        return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is too large"));
+        return absl::InvalidArgumentError(absl::StrCat("size ", Quote(text), " is too large"));
       }
       if (unit.empty() && number != std::floor(number)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("expected a whole number of bytes, got '", text, "'"));
+            absl::StrCat("expected a whole number of bytes, got ", Quote(text)));
       }
       return static_cast<uint64_t>(bytes);
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "expected a size such as 64GiB, 512MB or 1048576 (units B, KiB, MiB, GiB, TiB, KB, MB, GB, "
-      "TB), got '",
-      text, "'"));
+      "TB), got ",
+      Quote(text)));
 }
 
 static absl::Status ValidateRemote(const RemoteConfig& r) {
@@ -440,7 +468,7 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
                            {"remote.size", &r.size}}) {
     if (!IsRankSpec(*spec)) {
       return KeyError(
-          key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got '", *spec, "'"));
+          key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got ", Quote(*spec)));
     }
   }
   int64_t size;
@@ -448,7 +476,7 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
     return KeyError("remote.size", "expected at least 1");
   if (r.bootstrap != "directory" && r.bootstrap != "mpi") {
     return KeyError("remote.bootstrap",
-                    absl::StrCat("expected 'directory' or 'mpi', got '", r.bootstrap, "'"));
+                    absl::StrCat("expected 'directory' or 'mpi', got ", Quote(r.bootstrap)));
   }
   if (r.bootstrap == "directory") {
     if (r.rendezvous_dir.empty()) {
@@ -458,14 +486,14 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
     }
     if (r.rendezvous_dir[0] != '/') {
       return KeyError("remote.rendezvous_dir",
-                      absl::StrCat("expected an absolute path, got '", r.rendezvous_dir, "'"));
+                      absl::StrCat("expected an absolute path, got ", Quote(r.rendezvous_dir)));
     }
   }
   if (r.transports.empty() || r.transports.find_first_not_of(
                                   "abcdefghijklmnopqrstuvwxyz0123456789_,^") != std::string::npos) {
     return KeyError("remote.transports",
-                    absl::StrCat("expected a UCX transport list such as 'tcp' or 'rc,ud,sm', got '",
-                                 r.transports, "'"));
+                    absl::StrCat("expected a UCX transport list such as 'tcp' or 'rc,ud,sm', got ",
+                                 Quote(r.transports)));
   }
   if (r.chunk_bytes < 4096 || r.chunk_bytes > (1ull << 30) || r.chunk_bytes % 4096 != 0) {
     return KeyError("remote.chunk_size", "expected a multiple of 4KiB from 4KiB to 1GiB");
@@ -490,11 +518,11 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.dataset.path[0] != '/') {
     return KeyError("dataset.path",
-                    absl::StrCat("expected an absolute path, got '", config.dataset.path, "'"));
+                    absl::StrCat("expected an absolute path, got ", Quote(config.dataset.path)));
   }
   if (!IsDirectory(config.dataset.path)) {
     return KeyError("dataset.path",
-                    absl::StrCat("'", config.dataset.path, "' is not an existing directory"));
+                    absl::StrCat(Quote(config.dataset.path), " is not an existing directory"));
   }
   if (!config.dataset.file_regex.empty()) {
     regex_t regex;
@@ -505,7 +533,7 @@ absl::Status ValidateConfig(const Config& config) {
       ::regerror(rc, &regex, message, sizeof(message));
       return KeyError(
           "dataset.file_regex",
-          absl::StrCat("invalid regular expression '", config.dataset.file_regex, "': ", message));
+          absl::StrCat("invalid regular expression ", Quote(config.dataset.file_regex), ": ", message));
     }
     ::regfree(&regex);
   }
@@ -522,7 +550,7 @@ absl::Status ValidateConfig(const Config& config) {
     if (!names.insert(tier.name).second) {
       return KeyError(
           absl::StrCat(where, ".name"),
-          absl::StrCat("'", tier.name, "' is used by another tier; names must be unique"));
+          absl::StrCat(Quote(tier.name), " is used by another tier; names must be unique"));
     }
     if (tier.kind == TierKind::kSource) {
       ++sources;
@@ -557,20 +585,20 @@ absl::Status ValidateConfig(const Config& config) {
     const std::string path_key = absl::StrCat(where, ".path");
     if (tier.path.empty() || tier.path[0] != '/') {
       return KeyError(path_key,
-                      absl::StrCat("expected an absolute directory, got '", tier.path, "'"));
+                      absl::StrCat("expected an absolute directory, got ", Quote(tier.path)));
     }
     if (!IsDirectory(tier.path)) {
-      return KeyError(path_key, absl::StrCat("'", tier.path, "' is not an existing directory"));
+      return KeyError(path_key, absl::StrCat(Quote(tier.path), " is not an existing directory"));
     }
     const std::string real = RealPath(tier.path);
     if (IsWithin(real, dataset) || IsWithin(dataset, real)) {
-      return KeyError(path_key, absl::StrCat("'", tier.path,
-                                             "' overlaps dataset.path; the source is read-only and "
+      return KeyError(path_key, absl::StrCat(Quote(tier.path),
+                                             " overlaps dataset.path; the source is read-only and "
                                              "must stay apart from tier copies"));
     }
     for (const auto& [other_key, other] : tier_paths) {
       if (IsWithin(real, other) || IsWithin(other, real)) {
-        return KeyError(path_key, absl::StrCat("'", tier.path, "' overlaps ", other_key,
+        return KeyError(path_key, absl::StrCat(Quote(tier.path), " overlaps ", other_key,
                                                "; each tier needs its own directory"));
       }
     }
@@ -581,7 +609,7 @@ absl::Status ValidateConfig(const Config& config) {
       if (tier.capacity_bytes > device) {
         return KeyError(absl::StrCat(where, ".capacity"),
                         absl::StrCat(tier.capacity_bytes, " bytes is more than the ", device,
-                                     " bytes of the device holding '", tier.path, "'"));
+                                     " bytes of the device holding ", Quote(tier.path)));
       }
     }
   }
@@ -593,7 +621,7 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("placement.threads", "expected 0 (half the cores) to 1024");
   if (p.policy != "first-fit" && p.policy != "none") {
     return KeyError("placement.policy",
-                    absl::StrCat("expected 'first-fit' or 'none', got '", p.policy, "'"));
+                    absl::StrCat("expected 'first-fit' or 'none', got ", Quote(p.policy)));
   }
   if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
@@ -603,12 +631,17 @@ absl::Status ValidateConfig(const Config& config) {
   const std::string& level = config.logging.level;
   if (level != "debug" && level != "info" && level != "warning" && level != "error") {
     return KeyError("logging.level",
-                    absl::StrCat("expected debug, info, warning or error; got '", level, "'"));
+                    absl::StrCat("expected debug, info, warning or error; got ", Quote(level)));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
+  if (yaml.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", yaml.size(),
+                                                   " bytes; a config larger than ",
+                                                   kMaxConfigBytes, " bytes is refused"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml));
@@ -622,7 +655,7 @@ absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
 
 absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("config file '", path, "' cannot be read"));
+  if (!in) return absl::NotFoundError(absl::StrCat("config file ", Quote(path), " cannot be read"));
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<Config> config = ParseConfigString(text.str());

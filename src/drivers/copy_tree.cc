@@ -40,6 +40,20 @@ bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<ScopedFd>> CopyTree::OpenCopy(const FileRef& file) const {
+  MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, directory_.OpenBeneath(file.name));
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + PathOf(file.name));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::DataLossError(absl::StrCat(PathOf(file.name), ": not a regular file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    return absl::DataLossError(absl::StrCat(PathOf(file.name), ": ", st.st_size,
+                                            " bytes, the source file has ", file.size));
+  }
+  return fd;
+}
+
 std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }
 
 absl::StatusOr<std::string> CopyTree::NewTemporary(absl::string_view name) {

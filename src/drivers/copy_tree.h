@@ -30,10 +30,12 @@ class CopyTree {
 
   const std::string& root() const { return root_; }
   std::string PathOf(absl::string_view name) const;
-  // Opens the complete copy of `name` for reading.
-  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopy(absl::string_view name) const {
-    return directory_.OpenShared(name);
-  }
+  // Opens the complete copy of `file` for reading, only as what Monarch
+  // wrote: a regular file of the file's size reached without a symlink.
+  // Anything else (a symlink to /dev/zero, a FIFO, which would block the
+  // open without O_NONBLOCK, a directory, a copy of another size) is
+  // DataLoss, and the caller serves the source.
+  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopy(const FileRef& file) const;
 
   // Creates the parent directories of `name`'s copy and returns a fresh
   // temporary path next to it.

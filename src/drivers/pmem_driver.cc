@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <libpmem.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/guarded_copy.h"
 #include "common/handle_cache.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
@@ -58,16 +60,20 @@ class PmemDriver final : public StorageDriver {
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     if (file.size == 0) {
-      if (::access(tree_.PathOf(file.name).c_str(), F_OK) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("open ", file.name));
-      }
-      return 0;  // An empty copy cannot be mapped; it has nothing to read.
+      // An empty copy cannot be mapped; it has nothing to read, if it is one.
+      MONARCH_RETURN_IF_ERROR(tree_.OpenCopy(file).status());
+      return 0;
     }
     MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping,
-                             mappings_.Get(file.id, [&] { return Map(tree_.PathOf(file.name)); }));
+                             mappings_.Get(file.id, [&] { return Map(file); }));
     if (offset >= mapping->length()) return 0;
     size_t count = std::min<uint64_t>(n, mapping->length() - offset);
-    std::memcpy(dst, mapping->data() + offset, count);
+    if (!GuardedCopy(dst, mapping->data() + offset, count)) {
+      // Truncated behind our back: the mapping is useless from now on.
+      mappings_.Erase(file.id);
+      return absl::DataLossError(
+          absl::StrCat(tree_.PathOf(file.name), ": the copy shrank while mapped"));
+    }
     return count;
   }
 
@@ -103,12 +109,14 @@ class PmemDriver final : public StorageDriver {
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
  private:
-  static absl::StatusOr<std::shared_ptr<Mapping>> Map(const std::string& path) {
-    size_t length = 0;
-    errno = 0;
-    void* address = pmem_map_file(path.c_str(), 0, 0, 0, &length, nullptr);
-    if (address == nullptr) return PmemError("map", path);
-    return std::make_shared<Mapping>(address, length);
+  // Maps a complete copy for reading. Opened by CopyTree::OpenCopy (only a
+  // regular file of the right size, no symlinks) and mapped with mmap: reads
+  // need no persistence, so libpmem's mapping flags buy nothing here.
+  absl::StatusOr<std::shared_ptr<Mapping>> Map(const FileRef& file) {
+    MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopy(file));
+    void* address = ::mmap(nullptr, file.size, PROT_READ, MAP_SHARED, fd->get(), 0);
+    if (address == MAP_FAILED) return ErrnoToStatus(errno, "map " + tree_.PathOf(file.name));
+    return std::make_shared<Mapping>(address, file.size);
   }
 
   // Copies chunks into a mapping of the temporary file: with the persistent

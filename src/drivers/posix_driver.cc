@@ -46,7 +46,7 @@ class PosixDriver final : public StorageDriver {
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return tree_.OpenCopy(file.name); });
+        descriptors_.Get(file.id, [&] { return tree_.OpenCopy(file); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }

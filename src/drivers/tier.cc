@@ -33,6 +33,12 @@ void Tier::Commit(uint64_t bytes) {
 
 void Tier::Release(uint64_t bytes) { reserved_.fetch_sub(bytes, std::memory_order_relaxed); }
 
+void Tier::Drop(uint64_t bytes) {
+  committed_.fetch_sub(bytes, std::memory_order_relaxed);
+  files_.fetch_sub(1, std::memory_order_relaxed);
+  reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
 void Tier::MarkFull() { limit_.store(reserved_.load(std::memory_order_relaxed)); }
 
 void Tier::SetDatasetSize(uint64_t files, uint64_t bytes) {

@@ -47,6 +47,9 @@ class Tier {
   void Commit(uint64_t bytes);
   // The reserved copy was abandoned.
   void Release(uint64_t bytes);
+  // A committed copy was dropped (found damaged): undoes Commit and the
+  // reservation.
+  void Drop(uint64_t bytes);
   // Room left for new copies (capacity minus complete and reserved ones).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);
