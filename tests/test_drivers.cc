@@ -157,8 +157,9 @@ TEST_CASE("posix driver round trip, layout and mtime") {
   CHECK(st.st_size == 5000);
   CHECK(st.st_mtim.tv_sec == 1600000000);
   CHECK(st.st_mtim.tv_nsec == 123456789);
-  // No temporary is left behind.
+  // No temporary is left behind (the reserved directory holds none).
   CHECK(ListAll(dir.path()) == std::vector<std::string>{"./empty.bin", "./x/b.bin"});
+  CHECK(ListAll(dir.path() + "/.monarch/tmp").empty());
 }
 
 TEST_CASE("pmem driver round trip through libpmem") {
@@ -218,10 +219,16 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
   REQUIRE(Store(*driver, Ref(1, "two.bin", 20, 222), 2).ok());
   // A temporary from a process that no longer exists (pid 0x7ffffffe is never
   // valid under the default pid_max), and one from this live process.
-  std::ofstream(dir.path() + "/a/.one.bin.monarch-tmp.2147483646.0") << "partial";
-  const std::string live =
-      dir.path() + "/.two.bin.monarch-tmp." + std::to_string(::getpid()) + ".99";
+  const std::string dead = dir.path() + "/.monarch/tmp/2147483646.0";
+  std::ofstream(dead) << "partial";
+  const std::string live = dir.path() + "/.monarch/tmp/" + std::to_string(::getpid()) + ".99";
   std::ofstream(live) << "in progress";
+  // Dataset files whose names look like temporaries of the old layout, or
+  // like the new ones, are copies like any other.
+  REQUIRE(Store(*driver, Ref(2, "a/.x.monarch-tmp." + std::to_string(::getpid()) + ".1", 30, 333),
+                3)
+              .ok());
+  REQUIRE(Store(*driver, Ref(3, "b/2147483646.0", 40, 444), 4).ok());
 
   std::vector<std::tuple<std::string, uint64_t, int64_t>> seen;
   REQUIRE(driver
@@ -230,10 +237,14 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
               })
               .ok());
   std::sort(seen.begin(), seen.end());
-  REQUIRE(seen.size() == 2);
-  CHECK(seen[0] == std::make_tuple(std::string("a/one.bin"), uint64_t{10}, int64_t{111}));
-  CHECK(seen[1] == std::make_tuple(std::string("two.bin"), uint64_t{20}, int64_t{222}));
-  CHECK(::access((dir.path() + "/a/.one.bin.monarch-tmp.2147483646.0").c_str(), F_OK) != 0);
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[0] ==
+        std::make_tuple("a/.x.monarch-tmp." + std::to_string(::getpid()) + ".1", uint64_t{30},
+                        int64_t{333}));
+  CHECK(seen[1] == std::make_tuple(std::string("a/one.bin"), uint64_t{10}, int64_t{111}));
+  CHECK(seen[2] == std::make_tuple(std::string("b/2147483646.0"), uint64_t{40}, int64_t{444}));
+  CHECK(seen[3] == std::make_tuple(std::string("two.bin"), uint64_t{20}, int64_t{222}));
+  CHECK(::access(dead.c_str(), F_OK) != 0);
   CHECK(::access(live.c_str(), F_OK) == 0);  // A live writer's file is left alone.
 }
 

@@ -183,9 +183,12 @@ TEST_CASE("staging memory stays within its budget while placement falls behind")
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 120, {100000});
   FaultInjectingDriver::Faults tier;
-  tier.write_delay_us = 3000;  // A slow tier: placement threads cannot keep up with the readers.
+  // A slow tier (20 ms a chunk) and one placement thread: placement cannot
+  // keep up with the readers, even when a sanitizer slows the readers down.
+  tier.write_delay_us = 20000;
   Config config = testing::MakeConfig(ds, {testing::RamTier(64 << 20)});
   config.placement.max_staging_bytes = 1 << 20;
+  config.placement.threads = 1;
   auto m = MustCreate(config, nullptr, 0, &tier);
   std::atomic<int> bad{0};
   std::vector<std::thread> readers;
@@ -358,7 +361,7 @@ TEST_CASE("a real full device (small tmpfs) fails the copy cleanly") {
   }
   // Nothing partial is left on the device.
   std::string leftovers;
-  FILE* p = ::popen(("find '" + mount + "' -name '*monarch-tmp*'").c_str(), "r");
+  FILE* p = ::popen(("find '" + mount + "/.monarch/tmp' -type f").c_str(), "r");
   char line[512];
   while (std::fgets(line, sizeof(line), p)) leftovers += line;
   ::pclose(p);
@@ -492,6 +495,47 @@ TEST_CASE("a pmem copy truncated while mapped is served from the source, no SIGB
   CHECK(stats.Tier(0, "read_errors") == 2);
   CHECK(stats.Tier(0, "files") == 0);
   CHECK(stats.Tier(0, "bytes_used") == 0);
+}
+
+// Bytes of the regular files under `dir`, however they are named.
+uint64_t BytesOnDisk(const std::string& dir) {
+  uint64_t total = 0;
+  FILE* p = ::popen(("find '" + dir + "' -type f -printf '%s\\n'").c_str(), "r");
+  unsigned long long size = 0;
+  while (std::fscanf(p, "%llu", &size) == 1) total += size;
+  ::pclose(p);
+  return total;
+}
+
+TEST_CASE("dataset names that look like temporaries are ordinary files; capacity holds") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  std::string nvme = dir.Sub("nvme");
+  // Names of the old temporary layout, for a live and a dead pid, and of the
+  // new one; and a ".monarch" directory at the dataset root, which is reserved.
+  const std::string live = std::to_string(::getpid());
+  std::vector<TestFile> files;
+  for (const std::string& name : std::vector<std::string>{".x.monarch-tmp." + live + ".1", ".y.monarch-tmp.2147483646.3",
+                                  std::string("sub/2147483646.0"), live + ".7"}) {
+    files.push_back(TestFile{name, static_cast<uint32_t>(7000 + files.size()), 100000});
+    testing::WriteFile(ds + "/" + name, files.back().seed, files.back().size);
+  }
+  testing::WriteFile(ds + "/.monarch/tmp/9.9", 99, 5000);
+  const uint64_t capacity = 250000;  // Two of the four files.
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, capacity, "nvme")});
+  for (int run = 0; run < 3; ++run) {
+    auto m = MustCreate(config);
+    CHECK(m->ListFiles().size() == 4);  // The reserved directory is not part of the dataset.
+    CHECK_FALSE(m->FileExists(".monarch/tmp/9.9"));
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    const Stats stats = m->GetStats();
+    CHECK(stats.Tier(0, "files") == 2);
+    CHECK(stats.Tier(0, "bytes_used") == 200000);
+    CHECK(BytesOnDisk(nvme) == 200000);  // On disk what the stats say, within capacity.
+    if (run > 0) CHECK(stats.Get("warm_files_reused") == 2);
+  }
 }
 
 TEST_CASE("warm restart reuses valid copies and discards stale ones") {
@@ -632,7 +676,7 @@ TEST_CASE("shutdown: cancel leaves no partial copies, drain finishes everything,
     auto m = MustCreate(config);
     Stats stats = m->GetStats();
     CHECK(stats.Get("warm_files_discarded") == 0);
-    FILE* p = ::popen(("find '" + nvme + "' -name '*monarch-tmp*' | wc -l").c_str(), "r");
+    FILE* p = ::popen(("find '" + nvme + "/.monarch/tmp' -type f | wc -l").c_str(), "r");
     int temporaries = -1;
     CHECK(std::fscanf(p, "%d", &temporaries) == 1);
     ::pclose(p);

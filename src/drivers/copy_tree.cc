@@ -23,16 +23,15 @@
 namespace monarch {
 namespace {
 
-constexpr absl::string_view kTempMarker = ".monarch-tmp.";
-
-// For ".name.monarch-tmp.<pid>.<seq>" returns <pid>; 0 if not a temporary.
+// For a temporary "<pid>.<seq>" returns <pid>; 0 if the name is not one.
 pid_t TemporaryOwner(absl::string_view base) {
-  size_t marker = base.rfind(kTempMarker);
-  if (base.empty() || base[0] != '.' || marker == absl::string_view::npos) return 0;
-  std::vector<absl::string_view> parts =
-      absl::StrSplit(base.substr(marker + kTempMarker.size()), '.');
+  std::vector<absl::string_view> parts = absl::StrSplit(base, '.');
   int pid = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0) return 0;
+  uint64_t sequence = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0 ||
+      !absl::SimpleAtoi(parts[1], &sequence)) {
+    return 0;
+  }
   return pid;
 }
 
@@ -60,8 +59,12 @@ absl::StatusOr<std::string> CopyTree::NewTemporary(absl::string_view name) {
   const std::string path = PathOf(name);
   const size_t slash = path.find_last_of('/');
   MONARCH_RETURN_IF_ERROR(MakeDirectories(path.substr(0, slash)));
-  return absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1), kTempMarker,
-                      ::getpid(), ".", next_sequence_.fetch_add(1));
+  const std::string temporaries = JoinPath(root_, kTemporaryDirectory);
+  if (!temporaries_ready_.load(std::memory_order_acquire)) {
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(temporaries));
+    temporaries_ready_.store(true, std::memory_order_release);
+  }
+  return absl::StrCat(temporaries, "/", ::getpid(), ".", next_sequence_.fetch_add(1));
 }
 
 absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file) {
@@ -108,6 +111,7 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
     while (struct dirent* entry = ::readdir(dir)) {
       absl::string_view base = entry->d_name;
       if (base == "." || base == "..") continue;
+      if (relative.empty() && base == kReservedDirectory) continue;  // Ours, not copies.
       std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
       struct stat st;
       if (::fstatat(dir_fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
@@ -116,19 +120,27 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
         continue;
       }
       if (!S_ISREG(st.st_mode)) continue;
-      if (pid_t owner = TemporaryOwner(base); owner != 0) {
-        if (!ProcessAlive(owner)) {
-          MONARCH_LOG(kInfo, "removing leftover temporary ", PathOf(name));
-          ::unlinkat(dir_fd, entry->d_name, 0);
-        }
-        continue;
-      }
       visit(name, static_cast<uint64_t>(st.st_size),
             static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
     }
     ::closedir(dir);
   }
+  RemoveDeadTemporaries();
   return absl::OkStatus();
+}
+
+void CopyTree::RemoveDeadTemporaries() {
+  const std::string temporaries = JoinPath(root_, kTemporaryDirectory);
+  DIR* dir = ::opendir(temporaries.c_str());
+  if (dir == nullptr) return;  // None yet.
+  while (struct dirent* entry = ::readdir(dir)) {
+    const pid_t owner = TemporaryOwner(entry->d_name);
+    // A live owner is another process writing into this tier right now.
+    if (owner == 0 || ProcessAlive(owner)) continue;
+    MONARCH_LOG(kInfo, "removing leftover temporary ", temporaries, "/", entry->d_name);
+    ::unlinkat(::dirfd(dir), entry->d_name, 0);
+  }
+  ::closedir(dir);
 }
 
 }  // namespace monarch

@@ -2,10 +2,13 @@
 //
 // A copy of dataset file "a/b.rec" lives at "<root>/a/b.rec" and carries the
 // source file's mtime, so a later run can tell a valid copy from a stale one
-// with one stat. Copies are written under a temporary name in the same
-// directory, ".b.rec.monarch-tmp.<pid>.<seq>", and renamed into place when
-// complete: readers never see a partial copy, and two processes promoting the
-// same file at once each rename a complete copy of the same bytes.
+// with one stat. Copies are written under a temporary name,
+// "<root>/.monarch/tmp/<pid>.<seq>", and renamed into place when complete:
+// readers never see a partial copy, and two processes promoting the same file
+// at once each rename a complete copy of the same bytes. The reserved
+// directory keeps temporaries apart from copies, so no dataset file name can
+// be taken for one (the namespace walk skips a ".monarch" at the dataset's
+// root for the same reason).
 //
 // Thread-safe: no state besides the root path and an atomic sequence number.
 
@@ -51,10 +54,17 @@ class CopyTree {
   // process is gone, leaves live writers' temporaries alone.
   absl::Status Scan(StorageDriver::CopyVisitor visit);
 
+  // Reserved under the root, never a copy.
+  static constexpr absl::string_view kReservedDirectory = ".monarch";
+  static constexpr absl::string_view kTemporaryDirectory = ".monarch/tmp";
+
  private:
+  void RemoveDeadTemporaries();
+
   const std::string root_;
   const DirectoryHandle directory_;
   std::atomic<uint64_t> next_sequence_{0};
+  std::atomic<bool> temporaries_ready_{false};
 };
 
 // A copy being written under a temporary name of a CopyTree: the temporary

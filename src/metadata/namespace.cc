@@ -128,6 +128,9 @@ class ParallelWalk {
     while (struct dirent* d = ::readdir(dir)) {
       absl::string_view base = d->d_name;
       if (base == "." || base == "..") continue;
+      // Reserved: file-backed tiers keep their temporaries in "<tier>/.monarch"
+      // (drivers/copy_tree.h), where a copy of it could not live.
+      if (relative.empty() && base == ".monarch") continue;
       std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
       if (d->d_type == DT_DIR) {
         subdirectories->push_back(std::move(name));
