@@ -21,6 +21,7 @@
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "remote/peer_driver.h"
+#include "service/client.h"
 
 namespace monarch {
 namespace {
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
   return absl::InternalError("unknown tier kind");
 }
 
-class MonarchImpl final : public Monarch {
+class MonarchImpl final : public MonarchCore {
  public:
   // `tiers`: the cache tiers, then the peers tier if `peers` is set (and
   // `peers` is its driver), then the source.
@@ -173,6 +174,19 @@ class MonarchImpl final : public Monarch {
 
   void WaitForPlacement() override { placement_->WaitIdle(); }
 
+  // MonarchCore.
+  const Namespace& name_space() const override { return *namespace_; }
+  absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
+    if (id >= namespace_->file_count()) return absl::NotFoundError("no such file id");
+    return ReadEntry(namespace_->entry(id), dst, n, offset);
+  }
+  int tier_count() const override { return static_cast<int>(tiers_.size()); }
+  const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
+  std::vector<int> SharedMemoryDescriptors(int tier) const override {
+    return tiers_[tier]->driver().SharedMemoryDescriptors();
+  }
+  int max_open_files() const override { return config_.placement.max_open_files; }
+
  private:
   Tier& source() { return *tiers_.back(); }
 
@@ -181,7 +195,7 @@ class MonarchImpl final : public Monarch {
     if (offset >= size || n == 0) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
     for (;;) {
-      const int tier = entry.tier.load(std::memory_order_acquire);
+      const int tier = entry.tier->load(std::memory_order_acquire);
       if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
       if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
       // Published to a tier meanwhile: go around once more and read it there.
@@ -202,7 +216,7 @@ class MonarchImpl final : public Monarch {
                             : result.status().ToString(),
                 "); serving it from the source from now on");
     int expected = tier;
-    if (entry.tier.compare_exchange_strong(expected, source_index_)) {
+    if (entry.tier->compare_exchange_strong(expected, source_index_)) {
       // This thread dropped it: give its room back and delete what is left
       // (a RAM copy's memory, a damaged file). Readers already inside the
       // driver are safe: drivers allow Remove concurrent with Read.
@@ -230,10 +244,10 @@ class MonarchImpl final : public Monarch {
         FileEntry* entry = namespace_->Find(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
         const bool valid = size == entry->ref.size && mtime_ns == entry->ref.mtime_ns;
-        const bool wanted = valid && entry->tier.load() == source_index_ && tier.TryReserve(size);
+        const bool wanted = valid && entry->tier->load() == source_index_ && tier.TryReserve(size);
         if (wanted) {
           tier.Commit(size);
-          entry->tier.store(t, std::memory_order_release);
+          entry->tier->store(t, std::memory_order_release);
           entry->state.store(PlacementState::kInTier);
           ++warm_reused_;
           return;
@@ -265,6 +279,15 @@ class MonarchImpl final : public Monarch {
 
 absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
                                                                         const DriverWrapper& wrap) {
+  CoreOptions options;
+  options.wrap = wrap;
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(config, options));
+  return std::unique_ptr<Monarch>(std::move(core));
+}
+
+absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& config,
+                                                               const CoreOptions& options) {
+  const DriverWrapper& wrap = options.wrap;
   MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
   SetLogLevel(ParseLogLevel(config.logging.level));
   // The tiers from the config, with the peers tier before the source when
@@ -272,7 +295,8 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
   const int source_index = static_cast<int>(config.tiers.size()) - (config.remote.enabled ? 0 : 1);
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(config.dataset.path, config.dataset.file_regex,
-                                            source_index, config.dataset.scan_threads));
+                                            source_index, config.dataset.scan_threads,
+                                            options.tier_slots));
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
     absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);
@@ -297,20 +321,30 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
   }
   auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns), peers);
   MONARCH_RETURN_IF_ERROR(monarch->Start());
-  return std::unique_ptr<Monarch>(std::move(monarch));
+  return std::unique_ptr<MonarchCore>(std::move(monarch));
 }
 
+// With node.shared, a process is a client of its node's service
+// (src/service/client.h); the service needs the config as YAML to be
+// started on demand, which only the YAML entry points have.
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::Create(const Config& config) {
+  if (config.node.shared) return service::ConnectToNodeService(config, service::ConfigSource{});
   return CreateMonarchWithDriverWrapper(config, nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path) {
   MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigFile(path));
+  if (config.node.shared) {
+    return service::ConnectToNodeService(config, service::ConfigSource{path, ""});
+  }
   return Create(config);
 }
 
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml) {
   MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigString(yaml));
+  if (config.node.shared) {
+    return service::ConnectToNodeService(config, service::ConfigSource{"", std::string(yaml)});
+  }
   return Create(config);
 }
 

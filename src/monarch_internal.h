@@ -9,7 +9,10 @@
 #include <functional>
 #include <memory>
 
+#include <vector>
+
 #include "drivers/storage_driver.h"
+#include "metadata/namespace.h"
 #include "monarch/monarch.h"
 
 namespace monarch {
@@ -21,6 +24,32 @@ using DriverWrapper =
 
 absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
                                                                         const DriverWrapper& wrap);
+
+// The instance a node service (src/service) wraps: the public API plus what
+// the service hands its clients and serves them.
+class MonarchCore : public Monarch {
+ public:
+  virtual const Namespace& name_space() const = 0;
+  // Reads file `id` through the internal read path (tier copies,
+  // promotions, dropping a bad copy), as Read() does by name.
+  virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) = 0;
+  // The tiers, fastest first (cache tiers, the peers if any, the source).
+  virtual int tier_count() const = 0;
+  virtual const TierConfig& tier_config(int tier) const = 0;
+  // The descriptors of a tier's shared memory (the RAM tier), if any.
+  virtual std::vector<int> SharedMemoryDescriptors(int tier) const = 0;
+  virtual int max_open_files() const = 0;
+};
+
+struct CoreOptions {
+  DriverWrapper wrap;                            // As above; may be empty.
+  Namespace::TierSlotAllocator tier_slots;       // Where the tier slots live; empty = heap.
+};
+
+// Builds an instance in this process whatever config.node says (the service
+// itself, and the embedded mode).
+absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& config,
+                                                               const CoreOptions& options);
 
 }  // namespace monarch
 

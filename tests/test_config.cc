@@ -2,7 +2,11 @@
 // structs; every bad config is refused with one message naming the key.
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -116,7 +120,7 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("unknown top-level key") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
     CHECK(absl::StrContains(
-        e, "cache: unknown key; expected one of: dataset, tiers, placement, remote, logging"));
+        e, "cache: unknown key; expected one of: dataset, tiers, placement, remote, node, logging"));
   }
   SUBCASE("unknown tier key") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
@@ -276,6 +280,219 @@ TEST_CASE("bad configs are refused with the key named") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");
     CHECK(
         absl::StrContains(e, "logging.level: expected debug, info, warning or error; got 'loud'"));
+  }
+}
+
+// Sets (or, with nullopt, unsets) an environment variable for one scope and
+// restores what was there before.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST_CASE("a full node section parses into NodeConfig") {
+  Dirs d;
+  absl::StatusOr<Config> config = ParseConfigString(absl::StrCat("dataset: {path: ", d.dataset, R"(}
+tiers:
+  - {kind: source}
+node:
+  shared: true
+  runtime_dir: /run/monarch-test
+  autostart: false
+  idle_exit: 2m
+  metrics_port: 9100
+)"));
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->node.shared);
+  CHECK(config->node.runtime_dir == "/run/monarch-test");
+  CHECK_FALSE(config->node.autostart);
+  CHECK(config->node.idle_exit_seconds == 120);
+  CHECK(config->node.metrics_port == 9100);
+}
+
+TEST_CASE("node defaults: not shared, autostart, 300 s idle exit, no metrics endpoint") {
+  Dirs d;
+  const std::string base = absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: source}\n");
+  SUBCASE("no node section") {
+    absl::StatusOr<Config> config = ParseConfigString(base);
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK_FALSE(config->node.shared);
+    CHECK(config->node.runtime_dir.empty());
+    CHECK(config->node.autostart);
+    CHECK(config->node.idle_exit_seconds == 300);
+    CHECK(config->node.metrics_port == 0);
+  }
+  SUBCASE("a node section with only shared") {
+    absl::StatusOr<Config> config = ParseConfigString(base + "node: {shared: true}\n");
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK(config->node.shared);
+    CHECK(config->node.autostart);
+    CHECK(config->node.idle_exit_seconds == 300);
+    CHECK(config->node.metrics_port == 0);
+  }
+  SUBCASE("idle_exit 0 means never and is allowed") {
+    absl::StatusOr<Config> config = ParseConfigString(base + "node: {idle_exit: 0}\n");
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK(config->node.idle_exit_seconds == 0);
+  }
+  SUBCASE("a runtime_dir with a variable is expanded when validated, kept as written") {
+    ScopedEnv home("HOME", "/home/monarch-test");
+    absl::StatusOr<Config> config = ParseConfigString(base + "node: {runtime_dir: '${HOME}/rt'}\n");
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK(config->node.runtime_dir == "${HOME}/rt");
+  }
+}
+
+TEST_CASE("bad node values are refused with the key named") {
+  Dirs d;
+  const std::string base = absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: source}\n");
+  SUBCASE("shared that is not a boolean") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {shared: maybe}\n"),
+                            "node.shared: expected true or false, got 'maybe'"));
+  }
+  SUBCASE("autostart that is not a boolean") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {autostart: 1}\n"), "node.autostart:"));
+  }
+  SUBCASE("metrics_port above 65535") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {metrics_port: 70000}\n"),
+                            "node.metrics_port: expected 0 (no endpoint) to 65535, got 70000"));
+  }
+  SUBCASE("negative metrics_port") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {metrics_port: -1}\n"),
+                            "node.metrics_port: expected 0 (no endpoint) to 65535, got -1"));
+  }
+  SUBCASE("metrics_port that is not an integer") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {metrics_port: http}\n"),
+                            "node.metrics_port: expected an integer, got 'http'"));
+  }
+  SUBCASE("negative idle_exit") {
+    std::string e = ErrorOf(base + "node: {idle_exit: -1s}\n");
+    CHECK(absl::StrContains(e, "node.idle_exit: expected a duration"));
+    CHECK(absl::StrContains(e, "'-1s'"));
+  }
+  SUBCASE("idle_exit that is not a duration") {
+    std::string e = ErrorOf(base + "node: {idle_exit: forever}\n");
+    CHECK(absl::StrContains(e, "node.idle_exit: expected a duration"));
+    CHECK(absl::StrContains(e, "0 for never"));
+  }
+  SUBCASE("relative runtime_dir") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {runtime_dir: relative/path}\n"),
+                            "node.runtime_dir: expected an absolute path, got 'relative/path'"));
+  }
+  SUBCASE("runtime_dir that is relative only after expansion") {
+    ScopedEnv var("MONARCH_TEST_RUNTIME", "relative");
+    std::string e = ErrorOf(base + "node: {runtime_dir: '${MONARCH_TEST_RUNTIME}/x'}\n");
+    CHECK(absl::StrContains(e, "node.runtime_dir: expected an absolute path"));
+    CHECK(absl::StrContains(e, "'relative/x' after expansion"));
+  }
+  SUBCASE("runtime_dir naming an unset variable") {
+    ScopedEnv var("MONARCH_TEST_UNSET", std::nullopt);
+    std::string e = ErrorOf(base + "node: {runtime_dir: '/run/${MONARCH_TEST_UNSET}'}\n");
+    CHECK(absl::StrContains(e, "node.runtime_dir: environment variable 'MONARCH_TEST_UNSET'"));
+  }
+  SUBCASE("runtime_dir too long for a Unix socket path") {
+    ScopedEnv var("MONARCH_TEST_LONG", std::string(80, 'x'));
+    std::string e = ErrorOf(base + "node: {runtime_dir: '/${MONARCH_TEST_LONG}'}\n");
+    CHECK(absl::StrContains(e, "node.runtime_dir:"));
+    CHECK(absl::StrContains(e, "81 characters after expansion; at most 80"));
+    CHECK(absl::StrContains(e, "Unix socket"));
+  }
+  SUBCASE("unknown node key") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: {sharde: true}\n"),
+                            "node.sharde: unknown key; expected one of: shared, runtime_dir, "
+                            "autostart, idle_exit, metrics_port"));
+  }
+  SUBCASE("node that is not a mapping") {
+    CHECK(absl::StrContains(ErrorOf(base + "node: shared\n"),
+                            "node: expected a mapping, got 'shared'"));
+  }
+  SUBCASE("ValidateConfig checks a NodeConfig built in code") {
+    Config config = testing::MakeConfig(d.dataset, {});
+    REQUIRE(ValidateConfig(config).ok());
+    config.node.metrics_port = 65536;
+    CHECK(absl::StrContains(ValidateConfig(config).message(), "node.metrics_port:"));
+    config.node.metrics_port = 0;
+    config.node.idle_exit_seconds = -5;
+    CHECK(absl::StrContains(ValidateConfig(config).message(), "node.idle_exit:"));
+    config.node.idle_exit_seconds = std::numeric_limits<double>::infinity();
+    CHECK(absl::StrContains(ValidateConfig(config).message(), "node.idle_exit:"));
+    config.node.idle_exit_seconds = 0;
+    config.node.runtime_dir = "run/monarch";
+    CHECK(ValidateConfig(config).code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(ValidateConfig(config).message(), "node.runtime_dir:"));
+  }
+}
+
+TEST_CASE("NodeRuntimeDirectory applies the default and expands variables") {
+  NodeConfig node;
+  SUBCASE("default under XDG_RUNTIME_DIR when it is set") {
+    ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
+    CHECK(*dir == "/run/user/4242/monarch");
+  }
+  SUBCASE("default in /tmp per user when XDG_RUNTIME_DIR is unset") {
+    ScopedEnv xdg("XDG_RUNTIME_DIR", std::nullopt);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
+    CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid()));
+  }
+  SUBCASE("an empty or relative XDG_RUNTIME_DIR is ignored") {
+    for (const char* value : {"", "run/user/1"}) {
+      ScopedEnv xdg("XDG_RUNTIME_DIR", std::string(value));
+      absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+      REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
+      CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid()));
+    }
+  }
+  SUBCASE("an explicit directory expands ${VAR} and $VAR") {
+    ScopedEnv home("HOME", "/home/monarch-test");
+    node.runtime_dir = "${HOME}/x";
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
+    CHECK(*dir == "/home/monarch-test/x");
+    node.runtime_dir = "$HOME/y";
+    CHECK(NodeRuntimeDirectory(node).value_or("") == "/home/monarch-test/y");
+  }
+  SUBCASE("an explicit directory ignores XDG_RUNTIME_DIR") {
+    ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
+    node.runtime_dir = "/scratch/monarch";
+    CHECK(NodeRuntimeDirectory(node).value_or("") == "/scratch/monarch");
+  }
+  SUBCASE("a relative result is InvalidArgument naming node.runtime_dir") {
+    node.runtime_dir = "monarch";
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    REQUIRE_FALSE(dir.ok());
+    CHECK(dir.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(dir.status().message(), "node.runtime_dir"));
+  }
+  SUBCASE("an unset variable is InvalidArgument naming node.runtime_dir") {
+    ScopedEnv var("MONARCH_TEST_UNSET", std::nullopt);
+    node.runtime_dir = "/run/$MONARCH_TEST_UNSET";
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    REQUIRE_FALSE(dir.ok());
+    CHECK(dir.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(dir.status().message(), "node.runtime_dir"));
   }
 }
 

@@ -29,7 +29,7 @@ TEST_CASE("the walk records every file with its size") {
   REQUIRE(deep != nullptr);
   CHECK(deep->ref.size == 2000);
   CHECK(deep->ref.mtime_ns > 0);
-  CHECK(deep->tier.load() == 3);
+  CHECK(deep->tier->load() == 3);
   CHECK(deep->state.load() == PlacementState::kOnSource);
   CHECK((*ns)->Find(dir.path() + "/a/b/deep.bin") == deep);
   CHECK((*ns)->Find("./a//b/deep.bin") == deep);

@@ -109,6 +109,31 @@ struct RemoteConfig {
   double retry_after_seconds = 30;
 };
 
+// One Monarch service per node (src/service/DESIGN.md): with `shared` on,
+// every process of the node that opens this config becomes a thin client of
+// the node's service, which owns the namespace, the tiers, placement and the
+// peers. Off (or no `node:` section): each process runs Monarch in process.
+struct NodeConfig {
+  bool shared = false;
+  // Holds the service's socket, lock and log. Created 0700. Empty = the
+  // per-user default: $XDG_RUNTIME_DIR/monarch, or /tmp/monarch-<uid> when
+  // XDG_RUNTIME_DIR is unset. "${VAR}" and "$VAR" are expanded.
+  std::string runtime_dir;
+  // A client that finds no service running starts one ("monarch serve"),
+  // detached, and connects to it.
+  bool autostart = true;
+  // The service exits this long after its last client disconnected; 0 =
+  // never (a service started by hand or by a Slurm prolog).
+  double idle_exit_seconds = 300;
+  // Prometheus text at http://127.0.0.1:<port>/metrics; 0 = no endpoint.
+  int metrics_port = 0;
+};
+
+// The runtime directory `node` names, with the default applied and
+// variables expanded (not created). InvalidArgument naming node.runtime_dir
+// for an unset variable or a relative result.
+absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node);
+
 struct LoggingConfig {
   std::string level = "warning";  // "debug", "info", "warning" or "error".
 };
@@ -118,6 +143,7 @@ struct Config {
   std::vector<TierConfig> tiers;  // Fastest first; exactly one source, last.
   PlacementConfig placement;
   RemoteConfig remote;
+  NodeConfig node;
   LoggingConfig logging;
 };
 

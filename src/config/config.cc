@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "remote/bootstrap.h"
 #include "yaml-cpp/yaml.h"
 
 namespace monarch {
@@ -36,6 +38,11 @@ namespace {
 constexpr size_t kMaxConfigBytes = 1 << 20;
 constexpr size_t kMaxTiers = 16;
 constexpr size_t kMaxQuotedChars = 200;
+
+// node.runtime_dir holds the service's socket, "<dir>/monarch.sock", and a
+// Unix socket address has room for 107 characters (sun_path is 108 bytes
+// with the terminating NUL). 80 leaves that suffix and some slack.
+constexpr size_t kMaxRuntimeDirChars = 80;
 
 // A value quoted in an error message, cut to kMaxQuotedChars characters so
 // that a huge value cannot make a huge message.
@@ -112,8 +119,10 @@ absl::StatusOr<bool> GetBool(const YAML::Node& node, absl::string_view key) {
   return node.Scalar() == "true";
 }
 
-// "30s", "500ms", "2m", or a bare number of seconds.
-absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key) {
+// "30s", "500ms", "2m", or a bare number of seconds. Zero only where
+// `allow_zero` says it means something (e.g. node.idle_exit: never).
+absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key,
+                                   bool allow_zero = false) {
   const std::string expected = "expected a duration such as 30s, 500ms or 2m";
   if (!node.IsScalar()) return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
   std::string text(absl::StripAsciiWhitespace(node.Scalar()));
@@ -127,7 +136,7 @@ absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key
   }
   double value;
   if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &value) || !std::isfinite(value) ||
-      value <= 0) {
+      value < 0 || (value == 0 && !allow_zero)) {
     return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
   }
   return value * scale;
@@ -192,6 +201,41 @@ absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
   return absl::OkStatus();
 }
 
+absl::Status ParseNodeSection(const YAML::Node& node, NodeConfig* out) {
+  if (!node.IsMap())
+    return KeyError("node", absl::StrCat("expected a mapping, got ", Describe(node)));
+  MONARCH_RETURN_IF_ERROR(CheckKeys(node, "node",
+                                    {"shared", "runtime_dir", "autostart", "idle_exit",
+                                     "metrics_port"}));
+  if (node["shared"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->shared, GetBool(node["shared"], "node.shared"));
+  }
+  if (node["runtime_dir"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->runtime_dir, GetString(node["runtime_dir"], "node.runtime_dir"));
+  }
+  if (node["autostart"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->autostart, GetBool(node["autostart"], "node.autostart"));
+  }
+  if (const YAML::Node idle = node["idle_exit"]) {
+    absl::StatusOr<double> seconds = GetDuration(idle, "node.idle_exit", /*allow_zero=*/true);
+    if (!seconds.ok()) {
+      return KeyError("node.idle_exit",
+                      absl::StrCat("expected a duration such as 300s or 10m, or 0 for never; got ",
+                                   Describe(idle)));
+    }
+    out->idle_exit_seconds = *seconds;
+  }
+  if (node["metrics_port"]) {
+    MONARCH_ASSIGN_OR_RETURN(int64_t port, GetInt(node["metrics_port"], "node.metrics_port"));
+    if (port < 0 || port > 65535) {
+      return KeyError("node.metrics_port",
+                      absl::StrCat("expected 0 (no endpoint) to 65535, got ", port));
+    }
+    out->metrics_port = static_cast<int>(port);
+  }
+  return absl::OkStatus();
+}
+
 // "auto", "env:NAME" or a non-negative integer.
 bool IsRankSpec(const std::string& spec) {
   int64_t value;
@@ -214,12 +258,11 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, remote, "
-                     "logging; "
-                     "got ",
+                     "node, logging; got ",
                      Describe(root)));
   }
   MONARCH_RETURN_IF_ERROR(
-      CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "logging"}));
+      CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "node", "logging"}));
 
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
@@ -358,6 +401,9 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
 
   if (const YAML::Node remote = root["remote"]) {
     MONARCH_RETURN_IF_ERROR(ParseRemote(remote, &config.remote));
+  }
+  if (const YAML::Node node = root["node"]) {
+    MONARCH_RETURN_IF_ERROR(ParseNodeSection(node, &config.node));
   }
   if (const YAML::Node logging = root["logging"]) {
     if (!logging.IsMap())
@@ -510,6 +556,52 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
   return absl::OkStatus();
 }
 
+// Checked whether or not `shared` is on: the keys mean the same either way,
+// and a mistake should not wait until someone turns sharing on.
+static absl::Status ValidateNode(const NodeConfig& n) {
+  if (!std::isfinite(n.idle_exit_seconds) || n.idle_exit_seconds < 0) {
+    return KeyError("node.idle_exit", "expected a finite duration, or 0 for never");
+  }
+  if (n.metrics_port < 0 || n.metrics_port > 65535) {
+    return KeyError("node.metrics_port",
+                    absl::StrCat("expected 0 (no endpoint) to 65535, got ", n.metrics_port));
+  }
+  if (!n.runtime_dir.empty()) {
+    MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(n));
+    if (dir.size() > kMaxRuntimeDirChars) {
+      return KeyError("node.runtime_dir",
+                      absl::StrCat(Quote(dir), " is ", dir.size(), " characters after expansion; ",
+                                   "at most ", kMaxRuntimeDirChars,
+                                   " fit, because the service's socket <dir>/monarch.sock must "
+                                   "fit in a Unix socket address (108 bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node) {
+  if (node.runtime_dir.empty()) {
+    // XDG_RUNTIME_DIR is per user, 0700 and removed when the user's last
+    // session ends: the right home for a socket. Batch jobs often lack it.
+    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    if (xdg != nullptr && xdg[0] == '/') {
+      std::string dir = xdg;
+      while (!dir.empty() && dir.back() == '/') dir.pop_back();
+      return absl::StrCat(dir, "/monarch");
+    }
+    return absl::StrCat("/tmp/monarch-", ::getuid());
+  }
+  MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(node.runtime_dir, "node.runtime_dir"));
+  if (dir.empty() || dir[0] != '/') {
+    return KeyError("node.runtime_dir",
+                    dir == node.runtime_dir
+                        ? absl::StrCat("expected an absolute path, got ", Quote(dir))
+                        : absl::StrCat("expected an absolute path, got ", Quote(node.runtime_dir),
+                                       " (", Quote(dir), " after expansion)"));
+  }
+  return dir;
+}
+
 absl::Status ValidateConfig(const Config& config) {
   if (config.dataset.path.empty())
     return KeyError("dataset.path", "required: the dataset directory on the source");
@@ -628,6 +720,7 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
   MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
+  MONARCH_RETURN_IF_ERROR(ValidateNode(config.node));
   const std::string& level = config.logging.level;
   if (level != "debug" && level != "info" && level != "warning" && level != "error") {
     return KeyError("logging.level",

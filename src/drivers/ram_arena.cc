@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/shared_memory.h"
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -27,14 +28,11 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
   const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
   std::unique_ptr<RamArena> arena(new RamArena(size));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
+    MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, CreateSealedMemfd(name, size));
     auto stripe = std::make_unique<Stripe>();
-    stripe->fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-    if (stripe->fd < 0) return ErrnoToStatus(errno, absl::StrCat("memfd_create for ", name));
+    stripe->fd = fd.release();
     arena->stripes_.push_back(std::move(stripe));  // From here on the destructor cleans up.
     Stripe& s = *arena->stripes_.back();
-    if (::ftruncate(s.fd, static_cast<off_t>(size)) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("size ", name));
-    }
     // MAP_NORESERVE: the size is address space, not a commitment.
     void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
@@ -43,9 +41,27 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
   return arena;
 }
 
+absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<ScopedFd> fds) {
+  if (fds.empty()) return absl::InvalidArgumentError("a RAM arena needs at least one stripe");
+  std::unique_ptr<RamArena> arena;
+  for (ScopedFd& fd : fds) {
+    MONARCH_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd.get(), /*writable=*/false));
+    if (arena == nullptr) arena.reset(new RamArena(region.size()));
+    if (region.size() != arena->size_) {
+      return absl::FailedPreconditionError("RAM arena stripes of different sizes");
+    }
+    auto stripe = std::make_unique<Stripe>();
+    stripe->fd = fd.release();
+    stripe->mapping = std::move(region);
+    stripe->base = stripe->mapping.data();
+    arena->stripes_.push_back(std::move(stripe));
+  }
+  return arena;
+}
+
 RamArena::~RamArena() {
   for (const std::unique_ptr<Stripe>& stripe : stripes_) {
-    if (stripe->base != nullptr) ::munmap(stripe->base, size_);
+    if (stripe->base != nullptr && stripe->mapping.data() == nullptr) ::munmap(stripe->base, size_);
     ::close(stripe->fd);
   }
 }

@@ -34,7 +34,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file_util.h"
 #include "common/mutex.h"
+#include "common/shared_memory.h"
 
 namespace monarch {
 
@@ -50,6 +52,10 @@ class RamArena {
   // /proc/<pid>/maps.
   static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t bytes, int stripes,
                                                           const std::string& name);
+  // The arena of another process (the node service), from its stripes'
+  // descriptors, mapped read-only: data() works, Allocate() and Write() must
+  // not be called.
+  static absl::StatusOr<std::unique_ptr<RamArena>> MapReadOnly(std::vector<ScopedFd> stripe_fds);
   ~RamArena();
   RamArena(const RamArena&) = delete;
   RamArena& operator=(const RamArena&) = delete;
@@ -71,12 +77,16 @@ class RamArena {
   // The bytes of an extent, in the read-only mapping of its stripe.
   const char* data(Extent extent) const { return stripes_[extent.stripe]->base + extent.offset; }
 
+  uint64_t stripe_bytes() const { return size_; }
   int stripe_count() const { return static_cast<int>(stripes_.size()); }
+  // The memfd behind a stripe (its size is sealed), for sharing it.
+  int stripe_fd(int stripe) const { return stripes_[stripe]->fd; }
 
  private:
   struct Stripe {
     int fd = -1;
     char* base = nullptr;
+    MappedRegion mapping;  // Owns `base` in a read-only arena.
     Mutex mu;
     uint64_t end ABSL_GUARDED_BY(mu) = 0;                 // Everything from here on is free.
     std::map<uint64_t, uint64_t> free ABSL_GUARDED_BY(mu);  // Offset -> length, below end.

@@ -11,39 +11,91 @@
 // to a reused extent, and the read reports NotFound instead (the caller then
 // serves the source). The arena's pages stay mapped throughout, so such a
 // reader never faults.
+//
+// The slots and the arena are memfds, so a node service's clients map both
+// read-only and read copies themselves (RamReader) with the same seqlock.
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/shared_memory.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
 namespace {
 
+// Where a file's copy lies. In shared memory: address-free atomics only.
+struct Slot {
+  std::atomic<uint32_t> sequence{0};
+  std::atomic<uint64_t> location{0};  // Pack(extent); 0 = no copy.
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "slots are shared between processes");
+
+// A location: the stripe in the top 8 bits, offset + 1 below.
+uint64_t Pack(RamArena::Extent extent) { return uint64_t{extent.stripe} << 56 | (extent.offset + 1); }
+RamArena::Extent Unpack(uint64_t location) {
+  return RamArena::Extent{static_cast<uint32_t>(location >> 56),
+                          (location & ((uint64_t{1} << 56) - 1)) - 1};
+}
+
+// The read of a copy, for the driver and for readers in other processes.
+absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
+                                const FileRef& file, uint64_t offset, char* dst, size_t n) {
+  if (file.id >= file_count) return absl::NotFoundError("no RAM copy");
+  const Slot& slot = slots[file.id];
+  const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
+  const uint64_t location = slot.location.load(std::memory_order_acquire);
+  if ((sequence & 1) != 0 || location == 0) return absl::NotFoundError("no RAM copy");
+  const RamArena::Extent extent = Unpack(location);
+  // A reader in another process trusts nothing it did not write: the
+  // extent must lie inside the mapping.
+  if (static_cast<int>(extent.stripe) >= arena.stripe_count() ||
+      extent.offset > arena.stripe_bytes() || file.size > arena.stripe_bytes() - extent.offset) {
+    return absl::DataLossError("RAM copy location out of the arena");
+  }
+  if (offset >= file.size) return 0;
+  const size_t count = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
+  std::memcpy(dst, arena.data(extent) + offset, count);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot.sequence.load(std::memory_order_relaxed) != sequence) {
+    return absl::NotFoundError("RAM copy removed during the read");
+  }
+  return count;
+}
+
+uint64_t SlotTableBytes(uint32_t file_count) { return uint64_t{file_count} * sizeof(Slot); }
+
+Slot* ConstructSlots(char* memory, uint32_t file_count) {
+  Slot* slots = reinterpret_cast<Slot*>(memory);
+  for (uint32_t i = 0; i < file_count; ++i) new (&slots[i]) Slot;
+  return slots;
+}
+
 class RamDriver final : public StorageDriver {
  public:
-  RamDriver(std::unique_ptr<RamArena> arena, uint32_t file_count)
-      : arena_(std::move(arena)), file_count_(file_count), slots_(new Slot[file_count]) {}
+  RamDriver(std::unique_ptr<RamArena> arena, uint32_t file_count, ScopedFd slots_fd,
+            MappedRegion slots_region)
+      : arena_(std::move(arena)),
+        file_count_(file_count),
+        slots_fd_(std::move(slots_fd)),
+        slots_region_(std::move(slots_region)),
+        slots_(ConstructSlots(slots_region_.data(), file_count)) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    if (file.id >= file_count_) return absl::NotFoundError("no RAM copy");
-    const Slot& slot = slots_[file.id];
-    const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
-    const uint64_t location = slot.location.load(std::memory_order_acquire);
-    if ((sequence & 1) != 0 || location == 0) return absl::NotFoundError("no RAM copy");
-    if (offset >= file.size) return 0;
-    const size_t count = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
-    std::memcpy(dst, arena_->data(Unpack(location)) + offset, count);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (slot.sequence.load(std::memory_order_relaxed) != sequence) {
-      return absl::NotFoundError("RAM copy removed during the read");
-    }
-    return count;
+    return ReadCopy(slots_, file_count_, *arena_, file, offset, dst, n);
+  }
+
+  std::vector<int> SharedMemoryDescriptors() const override {
+    std::vector<int> fds{slots_fd_.get()};
+    for (int i = 0; i < arena_->stripe_count(); ++i) fds.push_back(arena_->stripe_fd(i));
+    return fds;
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -70,18 +122,6 @@ class RamDriver final : public StorageDriver {
   }
 
  private:
-  struct Slot {
-    std::atomic<uint32_t> sequence{0};
-    std::atomic<uint64_t> location{0};  // Pack(extent); 0 = no copy.
-  };
-  // A location: the stripe in the top 8 bits, offset + 1 below.
-  static uint64_t Pack(RamArena::Extent extent) {
-    return uint64_t{extent.stripe} << 56 | (extent.offset + 1);
-  }
-  static RamArena::Extent Unpack(uint64_t location) {
-    return RamArena::Extent{static_cast<uint32_t>(location >> 56),
-                            (location & ((uint64_t{1} << 56) - 1)) - 1};
-  }
 
   // Streams chunks into the file's extent; Commit() publishes the slot.
   class Writer final : public CopyWriter {
@@ -129,8 +169,33 @@ class RamDriver final : public StorageDriver {
 
   const std::unique_ptr<RamArena> arena_;
   const uint32_t file_count_;
-  const std::unique_ptr<Slot[]> slots_;
+  const ScopedFd slots_fd_;
+  const MappedRegion slots_region_;
+  Slot* const slots_;  // In slots_region_.
   Mutex remove_mu_;
+};
+
+// The service's RAM tier seen from a client: reads only.
+class RamReader final : public StorageDriver {
+ public:
+  RamReader(std::unique_ptr<RamArena> arena, uint32_t file_count, MappedRegion slots)
+      : arena_(std::move(arena)), file_count_(file_count), slots_region_(std::move(slots)) {}
+
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
+    return ReadCopy(reinterpret_cast<const Slot*>(slots_region_.data()), file_count_, *arena_,
+                    file, offset, dst, n);
+  }
+  absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef&) override {
+    return absl::PermissionDeniedError("the node service's RAM tier is read-only in a client");
+  }
+  absl::Status Remove(const FileRef&) override {
+    return absl::PermissionDeniedError("the node service's RAM tier is read-only in a client");
+  }
+
+ private:
+  const std::unique_ptr<RamArena> arena_;
+  const uint32_t file_count_;
+  const MappedRegion slots_region_;
 };
 
 }  // namespace
@@ -146,7 +211,26 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
                                             absl::StrCat("monarch-ram:", name)));
-  return std::unique_ptr<StorageDriver>(new RamDriver(std::move(arena), file_count));
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd slots_fd,
+                           CreateSealedMemfd(absl::StrCat("monarch-ram-slots:", name),
+                                             SlotTableBytes(file_count)));
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(slots_fd.get(), true));
+  return std::unique_ptr<StorageDriver>(
+      new RamDriver(std::move(arena), file_count, std::move(slots_fd), std::move(slots)));
+}
+
+absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,
+                                                            uint32_t file_count) {
+  if (fds.size() < 2) return absl::InvalidArgumentError("a RAM reader needs slots and stripes");
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(fds[0].get(), false));
+  if (slots.size() < SlotTableBytes(file_count)) {
+    return absl::FailedPreconditionError("RAM slot table smaller than the namespace");
+  }
+  std::vector<ScopedFd> stripes;
+  for (size_t i = 1; i < fds.size(); ++i) stripes.push_back(std::move(fds[i]));
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena, RamArena::MapReadOnly(std::move(stripes)));
+  return std::unique_ptr<StorageDriver>(
+      new RamReader(std::move(arena), file_count, std::move(slots)));
 }
 
 }  // namespace monarch

@@ -16,11 +16,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_util.h"
 
 namespace monarch {
 
@@ -91,6 +93,11 @@ class StorageDriver {
     (void)visit;
     return absl::OkStatus();
   }
+
+  // Drivers whose copies live in memory other processes may map (the RAM
+  // tier's memfds): the descriptors a node service hands its clients, which
+  // read the copies with NewRamReader. Owned by the driver. Others: none.
+  virtual std::vector<int> SharedMemoryDescriptors() const { return {}; }
 };
 
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
@@ -99,6 +106,11 @@ class StorageDriver {
 // `file_count` files (ids 0..file_count-1).
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity, uint32_t file_count);
+// A read-only view, in a client of the node service, of the service's RAM
+// tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
+// NewWriter and Remove fail with PermissionDenied.
+absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,
+                                                            uint32_t file_count);
 // How a posix tier writes copies. Buffered copies stay in the page cache, so
 // the epoch after a copy was written reads it from memory, as fast as the
 // source it came from; direct (O_DIRECT) copies bypass the cache, for data

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <new>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -170,7 +171,8 @@ class ParallelWalk {
 
 absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& root,
                                                             const std::string& file_regex,
-                                                            int source_tier, int threads) {
+                                                            int source_tier, int threads,
+                                                            const TierSlotAllocator& allocate) {
   NameFilter filter;
   MONARCH_RETURN_IF_ERROR(filter.Compile(file_regex));
 
@@ -214,6 +216,17 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   // The arena is complete: views into it stay valid from here on.
   ns->file_count_ = static_cast<uint32_t>(files.size());
   ns->entries_ = std::make_unique<FileEntry[]>(files.size());
+  TierSlot* slots = nullptr;
+  if (allocate) {
+    slots = allocate(ns->file_count_);
+    if (slots == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no memory for the tier slots of ", ns->file_count_, " files"));
+    }
+  } else {
+    ns->own_tier_slots_ = std::make_unique<TierSlot[]>(files.size());
+    slots = ns->own_tier_slots_.get();
+  }
   ns->by_name_.reserve(files.size());
   for (uint32_t id = 0; id < files.size(); ++id) {
     FileEntry& entry = ns->entries_[id];
@@ -221,7 +234,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id]->name.size());
     entry.ref.size = files[id]->size;
     entry.ref.mtime_ns = files[id]->mtime_ns;
-    entry.tier.store(source_tier, std::memory_order_relaxed);
+    entry.tier = new (&slots[id]) TierSlot(source_tier);
     ns->total_bytes_ += files[id]->size;
     ns->by_name_.emplace(entry.ref.name, id);
   }
@@ -231,13 +244,13 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   return ns;
 }
 
-bool Namespace::Canonicalize(absl::string_view name, std::string* scratch,
-                             absl::string_view* out) const {
+bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::string* scratch,
+                          absl::string_view* out) {
   if (name == "/") name = "";  // The dataset root, as front ends spell it.
   if (!name.empty() && name[0] == '/') {
-    if (!absl::StartsWith(name, root_)) return false;
-    name.remove_prefix(root_.size());
-    if (!name.empty() && name[0] != '/' && root_ != "/") return false;  // "/data2" vs "/data".
+    if (!absl::StartsWith(name, root)) return false;
+    name.remove_prefix(root.size());
+    if (!name.empty() && name[0] != '/' && root != "/") return false;  // "/data2" vs "/data".
   }
   // Fast path: already canonical.
   bool clean = name.find("//") == absl::string_view::npos && !absl::StartsWith(name, "/") &&
@@ -267,7 +280,7 @@ bool Namespace::Canonicalize(absl::string_view name, std::string* scratch,
 FileEntry* Namespace::Find(absl::string_view name) const {
   std::string scratch;
   absl::string_view canonical;
-  if (!Canonicalize(name, &scratch, &canonical)) return nullptr;
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return nullptr;
   auto it = by_name_.find(canonical);
   return it == by_name_.end() ? nullptr : &entries_[it->second];
 }
@@ -275,7 +288,7 @@ FileEntry* Namespace::Find(absl::string_view name) const {
 const Namespace::Directory* Namespace::FindDirectory(absl::string_view name) const {
   std::string scratch;
   absl::string_view canonical;
-  if (!Canonicalize(name, &scratch, &canonical)) return nullptr;
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return nullptr;
   auto it = directory_by_name_.find(canonical);
   return it == directory_by_name_.end() ? nullptr : &directories_[it->second];
 }

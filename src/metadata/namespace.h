@@ -9,12 +9,17 @@
 //
 // Names are stored once, in one arena, and the lookup map holds views into
 // it: a million files cost a few tens of MB.
+//
+// Each file's tier index lives in an array of its own, which a node service
+// places in shared memory (src/service): its clients then see where every
+// file is without asking.
 
 #ifndef MONARCH_METADATA_NAMESPACE_H_
 #define MONARCH_METADATA_NAMESPACE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,22 +38,40 @@ enum class PlacementState : uint8_t {
   kStaysOnSource,  // No tier had room, or its promotion failed: not retried.
 };
 
+// A tier index, as stored per file. Lock-free and address-free, so it may
+// live in memory shared between processes.
+using TierSlot = std::atomic<int32_t>;
+static_assert(TierSlot::is_always_lock_free, "tier slots are shared between processes");
+
 struct FileEntry {
   FileRef ref;
   // Index (in the tier list) of the fastest tier with a complete copy. Set
   // with release order only after the copy is complete, so a reader that
-  // loads it with acquire order can read that copy.
-  std::atomic<int> tier{0};
+  // loads it with acquire order can read that copy. Points into the
+  // namespace's tier slots.
+  TierSlot* tier = nullptr;
   std::atomic<PlacementState> state{PlacementState::kOnSource};
 };
 
+// Turns `name` (dataset-relative, or absolute inside `root`) into the
+// canonical dataset-relative form ("a/b"), using `scratch` only when it has
+// to be rewritten. False if it lies outside the root (".." never resolves).
+bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::string* scratch,
+                          absl::string_view* out);
+
 class Namespace {
  public:
+  // Memory for `count` tier slots (zeroed or not), valid for the namespace's
+  // life; null = a failure, reported as ResourceExhausted.
+  using TierSlotAllocator = std::function<TierSlot*(uint32_t count)>;
+
   // Walks `root` (an absolute directory) with `threads` threads. Every file
   // starts on `source_tier`. `file_regex` may be empty (keep everything).
+  // The tier slots come from `allocate` if given, else from the heap.
   static absl::StatusOr<std::unique_ptr<Namespace>> Build(const std::string& root,
                                                           const std::string& file_regex,
-                                                          int source_tier, int threads = 8);
+                                                          int source_tier, int threads = 8,
+                                                          const TierSlotAllocator& allocate = {});
 
   // The entry for `name` (dataset-relative, or absolute inside the root),
   // or nullptr if it is not a dataset file.
@@ -71,14 +94,12 @@ class Namespace {
 
   Namespace() = default;
 
-  // Turns `name` into the canonical dataset-relative form ("a/b"), using
-  // `scratch` only when it has to be rewritten. nullopt: outside the root.
-  bool Canonicalize(absl::string_view name, std::string* scratch, absl::string_view* out) const;
   const Directory* FindDirectory(absl::string_view name) const;
 
   std::string root_;
   std::string names_;  // Arena of all file names; never resized after Build.
   std::unique_ptr<FileEntry[]> entries_;
+  std::unique_ptr<TierSlot[]> own_tier_slots_;  // When no allocator was given.
   uint32_t file_count_ = 0;
   uint64_t total_bytes_ = 0;
   absl::flat_hash_map<absl::string_view, uint32_t> by_name_;

@@ -68,7 +68,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     MutexLock lock(&shard.mu);
     // Publication changes `tier` under this lock, so this check and the
     // lookup below see either the promotion or its published copy.
-    if (entry.tier.load(std::memory_order_acquire) != source_index_) return std::nullopt;
+    if (entry.tier->load(std::memory_order_acquire) != source_index_) return std::nullopt;
     auto it = shard.in_flight.find(entry.ref.id);
     if (it != shard.in_flight.end()) {
       promotion = it->second;
@@ -147,7 +147,7 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
     Shard& shard = ShardOf(entry.ref.id);
     MutexLock lock(&shard.mu);
     if (status.ok()) {
-      entry.tier.store(promotion.target_tier(), std::memory_order_release);
+      entry.tier->store(promotion.target_tier(), std::memory_order_release);
       entry.state.store(PlacementState::kInTier, std::memory_order_release);
     } else {
       // A cancelled file may be promoted by a later instance; a failed one

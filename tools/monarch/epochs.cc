@@ -308,7 +308,7 @@ bool Barrier(const Options& o, const std::string& name) {
   }
 }
 
-int main(int argc, char** argv) {
+int RunEpochs(int argc, char** argv) {
   Options o = ParseArgs(argc, argv);
   if (o.generate > 0) Generate(o);
   if (o.epochs == 0) return 0;

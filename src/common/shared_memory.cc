@@ -1,0 +1,78 @@
+// Shared memory helpers.
+
+#include "common/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace monarch {
+namespace {
+constexpr uint64_t kPage = 4096;
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+}  // namespace
+
+absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
+  const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
+  ScopedFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name));
+  }
+  return fd;
+}
+
+absl::StatusOr<ScopedFd> ReopenReadOnly(int fd) {
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  ScopedFd reopened(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!reopened.valid()) return ErrnoToStatus(errno, absl::StrCat("reopen ", path, " read-only"));
+  return reopened;
+}
+
+MappedRegion::~MappedRegion() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+MappedRegion::MappedRegion(MappedRegion&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, bool writable) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    return absl::FailedPreconditionError("refusing to map a shared region whose size is not sealed");
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat a shared region");
+  if (st.st_size <= 0) return absl::FailedPreconditionError("empty shared region");
+  MappedRegion region;
+  region.size_ = static_cast<uint64_t>(st.st_size);
+  void* data = ::mmap(nullptr, region.size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                      MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (data == MAP_FAILED) {
+    region.size_ = 0;
+    return ErrnoToStatus(errno, "map a shared region");
+  }
+  region.data_ = static_cast<char*>(data);
+  return region;
+}
+
+}  // namespace monarch

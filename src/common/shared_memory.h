@@ -1,0 +1,55 @@
+// Shared memory between the node service and its clients: memfds.
+//
+// The service creates every shared region as a memfd whose size is sealed
+// (F_SEAL_SHRINK | F_SEAL_GROW): no process holding it can truncate it under
+// another's mapping, so a mapped reader never takes SIGBUS. Clients get a
+// read-only reopening of it (ReopenReadOnly), which the kernel will not map
+// writable: a client can read the service's state but never change it.
+//
+// Regions are mapped MAP_SHARED; the address differs per process, so shared
+// structures hold offsets, never pointers.
+
+#ifndef MONARCH_COMMON_SHARED_MEMORY_H_
+#define MONARCH_COMMON_SHARED_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/file_util.h"
+
+namespace monarch {
+
+// A memfd of `bytes` (rounded up to a page), size sealed. Sparse: pages
+// cost memory only once written. `name` shows in /proc/<pid>/maps.
+absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t bytes);
+
+// A new read-only descriptor for the same memfd (through /proc/self/fd).
+absl::StatusOr<ScopedFd> ReopenReadOnly(int fd);
+
+// A mapping of a whole descriptor, unmapped on destruction.
+class MappedRegion {
+ public:
+  MappedRegion() = default;
+  ~MappedRegion();
+  MappedRegion(MappedRegion&& other) noexcept;
+  MappedRegion& operator=(MappedRegion&& other) noexcept;
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  // Maps all of `fd` (its size from fstat) shared, writable or read-only.
+  // Refuses a memfd whose size is not sealed: a peer could shrink it.
+  static absl::StatusOr<MappedRegion> Map(int fd, bool writable);
+
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_COMMON_SHARED_MEMORY_H_

@@ -1,0 +1,552 @@
+// ServiceClient: a Monarch served by the node's service.
+
+#include "service/client.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/base/call_once.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "common/counters.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/shared_memory.h"
+#include "common/status_macros.h"
+#include "drivers/storage_driver.h"
+#include "metadata/namespace.h"
+#include "service/namespace_image.h"
+#include "service/protocol.h"
+#include "service/runtime.h"
+#include "service/unix_socket.h"
+
+namespace monarch::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Bumped in every child right after fork(): a client notices it is in a new
+// process with one atomic load, not a getpid() system call per read.
+std::atomic<uint64_t> fork_generation{0};
+void CountFork() { fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
+// A connection's first answer: what the service shares, with descriptors.
+struct Hello {
+  ScopedFd socket;
+  HelloReply reply;
+  std::vector<ScopedFd> fds;
+};
+
+absl::StatusOr<Hello> SayHello(const std::string& socket_path, const std::string& dataset_root) {
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(socket_path));
+  service::Hello hello;
+  hello.dataset_root = dataset_root;
+  MONARCH_RETURN_IF_ERROR(SendFrame(socket.get(), MessageType::kHello, Encode(hello)));
+  MONARCH_ASSIGN_OR_RETURN(Frame frame, ReceiveFrame(socket.get(), kMaxDescriptors));
+  if (frame.type == MessageType::kError) {
+    MONARCH_ASSIGN_OR_RETURN(ErrorReply error, DecodeErrorReply(frame.payload));
+    return error.ToStatus();
+  }
+  if (frame.type != MessageType::kHelloReply) {
+    return absl::InternalError("the Monarch service answered hello with something else");
+  }
+  MONARCH_ASSIGN_OR_RETURN(HelloReply reply, DecodeHelloReply(frame.payload));
+  if (frame.fds.size() != reply.TotalDescriptors()) {
+    return absl::InternalError("the Monarch service sent the wrong number of descriptors");
+  }
+  return Hello{std::move(socket), std::move(reply), std::move(frame.fds)};
+}
+
+// One service instance as this process maps it.
+struct Session {
+  HelloReply reply;
+  std::vector<ScopedFd> fds;  // Kept: a forked child maps them again.
+  std::unique_ptr<NamespaceImage> image;
+  MappedRegion tier_slots;
+  // Per tier: a driver reading its copies here, or null (peers, source).
+  std::vector<std::unique_ptr<StorageDriver>> readers;
+  int source_index = 0;
+  std::atomic<bool> alive{true};
+
+  const TierSlot& slot(uint32_t id) const {
+    return reinterpret_cast<const TierSlot*>(tier_slots.data())[id];
+  }
+};
+
+// `fds`: the image, the tier slots, then each tier's (not the transfer
+// buffer, which belongs to a connection).
+absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
+                                                   std::vector<ScopedFd> fds) {
+  auto session = std::make_unique<Session>();
+  session->reply = reply;
+  MONARCH_ASSIGN_OR_RETURN(session->image, NamespaceImage::Open(fds[0]));
+  if (session->image->file_count() != reply.file_count) {
+    return absl::InternalError("namespace image and hello disagree on the file count");
+  }
+  MONARCH_ASSIGN_OR_RETURN(session->tier_slots, MappedRegion::Map(fds[1].get(), false));
+  if (session->tier_slots.size() < uint64_t{reply.file_count} * sizeof(TierSlot)) {
+    return absl::InternalError("tier slots smaller than the namespace");
+  }
+  session->source_index = static_cast<int>(reply.tiers.size()) - 1;
+  if (session->source_index < 0 || reply.tiers.size() > static_cast<size_t>(kMaxSharedTiers)) {
+    return absl::InternalError("the Monarch service described no usable tiers");
+  }
+  size_t next = 2;
+  const int max_open = std::max<int>(1, static_cast<int>(reply.max_open_files));
+  for (const TierDescription& tier : reply.tiers) {
+    std::vector<ScopedFd> tier_fds;
+    for (uint32_t i = 0; i < tier.descriptors; ++i) {
+      absl::StatusOr<ScopedFd> copy = ReopenReadOnly(fds[next + i].get());
+      if (!copy.ok()) return copy.status();
+      tier_fds.push_back(std::move(*copy));
+    }
+    next += tier.descriptors;
+    std::unique_ptr<StorageDriver> reader;
+    switch (static_cast<TierKind>(tier.kind)) {
+      case TierKind::kRam: {
+        MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), reply.file_count));
+        break;
+      }
+      case TierKind::kPosix:
+        reader = NewPosixDriver(tier.path, max_open);
+        break;
+      case TierKind::kPmem:
+        reader = NewPmemDriver(tier.path, max_open);
+        break;
+      case TierKind::kSource:
+      case TierKind::kPeers:
+        break;  // Asked of the service.
+    }
+    session->readers.push_back(std::move(reader));
+  }
+  session->fds = std::move(fds);
+  return session;
+}
+
+// What the fds of a hello map as a session: all but the transfer buffer.
+std::vector<ScopedFd> SessionFds(std::vector<ScopedFd>& fds) {
+  std::vector<ScopedFd> out;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (i != 2) out.push_back(std::move(fds[i]));
+  }
+  return out;
+}
+
+// A connection to the service with its transfer buffer.
+struct Channel {
+  ScopedFd socket;
+  MappedRegion buffer;  // Counters page, then the transfer buffer.
+  Session* session = nullptr;
+  const char* transfer() const { return buffer.data() + kCountersPageBytes; }
+};
+
+// Everything that belongs to one process: after fork() a child builds its
+// own and never touches its parent's (whose mutexes another thread may have
+// held at the fork).
+struct ProcessState {
+  explicit ProcessState(uint64_t generation) : generation(generation) {}
+  const uint64_t generation;
+  std::atomic<Session*> session{nullptr};
+  std::atomic<ClientCounters*> counters{&local_counters};
+  ClientCounters local_counters{};  // Until the first connection's page exists.
+
+  Mutex mu;
+  std::vector<std::unique_ptr<Session>> sessions ABSL_GUARDED_BY(mu);  // Current and retired.
+  std::vector<std::unique_ptr<Channel>> idle ABSL_GUARDED_BY(mu);
+  MappedRegion counters_page ABSL_GUARDED_BY(mu);
+  std::unique_ptr<StorageDriver> source ABSL_GUARDED_BY(mu);  // For reads while no service answers.
+  Clock::time_point next_connect ABSL_GUARDED_BY(mu);
+  Clock::time_point next_autostart ABSL_GUARDED_BY(mu);
+};
+
+constexpr size_t kMaxIdleChannels = 16;
+
+class ServiceClient final : public Monarch {
+ public:
+  ServiceClient(Config config, ConfigSource source, ServicePaths paths)
+      : config_(std::move(config)), source_(std::move(source)), paths_(std::move(paths)) {}
+
+  ~ServiceClient() override {
+    ProcessState* state = state_.load();
+    // Only the process that made the state owns it; a forked child's copies
+    // of its parent's states are left alone (their mutexes may be held).
+    if (state != nullptr && state->generation == fork_generation.load()) delete state;
+  }
+
+  absl::Status Start() {
+    static absl::once_flag once;
+    absl::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, CountFork); });
+    MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths_));
+    auto* state = new ProcessState(fork_generation.load());
+    state_.store(state);
+    MONARCH_ASSIGN_OR_RETURN(Hello hello, ConnectOrStart());
+    root_ = hello.reply.dataset_root;
+    MONARCH_RETURN_IF_ERROR(Adopt(*state, std::move(hello)));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
+                              uint64_t offset) override {
+    ProcessState& state = State();
+    for (int attempt = 0;; ++attempt) {
+      Session* session = CurrentSession(state);
+      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+      const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
+      if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+      const FileRef ref = session->image->ref(*id);
+      if (offset >= ref.size || n == 0) return 0;
+      n = static_cast<size_t>(std::min<uint64_t>(n, ref.size - offset));
+      char* dst = static_cast<char*>(buffer);
+      // A hit: read the copy where the service put it, no message.
+      const int tier = session->slot(*id).load(std::memory_order_acquire);
+      if (tier >= 0 && tier < session->source_index && session->readers[tier] != nullptr) {
+        absl::StatusOr<size_t> got = session->readers[tier]->Read(ref, offset, dst, n);
+        if (got.ok() && *got == n) {
+          ClientCounters* counters = state.counters.load(std::memory_order_relaxed);
+          counters->tier_reads[tier].fetch_add(1, std::memory_order_relaxed);
+          counters->tier_bytes[tier].fetch_add(n, std::memory_order_relaxed);
+          return n;
+        }
+        // Gone or damaged: the service's read path judges and drops it.
+      }
+      absl::StatusOr<size_t> result = Miss(state, session, ref, dst, n, offset);
+      // The service was replaced under us: ids may differ, look up again.
+      if (absl::IsAborted(result.status()) && attempt < 3) continue;
+      return result;
+    }
+  }
+
+  absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
+    MONARCH_ASSIGN_OR_RETURN(FileStat stat, Stat(name));
+    return stat.size;
+  }
+  absl::StatusOr<FileStat> Stat(std::string_view name) const override {
+    const Session* session = CurrentSession(State());
+    const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
+    if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    const FileRef ref = session->image->ref(*id);
+    return FileStat{ref.size, ref.mtime_ns};
+  }
+  bool FileExists(std::string_view name) const override {
+    return CurrentSession(State())->image->Find(ToAbsl(name)).has_value();
+  }
+  bool IsDirectory(std::string_view name) const override {
+    return CurrentSession(State())->image->IsDirectory(ToAbsl(name));
+  }
+  absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
+    return CurrentSession(State())->image->List(ToAbsl(dir));
+  }
+  std::vector<std::string> ListFiles() const override {
+    const NamespaceImage& image = *CurrentSession(State())->image;
+    std::vector<std::string> names;
+    names.reserve(image.file_count());
+    for (uint32_t id = 0; id < image.file_count(); ++id) {
+      names.emplace_back(image.ref(id).name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  const std::string& dataset_root() const override { return root_; }
+
+  // The node's counters (every client's included) from the service; this
+  // process's own when no service answers.
+  Stats GetStats() const override {
+    ProcessState& state = State();
+    absl::StatusOr<Frame> reply = AdminCall(state, MessageType::kStats);
+    if (reply.ok()) {
+      absl::StatusOr<StatsReply> stats = DecodeStatsReply(reply->payload);
+      if (stats.ok()) return std::move(stats->node);
+    }
+    Stats stats;
+    CounterSink sink(&stats);
+    const ClientCounters* counters = state.counters.load();
+    sink.Counter("service.client_source_fallbacks", counters->source_fallbacks.load(),
+                 "Reads this process served from the source while no service answered.");
+    return stats;
+  }
+
+  // Placement belongs to the service, which outlives its clients.
+  void Shutdown(ShutdownMode) override {}
+
+  void WaitForPlacement() override {
+    absl::StatusOr<Frame> reply = AdminCall(State(), MessageType::kWaitForPlacement);
+    if (!reply.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", reply.status().ToString());
+  }
+
+ private:
+  ProcessState& State() const {
+    ProcessState* state = state_.load(std::memory_order_acquire);
+    const uint64_t generation = fork_generation.load(std::memory_order_relaxed);
+    if (state->generation == generation) return *state;
+    // A forked child: its own state, built from what the parent's session
+    // keeps immutable (the reply and the descriptors, mapped again here).
+    auto* fresh = new ProcessState(generation);
+    if (const Session* inherited = state->session.load()) {
+      std::vector<ScopedFd> fds;
+      for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+      absl::StatusOr<std::unique_ptr<Session>> session = MapSession(inherited->reply, std::move(fds));
+      if (session.ok()) {
+        MutexLock lock(&fresh->mu);
+        fresh->session.store(session->get());
+        fresh->sessions.push_back(std::move(*session));
+      }
+    }
+    if (state_.compare_exchange_strong(state, fresh)) return *fresh;  // Parent's: left as is.
+    delete fresh;  // Another thread of the child got there first.
+    return *state_.load();
+  }
+
+  Session* CurrentSession(ProcessState& state) const {
+    Session* session = state.session.load(std::memory_order_acquire);
+    if (session != nullptr) return session;
+    // A child whose inherited session could not be mapped: connect now.
+    MutexLock lock(&state.mu);
+    if (Session* current = state.session.load()) return current;
+    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    if (hello.ok() && AdoptLocked(state, std::move(*hello)).ok()) return state.session.load();
+    return nullptr;
+  }
+
+  // Makes a new service instance's hello the current session; its
+  // connection becomes an idle channel (and the counters' home).
+  absl::Status Adopt(ProcessState& state, Hello hello) const {
+    MutexLock lock(&state.mu);
+    return AdoptLocked(state, std::move(hello));
+  }
+  absl::Status AdoptLocked(ProcessState& state, Hello hello) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
+    MONARCH_ASSIGN_OR_RETURN(MappedRegion buffer, MappedRegion::Map(hello.fds[2].get(), true));
+    if (buffer.size() < kCountersPageBytes + hello.reply.buffer_bytes) {
+      return absl::InternalError("transfer buffer smaller than announced");
+    }
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
+                             MapSession(hello.reply, SessionFds(hello.fds)));
+    if (Session* old = state.session.load()) old->alive.store(false);
+    state.idle.clear();  // Channels of the old instance.
+    // This connection's counters page carries the process's hits from now
+    // on. The old page is kept mapped: readers may still hold its pointer.
+    auto channel = std::make_unique<Channel>();
+    channel->socket = std::move(hello.socket);
+    channel->session = session.get();
+    MONARCH_ASSIGN_OR_RETURN(MappedRegion page, MappedRegion::Map(hello.fds[2].get(), true));
+    channel->buffer = std::move(buffer);
+    state.counters.store(reinterpret_cast<ClientCounters*>(page.data()));
+    retired_pages_.push_back(std::move(state.counters_page));
+    state.counters_page = std::move(page);
+    state.idle.push_back(std::move(channel));
+    state.session.store(session.get(), std::memory_order_release);
+    state.sessions.push_back(std::move(session));
+    return absl::OkStatus();
+  }
+
+  // An idle channel to `session`'s service, or a new connection. Null when
+  // the service is unreachable; Aborted when a new service instance
+  // answered (the session changed).
+  absl::StatusOr<std::unique_ptr<Channel>> TakeChannel(ProcessState& state, Session* session) const {
+    MutexLock lock(&state.mu);
+    if (state.session.load() != session) return absl::AbortedError("session changed");
+    if (session->alive.load() && !state.idle.empty()) {
+      std::unique_ptr<Channel> channel = std::move(state.idle.back());
+      state.idle.pop_back();
+      return channel;
+    }
+    const Clock::time_point now = Clock::now();
+    if (!session->alive.load() && now < state.next_connect) return std::unique_ptr<Channel>();
+    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    if (!hello.ok()) {
+      if (session->alive.exchange(false)) {
+        MONARCH_LOG(kWarning, "the Monarch service at ", paths_.socket, " is gone (",
+                    hello.status().message(), "); reading from tier copies and the source");
+      }
+      state.next_connect = now + std::chrono::seconds(1);
+      MaybeRestartService(state, now);
+      return std::unique_ptr<Channel>();
+    }
+    if (hello->reply.instance_id != session->reply.instance_id) {
+      MONARCH_LOG(kInfo, "reconnected to a new Monarch service (pid ", hello->reply.service_pid,
+                  ")");
+      MONARCH_RETURN_IF_ERROR(AdoptLocked(state, std::move(*hello)));
+      return absl::AbortedError("session changed");
+    }
+    auto channel = std::make_unique<Channel>();
+    MONARCH_ASSIGN_OR_RETURN(channel->buffer, MappedRegion::Map(hello->fds[2].get(), true));
+    channel->socket = std::move(hello->socket);
+    channel->session = session;
+    session->alive.store(true);
+    return channel;
+  }
+
+  void ReturnChannel(ProcessState& state, std::unique_ptr<Channel> channel) const {
+    MutexLock lock(&state.mu);
+    if (channel->session == state.session.load() && state.idle.size() < kMaxIdleChannels) {
+      state.idle.push_back(std::move(channel));
+    }
+  }
+
+  void MaybeRestartService(ProcessState& state, Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
+    if (!config_.node.autostart || now < state.next_autostart) return;
+    state.next_autostart = now + std::chrono::seconds(10);
+    absl::StatusOr<std::string> file = AutostartConfigFile();
+    if (file.ok() && !ServiceLockHeld(paths_)) {
+      absl::Status started = StartServiceDetached(paths_, *file);
+      if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
+    }
+  }
+
+  absl::StatusOr<size_t> Miss(ProcessState& state, Session* session, const FileRef& ref, char* dst,
+                              size_t n, uint64_t offset) const {
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, TakeChannel(state, session));
+    size_t done = 0;
+    while (channel != nullptr && done < n) {
+      const uint64_t piece = std::min<uint64_t>(n - done, session->reply.buffer_bytes);
+      ReadRequest request{ref.id, offset + done, piece};
+      absl::StatusOr<Frame> reply =
+          Call(channel->socket.get(), MessageType::kRead, Encode(request));
+      if (!reply.ok()) {
+        if (absl::IsUnavailable(reply.status()) || absl::IsInternal(reply.status()) ||
+            absl::IsInvalidArgument(reply.status()) || absl::IsDeadlineExceeded(reply.status()) ||
+            reply.status().message().find("receive from") != absl::string_view::npos ||
+            reply.status().message().find("send to") != absl::string_view::npos) {
+          // The connection broke: the service died or is stopping.
+          channel.reset();
+          session->alive.store(false);
+          break;
+        }
+        ReturnChannel(state, std::move(channel));
+        return reply.status();  // The read's own error (e.g. the source's EIO).
+      }
+      absl::StatusOr<ReadReply> got = DecodeReadReply(reply->payload);
+      if (!got.ok() || got->bytes > piece) {
+        channel.reset();
+        session->alive.store(false);
+        break;
+      }
+      std::memcpy(dst + done, channel->transfer(), got->bytes);
+      done += got->bytes;
+      if (got->bytes < piece) break;  // End of file (the source shrank).
+    }
+    if (channel != nullptr) {
+      ReturnChannel(state, std::move(channel));
+      return done;
+    }
+    // No service: the source itself, as an embedded instance would.
+    MONARCH_ASSIGN_OR_RETURN(size_t rest, ReadSource(state, ref, dst + done, n - done, offset + done));
+    state.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return done + rest;
+  }
+
+  absl::StatusOr<size_t> ReadSource(ProcessState& state, const FileRef& ref, char* dst, size_t n,
+                                    uint64_t offset) const {
+    StorageDriver* source;
+    {
+      MutexLock lock(&state.mu);
+      if (state.source == nullptr) {
+        state.source = NewSourceDriver(root_, config_.placement.max_open_files);
+      }
+      source = state.source.get();
+    }
+    return source->Read(ref, offset, dst, n);
+  }
+
+  // A request that needs no handshake, on a connection of its own.
+  absl::StatusOr<Frame> AdminCall(ProcessState&, MessageType type) const {
+    MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(paths_.socket));
+    return Call(socket.get(), type, "");
+  }
+
+  // The file an auto-started service reads its config from.
+  absl::StatusOr<std::string> AutostartConfigFile() const {
+    if (!source_.file.empty()) {
+      char resolved[PATH_MAX];
+      if (::realpath(source_.file.c_str(), resolved) == nullptr) {
+        return ErrnoToStatus(errno, absl::StrCat("config file ", source_.file));
+      }
+      return std::string(resolved);
+    }
+    if (source_.yaml.empty()) {
+      return absl::FailedPreconditionError(
+          "node.autostart needs the config as YAML (a file or a string); a config built in code "
+          "needs a service started with `monarch serve --config FILE`");
+    }
+    // Named by its content, so clients of one config share the file.
+    const std::string file = JoinPath(
+        paths_.dir, absl::StrCat("config-", absl::Hash<std::string>{}(source_.yaml) & 0xffffffff,
+                                 ".yaml"));
+    const std::string temp = absl::StrCat(file, ".", ::getpid());
+    ScopedFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("write ", temp));
+    MONARCH_RETURN_IF_ERROR(PwriteFull(fd.get(), source_.yaml.data(), source_.yaml.size(), 0, temp));
+    if (::rename(temp.c_str(), file.c_str()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("rename ", temp));
+    }
+    return file;
+  }
+
+  // Connects; when no service runs, starts one (node.autostart) and waits
+  // while one is starting (it holds the lock from its first moment).
+  absl::StatusOr<Hello> ConnectOrStart() const {
+    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
+      return hello;
+    }
+    if (!config_.node.autostart) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no Monarch service runs at ", paths_.socket,
+          ": start one with `monarch serve --config FILE`, or set node.autostart: true"));
+    }
+    MONARCH_ASSIGN_OR_RETURN(std::string file, AutostartConfigFile());
+    if (!ServiceLockHeld(paths_)) MONARCH_RETURN_IF_ERROR(StartServiceDetached(paths_, file));
+    const Clock::time_point began = Clock::now();
+    Clock::time_point lock_last_seen = began;
+    auto wait = std::chrono::milliseconds(5);
+    for (;;) {
+      std::this_thread::sleep_for(wait);
+      wait = std::min(wait * 2, std::chrono::milliseconds(100));
+      hello = SayHello(paths_.socket, config_.dataset.path);
+      if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
+        return hello;
+      }
+      const Clock::time_point now = Clock::now();
+      if (ServiceLockHeld(paths_)) lock_last_seen = now;
+      // Nobody holds the lock for a while: the service we started is gone.
+      if (now - lock_last_seen > std::chrono::seconds(5)) {
+        return absl::UnavailableError(absl::StrCat("the Monarch service did not start (",
+                                                   paths_.log, ": ", LogTail(paths_), ")"));
+      }
+    }
+  }
+
+  const Config config_;
+  const ConfigSource source_;
+  const ServicePaths paths_;
+  std::string root_;  // Set in Start(), then read-only.
+  mutable std::atomic<ProcessState*> state_{nullptr};
+  // Counter pages of replaced connections: hits in flight may still count there.
+  mutable std::vector<MappedRegion> retired_pages_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
+                                                             const ConfigSource& source) {
+  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config.node));
+  auto client = std::make_unique<ServiceClient>(config, source, std::move(paths));
+  MONARCH_RETURN_IF_ERROR(client->Start());
+  return std::unique_ptr<Monarch>(std::move(client));
+}
+
+}  // namespace monarch::service

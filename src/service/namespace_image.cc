@@ -1,0 +1,205 @@
+// NamespaceImage implementation.
+
+#include "service/namespace_image.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace monarch::service {
+namespace {
+
+constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'N', 'S', '1'};
+
+struct Header {
+  char magic[8];
+  uint32_t file_count;
+  uint32_t hash_slots;  // A power of two.
+  uint64_t total_bytes;
+  uint64_t records_offset;
+  uint64_t hash_offset;
+  uint64_t names_offset;
+  uint64_t names_bytes;
+  uint64_t root_offset;
+  uint64_t root_bytes;
+};
+
+struct Record {
+  uint64_t name_offset;  // Into the names.
+  uint32_t name_bytes;
+  uint32_t reserved;
+  uint64_t size;
+  int64_t mtime_ns;
+};
+
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t Align8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+
+}  // namespace
+
+absl::StatusOr<ScopedFd> WriteNamespaceImage(const Namespace& ns) {
+  const uint32_t count = ns.file_count();
+  uint32_t slots = 2;
+  while (slots < uint64_t{count} * 2) slots *= 2;
+  uint64_t names_bytes = 0;
+  for (uint32_t id = 0; id < count; ++id) names_bytes += ns.entry(id).ref.name.size();
+
+  Header header{};
+  std::memcpy(header.magic, kMagic, sizeof(kMagic));
+  header.file_count = count;
+  header.hash_slots = slots;
+  header.total_bytes = ns.total_bytes();
+  header.records_offset = Align8(sizeof(Header));
+  header.hash_offset = header.records_offset + uint64_t{count} * sizeof(Record);
+  header.names_offset = Align8(header.hash_offset + uint64_t{slots} * sizeof(uint32_t));
+  header.names_bytes = names_bytes;
+  header.root_offset = header.names_offset + names_bytes;
+  header.root_bytes = ns.root().size();
+  const uint64_t total = header.root_offset + header.root_bytes;
+
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, CreateSealedMemfd("monarch-namespace", total));
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd.get(), /*writable=*/true));
+  char* base = region.data();
+  std::memcpy(base, &header, sizeof(header));
+  Record* records = reinterpret_cast<Record*>(base + header.records_offset);
+  uint32_t* hash = reinterpret_cast<uint32_t*>(base + header.hash_offset);
+  char* names = base + header.names_offset;
+  uint64_t name_offset = 0;
+  for (uint32_t id = 0; id < count; ++id) {
+    const FileRef& ref = ns.entry(id).ref;
+    records[id] = Record{name_offset, static_cast<uint32_t>(ref.name.size()), 0, ref.size,
+                         ref.mtime_ns};
+    std::memcpy(names + name_offset, ref.name.data(), ref.name.size());
+    name_offset += ref.name.size();
+    for (uint64_t slot = Fnv1a(ref.name) & (slots - 1);; slot = (slot + 1) & (slots - 1)) {
+      if (hash[slot] == 0) {
+        hash[slot] = id + 1;
+        break;
+      }
+    }
+  }
+  std::memcpy(base + header.root_offset, ns.root().data(), ns.root().size());
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<NamespaceImage>> NamespaceImage::Open(const ScopedFd& fd) {
+  std::unique_ptr<NamespaceImage> image(new NamespaceImage());
+  MONARCH_ASSIGN_OR_RETURN(image->region_, MappedRegion::Map(fd.get(), /*writable=*/false));
+  const uint64_t size = image->region_.size();
+  const char* base = image->region_.data();
+  Header header;
+  if (size < sizeof(header)) return absl::DataLossError("namespace image too small");
+  std::memcpy(&header, base, sizeof(header));
+  auto within = [size](uint64_t offset, uint64_t bytes) {
+    return offset <= size && bytes <= size - offset;
+  };
+  const bool valid =
+      std::memcmp(header.magic, kMagic, sizeof(kMagic)) == 0 && header.hash_slots >= 2 &&
+      (header.hash_slots & (header.hash_slots - 1)) == 0 &&
+      header.hash_slots >= header.file_count && header.records_offset % 8 == 0 &&
+      header.hash_offset % 4 == 0 &&
+      within(header.records_offset, uint64_t{header.file_count} * sizeof(Record)) &&
+      within(header.hash_offset, uint64_t{header.hash_slots} * sizeof(uint32_t)) &&
+      within(header.names_offset, header.names_bytes) &&
+      within(header.root_offset, header.root_bytes) && header.root_bytes < 4096;
+  if (!valid) return absl::DataLossError("namespace image header is damaged");
+  image->file_count_ = header.file_count;
+  image->hash_slots_ = header.hash_slots;
+  image->total_bytes_ = header.total_bytes;
+  image->records_ = base + header.records_offset;
+  image->hash_ = reinterpret_cast<const uint32_t*>(base + header.hash_offset);
+  image->names_ = absl::string_view(base + header.names_offset, header.names_bytes);
+  image->root_.assign(base + header.root_offset, header.root_bytes);
+  return image;
+}
+
+absl::string_view NamespaceImage::name_of(uint32_t id) const {
+  Record record;
+  std::memcpy(&record, records_ + uint64_t{id} * sizeof(Record), sizeof(record));
+  if (record.name_offset > names_.size() || record.name_bytes > names_.size() - record.name_offset)
+    return {};
+  return names_.substr(record.name_offset, record.name_bytes);
+}
+
+FileRef NamespaceImage::ref(uint32_t id) const {
+  Record record;
+  std::memcpy(&record, records_ + uint64_t{id} * sizeof(Record), sizeof(record));
+  FileRef ref;
+  ref.id = id;
+  ref.name = name_of(id);
+  ref.size = record.size;
+  ref.mtime_ns = record.mtime_ns;
+  return ref;
+}
+
+std::optional<uint32_t> NamespaceImage::Find(absl::string_view name) const {
+  std::string scratch;
+  absl::string_view canonical;
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical) || canonical.empty()) {
+    return std::nullopt;
+  }
+  const uint32_t mask = hash_slots_ - 1;
+  // At most every slot once: a damaged table cannot loop forever.
+  uint32_t slot = static_cast<uint32_t>(Fnv1a(canonical)) & mask;
+  for (uint32_t probes = 0; probes < hash_slots_; ++probes, slot = (slot + 1) & mask) {
+    const uint32_t value = hash_[slot];
+    if (value == 0) return std::nullopt;
+    const uint32_t id = value - 1;
+    if (id < file_count_ && name_of(id) == canonical) return id;
+  }
+  return std::nullopt;
+}
+
+const NamespaceImage::Directories& NamespaceImage::directories() const {
+  absl::call_once(directories_once_, [this] {
+    auto dirs = std::make_unique<Directories>();
+    dirs->entries[""];  // The root, even for an empty dataset.
+    for (uint32_t id = 0; id < file_count_; ++id) {
+      absl::string_view name = name_of(id);
+      // Register the file in its directory, then each directory in its parent.
+      size_t slash = name.find_last_of('/');
+      std::string parent(slash == absl::string_view::npos ? "" : name.substr(0, slash));
+      std::string base(slash == absl::string_view::npos ? name : name.substr(slash + 1));
+      for (;;) {
+        auto [it, created] = dirs->entries.try_emplace(parent);
+        it->second.push_back(base);
+        if (!created || parent.empty()) break;
+        slash = parent.find_last_of('/');
+        base = slash == std::string::npos ? parent : parent.substr(slash + 1);
+        parent = slash == std::string::npos ? "" : parent.substr(0, slash);
+      }
+    }
+    for (auto& [dir, names] : dirs->entries) std::sort(names.begin(), names.end());
+    directories_ = std::move(dirs);
+  });
+  return *directories_;
+}
+
+bool NamespaceImage::IsDirectory(absl::string_view name) const {
+  std::string scratch;
+  absl::string_view canonical;
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return false;
+  return directories().entries.contains(canonical);
+}
+
+absl::StatusOr<std::vector<std::string>> NamespaceImage::List(absl::string_view dir) const {
+  std::string scratch;
+  absl::string_view canonical;
+  if (CanonicalDatasetName(root_, dir, &scratch, &canonical)) {
+    auto it = directories().entries.find(canonical);
+    if (it != directories().entries.end()) return it->second;
+  }
+  return absl::NotFoundError(absl::StrCat("not a dataset directory: ", dir));
+}
+
+}  // namespace monarch::service

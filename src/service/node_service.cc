@@ -1,0 +1,562 @@
+// NodeService implementation.
+
+#include "service/node_service.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <new>
+#include <random>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/counters.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "frontend/dataset_paths.h"
+#include "frontend/glob.h"
+#include "service/metrics_http.h"
+#include "service/namespace_image.h"
+#include "service/unix_socket.h"
+
+namespace monarch::service {
+namespace {
+
+std::string StripTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+void SetReceiveTimeout(int fd, int seconds) {
+  timeval tv{seconds, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+absl::Status SendError(int socket, const absl::Status& status) {
+  return SendFrame(socket, MessageType::kError, Encode(ErrorReply::From(status)));
+}
+
+}  // namespace
+
+struct NodeService::Connection {
+  ScopedFd socket;
+  PeerCredentials peer;
+  MappedRegion buffer;  // The counters page, then the transfer buffer.
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> miss_bytes{0};
+  std::atomic<bool> finished{false};
+  std::thread thread;
+
+  // The client's own counters; null before the handshake.
+  const ClientCounters* counters() const {
+    return buffer.data() == nullptr ? nullptr
+                                    : reinterpret_cast<const ClientCounters*>(buffer.data());
+  }
+  char* transfer() const { return buffer.data() + kCountersPageBytes; }
+};
+
+NodeService::NodeService(const Config& config, const ServeOptions& options, ServicePaths paths)
+    : config_(config),
+      options_(options),
+      paths_(std::move(paths)),
+      started_(std::chrono::steady_clock::now()) {}
+
+absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const Config& config,
+                                                                const ServeOptions& options) {
+  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config.node));
+  MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths));
+  // First of all: of two services started at once, one goes on.
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd lock, TakeServiceLock(paths));
+  std::unique_ptr<NodeService> service(new NodeService(config, options, std::move(paths)));
+  MONARCH_RETURN_IF_ERROR(service->Init(std::move(lock)));
+  return service;
+}
+
+absl::Status NodeService::Init(ScopedFd lock) {
+  lock_ = std::move(lock);
+  stop_event_ = ScopedFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_event_.valid()) return ErrnoToStatus(errno, "eventfd");
+  instance_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+                 static_cast<uint64_t>(::getpid());
+
+  // The tier slots go into shared memory: clients read where each file is.
+  absl::Status slots_status;
+  CoreOptions core_options;
+  core_options.wrap = options_.wrap;
+  core_options.tier_slots = [this, &slots_status](uint32_t count) -> TierSlot* {
+    absl::StatusOr<ScopedFd> fd =
+        CreateSealedMemfd("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
+    if (!fd.ok()) {
+      slots_status = fd.status();
+      return nullptr;
+    }
+    absl::StatusOr<MappedRegion> region = MappedRegion::Map(fd->get(), /*writable=*/true);
+    if (!region.ok()) {
+      slots_status = region.status();
+      return nullptr;
+    }
+    tier_slots_fd_ = std::move(*fd);
+    tier_slots_ = std::move(*region);
+    return reinterpret_cast<TierSlot*>(tier_slots_.data());
+  };
+  absl::StatusOr<std::unique_ptr<MonarchCore>> core = CreateMonarchCore(config_, core_options);
+  if (!core.ok()) return slots_status.ok() ? core.status() : slots_status;
+  core_ = std::move(*core);
+  if (core_->tier_count() > kMaxSharedTiers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tiers: a node service shares at most ", kMaxSharedTiers, " tiers"));
+  }
+  MONARCH_ASSIGN_OR_RETURN(image_fd_, WriteNamespaceImage(core_->name_space()));
+  if (config_.node.metrics_port > 0) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics = MetricsHttpServer::Start(
+        config_.node.metrics_port, [this] {
+          StatsReply stats = NodeStats();
+          std::string text = stats.node.ToPrometheus();
+          absl::StrAppend(&text,
+                          "# HELP monarch_client_reads Reads each client process served itself "
+                          "(hits) or through the service (misses).\n"
+                          "# TYPE monarch_client_reads counter\n");
+          for (const ClientStats& c : stats.clients) {
+            absl::StrAppend(&text, "monarch_client_reads{pid=\"", c.pid, "\",via=\"hit\"} ",
+                            c.hits, "\nmonarch_client_reads{pid=\"", c.pid,
+                            "\",via=\"service\"} ", c.misses, "\n");
+          }
+          return text;
+        });
+    if (!metrics.ok()) {
+      return absl::Status(metrics.status().code(),
+                          absl::StrCat("node.metrics_port: ", metrics.status().message()));
+    }
+    metrics_ = std::move(*metrics);
+  }
+  MONARCH_ASSIGN_OR_RETURN(listen_, ListenUnix(paths_.socket));
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  MONARCH_LOG(kInfo, "monarch service ", ::getpid(), " serving ", core_->dataset_root(), " at ",
+              paths_.socket, " (", core_->name_space().file_count(), " files)");
+  return absl::OkStatus();
+}
+
+NodeService::~NodeService() {
+  RequestStop();
+  if (accept_thread_.joinable()) accept_thread_.join();
+}
+
+int NodeService::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
+
+void NodeService::RequestStop() {
+  stopping_.store(true, std::memory_order_relaxed);
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(stop_event_.get(), &one, sizeof(one));
+  (void)ignored;
+}
+
+void NodeService::Wait() {
+  MutexLock lock(&mu_);
+  while (!stopped_) stopped_cv_.Wait(&mu_);
+}
+
+void NodeService::ReapFinished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    Connection& c = **it;
+    if (!c.finished.load(std::memory_order_acquire)) {
+      ++it;
+      continue;
+    }
+    c.thread.join();
+    if (const ClientCounters* counters = c.counters()) {
+      for (int t = 0; t < kMaxSharedTiers; ++t) {
+        departed_tier_reads_[t] += counters->tier_reads[t].load(std::memory_order_relaxed);
+        departed_tier_bytes_[t] += counters->tier_bytes[t].load(std::memory_order_relaxed);
+      }
+      departed_fallbacks_ += counters->source_fallbacks.load(std::memory_order_relaxed);
+    }
+    it = connections_.erase(it);
+  }
+}
+
+void NodeService::AcceptLoop() {
+  const double idle_exit = config_.node.idle_exit_seconds;
+  auto idle_since = std::chrono::steady_clock::now();
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
+    const int ready = ::poll(fds, 2, 500);
+    if (ready < 0 && errno != EINTR) {
+      MONARCH_LOG(kError, "monarch service: poll: ", std::strerror(errno));
+      break;
+    }
+    if (fds[1].revents != 0) break;
+    if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
+      ScopedFd socket(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (socket.valid()) {
+        absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(socket.get());
+        if (!peer.ok() || peer->uid != ::geteuid()) {
+          refused_.fetch_add(1, std::memory_order_relaxed);
+          MONARCH_LOG(kWarning, "monarch service: refused a connection from ",
+                      peer.ok() ? absl::StrCat("pid ", peer->pid, " uid ", peer->uid)
+                                : peer.status().ToString(),
+                      ": only uid ", ::geteuid(), " may use this service");
+        } else {
+          auto connection = std::make_unique<Connection>();
+          connection->socket = std::move(socket);
+          connection->peer = *peer;
+          Connection* raw = connection.get();
+          MutexLock lock(&mu_);
+          connections_.push_back(std::move(connection));
+          raw->thread = std::thread([this, raw] { Serve(raw); });
+        }
+      }
+    }
+    MutexLock lock(&mu_);
+    ReapFinished();
+    const auto now = std::chrono::steady_clock::now();
+    if (!connections_.empty()) {
+      idle_since = now;
+    } else if (idle_exit > 0 &&
+               std::chrono::duration<double>(now - idle_since).count() >= idle_exit) {
+      MONARCH_LOG(kInfo, "monarch service: no client for ", idle_exit, " s, exiting");
+      break;
+    }
+  }
+  Shutdown();
+}
+
+void NodeService::Shutdown() {
+  stopping_.store(true, std::memory_order_relaxed);
+  // No new clients: the socket goes first (we still hold the lock, so the
+  // name is ours to remove).
+  ::unlink(paths_.socket.c_str());
+  listen_ = ScopedFd();
+  std::list<std::unique_ptr<Connection>> connections;
+  {
+    MutexLock lock(&mu_);
+    // Wake every connection thread blocked on its socket; one in the middle
+    // of a read finishes it first.
+    for (auto& c : connections_) ::shutdown(c->socket.get(), SHUT_RDWR);
+  }
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      ReapFinished();
+      if (connections_.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  metrics_.reset();
+  core_->Shutdown(Monarch::ShutdownMode::kCancel);
+  MONARCH_LOG(kInfo, "monarch service ", ::getpid(), " stopped");
+  MutexLock lock(&mu_);
+  stopped_ = true;
+  stopped_cv_.SignalAll();
+}
+
+void NodeService::Serve(Connection* c) {
+  // A client that connects and says nothing must not hold a thread forever.
+  SetReceiveTimeout(c->socket.get(), 10);
+  bool first = true;
+  absl::Status status;
+  while (status.ok() && !stopping_.load(std::memory_order_relaxed)) {
+    absl::StatusOr<Frame> frame = ReceiveFrame(c->socket.get());
+    if (first) SetReceiveTimeout(c->socket.get(), 0);
+    if (!frame.ok()) {
+      // A malformed message gets its reason, then the connection closes:
+      // after a bad frame the stream cannot be trusted to be in step.
+      if (absl::IsInvalidArgument(frame.status())) {
+        MONARCH_LOG(kWarning, "monarch service: client pid ", c->peer.pid, ": ",
+                    frame.status().message());
+        SendError(c->socket.get(), frame.status()).IgnoreError();
+      }
+      break;
+    }
+    // Clients say hello first; administrative commands (monarch stop,
+    // status, stats, stage) need no handshake.
+    if (frame->type == MessageType::kHello) {
+      status = first ? Handshake(c, *frame) : absl::InvalidArgumentError("hello sent twice");
+      first = false;
+      continue;
+    }
+    first = false;
+    switch (frame->type) {
+      case MessageType::kRead:
+        status = c->counters() == nullptr ? absl::InvalidArgumentError("read before hello")
+                                          : HandleRead(c, *frame);
+        break;
+      case MessageType::kStats:
+        status = SendFrame(c->socket.get(), MessageType::kStatsReply, Encode(NodeStats()));
+        break;
+      case MessageType::kStatus:
+        status = SendFrame(c->socket.get(), MessageType::kStatusReply, Encode(Status()));
+        break;
+      case MessageType::kStage:
+        status = HandleStage(c, *frame);
+        break;
+      case MessageType::kWaitForPlacement:
+        core_->WaitForPlacement();
+        status = SendFrame(c->socket.get(), MessageType::kOk, "");
+        break;
+      case MessageType::kStop:
+        MONARCH_LOG(kInfo, "monarch service: stop requested by pid ", c->peer.pid);
+        status = SendFrame(c->socket.get(), MessageType::kOk, "");
+        RequestStop();
+        break;
+      default:
+        status = absl::InvalidArgumentError("unexpected message type");
+        break;
+    }
+    if (absl::IsInvalidArgument(status)) SendError(c->socket.get(), status).IgnoreError();
+  }
+  c->finished.store(true, std::memory_order_release);
+}
+
+absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
+  absl::Status refused;
+  absl::StatusOr<Hello> hello = DecodeHello(frame.payload);
+  if (!hello.ok()) {
+    refused = hello.status();
+  } else if (hello->version != kProtocolVersion) {
+    refused = absl::FailedPreconditionError(
+        absl::StrCat("protocol version ", hello->version, " is not this service's (",
+                     kProtocolVersion, "): client and service come from different builds"));
+  } else if (StripTrailingSlashes(hello->dataset_root) != core_->dataset_root()) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "the Monarch service at ", paths_.socket, " serves dataset '", core_->dataset_root(),
+        "', not '", hello->dataset_root, "': give this job its own node.runtime_dir"));
+  }
+  if (!refused.ok()) {
+    MONARCH_LOG(kWarning, "monarch service: refused client pid ", c->peer.pid, ": ",
+                refused.message());
+    SendError(c->socket.get(), refused).IgnoreError();
+    return absl::CancelledError("refused");  // Answered already.
+  }
+
+  MONARCH_ASSIGN_OR_RETURN(
+      ScopedFd buffer_fd,
+      CreateSealedMemfd(absl::StrCat("monarch-transfer:", c->peer.pid),
+                        kCountersPageBytes + options_.buffer_bytes));
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion buffer,
+                           MappedRegion::Map(buffer_fd.get(), /*writable=*/true));
+  {
+    MutexLock lock(&mu_);  // NodeStats() reads it from other threads.
+    c->buffer = std::move(buffer);
+  }
+  HelloReply reply;
+  reply.instance_id = instance_id_;
+  reply.service_pid = static_cast<uint32_t>(::getpid());
+  reply.file_count = core_->name_space().file_count();
+  reply.max_open_files = static_cast<uint32_t>(core_->max_open_files());
+  reply.buffer_bytes = options_.buffer_bytes;
+  reply.dataset_root = core_->dataset_root();
+  // Clients get read-only reopenings of the shared regions: they can map
+  // them but never write them. The transfer buffer is the exception (its
+  // first page holds the client's counters).
+  std::vector<ScopedFd> owned;
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd image, ReopenReadOnly(image_fd_.get()));
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd slots, ReopenReadOnly(tier_slots_fd_.get()));
+  owned.push_back(std::move(image));
+  owned.push_back(std::move(slots));
+  std::vector<int> fds = {owned[0].get(), owned[1].get(), buffer_fd.get()};
+  for (int t = 0; t < core_->tier_count(); ++t) {
+    const TierConfig& tier = core_->tier_config(t);
+    TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0};
+    for (int fd : core_->SharedMemoryDescriptors(t)) {
+      MONARCH_ASSIGN_OR_RETURN(ScopedFd reopened, ReopenReadOnly(fd));
+      fds.push_back(reopened.get());
+      owned.push_back(std::move(reopened));
+      ++description.descriptors;
+    }
+    reply.tiers.push_back(std::move(description));
+  }
+  return SendFrame(c->socket.get(), MessageType::kHelloReply, Encode(reply), fds);
+}
+
+absl::Status NodeService::HandleRead(Connection* c, const Frame& frame) {
+  absl::StatusOr<ReadRequest> request = DecodeReadRequest(frame.payload);
+  if (!request.ok()) return request.status();  // Answered and closed by Serve().
+  if (request->length > options_.buffer_bytes) {
+    return SendError(c->socket.get(),
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "read of ", request->length, " bytes is larger than the transfer buffer (",
+                         options_.buffer_bytes, ")")));
+  }
+  absl::StatusOr<size_t> n = core_->ReadFile(request->file_id, c->transfer(),
+                                             static_cast<size_t>(request->length),
+                                             request->offset);
+  if (!n.ok()) return SendError(c->socket.get(), n.status());
+  c->misses.fetch_add(1, std::memory_order_relaxed);
+  c->miss_bytes.fetch_add(*n, std::memory_order_relaxed);
+  return SendFrame(c->socket.get(), MessageType::kReadReply, Encode(ReadReply{*n}));
+}
+
+absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
+  absl::StatusOr<StageRequest> request = DecodeStageRequest(frame.payload);
+  if (!request.ok()) return request.status();  // Answered and closed by Serve().
+  const Namespace& ns = core_->name_space();
+  const int source = core_->tier_count() - 1;
+  // The files to stage, in namespace order, each once.
+  std::vector<uint32_t> ids;
+  if (request->globs.empty()) {
+    for (uint32_t id = 0; id < ns.file_count(); ++id) ids.push_back(id);
+  } else {
+    const frontend::DatasetPaths paths(core_->dataset_root());
+    std::vector<bool> chosen(ns.file_count(), false);
+    for (const std::string& glob : request->globs) {
+      const std::string pattern =
+          absl::StartsWith(glob, "/") ? glob : absl::StrCat(core_->dataset_root(), "/", glob);
+      for (const std::string& match : frontend::Glob(*core_, paths, pattern)) {
+        if (const FileEntry* entry = ns.Find(match)) {
+          chosen[entry->ref.id] = true;
+          continue;
+        }
+        // A directory: everything under it.
+        std::string name;
+        if (!paths.ToDatasetName(match, &name)) continue;
+        const std::string prefix = name.empty() ? "" : name + "/";
+        for (uint32_t id = 0; id < ns.file_count(); ++id) {
+          if (absl::StartsWith(ns.entry(id).ref.name, prefix)) chosen[id] = true;
+        }
+      }
+    }
+    for (uint32_t id = 0; id < ns.file_count(); ++id) {
+      if (chosen[id]) ids.push_back(id);
+    }
+  }
+  StageProgress progress;
+  progress.files_total = ids.size();
+  for (uint32_t id : ids) progress.bytes_total += ns.entry(id).ref.size;
+  auto measure = [&] {
+    progress.files_done = progress.bytes_done = progress.files_in_tiers = 0;
+    for (uint32_t id : ids) {
+      const FileEntry& entry = ns.entry(id);
+      const bool in_tier = entry.tier->load(std::memory_order_acquire) < source &&
+                           entry.state.load() == PlacementState::kInTier;
+      const bool given_up = entry.state.load() == PlacementState::kStaysOnSource;
+      if (in_tier) ++progress.files_in_tiers;
+      if (in_tier || given_up) {
+        ++progress.files_done;
+        progress.bytes_done += entry.ref.size;
+      }
+    }
+  };
+  auto last_report = std::chrono::steady_clock::now();
+  char scratch[1];
+  for (uint32_t id : ids) {
+    // One byte is enough: the first read of a file starts its promotion,
+    // and placement completes it whatever part was read.
+    const FileEntry& entry = ns.entry(id);
+    if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
+      core_->ReadFile(id, scratch, 1, 0).IgnoreError();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::milliseconds(250)) {
+      last_report = now;
+      measure();
+      MONARCH_RETURN_IF_ERROR(
+          SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress)));
+    }
+  }
+  // Then until every promotion has landed, still reporting.
+  std::atomic<bool> idle{false};
+  std::thread waiter([&] {
+    core_->WaitForPlacement();
+    idle.store(true);
+  });
+  absl::Status sent;
+  while (!idle.load() && sent.ok()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    measure();
+    sent = SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress));
+  }
+  waiter.join();
+  MONARCH_RETURN_IF_ERROR(sent);
+  measure();
+  progress.finished = 1;
+  return SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress));
+}
+
+StatsReply NodeService::NodeStats() {
+  StatsReply reply;
+  reply.node = core_->GetStats();
+  uint64_t tier_reads[kMaxSharedTiers];
+  uint64_t tier_bytes[kMaxSharedTiers];
+  uint64_t fallbacks;
+  std::map<uint32_t, ClientStats> clients;
+  {
+    MutexLock lock(&mu_);
+    std::copy(std::begin(departed_tier_reads_), std::end(departed_tier_reads_), tier_reads);
+    std::copy(std::begin(departed_tier_bytes_), std::end(departed_tier_bytes_), tier_bytes);
+    fallbacks = departed_fallbacks_;
+    for (const auto& c : connections_) {
+      if (c->counters() == nullptr) continue;  // An administrative command, not a client.
+      ClientStats& client = clients[static_cast<uint32_t>(c->peer.pid)];
+      client.pid = static_cast<uint32_t>(c->peer.pid);
+      ++client.connections;
+      client.misses += c->misses.load(std::memory_order_relaxed);
+      client.miss_bytes += c->miss_bytes.load(std::memory_order_relaxed);
+      const ClientCounters* counters = c->counters();
+      if (counters == nullptr || c->finished.load(std::memory_order_acquire)) continue;
+      fallbacks += counters->source_fallbacks.load(std::memory_order_relaxed);
+      for (int t = 0; t < kMaxSharedTiers; ++t) {
+        const uint64_t reads = counters->tier_reads[t].load(std::memory_order_relaxed);
+        const uint64_t bytes = counters->tier_bytes[t].load(std::memory_order_relaxed);
+        tier_reads[t] += reads;
+        tier_bytes[t] += bytes;
+        client.hits += reads;
+        client.hit_bytes += bytes;
+      }
+    }
+  }
+  // Clients' own hits are reads of the tiers too.
+  for (Metric& m : reply.node.metrics) {
+    if (m.tier.empty()) continue;
+    for (int t = 0; t < core_->tier_count(); ++t) {
+      if (core_->tier_config(t).name != m.tier) continue;
+      if (m.name == "reads") m.value += tier_reads[t];
+      if (m.name == "bytes_read") m.value += tier_bytes[t];
+    }
+  }
+  CounterSink sink(&reply.node);
+  sink.Counter("service.client_source_fallbacks", fallbacks,
+               "Reads clients served from the source themselves while no service answered.");
+  sink.Counter("service.refused_connections", refused_.load(std::memory_order_relaxed),
+               "Connections refused: another user's process.");
+  sink.Gauge("service.clients", clients.size(), "Client processes connected now.");
+  for (auto& [pid, client] : clients) reply.clients.push_back(client);
+  return reply;
+}
+
+StatusReply NodeService::Status() {
+  StatusReply status;
+  status.service_pid = static_cast<uint32_t>(::getpid());
+  status.uptime_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  status.dataset_root = core_->dataset_root();
+  const Namespace& ns = core_->name_space();
+  status.files = ns.file_count();
+  status.dataset_bytes = ns.total_bytes();
+  const int source = core_->tier_count() - 1;
+  for (uint32_t id = 0; id < ns.file_count(); ++id) {
+    const FileEntry& entry = ns.entry(id);
+    if (entry.tier->load(std::memory_order_relaxed) < source &&
+        core_->tier_config(entry.tier->load(std::memory_order_relaxed)).kind != TierKind::kPeers) {
+      ++status.files_in_tiers;
+      status.bytes_in_tiers += entry.ref.size;
+    }
+  }
+  MutexLock lock(&mu_);
+  absl::flat_hash_map<pid_t, int> pids;
+  for (const auto& c : connections_) {
+    if (c->counters() != nullptr && !c->finished.load(std::memory_order_relaxed)) {
+      ++pids[c->peer.pid];
+    }
+  }
+  status.clients = static_cast<uint32_t>(pids.size());
+  return status;
+}
+
+}  // namespace monarch::service

@@ -1,0 +1,125 @@
+// NodeService: one Monarch per node, serving every process of the job.
+//
+// The service owns the instance (namespace, tiers, placement, peers) and
+// publishes what clients need to serve hits themselves, without a message:
+//   - the namespace image (service/namespace_image.h), read-only;
+//   - the tier slots: per file, the index of the tier holding it, written
+//     only by the service, mapped read-only by clients;
+//   - the RAM tier's slot table and arena memfds, mapped read-only.
+// Misses come over the Unix socket, one connection per client thread at a
+// time: the client sends (file id, offset, length), the service reads
+// through the instance's read path into that connection's transfer buffer
+// (shared memory) and answers the byte count. So concurrent first reads of
+// a file from any process share one promotion and one source read.
+//
+// Threads: one accepting connections (and watching the idle timer), one per
+// connection. A connection's thread ends when its client goes away; what a
+// dead client had asked for completes normally (nothing is reserved on a
+// client's behalf), and its counters are folded into the departed totals.
+//
+// Only this user's processes get in: every connection's SO_PEERCRED uid
+// must be the service's, others are refused and logged.
+
+#ifndef MONARCH_SERVICE_NODE_SERVICE_H_
+#define MONARCH_SERVICE_NODE_SERVICE_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/file_util.h"
+#include "common/mutex.h"
+#include "common/shared_memory.h"
+#include "monarch/config.h"
+#include "monarch_internal.h"
+#include "service/protocol.h"
+#include "service/runtime.h"
+#include "service/unix_socket.h"
+
+namespace monarch {
+class MetricsHttpServer;
+}
+
+namespace monarch::service {
+
+struct ServeOptions {
+  // Bytes of each connection's transfer buffer: the largest piece of a miss
+  // answered in one round trip. Sparse: untouched pages cost nothing.
+  uint64_t buffer_bytes = 8u << 20;
+  // Test hook: wrap the tiers' drivers (fault injection).
+  DriverWrapper wrap;
+};
+
+class NodeService {
+ public:
+  // Takes the runtime directory's lock, builds the instance, publishes the
+  // shared regions and starts listening. FailedPrecondition if a service
+  // already runs there.
+  static absl::StatusOr<std::unique_ptr<NodeService>> Start(const Config& config,
+                                                            const ServeOptions& options = {});
+  ~NodeService();  // Stops if Stop() was not called.
+
+  // Returns once the service was asked to stop (a Stop message, Stop(), or
+  // node.idle_exit after the last client) and has stopped.
+  void Wait();
+  // Asks the service to stop; async-signal-safe (a write to an eventfd).
+  void RequestStop();
+
+  const ServicePaths& paths() const { return paths_; }
+  int metrics_port() const;
+  // The node's counters: the instance's plus what clients served themselves.
+  StatsReply NodeStats();
+
+ private:
+  struct Connection;
+
+  NodeService(const Config& config, const ServeOptions& options, ServicePaths paths);
+  absl::Status Init(ScopedFd lock);
+  void AcceptLoop();
+  void Serve(Connection* connection);
+  absl::Status Handshake(Connection* connection, const Frame& hello);
+  absl::Status HandleRead(Connection* connection, const Frame& frame);
+  absl::Status HandleStage(Connection* connection, const Frame& frame);
+  StatusReply Status();
+  void Shutdown();
+  void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Config config_;
+  const ServeOptions options_;
+  const ServicePaths paths_;
+  const std::chrono::steady_clock::time_point started_;
+  uint64_t instance_id_ = 0;
+
+  ScopedFd lock_;
+  ScopedFd listen_;
+  ScopedFd stop_event_;  // eventfd: RequestStop() writes, the accept loop polls.
+  ScopedFd image_fd_;
+  ScopedFd tier_slots_fd_;
+  MappedRegion tier_slots_;
+  std::unique_ptr<MonarchCore> core_;  // After the regions it points into.
+  std::unique_ptr<MetricsHttpServer> metrics_;
+
+  Mutex mu_;
+  CondVar stopped_cv_;
+  std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  // Counters of clients gone, per tier, so node totals never go down.
+  uint64_t departed_tier_reads_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
+  uint64_t departed_tier_bytes_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
+  uint64_t departed_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> refused_{0};
+  std::thread accept_thread_;
+};
+
+}  // namespace monarch::service
+
+#endif  // MONARCH_SERVICE_NODE_SERVICE_H_

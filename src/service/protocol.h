@@ -1,0 +1,179 @@
+// The node service's wire protocol: framed binary messages on a Unix socket.
+//
+// A frame is a 12-byte header (magic, type, payload length) and a payload
+// of fixed-width integers and length-prefixed strings, in the host's byte
+// order (both ends are on one node). Descriptors travel beside a frame as
+// SCM_RIGHTS. Every decoder is total: a truncated, oversized or otherwise
+// malformed payload yields InvalidArgument, never a crash or an unbounded
+// allocation (tests/test_service_protocol.cc fuzzes them).
+//
+// Conversation: the client sends Hello and gets HelloReply with the shared
+// regions' descriptors; then any number of requests, each answered in order
+// by one reply (Stage by a stream of StageProgress ending in one marked
+// finished) or by an Error.
+
+#ifndef MONARCH_SERVICE_PROTOCOL_H_
+#define MONARCH_SERVICE_PROTOCOL_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "monarch/stats.h"
+
+namespace monarch::service {
+
+constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
+constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kFrameHeaderBytes = 12;
+constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
+constexpr size_t kMaxStringBytes = 1u << 20;
+constexpr size_t kMaxDescriptors = 200;  // Below the kernel's SCM_MAX_FD (253).
+
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kHelloReply = 2,
+  kRead = 3,
+  kReadReply = 4,
+  kStats = 5,
+  kStatsReply = 6,
+  kStage = 7,
+  kStageProgress = 8,
+  kStop = 9,
+  kStatus = 10,
+  kStatusReply = 11,
+  kOk = 12,
+  kError = 13,
+  kWaitForPlacement = 14,  // Answered with kOk once no promotion is in flight.
+};
+
+struct FrameHeader {
+  MessageType type = MessageType::kError;
+  uint32_t length = 0;
+};
+void EncodeFrameHeader(MessageType type, uint32_t length, char out[kFrameHeaderBytes]);
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]);
+
+// The first page of each connection's transfer buffer: the client process's
+// own counters (reads it served itself from tier copies), which the service
+// adds to the node's for `monarch stats`. Shared memory: atomics only.
+constexpr int kMaxSharedTiers = 20;  // 16 configured + peers + source, rounded up.
+struct ClientCounters {
+  std::atomic<uint64_t> source_fallbacks;  // Reads served from the source while the service was down.
+  std::atomic<uint64_t> tier_reads[kMaxSharedTiers];
+  std::atomic<uint64_t> tier_bytes[kMaxSharedTiers];
+};
+constexpr uint64_t kCountersPageBytes = 4096;
+static_assert(sizeof(ClientCounters) <= kCountersPageBytes);
+
+// --- Messages. Each has Encode (payload bytes) and Decode (from payload).
+
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  std::string dataset_root;  // The client's dataset; must match the service's.
+};
+
+// One tier as the service has it. `descriptors` of them follow in the
+// frame's SCM_RIGHTS, after the fixed ones (HelloReply::kFixedDescriptors).
+struct TierDescription {
+  uint32_t kind = 0;  // TierKind.
+  std::string name;
+  std::string path;
+  uint32_t descriptors = 0;
+};
+
+struct HelloReply {
+  // Descriptors before the tiers': the namespace image, the tier slots, and
+  // this connection's transfer buffer.
+  static constexpr uint32_t kFixedDescriptors = 3;
+  uint64_t instance_id = 0;  // Random per service start: tells restarts apart.
+  uint32_t service_pid = 0;
+  uint32_t file_count = 0;
+  uint32_t max_open_files = 0;
+  uint64_t buffer_bytes = 0;  // Of the transfer buffer (after its counters page).
+  std::string dataset_root;
+  std::vector<TierDescription> tiers;
+  uint32_t TotalDescriptors() const;
+};
+
+struct ReadRequest {
+  uint32_t file_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // At most HelloReply::buffer_bytes.
+};
+struct ReadReply {
+  uint64_t bytes = 0;  // In the transfer buffer.
+};
+
+struct ErrorReply {
+  uint32_t code = 0;  // absl::StatusCode.
+  std::string message;
+  absl::Status ToStatus() const;
+  static ErrorReply From(const absl::Status& status);
+};
+
+// One client process as the service sees it.
+struct ClientStats {
+  uint32_t pid = 0;
+  uint32_t connections = 0;
+  uint64_t hits = 0;        // Reads it served itself from tier copies.
+  uint64_t hit_bytes = 0;
+  uint64_t misses = 0;      // Reads the service served for it.
+  uint64_t miss_bytes = 0;
+};
+struct StatsReply {
+  Stats node;  // The node's counters, clients' own hits included per tier.
+  std::vector<ClientStats> clients;
+};
+
+struct StageRequest {
+  std::vector<std::string> globs;  // Empty: the whole dataset.
+};
+struct StageProgress {
+  uint64_t files_total = 0;
+  uint64_t bytes_total = 0;
+  uint64_t files_done = 0;   // In a tier, or given up (no room).
+  uint64_t bytes_done = 0;
+  uint64_t files_in_tiers = 0;
+  uint32_t finished = 0;
+};
+
+struct StatusReply {
+  uint32_t service_pid = 0;
+  double uptime_seconds = 0;
+  std::string dataset_root;
+  uint32_t clients = 0;
+  uint64_t files = 0;
+  uint64_t dataset_bytes = 0;
+  uint64_t files_in_tiers = 0;
+  uint64_t bytes_in_tiers = 0;
+};
+
+std::string Encode(const Hello& m);
+std::string Encode(const HelloReply& m);
+std::string Encode(const ReadRequest& m);
+std::string Encode(const ReadReply& m);
+std::string Encode(const ErrorReply& m);
+std::string Encode(const StatsReply& m);
+std::string Encode(const StageRequest& m);
+std::string Encode(const StageProgress& m);
+std::string Encode(const StatusReply& m);
+
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
+absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view payload);
+absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload);
+absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view payload);
+absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view payload);
+absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view payload);
+absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload);
+absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload);
+absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload);
+
+}  // namespace monarch::service
+
+#endif  // MONARCH_SERVICE_PROTOCOL_H_

@@ -1,0 +1,149 @@
+// Runtime directory, service lock and auto-start.
+
+#include "service/runtime.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <deque>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace monarch::service {
+
+absl::StatusOr<ServicePaths> ServicePathsFor(const NodeConfig& node) {
+  MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(node));
+  return ServicePaths{dir, JoinPath(dir, "monarch.sock"), JoinPath(dir, "monarch.lock"),
+                      JoinPath(dir, "monarch.log")};
+}
+
+absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
+  if (::mkdir(paths.dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    // A parent may be missing too (a node.runtime_dir of several levels).
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(paths.dir));
+    ::chmod(paths.dir.c_str(), 0700);
+  }
+  struct stat st;
+  if (::lstat(paths.dir.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: ", paths.dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node.runtime_dir: '", paths.dir, "' is not a directory (or is a symlink)"));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat("node.runtime_dir: '", paths.dir,
+                                                    "' belongs to uid ", st.st_uid,
+                                                    ", not to this user (uid ", ::geteuid(), ")"));
+  }
+  if ((st.st_mode & 077) != 0 && ::chmod(paths.dir.c_str(), 0700) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: chmod 0700 ", paths.dir));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
+  ScopedFd fd(::open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.lock));
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return ErrnoToStatus(errno, absl::StrCat("flock ", paths.lock));
+    char pid[32] = {};
+    ssize_t n = ::pread(fd.get(), pid, sizeof(pid) - 1, 0);
+    std::string holder = n > 0 ? absl::StrCat(" (pid ", std::string(pid, strcspn(pid, "\n")), ")")
+                               : "";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a Monarch service is already running for ", paths.dir, holder));
+  }
+  // The holder's pid, for the message above and for `monarch status`.
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return ErrnoToStatus(errno, absl::StrCat("write ", paths.lock));
+  }
+  return fd;
+}
+
+bool ServiceLockHeld(const ServicePaths& paths) {
+  ScopedFd fd(::open(paths.lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return false;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd.get(), LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
+namespace {
+
+std::string ServiceBinary() {
+  if (const char* env = std::getenv("MONARCH_BINARY"); env != nullptr && env[0] != '\0') {
+    return env;
+  }
+  for (const char* candidate : {MONARCH_BUILD_BINARY, MONARCH_INSTALLED_BINARY}) {
+    if (::access(candidate, X_OK) == 0) return candidate;
+  }
+  return "monarch";  // execvp searches PATH.
+}
+
+}  // namespace
+
+absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file) {
+  // Everything the child needs is built before fork(): between fork and
+  // exec a child of a threaded process may only make async-signal-safe calls.
+  const std::string binary = ServiceBinary();
+  std::vector<std::string> args = {binary, "serve", "--config", config_file, "--autostarted"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const int log = ::open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log < 0) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
+  const pid_t child = ::fork();
+  if (child < 0) {
+    const int error = errno;
+    ::close(log);
+    return ErrnoToStatus(error, "fork to start the Monarch service");
+  }
+  if (child == 0) {
+    // A new session, then a grandchild: the service is nobody's child in
+    // the job (no zombie, no SIGHUP from the client's terminal).
+    ::setsid();
+    if (::fork() != 0) ::_exit(0);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, 0);
+    ::dup2(log, 1);
+    ::dup2(log, 2);
+    ::close_range(3, ~0U, 0);
+    ::execvp(argv[0], argv.data());
+    const char message[] = "monarch: cannot execute the service binary\n";
+    ssize_t ignored = ::write(2, message, sizeof(message) - 1);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(log);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return absl::OkStatus();
+}
+
+std::string LogTail(const ServicePaths& paths, int lines) {
+  std::ifstream in(paths.log);
+  std::deque<std::string> tail;
+  for (std::string line; std::getline(in, line);) {
+    tail.push_back(line);
+    if (static_cast<int>(tail.size()) > lines) tail.pop_front();
+  }
+  return absl::StrJoin(tail, " | ");
+}
+
+}  // namespace monarch::service

@@ -1,0 +1,55 @@
+// Where a node's service lives, and starting one on demand.
+//
+// The runtime directory (node.runtime_dir) holds the service's socket, its
+// lock and its log. It is created 0700 and must belong to the user: the
+// socket's own 0600 mode and the uid check on every connection are then a
+// second and third fence.
+//
+// One service per directory: `monarch serve` holds an exclusive flock on
+// monarch.lock for its whole life, taken before anything else, so of two
+// services started at once one runs and the other exits. A client that
+// finds no service starts one (node.autostart) and waits while the lock is
+// held by a service still starting (its namespace walk may take a while).
+
+#ifndef MONARCH_SERVICE_RUNTIME_H_
+#define MONARCH_SERVICE_RUNTIME_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/file_util.h"
+#include "monarch/config.h"
+
+namespace monarch::service {
+
+struct ServicePaths {
+  std::string dir;
+  std::string socket;  // dir/monarch.sock
+  std::string lock;    // dir/monarch.lock
+  std::string log;     // dir/monarch.log: an auto-started service's output.
+};
+
+// The paths for `node`; does not touch the file system.
+absl::StatusOr<ServicePaths> ServicePathsFor(const NodeConfig& node);
+// Creates the directory (0700) if needed and checks that it is a real
+// directory owned by this user and closed to others.
+absl::Status PrepareRuntimeDirectory(const ServicePaths& paths);
+
+// The service's lock, held for its life; FailedPrecondition (naming the
+// holder's pid when known) if another service holds it.
+absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths);
+// True if some process holds the lock now (a service running or starting).
+bool ServiceLockHeld(const ServicePaths& paths);
+
+// Starts `monarch serve --config <config_file>` detached (its own session,
+// output appended to the log). The binary: $MONARCH_BINARY, else the one
+// built beside this library, else the installed one, else `monarch` on PATH.
+absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file);
+
+// The last lines of the service log, for an error message.
+std::string LogTail(const ServicePaths& paths, int lines = 5);
+
+}  // namespace monarch::service
+
+#endif  // MONARCH_SERVICE_RUNTIME_H_

@@ -1,0 +1,52 @@
+// Framed messages over Unix domain sockets, with descriptors (SCM_RIGHTS)
+// and the peer's credentials (SO_PEERCRED).
+
+#ifndef MONARCH_SERVICE_UNIX_SOCKET_H_
+#define MONARCH_SERVICE_UNIX_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/file_util.h"
+#include "service/protocol.h"
+
+namespace monarch::service {
+
+struct Frame {
+  MessageType type = MessageType::kError;
+  std::string payload;
+  std::vector<ScopedFd> fds;
+};
+
+// A listening socket at `path` (replacing a stale one), mode 0600.
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog = 128);
+// NotFound/Unavailable when nothing listens at `path`.
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path);
+
+// Sends one frame (and `fds`, which stay the caller's). Never raises SIGPIPE.
+absl::Status SendFrame(int socket, MessageType type, absl::string_view payload,
+                       const std::vector<int>& fds = {});
+// Receives one frame. Unavailable when the peer closed the connection
+// before a frame began; InvalidArgument for a malformed header, more than
+// `max_fds` descriptors, or a frame cut short.
+absl::StatusOr<Frame> ReceiveFrame(int socket, size_t max_fds = 0);
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
+
+// Sends a request and waits for its reply; an Error reply becomes its status.
+absl::StatusOr<Frame> Call(int socket, MessageType type, absl::string_view payload,
+                           size_t max_fds = 0);
+
+}  // namespace monarch::service
+
+#endif  // MONARCH_SERVICE_UNIX_SOCKET_H_

@@ -1,0 +1,355 @@
+// monarch: the node service and its administration.
+//
+//   monarch serve --config FILE        run the node's service in the foreground
+//   monarch stop   [--config FILE | --runtime-dir DIR]
+//   monarch status [--config FILE | --runtime-dir DIR]
+//   monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir DIR]
+//   monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]
+//   monarch epochs ...                 replay a training job's reads (see --help)
+//
+// Without --config or --runtime-dir the commands look for the service in
+// the directory MONARCH_CONFIG's node section names, else in the default
+// runtime directory ($XDG_RUNTIME_DIR/monarch, or /tmp/monarch-<uid>).
+//
+// Exit codes: 0 success, 1 failure, 2 bad arguments, 3 no service running.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "service/node_service.h"
+#include "service/protocol.h"
+#include "service/runtime.h"
+#include "service/unix_socket.h"
+
+int RunEpochs(int argc, char** argv);
+
+namespace {
+
+using monarch::service::Frame;
+using monarch::service::MessageType;
+using monarch::service::ServicePaths;
+
+constexpr int kNoService = 3;
+
+int Usage(const char* problem) {
+  if (problem != nullptr) std::fprintf(stderr, "monarch: %s\n", problem);
+  std::fprintf(stderr,
+               "usage: monarch serve --config FILE\n"
+               "       monarch stop   [--config FILE | --runtime-dir DIR]\n"
+               "       monarch status [--config FILE | --runtime-dir DIR]\n"
+               "       monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir "
+               "DIR]\n"
+               "       monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]\n"
+               "       monarch epochs --help\n");
+  return 2;
+}
+
+struct Args {
+  std::string config;
+  std::string runtime_dir;
+  bool json = false;
+  double watch = 0;  // Seconds between refreshes; 0 = once.
+  bool autostarted = false;
+  std::vector<std::string> rest;
+};
+
+bool ParseArgs(int argc, char** argv, Args* args) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    if (flag == "--config") {
+      if (!value(&args->config)) return false;
+    } else if (flag == "--runtime-dir") {
+      if (!value(&args->runtime_dir)) return false;
+    } else if (flag == "--json") {
+      args->json = true;
+    } else if (flag == "--watch") {
+      args->watch = 1;
+      double seconds;
+      if (i + 1 < argc && absl::SimpleAtod(argv[i + 1], &seconds) && seconds > 0) {
+        args->watch = seconds;
+        ++i;
+      }
+    } else if (flag == "--autostarted") {
+      args->autostarted = true;
+    } else if (flag.rfind("--", 0) == 0) {
+      return false;
+    } else {
+      args->rest.push_back(flag);
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<monarch::Config> LoadConfig(const std::string& file) {
+  return monarch::ParseConfigFile(file);
+}
+
+// The service's paths from --runtime-dir, --config, MONARCH_CONFIG, or the default.
+absl::StatusOr<ServicePaths> FindService(const Args& args) {
+  monarch::NodeConfig node;
+  if (!args.runtime_dir.empty()) {
+    node.runtime_dir = args.runtime_dir;
+  } else {
+    std::string file = args.config;
+    if (file.empty() && std::getenv("MONARCH_CONFIG") != nullptr) file = std::getenv("MONARCH_CONFIG");
+    if (!file.empty()) {
+      absl::StatusOr<monarch::Config> config = LoadConfig(file);
+      if (!config.ok()) return config.status();
+      node = config->node;
+    }
+  }
+  return monarch::service::ServicePathsFor(node);
+}
+
+absl::StatusOr<Frame> Ask(const ServicePaths& paths, MessageType type, const std::string& payload = "") {
+  absl::StatusOr<monarch::ScopedFd> socket = monarch::service::ConnectUnix(paths.socket);
+  if (!socket.ok()) return socket.status();
+  return monarch::service::Call(socket->get(), type, payload);
+}
+
+int Failed(const absl::Status& status) {
+  std::fprintf(stderr, "monarch: %s\n", std::string(status.message()).c_str());
+  return absl::IsNotFound(status) || absl::IsUnavailable(status) ? kNoService : 1;
+}
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+}
+
+monarch::service::NodeService* serving = nullptr;
+void OnSignal(int) {
+  if (serving != nullptr) serving->RequestStop();
+}
+
+int Serve(const Args& args) {
+  if (args.config.empty()) return Usage("serve needs --config FILE");
+  absl::StatusOr<monarch::Config> config = LoadConfig(args.config);
+  if (!config.ok()) return Failed(config.status());
+  absl::StatusOr<std::unique_ptr<monarch::service::NodeService>> service =
+      monarch::service::NodeService::Start(*config);
+  if (!service.ok()) {
+    // Two clients starting a service at once: the second one is not needed.
+    if (args.autostarted && absl::IsFailedPrecondition(service.status()) &&
+        std::string(service.status().message()).find("already running") != std::string::npos) {
+      return 0;
+    }
+    return Failed(service.status());
+  }
+  serving = service->get();
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::fprintf(stderr, "monarch: serving %s at %s (pid %d)%s\n", config->dataset.path.c_str(),
+               (*service)->paths().socket.c_str(), static_cast<int>(::getpid()),
+               (*service)->metrics_port() > 0
+                   ? absl::StrCat(", metrics at http://127.0.0.1:", (*service)->metrics_port(),
+                                  "/metrics")
+                         .c_str()
+                   : "");
+  (*service)->Wait();
+  serving = nullptr;
+  service->reset();
+  return 0;
+}
+
+int Stop(const Args& args) {
+  absl::StatusOr<ServicePaths> paths = FindService(args);
+  if (!paths.ok()) return Failed(paths.status());
+  absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStop);
+  if (!reply.ok()) return Failed(reply.status());
+  // Stopped when the lock is free (the service holds it to its last moment).
+  for (int i = 0; i < 600 && monarch::service::ServiceLockHeld(*paths); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("stopped the Monarch service at %s\n", paths->socket.c_str());
+  return 0;
+}
+
+int Status(const Args& args) {
+  absl::StatusOr<ServicePaths> paths = FindService(args);
+  if (!paths.ok()) return Failed(paths.status());
+  absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStatus);
+  if (!reply.ok()) {
+    if (monarch::service::ServiceLockHeld(*paths)) {
+      std::printf("a Monarch service is starting at %s\n", paths->socket.c_str());
+      return 0;
+    }
+    std::printf("no Monarch service at %s\n", paths->socket.c_str());
+    return kNoService;
+  }
+  absl::StatusOr<monarch::service::StatusReply> status =
+      monarch::service::DecodeStatusReply(reply->payload);
+  if (!status.ok()) return Failed(status.status());
+  std::printf(
+      "Monarch service pid %u at %s\n  dataset   %s\n  uptime    %.0f s\n  clients   %u\n"
+      "  files     %llu (%s)\n  in tiers  %llu files (%s, %.1f%%)\n",
+      status->service_pid, paths->socket.c_str(), status->dataset_root.c_str(),
+      status->uptime_seconds, status->clients, static_cast<unsigned long long>(status->files),
+      Bytes(static_cast<double>(status->dataset_bytes)).c_str(),
+      static_cast<unsigned long long>(status->files_in_tiers),
+      Bytes(static_cast<double>(status->bytes_in_tiers)).c_str(),
+      status->dataset_bytes == 0 ? 100.0 : 100.0 * status->bytes_in_tiers / status->dataset_bytes);
+  return 0;
+}
+
+void PrintStats(const monarch::service::StatsReply& stats, bool json) {
+  if (json) {
+    std::string clients;
+    for (const auto& c : stats.clients) {
+      absl::StrAppend(&clients, clients.empty() ? "" : ", ", "{\"pid\": ", c.pid,
+                      ", \"connections\": ", c.connections, ", \"hits\": ", c.hits,
+                      ", \"hit_bytes\": ", c.hit_bytes, ", \"misses\": ", c.misses,
+                      ", \"miss_bytes\": ", c.miss_bytes, "}");
+    }
+    std::printf("{\"node\": %s, \"clients\": [%s]}\n", stats.node.ToJson().c_str(),
+                clients.c_str());
+    return;
+  }
+  std::printf("%-12s %-7s %12s %12s %10s %12s %12s %8s\n", "tier", "kind", "reads", "read",
+              "files", "used", "capacity", "errors");
+  const std::vector<std::string> tiers = stats.node.TierNames();
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    std::string kind;
+    for (const monarch::Metric& m : stats.node.metrics) {
+      if (m.tier == tiers[t]) kind = m.tier_kind;
+    }
+    std::printf("%-12s %-7s %12llu %12s %10llu %12s %12s %8llu\n", tiers[t].c_str(), kind.c_str(),
+                static_cast<unsigned long long>(stats.node.Tier(t, "reads")),
+                Bytes(static_cast<double>(stats.node.Tier(t, "bytes_read"))).c_str(),
+                static_cast<unsigned long long>(stats.node.Tier(t, "files")),
+                Bytes(static_cast<double>(stats.node.Tier(t, "bytes_used"))).c_str(),
+                Bytes(static_cast<double>(stats.node.Tier(t, "capacity"))).c_str(),
+                static_cast<unsigned long long>(stats.node.Tier(t, "read_errors") +
+                                                stats.node.Tier(t, "write_errors")));
+  }
+  std::printf("promotions: %llu started, %llu completed, %llu failed; staging %s\n",
+              static_cast<unsigned long long>(stats.node.Get("promotions_started")),
+              static_cast<unsigned long long>(stats.node.Get("promotions_completed")),
+              static_cast<unsigned long long>(stats.node.Get("promotions_failed")),
+              Bytes(static_cast<double>(stats.node.Get("staging_bytes"))).c_str());
+  std::printf("%-8s %6s %12s %12s %12s %12s\n", "client", "conns", "hits", "hit bytes",
+              "misses", "miss bytes");
+  for (const auto& c : stats.clients) {
+    std::printf("%-8u %6u %12llu %12s %12llu %12s\n", c.pid, c.connections,
+                static_cast<unsigned long long>(c.hits),
+                Bytes(static_cast<double>(c.hit_bytes)).c_str(),
+                static_cast<unsigned long long>(c.misses),
+                Bytes(static_cast<double>(c.miss_bytes)).c_str());
+  }
+}
+
+int StatsCommand(const Args& args) {
+  absl::StatusOr<ServicePaths> paths = FindService(args);
+  if (!paths.ok()) return Failed(paths.status());
+  for (;;) {
+    absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStats);
+    if (!reply.ok()) return Failed(reply.status());
+    absl::StatusOr<monarch::service::StatsReply> stats =
+        monarch::service::DecodeStatsReply(reply->payload);
+    if (!stats.ok()) return Failed(stats.status());
+    if (args.watch > 0 && !args.json && isatty(1)) std::printf("\033[H\033[2J");
+    PrintStats(*stats, args.json);
+    std::fflush(stdout);
+    if (args.watch <= 0) return 0;
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.watch));
+  }
+}
+
+int Stage(const Args& args) {
+  absl::StatusOr<ServicePaths> paths = FindService(args);
+  if (!paths.ok()) return Failed(paths.status());
+  absl::StatusOr<monarch::ScopedFd> socket = monarch::service::ConnectUnix(paths->socket);
+  if (!socket.ok()) return Failed(socket.status());
+  monarch::service::StageRequest request;
+  request.globs = args.rest;
+  absl::Status sent = monarch::service::SendFrame(socket->get(), MessageType::kStage,
+                                                  monarch::service::Encode(request));
+  if (!sent.ok()) return Failed(sent);
+  const auto began = std::chrono::steady_clock::now();
+  const bool tty = isatty(2);
+  monarch::service::StageProgress last;
+  for (;;) {
+    absl::StatusOr<Frame> frame = monarch::service::ReceiveFrame(socket->get());
+    if (!frame.ok()) return Failed(frame.status());
+    if (frame->type == MessageType::kError) {
+      absl::StatusOr<monarch::service::ErrorReply> error =
+          monarch::service::DecodeErrorReply(frame->payload);
+      return Failed(error.ok() ? error->ToStatus() : error.status());
+    }
+    absl::StatusOr<monarch::service::StageProgress> progress =
+        monarch::service::DecodeStageProgress(frame->payload);
+    if (!progress.ok()) return Failed(progress.status());
+    last = *progress;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    const double rate = seconds > 0 ? last.bytes_done / seconds : 0;
+    const double fraction = last.bytes_total == 0 ? 1.0 : double(last.bytes_done) / last.bytes_total;
+    const double eta = rate > 0 ? (last.bytes_total - last.bytes_done) / rate : 0;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+    std::fprintf(stderr, "%s[%s] %3.0f%%  %llu/%llu files  %s/%s  %s/s  ETA %.0f s%s",
+                 tty ? "\r" : "", bar.c_str(), 100 * fraction,
+                 static_cast<unsigned long long>(last.files_done),
+                 static_cast<unsigned long long>(last.files_total),
+                 Bytes(static_cast<double>(last.bytes_done)).c_str(),
+                 Bytes(static_cast<double>(last.bytes_total)).c_str(), Bytes(rate).c_str(), eta,
+                 tty ? "" : "\n");
+    if (last.finished) break;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  std::fprintf(stderr, "%s", tty ? "\n" : "");
+  std::printf("staged %llu of %llu files (%s of %s) in %.1f s; %llu did not fit in any tier\n",
+              static_cast<unsigned long long>(last.files_in_tiers),
+              static_cast<unsigned long long>(last.files_total),
+              Bytes(static_cast<double>(last.bytes_done)).c_str(),
+              Bytes(static_cast<double>(last.bytes_total)).c_str(), seconds,
+              static_cast<unsigned long long>(last.files_done - last.files_in_tiers));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return Usage(nullptr);
+  const std::string command = argv[1];
+  if (command == "epochs") return RunEpochs(argc - 1, argv + 1);
+  if (command == "--help" || command == "-h" || command == "help") {
+    Usage(nullptr);
+    return 0;
+  }
+  Args args;
+  if (!ParseArgs(argc, argv, &args)) return Usage("bad arguments");
+  if (command == "serve") return Serve(args);
+  if (command == "stop") return Stop(args);
+  if (command == "status") return Status(args);
+  if (command == "stats") return StatsCommand(args);
+  if (command == "stage") return Stage(args);
+  return Usage(absl::StrCat("unknown command '", command, "'").c_str());
+}
