@@ -234,22 +234,29 @@ class ServiceClient final : public Monarch {
   }
   absl::StatusOr<FileStat> Stat(std::string_view name) const override {
     const Session* session = CurrentSession(State());
+    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
     const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
     if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     const FileRef ref = session->image->ref(*id);
     return FileStat{ref.size, ref.mtime_ns};
   }
   bool FileExists(std::string_view name) const override {
-    return CurrentSession(State())->image->Find(ToAbsl(name)).has_value();
+    const Session* session = CurrentSession(State());
+    return session != nullptr && session->image->Find(ToAbsl(name)).has_value();
   }
   bool IsDirectory(std::string_view name) const override {
-    return CurrentSession(State())->image->IsDirectory(ToAbsl(name));
+    const Session* session = CurrentSession(State());
+    return session != nullptr && session->image->IsDirectory(ToAbsl(name));
   }
   absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
-    return CurrentSession(State())->image->List(ToAbsl(dir));
+    const Session* session = CurrentSession(State());
+    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+    return session->image->List(ToAbsl(dir));
   }
   std::vector<std::string> ListFiles() const override {
-    const NamespaceImage& image = *CurrentSession(State())->image;
+    const Session* session = CurrentSession(State());
+    if (session == nullptr) return {};
+    const NamespaceImage& image = *session->image;
     std::vector<std::string> names;
     names.reserve(image.file_count());
     for (uint32_t id = 0; id < image.file_count(); ++id) {
@@ -413,22 +420,24 @@ class ServiceClient final : public Monarch {
     while (channel != nullptr && done < n) {
       const uint64_t piece = std::min<uint64_t>(n - done, session->reply.buffer_bytes);
       ReadRequest request{ref.id, offset + done, piece};
-      absl::StatusOr<Frame> reply =
-          Call(channel->socket.get(), MessageType::kRead, Encode(request));
-      if (!reply.ok()) {
-        if (absl::IsUnavailable(reply.status()) || absl::IsInternal(reply.status()) ||
-            absl::IsInvalidArgument(reply.status()) || absl::IsDeadlineExceeded(reply.status()) ||
-            reply.status().message().find("receive from") != absl::string_view::npos ||
-            reply.status().message().find("send to") != absl::string_view::npos) {
-          // The connection broke: the service died or is stopping.
-          channel.reset();
-          session->alive.store(false);
-          break;
-        }
-        ReturnChannel(state, std::move(channel));
-        return reply.status();  // The read's own error (e.g. the source's EIO).
+      // A broken connection (or a reply that makes no sense) means the
+      // service died or is stopping; an Error reply is the read's own
+      // outcome (e.g. the source's EIO) and the connection stays usable.
+      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
+      if (SendFrame(channel->socket.get(), MessageType::kRead, Encode(request)).ok()) {
+        reply = ReceiveFrame(channel->socket.get());
       }
-      absl::StatusOr<ReadReply> got = DecodeReadReply(reply->payload);
+      if (reply.ok() && reply->type == MessageType::kError) {
+        absl::StatusOr<ErrorReply> error = DecodeErrorReply(reply->payload);
+        if (error.ok()) {
+          ReturnChannel(state, std::move(channel));
+          return error->ToStatus();
+        }
+      }
+      absl::StatusOr<ReadReply> got =
+          reply.ok() && reply->type == MessageType::kReadReply
+              ? DecodeReadReply(reply->payload)
+              : absl::StatusOr<ReadReply>(absl::UnavailableError("no reply"));
       if (!got.ok() || got->bytes > piece) {
         channel.reset();
         session->alive.store(false);

@@ -1,0 +1,1303 @@
+#!/usr/bin/env python3
+"""The node service with real processes.
+
+One `monarch serve` per runtime directory, several `monarch-epochs` (and
+ctypes) clients of it, each scenario with its own dataset, runtime directory
+and service, always stopped at the end:
+
+  clients-ram          4, then (fresh service) 8 clients x 3 epochs over a RAM
+                       tier: every byte right, each file read from the source
+                       once per node in epoch 1 only, the RAM tier holds the
+                       dataset once, and the clients' private memory stays far
+                       below the dataset.
+  clients-posix        4 clients over a posix tier of half the dataset: exact
+                       bytes, and the tier's directory never holds more than
+                       its capacity (sampled every 50 ms).
+  startup-source-ops   (FUSE) 4 clients opening Monarch cost the source (the
+                       PFS emulator) no operation at all; an epoch then does.
+  kill-service         the service SIGKILLed mid-epoch: clients finish exact;
+                       a new service reuses the posix tier's copies.
+  kill-client          a client SIGKILLed mid-epoch: the others finish exact,
+                       staging drains, promotions add up, the service serves on
+                       and its client count drops to 0.
+  fork-spawn           ctypes clients: os.fork() children and multiprocessing
+                       spawn children read and verify partitions.
+  wrong-uid            (root, setpriv) another user's process is refused: by
+                       the runtime directory's owner check, and, when the
+                       socket is reachable, by SO_PEERCRED (logged).
+  autostart-race       6 clients and no service: exactly one service starts,
+                       and it exits by itself after node.idle_exit.
+  bad-config           clear errors: a bad node value, no service, another
+                       dataset, a second service.
+  busy-cpus            every core busy with a CPU hog: promotions still finish
+                       by the end of epoch 2 and staging stays in its budget.
+
+usage: service_processes_test.py --build-dir BUILD SCENARIO
+Exit code: 0 pass, 1 fail, 77 skip (the machine cannot run the scenario).
+"""
+
+import argparse
+import ctypes
+import fcntl
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+SKIP = 77
+
+
+class Skip(Exception):
+    pass
+
+
+class Failure(AssertionError):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def log(*args):
+    print("[%8.3f]" % (time.monotonic() - START), *args, flush=True)
+
+
+START = time.monotonic()
+
+
+# --------------------------------------------------------------------------
+# Processes, datasets, configs, services.
+
+
+class Env:
+    """One scenario's binaries, temporary directories and everything to clean up."""
+
+    def __init__(self, build_dir, name):
+        self.build = os.path.abspath(build_dir)
+        self.monarch = os.path.join(self.build, "monarch")
+        self.epochs_bin = os.path.join(self.build, "monarch-epochs")
+        self.libc_api = os.path.join(self.build, "libmonarch_c.so")
+        self.pfs = os.path.join(self.build, "bin", "pfs-emulator")
+        for binary in (self.monarch, self.epochs_bin):
+            if not os.access(binary, os.X_OK):
+                raise Failure("missing binary %s (build the project first)" % binary)
+        # Short: the runtime directory must stay under 80 characters.
+        self.work = tempfile.mkdtemp(prefix="msvc-%s-" % name[:6], dir="/tmp")
+        self.big = None  # Under /var/tmp, made on demand.
+        self.runtime_dirs = []
+        self.procs = []
+        self.mounts = []
+        # The clients must find this build's service binary when they auto-start.
+        os.environ["MONARCH_BINARY"] = self.monarch
+
+    def var_dir(self):
+        if self.big is None:
+            self.big = tempfile.mkdtemp(prefix="msvc-", dir="/var/tmp")
+        return self.big
+
+    def runtime_dir(self, name="rt"):
+        path = os.path.join(self.work, name)
+        check(len(path) < 80, "runtime dir too long: " + path)
+        self.runtime_dirs.append(path)
+        return path
+
+    def popen(self, cmd, **kwargs):
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        kwargs.setdefault("text", True)
+        proc = subprocess.Popen(cmd, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, cmd, timeout=120, **kwargs):
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        return subprocess.run(cmd, timeout=timeout, **kwargs)
+
+    def cleanup(self):
+        # Clients first (a client with autostart could start a service again).
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for rt in self.runtime_dirs:
+            stop_service(self, rt)
+        for mount in self.mounts:
+            subprocess.run([self.pfs, "stop", mount], capture_output=True, timeout=60)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        shutil.rmtree(self.work, ignore_errors=True)
+        if self.big is not None:
+            shutil.rmtree(self.big, ignore_errors=True)
+
+
+def lock_holder(rt):
+    """The pid written in rt/monarch.lock, or None."""
+    try:
+        with open(os.path.join(rt, "monarch.lock")) as f:
+            text = f.read().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def lock_held(rt):
+    """True if some process holds the service lock of rt."""
+    try:
+        fd = os.open(os.path.join(rt, "monarch.lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def is_service(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read().split(b"\0")
+        return b"serve" in args
+    except OSError:
+        return False
+
+
+def stop_service(env, rt):
+    """`monarch stop`, then SIGKILL whatever still holds the lock."""
+    if not os.path.isdir(rt):
+        return
+    try:
+        subprocess.run([env.monarch, "stop", "--runtime-dir", rt], capture_output=True,
+                       timeout=40)
+    except subprocess.TimeoutExpired:
+        pass
+    pid = lock_holder(rt)
+    if pid and pid_alive(pid) and is_service(pid) and lock_held(rt):
+        log("service %d still alive after monarch stop: SIGKILL" % pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def generate_dataset(env, root, count):
+    """count ImageNet-like files (~110 KiB) via monarch-epochs; returns {name: size}."""
+    r = env.run([env.epochs_bin, "--dataset", root, "--generate", str(count), "--epochs", "0"])
+    check(r.returncode == 0, "generating the dataset failed:\n%s%s" % (r.stdout, r.stderr))
+    sizes = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            sizes[os.path.relpath(path, root)] = os.path.getsize(path)
+    check(len(sizes) == count, "expected %d files, found %d" % (count, len(sizes)))
+    return sizes
+
+
+def write_config(path, dataset, tiers, rt, autostart=None, idle_exit="0", placement=None,
+                 extra_node=None):
+    """tiers: YAML flow mappings, fastest first, without the source."""
+    lines = ["dataset: {path: %s}" % dataset, "tiers:"]
+    for t in tiers:
+        lines.append("  - " + t)
+    lines.append("  - {kind: source}")
+    if placement:
+        lines.append("placement:")
+        for k, v in placement.items():
+            lines.append("  %s: %s" % (k, v))
+    if rt is None:  # Monarch in process.
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
+    lines += ["node:", "  shared: true", "  runtime_dir: %s" % rt, "  idle_exit: %s" % idle_exit]
+    if autostart is not None:
+        lines.append("  autostart: %s" % ("true" if autostart else "false"))
+    for k, v in (extra_node or {}).items():
+        lines.append("  %s: %s" % (k, v))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+class Service:
+    """A `monarch serve` started by the test, in the background."""
+
+    def __init__(self, env, config, rt, name="serve"):
+        self.env = env
+        self.rt = rt
+        self.log_path = os.path.join(env.work, "%s.log" % name)
+        self.log_file = open(self.log_path, "w")
+        self.proc = env.popen([env.monarch, "serve", "--config", config],
+                              stdout=self.log_file, stderr=subprocess.STDOUT)
+        self.wait_ready()
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Failure("monarch serve exited %d:\n%s" % (self.proc.returncode, self.log()))
+            r = self.env.run([self.env.monarch, "status", "--runtime-dir", self.rt], timeout=30)
+            if r.returncode == 0 and "Monarch service pid" in r.stdout:
+                return
+            time.sleep(0.05)
+        raise Failure("the service did not come up in %d s:\n%s" % (timeout, self.log()))
+
+    def log(self):
+        self.log_file.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        stop_service(self.env, self.rt)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log_file.close()
+
+
+def node_stats(env, rt):
+    r = env.run([env.monarch, "stats", "--json", "--runtime-dir", rt], timeout=30)
+    check(r.returncode == 0, "monarch stats failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
+    return json.loads(r.stdout)
+
+
+def status_text(env, rt):
+    r = env.run([env.monarch, "status", "--runtime-dir", rt], timeout=30)
+    return r.returncode, r.stdout + r.stderr
+
+
+def tier(stats_node, name):
+    for t in stats_node["tiers"]:
+        if t["name"] == name:
+            return t
+    raise Failure("no tier %s in %s" % (name, [t["name"] for t in stats_node["tiers"]]))
+
+
+def final_stats(output):
+    for line in output.splitlines():
+        if line.startswith("stats: "):
+            return json.loads(line[len("stats: "):])
+    raise Failure("no stats line in:\n" + output)
+
+
+class Clients:
+    """N monarch-epochs processes over one config, partitioned, with a barrier."""
+
+    def __init__(self, env, config, count, name, epochs=3, threads=2, barrier=True,
+                 read_size=0, verify=True, extra=None, per_client=None, hooks=None):
+        self.env = env
+        self.count = count
+        self.epochs = epochs
+        self.dir = os.path.join(env.work, name)
+        os.makedirs(self.dir)
+        barrier_dir = os.path.join(self.dir, "barrier")
+        os.makedirs(barrier_dir)
+        # Each client's --before-epoch hook leaves a marker right before each
+        # epoch starts (and after the last): where it is, however its stdout
+        # (a pipe, so fully buffered) comes.
+        self.marks = os.path.join(self.dir, "marks")
+        os.makedirs(self.marks)
+        self.procs = []
+        self.lines = [[] for _ in range(count)]  # stdout lines as they come
+        self.line_times = [[] for _ in range(count)]
+        self.errs = [""] * count
+        self.threads = []
+        for r in range(count):
+            cmd = [env.epochs_bin, "--config", config, "--epochs", str(epochs),
+                   "--threads", str(threads), "--json", self.json_path(r)]
+            if verify:
+                cmd.append("--verify")
+            if count > 1:
+                cmd += ["--partition", "%d/%d" % (r, count)]
+                if barrier:
+                    cmd += ["--barrier-dir", barrier_dir]
+            if read_size:
+                cmd += ["--read-size", str(read_size)]
+            cmd += extra or []
+            hook = "touch %s/$MONARCH_EPOCH.%d" % (self.marks, r)
+            if hooks and hooks(r):
+                hook += " && " + hooks(r)
+            cmd += ["--before-epoch", hook]
+            if per_client:
+                cmd += per_client(r)
+            self.procs.append(env.popen(cmd))
+        for r, proc in enumerate(self.procs):
+            for target in (self._pump_out, self._pump_err):
+                t = threading.Thread(target=target, args=(r, proc), daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def json_path(self, r):
+        return os.path.join(self.dir, "epochs%d.json" % r)
+
+    def _pump_out(self, r, proc):
+        for line in proc.stdout:
+            self.lines[r].append(line)
+            self.line_times[r].append(time.monotonic())
+
+    def _pump_err(self, r, proc):
+        self.errs[r] = proc.stderr.read()
+
+    def pids(self):
+        return [p.pid for p in self.procs]
+
+    def started(self, r, epoch):
+        """True once client r is about to start `epoch` (epochs + 1: done reading)."""
+        return os.path.exists(os.path.join(self.marks, "%d.%d" % (epoch, r)))
+
+    def wait(self, timeout=300, skip=()):
+        deadline = time.monotonic() + timeout
+        for r, proc in enumerate(self.procs):
+            try:
+                proc.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise Failure("client %d did not finish in %d s:\n%s" % (r, timeout,
+                                                                         self.output(r)))
+        for t in self.threads:
+            t.join(timeout=10)
+
+    def output(self, r):
+        return "".join(self.lines[r]) + self.errs[r]
+
+    def check_ok(self, skip=()):
+        """Every client (but `skip`) exited 0 with every epoch exact."""
+        for r, proc in enumerate(self.procs):
+            if r in skip:
+                continue
+            check(proc.returncode == 0, "client %d exited %s:\n%s" % (r, proc.returncode,
+                                                                      self.output(r)))
+            epochs = self.epoch_json(r)
+            check(len(epochs) == self.epochs, "client %d: %d epochs in its JSON" % (r, len(epochs)))
+            for e in epochs:
+                check(e["errors"] == 0 and e["mismatches"] == 0,
+                      "client %d epoch %d: %d errors, %d mismatches" % (
+                          r, e["epoch"], e["errors"], e["mismatches"]))
+
+    def epoch_json(self, r):
+        with open(self.json_path(r)) as f:
+            text = f.read()
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise Failure("client %d wrote invalid JSON to --json (%s):\n%s" % (r, e, text))
+
+    def bytes_per_epoch(self, skip=()):
+        totals = [0] * self.epochs
+        for r in range(self.count):
+            if r in skip:
+                continue
+            for e in self.epoch_json(r):
+                totals[e["epoch"] - 1] += e["bytes"]
+        return totals
+
+
+def served_per_epoch(clients, tier_name, r=0):
+    """What the node's `tier_name` served in each epoch, as client r saw it."""
+    return [e["served"].get(tier_name, {}).get("bytes", 0) for e in clients.epoch_json(r)]
+
+
+def smaps_rollup(pid):
+    """{field: kB} of /proc/pid/smaps_rollup, or None once the process is gone."""
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+):\s+(\d+) kB", line)
+        if m:
+            fields[m.group(1)] = int(m.group(2))
+    return fields or None
+
+
+class MemorySampler(threading.Thread):
+    """Samples the clients' Private_Dirty every 20 ms while they run."""
+
+    def __init__(self, pids):
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = {pid: 0 for pid in pids}
+        self.samples = 0
+        self.stop_event = threading.Event()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            for pid in self.pids:
+                fields = smaps_rollup(pid)
+                if fields is not None and "Private_Dirty" in fields:
+                    self.peak[pid] = max(self.peak[pid], fields["Private_Dirty"] * 1024)
+                    self.samples += 1
+            time.sleep(0.02)
+
+    def stop(self):
+        self.stop_event.set()
+        self.join()
+
+
+def posix_dir_bytes(path):
+    """Bytes of the regular files under a posix tier, .monarch excluded."""
+    total = 0
+    for dirpath, dirnames, names in os.walk(path):
+        if dirpath == path and ".monarch" in dirnames:
+            dirnames.remove(".monarch")
+        for n in names:
+            try:
+                st = os.lstat(os.path.join(dirpath, n))
+            except OSError:
+                continue  # Renamed or removed meanwhile.
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+# --------------------------------------------------------------------------
+# Scenarios.
+
+
+def run_ram_clients(env, dataset, sizes, count):
+    total = sum(sizes.values())
+    rt = env.runtime_dir("rt%d" % count)
+    config = write_config(os.path.join(env.work, "ram%d.yaml" % count), dataset,
+                          ["{kind: ram, capacity: %d}" % (4 * total)], rt, idle_exit="0")
+    service = Service(env, config, rt, "serve%d" % count)
+    mem_dir = os.path.join(env.work, "mem%d" % count)
+    os.makedirs(mem_dir)
+    # After the last epoch (MONARCH_EPOCH=4) each client, Monarch still open,
+    # records its own memory: a deterministic sample next to the periodic ones.
+    hook = "cat /proc/$PPID/smaps_rollup > %s/$MONARCH_EPOCH.%%d" % mem_dir
+    started = time.monotonic()
+    clients = Clients(env, config, count, "clients%d" % count, hooks=lambda r: hook % r)
+    sampler = MemorySampler(clients.pids())
+    sampler.start()
+    clients.wait()
+    sampler.stop()
+    elapsed = time.monotonic() - started
+    clients.check_ok()
+    log("%d clients: 3 epochs in %.1f s" % (count, elapsed))
+
+    per_epoch = clients.bytes_per_epoch()
+    check(per_epoch == [total] * 3, "bytes read per epoch %s, dataset %d" % (per_epoch, total))
+    source = [served_per_epoch(clients, "source", r) for r in range(count)]
+    log("source bytes per epoch (node, as each client saw it):", source[0])
+    for r in range(count):
+        check(source[r] == [total, 0, 0],
+              "client %d: node source bytes per epoch %s, want [%d, 0, 0]" % (r, source[r], total))
+    ram_served = served_per_epoch(clients, "ram")
+    check(ram_served[1] == total and ram_served[2] == total,
+          "RAM tier served %s per epoch; epochs 2 and 3 should be all of it (%d)" % (ram_served,
+                                                                                    total))
+
+    stats = node_stats(env, rt)
+    node = stats["node"]
+    src = node["tiers"][-1]
+    ram = tier(node, "ram")
+    log("node: source bytes_read %d, ram bytes_used %d files %d, dataset %d in %d files" % (
+        src["bytes_read"], ram["bytes_used"], ram["files"], total, len(sizes)))
+    check(src["bytes_read"] == total,
+          "source bytes_read %d != dataset bytes %d (read once per node)" % (src["bytes_read"],
+                                                                              total))
+    check(src["reads"] == len(sizes), "source reads %d != %d files" % (src["reads"], len(sizes)))
+    check(ram["bytes_used"] == total and ram["files"] == len(sizes),
+          "ram tier holds %d bytes in %d files; the dataset is %d bytes in %d files" % (
+              ram["bytes_used"], ram["files"], total, len(sizes)))
+    check(node["promotions_completed"] == len(sizes),
+          "promotions_completed %d != %d files" % (node["promotions_completed"], len(sizes)))
+    check(stats["clients"] == [], "clients still listed after they exited: %s" % stats["clients"])
+
+    # Shared memory counted once: each client's private dirty memory is small.
+    limit = total // 4
+    at_end = []
+    for r in range(count):
+        path = os.path.join(mem_dir, "4.%d" % r)
+        with open(path) as f:
+            fields = {m.group(1): int(m.group(2)) * 1024
+                      for m in re.finditer(r"(\w+):\s+(\d+) kB", f.read())}
+        at_end.append(fields["Private_Dirty"])
+    peaks = [sampler.peak[pid] for pid in clients.pids()]
+    log("client Private_Dirty after the last epoch (MiB): %s; sampled peaks (MiB): %s "
+        "(%d samples); dataset %.1f MiB" % ([round(b / 2**20, 1) for b in at_end],
+                                             [round(b / 2**20, 1) for b in peaks],
+                                             sampler.samples, total / 2**20))
+    for r in range(count):
+        check(at_end[r] < limit and peaks[r] < limit,
+              "client %d private dirty memory %d (peak %d) not far below the dataset (%d)" % (
+                  r, at_end[r], peaks[r], total))
+    service.stop()
+
+
+def scenario_clients_ram(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 300)
+    total = sum(sizes.values())
+    # Control: the measure sees a process's own RAM tier. Monarch in process
+    # (no node section) holds the dataset in its private dirty memory.
+    config = write_config(os.path.join(env.work, "inproc.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (4 * total)], None)
+    mem = os.path.join(env.work, "inproc.smaps")
+    r = env.run([env.epochs_bin, "--config", config, "--epochs", "2", "--threads", "2",
+                 "--before-epoch", "cat /proc/$PPID/smaps_rollup > %s" % mem])
+    check(r.returncode == 0, "in-process run failed:\n%s%s" % (r.stdout, r.stderr))
+    with open(mem) as f:
+        private = int(re.search(r"Private_Dirty:\s+(\d+) kB", f.read()).group(1)) * 1024
+    log("control: Monarch in process, Private_Dirty %.1f MiB, dataset %.1f MiB" % (
+        private / 2**20, total / 2**20))
+    check(private > total // 2, "the memory measure does not see an in-process RAM tier")
+    run_ram_clients(env, dataset, sizes, 4)
+    run_ram_clients(env, dataset, sizes, 8)
+
+
+def scenario_clients_posix(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 300)
+    total = sum(sizes.values())
+    capacity = total // 2
+    tier_dir = os.path.join(env.var_dir(), "tier")
+    os.makedirs(tier_dir)
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "posix.yaml"), dataset,
+                          ["{kind: posix, path: %s, capacity: %d}" % (tier_dir, capacity)], rt)
+    service = Service(env, config, rt)
+
+    peak = [0, 0]  # bytes, samples
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], posix_dir_bytes(tier_dir))
+            peak[1] += 1
+            time.sleep(0.01)  # Every 50 ms or more often.
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    # 4 KiB reads: epoch 1 (when the tier fills) lasts long enough to watch.
+    clients = Clients(env, config, 4, "clients", read_size=4096)
+    clients.wait()
+    stop.set()
+    sampler.join()
+    clients.check_ok()
+    node_after = node_stats(env, rt)["node"]
+    at_end = posix_dir_bytes(tier_dir)
+    peak[0] = max(peak[0], at_end)
+    posix = tier(node_after, "posix")
+    used = posix["bytes_used"]
+    log("posix dir: peak %d bytes over %d samples, %d at the end; stats bytes_used %d, "
+        "files %d; capacity %d; dataset %d" % (peak[0], peak[1], at_end, used, posix["files"],
+                                              capacity, total))
+    check(peak[0] <= capacity, "posix tier directory held %d bytes > capacity %d" % (peak[0],
+                                                                                 capacity))
+    check(used <= capacity, "stats bytes_used %d > capacity %d" % (used, capacity))
+    # The tier was really used, and the directory is what the stats say.
+    check(used > capacity * 0.8, "posix tier only %d of %d bytes used" % (used, capacity))
+    check(at_end == used, "posix directory holds %d bytes, stats say %d" % (at_end, used))
+
+    check(clients.bytes_per_epoch() == [total] * 3, "bytes per epoch %s" % clients.bytes_per_epoch())
+    source = served_per_epoch(clients, "source")
+    posix_served = served_per_epoch(clients, "posix")
+    log("source bytes per epoch %s, posix %s" % (source, posix_served))
+    # Epoch 1: every file once from the source. Then what did not fit, only.
+    check(source == [total, total - used, total - used],
+          "source bytes per epoch %s; want [%d, %d, %d]" % (source, total, total - used,
+                                                            total - used))
+    check(posix_served[2] == used, "posix served %d in epoch 3, holds %d" % (posix_served[2], used))
+    src = node_after["tiers"][-1]
+    check(src["bytes_read"] == total + 2 * (total - used),
+          "source bytes_read %d, want %d" % (src["bytes_read"], total + 2 * (total - used)))
+    service.stop()
+
+
+# A ctypes client of libmonarch_c.so (run as its own process).
+
+class CApi:
+    def __init__(self, path):
+        lib = ctypes.CDLL(path)
+        vp = ctypes.c_void_p
+        lib.monarch_open_yaml_file.argtypes = [ctypes.c_char_p, ctypes.POINTER(vp),
+                                               ctypes.POINTER(vp)]
+        lib.monarch_open_yaml_file.restype = ctypes.c_int
+        lib.monarch_close.argtypes = [vp]
+        lib.monarch_close.restype = None
+        lib.monarch_read.argtypes = [vp, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.c_uint64, ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(vp)]
+        lib.monarch_read.restype = ctypes.c_int
+        lib.monarch_free.argtypes = [vp]
+        lib.monarch_free.restype = None
+        lib.monarch_stats_json.argtypes = [vp]
+        lib.monarch_stats_json.restype = vp
+        self.lib = lib
+
+    def _error(self, err):
+        if not err.value:
+            return ""
+        text = ctypes.string_at(err.value).decode(errors="replace")
+        self.lib.monarch_free(err)
+        return text
+
+    def open(self, config):
+        m = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        code = self.lib.monarch_open_yaml_file(config.encode(), ctypes.byref(m), ctypes.byref(err))
+        if code != 0:
+            raise RuntimeError("monarch_open_yaml_file: code %d: %s" % (code, self._error(err)))
+        return m
+
+    def read(self, m, name, size):
+        buf = ctypes.create_string_buffer(max(size, 1))
+        got = ctypes.c_size_t()
+        err = ctypes.c_void_p()
+        code = self.lib.monarch_read(m, name.encode(), buf, size, 0, ctypes.byref(got),
+                                     ctypes.byref(err))
+        if code != 0:
+            raise RuntimeError("monarch_read %s: code %d: %s" % (name, code, self._error(err)))
+        return buf.raw[:got.value]
+
+    def stats(self, m):
+        p = self.lib.monarch_stats_json(m)
+        text = ctypes.string_at(p).decode()
+        self.lib.monarch_free(p)
+        return json.loads(text)
+
+
+def dataset_files(dataset):
+    names = []
+    for dirpath, _, files in os.walk(dataset):
+        for n in files:
+            names.append(os.path.relpath(os.path.join(dirpath, n), dataset))
+    return sorted(names)
+
+
+def verify_files(api, m, dataset, names):
+    """Reads names through Monarch and compares with the files; returns the bad ones."""
+    bad = []
+    for name in names:
+        with open(os.path.join(dataset, name), "rb") as f:
+            want = f.read()
+        try:
+            got = api.read(m, name, len(want))
+        except RuntimeError as e:
+            bad.append("%s: %s" % (name, e))
+            continue
+        if got != want:
+            bad.append("%s: %d bytes differ from the file's %d" % (name, len(got), len(want)))
+    return bad
+
+
+def worker_open_close(lib, config):
+    """Opens Monarch (a client of the node's service), reads nothing, closes."""
+    api = CApi(lib)
+    m = api.open(config)
+    api.lib.monarch_close(m)
+    print("opened and closed")
+    return 0
+
+
+def spawn_child(lib, config, dataset, part, parts):
+    api = CApi(lib)
+    m = api.open(config)
+    names = dataset_files(dataset)[part::parts]
+    bad = verify_files(api, m, dataset, names)
+    api.lib.monarch_close(m)
+    if bad:
+        print("spawn child %d: %d bad reads: %s" % (part, len(bad), bad[:5]), flush=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+def worker_fork_spawn(lib, config, dataset):
+    api = CApi(lib)
+    m = api.open(config)
+    names = dataset_files(dataset)
+    # The parent reads a few files (promoting them) before it forks.
+    bad = verify_files(api, m, dataset, names[:10])
+    if bad:
+        print("parent: bad reads before fork:", bad)
+        return 1
+    # ...and keeps reading in another thread while it forks: a child must not
+    # use anything that thread held.
+    stop = threading.Event()
+    background_bad = []
+    background_reads = [0]
+
+    def reader():
+        i = 0
+        while not stop.is_set():
+            background_bad.extend(verify_files(api, m, dataset, [names[i % len(names)]]))
+            background_reads[0] += 1
+            i += 1
+
+    t = threading.Thread(target=reader)
+    t.start()
+    children = []
+    for part in range(4):
+        time.sleep(0.01)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                bad = verify_files(api, m, dataset, names[part::4])
+                if bad:
+                    print("fork child %d: %d bad reads: %s" % (part, len(bad), bad[:5]),
+                          flush=True)
+                else:
+                    # The node's counters through the child's own connection.
+                    stats = api.stats(m)
+                    code = 0 if "tiers" in stats else 1
+                    if code:
+                        print("fork child %d: stats without tiers: %s" % (part, stats), flush=True)
+                api.lib.monarch_close(m)
+            except BaseException as e:  # noqa: BLE001 - report anything, then exit
+                print("fork child %d: %r" % (part, e), flush=True)
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        children.append(pid)
+    failed = 0
+    for part, pid in enumerate(children):
+        _, status = os.waitpid(pid, 0)
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+            print("fork child %d: status %#x" % (part, status))
+            failed += 1
+    stop.set()
+    t.join()
+    if background_bad:
+        print("parent's background reader: %s" % background_bad[:5])
+        failed += 1
+    print("fork: %d children done, parent read %d files meanwhile" % (len(children),
+                                                                        background_reads[0]))
+    # spawn: fresh interpreters, each opening Monarch itself.
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=spawn_child, args=(lib, config, dataset, part, 4))
+             for part in range(4)]
+    for p in procs:
+        p.start()
+    for part, p in enumerate(procs):
+        p.join(120)
+        if p.exitcode != 0:
+            print("spawn child %d: exit code %s" % (part, p.exitcode))
+            failed += 1
+    print("spawn: %d children done" % len(procs))
+    # The parent still reads right after all that.
+    bad = verify_files(api, m, dataset, names)
+    if bad:
+        print("parent after the children: %d bad reads: %s" % (len(bad), bad[:5]))
+        failed += 1
+    api.lib.monarch_close(m)
+    return 1 if failed else 0
+
+
+def scenario_startup_source_ops(env):
+    if not os.path.exists("/dev/fuse") or not os.access(env.pfs, os.X_OK):
+        raise Skip("no /dev/fuse or no pfs-emulator")
+    backing = os.path.join(env.work, "backing")
+    # The dataset a level below the mount point, as on a real PFS: a path
+    # walk to it costs lookups too.
+    sizes = generate_dataset(env, os.path.join(backing, "train"), 200)
+    total = sum(sizes.values())
+    mount = os.path.join(env.work, "pfs")
+    r = env.run([env.pfs, "start", backing, mount, "--no-delay"], timeout=60)
+    if r.returncode != 0:
+        raise Skip("pfs-emulator start failed: %s%s" % (r.stdout, r.stderr))
+    env.mounts.append(mount)
+    dataset = os.path.join(mount, "train")
+
+    def pfs_stats():
+        r = env.run([env.pfs, "stats", mount], timeout=60)
+        check(r.returncode == 0, "pfs-emulator stats: %s%s" % (r.stdout, r.stderr))
+        return json.loads(r.stdout)["counters"]
+
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "pfs.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (2 * total)], rt, autostart=False)
+    service = Service(env, config, rt)
+    r = env.run([env.pfs, "reset", mount], timeout=60)
+    check(r.returncode == 0, "pfs-emulator reset: %s%s" % (r.stdout, r.stderr))
+    check(all(v == 0 for v in pfs_stats().values()), "counters not zero after reset")
+
+    procs = [env.popen([sys.executable, os.path.abspath(__file__), "--build-dir", env.build,
+                        "_open-close", config]) for _ in range(4)]
+    for i, p in enumerate(procs):
+        out, err = p.communicate(timeout=120)
+        check(p.returncode == 0 and "opened and closed" in out,
+              "ctypes client %d exited %d:\n%s%s" % (i, p.returncode, out, err))
+    counters = pfs_stats()
+    nonzero = {k: v for k, v in counters.items() if v != 0}
+    log("PFS operations while 4 clients opened Monarch: %s" % (nonzero or "none"))
+    # Checked after the rest, so that one run shows everything.
+    problems = []
+    if nonzero:
+        problems.append("4 clients opening Monarch reached the source: %s" % nonzero)
+
+    # The counters do count: one epoch reads every file from the source once.
+    r = env.run([env.pfs, "reset", mount], timeout=60)
+    check(r.returncode == 0, "pfs-emulator reset: %s%s" % (r.stdout, r.stderr))
+    clients = Clients(env, config, 1, "epoch", epochs=1, verify=False)
+    clients.wait()
+    clients.check_ok()
+    counters = pfs_stats()
+    log("PFS operations of one epoch: reads %d, bytes %d, opens %d, metadata %d" % (
+        counters["reads"], counters["bytes_read"], counters["opens"], counters["metadata_ops"]))
+    check(counters["reads"] > 0 and counters["opens"] > 0, "no PFS reads counted: %s" % counters)
+    check(counters["bytes_read"] == total,
+          "PFS bytes_read %d != dataset %d" % (counters["bytes_read"], total))
+    service.stop()
+    check(not problems, "; ".join(problems))
+
+
+def scenario_kill_service(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 600)
+    total = sum(sizes.values())
+    capacity = int(total * 0.6)
+    tier_dir = os.path.join(env.var_dir(), "tier")
+    os.makedirs(tier_dir)
+    rt = env.runtime_dir()
+    # autostart: the clients start a new service once theirs is gone.
+    config = write_config(os.path.join(env.work, "kill.yaml"), dataset,
+                          ["{kind: posix, path: %s, capacity: %d}" % (tier_dir, capacity)], rt,
+                          autostart=True, idle_exit="0")
+    service = Service(env, config, rt)
+    killed_pid = service.pid
+    # Small reads, one thread: epochs of about a second, most of it round
+    # trips to the service for the 40% that stays on the source.
+    clients = Clients(env, config, 2, "clients", threads=1, read_size=1024)
+    deadline = time.monotonic() + 120
+    while not all(clients.started(r, 2) for r in range(2)):
+        check(time.monotonic() < deadline, "epoch 1 did not end")
+        check(all(p.poll() is None for p in clients.procs),
+              "a client ended early:\n%s" % "\n".join(clients.output(r) for r in range(2)))
+        time.sleep(0.005)
+    time.sleep(0.15)
+    mid_epoch = not any(clients.started(r, 3) for r in range(2))
+    os.kill(killed_pid, signal.SIGKILL)
+    service.proc.wait()
+    log("SIGKILLed the service (pid %d) %s" % (killed_pid,
+                                             "mid-epoch 2" if mid_epoch else "after epoch 2"))
+    check(mid_epoch, "epoch 2 ended before the kill: the scenario needs longer epochs")
+    clients.wait()
+    clients.check_ok()
+    epoch2 = [next(float(x) for x in re.findall(r"epoch 2: ([\d.]+) s", clients.output(r)))
+              for r in range(2)]
+    log("clients finished exact; epoch 2 took %s s" % epoch2)
+    check(clients.bytes_per_epoch() == [total] * 3, "bytes per epoch %s" % clients.bytes_per_epoch())
+
+    # A new service (started by a client, or by this one) reuses the copies.
+    after = Clients(env, config, 1, "after", epochs=1)
+    after.wait()
+    after.check_ok()
+    stats = node_stats(env, rt)
+    node = stats["node"]
+    code, text = status_text(env, rt)
+    new_pid = int(re.search(r"Monarch service pid (\d+)", text).group(1))
+    log("new service pid %d: warm_files_reused %d, discarded %d, posix files %d" % (
+        new_pid, node["warm_files_reused"], node["warm_files_discarded"],
+        tier(node, "posix")["files"]))
+    check(new_pid != killed_pid, "the killed service still answers?")
+    check(node["warm_files_reused"] > 0, "the new service reused no copy: %s" % node)
+    check(tier(node, "posix")["bytes_used"] <= capacity, "posix over capacity after restart")
+    # The dead service's temporaries were removed at start-up.
+    tmp = os.path.join(tier_dir, ".monarch", "tmp")
+    leftovers = [n for n in (os.listdir(tmp) if os.path.isdir(tmp) else [])
+                 if n.startswith("%d." % killed_pid)]
+    check(not leftovers, "temporaries of the killed service left: %s" % leftovers)
+
+
+def scenario_kill_client(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 600)
+    total = sum(sizes.values())
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "ram.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (2 * total)], rt)
+    Service(env, config, rt)
+    # No barrier: the survivors must not wait for the victim. The victim reads
+    # in 1 KiB pieces, so it is killed with reads (and promotions) in flight.
+    victim = 2
+    clients = Clients(env, config, 3, "clients", barrier=False,
+                      per_client=lambda r: ["--read-size", "1024"] if r == victim else [])
+    deadline = time.monotonic() + 60
+    while not clients.started(victim, 1):
+        check(time.monotonic() < deadline and clients.procs[victim].poll() is None,
+              "the victim did not start:\n%s" % clients.output(victim))
+        time.sleep(0.005)
+    time.sleep(0.2)
+    mid_epoch = not clients.started(victim, 2)
+    clients.procs[victim].send_signal(signal.SIGKILL)
+    log("SIGKILLed client %d (pid %d) %s" % (victim, clients.procs[victim].pid,
+                                            "mid-epoch 1" if mid_epoch else "after epoch 1"))
+    check(mid_epoch, "the victim finished epoch 1 before the kill: the scenario needs longer "
+          "epochs")
+    clients.wait()
+    check(clients.procs[victim].returncode == -signal.SIGKILL, "victim not killed?")
+    clients.check_ok(skip=(victim,))
+
+    # Then: the service is consistent and idle.
+    deadline = time.monotonic() + 10
+    while True:
+        node = node_stats(env, rt)["node"]
+        started = node["promotions_started"]
+        ended = sum(node["promotions_" + k] for k in ("completed", "failed", "skipped",
+                                                      "cancelled"))
+        if (node["staging_bytes"] == 0 and started == ended) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    log("after the kill: staging_bytes %d, promotions started %d = completed %d + failed %d + "
+        "skipped %d + cancelled %d" % (node["staging_bytes"], started,
+                                       node["promotions_completed"], node["promotions_failed"],
+                                       node["promotions_skipped"], node["promotions_cancelled"]))
+    check(node["staging_bytes"] == 0, "staging_bytes %d after the kill" % node["staging_bytes"])
+    check(started == ended, "promotions started %d != completed+failed+skipped+cancelled %d" % (
+        started, ended))
+    check(node["promotions_failed"] == 0, "promotions failed: %d" % node["promotions_failed"])
+    deadline = time.monotonic() + 10
+    while True:
+        code, text = status_text(env, rt)
+        clients_now = re.search(r"clients\s+(\d+)", text)
+        stats = node_stats(env, rt)
+        if (code == 0 and clients_now and int(clients_now.group(1)) == 0 and
+                stats["node"]["service"]["clients"] == 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    check(code == 0, "monarch status after the kill: exit %d %s" % (code, text))
+    check(int(clients_now.group(1)) == 0, "status still counts clients:\n%s" % text)
+    check(stats["node"]["service"]["clients"] == 0 and stats["clients"] == [],
+          "stats still list clients: %s" % stats["clients"])
+
+    # Everything the victim left half-read is whole: a last epoch over all
+    # files is exact, and every file was read from the source exactly once.
+    last = Clients(env, config, 1, "last", epochs=1)
+    last.wait()
+    last.check_ok()
+    node = node_stats(env, rt)["node"]
+    src = node["tiers"][-1]
+    log("source bytes_read %d, dataset %d; ram files %d" % (src["bytes_read"], total,
+                                                           tier(node, "ram")["files"]))
+    check(src["bytes_read"] == total, "source bytes_read %d != dataset %d" % (src["bytes_read"],
+                                                                              total))
+
+
+def scenario_fork_spawn(env):
+    if not os.path.exists(env.libc_api):
+        raise Failure("missing %s" % env.libc_api)
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 200)
+    total = sum(sizes.values())
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "fork.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (2 * total)], rt, autostart=False)
+    Service(env, config, rt)
+    r = env.run([sys.executable, os.path.abspath(__file__), "--build-dir", env.build,
+                 "_fork-spawn", config, dataset], timeout=300)
+    print(r.stdout + r.stderr)
+    check(r.returncode == 0, "fork/spawn worker exited %d" % r.returncode)
+    node = node_stats(env, rt)["node"]
+    src = node["tiers"][-1]
+    # Forked and spawned children all shared the node's copies.
+    check(src["bytes_read"] == total, "source bytes_read %d != dataset %d" % (src["bytes_read"],
+                                                                              total))
+
+
+def scenario_wrong_uid(env):
+    if os.geteuid() != 0:
+        raise Skip("needs root")
+    if shutil.which("setpriv") is None:
+        raise Skip("needs setpriv")
+    nobody = 65534
+    os.chmod(env.work, 0o755)  # The other user reads the dataset and configs.
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 50)
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "root.yaml"), dataset,
+                          ["{kind: ram, capacity: 64MiB}"], rt, autostart=False)
+    service = Service(env, config, rt)
+    as_nobody = ["setpriv", "--reuid", str(nobody), "--regid", str(nobody), "--clear-groups"]
+    probe = env.run(as_nobody + ["true"])
+    if probe.returncode != 0:
+        raise Skip("setpriv cannot switch users: %s" % probe.stderr)
+
+    # 1. The other user pointed at the service's runtime directory: refused
+    # by the directory's owner check, before any connection.
+    r = env.run(as_nobody + [env.epochs_bin, "--config", config, "--epochs", "1"], timeout=60)
+    log("as uid %d with root's runtime dir: exit %d: %s" % (nobody, r.returncode,
+                                                            r.stderr.strip()))
+    check(r.returncode != 0, "another user's client opened root's service")
+    check("belongs to uid 0" in r.stderr, "no owner message: %s" % r.stderr)
+
+    # 2. The socket reachable (directory 0711, socket 0666, and a runtime
+    # directory of its own whose monarch.sock leads to root's): the
+    # service's SO_PEERCRED check refuses the connection and logs it.
+    os.chmod(rt, 0o711)
+    os.chmod(os.path.join(rt, "monarch.sock"), 0o666)
+    own = os.path.join(env.work, "nobody-rt")
+    os.mkdir(own, 0o700)
+    os.chown(own, nobody, nobody)
+    os.symlink(os.path.join(rt, "monarch.sock"), os.path.join(own, "monarch.sock"))
+    other = write_config(os.path.join(env.work, "nobody.yaml"), dataset,
+                         ["{kind: ram, capacity: 64MiB}"], own, autostart=False)
+    os.chmod(other, 0o644)
+    r = env.run(as_nobody + [env.epochs_bin, "--config", other, "--epochs", "1"], timeout=60)
+    log("as uid %d through a reachable socket: exit %d: %s" % (nobody, r.returncode,
+                                                               r.stderr.strip()))
+    check(r.returncode != 0, "another user's client was served:\n%s%s" % (r.stdout, r.stderr))
+    check(r.stderr.strip() != "", "the refused client printed no message")
+    time.sleep(0.2)
+    text = service.log()
+    refused = [line for line in text.splitlines() if "refused a connection from" in line]
+    log("service log: %s" % refused)
+    check(any("uid %d" % nobody in line for line in refused),
+          "no 'refused a connection from ... uid %d' in the service log:\n%s" % (nobody, text))
+    node = node_stats(env, rt)["node"]
+    check(node["service"]["refused_connections"] >= 1,
+          "refused_connections %d" % node["service"]["refused_connections"])
+    # The service's own user is still served.
+    clients = Clients(env, config, 1, "root", epochs=1)
+    clients.wait()
+    clients.check_ok()
+    check(len(sizes) == 50, "dataset")
+
+
+def scenario_autostart_race(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 150)
+    total = sum(sizes.values())
+    rt = env.runtime_dir()
+    idle = 5
+    config = write_config(os.path.join(env.work, "auto.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (2 * total)], rt, autostart=True,
+                          idle_exit="%ds" % idle)
+    check(not lock_held(rt), "a service already runs")
+    # Each client reads the whole dataset (no partition).
+    clients = [Clients(env, config, 1, "client%d" % r, epochs=1, threads=2) for r in range(6)]
+    for c in clients:
+        c.wait()
+    ended = time.monotonic()
+    for c in clients:
+        c.check_ok()
+    for r, c in enumerate(clients):
+        check(c.epoch_json(0)[0]["bytes"] == total,
+              "client %d read %d bytes, dataset %d" % (r, c.epoch_json(0)[0]["bytes"], total))
+    log_path = os.path.join(rt, "monarch.log")
+    with open(log_path) as f:
+        text = f.read()
+    pids = sorted(set(int(p) for p in re.findall(r"monarch: serving .* at .* \(pid (\d+)\)", text)))
+    log("services that served (from %s): %s" % (log_path, pids))
+    check(len(pids) == 1, "want exactly one service, the log shows %s:\n%s" % (pids, text))
+    pid = pids[0]
+    check(lock_holder(rt) == pid, "lock holder %s != serving pid %d" % (lock_holder(rt), pid))
+
+    # Still there a moment after the last client left (idle_exit is not 0)...
+    time.sleep(1.5)
+    check(pid_alive(pid) and lock_held(rt), "the service left before node.idle_exit")
+    # ...and gone by itself after node.idle_exit.
+    deadline = ended + idle + 10
+    while time.monotonic() < deadline and (pid_alive(pid) or lock_held(rt)):
+        time.sleep(0.1)
+    gone_after = time.monotonic() - ended
+    check(not pid_alive(pid) and not lock_held(rt),
+          "the service is still running %.0f s after the last client left" % gone_after)
+    check(not os.path.exists(os.path.join(rt, "monarch.sock")), "the socket is left behind")
+    log("the service exited by itself %.1f s after the last client (idle_exit %d s)" % (
+        gone_after, idle))
+    check(gone_after >= idle - 0.5, "exited after %.1f s, before idle_exit" % gone_after)
+    code, text = status_text(env, rt)
+    check(code == 3 and "no Monarch service" in text, "status after exit: %d %s" % (code, text))
+
+
+def scenario_bad_config(env):
+    dataset = os.path.join(env.work, "ds")
+    generate_dataset(env, dataset, 20)
+    other_dataset = os.path.join(env.work, "other")
+    generate_dataset(env, other_dataset, 5)
+    rt = env.runtime_dir()
+    ram = ["{kind: ram, capacity: 64MiB}"]
+
+    # A bad node value: both the service and a client refuse, naming the key.
+    bad = write_config(os.path.join(env.work, "bad.yaml"), dataset, ram, rt,
+                       extra_node={"metrics_port": 99999})
+    r = env.run([env.monarch, "serve", "--config", bad], timeout=60)
+    log("serve with metrics_port 99999: exit %d: %s" % (r.returncode, r.stderr.strip()))
+    check(r.returncode != 0 and "node.metrics_port" in r.stderr,
+          "serve: exit %d: %s" % (r.returncode, r.stderr))
+    r = env.run([env.epochs_bin, "--config", bad, "--epochs", "1"], timeout=60)
+    log("client with metrics_port 99999: exit %d: %s" % (r.returncode, r.stderr.strip()))
+    check(r.returncode != 0 and "node.metrics_port" in r.stderr,
+          "client: exit %d: %s" % (r.returncode, r.stderr))
+    check(not lock_held(rt), "a service started from a bad config")
+    long_rt = "/tmp/" + "x" * 90
+    bad_dir = write_config(os.path.join(env.work, "long.yaml"), dataset, ram, long_rt)
+    r = env.run([env.monarch, "serve", "--config", bad_dir], timeout=60)
+    check(r.returncode != 0 and "node.runtime_dir" in r.stderr,
+          "serve with a runtime dir of 95 characters: exit %d: %s" % (r.returncode, r.stderr))
+
+    # Nothing running.
+    for where in (rt, os.path.join(env.work, "never-made")):
+        r = env.run([env.monarch, "status", "--runtime-dir", where], timeout=30)
+        log("status with no service (%s): exit %d: %s" % (where, r.returncode, r.stdout.strip()))
+        check(r.returncode == 3 and "no Monarch service" in r.stdout + r.stderr,
+              "status: exit %d: %s%s" % (r.returncode, r.stdout, r.stderr))
+    manual = write_config(os.path.join(env.work, "manual.yaml"), dataset, ram, rt,
+                          autostart=False)
+    r = env.run([env.epochs_bin, "--config", manual, "--epochs", "1"], timeout=60)
+    log("client, autostart false, no service: exit %d: %s" % (r.returncode, r.stderr.strip()))
+    check(r.returncode != 0 and "monarch serve" in r.stderr,
+          "client without a service: exit %d: %s" % (r.returncode, r.stderr))
+    check(not lock_held(rt), "a client with autostart: false started a service")
+
+    # Another dataset than the running service's.
+    service = Service(env, manual, rt)
+    other = write_config(os.path.join(env.work, "other.yaml"), other_dataset, ram, rt,
+                         autostart=True)
+    r = env.run([env.epochs_bin, "--config", other, "--epochs", "1"], timeout=60)
+    log("client of another dataset: exit %d: %s" % (r.returncode, r.stderr.strip()))
+    check(r.returncode != 0 and dataset in r.stderr and other_dataset in r.stderr,
+          "client of another dataset: exit %d: %s" % (r.returncode, r.stderr))
+    # A second service on the same runtime directory.
+    r = env.run([env.monarch, "serve", "--config", manual], timeout=60)
+    log("second serve: exit %d: %s" % (r.returncode, r.stderr.strip()))
+    check(r.returncode != 0 and "already running" in r.stderr and str(service.pid) in r.stderr,
+          "second serve: exit %d: %s" % (r.returncode, r.stderr))
+    code, text = status_text(env, rt)
+    check(code == 0 and "pid %d" % service.pid in text, "first service hurt: %s" % text)
+
+
+def scenario_busy_cpus(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 300)
+    total = sum(sizes.values())
+    budget = 16 << 20
+    rt = env.runtime_dir()
+    config = write_config(os.path.join(env.work, "busy.yaml"), dataset,
+                          ["{kind: ram, capacity: %d}" % (2 * total)], rt,
+                          placement={"max_staging_bytes": budget})
+    Service(env, config, rt)
+    hogs = [env.popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
+    try:
+        time.sleep(0.2)
+        stats_dir = os.path.join(env.work, "between")
+        os.makedirs(stats_dir)
+        # Client 0 takes the node's stats between epochs (all clients are past
+        # the previous epoch's end barrier then).
+        hook = "%s stats --json --runtime-dir %s > %s/$MONARCH_EPOCH.json" % (env.monarch, rt,
+                                                                            stats_dir)
+        started = time.monotonic()
+        clients = Clients(env, config, 4, "clients", hooks=lambda r: hook if r == 0 else None)
+        clients.wait()
+        log("4 clients, 3 epochs with %d CPU hogs: %.1f s" % (len(hogs),
+                                                            time.monotonic() - started))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    clients.check_ok()
+    with open(os.path.join(stats_dir, "3.json")) as f:
+        after2 = json.load(f)["node"]
+    log("after epoch 2: promotions started %d completed %d, ram files %d of %d; staging peak %d" %
+        (after2["promotions_started"], after2["promotions_completed"],
+         tier(after2, "ram")["files"], len(sizes), after2["staging_peak_bytes"]))
+    check(after2["promotions_completed"] == len(sizes),
+          "promotions_completed %d != %d files by the end of epoch 2" % (
+              after2["promotions_completed"], len(sizes)))
+    check(tier(after2, "ram")["files"] == len(sizes), "RAM tier files after epoch 2")
+    published = [e["published_files"] for e in clients.epoch_json(0)]
+    check(published[1] == len(sizes), "published files per epoch %s" % published)
+    source = served_per_epoch(clients, "source")
+    check(source == [total, 0, 0], "source bytes per epoch %s, want [%d, 0, 0]" % (source, total))
+    node = node_stats(env, rt)["node"]
+    log("staging_peak_bytes %d, budget %d; chunks written by readers %d, by placement %d" % (
+        node["staging_peak_bytes"], budget, node["chunks_written_by_readers"],
+        node["chunks_written_by_placement"]))
+    check(node["staging_peak_bytes"] <= budget,
+          "staging_peak_bytes %d > placement.max_staging_bytes %d" % (node["staging_peak_bytes"],
+                                                                      budget))
+    check(node["staging_bytes"] == 0, "staging_bytes %d at the end" % node["staging_bytes"])
+
+
+SCENARIOS = {
+    "clients-ram": scenario_clients_ram,
+    "clients-posix": scenario_clients_posix,
+    "startup-source-ops": scenario_startup_source_ops,
+    "kill-service": scenario_kill_service,
+    "kill-client": scenario_kill_client,
+    "fork-spawn": scenario_fork_spawn,
+    "wrong-uid": scenario_wrong_uid,
+    "autostart-race": scenario_autostart_race,
+    "bad-config": scenario_bad_config,
+    "busy-cpus": scenario_busy_cpus,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("scenario")
+    parser.add_argument("args", nargs="*")
+    a = parser.parse_args()
+    # Internal: ctypes clients run as processes of their own.
+    if a.scenario == "_open-close":
+        return worker_open_close(os.path.join(a.build_dir, "libmonarch_c.so"), *a.args)
+    if a.scenario == "_fork-spawn":
+        return worker_fork_spawn(os.path.join(os.path.abspath(a.build_dir), "libmonarch_c.so"),
+                                 *a.args)
+    if a.scenario not in SCENARIOS:
+        print("unknown scenario %s; one of %s" % (a.scenario, ", ".join(SCENARIOS)))
+        return 2
+    env = Env(a.build_dir, a.scenario)
+    began = time.monotonic()
+    try:
+        SCENARIOS[a.scenario](env)
+    except Skip as e:
+        print("SKIP %s: %s" % (a.scenario, e))
+        return SKIP
+    except Failure as e:
+        print("FAIL %s after %.1f s: %s" % (a.scenario, time.monotonic() - began, e))
+        return 1
+    except Exception:  # noqa: BLE001 - anything unexpected is a failure, after cleanup
+        traceback.print_exc()
+        print("FAIL %s after %.1f s: unexpected exception" % (a.scenario,
+                                                             time.monotonic() - began))
+        return 1
+    finally:
+        env.cleanup()
+    print("PASS %s in %.1f s" % (a.scenario, time.monotonic() - began))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+// Tests of the node service and its client in one process (so they also
+// run under ASan/UBSan and TSan): the shared namespace image, hits read in
+// the client, misses through the service, a dead and a restarted service,
+// refusals, and hostile messages. tests/service/service_processes_test.py
+// runs the same with real processes.
+
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "metadata/namespace.h"
+#include "monarch/monarch.h"
+#include "service/client.h"
+#include "service/namespace_image.h"
+#include "service/node_service.h"
+#include "service/protocol.h"
+#include "service/unix_socket.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using service::NodeService;
+using testing::ScratchDir;
+using testing::TestFile;
+
+Config SharedConfig(const std::string& dataset, std::vector<TierConfig> tiers,
+                    const std::string& runtime_dir) {
+  Config config = testing::MakeConfig(dataset, std::move(tiers));
+  config.node.shared = true;
+  config.node.runtime_dir = runtime_dir;
+  config.node.autostart = false;  // Tests start their services themselves.
+  config.node.idle_exit_seconds = 0;
+  return config;
+}
+
+// Reads every file whole through `monarch` and checks every byte.
+void ReadAllExact(Monarch& monarch, const std::vector<TestFile>& files) {
+  for (const TestFile& f : files) {
+    std::string buffer(f.size + 1, '\0');
+    absl::StatusOr<size_t> n = monarch.Read(f.name, buffer.data(), buffer.size(), 0);
+    REQUIRE(n.ok());
+    REQUIRE(*n == f.size);
+    REQUIRE(testing::BytesMatch(f, buffer.data(), 0, f.size));
+  }
+}
+
+uint64_t SourceBytes(const Stats& stats) { return stats.Source("bytes_read"); }
+
+TEST_CASE("service: a client reads every byte exactly; the source once; then hits from shared RAM") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 40, {1, 4096, 70000, 300000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  service::ServeOptions options;
+  options.buffer_bytes = 64 * 1024;  // Smaller than the largest file: misses come in pieces.
+  auto node = NodeService::Start(config, options);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+
+  ReadAllExact(**client, files);  // Misses, through the service.
+  (*client)->WaitForPlacement();
+  const Stats after_first = (*client)->GetStats();
+  CHECK(SourceBytes(after_first) == testing::TotalBytes(files));
+  CHECK(after_first.Tier(0, "files") == files.size());
+  const uint64_t ram_reads = after_first.Tier(0, "reads");
+
+  ReadAllExact(**client, files);  // Hits, in the client.
+  const Stats after_second = (*client)->GetStats();
+  CHECK(SourceBytes(after_second) == testing::TotalBytes(files));
+  // The service saw no miss, yet the node's RAM tier counts the client's hits.
+  CHECK(after_second.Tier(0, "reads") == ram_reads + files.size());
+  const service::StatsReply node_stats = (*node)->NodeStats();
+  REQUIRE(node_stats.clients.size() == 1);
+  CHECK(node_stats.clients[0].pid == static_cast<uint32_t>(::getpid()));
+  CHECK(node_stats.clients[0].hits == files.size());
+
+  // Namespace queries come from the shared image.
+  CHECK((*client)->ListFiles().size() == files.size());
+  CHECK((*client)->FileExists(files[3].name));
+  CHECK((*client)->FileExists(dir.path() + "/data/" + files[3].name));
+  CHECK_FALSE((*client)->FileExists("dir0/../" + files[3].name));
+  CHECK(*(*client)->FileSize(files[3].name) == files[3].size);
+  CHECK((*client)->IsDirectory("dir1"));
+  CHECK((*client)->IsDirectory(""));
+  auto listing = (*client)->ListDirectory("");
+  REQUIRE(listing.ok());
+  CHECK(*listing == std::vector<std::string>{"dir0", "dir1", "dir2", "dir3"});
+  CHECK(absl::IsNotFound((*client)->Read("nope.bin", nullptr, 0, 0).status()));
+
+  // Partial reads at odd offsets, hits and past the end.
+  const TestFile& big = files[3];
+  char piece[1000];
+  auto n = (*client)->Read(big.name, piece, sizeof(piece), big.size - 10);
+  REQUIRE(n.ok());
+  CHECK(*n == 10);
+  CHECK(testing::BytesMatch(big, piece, big.size - 10, 10));
+  CHECK(*(*client)->Read(big.name, piece, sizeof(piece), big.size + 5) == 0);
+}
+
+TEST_CASE("service: concurrent clients share one promotion per file") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 64, {200000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  std::vector<std::unique_ptr<Monarch>> clients;
+  for (int i = 0; i < 3; ++i) {
+    auto client = Monarch::Create(config);
+    REQUIRE(client.ok());
+    clients.push_back(std::move(*client));
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 6; ++t) {
+    readers.emplace_back([&, t] {
+      Monarch& client = *clients[t % clients.size()];
+      std::mt19937 rng(t);
+      std::string buffer(200000, '\0');
+      for (int i = 0; i < 200; ++i) {
+        const TestFile& f = files[rng() % files.size()];
+        const uint64_t offset = rng() % f.size;
+        auto n = client.Read(f.name, buffer.data(), 50000, offset);
+        if (!n.ok() || !testing::BytesMatch(f, buffer.data(), offset, *n)) ++wrong;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  CHECK(wrong.load() == 0);
+  clients[0]->WaitForPlacement();
+  const Stats stats = clients[0]->GetStats();
+  // Every file read from the source at most once, whatever the readers.
+  CHECK(SourceBytes(stats) <= testing::TotalBytes(files));
+  CHECK(stats.Get("promotions_started") <= files.size());
+}
+
+TEST_CASE("service: a client reads posix copies itself") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {100000});
+  const Config config = SharedConfig(
+      dir.path() + "/data",
+      {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
+  (*client)->WaitForPlacement();
+  ReadAllExact(**client, files);
+  const service::StatsReply stats = (*node)->NodeStats();
+  REQUIRE(stats.clients.size() == 1);
+  CHECK(stats.clients[0].hits == files.size());
+  CHECK(stats.clients[0].misses == files.size());
+}
+
+TEST_CASE("service: a dead service costs no read, and a new one is picked up") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 30, {50000, 3000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  // Half the files in RAM, then the service goes away.
+  std::vector<TestFile> half(files.begin(), files.begin() + 15);
+  ReadAllExact(**client, half);
+  (*client)->WaitForPlacement();
+  node->reset();
+  ReadAllExact(**client, files);  // RAM copies of the dead service, the rest from the source.
+  ReadAllExact(**client, files);
+
+  auto again = NodeService::Start(config);
+  REQUIRE(again.ok());
+  // The client reconnects at most once a second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ReadAllExact(**client, files);
+  const service::StatsReply stats = (*again)->NodeStats();
+  REQUIRE(stats.clients.size() == 1);
+  CHECK(stats.clients[0].misses > 0);
+}
+
+TEST_CASE("service: a source I/O error reaches the client as the same status, and reads go on") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 6, {20000});
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(8 << 20)}, dir.Sub("run"));
+  config.placement.policy = "none";  // Every read goes to the source.
+  testing::FaultInjectingDriver::Faults faults;
+  service::ServeOptions options;
+  options.wrap = [&](int tier, std::unique_ptr<StorageDriver> driver) {
+    if (tier != 1) return driver;
+    return std::unique_ptr<StorageDriver>(
+        new testing::FaultInjectingDriver(std::move(driver), &faults));
+  };
+  auto node = NodeService::Start(config, options);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  char buffer[100];
+  faults.fail_reads = true;
+  auto failed = (*client)->Read(files[0].name, buffer, sizeof(buffer), 0);
+  CHECK(absl::IsDataLoss(failed.status()));
+  faults.fail_reads = false;
+  ReadAllExact(**client, files);  // The same connection goes on.
+  CHECK((*node)->NodeStats().clients.at(0).misses == files.size());
+}
+
+TEST_CASE("service: refusals name the problem") {
+  ScratchDir dir;
+  testing::MakeDataset(dir.Sub("data"), 3, {1000});
+  testing::MakeDataset(dir.Sub("other"), 3, {1000});
+  const std::string run = dir.Sub("run");
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(1 << 20)}, run);
+
+  auto none = Monarch::Create(config);  // No service, autostart off.
+  REQUIRE_FALSE(none.ok());
+  CHECK(absl::IsFailedPrecondition(none.status()));
+  CHECK(absl::StrContains(none.status().message(), "monarch serve"));
+
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto second = NodeService::Start(config);  // One service per runtime directory.
+  REQUIRE_FALSE(second.ok());
+  CHECK(absl::StrContains(second.status().message(), "already running"));
+
+  Config other = config;
+  other.dataset.path = dir.path() + "/other";
+  auto wrong = Monarch::Create(other);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(absl::StrContains(wrong.status().message(), "/data"));
+  CHECK(absl::StrContains(wrong.status().message(), "/other"));
+}
+
+TEST_CASE("service: the namespace image answers as the namespace does") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 50, {10, 20});
+  auto ns = Namespace::Build(dir.path() + "/data", "", 1);
+  REQUIRE(ns.ok());
+  auto fd = service::WriteNamespaceImage(**ns);
+  REQUIRE(fd.ok());
+  auto image = service::NamespaceImage::Open(*fd);
+  REQUIRE(image.ok());
+  CHECK((*image)->file_count() == files.size());
+  CHECK((*image)->total_bytes() == (*ns)->total_bytes());
+  for (const TestFile& f : files) {
+    auto id = (*image)->Find(f.name);
+    REQUIRE(id.has_value());
+    CHECK((*image)->ref(*id).name == f.name);
+    CHECK((*image)->ref(*id).size == f.size);
+    CHECK(*id == (*ns)->Find(f.name)->ref.id);
+    CHECK((*image)->Find("./" + f.name) == id);
+    CHECK((*image)->Find(dir.path() + "/data/" + f.name) == id);
+  }
+  CHECK_FALSE((*image)->Find("dir0").has_value());
+  CHECK_FALSE((*image)->Find("../data/" + files[0].name).has_value());
+  CHECK_FALSE((*image)->Find("").has_value());
+  for (const char* d : {"", "dir0", "dir3"}) {
+    CHECK((*image)->List(d).value() == (*ns)->List(d).value());
+  }
+  CHECK(absl::IsNotFound((*image)->List("dir9").status()));
+}
+
+// Every decoder on random mutations of valid messages and on random bytes:
+// an error or a value, never a crash (ASan/UBSan check the "never").
+TEST_CASE("service: decoders survive mutated and random messages") {
+  using namespace service;
+  HelloReply hello;
+  hello.instance_id = 7;
+  hello.dataset_root = "/data";
+  hello.tiers = {{0, "ram", "", 9}, {3, "source", "/data", 0}};
+  StatsReply stats;
+  stats.node.metrics.push_back(Metric{"reads", Metric::Kind::kCounter, 5, "h", "ram", "ram"});
+  stats.clients.push_back(ClientStats{1, 2, 3, 4, 5, 6});
+  const std::vector<std::string> valid = {
+      Encode(Hello{kProtocolVersion, "/data"}), Encode(hello),
+      Encode(ReadRequest{1, 2, 3}),            Encode(ReadReply{4}),
+      Encode(ErrorReply{5, "no"}),             Encode(stats),
+      Encode(StageRequest{{"a/*", "b"}}),      Encode(StageProgress{1, 2, 3, 4, 5, 1}),
+      Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7})};
+  auto decode_all = [](absl::string_view p) {
+    (void)DecodeHello(p);
+    (void)DecodeHelloReply(p);
+    (void)DecodeReadRequest(p);
+    (void)DecodeReadReply(p);
+    (void)DecodeErrorReply(p);
+    (void)DecodeStatsReply(p);
+    (void)DecodeStageRequest(p);
+    (void)DecodeStageProgress(p);
+    (void)DecodeStatusReply(p);
+    char header[kFrameHeaderBytes] = {};
+    std::memcpy(header, p.data(), std::min(p.size(), sizeof(header)));
+    (void)DecodeFrameHeader(header);
+  };
+  // Each valid message round-trips through its own decoder.
+  CHECK(DecodeHelloReply(valid[1])->tiers.size() == 2);
+  CHECK(DecodeStatsReply(valid[5])->clients[0].miss_bytes == 6);
+  CHECK(DecodeStageRequest(valid[6])->globs[1] == "b");
+  CHECK_FALSE(DecodeReadRequest(valid[2] + "x").ok());  // Trailing bytes.
+  CHECK_FALSE(DecodeHelloReply(valid[1].substr(0, valid[1].size() - 1)).ok());  // Cut short.
+  std::mt19937 rng(12345);
+  for (int round = 0; round < 20000; ++round) {
+    std::string m = valid[rng() % valid.size()];
+    const int edits = 1 + rng() % 4;
+    for (int e = 0; e < edits; ++e) {
+      switch (rng() % 4) {
+        case 0:
+          if (!m.empty()) m[rng() % m.size()] = static_cast<char>(rng());
+          break;
+        case 1:
+          m.resize(m.empty() ? 0 : rng() % m.size());
+          break;
+        case 2:
+          m.insert(m.empty() ? 0 : rng() % m.size(), std::string(1 + rng() % 8, char(rng())));
+          break;
+        case 3: {  // A huge length or count where one is read.
+          const uint32_t big = 0xfffffff0u + rng() % 16;
+          if (m.size() >= 4) std::memcpy(&m[(rng() % (m.size() - 3))], &big, 4);
+          break;
+        }
+      }
+    }
+    decode_all(m);
+  }
+  for (int round = 0; round < 5000; ++round) {
+    std::string m(rng() % 64, '\0');
+    for (char& c : m) c = static_cast<char>(rng());
+    decode_all(m);
+  }
+}
+
+TEST_CASE("service: hostile connections get an error or a closed socket, and it goes on") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 4, {5000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(1 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  const std::string socket_path = (*node)->paths().socket;
+  std::mt19937 rng(99);
+  for (int round = 0; round < 40; ++round) {
+    auto socket = service::ConnectUnix(socket_path);
+    REQUIRE(socket.ok());
+    std::string junk(1 + rng() % 100, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    if (round % 4 == 1) {  // A valid header announcing a huge payload.
+      service::EncodeFrameHeader(service::MessageType::kRead, 0xffffffff, junk.data());
+    } else if (round % 4 == 2) {  // A read before hello, with a bad file id.
+      junk = std::string(service::kFrameHeaderBytes, '\0');
+      const std::string payload = service::Encode(service::ReadRequest{999999, 0, 1 << 30});
+      service::EncodeFrameHeader(service::MessageType::kRead, payload.size(), junk.data());
+      junk += payload;
+    }
+    ::send(socket->get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+    if (round % 4 == 3) continue;  // Hang up without waiting.
+    ::shutdown(socket->get(), SHUT_WR);
+    char reply[256];
+    while (::recv(socket->get(), reply, sizeof(reply), 0) > 0) {
+    }
+  }
+  // Reads with a bad id or an oversized length after a proper hello.
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
+  CHECK((*node)->NodeStats().node.Get("service.refused_connections") == 0);
+}
+
+}  // namespace
+}  // namespace monarch
