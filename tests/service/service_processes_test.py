@@ -415,7 +415,9 @@ class Clients:
         try:
             return json.loads(text)
         except ValueError as e:
-            raise Failure("client %d wrote invalid JSON to --json (%s):\n%s" % (r, e, text))
+            at = getattr(e, "pos", 0) or 0
+            raise Failure("client %d wrote invalid JSON to --json (%s, near '%s')" % (
+                r, e, text[max(0, at - 120):at + 20]))
 
     def bytes_per_epoch(self, skip=()):
         totals = [0] * self.epochs
@@ -880,6 +882,38 @@ def scenario_startup_source_ops(env):
     check(not problems, "; ".join(problems))
 
 
+def epoch_lines(output):
+    """[(epoch, errors, mismatches)] from monarch-epochs' stdout."""
+    return [(int(m.group(1)), int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"^epoch (\d+): [\d.]+ s, [\d.]+ MiB/s, (\d+) errors, (\d+) mismatches", output, re.M)]
+
+
+def kill_service_mid_epoch_2(env, service_pid, clients):
+    """SIGKILLs the service once both clients are 0.15 s into epoch 2."""
+    deadline = time.monotonic() + 120
+    while not all(clients.started(r, 2) for r in range(clients.count)):
+        check(time.monotonic() < deadline, "epoch 1 did not end")
+        check(all(p.poll() is None for p in clients.procs),
+              "a client ended early:\n%s" % "\n".join(clients.output(r)
+                                                      for r in range(clients.count)))
+        time.sleep(0.005)
+    time.sleep(0.15)
+    mid_epoch = not any(clients.started(r, 3) for r in range(clients.count))
+    os.kill(service_pid, signal.SIGKILL)
+    log("SIGKILLed the service (pid %d) %s" % (service_pid,
+                                             "mid-epoch 2" if mid_epoch else "after epoch 2"))
+    check(mid_epoch, "epoch 2 ended before the kill: the scenario needs longer epochs")
+    clients.wait()
+    for r, proc in enumerate(clients.procs):
+        out = clients.output(r)
+        check(proc.returncode == 0, "client %d exited %s after the kill:\n%s" % (
+            r, proc.returncode, out))
+        lines = epoch_lines(out)
+        check([e for e, _, _ in lines] == [1, 2, 3], "client %d epochs: %s\n%s" % (r, lines, out))
+        check(all(errors == 0 and mismatches == 0 for _, errors, mismatches in lines),
+              "client %d: errors or mismatches after the kill: %s" % (r, lines))
+
+
 def scenario_kill_service(env):
     dataset = os.path.join(env.work, "ds")
     sizes = generate_dataset(env, dataset, 600)
@@ -888,54 +922,72 @@ def scenario_kill_service(env):
     tier_dir = os.path.join(env.var_dir(), "tier")
     os.makedirs(tier_dir)
     rt = env.runtime_dir()
-    # autostart: the clients start a new service once theirs is gone.
-    config = write_config(os.path.join(env.work, "kill.yaml"), dataset,
-                          ["{kind: posix, path: %s, capacity: %d}" % (tier_dir, capacity)], rt,
-                          autostart=True, idle_exit="0")
-    service = Service(env, config, rt)
-    killed_pid = service.pid
-    # Small reads, one thread: epochs of about a second, most of it round
-    # trips to the service for the 40% that stays on the source.
-    clients = Clients(env, config, 2, "clients", threads=1, read_size=1024)
-    deadline = time.monotonic() + 120
-    while not all(clients.started(r, 2) for r in range(2)):
-        check(time.monotonic() < deadline, "epoch 1 did not end")
-        check(all(p.poll() is None for p in clients.procs),
-              "a client ended early:\n%s" % "\n".join(clients.output(r) for r in range(2)))
-        time.sleep(0.005)
-    time.sleep(0.15)
-    mid_epoch = not any(clients.started(r, 3) for r in range(2))
-    os.kill(killed_pid, signal.SIGKILL)
-    service.proc.wait()
-    log("SIGKILLed the service (pid %d) %s" % (killed_pid,
-                                             "mid-epoch 2" if mid_epoch else "after epoch 2"))
-    check(mid_epoch, "epoch 2 ended before the kill: the scenario needs longer epochs")
-    clients.wait()
-    clients.check_ok()
-    epoch2 = [next(float(x) for x in re.findall(r"epoch 2: ([\d.]+) s", clients.output(r)))
-              for r in range(2)]
-    log("clients finished exact; epoch 2 took %s s" % epoch2)
-    check(clients.bytes_per_epoch() == [total] * 3, "bytes per epoch %s" % clients.bytes_per_epoch())
+    tiers = ["{kind: posix, path: %s, capacity: %d}" % (tier_dir, capacity)]
+    manual = write_config(os.path.join(env.work, "manual.yaml"), dataset, tiers, rt,
+                          autostart=False)
+    auto = write_config(os.path.join(env.work, "auto.yaml"), dataset, tiers, rt, autostart=True)
+    problems = []  # Checked last, so that one run shows everything.
 
-    # A new service (started by a client, or by this one) reuses the copies.
-    after = Clients(env, config, 1, "after", epochs=1)
-    after.wait()
-    after.check_ok()
-    stats = node_stats(env, rt)
-    node = stats["node"]
-    code, text = status_text(env, rt)
-    new_pid = int(re.search(r"Monarch service pid (\d+)", text).group(1))
-    log("new service pid %d: warm_files_reused %d, discarded %d, posix files %d" % (
-        new_pid, node["warm_files_reused"], node["warm_files_discarded"],
+    # 1. The service dies and stays dead (autostart: false): the clients
+    # finish from the tier copies and the source themselves. Small reads, one
+    # thread: epochs of about a second, 40% of the reads round trips to the
+    # service (what stays on the source).
+    first = Service(env, manual, rt, "first")
+    clients = Clients(env, manual, 2, "alone", threads=1, read_size=1024)
+    kill_service_mid_epoch_2(env, first.pid, clients)
+    first.proc.wait()
+    fallbacks = [final_stats(clients.output(r))["service"]["client_source_fallbacks"]
+                 for r in range(2)]
+    log("without a service: clients finished exact, source fallbacks %s" % fallbacks)
+    check(all(f > 0 for f in fallbacks), "no client read the source itself: %s" % fallbacks)
+    for r in range(2):
+        try:
+            clients.epoch_json(r)
+        except Failure as e:
+            problems.append(str(e).splitlines()[0])
+
+    # 2. A new service reuses the copies the dead one left.
+    second = Service(env, manual, rt, "second")
+    node = node_stats(env, rt)["node"]
+    log("second service (pid %d): warm_files_reused %d, discarded %d, posix files %d" % (
+        second.pid, node["warm_files_reused"], node["warm_files_discarded"],
         tier(node, "posix")["files"]))
-    check(new_pid != killed_pid, "the killed service still answers?")
     check(node["warm_files_reused"] > 0, "the new service reused no copy: %s" % node)
+    check(node["warm_files_reused"] == tier(node, "posix")["files"],
+          "posix files %d != reused %d" % (tier(node, "posix")["files"],
+                                           node["warm_files_reused"]))
     check(tier(node, "posix")["bytes_used"] <= capacity, "posix over capacity after restart")
-    # The dead service's temporaries were removed at start-up.
+    check(node["tiers"][-1]["bytes_read"] == 0, "the new service read the source at start-up")
     tmp = os.path.join(tier_dir, ".monarch", "tmp")
     leftovers = [n for n in (os.listdir(tmp) if os.path.isdir(tmp) else [])
-                 if n.startswith("%d." % killed_pid)]
+                 if n.startswith("%d." % first.pid)]
     check(not leftovers, "temporaries of the killed service left: %s" % leftovers)
+
+    # 3. Killed again, with autostart: a client starts a third service and
+    # the clients move over to it mid-run.
+    clients = Clients(env, auto, 2, "restart", threads=1, read_size=1024)
+    kill_service_mid_epoch_2(env, second.pid, clients)
+    second.proc.wait()
+    code, text = status_text(env, rt)
+    match = re.search(r"Monarch service pid (\d+)", text)
+    check(code == 0 and match, "no service after the clients' restart: %s" % text)
+    third = int(match.group(1))
+    with open(os.path.join(rt, "monarch.log")) as f:
+        started_by_clients = re.findall(r"serving .* \(pid (\d+)\)", f.read())
+    log("third service pid %d (auto-started: %s)" % (third, started_by_clients))
+    check(third not in (first.pid, second.pid) and str(third) in started_by_clients,
+          "the running service %d was not auto-started by the clients" % third)
+    node = node_stats(env, rt)["node"]
+    check(node["warm_files_reused"] > 0, "the auto-started service reused no copy: %s" % node)
+    check(node_stats(env, rt)["clients"] == [],
+          "clients still listed after they exited: %s" % node_stats(env, rt)["clients"])
+
+    # 4. A client afterwards: exact, through the running service.
+    after = Clients(env, auto, 1, "after", epochs=1)
+    after.wait()
+    after.check_ok()
+    check(lock_holder(rt) == third, "the service changed again")
+    check(not problems, "; ".join(problems))
 
 
 def scenario_kill_client(env):
@@ -1102,13 +1154,29 @@ def scenario_autostart_race(env):
                           ["{kind: ram, capacity: %d}" % (2 * total)], rt, autostart=True,
                           idle_exit="%ds" % idle)
     check(not lock_held(rt), "a service already runs")
+    # The clients start the service through this wrapper, which counts the
+    # attempts (the losers of the lock race exit quietly).
+    attempts = os.path.join(env.work, "attempts")
+    wrapper = os.path.join(env.work, "monarch-wrapper")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\necho $$ >> %s\nexec %s \"$@\"\n" % (attempts, env.monarch))
+    os.chmod(wrapper, 0o755)
+    os.environ["MONARCH_BINARY"] = wrapper
     # Each client reads the whole dataset (no partition).
     clients = [Clients(env, config, 1, "client%d" % r, epochs=1, threads=2) for r in range(6)]
     for c in clients:
         c.wait()
-    ended = time.monotonic()
     for c in clients:
         c.check_ok()
+    # Six processes read every file at about the same time: one promotion,
+    # one source read per file, for the node.
+    node = node_stats(env, rt)["node"]
+    ended = time.monotonic()  # The stats request was the last connection.
+    src = node["tiers"][-1]
+    log("node: source bytes_read %d (dataset %d), staging hits %d, fallbacks %d" % (
+        src["bytes_read"], total, node["staging_hits"], node["staging_fallbacks"]))
+    check(src["bytes_read"] == total, "source bytes_read %d != dataset %d" % (src["bytes_read"],
+                                                                              total))
     for r, c in enumerate(clients):
         check(c.epoch_json(0)[0]["bytes"] == total,
               "client %d read %d bytes, dataset %d" % (r, c.epoch_json(0)[0]["bytes"], total))
@@ -1116,8 +1184,15 @@ def scenario_autostart_race(env):
     with open(log_path) as f:
         text = f.read()
     pids = sorted(set(int(p) for p in re.findall(r"monarch: serving .* at .* \(pid (\d+)\)", text)))
-    log("services that served (from %s): %s" % (log_path, pids))
+    with open(attempts) as f:
+        tried = f.read().split()
+    log("services started by the clients: %d; served (from %s): %s" % (len(tried), log_path,
+                                                                        pids))
+    check(len(tried) >= 1 and set(str(p) for p in pids) <= set(tried),
+          "the service was not started by a client: %s, %s" % (tried, pids))
     check(len(pids) == 1, "want exactly one service, the log shows %s:\n%s" % (pids, text))
+    # The services that lost the race left quietly.
+    check("already running" not in text and "rror" not in text, "the log:\n%s" % text)
     pid = pids[0]
     check(lock_holder(rt) == pid, "lock holder %s != serving pid %d" % (lock_holder(rt), pid))
 
@@ -1166,18 +1241,21 @@ def scenario_bad_config(env):
           "serve with a runtime dir of 95 characters: exit %d: %s" % (r.returncode, r.stderr))
 
     # Nothing running.
-    for where in (rt, os.path.join(env.work, "never-made")):
-        r = env.run([env.monarch, "status", "--runtime-dir", where], timeout=30)
-        log("status with no service (%s): exit %d: %s" % (where, r.returncode, r.stdout.strip()))
-        check(r.returncode == 3 and "no Monarch service" in r.stdout + r.stderr,
-              "status: exit %d: %s%s" % (r.returncode, r.stdout, r.stderr))
+    def no_service(why):
+        for where in (rt, os.path.join(env.work, "never-made")):
+            r = env.run([env.monarch, "status", "--runtime-dir", where], timeout=30)
+            log("status, %s (%s): exit %d: %s" % (why, where, r.returncode, r.stdout.strip()))
+            check(r.returncode == 3 and "no Monarch service" in r.stdout + r.stderr,
+                  "status, %s: exit %d: %s%s" % (why, r.returncode, r.stdout, r.stderr))
+        r = env.run([env.epochs_bin, "--config", manual, "--epochs", "1"], timeout=60)
+        log("client, autostart false, %s: exit %d: %s" % (why, r.returncode, r.stderr.strip()))
+        check(r.returncode != 0 and "monarch serve" in r.stderr,
+              "client, %s: exit %d: %s" % (why, r.returncode, r.stderr))
+        check(not lock_held(rt), "a client with autostart: false started a service")
+
     manual = write_config(os.path.join(env.work, "manual.yaml"), dataset, ram, rt,
                           autostart=False)
-    r = env.run([env.epochs_bin, "--config", manual, "--epochs", "1"], timeout=60)
-    log("client, autostart false, no service: exit %d: %s" % (r.returncode, r.stderr.strip()))
-    check(r.returncode != 0 and "monarch serve" in r.stderr,
-          "client without a service: exit %d: %s" % (r.returncode, r.stderr))
-    check(not lock_held(rt), "a client with autostart: false started a service")
+    no_service("no service ever")
 
     # Another dataset than the running service's.
     service = Service(env, manual, rt)
@@ -1194,6 +1272,11 @@ def scenario_bad_config(env):
           "second serve: exit %d: %s" % (r.returncode, r.stderr))
     code, text = status_text(env, rt)
     check(code == 0 and "pid %d" % service.pid in text, "first service hurt: %s" % text)
+    # A crashed service leaves its socket and lock file behind: still "none".
+    os.kill(service.pid, signal.SIGKILL)
+    service.proc.wait()
+    check(os.path.exists(os.path.join(rt, "monarch.sock")), "no stale socket to test with")
+    no_service("a killed service's socket left")
 
 
 def scenario_busy_cpus(env):

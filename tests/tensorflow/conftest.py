@@ -62,9 +62,10 @@ def run_child(scenario, args, env=None, timeout=240):
     return json.loads(results[-1]), proc.stderr
 
 
-def write_config(path, dataset, tiers, threads=2):
+def write_config(path, dataset, tiers, threads=2, node_dir=None):
     """A YAML config: `tiers` are (kind, capacity_bytes, dir or None), fastest
-    first; the source is appended."""
+    first; the source is appended. With `node_dir`, the process is a client
+    of a node service in that runtime directory (started on demand)."""
     lines = [f"dataset:\n  path: {dataset}\ntiers:"]
     for i, (kind, capacity, directory) in enumerate(tiers):
         lines.append(f"  - name: {kind}{i}\n    kind: {kind}\n    capacity: {capacity}")
@@ -72,6 +73,8 @@ def write_config(path, dataset, tiers, threads=2):
             os.makedirs(directory, exist_ok=True)
             lines.append(f"    path: {directory}")
     lines.append(f"  - name: pfs\n    kind: source\nplacement:\n  threads: {threads}\n")
+    if node_dir:
+        lines.append(f"node:\n  shared: true\n  runtime_dir: {node_dir}\n  idle_exit: 3s\n")
     with open(path, "w") as f:
         f.write("\n".join(lines))
     return str(path)

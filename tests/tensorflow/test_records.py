@@ -1,16 +1,23 @@
 """Byte-exact TFRecord reads through monarch://, from the source (epoch 1) and
 from a faster tier (later epochs), with parallel interleaved readers."""
 
+import os
+import signal
+
 import pytest
 
 from conftest import run_child, write_config
 
 
-@pytest.mark.parametrize("kind", ["ram", "posix"])
-def test_records_byte_exact_across_epochs(records_dataset, tmp_path, kind):
+@pytest.mark.parametrize("kind,shared", [("ram", False), ("posix", False), ("ram", True)])
+def test_records_byte_exact_across_epochs(records_dataset, tmp_path, kind, shared):
+    """With `shared`, the plugin is unchanged but the process is a client of
+    a node service it starts itself; the stats are then the node's."""
     root, total = records_dataset
+    node_dir = f"/tmp/monarch-tf-{os.getpid()}" if shared else None
     config = write_config(tmp_path / "monarch.yaml", root,
-                          [(kind, 2 * total, tmp_path / "tier" if kind == "posix" else None)])
+                          [(kind, 2 * total, tmp_path / "tier" if kind == "posix" else None)],
+                          node_dir=node_dir)
     result, _ = run_child("read_records", {"root": root, "epochs": 3, "parallel": 4},
                           env={"MONARCH_CONFIG": config})
 
@@ -32,3 +39,10 @@ def test_records_byte_exact_across_epochs(records_dataset, tmp_path, kind):
         assert after["tiers"][0]["bytes_read"] - before["tiers"][0]["bytes_read"] >= total
     for t in third["tiers"]:
         assert t["read_errors"] == 0 and t["write_errors"] == 0
+    if shared:
+        # The service served the misses; the client its own hits.
+        assert third["service"]["clients"] == 1
+        assert os.path.exists(os.path.join(node_dir, "monarch.lock"))
+        with open(os.path.join(node_dir, "monarch.lock")) as lock:
+            service_pid = int(lock.read().split()[0])
+        os.kill(service_pid, signal.SIGTERM)  # It also exits by itself after idle_exit.

@@ -135,7 +135,8 @@ std::string Bytes(double bytes) {
     bytes /= 1024;
     ++unit;
   }
-  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return unit == 0 ? absl::StrFormat("%.0f %s", bytes, units[unit])
+                   : absl::StrFormat("%.1f %s", bytes, units[unit]);
 }
 
 monarch::service::NodeService* serving = nullptr;
