@@ -612,7 +612,10 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("dataset.path",
                     absl::StrCat("expected an absolute path, got ", Quote(config.dataset.path)));
   }
-  if (!IsDirectory(config.dataset.path)) {
+  // A client of a node service never touches the dataset: its start-up
+  // must cost the PFS nothing (the service checks the path, and walks it).
+  const bool client_of_service = config.node.shared;
+  if (!client_of_service && !IsDirectory(config.dataset.path)) {
     return KeyError("dataset.path",
                     absl::StrCat(Quote(config.dataset.path), " is not an existing directory"));
   }
@@ -629,7 +632,8 @@ absl::Status ValidateConfig(const Config& config) {
     }
     ::regfree(&regex);
   }
-  const std::string dataset = RealPath(config.dataset.path);
+  const std::string dataset =
+      client_of_service ? config.dataset.path : RealPath(config.dataset.path);
   if (config.tiers.empty()) return KeyError("tiers", "expected at least the source tier");
 
   absl::flat_hash_set<std::string> names;

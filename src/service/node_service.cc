@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,13 @@ NodeService::NodeService(const Config& config, const ServeOptions& options, Serv
 absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const Config& config,
                                                                 const ServeOptions& options) {
   MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  // ValidateConfig spares the dataset for shared configs (clients must not
+  // touch the PFS); the service is the one that reads it.
+  struct stat st;
+  if (::stat(config.dataset.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: '", config.dataset.path, "' is not an existing directory"));
+  }
   MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config.node));
   MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths));
   // First of all: of two services started at once, one goes on.

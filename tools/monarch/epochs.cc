@@ -46,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "monarch/monarch.h"
 
@@ -413,7 +414,10 @@ int RunEpochs(int argc, char** argv) {
 
     monarch::Stats now = monarch->GetStats();
     const std::vector<std::string> tier_names = now.TierNames();
-    auto Delta = [&](std::string_view name) { return now.Get(name) - previous.Get(name); };
+    // A counter that went down was reset (a node service restarted during
+    // the epoch): count from zero.
+    auto Since = [](uint64_t after, uint64_t before) { return after >= before ? after - before : after; };
+    auto Delta = [&](std::string_view name) { return Since(now.Get(name), previous.Get(name)); };
     std::string served;
     std::string served_json;
     {
@@ -435,8 +439,8 @@ int RunEpochs(int argc, char** argv) {
                       ",\"served_for_peers\":", served_reqs, "},");
     }
     for (size_t t = 0; t < tier_names.size(); ++t) {
-      uint64_t reads = now.Tier(t, "reads") - previous.Tier(t, "reads");
-      uint64_t tier_bytes = now.Tier(t, "bytes_read") - previous.Tier(t, "bytes_read");
+      uint64_t reads = Since(now.Tier(t, "reads"), previous.Tier(t, "reads"));
+      uint64_t tier_bytes = Since(now.Tier(t, "bytes_read"), previous.Tier(t, "bytes_read"));
       absl::StrAppend(&served, t ? ", " : "", tier_names[t], " ", reads, " reads/",
                       absl::StrFormat("%.1f", tier_bytes / 1048576.0), " MiB");
       absl::StrAppend(&served_json, t ? "," : "", "\"", tier_names[t], "\":{\"reads\":", reads,
@@ -457,7 +461,8 @@ int RunEpochs(int argc, char** argv) {
                     ",\"seconds\":", absl::StrFormat("%.6f", result.seconds),
                     ",\"published_files\":", published,
                     ",\"bytes\":", result.bytes, ",\"errors\":", result.errors,
-                    ",\"mismatches\":", result.mismatches, ",\"served\":{", served_json, "}}");
+                    ",\"mismatches\":", result.mismatches, ",\"served\":{",
+                    absl::StripSuffix(served_json, ","), "}}");
     if (result.errors > 0 || result.mismatches > 0) {
       std::fprintf(stderr, "monarch-epochs: epoch %d had %llu errors, %llu mismatches\n", epoch,
                    static_cast<unsigned long long>(result.errors),
