@@ -25,16 +25,23 @@ bool StripRoot(std::string_view path, std::string_view root, std::string* name) 
 
 }  // namespace
 
-DatasetPaths::DatasetPaths(std::string root) : root_(std::move(root)) {
-  if (char* real = ::realpath(root_.c_str(), nullptr)) {
-    if (root_ != real) real_root_ = real;
-    std::free(real);
-  }
+DatasetPaths::DatasetPaths(std::string root)
+    : root_(std::move(root)), real_root_(std::make_shared<RealRoot>()) {}
+
+const std::string& DatasetPaths::real_root() const {
+  absl::call_once(real_root_->once, [this] {
+    if (char* real = ::realpath(root_.c_str(), nullptr)) {
+      if (root_ != real) real_root_->path = real;
+      std::free(real);
+    }
+  });
+  return real_root_->path;
 }
 
 bool DatasetPaths::ToDatasetName(std::string_view path, std::string* name) const {
-  return StripRoot(path, root_, name) ||
-         (!real_root_.empty() && StripRoot(path, real_root_, name));
+  if (StripRoot(path, root_, name)) return true;
+  const std::string& real = real_root();
+  return !real.empty() && StripRoot(path, real, name);
 }
 
 }  // namespace monarch::frontend
