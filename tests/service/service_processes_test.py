@@ -320,7 +320,8 @@ class Clients:
     """N monarch-epochs processes over one config, partitioned, with a barrier."""
 
     def __init__(self, env, config, count, name, epochs=3, threads=2, barrier=True,
-                 read_size=0, verify=True, extra=None, per_client=None, hooks=None):
+                 read_size=0, verify=True, extra=None, per_client=None, hooks=None,
+                 partition=None):
         self.env = env
         self.count = count
         self.epochs = epochs
@@ -343,8 +344,9 @@ class Clients:
                    "--threads", str(threads), "--json", self.json_path(r)]
             if verify:
                 cmd.append("--verify")
-            if count > 1:
-                cmd += ["--partition", "%d/%d" % (r, count)]
+            part = partition(r) if partition else ("%d/%d" % (r, count) if count > 1 else None)
+            if part:
+                cmd += ["--partition", part]
                 if barrier:
                     cmd += ["--barrier-dir", barrier_dir]
             if read_size:
@@ -522,9 +524,11 @@ def run_ram_clients(env, dataset, sizes, count):
         check(source[r] == [total, 0, 0],
               "client %d: node source bytes per epoch %s, want [%d, 0, 0]" % (r, source[r], total))
     ram_served = served_per_epoch(clients, "ram")
-    check(ram_served[1] == total and ram_served[2] == total,
-          "RAM tier served %s per epoch; epochs 2 and 3 should be all of it (%d)" % (ram_served,
-                                                                                    total))
+    # Epoch 2 may still be served partly from promotions epoch 1 started
+    # and the placement threads have not finished writing (never from the
+    # source: checked above); by epoch 3 everything is in RAM.
+    check(ram_served[2] == total,
+          "RAM tier served %s per epoch; epoch 3 should be all of it (%d)" % (ram_served, total))
 
     stats = node_stats(env, rt)
     node = stats["node"]
@@ -909,7 +913,8 @@ def kill_service_mid_epoch_2(env, service_pid, clients):
         check(proc.returncode == 0, "client %d exited %s after the kill:\n%s" % (
             r, proc.returncode, out))
         lines = epoch_lines(out)
-        check([e for e, _, _ in lines] == [1, 2, 3], "client %d epochs: %s\n%s" % (r, lines, out))
+        check([e for e, _, _ in lines] == list(range(1, clients.epochs + 1)),
+              "client %d epochs: %s\n%s" % (r, lines, out))
         check(all(errors == 0 and mismatches == 0 for _, errors, mismatches in lines),
               "client %d: errors or mismatches after the kill: %s" % (r, lines))
 
@@ -964,19 +969,34 @@ def scenario_kill_service(env):
     check(not leftovers, "temporaries of the killed service left: %s" % leftovers)
 
     # 3. Killed again, with autostart: a client starts a third service and
-    # the clients move over to it mid-run.
-    clients = Clients(env, auto, 2, "restart", threads=1, read_size=1024)
+    # the clients move over to it mid-run. Clients reconnect at most once a
+    # second, so the run goes on for a few seconds after the kill: 6 epochs,
+    # 0.8 s apart from epoch 3 on.
+    pause = "if [ $MONARCH_EPOCH -ge 3 ]; then sleep 0.8; fi"
+    clients = Clients(env, auto, 2, "restart", epochs=6, threads=1, read_size=1024,
+                      hooks=lambda r: pause)
     kill_service_mid_epoch_2(env, second.pid, clients)
+    killed_at = time.monotonic()
     second.proc.wait()
+    log("clients finished %.1f s after the kill" % (time.monotonic() - killed_at))
     code, text = status_text(env, rt)
     match = re.search(r"Monarch service pid (\d+)", text)
-    check(code == 0 and match, "no service after the clients' restart: %s" % text)
+    if not (code == 0 and match):
+        log_path = os.path.join(rt, "monarch.log")
+        service_log = open(log_path).read() if os.path.exists(log_path) else "(no log)"
+        raise Failure("no service after the clients' restart: %s\nmonarch.log:\n%s\n%s" % (
+            text, service_log, "\n".join(clients.output(r) for r in range(2))))
     third = int(match.group(1))
     with open(os.path.join(rt, "monarch.log")) as f:
         started_by_clients = re.findall(r"serving .* \(pid (\d+)\)", f.read())
     log("third service pid %d (auto-started: %s)" % (third, started_by_clients))
     check(third not in (first.pid, second.pid) and str(third) in started_by_clients,
           "the running service %d was not auto-started by the clients" % third)
+    # The clients were on it by the end: their last stats are a service's.
+    for r in range(2):
+        last = final_stats(clients.output(r))
+        check("tiers" in last and last["tiers"],
+              "client %d never reconnected (its final stats are its own: %s)" % (r, last))
     node = node_stats(env, rt)["node"]
     check(node["warm_files_reused"] > 0, "the auto-started service reused no copy: %s" % node)
     check(node_stats(env, rt)["clients"] == [],
@@ -999,16 +1019,20 @@ def scenario_kill_client(env):
                           ["{kind: ram, capacity: %d}" % (2 * total)], rt)
     Service(env, config, rt)
     # No barrier: the survivors must not wait for the victim. The victim reads
-    # in 1 KiB pieces, so it is killed with reads (and promotions) in flight.
+    # the whole dataset in 1 KiB pieces with one thread (a long epoch 1), so
+    # it is killed with reads (and promotions) in flight; the others read
+    # half each.
     victim = 2
     clients = Clients(env, config, 3, "clients", barrier=False,
-                      per_client=lambda r: ["--read-size", "1024"] if r == victim else [])
+                      partition=lambda r: None if r == victim else "%d/2" % r,
+                      per_client=lambda r: (["--read-size", "1024", "--threads", "1"]
+                                            if r == victim else []))
     deadline = time.monotonic() + 60
     while not clients.started(victim, 1):
         check(time.monotonic() < deadline and clients.procs[victim].poll() is None,
               "the victim did not start:\n%s" % clients.output(victim))
         time.sleep(0.005)
-    time.sleep(0.2)
+    time.sleep(0.1)
     mid_epoch = not clients.started(victim, 2)
     clients.procs[victim].send_signal(signal.SIGKILL)
     log("SIGKILLed client %d (pid %d) %s" % (victim, clients.procs[victim].pid,
