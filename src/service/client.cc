@@ -271,7 +271,7 @@ class ServiceClient final : public Monarch {
   // process's own when no service answers.
   Stats GetStats() const override {
     ProcessState& state = State();
-    absl::StatusOr<Frame> reply = AdminCall(state, MessageType::kStats);
+    absl::StatusOr<Frame> reply = AdminCall(MessageType::kStats);
     if (reply.ok()) {
       absl::StatusOr<StatsReply> stats = DecodeStatsReply(reply->payload);
       if (stats.ok()) return std::move(stats->node);
@@ -288,7 +288,7 @@ class ServiceClient final : public Monarch {
   void Shutdown(ShutdownMode) override {}
 
   void WaitForPlacement() override {
-    absl::StatusOr<Frame> reply = AdminCall(State(), MessageType::kWaitForPlacement);
+    absl::StatusOr<Frame> reply = AdminCall(MessageType::kWaitForPlacement);
     if (!reply.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", reply.status().ToString());
   }
 
@@ -405,12 +405,14 @@ class ServiceClient final : public Monarch {
   void MaybeRestartService(ProcessState& state, Clock::time_point now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
     if (!config_.node.autostart || now < state.next_autostart) return;
+    // A service holds the lock: one starting, or a killed one not quite gone
+    // (its sockets close before its flock is released). Look again at the
+    // next reconnect, not after the back-off.
+    if (ServiceLockHeld(paths_)) return;
     state.next_autostart = now + std::chrono::seconds(10);
     absl::StatusOr<std::string> file = AutostartConfigFile();
-    if (file.ok() && !ServiceLockHeld(paths_)) {
-      absl::Status started = StartServiceDetached(paths_, *file);
-      if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
-    }
+    absl::Status started = file.ok() ? StartServiceDetached(paths_, *file) : file.status();
+    if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
   }
 
   absl::StatusOr<size_t> Miss(ProcessState& state, Session* session, const FileRef& ref, char* dst,
@@ -471,7 +473,7 @@ class ServiceClient final : public Monarch {
   }
 
   // A request that needs no handshake, on a connection of its own.
-  absl::StatusOr<Frame> AdminCall(ProcessState&, MessageType type) const {
+  absl::StatusOr<Frame> AdminCall(MessageType type) const {
     MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(paths_.socket));
     return Call(socket.get(), type, "");
   }

@@ -241,7 +241,6 @@ void NodeService::Shutdown() {
   // name is ours to remove).
   ::unlink(paths_.socket.c_str());
   listen_ = ScopedFd();
-  std::list<std::unique_ptr<Connection>> connections;
   {
     MutexLock lock(&mu_);
     // Wake every connection thread blocked on its socket; one in the middle

@@ -15,8 +15,10 @@ and service, always stopped at the end:
                        its capacity (sampled every 50 ms).
   startup-source-ops   (FUSE) 4 clients opening Monarch cost the source (the
                        PFS emulator) no operation at all; an epoch then does.
-  kill-service         the service SIGKILLed mid-epoch: clients finish exact;
-                       a new service reuses the posix tier's copies.
+  kill-service         the service SIGKILLed mid-epoch 2: clients finish exact
+                       without it; a new service reuses the posix tier's
+                       copies; killed again, the clients (autostart) start a
+                       third one within the run and move over to it.
   kill-client          a client SIGKILLed mid-epoch: the others finish exact,
                        staging drains, promotions add up, the service serves on
                        and its client count drops to 0.
@@ -27,13 +29,15 @@ and service, always stopped at the end:
                        socket is reachable, by SO_PEERCRED (logged).
   autostart-race       6 clients and no service: exactly one service starts,
                        and it exits by itself after node.idle_exit.
-  bad-config           clear errors: a bad node value, no service, another
-                       dataset, a second service.
+  bad-config           clear errors: a bad node value, no service (never one,
+                       or a killed one's socket left), another dataset, a
+                       second service.
   busy-cpus            every core busy with a CPU hog: promotions still finish
                        by the end of epoch 2 and staging stays in its budget.
 
 usage: service_processes_test.py --build-dir BUILD SCENARIO
 Exit code: 0 pass, 1 fail, 77 skip (the machine cannot run the scenario).
+MONARCH_TEST_KEEP=1 keeps the scenario's files (under /tmp/msvc-*) to look at.
 """
 
 import argparse
@@ -147,6 +151,9 @@ class Env:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if os.environ.get("MONARCH_TEST_KEEP"):  # Debugging: keep the files.
+            print("kept %s %s" % (self.work, self.big or ""))
+            return
         shutil.rmtree(self.work, ignore_errors=True)
         if self.big is not None:
             shutil.rmtree(self.big, ignore_errors=True)
@@ -272,6 +279,8 @@ class Service:
                 raise Failure("monarch serve exited %d:\n%s" % (self.proc.returncode, self.log()))
             r = self.env.run([self.env.monarch, "status", "--runtime-dir", self.rt], timeout=30)
             if r.returncode == 0 and "Monarch service pid" in r.stdout:
+                check("Monarch service pid %d " % self.proc.pid in r.stdout,
+                      "another service answers at %s:\n%s" % (self.rt, r.stdout))
                 return
             time.sleep(0.05)
         raise Failure("the service did not come up in %d s:\n%s" % (timeout, self.log()))
@@ -336,7 +345,6 @@ class Clients:
         os.makedirs(self.marks)
         self.procs = []
         self.lines = [[] for _ in range(count)]  # stdout lines as they come
-        self.line_times = [[] for _ in range(count)]
         self.errs = [""] * count
         self.threads = []
         for r in range(count):
@@ -371,7 +379,6 @@ class Clients:
     def _pump_out(self, r, proc):
         for line in proc.stdout:
             self.lines[r].append(line)
-            self.line_times[r].append(time.monotonic())
 
     def _pump_err(self, r, proc):
         self.errs[r] = proc.stderr.read()
@@ -383,7 +390,7 @@ class Clients:
         """True once client r is about to start `epoch` (epochs + 1: done reading)."""
         return os.path.exists(os.path.join(self.marks, "%d.%d" % (epoch, r)))
 
-    def wait(self, timeout=300, skip=()):
+    def wait(self, timeout=300):
         deadline = time.monotonic() + timeout
         for r, proc in enumerate(self.procs):
             try:
@@ -529,6 +536,10 @@ def run_ram_clients(env, dataset, sizes, count):
     # source: checked above); by epoch 3 everything is in RAM.
     check(ram_served[2] == total,
           "RAM tier served %s per epoch; epoch 3 should be all of it (%d)" % (ram_served, total))
+    staged = served_per_epoch(clients, "staging")
+    check(ram_served[1] + staged[1] == total,
+          "epoch 2: RAM %d + in-flight promotions %d != dataset %d" % (ram_served[1], staged[1],
+                                                                      total))
 
     stats = node_stats(env, rt)
     node = stats["node"]
@@ -892,8 +903,42 @@ def epoch_lines(output):
         r"^epoch (\d+): [\d.]+ s, [\d.]+ MiB/s, (\d+) errors, (\d+) mismatches", output, re.M)]
 
 
-def kill_service_mid_epoch_2(env, service_pid, clients):
-    """SIGKILLs the service once both clients are 0.15 s into epoch 2."""
+def borrow_lock(service):
+    """A descriptor of the service's own open lock file (pidfd_getfd), or None.
+
+    Whoever holds it keeps the service's flock held after the service died,
+    until it is closed."""
+    lock = os.path.join(service.rt, "monarch.lock")
+    target = None
+    try:
+        for fd in os.listdir("/proc/%d/fd" % service.pid):
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (service.pid, fd)) == lock:
+                    target = int(fd)
+            except OSError:
+                pass
+        if target is None or not hasattr(os, "pidfd_open"):
+            return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        pidfd = os.pidfd_open(service.pid)
+    except OSError:
+        return None
+    try:
+        fd = libc.syscall(438, pidfd, target, 0)  # pidfd_getfd
+    finally:
+        os.close(pidfd)
+    return fd if fd >= 0 else None
+
+
+def kill_service_mid_epoch_2(env, service, clients, hold_lock=0.0):
+    """SIGKILLs the service once both clients are 0.15 s into epoch 2.
+
+    hold_lock: the dead service's lock stays held that long after the kill,
+    as when a service is slow to die (a SIGKILLed process drops its sockets
+    before its flock, so clients always find the lock held for a moment): the
+    clients' first attempts to start a new service find it held, and they
+    must try again at their next reconnect."""
+    service_pid = service.pid
     deadline = time.monotonic() + 120
     while not all(clients.started(r, 2) for r in range(clients.count)):
         check(time.monotonic() < deadline, "epoch 1 did not end")
@@ -903,10 +948,19 @@ def kill_service_mid_epoch_2(env, service_pid, clients):
         time.sleep(0.005)
     time.sleep(0.15)
     mid_epoch = not any(clients.started(r, 3) for r in range(clients.count))
+    borrowed = borrow_lock(service) if hold_lock else None
+    if hold_lock and borrowed is None:
+        log("cannot borrow the service's lock (pidfd_getfd): the kill only")
     os.kill(service_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     log("SIGKILLed the service (pid %d) %s" % (service_pid,
                                              "mid-epoch 2" if mid_epoch else "after epoch 2"))
     check(mid_epoch, "epoch 2 ended before the kill: the scenario needs longer epochs")
+    service.proc.wait()
+    if borrowed is not None:
+        log("the dead service's lock held for %.1f s more" % hold_lock)
+        time.sleep(hold_lock)
+        os.close(borrowed)
     clients.wait()
     for r, proc in enumerate(clients.procs):
         out = clients.output(r)
@@ -917,6 +971,7 @@ def kill_service_mid_epoch_2(env, service_pid, clients):
               "client %d epochs: %s\n%s" % (r, lines, out))
         check(all(errors == 0 and mismatches == 0 for _, errors, mismatches in lines),
               "client %d: errors or mismatches after the kill: %s" % (r, lines))
+    log("clients finished exact %.1f s after the kill" % (time.monotonic() - killed_at))
 
 
 def scenario_kill_service(env):
@@ -939,8 +994,7 @@ def scenario_kill_service(env):
     # service (what stays on the source).
     first = Service(env, manual, rt, "first")
     clients = Clients(env, manual, 2, "alone", threads=1, read_size=1024)
-    kill_service_mid_epoch_2(env, first.pid, clients)
-    first.proc.wait()
+    kill_service_mid_epoch_2(env, first, clients)
     fallbacks = [final_stats(clients.output(r))["service"]["client_source_fallbacks"]
                  for r in range(2)]
     log("without a service: clients finished exact, source fallbacks %s" % fallbacks)
@@ -971,21 +1025,19 @@ def scenario_kill_service(env):
     # 3. Killed again, with autostart: a client starts a third service and
     # the clients move over to it mid-run. Clients reconnect at most once a
     # second, so the run goes on for a few seconds after the kill: 6 epochs,
-    # 0.8 s apart from epoch 3 on.
-    pause = "if [ $MONARCH_EPOCH -ge 3 ]; then sleep 0.8; fi"
+    # a second apart from epoch 3 on.
+    pause = "if [ $MONARCH_EPOCH -ge 3 ] && [ $MONARCH_EPOCH -le 6 ]; then sleep 1; fi"
     clients = Clients(env, auto, 2, "restart", epochs=6, threads=1, read_size=1024,
                       hooks=lambda r: pause)
-    kill_service_mid_epoch_2(env, second.pid, clients)
-    killed_at = time.monotonic()
-    second.proc.wait()
-    log("clients finished %.1f s after the kill" % (time.monotonic() - killed_at))
+    kill_service_mid_epoch_2(env, second, clients, hold_lock=0.5)
     code, text = status_text(env, rt)
     match = re.search(r"Monarch service pid (\d+)", text)
     if not (code == 0 and match):
         log_path = os.path.join(rt, "monarch.log")
         service_log = open(log_path).read() if os.path.exists(log_path) else "(no log)"
-        raise Failure("no service after the clients' restart: %s\nmonarch.log:\n%s\n%s" % (
-            text, service_log, "\n".join(clients.output(r) for r in range(2))))
+        raise Failure("no service after the clients' restart (%s; monarch.log: %s)\n%s" % (
+            text.strip(), service_log.strip() or "empty",
+            "\n".join(clients.output(r) for r in range(2))))
     third = int(match.group(1))
     with open(os.path.join(rt, "monarch.log")) as f:
         started_by_clients = re.findall(r"serving .* \(pid (\d+)\)", f.read())
@@ -1385,7 +1437,11 @@ def main():
     if a.scenario not in SCENARIOS:
         print("unknown scenario %s; one of %s" % (a.scenario, ", ".join(SCENARIOS)))
         return 2
-    env = Env(a.build_dir, a.scenario)
+    try:
+        env = Env(a.build_dir, a.scenario)
+    except Failure as e:
+        print("FAIL %s: %s" % (a.scenario, e))
+        return 1
     began = time.monotonic()
     try:
         SCENARIOS[a.scenario](env)
@@ -1393,7 +1449,11 @@ def main():
         print("SKIP %s: %s" % (a.scenario, e))
         return SKIP
     except Failure as e:
-        print("FAIL %s after %.1f s: %s" % (a.scenario, time.monotonic() - began, e))
+        message = str(e)
+        if "\n" in message:  # Details first, the verdict last.
+            print(message)
+        print("FAIL %s after %.1f s: %s" % (a.scenario, time.monotonic() - began,
+                                           message.splitlines()[0] if message else ""))
         return 1
     except Exception:  # noqa: BLE001 - anything unexpected is a failure, after cleanup
         traceback.print_exc()
