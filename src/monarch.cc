@@ -128,7 +128,7 @@ class MonarchImpl final : public MonarchCore {
     const FileEntry* entry = namespace_->Find(ToAbsl(name));
     if (entry == nullptr)
       return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return FileStat{entry->ref.size, entry->ref.mtime_ns};
+    return MakeFileStat(entry->ref, namespace_->attributes(entry->ref.id));
   }
 
   bool FileExists(std::string_view name) const override {

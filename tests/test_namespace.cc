@@ -2,6 +2,7 @@
 // names, directory queries.
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "metadata/namespace.h"
@@ -29,6 +30,16 @@ TEST_CASE("the walk records every file with its size") {
   REQUIRE(deep != nullptr);
   CHECK(deep->ref.size == 2000);
   CHECK(deep->ref.mtime_ns > 0);
+  struct stat st;
+  REQUIRE(::stat((dir.path() + "/a/b/deep.bin").c_str(), &st) == 0);
+  const FileAttributes& attributes = (*ns)->attributes(deep->ref.id);
+  CHECK(attributes.inode == st.st_ino);
+  CHECK(attributes.mode == st.st_mode);
+  CHECK(attributes.gid == st.st_gid);
+  CHECK(attributes.block_size == st.st_blksize);
+  CHECK(attributes.atime_ns == st.st_atim.tv_sec * 1000000000 + st.st_atim.tv_nsec);
+  CHECK(attributes.via_symlink == 0);
+  CHECK((*ns)->attributes((*ns)->Find("link.bin")->ref.id).via_symlink == 1);
   CHECK(deep->tier->load() == 3);
   CHECK(deep->state.load() == PlacementState::kOnSource);
   CHECK((*ns)->Find(dir.path() + "/a/b/deep.bin") == deep);

@@ -5,6 +5,7 @@
 // runs the same with real processes.
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -256,6 +257,18 @@ TEST_CASE("service: the namespace image answers as the namespace does") {
     REQUIRE(id.has_value());
     CHECK((*image)->ref(*id).name == f.name);
     CHECK((*image)->ref(*id).size == f.size);
+    // stat() as the walk saw it, for the preload library's stat hooks.
+    struct stat st;
+    REQUIRE(::stat((dir.path() + "/data/" + f.name).c_str(), &st) == 0);
+    const Monarch::FileStat stat = (*image)->Stat(*id);
+    CHECK(stat.inode == st.st_ino);
+    CHECK(stat.device == st.st_dev);
+    CHECK(stat.mode == st.st_mode);
+    CHECK(stat.uid == st.st_uid);
+    CHECK(stat.link_count == st.st_nlink);
+    CHECK(stat.blocks == static_cast<uint64_t>(st.st_blocks));
+    CHECK(stat.ctime_ns == st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec);
+    CHECK(stat.size == f.size);
     CHECK(*id == (*ns)->Find(f.name)->ref.id);
     CHECK((*image)->Find("./" + f.name) == id);
     CHECK((*image)->Find(dir.path() + "/data/" + f.name) == id);

@@ -64,6 +64,19 @@ class Monarch {
   struct FileStat {
     uint64_t size = 0;
     int64_t mtime_ns = 0;  // Nanoseconds since the Unix epoch.
+    // The rest of what stat() said, for front ends that answer stat() from
+    // memory (the preload library): the same values the file system gives.
+    int64_t atime_ns = 0;
+    int64_t ctime_ns = 0;
+    uint64_t device = 0;
+    uint64_t inode = 0;
+    uint64_t blocks = 0;  // 512-byte units.
+    uint32_t mode = 0;    // Type and permission bits.
+    uint32_t link_count = 0;
+    uint32_t uid = 0;
+    uint32_t gid = 0;
+    uint32_t block_size = 0;
+    bool via_symlink = false;  // The name is a symlink to the file: lstat() differs.
   };
   virtual absl::StatusOr<FileStat> Stat(std::string_view name) const = 0;
   virtual bool FileExists(std::string_view name) const = 0;

@@ -12,27 +12,49 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch {
 
 ScopedFd::~ScopedFd() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) os::Close(fd_);
 }
 
 ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) os::Close(fd_);
     fd_ = other.release();
   }
   return *this;
 }
 
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit) {
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path));
+  std::string text;
+  char buffer[16384];
+  for (;;) {
+    const ssize_t n = os::Read(fd.get(), buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n == 0) return text;
+    if (text.size() + static_cast<size_t>(n) > limit) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, " is larger than ", limit, " bytes"));
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+}
+
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path) {
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = os::Open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   return ScopedFd(fd);
@@ -44,7 +66,7 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(const std::string& path) {
 }
 
 DirectoryHandle::DirectoryHandle(std::string path) : path_(std::move(path)) {
-  fd_ = ScopedFd(::open(path_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  fd_ = ScopedFd(os::Open(path_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
 }
 
 absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
@@ -53,7 +75,7 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
   const std::string name(relative);
   int fd;
   do {
-    fd = ::openat(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = os::OpenAt(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", JoinPath(path_, relative)));
   return std::make_shared<ScopedFd>(fd);
@@ -80,12 +102,12 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenBeneath(
 #endif
     if (fd == -2) {
       do {
-        fd = ::openat(fd_.get(), name.c_str(), kFlags);
+        fd = os::OpenAt(fd_.get(), name.c_str(), kFlags);
       } while (fd < 0 && errno == EINTR);
     }
   } else {
     do {
-      fd = ::open(path.c_str(), kFlags);
+      fd = os::Open(path.c_str(), kFlags);
     } while (fd < 0 && errno == EINTR);
   }
   if (fd < 0) {
@@ -102,7 +124,7 @@ absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset
                                  absl::string_view path) {
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = os::Pread(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("read ", path));
@@ -131,7 +153,7 @@ absl::Status PwriteFull(int fd, const char* buffer, size_t n, uint64_t offset,
 absl::Status MakeDirectories(const std::string& dir) {
   if (dir.empty()) return absl::OkStatus();
   struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) {
+  if (os::Stat(dir.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return absl::OkStatus();
     return ErrnoToStatus(ENOTDIR, absl::StrCat("mkdir ", dir));
   }
@@ -160,18 +182,17 @@ uint64_t PhysicalMemoryBytes() {
 }
 
 uint64_t AvailableMemoryBytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return PhysicalMemoryBytes() / 2;
-  char line[256];
+  absl::StatusOr<std::string> meminfo = ReadSmallFile("/proc/meminfo");
   uint64_t kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    unsigned long long value;
-    if (std::sscanf(line, "MemAvailable: %llu kB", &value) == 1) {
-      kib = value;
+  if (meminfo.ok()) {
+    for (absl::string_view line : absl::StrSplit(*meminfo, '\n')) {
+      if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
+      line = absl::StripAsciiWhitespace(line);
+      absl::ConsumeSuffix(&line, "kB");
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib)) kib = 0;
       break;
     }
   }
-  std::fclose(f);
   return kib > 0 ? kib * 1024 : PhysicalMemoryBytes() / 2;
 }
 

@@ -41,6 +41,10 @@ class ScopedFd {
   int fd_ = -1;
 };
 
+// The whole of a small file (a config, a log, /proc/meminfo), read through
+// the OS seam; fails with ResourceExhausted past `limit` bytes.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit = 64 << 20);
+
 // Opens `path` read-only (O_CLOEXEC). NotFound if it does not exist.
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path);
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -34,13 +35,13 @@ absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t byt
 
 absl::StatusOr<ScopedFd> ReopenReadOnly(int fd) {
   const std::string path = absl::StrCat("/proc/self/fd/", fd);
-  ScopedFd reopened(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ScopedFd reopened(os::Open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!reopened.valid()) return ErrnoToStatus(errno, absl::StrCat("reopen ", path, " read-only"));
   return reopened;
 }
 
 MappedRegion::~MappedRegion() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ != nullptr) os::Munmap(data_, size_);
 }
 
 MappedRegion::MappedRegion(MappedRegion&& other) noexcept
@@ -48,7 +49,7 @@ MappedRegion::MappedRegion(MappedRegion&& other) noexcept
 
 MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) ::munmap(data_, size_);
+    if (data_ != nullptr) os::Munmap(data_, size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -61,11 +62,11 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, bool writable) {
     return absl::FailedPreconditionError("refusing to map a shared region whose size is not sealed");
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat a shared region");
+  if (os::Fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat a shared region");
   if (st.st_size <= 0) return absl::FailedPreconditionError("empty shared region");
   MappedRegion region;
   region.size_ = static_cast<uint64_t>(st.st_size);
-  void* data = ::mmap(nullptr, region.size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+  void* data = os::Mmap(nullptr, region.size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
                       MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (data == MAP_FAILED) {
     region.size_ = 0;

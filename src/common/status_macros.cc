@@ -42,4 +42,32 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view context) {
   }
 }
 
+int StatusToErrno(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kNotFound:
+      return ENOENT;
+    case absl::StatusCode::kAlreadyExists:
+      return EEXIST;
+    case absl::StatusCode::kPermissionDenied:
+      return EACCES;
+    case absl::StatusCode::kResourceExhausted:
+      return ENOMEM;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return EINVAL;
+    case absl::StatusCode::kUnavailable:
+      return EAGAIN;
+    case absl::StatusCode::kDeadlineExceeded:
+      return ETIMEDOUT;
+    case absl::StatusCode::kCancelled:
+      return ECANCELED;
+    case absl::StatusCode::kUnimplemented:
+      return ENOSYS;
+    default:  // DataLoss, Internal, Unknown, FailedPrecondition, Aborted.
+      return EIO;
+  }
+}
+
 }  // namespace monarch

@@ -36,6 +36,11 @@ namespace monarch {
 // The message is "<context>: <strerror>".
 absl::Status ErrnoToStatus(int error_number, absl::string_view context);
 
+// The other way, for front ends that must answer with an errno (the preload
+// library): the errno a plain system call would most likely have given for
+// an error of this kind. Failed I/O (DataLoss, Internal, Unknown) is EIO.
+int StatusToErrno(const absl::Status& status);
+
 }  // namespace monarch
 
 #endif  // MONARCH_COMMON_STATUS_MACROS_H_

@@ -3,6 +3,7 @@
 // Every error is one InvalidArgument message that starts with the offending
 // key's path ("tiers[1].capacity: ...") and says what was expected.
 
+#include "common/os.h"
 #include "monarch/config.h"
 
 #include <regex.h>
@@ -15,8 +16,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 #include <vector>
 
@@ -419,7 +418,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  return os::Stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // True if `inner` is `outer` or lies beneath it (both canonical, absolute).
@@ -751,11 +750,12 @@ absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
 }
 
 absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("config file ", Quote(path), " cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Config> config = ParseConfigString(text.str());
+  absl::StatusOr<std::string> text = ReadSmallFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat("config file ", Quote(path), " cannot be read: ",
+                                            text.status().message()));
+  }
+  absl::StatusOr<Config> config = ParseConfigString(*text);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));

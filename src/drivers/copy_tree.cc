@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -42,7 +43,7 @@ bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 absl::StatusOr<std::shared_ptr<ScopedFd>> CopyTree::OpenCopy(const FileRef& file) const {
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, directory_.OpenBeneath(file.name));
   struct stat st;
-  if (::fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + PathOf(file.name));
+  if (os::Fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + PathOf(file.name));
   if (!S_ISREG(st.st_mode)) {
     return absl::DataLossError(absl::StrCat(PathOf(file.name), ": not a regular file"));
   }
@@ -114,7 +115,7 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
       if (relative.empty() && base == kReservedDirectory) continue;  // Ours, not copies.
       std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
       struct stat st;
-      if (::fstatat(dir_fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (os::FstatAt(dir_fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
       if (S_ISDIR(st.st_mode)) {
         pending.push_back(std::move(name));
         continue;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/guarded_copy.h"
 #include "common/handle_cache.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
 #include "drivers/storage_driver.h"
@@ -84,9 +85,9 @@ class PmemDriver final : public StorageDriver {
     int is_pmem = 0;
     if (file.size == 0) {
       // pmem_map_file cannot create an empty mapping; an empty file needs none.
-      int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      int fd = os::Open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
-      ::close(fd);
+      os::Close(fd);
     } else {
       errno = 0;
       address = pmem_map_file(temporary.c_str(), file.size, PMEM_FILE_CREATE | PMEM_FILE_EXCL, 0644,
@@ -114,7 +115,7 @@ class PmemDriver final : public StorageDriver {
   // need no persistence, so libpmem's mapping flags buy nothing here.
   absl::StatusOr<std::shared_ptr<Mapping>> Map(const FileRef& file) {
     MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopy(file));
-    void* address = ::mmap(nullptr, file.size, PROT_READ, MAP_SHARED, fd->get(), 0);
+    void* address = os::Mmap(nullptr, file.size, PROT_READ, MAP_SHARED, fd->get(), 0);
     if (address == MAP_FAILED) return ErrnoToStatus(errno, "map " + tree_.PathOf(file.name));
     return std::make_shared<Mapping>(address, file.size);
   }

@@ -24,6 +24,7 @@
 #include "common/file_util.h"
 #include "common/handle_cache.h"
 #include "common/mutex.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
 #include "drivers/storage_driver.h"
@@ -56,12 +57,12 @@ class PosixDriver final : public StorageDriver {
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
     int fd = -1;
     if (WantDirect(file.size)) {
-      fd = ::open(temporary.c_str(), flags | O_DIRECT, 0644);
+      fd = os::Open(temporary.c_str(), flags | O_DIRECT, 0644);
       if (fd < 0 && errno != EINVAL)
         return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
     }
     const bool direct = fd >= 0;
-    if (!direct) fd = ::open(temporary.c_str(), flags, 0644);
+    if (!direct) fd = os::Open(temporary.c_str(), flags, 0644);
     if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", temporary));
     if (direct) {
       // Direct writes bypass delayed allocation, so two files written at once
@@ -70,7 +71,7 @@ class PosixDriver final : public StorageDriver {
       // before any byte is copied.
       int error = ::posix_fallocate(fd, 0, static_cast<off_t>(file.size));
       if (error != 0 && error != EOPNOTSUPP && error != EINVAL) {
-        ::close(fd);
+        os::Close(fd);
         ::unlink(temporary.c_str());
         return ErrnoToStatus(error, absl::StrCat("allocate ", temporary));
       }
@@ -149,9 +150,9 @@ class PosixDriver final : public StorageDriver {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
       // close() reports deferred write errors on some file systems (NFS).
-      if (::close(fd_.release()) != 0)
+      if (os::Close(fd_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
-      if (buffered_.valid() && ::close(buffered_.release()) != 0)
+      if (buffered_.valid() && os::Close(buffered_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
       driver_->descriptors_.Erase(
@@ -169,7 +170,7 @@ class PosixDriver final : public StorageDriver {
     absl::Status FallBackToBuffered() {
       MutexLock lock(&fallback_mu_);
       if (fell_back_.load(std::memory_order_relaxed)) return absl::OkStatus();
-      int fd = ::open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC);
+      int fd = os::Open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC);
       if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", copy_.temporary()));
       buffered_ = ScopedFd(fd);
       fell_back_.store(true, std::memory_order_release);

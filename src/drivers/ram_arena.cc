@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
 
@@ -34,7 +35,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     arena->stripes_.push_back(std::move(stripe));  // From here on the destructor cleans up.
     Stripe& s = *arena->stripes_.back();
     // MAP_NORESERVE: the size is address space, not a commitment.
-    void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
+    void* base = os::Mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
     s.base = static_cast<char*>(base);
   }
@@ -61,8 +62,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<Scop
 
 RamArena::~RamArena() {
   for (const std::unique_ptr<Stripe>& stripe : stripes_) {
-    if (stripe->base != nullptr && stripe->mapping.data() == nullptr) ::munmap(stripe->base, size_);
-    ::close(stripe->fd);
+    if (stripe->base != nullptr && stripe->mapping.data() == nullptr) os::Munmap(stripe->base, size_);
+    os::Close(stripe->fd);
   }
 }
 

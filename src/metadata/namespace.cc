@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -58,7 +59,12 @@ struct WalkedFile {
   uint32_t directory;
   uint64_t size;
   int64_t mtime_ns;
+  FileAttributes attributes;
 };
+
+int64_t Nanoseconds(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
 
 struct WalkedDirectory {
   std::string name;  // Dataset-relative; "" for the root.
@@ -141,7 +147,7 @@ class ParallelWalk {
       // Follows symlinks to files; a symlinked directory is skipped rather
       // than followed, so a link cycle cannot trap the walk.
       struct stat st;
-      if (::fstatat(dir_fd, d->d_name, &st, 0) != 0) continue;
+      if (os::FstatAt(dir_fd, d->d_name, &st, 0) != 0) continue;
       if (S_ISDIR(st.st_mode)) {
         if (d->d_type == DT_UNKNOWN) {
           subdirectories->push_back(std::move(name));  // File systems without d_type.
@@ -151,8 +157,20 @@ class ParallelWalk {
         continue;
       }
       if (!S_ISREG(st.st_mode) || (d->d_type != DT_REG && !filter_.Keep(name))) continue;
+      FileAttributes attributes;
+      attributes.device = st.st_dev;
+      attributes.inode = st.st_ino;
+      attributes.atime_ns = Nanoseconds(st.st_atim);
+      attributes.ctime_ns = Nanoseconds(st.st_ctim);
+      attributes.blocks = static_cast<uint64_t>(st.st_blocks);
+      attributes.mode = st.st_mode;
+      attributes.link_count = static_cast<uint32_t>(st.st_nlink);
+      attributes.uid = st.st_uid;
+      attributes.gid = st.st_gid;
+      attributes.block_size = static_cast<uint32_t>(st.st_blksize);
+      attributes.via_symlink = d->d_type == DT_LNK ? 1 : 0;
       files->push_back({std::move(name), index, static_cast<uint64_t>(st.st_size),
-                        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+                        Nanoseconds(st.st_mtim), attributes});
     }
     ::closedir(dir);
   }
@@ -216,6 +234,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   // The arena is complete: views into it stay valid from here on.
   ns->file_count_ = static_cast<uint32_t>(files.size());
   ns->entries_ = std::make_unique<FileEntry[]>(files.size());
+  ns->attributes_ = std::make_unique<FileAttributes[]>(files.size());
   TierSlot* slots = nullptr;
   if (allocate) {
     slots = allocate(ns->file_count_);
@@ -234,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id]->name.size());
     entry.ref.size = files[id]->size;
     entry.ref.mtime_ns = files[id]->mtime_ns;
+    ns->attributes_[id] = files[id]->attributes;
     entry.tier = new (&slots[id]) TierSlot(source_tier);
     ns->total_bytes_ += files[id]->size;
     ns->by_name_.emplace(entry.ref.name, id);
@@ -242,6 +262,24 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     ns->directory_by_name_.emplace(ns->directory_names_[i], i);
   }
   return ns;
+}
+
+Monarch::FileStat MakeFileStat(const FileRef& ref, const FileAttributes& a) {
+  Monarch::FileStat stat;
+  stat.size = ref.size;
+  stat.mtime_ns = ref.mtime_ns;
+  stat.atime_ns = a.atime_ns;
+  stat.ctime_ns = a.ctime_ns;
+  stat.device = a.device;
+  stat.inode = a.inode;
+  stat.blocks = a.blocks;
+  stat.mode = a.mode;
+  stat.link_count = a.link_count;
+  stat.uid = a.uid;
+  stat.gid = a.gid;
+  stat.block_size = a.block_size;
+  stat.via_symlink = a.via_symlink != 0;
+  return stat;
 }
 
 bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::string* scratch,

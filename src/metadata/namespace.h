@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "drivers/storage_driver.h"
+#include "monarch/monarch.h"
 
 namespace monarch {
 
@@ -42,6 +43,26 @@ enum class PlacementState : uint8_t {
 // live in memory shared between processes.
 using TierSlot = std::atomic<int32_t>;
 static_assert(TierSlot::is_always_lock_free, "tier slots are shared between processes");
+
+// The rest of what the walk's stat() said about a file (size and mtime are
+// in its FileRef): answers stat() without touching the source. Plain data,
+// so the service can publish it in the namespace image as is.
+struct FileAttributes {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t atime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t blocks = 0;
+  uint32_t mode = 0;
+  uint32_t link_count = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t block_size = 0;
+  uint32_t via_symlink = 0;  // 1: the name is a symlink to the file.
+};
+
+// What Monarch::Stat returns for a file.
+Monarch::FileStat MakeFileStat(const FileRef& ref, const FileAttributes& attributes);
 
 struct FileEntry {
   FileRef ref;
@@ -84,6 +105,7 @@ class Namespace {
   uint32_t file_count() const { return file_count_; }
   uint64_t total_bytes() const { return total_bytes_; }
   FileEntry& entry(uint32_t id) const { return entries_[id]; }
+  const FileAttributes& attributes(uint32_t id) const { return attributes_[id]; }
   const std::string& root() const { return root_; }
 
  private:
@@ -99,6 +121,7 @@ class Namespace {
   std::string root_;
   std::string names_;  // Arena of all file names; never resized after Build.
   std::unique_ptr<FileEntry[]> entries_;
+  std::unique_ptr<FileAttributes[]> attributes_;  // Apart from the entries: off the read path.
   std::unique_ptr<TierSlot[]> own_tier_slots_;  // When no allocator was given.
   uint32_t file_count_ = 0;
   uint64_t total_bytes_ = 0;

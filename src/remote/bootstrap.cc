@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -35,11 +34,9 @@ std::string RankFile(const std::string& dir, int rank) {
 // or, with `problem` set, if it belongs to another job or is not ours.
 bool ParseRankFile(const std::string& path, int expected_size, std::string* address,
                    std::string* problem) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream text;
-  text << in.rdbuf();
-  std::vector<std::string> lines = absl::StrSplit(text.str(), '\n');
+  absl::StatusOr<std::string> text = ReadSmallFile(path);
+  if (!text.ok()) return false;
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   int size = 0;
   if (lines.size() < 5 || lines[0] != kMagic || !absl::SimpleAtoi(lines[1], &size)) {
     *problem = absl::StrCat(path, " is not a Monarch rendezvous file");

@@ -5,6 +5,7 @@
 // hand it work as commands (closures) through a queue and an eventfd; it
 // hands results back through Request objects under `mu_`.
 
+#include "common/os.h"
 #include "remote/peer_network.h"
 
 #include <sys/epoll.h>
@@ -114,7 +115,7 @@ class PeerNetwork::Impl {
     receive_region_.Release();
     send_region_.Release();
     if (context_ != nullptr) ucp_cleanup(context_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (wake_fd_ >= 0) os::Close(wake_fd_);
   }
 
   absl::Status Init(const AddressExchange& exchange) {
@@ -487,14 +488,14 @@ class PeerNetwork::Impl {
       for (int i = 0; i < ready; ++i) {
         if (events[i].data.fd == wake_fd_) {
           uint64_t count;
-          ssize_t ignored = ::read(wake_fd_, &count, sizeof(count));
+          ssize_t ignored = os::Read(wake_fd_, &count, sizeof(count));
           (void)ignored;
         }
       }
     }
     SayGoodbye();
     CloseEndpoints();
-    ::close(epoll_fd);
+    os::Close(epoll_fd);
   }
 
   // Tells the peers we are leaving, so they stop asking (quietly) instead

@@ -21,6 +21,7 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
 #include "drivers/storage_driver.h"
@@ -237,8 +238,7 @@ class ServiceClient final : public Monarch {
     if (session == nullptr) return absl::UnavailableError("no Monarch service session");
     const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
     if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    const FileRef ref = session->image->ref(*id);
-    return FileStat{ref.size, ref.mtime_ns};
+    return session->image->Stat(*id);
   }
   bool FileExists(std::string_view name) const override {
     const Session* session = CurrentSession(State());
@@ -497,7 +497,7 @@ class ServiceClient final : public Monarch {
         paths_.dir, absl::StrCat("config-", absl::Hash<std::string>{}(source_.yaml) & 0xffffffff,
                                  ".yaml"));
     const std::string temp = absl::StrCat(file, ".", ::getpid());
-    ScopedFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ScopedFd fd(os::Open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("write ", temp));
     MONARCH_RETURN_IF_ERROR(PwriteFull(fd.get(), source_.yaml.data(), source_.yaml.size(), 0, temp));
     if (::rename(temp.c_str(), file.c_str()) != 0) {

@@ -11,7 +11,7 @@
 namespace monarch::service {
 namespace {
 
-constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'N', 'S', '1'};
+constexpr char kMagic[8] = {'M', 'O', 'N', 'A', 'R', 'N', 'S', '2'};
 
 struct Header {
   char magic[8];
@@ -32,6 +32,7 @@ struct Record {
   uint32_t reserved;
   uint64_t size;
   int64_t mtime_ns;
+  FileAttributes attributes;
 };
 
 uint64_t Fnv1a(absl::string_view s) {
@@ -78,7 +79,7 @@ absl::StatusOr<ScopedFd> WriteNamespaceImage(const Namespace& ns) {
   for (uint32_t id = 0; id < count; ++id) {
     const FileRef& ref = ns.entry(id).ref;
     records[id] = Record{name_offset, static_cast<uint32_t>(ref.name.size()), 0, ref.size,
-                         ref.mtime_ns};
+                         ref.mtime_ns, ns.attributes(id)};
     std::memcpy(names + name_offset, ref.name.data(), ref.name.size());
     name_offset += ref.name.size();
     for (uint64_t slot = Fnv1a(ref.name) & (slots - 1);; slot = (slot + 1) & (slots - 1)) {
@@ -140,6 +141,12 @@ FileRef NamespaceImage::ref(uint32_t id) const {
   ref.size = record.size;
   ref.mtime_ns = record.mtime_ns;
   return ref;
+}
+
+Monarch::FileStat NamespaceImage::Stat(uint32_t id) const {
+  Record record;
+  std::memcpy(&record, records_ + uint64_t{id} * sizeof(Record), sizeof(record));
+  return MakeFileStat(ref(id), record.attributes);
 }
 
 std::optional<uint32_t> NamespaceImage::Find(absl::string_view name) const {

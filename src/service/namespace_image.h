@@ -7,8 +7,9 @@
 //
 //   Header | Record[file_count] | uint32 hash table[hash_slots] | names
 //
-// A Record is a file's name (offset, length into the names), size and
-// mtime; its index is the file id. The hash table is open addressing over
+// A Record is a file's name (offset, length into the names), size,
+// mtime and the rest of its stat() (FileAttributes); its index is the
+// file id. The hash table is open addressing over
 // FNV-1a of the canonical name, holding id + 1 (0 = empty). A client trusts
 // nothing in it: every offset is checked before use, so a damaged region
 // gives NotFound, never a wild read.
@@ -48,6 +49,8 @@ class NamespaceImage {
   std::optional<uint32_t> Find(absl::string_view name) const;
   // The file `id` < file_count() as drivers know it.
   FileRef ref(uint32_t id) const;
+  // What stat() said of file `id` < file_count() at the service's walk.
+  Monarch::FileStat Stat(uint32_t id) const;
 
   uint32_t file_count() const { return file_count_; }
   uint64_t total_bytes() const { return total_bytes_; }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/counters.h"
 #include "common/log.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
@@ -74,7 +75,7 @@ absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const Config& co
   // ValidateConfig spares the dataset for shared configs (clients must not
   // touch the PFS); the service is the one that reads it.
   struct stat st;
-  if (::stat(config.dataset.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (os::Stat(config.dataset.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: '", config.dataset.path, "' is not an existing directory"));
   }

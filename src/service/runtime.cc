@@ -11,12 +11,15 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <deque>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch::service {
@@ -34,7 +37,7 @@ absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
     ::chmod(paths.dir.c_str(), 0700);
   }
   struct stat st;
-  if (::lstat(paths.dir.c_str(), &st) != 0) {
+  if (os::Lstat(paths.dir.c_str(), &st) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: ", paths.dir));
   }
   if (!S_ISDIR(st.st_mode)) {
@@ -53,12 +56,12 @@ absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
 }
 
 absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
-  ScopedFd fd(::open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  ScopedFd fd(os::Open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.lock));
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) return ErrnoToStatus(errno, absl::StrCat("flock ", paths.lock));
     char pid[32] = {};
-    ssize_t n = ::pread(fd.get(), pid, sizeof(pid) - 1, 0);
+    ssize_t n = os::Pread(fd.get(), pid, sizeof(pid) - 1, 0);
     std::string holder = n > 0 ? absl::StrCat(" (pid ", std::string(pid, strcspn(pid, "\n")), ")")
                                : "";
     return absl::FailedPreconditionError(absl::StrCat(
@@ -74,7 +77,7 @@ absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
 }
 
 bool ServiceLockHeld(const ServicePaths& paths) {
-  ScopedFd fd(::open(paths.lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  ScopedFd fd(os::Open(paths.lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return false;
   if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) {
     ::flock(fd.get(), LOCK_UN);
@@ -97,6 +100,14 @@ std::string ServiceBinary() {
 
 }  // namespace
 
+std::string WithoutPreloadLibrary(absl::string_view ld_preload) {
+  std::vector<absl::string_view> kept;
+  for (absl::string_view entry : absl::StrSplit(ld_preload, absl::ByAnyChar(": "), absl::SkipEmpty())) {
+    if (!absl::StrContains(entry, "libmonarch_preload")) kept.push_back(entry);
+  }
+  return absl::StrJoin(kept, ":");
+}
+
 absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file) {
   // Everything the child needs is built before fork(): between fork and
   // exec a child of a threaded process may only make async-signal-safe calls.
@@ -105,12 +116,25 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  const int log = ::open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    absl::string_view variable = *entry;
+    if (absl::ConsumePrefix(&variable, "LD_PRELOAD=")) {
+      const std::string kept = WithoutPreloadLibrary(variable);
+      if (!kept.empty()) environment.push_back(absl::StrCat("LD_PRELOAD=", kept));
+    } else {
+      environment.emplace_back(*entry);
+    }
+  }
+  std::vector<char*> envp;
+  for (std::string& variable : environment) envp.push_back(variable.data());
+  envp.push_back(nullptr);
+  const int log = os::Open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log < 0) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
   const pid_t child = ::fork();
   if (child < 0) {
     const int error = errno;
-    ::close(log);
+    os::Close(log);
     return ErrnoToStatus(error, "fork to start the Monarch service");
   }
   if (child == 0) {
@@ -118,18 +142,18 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     // the job (no zombie, no SIGHUP from the client's terminal).
     ::setsid();
     if (::fork() != 0) ::_exit(0);
-    const int null = ::open("/dev/null", O_RDONLY);
+    const int null = os::Open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     ::dup2(log, 1);
     ::dup2(log, 2);
     ::close_range(3, ~0U, 0);
-    ::execvp(argv[0], argv.data());
+    ::execvpe(argv[0], argv.data(), envp.data());
     const char message[] = "monarch: cannot execute the service binary\n";
     ssize_t ignored = ::write(2, message, sizeof(message) - 1);
     (void)ignored;
     ::_exit(127);
   }
-  ::close(log);
+  os::Close(log);
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
@@ -137,10 +161,11 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
 }
 
 std::string LogTail(const ServicePaths& paths, int lines) {
-  std::ifstream in(paths.log);
   std::deque<std::string> tail;
-  for (std::string line; std::getline(in, line);) {
-    tail.push_back(line);
+  absl::StatusOr<std::string> log = ReadSmallFile(paths.log);
+  if (!log.ok()) return "";
+  for (absl::string_view line : absl::StrSplit(*log, '\n', absl::SkipEmpty())) {
+    tail.emplace_back(line);
     if (static_cast<int>(tail.size()) > lines) tail.pop_front();
   }
   return absl::StrJoin(tail, " | ");

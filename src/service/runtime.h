@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/file_util.h"
 #include "monarch/config.h"
 
@@ -45,6 +46,11 @@ bool ServiceLockHeld(const ServicePaths& paths);
 // Starts `monarch serve --config <config_file>` detached (its own session,
 // output appended to the log). The binary: $MONARCH_BINARY, else the one
 // built beside this library, else the installed one, else `monarch` on PATH.
+// `ld_preload` (an LD_PRELOAD value) without libmonarch_preload.so: the
+// service never runs under the transparent mode, or its own reads of the
+// dataset would come back to it as a client's.
+std::string WithoutPreloadLibrary(absl::string_view ld_preload);
+
 absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file);
 
 // The last lines of the service log, for an error message.

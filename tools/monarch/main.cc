@@ -338,6 +338,20 @@ int Stage(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Never under the transparent mode (LD_PRELOAD=libmonarch_preload.so,
+  // inherited from a job's environment): start again without it.
+  if (const char* preload = std::getenv("LD_PRELOAD");
+      preload != nullptr && std::strstr(preload, "libmonarch_preload") != nullptr) {
+    const std::string kept = monarch::service::WithoutPreloadLibrary(preload);
+    if (kept.empty()) {
+      ::unsetenv("LD_PRELOAD");
+    } else {
+      ::setenv("LD_PRELOAD", kept.c_str(), 1);
+    }
+    ::execv("/proc/self/exe", argv);
+    std::perror("monarch: restarting without LD_PRELOAD");
+    return 1;
+  }
   if (argc < 2) return Usage(nullptr);
   const std::string command = argv[1];
   if (command == "epochs") return RunEpochs(argc - 1, argv + 1);

@@ -1,0 +1,650 @@
+// The transparent mode's state: configuration, the connection to the node
+// service, the table of dataset descriptors, and the operations the hooks
+// (hooks.cc) answer with. See preload.h.
+
+#include "preload.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+
+#include "absl/base/call_once.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/os.h"
+#include "common/status_macros.h"
+#include "monarch/config.h"
+#include "service/client.h"
+
+namespace monarch::preload {
+namespace {
+
+// ---------------------------------------------------------------------------
+// A lock that is safe across fork(): the atfork handlers take every one of
+// them before fork and release them in both processes, so a child never
+// inherits one held by a thread it does not have. Held only for a few
+// instructions (copying a shared_ptr), so spinning is cheaper than a futex.
+class SpinLock {
+ public:
+  void Lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      while (locked_.load(std::memory_order_relaxed)) sched_yield();
+    }
+  }
+  void Unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+class SpinLockHolder {
+ public:
+  explicit SpinLockHolder(SpinLock& lock) : lock_(lock) { lock_.Lock(); }
+  ~SpinLockHolder() { lock_.Unlock(); }
+  SpinLockHolder(const SpinLockHolder&) = delete;
+  SpinLockHolder& operator=(const SpinLockHolder&) = delete;
+
+ private:
+  SpinLock& lock_;
+};
+
+// ---------------------------------------------------------------------------
+// Descriptor number -> open file. Two levels of 1,024 so that a process
+// that opens descriptor 100,000 does not pay for a million slots, and a
+// lookup of a descriptor that was never ours is two atomic loads.
+class DescriptorTable {
+ public:
+  static constexpr int kPageBits = 10;
+  static constexpr int kPageSize = 1 << kPageBits;
+  static constexpr int kPages = 1024;  // Descriptors up to 1,048,575.
+  static constexpr int kLocks = 64;
+
+  std::shared_ptr<OpenFile> Find(int fd) {
+    Slot* slot = FindSlot(fd);
+    if (slot == nullptr || !slot->used.load(std::memory_order_acquire)) return nullptr;
+    SpinLockHolder hold(locks_[fd % kLocks]);
+    return slot->file;
+  }
+
+  bool Set(int fd, std::shared_ptr<OpenFile> file) {
+    if (fd < 0 || fd >= kPages * kPageSize) return false;
+    Slot* slot = SlotFor(fd);
+    if (slot == nullptr) return false;
+    std::shared_ptr<OpenFile> previous;
+    {
+      SpinLockHolder hold(locks_[fd % kLocks]);
+      previous = std::move(slot->file);
+      slot->file = std::move(file);
+      slot->used.store(true, std::memory_order_release);
+    }
+    if (!previous) used_.fetch_add(1, std::memory_order_relaxed);
+    return true;  // `previous` (a stale entry) is released outside the lock.
+  }
+
+  void Forget(int fd) {
+    Slot* slot = FindSlot(fd);
+    if (slot == nullptr || !slot->used.load(std::memory_order_acquire)) return;
+    std::shared_ptr<OpenFile> previous;
+    {
+      SpinLockHolder hold(locks_[fd % kLocks]);
+      previous = std::move(slot->file);
+      slot->used.store(false, std::memory_order_release);
+    }
+    if (previous) used_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  bool Empty() const { return used_.load(std::memory_order_relaxed) == 0; }
+
+  // Calls `fn(fd, file)` for every registered descriptor in [first, last].
+  template <typename Fn>
+  void ForEach(unsigned first, unsigned last, Fn fn) {
+    if (Empty()) return;
+    const unsigned end = std::min<unsigned>(last, kPages * kPageSize - 1);
+    for (unsigned page = first >> kPageBits; page <= (end >> kPageBits); ++page) {
+      Page* p = pages_[page].load(std::memory_order_acquire);
+      if (p == nullptr) continue;
+      for (unsigned i = 0; i < kPageSize; ++i) {
+        const unsigned fd = (page << kPageBits) | i;
+        if (fd < first || fd > end || !p->slots[i].used.load(std::memory_order_acquire)) continue;
+        std::shared_ptr<OpenFile> file = Find(static_cast<int>(fd));
+        if (file) fn(static_cast<int>(fd), file);
+      }
+    }
+  }
+
+  void LockAll() {
+    page_lock_.Lock();
+    for (SpinLock& lock : locks_) lock.Lock();
+  }
+  void UnlockAll() {
+    for (SpinLock& lock : locks_) lock.Unlock();
+    page_lock_.Unlock();
+  }
+
+ private:
+  struct Slot {
+    std::atomic<bool> used{false};
+    std::shared_ptr<OpenFile> file;
+  };
+  struct Page {
+    Slot slots[kPageSize];
+  };
+
+  Slot* FindSlot(int fd) {
+    if (fd < 0 || fd >= kPages * kPageSize) return nullptr;
+    Page* page = pages_[fd >> kPageBits].load(std::memory_order_acquire);
+    return page == nullptr ? nullptr : &page->slots[fd & (kPageSize - 1)];
+  }
+
+  Slot* SlotFor(int fd) {
+    Slot* slot = FindSlot(fd);
+    if (slot != nullptr) return slot;
+    SpinLockHolder hold(page_lock_);
+    std::atomic<Page*>& page = pages_[fd >> kPageBits];
+    if (page.load(std::memory_order_acquire) == nullptr) {
+      page.store(new (std::nothrow) Page, std::memory_order_release);  // Never freed.
+    }
+    return FindSlot(fd);
+  }
+
+  std::atomic<Page*> pages_[kPages] = {};
+  SpinLock page_lock_;
+  SpinLock locks_[kLocks];
+  std::atomic<int> used_{0};
+};
+
+// Constant-initialized: hooks run before any constructor of ours (other
+// libraries' constructors open files too), and no destructor runs at exit.
+DescriptorTable g_table;
+
+// ---------------------------------------------------------------------------
+// Streams made by OpenStream, for fileno().
+class StreamTable {
+ public:
+  void Add(FILE* stream, int fd) {
+    SpinLockHolder hold(lock_);
+    if (map_ == nullptr) map_ = new absl::flat_hash_map<FILE*, int>;  // Never freed.
+    (*map_)[stream] = fd;
+    count_.store(static_cast<int>(map_->size()), std::memory_order_release);
+  }
+  void Remove(FILE* stream) {
+    SpinLockHolder hold(lock_);
+    if (map_ == nullptr) return;
+    map_->erase(stream);
+    count_.store(static_cast<int>(map_->size()), std::memory_order_release);
+  }
+  int Find(FILE* stream) {
+    if (count_.load(std::memory_order_acquire) == 0) return -2;
+    SpinLockHolder hold(lock_);
+    auto it = map_->find(stream);
+    return it == map_->end() ? -2 : it->second;
+  }
+  SpinLock& lock() { return lock_; }
+
+ private:
+  SpinLock lock_;
+  absl::flat_hash_map<FILE*, int>* map_ = nullptr;
+  std::atomic<int> count_{0};
+};
+
+StreamTable g_streams;
+
+// ---------------------------------------------------------------------------
+// Configuration, read once by the constructor.
+struct Settings {
+  Config config;
+  std::string config_file;
+  std::string root;  // Absolute, no trailing slash.
+  bool strict = false;
+  absl::once_flag real_root_once;
+  std::string real_root;  // Empty unless it differs from `root`.
+};
+
+std::atomic<Settings*> g_settings{nullptr};
+std::atomic<bool> g_broken{false};  // A config or service error: plain I/O from then on.
+std::atomic<Monarch*> g_monarch{nullptr};
+SpinLock g_connect_lock;
+
+__thread int t_inside __attribute__((tls_model("initial-exec"))) = 0;
+
+void WriteStderr(const std::string& line) {
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = os::Write(2, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// The one line a problem prints; plain I/O afterwards, or the end of the
+// program with MONARCH_PRELOAD_STRICT=1.
+void GiveUp(absl::string_view problem, bool strict) {
+  if (g_broken.exchange(true)) return;  // Said once.
+  if (strict) {
+    WriteStderr(absl::StrCat("monarch preload: ", problem, " (MONARCH_PRELOAD_STRICT=1: exiting)\n"));
+    ::_exit(1);
+  }
+  WriteStderr(absl::StrCat("monarch preload: ", problem, "; reading without Monarch\n"));
+}
+
+// "a/./b//c/" -> "a/b/c"; false for ".." anywhere: "x/link/../y" names
+// what the link's target's parent holds, which only the kernel knows.
+bool CleanRelative(absl::string_view path, std::string* out) {
+  out->clear();
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t slash = path.find('/', i);
+    if (slash == absl::string_view::npos) slash = path.size();
+    const absl::string_view part = path.substr(i, slash - i);
+    if (part == "..") return false;
+    if (!part.empty() && part != ".") {
+      if (!out->empty()) out->push_back('/');
+      out->append(part.data(), part.size());
+    }
+    i = slash + 1;
+  }
+  return true;
+}
+
+// The part of `path` below `root`: "" for the root itself.
+bool StripRoot(absl::string_view path, absl::string_view root, absl::string_view* rest) {
+  if (root == "/") {
+    if (path.empty() || path[0] != '/') return false;
+    *rest = path.substr(1);
+    return true;
+  }
+  if (path.size() < root.size() || path.compare(0, root.size(), root) != 0) return false;
+  if (path.size() > root.size() && path[root.size()] != '/') return false;
+  *rest = path.substr(root.size());
+  return true;
+}
+
+const std::string& RealRoot(Settings& settings) {
+  absl::call_once(settings.real_root_once, [&settings] {
+    if (char* real = ::realpath(settings.root.c_str(), nullptr)) {
+      if (settings.root != real) settings.real_root = real;
+      std::free(real);
+    }
+  });
+  return settings.real_root;
+}
+
+Monarch* Service(Settings& settings) {
+  if (Monarch* monarch = g_monarch.load(std::memory_order_acquire)) return monarch;
+  if (g_broken.load(std::memory_order_relaxed)) return nullptr;
+  SpinLockHolder hold(g_connect_lock);
+  if (Monarch* monarch = g_monarch.load(std::memory_order_acquire)) return monarch;
+  if (g_broken.load(std::memory_order_relaxed)) return nullptr;
+  InsideMonarch inside;
+  absl::StatusOr<std::unique_ptr<Monarch>> client =
+      service::ConnectToNodeService(settings.config, {settings.config_file, ""});
+  if (!client.ok()) {
+    GiveUp(absl::StrCat("no node service for ", settings.config_file, ": ",
+                        client.status().message()),
+           settings.strict);
+    return nullptr;
+  }
+  // Never destroyed: reads may run in other threads while the process exits.
+  Monarch* monarch = client->release();
+  g_monarch.store(monarch, std::memory_order_release);
+  return monarch;
+}
+
+int NewPlaceholder(bool close_on_exec) {
+  return os::Open("/dev/null", O_PATH | (close_on_exec ? O_CLOEXEC : 0));
+}
+
+void LockAllForFork() {
+  g_streams.lock().Lock();
+  g_table.LockAll();
+}
+void UnlockAllAfterFork() {
+  g_table.UnlockAll();
+  g_streams.lock().Unlock();
+}
+void UnlockAllInChild() {
+  UnlockAllAfterFork();
+  // Not taken before fork(): the thread that connects may itself fork (to
+  // start the service). A child whose parent was connecting connects anew.
+  g_connect_lock.Unlock();
+}
+
+// The constructor: reads the configuration, nothing more. A program that
+// never touches the dataset gets no connection and no thread.
+__attribute__((constructor)) void Configure() {
+  InsideMonarch inside;
+  const char* strict_env = std::getenv("MONARCH_PRELOAD_STRICT");
+  const bool strict = strict_env != nullptr && std::strcmp(strict_env, "1") == 0;
+  const char* file = std::getenv("MONARCH_CONFIG");
+  if (file == nullptr || file[0] == '\0') {
+    GiveUp("not configured: set MONARCH_CONFIG to the job's YAML config", strict);
+    return;
+  }
+  absl::StatusOr<Config> config = ParseConfigFile(file);
+  absl::Status status = config.status();
+  if (config.ok()) {
+    config->node.shared = true;  // The preload library is always a client of the node service.
+    status = ValidateConfig(*config);
+  }
+  if (!status.ok()) {
+    GiveUp(status.message(), strict);
+    return;
+  }
+  auto* settings = new Settings;  // Never freed: hooks may run during exit.
+  settings->config = std::move(*config);
+  settings->config_file = file;
+  settings->strict = strict;
+  std::string root = settings->config.dataset.path;
+  if (root.empty() || root[0] != '/') {
+    char cwd[PATH_MAX];
+    if (::getcwd(cwd, sizeof(cwd)) == nullptr) {
+      GiveUp("cannot resolve the relative dataset.path", strict);
+      return;
+    }
+    root = absl::StrCat(cwd, "/", root);
+  }
+  std::string clean;
+  if (!CleanRelative(root, &clean)) {
+    GiveUp("dataset.path: expected a path without '..'", strict);
+    return;
+  }
+  settings->root = "/" + clean;
+  ::pthread_atfork(LockAllForFork, UnlockAllAfterFork, UnlockAllInChild);
+  g_settings.store(settings, std::memory_order_release);
+}
+
+}  // namespace
+
+void* NextSymbol(const char* name) {
+  void* symbol = ::dlsym(RTLD_NEXT, name);
+  if (symbol == nullptr) {
+    WriteStderr(absl::StrCat("monarch preload: libc has no ", name, "\n"));
+    ::abort();
+  }
+  return symbol;
+}
+
+InsideMonarch::InsideMonarch() { ++t_inside; }
+InsideMonarch::~InsideMonarch() { --t_inside; }
+
+bool Active() {
+  return t_inside == 0 && g_settings.load(std::memory_order_acquire) != nullptr &&
+         !g_broken.load(std::memory_order_relaxed);
+}
+
+bool FindDatasetFile(int dir_fd, const char* path, std::string* name, Monarch::FileStat* stat) {
+  if (path == nullptr || path[0] == '\0' || !Active()) return false;
+  Settings& settings = *g_settings.load(std::memory_order_acquire);
+  std::string joined;
+  absl::string_view full = path;
+  if (full[0] != '/') {
+    // Relative: to the working directory or to `dir_fd`, both as the kernel
+    // spells them (symlinks resolved).
+    char base[PATH_MAX];
+    if (dir_fd == AT_FDCWD) {
+      if (::getcwd(base, sizeof(base)) == nullptr) return false;
+    } else {
+      if (Lookup(dir_fd) != nullptr) return false;  // A file, not a directory: ENOTDIR.
+      char link[32];
+      std::snprintf(link, sizeof(link), "/proc/self/fd/%d", dir_fd);
+      const ssize_t n = ::readlink(link, base, sizeof(base) - 1);
+      if (n <= 0 || base[0] != '/') return false;
+      base[n] = '\0';
+    }
+    joined = absl::StrCat(base, "/", full);
+    full = joined;
+  }
+  absl::string_view rest;
+  if (!StripRoot(full, settings.root, &rest)) {
+    // Only kernel-made paths need the root's real spelling; taking it costs
+    // metadata operations, so programs that give absolute paths never do.
+    if (joined.empty()) return false;
+    const std::string& real = RealRoot(settings);
+    if (real.empty() || !StripRoot(full, real, &rest)) return false;
+  }
+  std::string clean;
+  if (!CleanRelative(rest, &clean) || clean.empty()) return false;
+  Monarch* monarch = Service(settings);
+  if (monarch == nullptr) return false;
+  InsideMonarch inside;
+  absl::StatusOr<Monarch::FileStat> found = monarch->Stat(clean);
+  if (!found.ok()) return false;  // Not a dataset file, or no service session: the real one.
+  *name = std::move(clean);
+  *stat = *found;
+  return true;
+}
+
+int OpenDatasetFile(const std::string& name, const Monarch::FileStat& stat, int flags) {
+  const int fd = NewPlaceholder((flags & O_CLOEXEC) != 0);
+  if (fd < 0) return -1;
+  auto file = std::make_shared<OpenFile>();
+  file->name = name;
+  file->stat = stat;
+  file->status_flags.store((flags & ~(O_CLOEXEC | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC)) |
+                           O_LARGEFILE);
+  if (!g_table.Set(fd, std::move(file))) {
+    os::Close(fd);
+    errno = EMFILE;
+    return -1;
+  }
+  return fd;
+}
+
+std::shared_ptr<OpenFile> Lookup(int fd) { return g_table.Find(fd); }
+void Register(int fd, std::shared_ptr<OpenFile> file) {
+  if (!g_table.Set(fd, std::move(file))) os::Close(fd);
+}
+void Forget(int fd) { g_table.Forget(fd); }
+void ForgetRange(unsigned first, unsigned last) {
+  g_table.ForEach(first, last, [](int fd, const std::shared_ptr<OpenFile>&) { g_table.Forget(fd); });
+}
+
+ssize_t ReadAt(const OpenFile& file, void* buffer, size_t n, uint64_t offset) {
+  if (n == 0 || offset >= file.stat.size) return 0;
+  Monarch* monarch = g_monarch.load(std::memory_order_acquire);
+  if (monarch == nullptr) {  // Cannot happen: the file was opened through it.
+    errno = EBADF;
+    return -1;
+  }
+  InsideMonarch inside;
+  absl::StatusOr<size_t> done = monarch->Read(file.name, buffer, n, offset);
+  if (!done.ok()) {
+    errno = StatusToErrno(done.status());
+    return -1;
+  }
+  return static_cast<ssize_t>(*done);
+}
+
+ssize_t ReadAtOffset(OpenFile& file, void* buffer, size_t n) {
+  // The kernel serializes reads that share an offset. Here each read claims
+  // the range it read with a compare-and-swap, and reads again at the new
+  // offset if another read or a seek moved it meanwhile: no lock to be held
+  // across a fork() or interrupted by a signal.
+  for (;;) {
+    uint64_t offset = file.offset.load(std::memory_order_acquire);
+    const ssize_t done = ReadAt(file, buffer, n, offset);
+    if (done < 0) return done;
+    if (file.offset.compare_exchange_strong(offset, offset + static_cast<uint64_t>(done))) {
+      return done;
+    }
+  }
+}
+
+off_t Seek(OpenFile& file, off_t offset, int whence) {
+  const int64_t size = static_cast<int64_t>(file.stat.size);
+  for (;;) {
+    uint64_t current = file.offset.load(std::memory_order_acquire);
+    int64_t target;
+    switch (whence) {
+      case SEEK_SET:
+        target = offset;
+        break;
+      case SEEK_CUR:
+        target = static_cast<int64_t>(current) + offset;
+        break;
+      case SEEK_END:
+        target = size + offset;
+        break;
+      case SEEK_DATA:  // No holes: data everywhere before the end.
+        if (offset < 0 || offset >= size) {
+          errno = offset < 0 ? EINVAL : ENXIO;
+          return -1;
+        }
+        target = offset;
+        break;
+      case SEEK_HOLE:  // The one hole is the end of the file.
+        if (offset < 0 || offset >= size) {
+          errno = offset < 0 ? EINVAL : ENXIO;
+          return -1;
+        }
+        target = size;
+        break;
+      default:
+        errno = EINVAL;
+        return -1;
+    }
+    if (target < 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    if (file.offset.compare_exchange_strong(current, static_cast<uint64_t>(target))) {
+      return static_cast<off_t>(target);
+    }
+  }
+}
+
+namespace {
+struct timespec ToTimespec(int64_t ns) {
+  struct timespec t;
+  t.tv_sec = static_cast<time_t>(ns / 1000000000);
+  t.tv_nsec = static_cast<long>(ns % 1000000000);
+  if (t.tv_nsec < 0) {
+    t.tv_nsec += 1000000000;
+    --t.tv_sec;
+  }
+  return t;
+}
+}  // namespace
+
+void FillStat(const Monarch::FileStat& in, struct stat* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->st_dev = static_cast<dev_t>(in.device);
+  out->st_ino = static_cast<ino_t>(in.inode);
+  out->st_mode = static_cast<mode_t>(in.mode);
+  out->st_nlink = static_cast<nlink_t>(in.link_count);
+  out->st_uid = static_cast<uid_t>(in.uid);
+  out->st_gid = static_cast<gid_t>(in.gid);
+  out->st_size = static_cast<off_t>(in.size);
+  out->st_blksize = static_cast<blksize_t>(in.block_size);
+  out->st_blocks = static_cast<blkcnt_t>(in.blocks);
+  out->st_atim = ToTimespec(in.atime_ns);
+  out->st_mtim = ToTimespec(in.mtime_ns);
+  out->st_ctim = ToTimespec(in.ctime_ns);
+}
+
+void FillStatx(const Monarch::FileStat& in, struct statx* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->stx_mask = STATX_BASIC_STATS;
+  out->stx_blksize = in.block_size;
+  out->stx_nlink = in.link_count;
+  out->stx_uid = in.uid;
+  out->stx_gid = in.gid;
+  out->stx_mode = static_cast<uint16_t>(in.mode);
+  out->stx_ino = in.inode;
+  out->stx_size = in.size;
+  out->stx_blocks = in.blocks;
+  auto put = [](int64_t ns, struct statx_timestamp* t) {
+    const struct timespec ts = ToTimespec(ns);
+    t->tv_sec = ts.tv_sec;
+    t->tv_nsec = static_cast<uint32_t>(ts.tv_nsec);
+  };
+  put(in.atime_ns, &out->stx_atime);
+  put(in.mtime_ns, &out->stx_mtime);
+  put(in.ctime_ns, &out->stx_ctime);
+  out->stx_dev_major = major(static_cast<dev_t>(in.device));
+  out->stx_dev_minor = minor(static_cast<dev_t>(in.device));
+}
+
+void PrepareForExec() {
+  Settings* settings = g_settings.load(std::memory_order_acquire);
+  if (settings == nullptr || g_table.Empty()) return;
+  g_table.ForEach(0, ~0u, [settings](int fd, const std::shared_ptr<OpenFile>& file) {
+    const long fd_flags = ::syscall(SYS_fcntl, fd, F_GETFD);
+    if (fd_flags < 0 || (fd_flags & FD_CLOEXEC) != 0) return;
+    const std::string path = absl::StrCat(settings->root, "/", file->name);
+    const int real = os::Open(path.c_str(), O_RDONLY | (file->status_flags.load() & O_NONBLOCK));
+    if (real < 0) return;  // The new program finds the placeholder: EBADF, never wrong bytes.
+    os::Lseek(real, static_cast<off_t>(file->offset.load()), SEEK_SET);
+    ::syscall(SYS_dup3, real, fd, 0);
+    os::Close(real);
+  });
+}
+
+namespace {
+
+struct StreamCookie {
+  int fd;
+  FILE* stream = nullptr;
+};
+
+ssize_t StreamRead(void* cookie, char* buffer, size_t n) {
+  std::shared_ptr<OpenFile> file = Lookup(static_cast<StreamCookie*>(cookie)->fd);
+  if (!file) {
+    errno = EBADF;
+    return -1;
+  }
+  return ReadAtOffset(*file, buffer, n);
+}
+
+int StreamSeek(void* cookie, off64_t* position, int whence) {
+  std::shared_ptr<OpenFile> file = Lookup(static_cast<StreamCookie*>(cookie)->fd);
+  if (!file) {
+    errno = EBADF;
+    return -1;
+  }
+  const off_t done = Seek(*file, static_cast<off_t>(*position), whence);
+  if (done < 0) return -1;
+  *position = done;
+  return 0;
+}
+
+int StreamClose(void* cookie) {
+  auto* c = static_cast<StreamCookie*>(cookie);
+  g_streams.Remove(c->stream);
+  Forget(c->fd);
+  const int result = os::Close(c->fd);
+  delete c;
+  return result;
+}
+
+}  // namespace
+
+FILE* OpenStream(int fd, const char* mode) {
+  auto* cookie = new StreamCookie{fd};
+  FILE* stream = ::fopencookie(cookie, mode, {StreamRead, nullptr, StreamSeek, StreamClose});
+  if (stream == nullptr) {
+    delete cookie;
+    return nullptr;
+  }
+  cookie->stream = stream;
+  g_streams.Add(stream, fd);
+  return stream;
+}
+
+int StreamDescriptor(FILE* stream) { return g_streams.Find(stream); }
+
+}  // namespace monarch::preload
