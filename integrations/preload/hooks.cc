@@ -589,7 +589,7 @@ int statx(int dir_fd, const char* path, int flags, unsigned int mask,
           struct statx* out) noexcept {
   std::string name;
   Monarch::FileStat stat;
-  if ((flags & AT_EMPTY_PATH) && (path == nullptr || path[0] == '\0')) {
+  if ((flags & AT_EMPTY_PATH) && path[0] == '\0') {  // glibc declares path nonnull.
     if (std::shared_ptr<OpenFile> file = Lookup(dir_fd)) {
       monarch::preload::FillStatx(file->stat, out);
       return 0;
@@ -664,12 +664,22 @@ int dup(int fd) noexcept {
 }
 
 int dup2(int fd, int target) noexcept {
+  if (fd != target && monarch::preload::InVforkChild()) {
+    if (std::shared_ptr<OpenFile> file = Lookup(fd)) {
+      return monarch::preload::DuplicateAsSource(*file, target, 0);
+    }
+  }
   const int result = MONARCH_NEXT(dup2)(fd, target);
   ForgetAfterDup(fd, result);
   return result;
 }
 
 int dup3(int fd, int target, int flags) noexcept {
+  if (fd != target && monarch::preload::InVforkChild()) {
+    if (std::shared_ptr<OpenFile> file = Lookup(fd)) {
+      return monarch::preload::DuplicateAsSource(*file, target, flags);
+    }
+  }
   const int result = MONARCH_NEXT(dup3)(fd, target, flags);
   ForgetAfterDup(fd, result);
   return result;

@@ -4,7 +4,11 @@
 
 #include "preload.h"
 
+#include "descriptor_table.h"
+
+#include <dirent.h>
 #include <dlfcn.h>
+#include <linux/kcmp.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
@@ -31,140 +35,6 @@
 
 namespace monarch::preload {
 namespace {
-
-// ---------------------------------------------------------------------------
-// A lock that is safe across fork(): the atfork handlers take every one of
-// them before fork and release them in both processes, so a child never
-// inherits one held by a thread it does not have. Held only for a few
-// instructions (copying a shared_ptr), so spinning is cheaper than a futex.
-class SpinLock {
- public:
-  void Lock() {
-    while (locked_.exchange(true, std::memory_order_acquire)) {
-      while (locked_.load(std::memory_order_relaxed)) sched_yield();
-    }
-  }
-  void Unlock() { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
-};
-
-class SpinLockHolder {
- public:
-  explicit SpinLockHolder(SpinLock& lock) : lock_(lock) { lock_.Lock(); }
-  ~SpinLockHolder() { lock_.Unlock(); }
-  SpinLockHolder(const SpinLockHolder&) = delete;
-  SpinLockHolder& operator=(const SpinLockHolder&) = delete;
-
- private:
-  SpinLock& lock_;
-};
-
-// ---------------------------------------------------------------------------
-// Descriptor number -> open file. Two levels of 1,024 so that a process
-// that opens descriptor 100,000 does not pay for a million slots, and a
-// lookup of a descriptor that was never ours is two atomic loads.
-class DescriptorTable {
- public:
-  static constexpr int kPageBits = 10;
-  static constexpr int kPageSize = 1 << kPageBits;
-  static constexpr int kPages = 1024;  // Descriptors up to 1,048,575.
-  static constexpr int kLocks = 64;
-
-  std::shared_ptr<OpenFile> Find(int fd) {
-    Slot* slot = FindSlot(fd);
-    if (slot == nullptr || !slot->used.load(std::memory_order_acquire)) return nullptr;
-    SpinLockHolder hold(locks_[fd % kLocks]);
-    return slot->file;
-  }
-
-  bool Set(int fd, std::shared_ptr<OpenFile> file) {
-    if (fd < 0 || fd >= kPages * kPageSize) return false;
-    Slot* slot = SlotFor(fd);
-    if (slot == nullptr) return false;
-    std::shared_ptr<OpenFile> previous;
-    {
-      SpinLockHolder hold(locks_[fd % kLocks]);
-      previous = std::move(slot->file);
-      slot->file = std::move(file);
-      slot->used.store(true, std::memory_order_release);
-    }
-    if (!previous) used_.fetch_add(1, std::memory_order_relaxed);
-    return true;  // `previous` (a stale entry) is released outside the lock.
-  }
-
-  void Forget(int fd) {
-    Slot* slot = FindSlot(fd);
-    if (slot == nullptr || !slot->used.load(std::memory_order_acquire)) return;
-    std::shared_ptr<OpenFile> previous;
-    {
-      SpinLockHolder hold(locks_[fd % kLocks]);
-      previous = std::move(slot->file);
-      slot->used.store(false, std::memory_order_release);
-    }
-    if (previous) used_.fetch_sub(1, std::memory_order_relaxed);
-  }
-
-  bool Empty() const { return used_.load(std::memory_order_relaxed) == 0; }
-
-  // Calls `fn(fd, file)` for every registered descriptor in [first, last].
-  template <typename Fn>
-  void ForEach(unsigned first, unsigned last, Fn fn) {
-    if (Empty()) return;
-    const unsigned end = std::min<unsigned>(last, kPages * kPageSize - 1);
-    for (unsigned page = first >> kPageBits; page <= (end >> kPageBits); ++page) {
-      Page* p = pages_[page].load(std::memory_order_acquire);
-      if (p == nullptr) continue;
-      for (unsigned i = 0; i < kPageSize; ++i) {
-        const unsigned fd = (page << kPageBits) | i;
-        if (fd < first || fd > end || !p->slots[i].used.load(std::memory_order_acquire)) continue;
-        std::shared_ptr<OpenFile> file = Find(static_cast<int>(fd));
-        if (file) fn(static_cast<int>(fd), file);
-      }
-    }
-  }
-
-  void LockAll() {
-    page_lock_.Lock();
-    for (SpinLock& lock : locks_) lock.Lock();
-  }
-  void UnlockAll() {
-    for (SpinLock& lock : locks_) lock.Unlock();
-    page_lock_.Unlock();
-  }
-
- private:
-  struct Slot {
-    std::atomic<bool> used{false};
-    std::shared_ptr<OpenFile> file;
-  };
-  struct Page {
-    Slot slots[kPageSize];
-  };
-
-  Slot* FindSlot(int fd) {
-    if (fd < 0 || fd >= kPages * kPageSize) return nullptr;
-    Page* page = pages_[fd >> kPageBits].load(std::memory_order_acquire);
-    return page == nullptr ? nullptr : &page->slots[fd & (kPageSize - 1)];
-  }
-
-  Slot* SlotFor(int fd) {
-    Slot* slot = FindSlot(fd);
-    if (slot != nullptr) return slot;
-    SpinLockHolder hold(page_lock_);
-    std::atomic<Page*>& page = pages_[fd >> kPageBits];
-    if (page.load(std::memory_order_acquire) == nullptr) {
-      page.store(new (std::nothrow) Page, std::memory_order_release);  // Never freed.
-    }
-    return FindSlot(fd);
-  }
-
-  std::atomic<Page*> pages_[kPages] = {};
-  SpinLock page_lock_;
-  SpinLock locks_[kLocks];
-  std::atomic<int> used_{0};
-};
 
 // Constant-initialized: hooks run before any constructor of ours (other
 // libraries' constructors open files too), and no destructor runs at exit.
@@ -214,6 +84,16 @@ struct Settings {
 };
 
 std::atomic<Settings*> g_settings{nullptr};
+// This process's pid, kept by the constructor and the fork handler: a
+// vfork() child (Python's subprocess uses one) runs on its parent's memory
+// with its own pid, and must leave the parent's table alone between vfork
+// and exec, whatever dup2/close it makes.
+std::atomic<long> g_pid{0};
+
+bool SharesParentMemory() {
+  const long pid = g_pid.load(std::memory_order_relaxed);
+  return pid != 0 && ::syscall(SYS_getpid) != pid;
+}
 std::atomic<bool> g_broken{false};  // A config or service error: plain I/O from then on.
 std::atomic<Monarch*> g_monarch{nullptr};
 SpinLock g_connect_lock;
@@ -317,6 +197,7 @@ void UnlockAllAfterFork() {
   g_streams.lock().Unlock();
 }
 void UnlockAllInChild() {
+  g_pid.store(::syscall(SYS_getpid), std::memory_order_relaxed);
   UnlockAllAfterFork();
   // Not taken before fork(): the thread that connects may itself fork (to
   // start the service). A child whose parent was connecting connects anew.
@@ -363,6 +244,7 @@ __attribute__((constructor)) void Configure() {
     return;
   }
   settings->root = "/" + clean;
+  g_pid.store(::syscall(SYS_getpid), std::memory_order_relaxed);
   ::pthread_atfork(LockAllForFork, UnlockAllAfterFork, UnlockAllInChild);
   g_settings.store(settings, std::memory_order_release);
 }
@@ -446,10 +328,15 @@ int OpenDatasetFile(const std::string& name, const Monarch::FileStat& stat, int 
 
 std::shared_ptr<OpenFile> Lookup(int fd) { return g_table.Find(fd); }
 void Register(int fd, std::shared_ptr<OpenFile> file) {
+  if (SharesParentMemory()) return;  // PrepareForExec finds it by its description.
   if (!g_table.Set(fd, std::move(file))) os::Close(fd);
 }
-void Forget(int fd) { g_table.Forget(fd); }
+void Forget(int fd) {
+  if (g_table.Find(fd) != nullptr && SharesParentMemory()) return;
+  g_table.Forget(fd);
+}
 void ForgetRange(unsigned first, unsigned last) {
+  if (g_table.Empty() || SharesParentMemory()) return;
   g_table.ForEach(first, last, [](int fd, const std::shared_ptr<OpenFile>&) { g_table.Forget(fd); });
 }
 
@@ -579,19 +466,78 @@ void FillStatx(const Monarch::FileStat& in, struct statx* out) {
   out->stx_dev_minor = minor(static_cast<dev_t>(in.device));
 }
 
+namespace {
+
+// The open file whose description `fd` shares (a dup made where the table
+// could not record it: in a vfork() child), found with kcmp(KCMP_FILE).
+std::shared_ptr<OpenFile> FindByDescription(int fd) {
+  const long pid = ::syscall(SYS_getpid);
+  std::shared_ptr<OpenFile> found;
+  g_table.ForEach(0, ~0u, [&](int other, const std::shared_ptr<OpenFile>& file) {
+    if (!found && ::syscall(SYS_kcmp, pid, pid, KCMP_FILE, fd, other) == 0) found = file;
+  });
+  return found;
+}
+
+}  // namespace
+
+bool InVforkChild() { return SharesParentMemory(); }
+
+int DuplicateAsSource(const OpenFile& file, int target, int flags) {
+  Settings* settings = g_settings.load(std::memory_order_acquire);
+  if (settings == nullptr) {
+    errno = EBADF;
+    return -1;
+  }
+  char path[PATH_MAX];
+  const int length = std::snprintf(path, sizeof(path), "%s/%s", settings->root.c_str(),
+                                   file.name.c_str());
+  if (length <= 0 || static_cast<size_t>(length) >= sizeof(path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  const int real = os::Open(path, O_RDONLY | (file.status_flags.load() & O_NONBLOCK));
+  if (real < 0) return -1;
+  os::Lseek(real, static_cast<off_t>(file.offset.load()), SEEK_SET);
+  if (real == target) return real;  // `target` was free and the lowest number.
+  const long result = ::syscall(SYS_dup3, real, target, flags);
+  const int error = errno;
+  os::Close(real);
+  errno = error;
+  return static_cast<int>(result);
+}
+
 void PrepareForExec() {
   Settings* settings = g_settings.load(std::memory_order_acquire);
   if (settings == nullptr || g_table.Empty()) return;
-  g_table.ForEach(0, ~0u, [settings](int fd, const std::shared_ptr<OpenFile>& file) {
-    const long fd_flags = ::syscall(SYS_fcntl, fd, F_GETFD);
-    if (fd_flags < 0 || (fd_flags & FD_CLOEXEC) != 0) return;
-    const std::string path = absl::StrCat(settings->root, "/", file->name);
-    const int real = os::Open(path.c_str(), O_RDONLY | (file->status_flags.load() & O_NONBLOCK));
-    if (real < 0) return;  // The new program finds the placeholder: EBADF, never wrong bytes.
-    os::Lseek(real, static_cast<off_t>(file->offset.load()), SEEK_SET);
-    ::syscall(SYS_dup3, real, fd, 0);
-    os::Close(real);
-  });
+  // Every descriptor that survives exec and is a placeholder, whether the
+  // table knows its number or not (see FindByDescription). Direct system
+  // calls only, and no allocation.
+  const int directory = os::Open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (directory < 0) return;
+  alignas(8) char entries[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, directory, entries, sizeof(entries));
+    if (n <= 0) break;
+    for (long at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const struct dirent64*>(entries + at);
+      at += entry->d_reclen;
+      char* end = nullptr;
+      const long fd = std::strtol(entry->d_name, &end, 10);
+      if (end == entry->d_name || *end != '\0' || fd == directory) continue;
+      const long fd_flags = ::syscall(SYS_fcntl, fd, F_GETFD);
+      const long status_flags = ::syscall(SYS_fcntl, fd, F_GETFL);
+      if (fd_flags < 0 || (fd_flags & FD_CLOEXEC) != 0 || status_flags < 0 ||
+          (status_flags & O_PATH) == 0) {
+        continue;
+      }
+      std::shared_ptr<OpenFile> file = g_table.Find(static_cast<int>(fd));
+      if (!file) file = FindByDescription(static_cast<int>(fd));
+      // On failure the new program finds the placeholder: EBADF, never wrong bytes.
+      if (file) DuplicateAsSource(*file, static_cast<int>(fd), 0);
+    }
+  }
+  os::Close(directory);
 }
 
 namespace {

@@ -85,6 +85,15 @@ void FillStatx(const Monarch::FileStat& in, struct statx* out);
 // vfork() child shares its memory with the parent).
 void PrepareForExec();
 
+// True in a vfork() child: it shares its parent's memory, so it must not
+// change the table (Python's subprocess dup2()s a dataset descriptor onto
+// stdin there, then closes the rest and execs).
+bool InVforkChild();
+// Puts a real descriptor of `file`'s source, at its offset, at number
+// `target` (dup3 with `flags`): what a descriptor that outlives exec must
+// be. The new descriptor, or -1 with errno.
+int DuplicateAsSource(const OpenFile& file, int target, int flags);
+
 // A FILE* made for a dataset descriptor (fopen, fdopen): stdio's own reads
 // cannot be interposed, so the stream reads through us.
 FILE* OpenStream(int fd, const char* mode);
