@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
+#include "placement/chunk_pool.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -93,8 +94,9 @@ TEST_CASE("pread semantics and errors") {
 // 8 threads of random reads (lengths and offsets across chunk boundaries and
 // the end of files) while promotions run into a RAM and a posix tier, with a
 // given staging budget: the default (placement threads write the copies), or
-// 1 byte (readers write the chunks they loaded themselves, racing the
-// placement threads that load and write the rest).
+// 1 byte, raised to one 64 KiB chunk (readers write the chunks they loaded
+// themselves, racing the placement threads that load and write the rest,
+// and take turns for the one chunk of staging memory).
 void RandomReadsStayExact(uint64_t staging_budget) {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
@@ -134,6 +136,8 @@ void RandomReadsStayExact(uint64_t staging_budget) {
   CHECK(stats.Get("promotions_completed") == stats.Get("promotions_started"));
   CHECK(stats.Get("staging_fallbacks") == 0);
   CHECK(stats.Get("staging_bytes") == 0);  // Every staged chunk was written and returned.
+  CHECK(stats.Get("staging_peak_bytes") <= stats.Get("staging_budget_bytes"));
+  if (staging_budget == 1) CHECK(stats.Get("staging_budget_bytes") == (64 << 10));
   CHECK(stats.Tier(0, "bytes_used") <= (8 << 20));
   CHECK(stats.Tier(0, "files") + stats.Tier(1, "files") == stats.Get("promotions_completed"));
   if (staging_budget == 1) CHECK(stats.Get("chunks_written_by_readers") > 0);
@@ -175,6 +179,7 @@ TEST_CASE("over the staging budget, a reader writes and publishes its file befor
   CHECK(stats.Get("chunks_written_by_placement") == 0);
   CHECK(stats.Get("staging_bytes") == 0);
   CHECK(stats.Get("staging_peak_bytes") == 131072);  // One reader held one 100 kB chunk at a time.
+  CHECK(stats.Get("staging_budget_bytes") == (1 << 20));  // Raised to one (default) chunk.
   CHECK(stats.Source("bytes_read") == testing::TotalBytes(files));
 }
 
@@ -188,6 +193,7 @@ TEST_CASE("staging memory stays within its budget while placement falls behind")
   tier.write_delay_us = 20000;
   Config config = testing::MakeConfig(ds, {testing::RamTier(64 << 20)});
   config.placement.max_staging_bytes = 1 << 20;
+  config.placement.chunk_bytes = 128 << 10;  // Room for readers to park chunks, and to load more.
   config.placement.threads = 1;
   auto m = MustCreate(config, nullptr, 0, &tier);
   std::atomic<int> bad{0};
@@ -208,12 +214,180 @@ TEST_CASE("staging memory stays within its budget while placement falls behind")
   m->WaitForPlacement();
   CHECK(bad.load() == 0);
   Stats stats = m->GetStats();
-  // The budget, plus the chunk each reader and placement thread (2) may hold
-  // while it decides.
-  CHECK(stats.Get("staging_peak_bytes") <= (1 << 20) + 6 * 131072);
-  CHECK(stats.Get("chunks_written_by_readers") > 0);
+  // Never over: buffers are reserved before chunks are loaded.
+  CHECK(stats.Get("staging_peak_bytes") <= (1 << 20));
+  CHECK(stats.Get("staging_peak_bytes") >= 2 * 131072);  // Chunks were parked for placement...
+  CHECK(stats.Get("chunks_written_by_placement") > 0);   // ...which wrote some,
+  CHECK(stats.Get("chunks_written_by_readers") > 0);     // and readers wrote the rest.
+  CHECK(stats.Get("chunks_written_by_placement") + stats.Get("chunks_written_by_readers") ==
+        files.size());
   CHECK(stats.Tier(0, "files") == files.size());
   CHECK(stats.Get("staging_bytes") == 0);
+  CHECK(stats.Source("bytes_read") == testing::TotalBytes(files));  // Each file read once.
+}
+
+// The busy-cpus scenario in miniature: many readers at once, a budget of a
+// few chunks, placement far behind (a slow tier, one thread). Readers that
+// find no room must wait for chunks in flight (never for the placement
+// thread's backlog), and no byte may be read twice from the source.
+TEST_CASE("staging never exceeds a small budget with many concurrent readers") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  // 64 KiB chunks: 1 byte, 100000 (2 chunks), 300000 (5), 65536 (1).
+  auto files = testing::MakeDataset(ds, 96, {1, 100000, 300000, 65536});
+  FaultInjectingDriver::Faults source;
+  source.read_delay_us = 2000;  // Loads overlap.
+  FaultInjectingDriver::Faults tier;
+  tier.write_delay_us = 5000;  // Placement falls behind.
+  Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 256 << 20, "nvme")});
+  config.placement.chunk_bytes = 64 << 10;
+  config.placement.max_staging_bytes = 512 << 10;
+  config.placement.threads = 1;
+  auto m = MustCreate(config, &source, 0, &tier);
+
+  constexpr int kReaders = 16;
+  std::atomic<int> bad{0};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < kReaders; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<char> buffer(400000);
+      ready.fetch_add(1);
+      while (ready.load() < kReaders) std::this_thread::yield();  // All start at once.
+      for (int i = 0; i < 40; ++i) {
+        // Each thread starts on a 300000-byte file of its own, whole: 16
+        // first reads of 5 chunks at once cannot all fit in 448 KiB.
+        const TestFile& f = files[i == 0 ? t * 4 + 2 : rng() % files.size()];
+        uint64_t offset = 0;
+        size_t n = buffer.size();
+        if (i > 0 && rng() % 2 == 0 && f.size > 1) {  // Or a partial read across chunks.
+          offset = rng() % f.size;
+          n = rng() % 200000;
+        }
+        absl::StatusOr<size_t> got = m->Read(f.name, buffer.data(), n, offset);
+        const size_t expected = std::min<uint64_t>(n, f.size - offset);
+        if (!got.ok() || *got != expected || !testing::BytesMatch(f, buffer.data(), offset, *got)) {
+          bad.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  m->WaitForPlacement();
+  CHECK(bad.load() == 0);
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("staging_peak_bytes") <= (512 << 10));
+  CHECK(stats.Get("staging_bytes") == 0);
+  CHECK(stats.Get("staging_waits") > 0);  // The wait path was taken.
+  CHECK(stats.Get("staging_fallbacks") == 0);
+  CHECK(stats.Get("promotions_failed") == 0);
+  CHECK(stats.Get("promotions_completed") == stats.Get("promotions_started"));
+  CHECK(stats.Tier(0, "files") == stats.Get("promotions_completed"));
+  // Every chunk of every promoted file was written once, by someone, and
+  // read from the source once.
+  uint64_t chunks = 0;
+  uint64_t promoted_bytes = 0;
+  for (const TestFile& f : files) {
+    if (source.BytesOf(f.name) == 0) continue;
+    CHECK_MESSAGE(source.BytesOf(f.name) == f.size, f.name);
+    chunks += (f.size + (64 << 10) - 1) / (64 << 10);
+    promoted_bytes += f.size;
+  }
+  CHECK(stats.Get("chunks_written_by_placement") + stats.Get("chunks_written_by_readers") ==
+        chunks);
+  CHECK(stats.Tier(0, "bytes_used") == promoted_bytes);
+}
+
+TEST_CASE("staging pool: reservations stay within the budget and its shares") {
+  constexpr size_t kChunk = 64 << 10;
+  // 256 KiB: one chunk kept for placement, 192 KiB for readers, of which
+  // parked chunks may take 96 KiB.
+  ChunkPool pool(kChunk, 256 << 10, kChunk, 96 << 10);
+  std::vector<char*> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(pool.TryAcquire(kChunk));
+    REQUIRE(held.back() != nullptr);
+  }
+  CHECK(pool.TryAcquire(kChunk) == nullptr);  // The readers' share is full...
+  CHECK(pool.TryAcquire(1) == nullptr);       // ...even for a page.
+  char* placement = pool.Acquire(kChunk, ChunkPool::Share::kPlacement);  // The reserved chunk.
+  CHECK(pool.bytes_in_use() == (256u << 10));
+  CHECK(pool.peak_bytes_in_use() == (256u << 10));
+  CHECK(pool.waits() == 0);
+  CHECK(pool.TryPark(kChunk));
+  CHECK_FALSE(pool.TryPark(kChunk));  // 128 KiB would pass the parked limit.
+  CHECK(pool.parked_bytes() == kChunk);
+  pool.Unpark(kChunk);
+  CHECK(pool.parked_bytes() == 0);
+
+  // A reader waits for room until a buffer comes back.
+  std::atomic<char*> waited{nullptr};
+  std::thread reader([&] { waited = pool.Acquire(kChunk, ChunkPool::Share::kReaders); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(waited.load() == nullptr);
+  pool.Release(placement, kChunk);  // Room in the reserved part only: still waiting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(waited.load() == nullptr);
+  pool.Release(held.back(), kChunk);
+  held.pop_back();
+  reader.join();
+  REQUIRE(waited.load() != nullptr);
+  held.push_back(waited.load());
+  CHECK(pool.waits() == 1);
+  for (char* buffer : held) pool.Release(buffer, kChunk);
+  CHECK(pool.bytes_in_use() == 0);
+  CHECK(pool.peak_bytes_in_use() == (256u << 10));
+
+  // Small requests take pages, not chunks.
+  char* small = pool.TryAcquire(1000);
+  CHECK(pool.bytes_in_use() == 4096);
+  pool.Release(small, 1000);
+
+  // A budget below a chunk is raised to one; the reserved part and the
+  // parked limit shrink so that readers still get a chunk.
+  ChunkPool tiny(kChunk, 1, 10 * kChunk, 10 * kChunk);
+  CHECK(tiny.budget_bytes() == kChunk);
+  char* only = tiny.TryAcquire(kChunk);
+  REQUIRE(only != nullptr);
+  CHECK(tiny.TryAcquire(4096) == nullptr);
+  CHECK_FALSE(tiny.TryPark(kChunk));
+  tiny.Release(only, kChunk);
+}
+
+TEST_CASE("staging pool: concurrent reservations never pass the budget") {
+  constexpr size_t kChunk = 16 << 10;
+  constexpr uint64_t kBudget = 100 << 10;  // Not a multiple of the chunk.
+  ChunkPool pool(kChunk, kBudget, 2 * kChunk, 3 * kChunk);
+  std::atomic<bool> over{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 2000; ++i) {
+        const size_t bytes = 1 + rng() % kChunk;
+        // Like a placement thread (waits, one buffer at a time) or a reader.
+        char* buffer =
+            t < 2 ? pool.Acquire(bytes, ChunkPool::Share::kPlacement) : pool.TryAcquire(bytes);
+        if (t >= 2 && buffer == nullptr && rng() % 4 == 0) {
+          buffer = pool.Acquire(bytes, ChunkPool::Share::kReaders);
+        }
+        if (pool.bytes_in_use() > kBudget) over = true;
+        if (buffer == nullptr) continue;
+        buffer[0] = 1;
+        buffer[bytes - 1] = 2;
+        const bool parked = pool.TryPark(bytes);
+        if (parked) pool.Unpark(bytes);
+        pool.Release(buffer, bytes);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK_FALSE(over.load());
+  CHECK(pool.peak_bytes_in_use() <= kBudget);
+  CHECK(pool.bytes_in_use() == 0);
+  CHECK(pool.parked_bytes() == 0);
 }
 
 TEST_CASE("a partial read of a large file promotes the whole file, reading the PFS once") {

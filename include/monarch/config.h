@@ -64,9 +64,10 @@ struct PlacementConfig {
   int threads = 0;                   // Placement threads; 0 = half the cores (at least 1).
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
   // Staging memory: chunks read from the source and not yet written to a
-  // tier. While it is over this budget, readers write the chunks they loaded
-  // into the tier themselves instead of leaving them to the placement
-  // threads. 0 = 256 MiB, or 1/16 of physical memory if that is less.
+  // tier. Never exceeded: buffers are reserved against it before a chunk is
+  // loaded, and readers write their chunks into the tier themselves once the
+  // ones left to the placement threads fill 3/4 of it. 0 = 256 MiB, or 1/16
+  // of physical memory if that is less; at least one chunk.
   uint64_t max_staging_bytes = 0;
   // Granularity at which reads share the bytes a promotion is fetching, and
   // at which it streams them into the tier. A multiple of 4 KiB.

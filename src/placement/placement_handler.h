@@ -70,9 +70,6 @@ class PlacementHandler final : public PromotionHost {
   absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
                                     size_t n) override;
   ChunkPool& chunk_pool() override { return chunk_pool_; }
-  bool StagingOverBudget() const override {
-    return chunk_pool_.bytes_in_use() > staging_budget_bytes_;
-  }
   bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
   void ChunkWritten(bool by_reader) override {
     (by_reader ? written_by_readers_ : written_by_placement_)
@@ -98,9 +95,11 @@ class PlacementHandler final : public PromotionHost {
   const int first_origin_;  // The first read-only tier.
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
-  const uint64_t staging_budget_bytes_;
+  const size_t placement_threads_;
 
-  ChunkPool chunk_pool_;  // Before the shards: promotions return buffers to it.
+  // Staging memory, within placement.max_staging_bytes. Before the shards:
+  // promotions return buffers to it.
+  ChunkPool chunk_pool_;
   std::array<Shard, kShards> shards_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> cancel_{false};

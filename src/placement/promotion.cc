@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,31 +22,39 @@ Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier
 
 Promotion::~Promotion() {
   MutexLock lock(&mu_);
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c].buffer != nullptr) host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
-  }
+  for (size_t c = 0; c < chunks_.size(); ++c) ReturnBufferLocked(c);
 }
 
 size_t Promotion::ChunkLength(size_t c) const {
   return static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry_->ref.size - ChunkOffset(c)));
 }
 
-bool Promotion::ClaimLoadLocked(size_t c) {
-  if (chunks_[c].state != ChunkState::kEmpty) return false;
+void Promotion::ClaimLoadLocked(size_t c, char* buffer) {
   chunks_[c].state = ChunkState::kLoading;
-  chunks_[c].buffer = host_->chunk_pool().Acquire(ChunkLength(c));
-  return true;
+  chunks_[c].buffer = buffer;
 }
 
 bool Promotion::ClaimWriteLocked(size_t c) {
   if (chunks_[c].state != ChunkState::kStaged) return false;
   chunks_[c].state = ChunkState::kWriting;
+  if (chunks_[c].parked) {
+    host_->chunk_pool().Unpark(ChunkLength(c));
+    chunks_[c].parked = false;
+  }
   return true;
 }
 
-void Promotion::ReleaseLocked(size_t c) {
+void Promotion::ReturnBufferLocked(size_t c) {
+  if (chunks_[c].parked) {
+    host_->chunk_pool().Unpark(ChunkLength(c));
+    chunks_[c].parked = false;
+  }
   if (chunks_[c].buffer != nullptr) host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
   chunks_[c].buffer = nullptr;
+}
+
+void Promotion::ReleaseLocked(size_t c) {
+  ReturnBufferLocked(c);
   chunks_[c].state = ChunkState::kFailed;
 }
 
@@ -117,8 +126,7 @@ void Promotion::Write(size_t c, bool by_reader) {
   {
     MutexLock lock(&mu_);
     if (status.ok() && !failed_) {
-      host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
-      chunks_[c].buffer = nullptr;
+      ReturnBufferLocked(c);
       chunks_[c].state = ChunkState::kWritten;
       last = ++written_ == chunk_count_;
       committing_ = last;
@@ -179,56 +187,50 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
   if (n == 0) return 0;
   const size_t first = offset / chunk_bytes_;
   const size_t last = (offset + n - 1) / chunk_bytes_;
-  std::vector<size_t> loaded;
-  bool usable;
-  {
-    MutexLock lock(&mu_);
-    usable = !failed_;
-    for (size_t c = first; c <= last && usable; ++c) {
-      if (ClaimLoadLocked(c)) loaded.push_back(c);
-    }
-  }
-  for (size_t c : loaded) Load(c);
-
-  // Copy what is staged under the lock (a chunk's buffer is returned once it
-  // is written), and note the chunks to read back from the tier's copy, which
-  // needs no lock.
-  std::vector<size_t> written;
-  std::shared_ptr<CopyWriter> writer;
-  if (usable) {
-    MutexLock lock(&mu_);
-    for (size_t c = first; c <= last && usable; ++c) {
-      while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
-      if (failed_) {
-        usable = false;
-        break;
+  // In rounds: claim the empty chunks from `from` on while staging has room
+  // for their buffers, load them, serve [from, end) from them and the
+  // others' chunks, park or write them. A chunk with no room ends the round
+  // (at `end`), and the next round starts with a buffer for it. Waiting for
+  // that buffer while holding others could deadlock with readers doing the
+  // same; by then this read holds none.
+  bool usable = true;
+  char* waited = nullptr;  // A buffer for chunk `from`, waited for.
+  for (size_t from = first;;) {
+    std::vector<size_t> loaded;
+    size_t end = last + 1;
+    {
+      MutexLock lock(&mu_);
+      usable = !failed_;
+      for (size_t c = from; c <= last && usable; ++c) {
+        if (chunks_[c].state != ChunkState::kEmpty) continue;
+        // Reserved before the chunk is loaded, so that threads loading at
+        // the same moment cannot take staging past its budget together.
+        char* buffer = c == from && waited != nullptr
+                           ? std::exchange(waited, nullptr)
+                           : host_->chunk_pool().TryAcquire(ChunkLength(c));
+        if (buffer == nullptr) {
+          end = c;
+          break;
+        }
+        ClaimLoadLocked(c, buffer);
+        loaded.push_back(c);
       }
-      const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
-      const uint64_t end = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
-      switch (chunks_[c].state) {
-        case ChunkState::kStaged:
-        case ChunkState::kWriting:
-          std::memcpy(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
-                      end - begin);
-          break;
-        case ChunkState::kWritten:
-          written.push_back(c);
-          writer = writer_;
-          break;
-        default:
-          usable = false;
+      // Another thread claimed the chunk while this one waited for its
+      // buffer, or the promotion failed.
+      if (waited != nullptr) {
+        host_->chunk_pool().Release(waited, ChunkLength(from));
+        waited = nullptr;
       }
     }
-  }
-  for (size_t c : written) {
-    if (!usable || writer == nullptr) {
-      usable = false;
-      break;
-    }
-    const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
-    const uint64_t end = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
-    absl::StatusOr<size_t> got = writer->ReadBack(begin, dst + (begin - offset), end - begin);
-    usable = got.ok() && *got == end - begin;
+    for (size_t c : loaded) Load(c);
+    if (!loaded.empty()) *outcome = ReadOutcome::kLoaded;
+    if (usable) usable = CopyOut(offset, dst, n, from, end);
+    ParkOrWrite(loaded);
+    if (!usable || end > last) break;
+    // Counted in the pool's waits: staging is full of chunks being loaded
+    // and written right now.
+    waited = host_->chunk_pool().Acquire(ChunkLength(end), ChunkPool::Share::kReaders);
+    from = end;
   }
   if (!usable) {
     // The promotion failed or a chunk could not be had: the source decides
@@ -236,21 +238,65 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
     *outcome = ReadOutcome::kFellBack;
     return host_->ReadOrigin(entry_->ref, offset, dst, n);
   }
-  *outcome = loaded.empty() ? ReadOutcome::kShared : ReadOutcome::kLoaded;
-  // Placement is behind: write what this read loaded before returning,
-  // rather than leaving it in staging memory for a thread that may not get
-  // to it soon.
-  if (!loaded.empty() && host_->StagingOverBudget()) {
-    for (size_t c : loaded) {
-      bool claimed;
-      {
-        MutexLock lock(&mu_);
-        claimed = ClaimWriteLocked(c);
+  return n;
+}
+
+bool Promotion::CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_t end) {
+  // Copy what is staged under the lock (a chunk's buffer is returned once it
+  // is written), and note the chunks to read back from the tier's copy, which
+  // needs no lock.
+  std::vector<size_t> written;
+  std::shared_ptr<CopyWriter> writer;
+  {
+    MutexLock lock(&mu_);
+    for (size_t c = from; c < end; ++c) {
+      while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
+      if (failed_) return false;
+      const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
+      const uint64_t stop = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
+      switch (chunks_[c].state) {
+        case ChunkState::kStaged:
+        case ChunkState::kWriting:
+          std::memcpy(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
+                      stop - begin);
+          break;
+        case ChunkState::kWritten:
+          written.push_back(c);
+          writer = writer_;
+          break;
+        default:
+          return false;
       }
-      if (claimed) Write(c, /*by_reader=*/true);
     }
   }
-  return n;
+  for (size_t c : written) {
+    if (writer == nullptr) return false;
+    const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
+    const uint64_t stop = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
+    absl::StatusOr<size_t> got = writer->ReadBack(begin, dst + (begin - offset), stop - begin);
+    if (!got.ok() || *got != stop - begin) return false;
+  }
+  return true;
+}
+
+void Promotion::ParkOrWrite(const std::vector<size_t>& loaded) {
+  // Parked, a chunk waits for a placement thread, off the reader's path.
+  // When the parked chunks fill their part of the budget, placement is
+  // behind: this reader writes its chunks before returning rather than leave
+  // them for a thread that may not get to them soon, and staging memory
+  // keeps room for the next readers.
+  for (size_t c : loaded) {
+    bool write;
+    {
+      MutexLock lock(&mu_);
+      // A placement thread may have taken the chunk to write it, or the
+      // promotion failed.
+      if (chunks_[c].state != ChunkState::kStaged) continue;
+      chunks_[c].parked = host_->chunk_pool().TryPark(ChunkLength(c));
+      write = !chunks_[c].parked && ClaimWriteLocked(c);
+    }
+    if (write) Write(c, /*by_reader=*/true);
+  }
 }
 
 bool Promotion::ClaimBackgroundTask() {
@@ -273,13 +319,31 @@ void Promotion::RunToCompletion() {
       Cancel();
       return;
     }
+    bool empty;
+    {
+      MutexLock lock(&mu_);
+      if (done_) return;
+      empty = chunks_[c].state == ChunkState::kEmpty;
+    }
+    // Taken without the lock: Acquire() may wait for room (the placement
+    // threads' part of the budget is a chunk each, but the rest may be in
+    // use), and this thread holds no other buffer meanwhile.
+    char* buffer =
+        empty ? host_->chunk_pool().Acquire(ChunkLength(c), ChunkPool::Share::kPlacement) : nullptr;
     bool load = false;
     bool write = false;
     {
       MutexLock lock(&mu_);
+      if (buffer != nullptr && (done_ || chunks_[c].state != ChunkState::kEmpty)) {
+        // Finished, or a reader claimed the chunk meanwhile.
+        host_->chunk_pool().Release(buffer, ChunkLength(c));
+        buffer = nullptr;
+      }
       if (done_) return;
-      load = ClaimLoadLocked(c);
-      if (!load) {
+      if (buffer != nullptr) {
+        ClaimLoadLocked(c, buffer);
+        load = true;
+      } else {
         while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
         write = ClaimWriteLocked(c);
       }

@@ -8,11 +8,24 @@
 // and a partial read of a shard still brings the whole file up.
 //
 // A loaded chunk is "staged" until someone writes it into the tier's copy.
-// Normally a placement thread does, off the reader's path. When staging
-// memory is over its budget (the placement threads are falling behind, e.g.
-// on a busy CPU), the reader writes the chunks it loaded itself before it
-// returns: the work gets done either way, staging memory stays bounded, and
-// nothing waits on a thread that does not get CPU time.
+// Normally a placement thread does, off the reader's path: the reader
+// "parks" the chunks it loaded. Staging memory never exceeds its budget (the
+// host's ChunkPool): a chunk's buffer is reserved before the chunk is
+// loaded, however many threads load at once, and
+// - when the parked chunks fill their part of the budget (the placement
+//   threads are falling behind, e.g. on a busy CPU), the reader writes the
+//   chunks it loaded itself before it returns;
+// - a reader that finds no room for a chunk's buffer first deals with the
+//   chunks it holds (serves its bytes from them, parks or writes them), and
+//   only then waits for room, which threads loading or writing right now
+//   return (the parked chunks cannot fill the readers' share);
+// - a placement thread takes its buffer from a part of the budget kept for
+//   the placement threads, one chunk each.
+// The work gets done either way, staging memory stays bounded, every chunk
+// is still read from the source once, and nothing waits on a thread that
+// does not get CPU time. The tier's copy is only ever written from staging
+// buffers, never from a caller's memory (in the node service that is a
+// buffer the client can write to).
 //
 // Whoever writes the last chunk commits the copy and reports the outcome to
 // the handler (PromotionHost::PromotionDone), once. A failure (the source,
@@ -50,9 +63,8 @@ class PromotionHost {
   // source. As StorageDriver::Read.
   virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
                                             size_t n) = 0;
+  // Staging buffers, within the staging budget.
   virtual ChunkPool& chunk_pool() = 0;
-  // True when staging memory is over budget: readers write their own chunks.
-  virtual bool StagingOverBudget() const = 0;
   virtual bool cancelled() const = 0;
   // A chunk went into the tier, written by a reader or a placement thread.
   virtual void ChunkWritten(bool by_reader) = 0;
@@ -82,7 +94,8 @@ class Promotion {
   };
 
   // Serves [offset, offset + n) (within the file): loads the chunks nobody
-  // has claimed, waits only for chunks another thread is loading, copies.
+  // has claimed, waits only for chunks another thread is loading (and for
+  // staging memory that threads loading or writing return), copies.
   // If the promotion cannot serve it, the range is read from the source
   // instead, so the caller gets the right bytes or the source's error.
   absl::StatusOr<size_t> Read(uint64_t offset, char* dst, size_t n, ReadOutcome* outcome);
@@ -112,25 +125,36 @@ class Promotion {
   };
   struct Chunk {
     ChunkState state = ChunkState::kEmpty;
+    bool parked = false;     // kStaged and counted as parked in the pool.
     char* buffer = nullptr;  // Set in kLoading, kStaged and kWriting.
   };
 
   uint64_t ChunkOffset(size_t c) const { return c * chunk_bytes_; }
   size_t ChunkLength(size_t c) const;
 
-  // kEmpty -> kLoading with a buffer; false if the chunk was not empty.
-  bool ClaimLoadLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kEmpty -> kLoading with `buffer`, reserved by the caller.
+  void ClaimLoadLocked(size_t c, char* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads a claimed chunk from the source: kStaged, or kFailed (the
   // promotion then fails).
   void Load(size_t c);
-  // kStaged -> kWriting; false if the chunk was not staged.
+  // kStaged -> kWriting (no longer parked); false if the chunk was not
+  // staged.
   bool ClaimWriteLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a claimed chunk into the tier: kWritten, or fails the promotion.
   // Commits the copy if it was the last one.
   void Write(size_t c, bool by_reader);
+  // Read()'s copy of [from, end) of its range into `dst`, from staging
+  // buffers and the tier's copy; false if a chunk could not be had.
+  bool CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_t end);
+  // Parks each chunk of `loaded` (a reader's) that is still staged, or
+  // writes it if the parked chunks have no room for it.
+  void ParkOrWrite(const std::vector<size_t>& loaded);
   // The tier's writer, created by the first thread that needs it.
   absl::StatusOr<std::shared_ptr<CopyWriter>> GetWriter();
-  // Releases the buffer of a chunk leaving kLoading/kWriting after a failure.
+  // Returns the buffer (if any) of a chunk to the pool, unparking it first.
+  void ReturnBufferLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the buffer of a chunk leaving kLoading/kWriting after a
+  // failure, or of any chunk when the promotion fails: kFailed.
   void ReleaseLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Commit();
   void Fail(const absl::Status& status, bool tier_failed);
