@@ -68,7 +68,7 @@ TEST_CASE("preload table: lookups see registered files or nothing, never another
   CHECK(table.Empty());
 }
 
-TEST_CASE("preload table: a dup shares the open file; a stale entry is replaced") {
+TEST_CASE("preload table: a dup shares the open file, a reused number replaces a stale entry") {
   static DescriptorTable table;
   std::shared_ptr<OpenFile> file = FileFor(3);
   REQUIRE(table.Set(3, file));

@@ -15,6 +15,7 @@
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -558,6 +559,23 @@ int ioctl(int fd, unsigned long request, ...) noexcept {
 
 // --- Metadata ---------------------------------------------------------------
 
+// Extended attributes (ACLs: cp -a, tar --xattrs) of a dataset descriptor:
+// the source file's, by its path.
+ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) noexcept {
+  if (std::shared_ptr<OpenFile> file = Lookup(fd)) {
+    const std::string path = monarch::preload::SourcePath(*file);
+    return MONARCH_NEXT(getxattr)(path.c_str(), name, value, size);
+  }
+  return MONARCH_NEXT(fgetxattr)(fd, name, value, size);
+}
+ssize_t flistxattr(int fd, char* list, size_t size) noexcept {
+  if (std::shared_ptr<OpenFile> file = Lookup(fd)) {
+    const std::string path = monarch::preload::SourcePath(*file);
+    return MONARCH_NEXT(listxattr)(path.c_str(), list, size);
+  }
+  return MONARCH_NEXT(flistxattr)(fd, list, size);
+}
+
 int stat(const char* path, struct stat* out) noexcept {
   return StatHook(AT_FDCWD, path, out, true, [&] { return MONARCH_NEXT(stat)(path, out); });
 }
@@ -750,14 +768,49 @@ int execle(const char* path, const char* arg, ...) noexcept {
   monarch::preload::PrepareForExec();
   return MONARCH_NEXT(execve)(path, argv.data(), envp);
 }
+// vfork(): the child runs on the parent's memory and stack until it execs,
+// and may dup2 any dataset descriptor onto its stdin first (dash, Python's
+// subprocess). Every dataset descriptor goes to the kernel beforehand, so
+// parent and child share real descriptions, offsets included. A C wrapper
+// cannot call vfork() (the child would return through the wrapper's frame
+// and wreck the parent's stack), so this is a stub that calls the hand-over
+// and then jumps to libc's vfork, which returns straight to our caller.
+void monarch_preload_before_vfork() __attribute__((visibility("hidden")));
+void* monarch_preload_libc_vfork __attribute__((visibility("hidden"))) = nullptr;
+
+void monarch_preload_before_vfork() {
+  if (monarch_preload_libc_vfork == nullptr) {
+    monarch_preload_libc_vfork = monarch::preload::NextSymbol("vfork");
+  }
+  monarch::preload::HandOverDescriptors(/*all=*/true);
+}
+
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .globl vfork
+    .type vfork, @function
+vfork:
+    .cfi_startproc
+    subq $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call monarch_preload_before_vfork
+    addq $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    jmp *monarch_preload_libc_vfork(%rip)
+    .cfi_endproc
+    .size vfork, .-vfork
+)");
+#endif
+
 int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* actions,
                 const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
-  monarch::preload::PrepareForExec();
+  monarch::preload::HandOverDescriptors(/*all=*/true);
   return MONARCH_NEXT(posix_spawn)(pid, path, actions, attributes, argv, envp);
 }
 int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* actions,
                  const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
-  monarch::preload::PrepareForExec();
+  monarch::preload::HandOverDescriptors(/*all=*/true);
   return MONARCH_NEXT(posix_spawnp)(pid, file, actions, attributes, argv, envp);
 }
 

@@ -22,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 
 #include "absl/base/call_once.h"
@@ -189,6 +191,10 @@ int NewPlaceholder(bool close_on_exec) {
 }
 
 void LockAllForFork() {
+  // Descriptors meant to be inherited go to the kernel first, so that parent
+  // and child share their offset as the kernel's dups do ({ head; cat; } <
+  // file in a shell).
+  HandOverDescriptors(/*all=*/false);
   g_streams.lock().Lock();
   g_table.LockAll();
 }
@@ -427,6 +433,11 @@ struct timespec ToTimespec(int64_t ns) {
 }
 }  // namespace
 
+std::string SourcePath(const OpenFile& file) {
+  Settings* settings = g_settings.load(std::memory_order_acquire);
+  return absl::StrCat(settings == nullptr ? "" : settings->root, "/", file.name);
+}
+
 void FillStat(const Monarch::FileStat& in, struct stat* out) {
   std::memset(out, 0, sizeof(*out));
   out->st_dev = static_cast<dev_t>(in.device);
@@ -499,12 +510,42 @@ int DuplicateAsSource(const OpenFile& file, int target, int flags) {
   const int real = os::Open(path, O_RDONLY | (file.status_flags.load() & O_NONBLOCK));
   if (real < 0) return -1;
   os::Lseek(real, static_cast<off_t>(file.offset.load()), SEEK_SET);
-  if (real == target) return real;  // `target` was free and the lowest number.
+  if (target < 0 || real == target) return real;  // No target, or it was the lowest free number.
   const long result = ::syscall(SYS_dup3, real, target, flags);
   const int error = errno;
   os::Close(real);
   errno = error;
   return static_cast<int>(result);
+}
+
+void HandOverDescriptors(bool all) {
+  if (g_table.Empty() || SharesParentMemory()) return;
+  std::vector<std::pair<int, std::shared_ptr<OpenFile>>> entries;
+  g_table.ForEach(0, ~0u, [&entries](int fd, const std::shared_ptr<OpenFile>& file) {
+    entries.emplace_back(fd, file);
+  });
+  // One real description per open file, dup'ed onto each of its numbers.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::shared_ptr<OpenFile> file = entries[i].second;
+    if (!file) continue;
+    std::vector<std::pair<int, bool>> members;  // fd, close-on-exec.
+    bool inherited = all;
+    for (size_t j = i; j < entries.size(); ++j) {
+      if (entries[j].second != file) continue;
+      const long flags = ::syscall(SYS_fcntl, entries[j].first, F_GETFD);
+      const bool cloexec = flags >= 0 && (flags & FD_CLOEXEC) != 0;
+      inherited = inherited || !cloexec;
+      members.emplace_back(entries[j].first, cloexec);
+      entries[j].second = nullptr;
+    }
+    if (!inherited) continue;
+    const int real = DuplicateAsSource(*file, -1, 0);
+    if (real < 0) continue;  // Left as it is: still served here.
+    for (const auto& [fd, cloexec] : members) {
+      if (::syscall(SYS_dup3, real, fd, cloexec ? O_CLOEXEC : 0) >= 0) g_table.Forget(fd);
+    }
+    os::Close(real);
+  }
 }
 
 void PrepareForExec() {

@@ -76,6 +76,9 @@ ssize_t ReadAtOffset(OpenFile& file, void* buffer, size_t n);
 // lseek; -1 with errno.
 off_t Seek(OpenFile& file, off_t offset, int whence);
 
+// The file's path on the source (for calls the kernel must answer there).
+std::string SourcePath(const OpenFile& file);
+
 void FillStat(const Monarch::FileStat& in, struct stat* out);
 void FillStatx(const Monarch::FileStat& in, struct statx* out);
 
@@ -89,9 +92,17 @@ void PrepareForExec();
 // change the table (Python's subprocess dup2()s a dataset descriptor onto
 // stdin there, then closes the rest and execs).
 bool InVforkChild();
+
+// Hands dataset descriptors over to the kernel: each becomes a real
+// descriptor of the source file at the same offset (dups stay dups) and
+// leaves the table. `all` = false: only files with a descriptor that
+// survives exec (fork() does this first, so that parent and children share
+// the offset as they would with the kernel's descriptor); true: every one
+// (before posix_spawn, whose file actions may dup2 any of them).
+void HandOverDescriptors(bool all);
 // Puts a real descriptor of `file`'s source, at its offset, at number
-// `target` (dup3 with `flags`): what a descriptor that outlives exec must
-// be. The new descriptor, or -1 with errno.
+// `target` (dup3 with `flags`; target -1: any number): what a descriptor
+// that outlives exec must be. The new descriptor, or -1 with errno.
 int DuplicateAsSource(const OpenFile& file, int target, int flags);
 
 // A FILE* made for a dataset descriptor (fopen, fdopen): stdio's own reads

@@ -300,6 +300,10 @@ class ServiceClient final : public Monarch {
     // A forked child: its own state, built from what the parent's session
     // keeps immutable (the reply and the descriptors, mapped again here).
     auto* fresh = new ProcessState(generation);
+    // Its hits go on counting in the parent's counters page (a shared
+    // mapping the child inherited): a DataLoader worker that only hits
+    // still shows in the node's stats, with no connection of its own.
+    fresh->counters.store(state->counters.load());
     if (const Session* inherited = state->session.load()) {
       std::vector<ScopedFd> fds;
       for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
