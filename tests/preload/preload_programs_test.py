@@ -73,7 +73,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
@@ -86,6 +85,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "service"))
 from service_processes_test import (  # noqa: E402
     Failure, Service, Skip, check, lock_held, lock_holder, log, pid_alive,
     stop_service)
+from service_processes_test import Env as ServiceEnv  # noqa: E402
 
 SKIP = 77
 
@@ -94,72 +94,26 @@ SKIP = 77
 # The scenario's environment.
 
 
-class Env:
-    """One scenario's binaries, interpreter, temporary files and what to clean up."""
+class Env(ServiceEnv):
+    """service_processes_test's environment, plus the preload library and the interpreter."""
 
     def __init__(self, args, name):
-        self.build = os.path.abspath(args.build_dir)
-        self.monarch = os.path.join(self.build, "monarch")
-        self.pfs = os.path.join(self.build, "bin", "pfs-emulator")
+        super().__init__(args.build_dir, name)
         self.preload = os.path.abspath(args.preload or os.path.join(
             self.build, "integrations", "preload", "libmonarch_preload.so"))
         self.python = args.python or default_python()
         self.dry = args.dry_run
-        check(os.access(self.monarch, os.X_OK),
-              "missing binary %s (build the project first)" % self.monarch)
         if not self.dry:
             check(os.path.exists(self.preload),
                   "missing %s (build the target monarch_preload)" % self.preload)
-        self.work = tempfile.mkdtemp(prefix="mpre-%s-" % name[:6], dir="/tmp")
-        self.runtime_dirs = []
-        self.procs = []
-        self.mounts = []
         self.dry_misses = []
-        # Auto-started services must be this build's.
-        os.environ["MONARCH_BINARY"] = self.monarch
 
-    # What service_processes_test's Service and stop_service use.
     def popen(self, cmd, **kwargs):
-        kwargs.setdefault("stdout", subprocess.PIPE)
-        kwargs.setdefault("stderr", subprocess.PIPE)
-        proc = subprocess.Popen(cmd, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def run(self, cmd, timeout=120, **kwargs):
-        kwargs.setdefault("capture_output", True)
-        kwargs.setdefault("text", True)
-        return subprocess.run(cmd, timeout=timeout, **kwargs)
+        kwargs.setdefault("text", False)  # Programs' outputs are compared as bytes.
+        return super().popen(cmd, **kwargs)
 
     def path(self, *parts):
         return os.path.join(self.work, *parts)
-
-    def runtime_dir(self, name="rt"):
-        path = self.path(name)
-        check(len(path) < 80, "runtime dir too long: " + path)
-        self.runtime_dirs.append(path)
-        return path
-
-    def cleanup(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        for rt in self.runtime_dirs:
-            stop_service(self, rt)
-        for mount in self.mounts:
-            subprocess.run([self.pfs, "stop", mount], capture_output=True, timeout=60)
-        if os.environ.get("MONARCH_TEST_KEEP"):
-            print("kept %s" % self.work)
-            return
-        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def default_python():
