@@ -1107,6 +1107,24 @@ def scenario_bad_config(env):
                    "stale socket: MONARCH_PRELOAD_STRICT=1 and the program exited 0")
 
 
+def scenario_signals(env):
+    ds = env.path("ds")
+    files = make_dataset(ds, mixed_spec(classes=1, per_class=8, big=2 * 2**20 + 77))
+    rt = env.runtime_dir()
+    config = write_config(env.path("job.yaml"), ds, rt, 64 << 20, autostart=True)
+    program = os.path.join(env.build, "tests", "preload_signal_threads")
+    check(os.access(program, os.X_OK), "missing %s (build the project first)" % program)
+    paths = [os.path.join(ds, n) for n in sorted(files)]
+    base, pre = both(env, "signal_threads", [program] + paths, config)
+    out = pre.stdout.decode()
+    check("offset errors 0" in out, "a shared descriptor's offset moved under a pread: " + out)
+    log("4 threads x 20 rounds over %d files with SIGALRM every 100 us (its handler reads a "
+        "pipe), a pread thread sharing a descriptor: output identical" % len(paths))
+    node = served(node_counters(env, rt))
+    check(node >= 20 * 4 * total_bytes(files) // 2,
+          "the node served %d bytes: the reads did not go through Monarch" % node)
+
+
 SCENARIOS = {
     "tools": scenario_tools,
     "python-basics": scenario_python_basics,
@@ -1118,6 +1136,7 @@ SCENARIOS = {
     "kill-service": scenario_kill_service,
     "untouched": scenario_untouched,
     "bad-config": scenario_bad_config,
+    "signals": scenario_signals,
 }
 
 
