@@ -773,8 +773,9 @@ int execle(const char* path, const char* arg, ...) noexcept {
 // subprocess). Every dataset descriptor goes to the kernel beforehand, so
 // parent and child share real descriptions, offsets included. A C wrapper
 // cannot call vfork() (the child would return through the wrapper's frame
-// and wreck the parent's stack), so this is a stub that calls the hand-over
-// and then jumps to libc's vfork, which returns straight to our caller.
+// and wreck the parent's stack), so vfork here is a few instructions of
+// assembly: call the hand-over, then jump to libc's vfork, which returns
+// straight to our caller.
 void monarch_preload_before_vfork() __attribute__((visibility("hidden")));
 void* monarch_preload_libc_vfork __attribute__((visibility("hidden"))) = nullptr;
 

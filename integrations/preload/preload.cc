@@ -22,16 +22,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 
-#include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "frontend/dataset_paths.h"
+#include "metadata/namespace.h"
 #include "monarch/config.h"
 #include "service/client.h"
 
@@ -79,10 +81,9 @@ StreamTable g_streams;
 struct Settings {
   Config config;
   std::string config_file;
-  std::string root;  // Absolute, no trailing slash.
+  std::string root;  // Absolute, clean, no trailing slash.
+  std::unique_ptr<frontend::DatasetPaths> paths;  // Over `root`.
   bool strict = false;
-  absl::once_flag real_root_once;
-  std::string real_root;  // Empty unless it differs from `root`.
 };
 
 std::atomic<Settings*> g_settings{nullptr};
@@ -92,10 +93,6 @@ std::atomic<Settings*> g_settings{nullptr};
 // and exec, whatever dup2/close it makes.
 std::atomic<long> g_pid{0};
 
-bool SharesParentMemory() {
-  const long pid = g_pid.load(std::memory_order_relaxed);
-  return pid != 0 && ::syscall(SYS_getpid) != pid;
-}
 std::atomic<bool> g_broken{false};  // A config or service error: plain I/O from then on.
 std::atomic<Monarch*> g_monarch{nullptr};
 SpinLock g_connect_lock;
@@ -121,48 +118,6 @@ void GiveUp(absl::string_view problem, bool strict) {
     ::_exit(1);
   }
   WriteStderr(absl::StrCat("monarch preload: ", problem, "; reading without Monarch\n"));
-}
-
-// "a/./b//c/" -> "a/b/c"; false for ".." anywhere: "x/link/../y" names
-// what the link's target's parent holds, which only the kernel knows.
-bool CleanRelative(absl::string_view path, std::string* out) {
-  out->clear();
-  size_t i = 0;
-  while (i <= path.size()) {
-    size_t slash = path.find('/', i);
-    if (slash == absl::string_view::npos) slash = path.size();
-    const absl::string_view part = path.substr(i, slash - i);
-    if (part == "..") return false;
-    if (!part.empty() && part != ".") {
-      if (!out->empty()) out->push_back('/');
-      out->append(part.data(), part.size());
-    }
-    i = slash + 1;
-  }
-  return true;
-}
-
-// The part of `path` below `root`: "" for the root itself.
-bool StripRoot(absl::string_view path, absl::string_view root, absl::string_view* rest) {
-  if (root == "/") {
-    if (path.empty() || path[0] != '/') return false;
-    *rest = path.substr(1);
-    return true;
-  }
-  if (path.size() < root.size() || path.compare(0, root.size(), root) != 0) return false;
-  if (path.size() > root.size() && path[root.size()] != '/') return false;
-  *rest = path.substr(root.size());
-  return true;
-}
-
-const std::string& RealRoot(Settings& settings) {
-  absl::call_once(settings.real_root_once, [&settings] {
-    if (char* real = ::realpath(settings.root.c_str(), nullptr)) {
-      if (settings.root != real) settings.real_root = real;
-      std::free(real);
-    }
-  });
-  return settings.real_root;
 }
 
 Monarch* Service(Settings& settings) {
@@ -244,12 +199,14 @@ __attribute__((constructor)) void Configure() {
     }
     root = absl::StrCat(cwd, "/", root);
   }
-  std::string clean;
-  if (!CleanRelative(root, &clean)) {
+  std::string scratch;
+  absl::string_view clean;
+  if (!CanonicalDatasetName("/", root, &scratch, &clean)) {
     GiveUp("dataset.path: expected a path without '..'", strict);
     return;
   }
-  settings->root = "/" + clean;
+  settings->root = absl::StrCat("/", clean);
+  settings->paths = std::make_unique<frontend::DatasetPaths>(settings->root);
   g_pid.store(::syscall(SYS_getpid), std::memory_order_relaxed);
   ::pthread_atfork(LockAllForFork, UnlockAllAfterFork, UnlockAllInChild);
   g_settings.store(settings, std::memory_order_release);
@@ -264,6 +221,11 @@ void* NextSymbol(const char* name) {
     ::abort();
   }
   return symbol;
+}
+
+bool InVforkChild() {
+  const long pid = g_pid.load(std::memory_order_relaxed);
+  return pid != 0 && ::syscall(SYS_getpid) != pid;
 }
 
 InsideMonarch::InsideMonarch() { ++t_inside; }
@@ -296,16 +258,20 @@ bool FindDatasetFile(int dir_fd, const char* path, std::string* name, Monarch::F
     joined = absl::StrCat(base, "/", full);
     full = joined;
   }
-  absl::string_view rest;
-  if (!StripRoot(full, settings.root, &rest)) {
-    // Only kernel-made paths need the root's real spelling; taking it costs
-    // metadata operations, so programs that give absolute paths never do.
-    if (joined.empty()) return false;
-    const std::string& real = RealRoot(settings);
-    if (real.empty() || !StripRoot(full, real, &rest)) return false;
-  }
-  std::string clean;
-  if (!CleanRelative(rest, &clean) || clean.empty()) return false;
+  // Only kernel-made paths may need the root's real spelling: taking it
+  // costs metadata operations, which programs giving absolute paths (mostly
+  // not the dataset's) must not pay.
+  std::string rest;
+  const std::string_view spelled(full.data(), full.size());
+  const bool inside_root = joined.empty() ? settings.paths->ToDatasetNameAsGiven(spelled, &rest)
+                                          : settings.paths->ToDatasetName(spelled, &rest);
+  if (!inside_root) return false;
+  // "a/./b//c" -> "a/b/c"; ".." anywhere is left to the kernel: "x/link/../y"
+  // names what the link's target's parent holds.
+  std::string scratch;
+  absl::string_view canonical;
+  if (!CanonicalDatasetName("", rest, &scratch, &canonical) || canonical.empty()) return false;
+  std::string clean(canonical);
   Monarch* monarch = Service(settings);
   if (monarch == nullptr) return false;
   InsideMonarch inside;
@@ -334,15 +300,15 @@ int OpenDatasetFile(const std::string& name, const Monarch::FileStat& stat, int 
 
 std::shared_ptr<OpenFile> Lookup(int fd) { return g_table.Find(fd); }
 void Register(int fd, std::shared_ptr<OpenFile> file) {
-  if (SharesParentMemory()) return;  // PrepareForExec finds it by its description.
+  if (InVforkChild()) return;  // PrepareForExec finds it by its description.
   if (!g_table.Set(fd, std::move(file))) os::Close(fd);
 }
 void Forget(int fd) {
-  if (g_table.Find(fd) != nullptr && SharesParentMemory()) return;
+  if (g_table.Find(fd) != nullptr && InVforkChild()) return;
   g_table.Forget(fd);
 }
 void ForgetRange(unsigned first, unsigned last) {
-  if (g_table.Empty() || SharesParentMemory()) return;
+  if (g_table.Empty() || InVforkChild()) return;
   g_table.ForEach(first, last, [](int fd, const std::shared_ptr<OpenFile>&) { g_table.Forget(fd); });
 }
 
@@ -492,7 +458,6 @@ std::shared_ptr<OpenFile> FindByDescription(int fd) {
 
 }  // namespace
 
-bool InVforkChild() { return SharesParentMemory(); }
 
 int DuplicateAsSource(const OpenFile& file, int target, int flags) {
   Settings* settings = g_settings.load(std::memory_order_acquire);
@@ -519,7 +484,7 @@ int DuplicateAsSource(const OpenFile& file, int target, int flags) {
 }
 
 void HandOverDescriptors(bool all) {
-  if (g_table.Empty() || SharesParentMemory()) return;
+  if (g_table.Empty() || InVforkChild()) return;
   std::vector<std::pair<int, std::shared_ptr<OpenFile>>> entries;
   g_table.ForEach(0, ~0u, [&entries](int fd, const std::shared_ptr<OpenFile>& file) {
     entries.emplace_back(fd, file);

@@ -38,6 +38,10 @@ const std::string& DatasetPaths::real_root() const {
   return real_root_->path;
 }
 
+bool DatasetPaths::ToDatasetNameAsGiven(std::string_view path, std::string* name) const {
+  return StripRoot(path, root_, name);
+}
+
 bool DatasetPaths::ToDatasetName(std::string_view path, std::string* name) const {
   if (StripRoot(path, root_, name)) return true;
   const std::string& real = real_root();

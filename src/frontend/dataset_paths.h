@@ -28,6 +28,9 @@ class DatasetPaths {
   // If `path` (absolute, already clean: no "//", "." or "..") is the root or
   // below it, sets `name` to the rest and returns true.
   bool ToDatasetName(std::string_view path, std::string* name) const;
+  // The same against the root as given only: never takes the realpath (for
+  // paths a program spelled itself, which are mostly not the dataset's).
+  bool ToDatasetNameAsGiven(std::string_view path, std::string* name) const;
 
   const std::string& root() const { return root_; }
 
