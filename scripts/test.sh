@@ -10,7 +10,11 @@ repo=$(pwd)
 scripts/install_deps.sh
 jobs=$(nproc)
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+# Every option named: scripts/demo.sh configures the same build/ without
+# TensorFlow, and the cache would otherwise keep that.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMONARCH_BUILD_TENSORFLOW=ON \
+  -DMONARCH_REQUIRE_TENSORFLOW=ON \
+  -DMONARCH_BUILD_TESTS=ON -DMONARCH_BUILD_BENCHMARKS=ON -DMONARCH_BUILD_PFS_EMULATOR=ON >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure)
 
