@@ -47,6 +47,22 @@ uint64_t BufferedCopyBudget(const Config& config) {
   return available > ram_tiers ? (available - ram_tiers) / 2 : 0;
 }
 
+}  // namespace
+
+VerifyPolicy ParseVerifyPolicy(const std::string& verify) {
+  if (verify == "every-read") return VerifyPolicy::kEveryRead;
+  if (verify == "off") return VerifyPolicy::kOff;
+  return VerifyPolicy::kFirstRead;
+}
+
+namespace {
+
+SymlinkPolicy ParseSymlinkPolicy(const std::string& symlinks) {
+  if (symlinks == "inside") return SymlinkPolicy::kInside;
+  if (symlinks == "skip") return SymlinkPolicy::kSkip;
+  return SymlinkPolicy::kFollow;
+}
+
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
                                                          const Config& config,
                                                          const Namespace& ns) {
@@ -55,13 +71,14 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
     case TierKind::kRam:
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count());
     case TierKind::kPmem:
-      return NewPmemDriver(tier.path, max_open);
+      return NewPmemDriver(tier.path, max_open, ParseVerifyPolicy(config.placement.verify));
     case TierKind::kPosix: {
       PosixWriteOptions options;
       options.mode = tier.write_mode == WriteMode::kBuffered ? PosixWriteOptions::Mode::kBuffered
                      : tier.write_mode == WriteMode::kDirect ? PosixWriteOptions::Mode::kDirect
                                                              : PosixWriteOptions::Mode::kAuto;
       options.buffered_budget_bytes = BufferedCopyBudget(config);
+      options.verify = ParseVerifyPolicy(config.placement.verify);
       return NewPosixDriver(tier.path, max_open, options);
     }
     case TierKind::kSource:
@@ -93,7 +110,8 @@ class MonarchImpl final : public MonarchCore {
         std::unique_ptr<PlacementPolicy> policy,
         NewPlacementPolicy(config_.placement.policy,
                            peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
-    placement_ = std::make_unique<PlacementHandler>(&tiers_, std::move(policy), config_.placement);
+    placement_ = std::make_unique<PlacementHandler>(&tiers_, namespace_.get(), std::move(policy),
+                                                    config_.placement);
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's
@@ -159,7 +177,8 @@ class MonarchImpl final : public MonarchCore {
     CounterSink sink(&stats);
     placement_->ReportCounters(sink);
     sink.Counter("warm_files_reused", warm_reused_, "Valid copies found at start-up.");
-    sink.Counter("warm_files_discarded", warm_discarded_, "Stale copies removed at start-up.");
+    sink.Counter("warm_files_discarded", warm_discarded_,
+                 "Copies removed at start-up: of another version of the source file, or damaged.");
     if (peers_ != nullptr) peers_->ReportCounters(sink);
     for (const auto& tier : tiers_) tier->ReportCounters(sink);
     return stats;
@@ -210,6 +229,7 @@ class MonarchImpl final : public MonarchCore {
     absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
     if (result.ok() && *result == n) return result;
     tiers_[tier]->CountReadError();
+    if (absl::IsDataLoss(result.status())) tiers_[tier]->CountDamagedCopy();
     MONARCH_LOG(kWarning, "tier '", tiers_[tier]->config().name, "' failed to read ",
                 entry.ref.name, " (",
                 result.ok() ? absl::StrCat("short read of ", *result, " bytes")
@@ -234,25 +254,28 @@ class MonarchImpl final : public MonarchCore {
   }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
-  // when they still match the source (size and mtime), delete stale ones.
+  // when they are copies of the source files as the walk found them (the
+  // identity in their trailers), delete the others. Their blocks are checked
+  // against their checksums as they are read, like any copy's.
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
       if (!tier.is_cache()) continue;
-      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name, uint64_t size,
-                                                           int64_t mtime_ns) {
+      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name,
+                                                           const SourceIdentity* source) {
         FileEntry* entry = namespace_->Find(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
-        const bool valid = size == entry->ref.size && mtime_ns == entry->ref.mtime_ns;
-        const bool wanted = valid && entry->tier->load() == source_index_ && tier.TryReserve(size);
+        const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id);
+        const bool wanted = valid && entry->tier->load() == source_index_ &&
+                            tier.TryReserve(entry->ref.size);
         if (wanted) {
-          tier.Commit(size);
+          tier.Commit(entry->ref.size);
           entry->tier->store(t, std::memory_order_release);
           entry->state.store(PlacementState::kInTier);
           ++warm_reused_;
           return;
         }
-        // Stale, a duplicate of a faster tier's copy, or over capacity.
+        // Stale, damaged, a duplicate of a faster tier's copy, or over capacity.
         absl::Status removed = tier.driver().Remove(entry->ref);
         if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
         if (!valid) ++warm_discarded_;
@@ -260,7 +283,7 @@ class MonarchImpl final : public MonarchCore {
     }
     if (warm_reused_ + warm_discarded_ > 0) {
       MONARCH_LOG(kInfo, "warm restart: reused ", warm_reused_, " copies, discarded ",
-                  warm_discarded_, " stale ones");
+                  warm_discarded_, " stale or damaged ones");
     }
     return absl::OkStatus();
   }
@@ -296,7 +319,8 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& con
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(config.dataset.path, config.dataset.file_regex,
                                             source_index, config.dataset.scan_threads,
-                                            options.tier_slots));
+                                            options.tier_slots,
+                                            ParseSymlinkPolicy(config.dataset.symlinks)));
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
     absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <vector>
 
@@ -21,6 +22,9 @@ namespace monarch {
 // driver to use (the same one, or a wrapper around it).
 using DriverWrapper =
     std::function<std::unique_ptr<StorageDriver>(int tier, std::unique_ptr<StorageDriver>)>;
+
+// placement.verify as a policy (validated by ValidateConfig).
+VerifyPolicy ParseVerifyPolicy(const std::string& verify);
 
 absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
                                                                         const DriverWrapper& wrap);

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 #include "drivers/tier.h"
@@ -123,7 +124,7 @@ void StreamedCopy(StorageDriver& driver, const std::string& root) {
                 ->Write(offset, image.get() + offset, std::min<uint64_t>(8192, f.size - offset))
                 .ok());
   }
-  REQUIRE((*writer)->Commit().ok());
+  REQUIRE((*writer)->Commit(SourceIdentity::Of(f)).ok());
   std::vector<char> whole(f.size + 10);
   REQUIRE(*driver.Read(f, 0, whole.data(), whole.size()) == f.size);
   CHECK(testing::BytesMatch(tf, whole.data(), 0, f.size));
@@ -154,7 +155,7 @@ TEST_CASE("posix driver round trip, layout and mtime") {
   REQUIRE(Store(*driver, b, 9).ok());
   struct stat st;
   REQUIRE(::stat((dir.path() + "/x/b.bin").c_str(), &st) == 0);
-  CHECK(st.st_size == 5000);
+  CHECK(st.st_size == 5000 + CopyTrailerBytes(5000));  // The bytes, then their checksums.
   CHECK(st.st_mtim.tv_sec == 1600000000);
   CHECK(st.st_mtim.tv_nsec == 123456789);
   // No temporary is left behind (the reserved directory holds none).
@@ -170,7 +171,7 @@ TEST_CASE("pmem driver round trip through libpmem") {
   REQUIRE(Store(*driver, b, 5).ok());
   struct stat st;
   REQUIRE(::stat((dir.path() + "/b.bin").c_str(), &st) == 0);
-  CHECK(st.st_size == 70000);
+  CHECK(st.st_size == 70000 + CopyTrailerBytes(70000));
   CHECK(st.st_mtim.tv_nsec == 1);
   // Read it back through a second driver: what was persisted is on disk.
   std::unique_ptr<StorageDriver> again = NewPmemDriver(dir.path(), 8);
@@ -230,20 +231,28 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
               .ok());
   REQUIRE(Store(*driver, Ref(3, "b/2147483646.0", 40, 444), 4).ok());
 
+  // And a file with no checksum record (not Monarch's, or cut short).
+  std::ofstream(dir.path() + "/stray.bin") << "not a copy";
+
   std::vector<std::tuple<std::string, uint64_t, int64_t>> seen;
   REQUIRE(driver
-              ->ScanCopies([&](absl::string_view name, uint64_t size, int64_t mtime) {
-                seen.emplace_back(std::string(name), size, mtime);
+              ->ScanCopies([&](absl::string_view name, const SourceIdentity* source) {
+                if (source == nullptr) {
+                  seen.emplace_back(std::string(name), 0, -1);
+                } else {
+                  seen.emplace_back(std::string(name), source->size, source->mtime_ns);
+                }
               })
               .ok());
   std::sort(seen.begin(), seen.end());
-  REQUIRE(seen.size() == 4);
+  REQUIRE(seen.size() == 5);
   CHECK(seen[0] ==
         std::make_tuple("a/.x.monarch-tmp." + std::to_string(::getpid()) + ".1", uint64_t{30},
                         int64_t{333}));
   CHECK(seen[1] == std::make_tuple(std::string("a/one.bin"), uint64_t{10}, int64_t{111}));
   CHECK(seen[2] == std::make_tuple(std::string("b/2147483646.0"), uint64_t{40}, int64_t{444}));
-  CHECK(seen[3] == std::make_tuple(std::string("two.bin"), uint64_t{20}, int64_t{222}));
+  CHECK(seen[3] == std::make_tuple(std::string("stray.bin"), uint64_t{0}, int64_t{-1}));
+  CHECK(seen[4] == std::make_tuple(std::string("two.bin"), uint64_t{20}, int64_t{222}));
   CHECK(::access(dead.c_str(), F_OK) != 0);
   CHECK(::access(live.c_str(), F_OK) == 0);  // A live writer's file is left alone.
 }
@@ -310,8 +319,9 @@ TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do 
   REQUIRE(Store(*driver, first, 1).ok());
   REQUIRE(Store(*driver, second, 2).ok());
   REQUIRE(Store(*driver, small, 3).ok());
-  CHECK(ResidentPages(dir.path() + "/first.bin") == 512);
-  CHECK(ResidentPages(dir.path() + "/second.bin") == 0);
+  // Each copy's checksum trailer is one more page, always written buffered.
+  CHECK(ResidentPages(dir.path() + "/first.bin") == 512 + 1);
+  CHECK(ResidentPages(dir.path() + "/second.bin") == 1);
   CHECK(ResidentPages(dir.path() + "/small.bin") == 25);
   std::vector<char> whole(2 << 20);
   REQUIRE(*driver->Read(second, 0, whole.data(), whole.size()) == whole.size());
@@ -321,12 +331,12 @@ TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do 
   options.buffered_budget_bytes = 0;
   std::unique_ptr<StorageDriver> buffered = NewPosixDriver(dir.Sub("b"), 8, options);
   REQUIRE(Store(*buffered, second, 2).ok());
-  CHECK(ResidentPages(dir.path() + "/b/second.bin") == 512);
+  CHECK(ResidentPages(dir.path() + "/b/second.bin") == 512 + 1);
   options.mode = PosixWriteOptions::Mode::kDirect;
   options.buffered_budget_bytes = 1ull << 40;
   std::unique_ptr<StorageDriver> direct = NewPosixDriver(dir.Sub("d"), 8, options);
   REQUIRE(Store(*direct, first, 1).ok());
-  CHECK(ResidentPages(dir.path() + "/d/first.bin") == 0);
+  CHECK(ResidentPages(dir.path() + "/d/first.bin") == 1);
 }
 
 TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read back") {

@@ -199,7 +199,7 @@ class FaultInjectingDriver final : public ForwardingDriver {
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
       return target_->ReadBack(offset, dst, n);
     }
-    absl::Status Commit() override { return target_->Commit(); }
+    absl::Status Commit(const SourceIdentity& source) override { return target_->Commit(source); }
 
    private:
     std::unique_ptr<CopyWriter> target_;
@@ -219,7 +219,9 @@ class FaultInjectingDriver final : public ForwardingDriver {
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
       return target_->ReadBack(offset, dst, n);
     }
-    absl::Status Commit() override { return absl::Status(code_, "injected write error"); }
+    absl::Status Commit(const SourceIdentity&) override {
+      return absl::Status(code_, "injected write error");
+    }
 
    private:
     std::unique_ptr<CopyWriter> target_;

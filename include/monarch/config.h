@@ -58,6 +58,12 @@ struct DatasetConfig {
   // Threads that walk the dataset at start-up. Each readdir and stat on a
   // PFS is a metadata round trip, so the walk is latency-bound, not CPU-bound.
   int scan_threads = 8;
+  // Symlinks to files found by the walk: "follow" serves them wherever they
+  // point, as reading the directory directly would; "inside" serves only
+  // those whose target lies inside the dataset directory (checked at the
+  // walk) and skips the others; "skip" serves none. Symlinked directories
+  // are never entered (a link cycle cannot trap the walk).
+  std::string symlinks = "follow";
 };
 
 struct PlacementConfig {
@@ -76,6 +82,11 @@ struct PlacementConfig {
   // keeps open between reads; the total stays bounded whatever the number of
   // files and readers.
   int max_open_files = 256;
+  // When pmem and posix tiers check their copies' block checksums
+  // (src/drivers/copy_integrity.h): "first-read" (each 4 KiB block the first
+  // time a process reads it, plus an fstat per read that catches a copy
+  // modified since), "every-read", or "off" (start-up identity check only).
+  std::string verify = "first-read";
 };
 
 // Peers: other Monarch processes of the same job, each with its own tiers,

@@ -267,7 +267,8 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
   if (!dataset.IsMap())
     return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
-  MONARCH_RETURN_IF_ERROR(CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads"}));
+  MONARCH_RETURN_IF_ERROR(
+      CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads", "symlinks"}));
   if (!dataset["path"])
     return KeyError("dataset.path", "required: the dataset directory on the source");
   MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
@@ -282,6 +283,10 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       return KeyError("dataset.scan_threads", absl::StrCat("expected 1 to 256, got ", threads));
     }
     config.dataset.scan_threads = static_cast<int>(threads);
+  }
+  if (dataset["symlinks"]) {
+    MONARCH_ASSIGN_OR_RETURN(config.dataset.symlinks,
+                             GetString(dataset["symlinks"], "dataset.symlinks"));
   }
 
   const YAML::Node tiers = root["tiers"];
@@ -365,7 +370,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     }
     MONARCH_RETURN_IF_ERROR(CheckKeys(placement, "placement",
                                       {"threads", "policy", "max_staging_bytes", "chunk_bytes",
-                                       "max_open_files"}));
+                                       "max_open_files", "verify"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
@@ -395,6 +400,10 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                         absl::StrCat("expected 4 to 1000000, got ", files));
       }
       config.placement.max_open_files = static_cast<int>(files);
+    }
+    if (placement["verify"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.placement.verify,
+                               GetString(placement["verify"], "placement.verify"));
     }
   }
 
@@ -722,6 +731,16 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
+  if (p.verify != "first-read" && p.verify != "every-read" && p.verify != "off") {
+    return KeyError("placement.verify", absl::StrCat("expected 'first-read', 'every-read' or "
+                                                     "'off', got ",
+                                                     Quote(p.verify)));
+  }
+  const std::string& symlinks = config.dataset.symlinks;
+  if (symlinks != "follow" && symlinks != "inside" && symlinks != "skip") {
+    return KeyError("dataset.symlinks",
+                    absl::StrCat("expected 'follow', 'inside' or 'skip', got ", Quote(symlinks)));
+  }
   MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
   MONARCH_RETURN_IF_ERROR(ValidateNode(config.node));
   const std::string& level = config.logging.level;

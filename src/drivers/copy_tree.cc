@@ -40,18 +40,10 @@ bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ScopedFd>> CopyTree::OpenCopy(const FileRef& file) const {
+absl::StatusOr<std::shared_ptr<CheckedCopy>> CopyTree::OpenCopy(const FileRef& file,
+                                                               bool map) const {
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, directory_.OpenBeneath(file.name));
-  struct stat st;
-  if (os::Fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + PathOf(file.name));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::DataLossError(absl::StrCat(PathOf(file.name), ": not a regular file"));
-  }
-  if (static_cast<uint64_t>(st.st_size) != file.size) {
-    return absl::DataLossError(absl::StrCat(PathOf(file.name), ": ", st.st_size,
-                                            " bytes, the source file has ", file.size));
-  }
-  return fd;
+  return CheckedCopy::Open(std::move(fd), file, PathOf(file.name), map);
 }
 
 std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }
@@ -85,6 +77,15 @@ absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file
 
 PendingCopy::~PendingCopy() {
   if (!published_) ::unlink(temporary_.c_str());
+}
+
+absl::Status PendingCopy::WriteTrailer(int fd, const SourceIdentity& source) {
+  if (!sums_.complete()) {
+    return absl::InternalError(
+        absl::StrCat(temporary_, ": committed before every chunk was written"));
+  }
+  const std::string trailer = sums_.Trailer(source);
+  return PwriteFull(fd, trailer.data(), trailer.size(), file_.size, temporary_);
 }
 
 absl::Status PendingCopy::Publish() {
@@ -121,8 +122,16 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
         continue;
       }
       if (!S_ISREG(st.st_mode)) continue;
-      visit(name, static_cast<uint64_t>(st.st_size),
-            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+      // What the copy is a copy of, from its trailer: a copy cut short by a
+      // crash, damaged, or not Monarch's has none and is visited as such.
+      ScopedFd fd(os::OpenAt(dir_fd, entry->d_name,
+                             O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+      struct stat opened;
+      absl::StatusOr<CopyRecord> record =
+          !fd.valid() || os::Fstat(fd.get(), &opened) != 0 || !S_ISREG(opened.st_mode)
+              ? absl::DataLossError("not a regular file")
+              : ReadCopyRecord(fd.get(), static_cast<uint64_t>(opened.st_size), PathOf(name));
+      visit(name, record.ok() ? &record->source : nullptr);
     }
     ::closedir(dir);
   }

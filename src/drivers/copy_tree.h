@@ -1,8 +1,8 @@
 // CopyTree: the on-disk layout shared by the file-backed tiers (posix, pmem).
 //
-// A copy of dataset file "a/b.rec" lives at "<root>/a/b.rec" and carries the
-// source file's mtime, so a later run can tell a valid copy from a stale one
-// with one stat. Copies are written under a temporary name,
+// A copy of dataset file "a/b.rec" lives at "<root>/a/b.rec": its bytes,
+// then the trailer of copy_integrity.h (block checksums and the source
+// file's identity), and it carries the source file's mtime. Copies are written under a temporary name,
 // "<root>/.monarch/tmp/<pid>.<seq>", and renamed into place when complete:
 // readers never see a partial copy, and two processes promoting the same file
 // at once each rename a complete copy of the same bytes. The reserved
@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
+#include "drivers/copy_integrity.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -34,11 +35,12 @@ class CopyTree {
   const std::string& root() const { return root_; }
   std::string PathOf(absl::string_view name) const;
   // Opens the complete copy of `file` for reading, only as what Monarch
-  // wrote: a regular file of the file's size reached without a symlink.
-  // Anything else (a symlink to /dev/zero, a FIFO, which would block the
-  // open without O_NONBLOCK, a directory, a copy of another size) is
+  // wrote: a regular file reached without a symlink, with an intact trailer
+  // for the file's size and mtime (mapped too with `map`). Anything else (a
+  // symlink to /dev/zero, a FIFO, which would block the open without
+  // O_NONBLOCK, a directory, a copy cut short or of another version) is
   // DataLoss, and the caller serves the source.
-  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopy(const FileRef& file) const;
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> OpenCopy(const FileRef& file, bool map) const;
 
   // Creates the parent directories of `name`'s copy and returns a fresh
   // temporary path next to it.
@@ -50,7 +52,8 @@ class CopyTree {
 
   absl::Status Remove(absl::string_view name);
 
-  // Walks the tree: visits complete copies, deletes temporaries whose writer
+  // Walks the tree: visits every copy with the identity its trailer records
+  // (null without a valid trailer), deletes temporaries whose writer
   // process is gone, leaves live writers' temporaries alone.
   absl::Status Scan(StorageDriver::CopyVisitor visit);
 
@@ -69,11 +72,13 @@ class CopyTree {
 
 // A copy being written under a temporary name of a CopyTree: the temporary
 // is deleted on destruction unless Publish() renamed it into place. Shared by
-// the file-backed tiers' writers. Not thread-safe; the owner serializes calls.
+// the file-backed tiers' writers, which pass every chunk to Checksum() on
+// its way in. Checksum() may be called concurrently for disjoint chunks;
+// other calls are serialized by the owner.
 class PendingCopy {
  public:
   PendingCopy(CopyTree* tree, const FileRef& file, std::string temporary)
-      : tree_(tree), file_(file), temporary_(std::move(temporary)) {}
+      : tree_(tree), file_(file), temporary_(std::move(temporary)), sums_(file.size) {}
   ~PendingCopy();
   PendingCopy(const PendingCopy&) = delete;
   PendingCopy& operator=(const PendingCopy&) = delete;
@@ -82,6 +87,15 @@ class PendingCopy {
   const std::string& temporary() const { return temporary_; }
   std::string published_path() const { return tree_->PathOf(file_.name); }
 
+  // Records the checksums of a chunk written at `offset`.
+  absl::Status Checksum(uint64_t offset, const char* data, size_t n) {
+    return sums_.Add(offset, data, n);
+  }
+
+  // Appends the trailer naming `source` through `fd` (the temporary, open
+  // for writing), once every chunk is written.
+  absl::Status WriteTrailer(int fd, const SourceIdentity& source);
+
   // CopyTree::Publish(); afterwards the destructor leaves the file alone.
   absl::Status Publish();
 
@@ -89,6 +103,7 @@ class PendingCopy {
   CopyTree* const tree_;
   const FileRef file_;
   const std::string temporary_;
+  BlockSums sums_;
   bool published_ = false;
 };
 

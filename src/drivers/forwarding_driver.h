@@ -25,6 +25,9 @@ class ForwardingDriver : public StorageDriver {
   }
   absl::Status Remove(const FileRef& file) override { return target_->Remove(file); }
   absl::Status ScanCopies(CopyVisitor visit) override { return target_->ScanCopies(visit); }
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+    return target_->Identify(file);
+  }
 
  protected:
   StorageDriver& target() { return *target_; }

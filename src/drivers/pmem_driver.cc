@@ -3,9 +3,11 @@
 // Each copy is a file on the tier's path (a DAX mount on real hardware; any
 // directory, such as /dev/shm, for testing), created and mapped with
 // pmem_map_file and filled with libpmem's persistent copies (or memcpy +
-// msync when the mapping is not real persistent memory). Reads copy straight out of a
-// mapping; mappings are cached and bounded like descriptors elsewhere, since
-// mapping every file would exhaust vm.max_map_count on large datasets.
+// msync when the mapping is not real persistent memory); its checksum
+// trailer (copy_integrity.h) follows the bytes. Reads copy straight out of a
+// mapping, guarded against the file shrinking under it; mappings are cached
+// and bounded like descriptors elsewhere, since mapping every file would
+// exhaust vm.max_map_count on large datasets.
 
 #include <fcntl.h>
 #include <libpmem.h>
@@ -56,26 +58,17 @@ absl::Status PmemError(absl::string_view what, const std::string& path) {
 
 class PmemDriver final : public StorageDriver {
  public:
-  PmemDriver(const std::string& root, int max_open_files)
-      : tree_(root), mappings_(max_open_files) {}
+  PmemDriver(const std::string& root, int max_open_files, VerifyPolicy verify)
+      : tree_(root), copies_(max_open_files), verify_(verify) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    if (file.size == 0) {
-      // An empty copy cannot be mapped; it has nothing to read, if it is one.
-      MONARCH_RETURN_IF_ERROR(tree_.OpenCopy(file).status());
-      return 0;
-    }
-    MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping,
-                             mappings_.Get(file.id, [&] { return Map(file); }));
-    if (offset >= mapping->length()) return 0;
-    size_t count = std::min<uint64_t>(n, mapping->length() - offset);
-    if (!GuardedCopy(dst, mapping->data() + offset, count)) {
-      // Truncated behind our back: the mapping is useless from now on.
-      mappings_.Erase(file.id);
-      return absl::DataLossError(
-          absl::StrCat(tree_.PathOf(file.name), ": the copy shrank while mapped"));
-    }
-    return count;
+    absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
+        copies_.Get(file.id, [&] { return tree_.OpenCopy(file, /*map=*/true); });
+    if (!copy.ok()) return copy.status();
+    absl::StatusOr<size_t> result = (*copy)->Read(offset, dst, n, verify_);
+    // Damaged, or truncated behind our back: the mapping is useless from now on.
+    if (absl::IsDataLoss(result.status())) copies_.Erase(file.id);
+    return result;
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -103,23 +96,13 @@ class PmemDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    mappings_.Erase(file.id);
+    copies_.Erase(file.id);
     return tree_.Remove(file.name);
   }
 
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
  private:
-  // Maps a complete copy for reading. Opened by CopyTree::OpenCopy (only a
-  // regular file of the right size, no symlinks) and mapped with mmap: reads
-  // need no persistence, so libpmem's mapping flags buy nothing here.
-  absl::StatusOr<std::shared_ptr<Mapping>> Map(const FileRef& file) {
-    MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopy(file));
-    void* address = os::Mmap(nullptr, file.size, PROT_READ, MAP_SHARED, fd->get(), 0);
-    if (address == MAP_FAILED) return ErrnoToStatus(errno, "map " + tree_.PathOf(file.name));
-    return std::make_shared<Mapping>(address, file.size);
-  }
-
   // Copies chunks into a mapping of the temporary file: with the persistent
   // memcpy when the mapping is real persistent memory, else memcpy plus
   // msync at commit.
@@ -135,6 +118,7 @@ class PmemDriver final : public StorageDriver {
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
       if (offset + n > mapping_.length())
         return absl::OutOfRangeError("write past the end of the file");
+      MONARCH_RETURN_IF_ERROR(copy_.Checksum(offset, data, n));
       char* dst = mapping_.mutable_data() + offset;
       if (is_pmem_) {
         pmem_memcpy_nodrain(dst, data, n);
@@ -151,7 +135,7 @@ class PmemDriver final : public StorageDriver {
       return count;
     }
 
-    absl::Status Commit() override {
+    absl::Status Commit(const SourceIdentity& source) override {
       if (mapping_.length() > 0) {
         if (is_pmem_) {
           pmem_drain();
@@ -159,8 +143,14 @@ class PmemDriver final : public StorageDriver {
           return PmemError("msync", copy_.temporary());
         }
       }
+      // The trailer lies past the mapping, which covers the bytes only.
+      ScopedFd fd(os::Open(copy_.temporary().c_str(), O_WRONLY | O_CLOEXEC));
+      if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", copy_.temporary()));
+      MONARCH_RETURN_IF_ERROR(copy_.WriteTrailer(fd.get(), source));
+      if (os::Close(fd.release()) != 0)
+        return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
-      driver_->mappings_.Erase(copy_.file().id);  // A mapping of an older copy must not be reused.
+      driver_->copies_.Erase(copy_.file().id);  // A mapping of an older copy must not be reused.
       return absl::OkStatus();
     }
 
@@ -172,13 +162,15 @@ class PmemDriver final : public StorageDriver {
   };
 
   CopyTree tree_;
-  HandleCache<Mapping> mappings_;
+  HandleCache<CheckedCopy> copies_;
+  const VerifyPolicy verify_;
 };
 
 }  // namespace
 
-std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files) {
-  return std::make_unique<PmemDriver>(root, max_open_files);
+std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files,
+                                             VerifyPolicy verify) {
+  return std::make_unique<PmemDriver>(root, max_open_files, verify);
 }
 
 }  // namespace monarch

@@ -43,13 +43,16 @@ constexpr uint64_t kDirectMinBytes = 1 << 20;
 class PosixDriver final : public StorageDriver {
  public:
   PosixDriver(const std::string& root, int max_open_files, const PosixWriteOptions& options)
-      : tree_(root), descriptors_(max_open_files), options_(options) {}
+      : tree_(root), copies_(max_open_files), options_(options) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return tree_.OpenCopy(file); });
-    if (!fd.ok()) return fd.status();
-    return PreadFull((*fd)->get(), dst, n, offset, file.name);
+    absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
+        copies_.Get(file.id, [&] { return tree_.OpenCopy(file, /*map=*/false); });
+    if (!copy.ok()) return copy.status();
+    absl::StatusOr<size_t> result = (*copy)->Read(offset, dst, n, options_.verify);
+    // A damaged copy is dropped by the caller; a fresh one may take its name.
+    if (absl::IsDataLoss(result.status())) copies_.Erase(file.id);
+    return result;
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -83,7 +86,7 @@ class PosixDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    descriptors_.Erase(file.id);
+    copies_.Erase(file.id);
     return tree_.Remove(file.name);
   }
 
@@ -118,6 +121,7 @@ class PosixDriver final : public StorageDriver {
           direct_(direct) {}
 
     absl::Status Write(uint64_t offset, const char* data, size_t n) override {
+      MONARCH_RETURN_IF_ERROR(copy_.Checksum(offset, data, n));
       if (direct_ && !fell_back_.load(std::memory_order_acquire)) {
         const size_t padded = (n + kPage - 1) / kPage * kPage;
         absl::Status written = PwriteFull(fd_.get(), data, padded, offset, copy_.temporary());
@@ -144,19 +148,23 @@ class PosixDriver final : public StorageDriver {
       return PreadFull(reader_->get(), dst, end - offset, offset, copy_.temporary());
     }
 
-    absl::Status Commit() override {
+    absl::Status Commit(const SourceIdentity& source) override {
       if (padded_.load(std::memory_order_relaxed) &&
           ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
+      // The trailer goes through a buffered descriptor: it is neither
+      // aligned nor a whole page.
+      if (direct_) MONARCH_RETURN_IF_ERROR(FallBackToBuffered());
+      MONARCH_RETURN_IF_ERROR(copy_.WriteTrailer(buffered_fd(), source));
       // close() reports deferred write errors on some file systems (NFS).
       if (os::Close(fd_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       if (buffered_.valid() && os::Close(buffered_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
-      driver_->descriptors_.Erase(
-          copy_.file().id);  // A descriptor of an older copy must not be reused.
+      driver_->copies_.Erase(
+          copy_.file().id);  // A handle on an older copy must not be reused.
       return absl::OkStatus();
     }
 
@@ -190,7 +198,7 @@ class PosixDriver final : public StorageDriver {
   };
 
   CopyTree tree_;
-  HandleCache<ScopedFd> descriptors_;
+  HandleCache<CheckedCopy> copies_;
   const PosixWriteOptions options_;
   std::atomic<uint64_t> buffered_bytes_{0};  // Of copies started with buffered writes.
 };

@@ -143,7 +143,7 @@ class RamDriver final : public StorageDriver {
       std::memcpy(dst, driver_->arena_->data(extent_) + offset, count);
       return count;
     }
-    absl::Status Commit() override {
+    absl::Status Commit(const SourceIdentity&) override {
       // The copy's first reader would otherwise fault on every page.
       if (size_ > 0) driver_->arena_->PrepareForReading(extent_, size_);
       Slot& slot = driver_->slots_[id_];

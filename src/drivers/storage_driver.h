@@ -34,6 +34,41 @@ struct FileRef {
   int64_t mtime_ns = 0;    // Modification time on the source at start-up.
 };
 
+// Which version of a source file a copy holds: what stat() said of the
+// source file. Any write to the file, in place or by replacing it, changes
+// its ctime or inode, so a copy is of the current file only while all five
+// still match.
+struct SourceIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+
+  // Only what a FileRef knows (size and mtime): for tests and tools that
+  // store copies without a source file behind them.
+  static SourceIdentity Of(const FileRef& file) {
+    SourceIdentity identity;
+    identity.size = file.size;
+    identity.mtime_ns = file.mtime_ns;
+    return identity;
+  }
+  bool operator==(const SourceIdentity& o) const {
+    return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns &&
+           ctime_ns == o.ctime_ns;
+  }
+  bool operator!=(const SourceIdentity& o) const { return !(*this == o); }
+};
+
+// How file-backed tiers check their copies against the checksums written
+// with them (src/drivers/copy_integrity.h).
+enum class VerifyPolicy {
+  kOff,        // Never: the copy's identity is still checked at start-up.
+  kFirstRead,  // Each 4 KiB block the first time this process reads it, and
+               // every read checks that the copy was not modified since.
+  kEveryRead,  // Every block of every read.
+};
+
 // A copy of one file being written into a tier. The placement handler
 // streams the file through it chunk by chunk, so a promotion never needs the
 // whole file in memory, then commits it. Until Commit() succeeds the copy is
@@ -58,8 +93,9 @@ class CopyWriter {
   // copy is in flight.
   virtual absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) = 0;
 
-  // Makes the complete copy visible to Read(), atomically.
-  virtual absl::Status Commit() = 0;
+  // Makes the complete copy visible to Read(), atomically, as a copy of
+  // `source` (file tiers store it with the copy's checksums).
+  virtual absl::Status Commit(const SourceIdentity& source) = 0;
 };
 
 class StorageDriver {
@@ -83,12 +119,13 @@ class StorageDriver {
   // for the source.
   virtual absl::Status Remove(const FileRef& file) = 0;
 
-  // File-backed tiers: calls `visit` for every complete copy an earlier run
-  // left (its dataset-relative name, size, and mtime, which Store sets to the
-  // source's mtime), and deletes temporaries left by processes that are no
+  // File-backed tiers: calls `visit` for every copy an earlier run left: its
+  // dataset-relative name and the source identity stored with it, or null
+  // when the copy carries no valid record (not written by Monarch, cut
+  // short, damaged). Deletes temporaries left by processes that are no
   // longer alive. Others: visits nothing.
   using CopyVisitor =
-      absl::FunctionRef<void(absl::string_view name, uint64_t size, int64_t mtime_ns)>;
+      absl::FunctionRef<void(absl::string_view name, const SourceIdentity* source)>;
   virtual absl::Status ScanCopies(CopyVisitor visit) {
     (void)visit;
     return absl::OkStatus();
@@ -98,6 +135,13 @@ class StorageDriver {
   // tier's memfds): the descriptors a node service hands its clients, which
   // read the copies with NewRamReader. Owned by the driver. Others: none.
   virtual std::vector<int> SharedMemoryDescriptors() const { return {}; }
+
+  // The source: what the file is now (fstat of the descriptor reads use).
+  // Others: Unimplemented.
+  virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {
+    (void)file;
+    return absl::UnimplementedError("only the source identifies files");
+  }
 };
 
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
@@ -121,17 +165,22 @@ struct PosixWriteOptions {
   // kAuto: copies are buffered while the bytes written buffered so far fit
   // in this budget; beyond it, files of 1 MiB and more are written direct.
   uint64_t buffered_budget_bytes = 0;
+  VerifyPolicy verify = VerifyPolicy::kFirstRead;
 };
 std::unique_ptr<StorageDriver> NewPosixDriver(const std::string& root, int max_open_files,
                                               const PosixWriteOptions& options = {});
-std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files);
+std::unique_ptr<StorageDriver> NewPmemDriver(const std::string& root, int max_open_files,
+                                             VerifyPolicy verify = VerifyPolicy::kFirstRead);
 // The dataset on the PFS. Read-only: Store and Remove fail with PermissionDenied.
 std::unique_ptr<StorageDriver> NewSourceDriver(const std::string& root, int max_open_files);
 
 // Writes `n` bytes (at `data`, 4096-aligned and readable up to `n` rounded up
-// to 4096) as the whole copy of `file` through a writer: a convenience for
-// tests and tools.
+// to 4096) as the whole copy of `file` through a writer, as a copy of
+// `source` (by default, what `file` knows of it): a convenience for tests and
+// tools.
 absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n);
+absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n,
+                       const SourceIdentity& source);
 
 }  // namespace monarch
 

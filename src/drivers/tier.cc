@@ -2,6 +2,8 @@
 
 #include "drivers/tier.h"
 
+#include "drivers/copy_integrity.h"
+
 namespace monarch {
 
 Tier::Tier(TierConfig config, std::unique_ptr<StorageDriver> driver)
@@ -16,7 +18,13 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
   return result;
 }
 
-bool Tier::TryReserve(uint64_t bytes) {
+uint64_t Tier::Footprint(uint64_t bytes) const {
+  const bool file_backed = config_.kind == TierKind::kPmem || config_.kind == TierKind::kPosix;
+  return file_backed ? bytes + CopyTrailerBytes(bytes) : bytes;
+}
+
+bool Tier::TryReserve(uint64_t file_bytes) {
+  const uint64_t bytes = Footprint(file_bytes);
   uint64_t current = reserved_.load(std::memory_order_relaxed);
   do {
     if (current + bytes > limit_.load(std::memory_order_relaxed) || current + bytes < current) {
@@ -26,17 +34,19 @@ bool Tier::TryReserve(uint64_t bytes) {
   return true;
 }
 
-void Tier::Commit(uint64_t bytes) {
-  committed_.fetch_add(bytes, std::memory_order_relaxed);
+void Tier::Commit(uint64_t file_bytes) {
+  committed_.fetch_add(Footprint(file_bytes), std::memory_order_relaxed);
   files_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Tier::Release(uint64_t bytes) { reserved_.fetch_sub(bytes, std::memory_order_relaxed); }
+void Tier::Release(uint64_t file_bytes) {
+  reserved_.fetch_sub(Footprint(file_bytes), std::memory_order_relaxed);
+}
 
-void Tier::Drop(uint64_t bytes) {
-  committed_.fetch_sub(bytes, std::memory_order_relaxed);
+void Tier::Drop(uint64_t file_bytes) {
+  committed_.fetch_sub(Footprint(file_bytes), std::memory_order_relaxed);
   files_.fetch_sub(1, std::memory_order_relaxed);
-  reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  reserved_.fetch_sub(Footprint(file_bytes), std::memory_order_relaxed);
 }
 
 void Tier::MarkFull() { limit_.store(reserved_.load(std::memory_order_relaxed)); }
@@ -55,12 +65,15 @@ void Tier::ReportCounters(CounterSink& out) const {
   sink.Gauge("files", files_.load(std::memory_order_relaxed),
              "Complete copies held (for the source: dataset files).");
   sink.Gauge("bytes_used", committed_.load(std::memory_order_relaxed),
-             "Bytes of the complete copies held (for the source: the dataset's size).");
+             "Bytes of the complete copies held, with their checksums (for the source: the "
+             "dataset's size).");
   sink.Gauge("capacity", config_.capacity_bytes, "Configured capacity in bytes (source: 0).");
   sink.Counter("read_errors", read_errors_.load(std::memory_order_relaxed),
                "Failed reads; a cache or peer tier's went on to the source.");
   sink.Counter("write_errors", write_errors_.load(std::memory_order_relaxed),
                "Failed copies (ENOSPC, EIO...).");
+  sink.Counter("damaged_copies", damaged_.load(std::memory_order_relaxed),
+               "Copies found damaged or altered when read (checksum, size, type), dropped.");
 }
 
 }  // namespace monarch

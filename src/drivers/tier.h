@@ -40,16 +40,18 @@ class Tier {
   // peer this time", and the read goes on to the source.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
   void CountReadError() { read_errors_.fetch_add(1, std::memory_order_relaxed); }
+  // A read found the copy damaged or altered (DataLoss).
+  void CountDamagedCopy() { damaged_.fetch_add(1, std::memory_order_relaxed); }
 
-  // Reserves room for a copy of `bytes`; false if it would not fit.
-  bool TryReserve(uint64_t bytes);
+  // Reserves room for a copy of a `file_bytes` file; false if it would not fit.
+  bool TryReserve(uint64_t file_bytes);
   // The reserved copy is complete: it now counts as used.
-  void Commit(uint64_t bytes);
+  void Commit(uint64_t file_bytes);
   // The reserved copy was abandoned.
-  void Release(uint64_t bytes);
+  void Release(uint64_t file_bytes);
   // A committed copy was dropped (found damaged): undoes Commit and the
   // reservation.
-  void Drop(uint64_t bytes);
+  void Drop(uint64_t file_bytes);
   // Room left for new copies (capacity minus complete and reserved ones).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);
@@ -72,7 +74,7 @@ class Tier {
   const std::unique_ptr<StorageDriver> driver_;
 
   std::atomic<uint64_t> limit_;         // Capacity, lowered by MarkFull().
-  std::atomic<uint64_t> committed_{0};  // Bytes of complete copies.
+  std::atomic<uint64_t> committed_{0};  // Bytes of complete copies, trailers included.
   std::atomic<uint64_t> reserved_{0};   // Committed plus in-flight reservations.
   std::atomic<uint64_t> files_{0};
 
@@ -81,6 +83,10 @@ class Tier {
   alignas(64) std::atomic<uint64_t> bytes_read_{0};
   alignas(64) std::atomic<uint64_t> read_errors_{0};
   std::atomic<uint64_t> write_errors_{0};
+  std::atomic<uint64_t> damaged_{0};
+
+  // Bytes a copy of a `file_bytes` file takes in this tier.
+  uint64_t Footprint(uint64_t file_bytes) const;
 };
 
 }  // namespace monarch

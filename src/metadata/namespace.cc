@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <new>
@@ -77,7 +78,10 @@ struct WalkedDirectory {
 // files would take a quarter of an hour; with N threads it takes 1/N of that.
 class ParallelWalk {
  public:
-  ParallelWalk(const std::string& root, const NameFilter& filter) : root_(root), filter_(filter) {}
+  // `real_root`: the root's realpath, for SymlinkPolicy::kInside.
+  ParallelWalk(const std::string& root, std::string real_root, const NameFilter& filter,
+               SymlinkPolicy symlinks)
+      : root_(root), real_root_(std::move(real_root)), filter_(filter), symlinks_(symlinks) {}
 
   void Run(int threads) {
     {
@@ -144,9 +148,15 @@ class ParallelWalk {
         continue;
       }
       if (d->d_type == DT_REG && !filter_.Keep(name)) continue;  // Spare the stat.
+      struct stat st;
+      bool symlink = d->d_type == DT_LNK;
+      if (d->d_type == DT_UNKNOWN) {  // File systems without d_type.
+        if (os::FstatAt(dir_fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        symlink = S_ISLNK(st.st_mode);
+      }
+      if (symlink && !KeepSymlink(path, d->d_name, name)) continue;
       // Follows symlinks to files; a symlinked directory is skipped rather
       // than followed, so a link cycle cannot trap the walk.
-      struct stat st;
       if (os::FstatAt(dir_fd, d->d_name, &st, 0) != 0) continue;
       if (S_ISDIR(st.st_mode)) {
         if (d->d_type == DT_UNKNOWN) {
@@ -168,15 +178,33 @@ class ParallelWalk {
       attributes.uid = st.st_uid;
       attributes.gid = st.st_gid;
       attributes.block_size = static_cast<uint32_t>(st.st_blksize);
-      attributes.via_symlink = d->d_type == DT_LNK ? 1 : 0;
+      attributes.via_symlink = symlink ? 1 : 0;
       files->push_back({std::move(name), index, static_cast<uint64_t>(st.st_size),
                         Nanoseconds(st.st_mtim), attributes});
     }
     ::closedir(dir);
   }
 
+  // Whether the policy serves the symlink `base` in directory `path`.
+  bool KeepSymlink(const std::string& path, const char* base, const std::string& name) const {
+    if (symlinks_ == SymlinkPolicy::kFollow) return true;
+    if (symlinks_ == SymlinkPolicy::kInside) {
+      char* target = ::realpath(absl::StrCat(path, "/", base).c_str(), nullptr);
+      const bool inside = target != nullptr && absl::StartsWith(target, real_root_) &&
+                          target[real_root_.size()] == '/';
+      std::free(target);
+      if (inside) return true;
+      MONARCH_LOG(kInfo, "dataset.symlinks: inside; skipping ", name,
+                  ", a symlink to outside the dataset");
+      return false;
+    }
+    return false;
+  }
+
   const std::string& root_;
+  const std::string real_root_;
   const NameFilter& filter_;
+  const SymlinkPolicy symlinks_;
   Mutex mu_;
   CondVar changed_;  // The queue grew, or a worker finished a directory.
   std::deque<uint32_t> queue_ ABSL_GUARDED_BY(mu_);
@@ -190,7 +218,8 @@ class ParallelWalk {
 absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& root,
                                                             const std::string& file_regex,
                                                             int source_tier, int threads,
-                                                            const TierSlotAllocator& allocate) {
+                                                            const TierSlotAllocator& allocate,
+                                                            SymlinkPolicy symlinks) {
   NameFilter filter;
   MONARCH_RETURN_IF_ERROR(filter.Compile(file_regex));
 
@@ -201,7 +230,12 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   if (top == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", ns->root_));
   ::closedir(top);
 
-  ParallelWalk walk(ns->root_, filter);
+  std::string real_root = ns->root_;
+  if (char* real = ::realpath(ns->root_.c_str(), nullptr)) {
+    real_root = real;
+    std::free(real);
+  }
+  ParallelWalk walk(ns->root_, std::move(real_root), filter, symlinks);
   walk.Run(std::max(1, threads));
 
   ns->directory_names_.reserve(walk.directories().size());
@@ -313,6 +347,16 @@ bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::s
   }
   *out = *scratch;
   return true;
+}
+
+SourceIdentity Namespace::identity(uint32_t id) const {
+  SourceIdentity identity;
+  identity.device = attributes_[id].device;
+  identity.inode = attributes_[id].inode;
+  identity.size = entries_[id].ref.size;
+  identity.mtime_ns = entries_[id].ref.mtime_ns;
+  identity.ctime_ns = attributes_[id].ctime_ns;
+  return identity;
 }
 
 FileEntry* Namespace::Find(absl::string_view name) const {

@@ -80,6 +80,13 @@ struct FileEntry {
 bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::string* scratch,
                           absl::string_view* out);
 
+// What the walk does with symlinks to files (config: dataset.symlinks).
+enum class SymlinkPolicy {
+  kFollow,  // Serve them, wherever they point.
+  kInside,  // Serve those whose target lies inside the root; skip the others.
+  kSkip,    // Serve none.
+};
+
 class Namespace {
  public:
   // Memory for `count` tier slots (zeroed or not), valid for the namespace's
@@ -89,10 +96,9 @@ class Namespace {
   // Walks `root` (an absolute directory) with `threads` threads. Every file
   // starts on `source_tier`. `file_regex` may be empty (keep everything).
   // The tier slots come from `allocate` if given, else from the heap.
-  static absl::StatusOr<std::unique_ptr<Namespace>> Build(const std::string& root,
-                                                          const std::string& file_regex,
-                                                          int source_tier, int threads = 8,
-                                                          const TierSlotAllocator& allocate = {});
+  static absl::StatusOr<std::unique_ptr<Namespace>> Build(
+      const std::string& root, const std::string& file_regex, int source_tier, int threads = 8,
+      const TierSlotAllocator& allocate = {}, SymlinkPolicy symlinks = SymlinkPolicy::kFollow);
 
   // The entry for `name` (dataset-relative, or absolute inside the root),
   // or nullptr if it is not a dataset file.
@@ -106,6 +112,8 @@ class Namespace {
   uint64_t total_bytes() const { return total_bytes_; }
   FileEntry& entry(uint32_t id) const { return entries_[id]; }
   const FileAttributes& attributes(uint32_t id) const { return attributes_[id]; }
+  // The source file `id` as the walk found it: what its copies must be of.
+  SourceIdentity identity(uint32_t id) const;
   const std::string& root() const { return root_; }
 
  private:

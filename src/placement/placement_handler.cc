@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace monarch {
 namespace {
@@ -53,9 +55,10 @@ ChunkPool StagingPool(const PlacementConfig& config, size_t placement_threads) {
 }  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
-                                   std::unique_ptr<PlacementPolicy> policy,
+                                   const Namespace* ns, std::unique_ptr<PlacementPolicy> policy,
                                    const PlacementConfig& config)
     : tiers_(tiers),
+      namespace_(ns),
       source_index_(static_cast<int>(tiers->size()) - 1),
       first_origin_(static_cast<int>(
           std::find_if(tiers->begin(), tiers->end(), [](const auto& t) { return !t->is_cache(); }) -
@@ -112,9 +115,10 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 }
 
 absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                                     size_t n) {
+                                                     size_t n, bool* from_source) {
   for (int t = first_origin_;; ++t) {
     Tier& tier = *(*tiers_)[t];
+    if (from_source != nullptr) *from_source = t == source_index_;
     absl::StatusOr<size_t> result = tier.Read(file, offset, dst, n);
     if (result.ok()) return result;
     // The source has the last word; a peer that does not have the file
@@ -122,6 +126,20 @@ absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_
     if (t == source_index_ || !absl::IsNotFound(result.status())) tier.CountReadError();
     if (t == source_index_) return result;
   }
+}
+
+absl::StatusOr<SourceIdentity> PlacementHandler::IdentityToCommit(const FileEntry& entry,
+                                                                  bool read_source) {
+  const SourceIdentity identity = namespace_->identity(entry.ref.id);
+  if (!read_source) return identity;  // The home peer checked its own copy's source.
+  MONARCH_ASSIGN_OR_RETURN(SourceIdentity now,
+                           (*tiers_)[source_index_]->driver().Identify(entry.ref));
+  if (now != identity) {
+    source_changed_.fetch_add(1, std::memory_order_relaxed);
+    return absl::AbortedError(absl::StrCat(
+        entry.ref.name, " changed on the source since the namespace walk; not copied"));
+  }
+  return identity;
 }
 
 std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard& shard) {
@@ -224,6 +242,8 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_skipped", skipped_.load(),
                "Files left on the source because no tier had room.");
   sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
+  sink.Counter("promotions_source_changed", source_changed_.load(),
+               "Copies not committed: the source file changed since the namespace walk.");
   sink.Counter("staging_reads", staging_reads_.load(),
                "Reads of files being promoted, served from the promotion's chunks.");
   sink.Counter("staging_bytes_read", staging_bytes_read_.load(),

@@ -46,7 +46,8 @@ class PlacementHandler final : public PromotionHost {
   // `tiers` must outlive the handler: the cache tiers, then the read-only
   // ones (the peers, if any, then the source, last). Files no cache tier
   // holds are read from the first read-only tier that has them.
-  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
+  // `ns` (the files' identities as the walk found them) must outlive it too.
+  PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
   ~PlacementHandler() override;
 
@@ -67,8 +68,10 @@ class PlacementHandler final : public PromotionHost {
   void ReportCounters(CounterSink& sink) const;
 
   // PromotionHost.
-  absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                    size_t n) override;
+  absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst, size_t n,
+                                    bool* from_source = nullptr) override;
+  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry,
+                                                  bool read_source) override;
   ChunkPool& chunk_pool() override { return chunk_pool_; }
   bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
   void ChunkWritten(bool by_reader) override {
@@ -91,6 +94,7 @@ class PlacementHandler final : public PromotionHost {
   std::vector<std::shared_ptr<Promotion>> InFlight();
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
+  const Namespace* const namespace_;
   const int source_index_;
   const int first_origin_;  // The first read-only tier.
   const std::unique_ptr<PlacementPolicy> policy_;
@@ -113,6 +117,7 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> cancelled_{0};
+  std::atomic<uint64_t> source_changed_{0};
   std::atomic<uint64_t> staging_reads_{0};
   std::atomic<uint64_t> staging_bytes_read_{0};
   std::atomic<uint64_t> staging_hits_{0};

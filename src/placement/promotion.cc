@@ -67,10 +67,13 @@ void Promotion::Load(size_t c) {
     buffer = chunks_[c].buffer;
   }
   const size_t length = ChunkLength(c);
-  absl::StatusOr<size_t> got = host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length);
+  bool from_source = false;
+  absl::StatusOr<size_t> got =
+      host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length, &from_source);
   bool failed_here = false;
   {
     MutexLock lock(&mu_);
+    if (from_source) read_source_ = true;
     if (got.ok() && *got == length && !failed_) {
       chunks_[c].state = ChunkState::kStaged;
     } else {
@@ -142,11 +145,18 @@ void Promotion::Write(size_t c, bool by_reader) {
 
 void Promotion::Commit() {
   std::shared_ptr<CopyWriter> writer;
+  bool read_source;
   {
     MutexLock lock(&mu_);
     writer = writer_;
+    read_source = read_source_;
   }
-  const absl::Status status = writer->Commit();
+  // After the last chunk was read: a change to the source file at any time
+  // since the walk, during the copy included, shows here.
+  absl::StatusOr<SourceIdentity> source = host_->IdentityToCommit(*entry_, read_source);
+  const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
+  // A source that changed is no failure of the tier.
+  const bool tier_failed = source.ok() && !status.ok();
   std::shared_ptr<CopyWriter> dropped;  // Destroyed (deleting its temporary) after unlocking.
   {
     MutexLock lock(&mu_);
@@ -156,7 +166,7 @@ void Promotion::Commit() {
       dropped = std::move(writer_);
     }
   }
-  host_->PromotionDone(*this, status, /*tier_failed=*/!status.ok());
+  host_->PromotionDone(*this, status, tier_failed);
 }
 
 void Promotion::Fail(const absl::Status& status, bool tier_failed) {

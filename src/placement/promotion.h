@@ -28,7 +28,9 @@
 // buffer the client can write to).
 //
 // Whoever writes the last chunk commits the copy and reports the outcome to
-// the handler (PromotionHost::PromotionDone), once. A failure (the source,
+// the handler (PromotionHost::PromotionDone), once. The copy is committed
+// only if the source file is still the one the namespace walk found
+// (PromotionHost::IdentityToCommit), so a copy never mixes two versions. A failure (the source,
 // the tier, or cancellation) abandons the copy: readers are then served
 // from the source, and the temporary copy is deleted.
 //
@@ -61,8 +63,16 @@ class PromotionHost {
   // Reads bytes of a file no cache tier holds, from where they come from:
   // the file's home peer when there are peers, else (or failing that) the
   // source. As StorageDriver::Read.
+  // `from_source`, if given, is set when the source answered.
   virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                            size_t n) = 0;
+                                            size_t n, bool* from_source = nullptr) = 0;
+  // What the copy about to be committed is a copy of: the source file as
+  // the namespace walk found it. When `read_source` (some chunk came from
+  // the source rather than a peer), the source file is asked again, and a
+  // file changed since the walk (size, times, or replaced) is Aborted: its
+  // chunks may mix versions, or be of a version the namespace never saw.
+  virtual absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry,
+                                                          bool read_source) = 0;
   // Staging buffers, within the staging budget.
   virtual ChunkPool& chunk_pool() = 0;
   virtual bool cancelled() const = 0;
@@ -177,6 +187,7 @@ class Promotion {
   bool committing_ ABSL_GUARDED_BY(mu_) = false;  // Every chunk written: too late to fail.
   bool done_ ABSL_GUARDED_BY(mu_) = false;        // Committed or failed; reported to the host.
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_source_ ABSL_GUARDED_BY(mu_) = false;  // Some chunk came from the source.
 };
 
 }  // namespace monarch

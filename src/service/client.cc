@@ -26,6 +26,7 @@
 #include "common/status_macros.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
+#include "monarch_internal.h"
 #include "service/namespace_image.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
@@ -89,7 +90,7 @@ struct Session {
 // `fds`: the image, the tier slots, then each tier's (not the transfer
 // buffer, which belongs to a connection).
 absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
-                                                   std::vector<ScopedFd> fds) {
+                                                   std::vector<ScopedFd> fds, VerifyPolicy verify) {
   auto session = std::make_unique<Session>();
   session->reply = reply;
   MONARCH_ASSIGN_OR_RETURN(session->image, NamespaceImage::Open(fds[0]));
@@ -120,11 +121,14 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
         MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), reply.file_count));
         break;
       }
-      case TierKind::kPosix:
-        reader = NewPosixDriver(tier.path, max_open);
+      case TierKind::kPosix: {
+        PosixWriteOptions options;  // Only read: the service writes the copies.
+        options.verify = verify;
+        reader = NewPosixDriver(tier.path, max_open, options);
         break;
+      }
       case TierKind::kPmem:
-        reader = NewPmemDriver(tier.path, max_open);
+        reader = NewPmemDriver(tier.path, max_open, verify);
         break;
       case TierKind::kSource:
       case TierKind::kPeers:
@@ -307,7 +311,7 @@ class ServiceClient final : public Monarch {
     if (const Session* inherited = state->session.load()) {
       std::vector<ScopedFd> fds;
       for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-      absl::StatusOr<std::unique_ptr<Session>> session = MapSession(inherited->reply, std::move(fds));
+      absl::StatusOr<std::unique_ptr<Session>> session = MapSession(inherited->reply, std::move(fds), verify());
       if (session.ok()) {
         MutexLock lock(&fresh->mu);
         fresh->session.store(session->get());
@@ -318,6 +322,9 @@ class ServiceClient final : public Monarch {
     delete fresh;  // Another thread of the child got there first.
     return *state_.load();
   }
+
+  // How this process checks the file tiers' copies it reads itself.
+  VerifyPolicy verify() const { return ParseVerifyPolicy(config_.placement.verify); }
 
   Session* CurrentSession(ProcessState& state) const {
     Session* session = state.session.load(std::memory_order_acquire);
@@ -343,7 +350,7 @@ class ServiceClient final : public Monarch {
       return absl::InternalError("transfer buffer smaller than announced");
     }
     MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
-                             MapSession(hello.reply, SessionFds(hello.fds)));
+                             MapSession(hello.reply, SessionFds(hello.fds), verify()));
     if (Session* old = state.session.load()) old->alive.store(false);
     state.idle.clear();  // Channels of the old instance.
     // This connection's counters page carries the process's hits from now
