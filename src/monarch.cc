@@ -228,20 +228,21 @@ class MonarchImpl final : public MonarchCore {
                                       size_t n) {
     absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
     if (result.ok() && *result == n) return result;
-    tiers_[tier]->CountReadError();
-    if (absl::IsDataLoss(result.status())) tiers_[tier]->CountDamagedCopy();
-    MONARCH_LOG(kWarning, "tier '", tiers_[tier]->config().name, "' failed to read ",
-                entry.ref.name, " (",
-                result.ok() ? absl::StrCat("short read of ", *result, " bytes")
-                            : result.status().ToString(),
-                "); serving it from the source from now on");
     int expected = tier;
     if (entry.tier->compare_exchange_strong(expected, source_index_)) {
-      // This thread dropped it: give its room back and delete what is left
-      // (a RAM copy's memory, a damaged file). Readers already inside the
-      // driver are safe: drivers allow Remove concurrent with Read.
-      entry.state.store(PlacementState::kStaysOnSource);
+      // This thread dropped it (readers racing on the same bad copy count
+      // and log it once): give its room back and delete what is left (a RAM
+      // copy's memory, a damaged file). Readers already inside the driver
+      // are safe: drivers allow Remove concurrent with Read.
       Tier& dropped = *tiers_[tier];
+      dropped.CountReadError();
+      if (absl::IsDataLoss(result.status())) dropped.CountDamagedCopy();
+      MONARCH_LOG(kWarning, "tier '", dropped.config().name, "' failed to read ", entry.ref.name,
+                  " (",
+                  result.ok() ? absl::StrCat("short read of ", *result, " bytes")
+                              : result.status().ToString(),
+                  "); serving it from the source from now on");
+      entry.state.store(PlacementState::kStaysOnSource);
       absl::Status removed = dropped.driver().Remove(entry.ref);
       if (!removed.ok() && !absl::IsNotFound(removed)) {
         MONARCH_LOG(kWarning, "cannot remove the bad copy: ", removed.ToString());

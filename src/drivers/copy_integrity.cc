@@ -79,20 +79,33 @@ std::string BlockSums::Trailer(const SourceIdentity& source) const {
   return trailer;
 }
 
-absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::string_view path) {
+absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::string_view path,
+                                          std::optional<uint64_t> size) {
   auto damaged = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat(path, ": ", why));
   };
   if (disk_size < sizeof(Footer)) return damaged("no checksum record (too short)");
+  // With the file's size known, the whole trailer comes in one read: a copy
+  // opened for reading costs one system call more than a plain file, not two.
+  const uint64_t bytes_size = size.value_or(disk_size - sizeof(Footer));
+  if (size.has_value() && disk_size != *size + CopyTrailerBytes(*size)) {
+    return damaged(absl::StrCat(disk_size, " bytes on disk, a copy of ", *size, " bytes has ",
+                                *size + CopyTrailerBytes(*size)));
+  }
+  std::string trailer(size.has_value() ? CopyTrailerBytes(*size) : sizeof(Footer), '\0');
+  MONARCH_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, trailer.data(), trailer.size(),
+                                                 disk_size - trailer.size(), path));
+  if (got != trailer.size()) return damaged("checksum record cut short");
   Footer footer;
-  MONARCH_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, reinterpret_cast<char*>(&footer),
-                                                 sizeof(footer), disk_size - sizeof(footer), path));
-  if (got != sizeof(footer)) return damaged("checksum record cut short");
+  std::memcpy(&footer, trailer.data() + trailer.size() - sizeof(Footer), sizeof(Footer));
   if (std::memcmp(footer.magic, kMagic, sizeof(kMagic)) != 0) return damaged("no checksum record");
   if (footer.footer_crc != Crc32c(&footer, offsetof(Footer, footer_crc))) {
     return damaged("checksum record damaged");
   }
   if (footer.block_bytes != kChecksumBlockBytes) return damaged("unknown checksum block size");
+  if (footer.size != bytes_size && size.has_value()) {
+    return damaged(absl::StrCat("a copy of a ", footer.size, "-byte file, not ", *size));
+  }
   if (disk_size != footer.size + CopyTrailerBytes(footer.size)) {
     return damaged(absl::StrCat(disk_size, " bytes on disk, the record implies ",
                                 footer.size + CopyTrailerBytes(footer.size)));
@@ -105,7 +118,9 @@ absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::stri
   record.source.ctime_ns = footer.ctime_ns;
   record.sums.resize(BlockCount(footer.size));
   const size_t sums_bytes = record.sums.size() * sizeof(uint32_t);
-  if (sums_bytes > 0) {
+  if (size.has_value()) {
+    if (sums_bytes > 0) std::memcpy(record.sums.data(), trailer.data(), sums_bytes);
+  } else if (sums_bytes > 0) {
     MONARCH_ASSIGN_OR_RETURN(got, PreadFull(fd, reinterpret_cast<char*>(record.sums.data()),
                                             sums_bytes, footer.size, path));
     if (got != sums_bytes) return damaged("checksum record cut short");
@@ -134,9 +149,9 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
   if (!S_ISREG(copy->opened_.st_mode)) {
     return absl::DataLossError(absl::StrCat(copy->path_, ": not a regular file"));
   }
-  MONARCH_ASSIGN_OR_RETURN(
-      copy->record_,
-      ReadCopyRecord(descriptor, static_cast<uint64_t>(copy->opened_.st_size), copy->path_));
+  MONARCH_ASSIGN_OR_RETURN(copy->record_,
+                           ReadCopyRecord(descriptor, static_cast<uint64_t>(copy->opened_.st_size),
+                                          copy->path_, file.size));
   if (copy->record_.source.size != file.size || copy->record_.source.mtime_ns != file.mtime_ns) {
     return absl::DataLossError(
         absl::StrCat(copy->path_, ": a copy of another version of the file (", 
@@ -160,8 +175,8 @@ absl::Status CheckedCopy::Fetch(uint64_t offset, char* dst, size_t n) {
   }
   MONARCH_ASSIGN_OR_RETURN(size_t got, PreadFull(fd_->get(), dst, n, offset, path_));
   if (got != n) {
-    return absl::DataLossError(absl::StrCat(path_, ": ", got, " bytes at ", offset,
-                                            " where the copy has ", n));
+    return absl::DataLossError(absl::StrCat(path_, ": only ", got, " of ", n, " bytes at ",
+                                            offset, ": the copy shrank"));
   }
   return absl::OkStatus();
 }

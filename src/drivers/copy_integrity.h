@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,8 +83,10 @@ struct CopyRecord {
 };
 
 // Reads and checks the trailer of the open copy `fd` whose file is
-// `disk_size` bytes. DataLoss if it is missing, cut short or damaged.
-absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::string_view path);
+// `disk_size` bytes, of a `size`-byte file if known. DataLoss if it is
+// missing, cut short, damaged, or of another size.
+absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::string_view path,
+                                          std::optional<uint64_t> size = std::nullopt);
 
 // An open, complete copy with its checksums: what the file tiers read
 // through. Thread-safe.

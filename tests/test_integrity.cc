@@ -1,0 +1,598 @@
+// Integrity of tier copies (src/drivers/copy_integrity.h): checksums, the
+// source's identity, damage of every kind while running and across
+// restarts, a source that changes under a promotion, symlink policies, a
+// process killed mid-promotion, and a chaos test that does all of it at once
+// under a million random reads.
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/mutex.h"
+#include "drivers/copy_integrity.h"
+#include "monarch/monarch.h"
+#include "monarch_internal.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::FaultInjectingDriver;
+using testing::ScratchDir;
+using testing::TestFile;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+std::unique_ptr<Monarch> MustCreate(const Config& config,
+                                    FaultInjectingDriver::Faults* source = nullptr) {
+  const int source_index = static_cast<int>(config.tiers.size()) - 1;
+  DriverWrapper wrap = [=](int index,
+                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+    if (index == source_index && source != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
+    return d;
+  };
+  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(*m);
+}
+
+void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
+  std::vector<char> buffer(chunk);
+  for (uint64_t offset = 0; offset < f.size;) {
+    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
+    REQUIRE_MESSAGE(n.ok(), n.status().ToString());
+    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
+    REQUIRE_MESSAGE(testing::BytesMatch(f, buffer.data(), offset, *n), f.name, " at ", offset);
+    offset += *n;
+  }
+}
+
+// Rewrites `path` with the bytes of `seed` in place (same inode, same size)
+// and puts its mtime back: the change a size-and-mtime check cannot see.
+void RewriteKeepingMtime(const std::string& path, uint32_t seed, uint64_t size) {
+  struct stat before;
+  REQUIRE(::stat(path.c_str(), &before) == 0);
+  std::string data(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) data[i] = testing::ExpectedByte(seed, i);
+  int fd = ::open(path.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, data.data(), data.size(), 0) == static_cast<ssize_t>(data.size()));
+  ::close(fd);
+  struct timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+}
+
+// Flips one byte of a copy in place and puts its mtime back, as bit rot or
+// a stray write would leave it.
+void FlipByteKeepingMtime(const std::string& path, uint64_t offset) {
+  struct stat before;
+  REQUIRE(::stat(path.c_str(), &before) == 0);
+  int fd = ::open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  char byte;
+  REQUIRE(::pread(fd, &byte, 1, offset) == 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  REQUIRE(::pwrite(fd, &byte, 1, offset) == 1);
+  ::close(fd);
+  struct timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+}
+
+TEST_CASE("crc32c: the standard check value, any split, any alignment") {
+  CHECK(Crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(Crc32c("", 0) == 0);
+  // A bit-at-a-time reference, to compare the hardware path against.
+  auto reference = [](const unsigned char* p, size_t n) {
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1)));
+    }
+    return ~crc;
+  };
+  std::mt19937_64 rng(7);
+  std::vector<unsigned char> data(20000);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (size_t n : {1, 7, 8, 100, 4095, 4096, 4097, 4080, 4081, 12288, 19999}) {
+    for (size_t align : {0, 1, 3}) {
+      const uint32_t expected = reference(data.data() + align, n);
+      CHECK(Crc32c(data.data() + align, n) == expected);
+      const size_t cut = n / 3;
+      CHECK(Crc32c(data.data() + align + cut, n - cut, Crc32c(data.data() + align, cut)) ==
+            expected);
+    }
+  }
+}
+
+TEST_CASE("a copy's trailer: written with it, damaged trailers and wrong sizes refused") {
+  ScratchDir dir;
+  std::unique_ptr<StorageDriver> posix = NewPosixDriver(dir.path(), 8);
+  const TestFile f{"t/a.bin", 3, 3 * 4096 + 17};
+  FileRef ref;
+  ref.id = 0;
+  ref.name = f.name;
+  ref.size = f.size;
+  ref.mtime_ns = 1600000000000000000;
+  std::vector<char> data(f.size + 4096);
+  for (uint64_t i = 0; i < f.size; ++i) data[i] = testing::ExpectedByte(f.seed, i);
+  SourceIdentity source = SourceIdentity::Of(ref);
+  source.device = 5;
+  source.inode = 6;
+  source.ctime_ns = 7;
+  REQUIRE(StoreCopy(*posix, ref, data.data(), f.size, source).ok());
+  const std::string path = dir.path() + "/t/a.bin";
+  {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    absl::StatusOr<CopyRecord> record = ReadCopyRecord(fd, f.size + CopyTrailerBytes(f.size), path);
+    ::close(fd);
+    REQUIRE(record.ok());
+    CHECK(record->source == source);
+    CHECK(record->sums.size() == 4);
+    CHECK(record->sums[3] == Crc32c(data.data() + 3 * 4096, 17));
+  }
+  // Every way the record itself can be bad reads as "no record".
+  for (uint64_t at : {f.size, f.size + 4 * 4 + 10, f.size + CopyTrailerBytes(f.size) - 1}) {
+    FlipByteKeepingMtime(path, at);
+    int fd = ::open(path.c_str(), O_RDONLY);
+    CHECK(ReadCopyRecord(fd, f.size + CopyTrailerBytes(f.size), path).status().code() ==
+          absl::StatusCode::kDataLoss);
+    ::close(fd);
+    FlipByteKeepingMtime(path, at);  // Back as it was.
+  }
+  int fd = ::open(path.c_str(), O_RDONLY);
+  CHECK(ReadCopyRecord(fd, f.size + CopyTrailerBytes(f.size), path).ok());
+  CHECK(ReadCopyRecord(fd, f.size + CopyTrailerBytes(f.size) - 1, path).status().code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(ReadCopyRecord(fd, 10, path).status().code() == absl::StatusCode::kDataLoss);
+  ::close(fd);
+}
+
+// The first-read and every-read policies on posix and pmem, against a
+// byte flipped in a copy (size and mtime kept) while the instance runs and
+// while none does.
+void FlippedBytesAreNeverServed(TierKind kind, const std::string& verify) {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string tier_dir = dir.Sub("tier");
+  auto files = testing::MakeDataset(ds, 4, {200000, 9000});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(kind, tier_dir, 1 << 30, "tier")});
+  config.placement.verify = verify;
+  auto copy = [&](int i) { return tier_dir + "/" + files[i].name; };
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    REQUIRE(m->GetStats().Tier(0, "files") == 4);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Verified, cached, mapped.
+    // While running: the copy is open (and mapped, for pmem).
+    FlipByteKeepingMtime(copy(0), 150000);
+    ReadWholeAndCheck(*m, files[0]);
+    ReadWholeAndCheck(*m, files[0], 4096);
+    const Stats stats = m->GetStats();
+    CHECK(stats.Tier(0, "damaged_copies") == 1);
+    CHECK(stats.Tier(0, "files") == 3);
+  }
+  // While stopped: a byte in the middle of one copy, the last byte of
+  // another (a partial last block).
+  FlipByteKeepingMtime(copy(1), 4095);
+  FlipByteKeepingMtime(copy(3), files[3].size - 1);
+  auto m = MustCreate(config);
+  CHECK(m->GetStats().Get("warm_files_reused") == 3);  // Their records are intact...
+  // ...but their blocks are checked as they are read, small reads included.
+  char byte;
+  REQUIRE(m->Read(files[1].name, &byte, 1, 4095).value() == 1);
+  CHECK(byte == testing::ExpectedByte(files[1].seed, 4095));
+  ReadWholeAndCheck(*m, files[3], 100);
+  ReadWholeAndCheck(*m, files[2]);
+  ReadWholeAndCheck(*m, files[1]);
+  const Stats stats = m->GetStats();
+  CHECK(stats.Tier(0, "damaged_copies") == 2);
+  CHECK(stats.Tier(0, "files") == 1);
+  CHECK(stats.Tier(0, "bytes_used") == files[2].size + CopyTrailerBytes(files[2].size));
+}
+
+TEST_CASE("flipped bytes are never served: posix, first-read") {
+  FlippedBytesAreNeverServed(TierKind::kPosix, "first-read");
+}
+TEST_CASE("flipped bytes are never served: posix, every-read") {
+  FlippedBytesAreNeverServed(TierKind::kPosix, "every-read");
+}
+TEST_CASE("flipped bytes are never served: pmem, first-read") {
+  FlippedBytesAreNeverServed(TierKind::kPmem, "first-read");
+}
+TEST_CASE("flipped bytes are never served: pmem, every-read") {
+  FlippedBytesAreNeverServed(TierKind::kPmem, "every-read");
+}
+
+TEST_CASE("with verification off, a restart still refuses copies of another source version") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 3, {50000});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.verify = "off";
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+  }
+  // Same size, mtime put back: only the ctime (and the bytes) differ.
+  RewriteKeepingMtime(ds + "/" + files[0].name, 4242, files[0].size);
+  files[0].seed = 4242;
+  auto m = MustCreate(config);
+  CHECK(m->GetStats().Get("warm_files_reused") == 2);
+  CHECK(m->GetStats().Get("warm_files_discarded") == 1);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+}
+
+TEST_CASE("a promotion whose source changes mid-copy is not committed") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 1, {2 << 20});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.chunk_bytes = 64 << 10;  // 32 chunks, 20 ms each: 0.6 s of copying.
+  FaultInjectingDriver::Faults source;
+  source.read_delay_us = 20000;
+  auto m = MustCreate(config, &source);
+  char buffer[4096];
+  REQUIRE(m->Read(files[0].name, buffer, sizeof(buffer), 0).value() == sizeof(buffer));
+  CHECK(testing::BytesMatch(files[0], buffer, 0, sizeof(buffer)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // A few chunks in.
+  RewriteKeepingMtime(ds + "/" + files[0].name, 99, files[0].size);
+  source.read_delay_us = 0;
+  m->WaitForPlacement();
+  const Stats stats = m->GetStats();
+  CHECK(stats.Get("promotions_source_changed") == 1);
+  CHECK(stats.Get("promotions_completed") == 0);
+  CHECK(stats.Tier(0, "files") == 0);
+  CHECK(stats.Tier(0, "bytes_used") == 0);
+  CHECK(stats.Tier(0, "write_errors") == 0);  // Not the tier's fault.
+  // The file is now read from the source: its new bytes.
+  files[0].seed = 99;
+  ReadWholeAndCheck(*m, files[0]);
+}
+
+TEST_CASE("dataset.symlinks: follow, inside, skip") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  testing::WriteFile(ds + "/real.bin", 1, 100);
+  testing::WriteFile(dir.path() + "/outside/secret.bin", 2, 100);
+  REQUIRE(::symlink("real.bin", (ds + "/inside_link.bin").c_str()) == 0);
+  REQUIRE(::symlink((dir.path() + "/outside/secret.bin").c_str(),
+                    (ds + "/absolute_out.bin").c_str()) == 0);
+  REQUIRE(::symlink("../outside/secret.bin", (ds + "/relative_out.bin").c_str()) == 0);
+  REQUIRE(::symlink("/nonexistent/x", (ds + "/dangling.bin").c_str()) == 0);
+  auto names = [&](const std::string& policy) {
+    Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
+    config.dataset.symlinks = policy;
+    return MustCreate(config)->ListFiles();
+  };
+  CHECK(names("follow") == std::vector<std::string>{"absolute_out.bin", "inside_link.bin",
+                                                    "real.bin", "relative_out.bin"});
+  CHECK(names("inside") == std::vector<std::string>{"inside_link.bin", "real.bin"});
+  CHECK(names("skip") == std::vector<std::string>{"real.bin"});
+  Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
+  config.dataset.symlinks = "sometimes";
+  absl::StatusOr<std::unique_ptr<Monarch>> bad = Monarch::Create(config);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(absl::StrContains(bad.status().message(), "dataset.symlinks"));
+  config.dataset.symlinks = "follow";
+  config.placement.verify = "always";
+  bad = Monarch::Create(config);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(absl::StrContains(bad.status().message(), "placement.verify"));
+}
+
+// Regular-file bytes under `dir` (copies, temporaries, anything).
+uint64_t BytesOnDisk(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, error);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (error) break;
+    std::error_code e;
+    if (it->symlink_status(e).type() == std::filesystem::file_type::regular) {
+      total += it->file_size(e);
+    }
+  }
+  return total;
+}
+
+TEST_CASE("SIGKILL mid-promotion, repeatedly: no temporaries survive, no bad copy is reused") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const std::string pmem = dir.Sub("pmem");
+  auto files = testing::MakeDataset(ds, 12, {300000, 1 << 20, 5000});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPmem, pmem, 3 << 20, "pmem"),
+                               testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.chunk_bytes = 64 << 10;
+  std::mt19937 rng(11);
+  for (int round = 0; round < (kSanitized ? 3 : 8); ++round) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // Slow source: promotions are in flight when the kill comes.
+      FaultInjectingDriver::Faults source;
+      source.read_delay_us = 3000;
+      absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(
+          config, [&](int index, std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+            if (index == 2) return std::make_unique<FaultInjectingDriver>(std::move(d), &source);
+            return d;
+          });
+      if (!m.ok()) ::_exit(2);
+      std::vector<std::thread> readers;
+      for (int t = 0; t < 3; ++t) {
+        readers.emplace_back([&, t] {
+          char buffer[4096];
+          for (size_t i = t; i < files.size(); i += 3) (void)(*m)->Read(files[i].name, buffer, 100, 0);
+        });
+      }
+      for (std::thread& r : readers) r.join();
+      ::pause();
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 150));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    // Now and then, damage a copy the killed process had published.
+    if (round % 3 == 2) {
+      for (const TestFile& f : files) {
+        const std::string path = nvme + "/" + f.name;
+        if (::access(path.c_str(), F_OK) == 0) {
+          FlipByteKeepingMtime(path, f.size / 2);
+          break;
+        }
+      }
+    }
+    auto m = MustCreate(config);
+    // The killed process's temporaries were removed by the start-up scan.
+    CHECK(BytesOnDisk(nvme + "/.monarch") == 0);
+    CHECK(BytesOnDisk(pmem + "/.monarch") == 0);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    const Stats stats = m->GetStats();
+    CHECK(stats.Tier(0, "bytes_used") <= (3u << 20));
+    m->Shutdown(Monarch::ShutdownMode::kCancel);
+  }
+}
+
+// The chaos test. Eight threads read random ranges (across 4 KiB blocks,
+// 64 KiB chunks and ends of files) of a dataset spread over ram + pmem +
+// posix tiers at partial capacity, and compare every byte with the source,
+// while another thread damages the file tiers' copies in every way a
+// tier directory can go wrong, and some source files change in place
+// (same size, mtime put back). A watchdog fails the test on a hang. Then
+// the instance restarts on the damaged tiers and everything is read again.
+TEST_CASE("chaos: random reads against damaged tiers and changing sources stay byte-exact") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const std::string pmem = dir.Sub("pmem");
+  auto files = testing::MakeDataset(ds, 240, {3000, 40000, 130000, 300001, 4096, 65536 + 5});
+  const uint64_t total = testing::TotalBytes(files);
+  const uint64_t capacity = total / 4;
+  Config config =
+      testing::MakeConfig(ds, {testing::RamTier(capacity, "ram"),
+                               testing::FileTier(TierKind::kPmem, pmem, capacity, "pmem"),
+                               testing::FileTier(TierKind::kPosix, nvme, capacity, "nvme")});
+  config.placement.chunk_bytes = 64 << 10;
+  config.placement.max_open_files = 8;  // Copies are reopened often: damage is met at open too.
+
+  // Each file's bytes, and for the ones the test changes, the new bytes.
+  const int kChanging = 6;  // Files 0, 7, 14, ...: one of each size.
+  std::vector<std::string> old_bytes(files.size()), new_bytes(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    old_bytes[i].resize(files[i].size);
+    for (uint64_t k = 0; k < files[i].size; ++k) old_bytes[i][k] = testing::ExpectedByte(files[i].seed, k);
+    if (i % 7 == 0 && static_cast<int>(i / 7) < kChanging) {
+      new_bytes[i].resize(files[i].size);
+      for (uint64_t k = 0; k < files[i].size; ++k)
+        new_bytes[i][k] = testing::ExpectedByte(files[i].seed + 50000, k);
+    }
+  }
+  const uint64_t reads_wanted = kSanitized ? 40000 : 1000000;
+  auto m = MustCreate(config);
+
+  std::atomic<uint64_t> reads_done{0};
+  std::atomic<uint64_t> wrong{0};
+  std::atomic<uint64_t> failed{0};
+  std::atomic<bool> readers_done{false};
+  std::atomic<uint64_t> over_capacity{0};
+  auto reader = [&](int t) {
+    std::mt19937_64 rng(100 + t);
+    std::vector<char> buffer(300000);
+    const uint64_t mine = reads_wanted / 8;
+    for (uint64_t r = 0; r < mine; ++r) {
+      const size_t i = rng() % files.size();
+      const uint64_t size = files[i].size;
+      uint64_t offset;
+      if (rng() % 2 == 0) {  // Near a block or chunk boundary, or the end.
+        const uint64_t unit = (rng() % 2 == 0) ? 4096 : (64 << 10);
+        const uint64_t boundary = (rng() % (size / unit + 2)) * unit;
+        offset = boundary + (rng() % 64) - 32;
+        if (offset > size + 10) offset = size - std::min<uint64_t>(size, rng() % 100);
+      } else {
+        offset = rng() % (size + 10);
+      }
+      size_t n = (rng() % 50 == 0) ? 1 + rng() % buffer.size() : 1 + rng() % 9000;
+      absl::StatusOr<size_t> got = m->Read(files[i].name, buffer.data(), n, offset);
+      if (!got.ok()) {
+        failed.fetch_add(1);
+        continue;
+      }
+      const uint64_t expect = offset >= size ? 0 : std::min<uint64_t>(n, size - offset);
+      if (*got != expect) {
+        wrong.fetch_add(1);
+        continue;
+      }
+      for (size_t k = 0; k < *got; ++k) {
+        const char b = buffer[k];
+        if (b != old_bytes[i][offset + k] &&
+            (new_bytes[i].empty() || b != new_bytes[i][offset + k])) {
+          wrong.fetch_add(1);
+          break;
+        }
+      }
+      reads_done.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  // Damages a random copy in one of the file tiers, every way there is.
+  std::atomic<uint64_t> damages{0};
+  auto damage_once = [&](std::mt19937_64& rng, bool running) {
+    std::string path;
+    struct stat st;
+    for (int attempt = 0; attempt < 100 && path.empty(); ++attempt) {  // A copy still whole.
+      const size_t i = rng() % files.size();
+      path = (rng() % 2 == 0 ? nvme : pmem) + "/" + files[i].name;
+      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) path.clear();
+    }
+    if (path.empty()) return;
+    switch (rng() % (running ? 7 : 3)) {
+      case 0:
+      case 1:
+      case 2: {  // A flipped byte, size and mtime kept.
+        int fd = ::open(path.c_str(), O_RDWR);
+        if (fd < 0) return;
+        const uint64_t at = st.st_size > 0 ? rng() % static_cast<uint64_t>(st.st_size) : 0;
+        char byte = 0;
+        if (::pread(fd, &byte, 1, at) == 1) {
+          byte = static_cast<char>(byte ^ (1 << (rng() % 8)));
+          (void)!::pwrite(fd, &byte, 1, at);
+        }
+        ::close(fd);
+        struct timespec times[2] = {{0, UTIME_OMIT}, st.st_mtim};
+        ::utimensat(AT_FDCWD, path.c_str(), times, 0);
+        break;
+      }
+      case 3:  // A symlink to zeros.
+        ::unlink(path.c_str());
+        (void)!::symlink("/dev/zero", path.c_str());
+        break;
+      case 4:  // Truncated (under a pmem mapping: SIGBUS territory).
+        (void)!::truncate(path.c_str(), rng() % 2 == 0 ? 0 : st.st_size / 2);
+        break;
+      case 5:  // A FIFO, or a directory, in its place.
+        ::unlink(path.c_str());
+        if (rng() % 2 == 0) {
+          ::mkfifo(path.c_str(), 0644);
+        } else {
+          ::mkdir(path.c_str(), 0755);
+        }
+        break;
+      case 6:  // Gone.
+        ::unlink(path.c_str());
+        break;
+    }
+    damages.fetch_add(1);
+  };
+  std::thread damager([&] {
+    std::mt19937_64 rng(5);
+    int changed = 0;
+    uint64_t checks = 0;
+    // Paced by the reads, so damage keeps coming until the end.
+    const uint64_t kDamages = 150;
+    while (!readers_done.load()) {
+      if (damages.load() < kDamages &&
+          reads_done.load() >= damages.load() * (reads_wanted / kDamages)) {
+        damage_once(rng, /*running=*/true);
+      }
+      // The source changes, one file at a time, early on.
+      if (changed < kChanging && reads_done.load() > (changed + 1) * reads_wanted / 20) {
+        const size_t i = changed * 7;
+        std::string path = ds + "/" + files[i].name;
+        struct stat before;
+        ::stat(path.c_str(), &before);
+        int fd = ::open(path.c_str(), O_WRONLY);
+        (void)!::pwrite(fd, new_bytes[i].data(), new_bytes[i].size(), 0);
+        ::close(fd);
+        struct timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+        ::utimensat(AT_FDCWD, path.c_str(), times, 0);
+        ++changed;
+      }
+      // Capacity, on disk and in the stats, every few steps.
+      if (++checks % 8 == 0) {
+        const Stats stats = m->GetStats();
+        for (int t = 0; t < 3; ++t) {
+          if (stats.Tier(t, "bytes_used") > capacity) over_capacity.fetch_add(1);
+        }
+        if (BytesOnDisk(nvme) > capacity || BytesOnDisk(pmem) > capacity) {
+          over_capacity.fetch_add(1);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(kSanitized ? 2000 : 200));
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 8; ++t) readers.emplace_back(reader, t);
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int s = 0; s < 1200 && !finished.load(); ++s) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (!finished.load()) {
+      std::fprintf(stderr, "chaos: reads hung (%llu done)\n",
+                   static_cast<unsigned long long>(reads_done.load()));
+      std::_Exit(1);
+    }
+  });
+  for (std::thread& r : readers) r.join();
+  readers_done = true;
+  damager.join();
+  const Stats stats = m->GetStats();
+  MESSAGE("chaos: " << reads_done.load() << " reads, " << damages.load() << " damages, "
+                    << stats.Tier(1, "damaged_copies") + stats.Tier(2, "damaged_copies")
+                    << " damaged copies caught, " << stats.Get("promotions_source_changed")
+                    << " promotions refused for a changed source");
+  CHECK(wrong.load() == 0);
+  CHECK(failed.load() == 0);
+  CHECK(over_capacity.load() == 0);
+  CHECK(reads_done.load() == reads_wanted / 8 * 8);
+  CHECK(damages.load() >= 50);
+  CHECK(stats.Tier(1, "damaged_copies") + stats.Tier(2, "damaged_copies") > 0);
+  m.reset();
+
+  // A restart on the damaged tiers, with more damage done while stopped. The
+  // changed files now read as their new version, whole.
+  std::mt19937_64 rng(9);
+  for (int k = 0; k < 20; ++k) damage_once(rng, /*running=*/false);
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!new_bytes[i].empty()) files[i].seed += 50000;
+  }
+  m = MustCreate(config);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f, pass == 0 ? (1 << 20) : 5000);
+    m->WaitForPlacement();
+  }
+  const Stats after = m->GetStats();
+  for (int t = 0; t < 3; ++t) CHECK(after.Tier(t, "bytes_used") <= capacity);
+  CHECK(BytesOnDisk(nvme) <= capacity);
+  CHECK(BytesOnDisk(pmem) <= capacity);
+  finished = true;
+  watchdog.join();
+}
+
+}  // namespace
+}  // namespace monarch
