@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "drivers/copy_integrity.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "placement/chunk_pool.h"
@@ -47,6 +48,10 @@ std::unique_ptr<Monarch> MustCreate(const Config& config,
   REQUIRE_MESSAGE(m.ok(), m.status().ToString());
   return std::move(*m);
 }
+
+// Bytes a file tier's copy of a `size`-byte file takes: the bytes, then
+// their checksums.
+uint64_t OnDisk(uint64_t size) { return size + CopyTrailerBytes(size); }
 
 // Reads the whole file in `chunk`-sized calls and checks every byte.
 void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
@@ -293,7 +298,7 @@ TEST_CASE("staging never exceeds a small budget with many concurrent readers") {
     if (source.BytesOf(f.name) == 0) continue;
     CHECK_MESSAGE(source.BytesOf(f.name) == f.size, f.name);
     chunks += (f.size + (64 << 10) - 1) / (64 << 10);
-    promoted_bytes += f.size;
+    promoted_bytes += OnDisk(f.size);
   }
   CHECK(stats.Get("chunks_written_by_placement") + stats.Get("chunks_written_by_readers") ==
         chunks);
@@ -406,7 +411,7 @@ TEST_CASE("a partial read of a large file promotes the whole file, reading the P
   Stats stats = m->GetStats();
   CHECK(stats.Get("promotions_completed") == 1);
   CHECK(stats.Tier(0, "files") == 1);
-  CHECK(stats.Tier(0, "bytes_used") == (24u << 20));
+  CHECK(stats.Tier(0, "bytes_used") == OnDisk(24u << 20));
   CHECK(source.bytes.load() == (24u << 20));  // The read's chunk was reused, not re-read.
   ReadWholeAndCheck(*m, files[0], 256 << 10);
   CHECK(source.bytes.load() == (24u << 20));
@@ -529,7 +534,7 @@ TEST_CASE("a real full device (small tmpfs) fails the copy cleanly") {
     }
     Stats stats = m->GetStats();
     CHECK(stats.Tier(0, "files") == 3);
-    CHECK(stats.Tier(0, "bytes_used") == 3 * 600000);
+    CHECK(stats.Tier(0, "bytes_used") == 3 * OnDisk(600000));
     CHECK(stats.Get("promotions_completed") + stats.Get("promotions_failed") == stats.Get("promotions_started"));
     CHECK(stats.Get("promotions_completed") == 3);
   }
@@ -618,7 +623,7 @@ TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, trun
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m->WaitForPlacement();
   REQUIRE(m->GetStats().Tier(0, "files") == 5);
-  REQUIRE(m->GetStats().Tier(0, "bytes_used") == total);
+  REQUIRE(m->GetStats().Tier(0, "bytes_used") == 5 * OnDisk(300000));
   auto copy = [&](int i) { return nvme + "/" + files[i].name; };
   // A symlink to zeros of the right length, a FIFO (an open would block),
   // a directory, a truncated copy, and one copy left alone.
@@ -640,7 +645,7 @@ TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, trun
   CHECK(stats.Tier(0, "read_errors") == 4);  // Each dropped at its first bad read.
   // Their room is given back: the tier counts only the good copy.
   CHECK(stats.Tier(0, "files") == 1);
-  CHECK(stats.Tier(0, "bytes_used") == files[4].size);
+  CHECK(stats.Tier(0, "bytes_used") == OnDisk(files[4].size));
   // What was left of them is gone (the directory cannot be unlinked).
   struct stat st;
   CHECK(::lstat(copy(0).c_str(), &st) != 0);
@@ -706,8 +711,8 @@ TEST_CASE("dataset names that look like temporaries are ordinary files; capacity
     m->WaitForPlacement();
     const Stats stats = m->GetStats();
     CHECK(stats.Tier(0, "files") == 2);
-    CHECK(stats.Tier(0, "bytes_used") == 200000);
-    CHECK(BytesOnDisk(nvme) == 200000);  // On disk what the stats say, within capacity.
+    CHECK(stats.Tier(0, "bytes_used") == 2 * OnDisk(100000));
+    CHECK(BytesOnDisk(nvme) == 2 * OnDisk(100000));  // On disk what the stats say, within capacity.
     if (run > 0) CHECK(stats.Get("warm_files_reused") == 2);
   }
 }
