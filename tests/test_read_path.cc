@@ -614,7 +614,6 @@ TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, trun
   std::string ds = dir.Sub("ds");
   std::string nvme = dir.Sub("nvme");
   auto files = testing::MakeDataset(ds, 5, {300000});
-  const uint64_t total = testing::TotalBytes(files);
   // Few descriptors: reads after the damage open the copies anew.
   Config config =
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
