@@ -359,7 +359,9 @@ def test_bandwidth_cap(h):
     h.reset(capped)
     t_capped = timed(lambda: read_big(capped))
     check(h.counters(capped)["bytes_read"] == BIG_SIZE, "bytes_read for 64 MiB")
-    check(t_capped - t_fast >= 0.5, f"64 MiB: capped {t_capped:.3f}s vs {t_fast:.3f}s")
+    # Relative to the ideal, not a fixed 0.5 s: on a loaded machine the
+    # uncapped read slows down too (0.29 s for 64 MiB was seen in CI).
+    check(t_capped - t_fast >= 0.5 * ideal, f"64 MiB: capped {t_capped:.3f}s vs {t_fast:.3f}s")
     check(t_capped >= 0.9 * ideal, f"64 MiB at 100 MB/s took {t_capped:.3f}s < {ideal:.3f}s")
 
     # The cap is aggregate: two parallel readers share it. Waiting readers

@@ -16,11 +16,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-# The TensorFlow helper of the monarch package, from this clone (it needs none
-# of the package's native parts).
-sys.path.insert(0, os.path.join(REPO, "python", "src"))
+sys.path.insert(0, os.path.join(REPO, "integrations", "tensorflow"))
 
-from monarch import tensorflow as monarch_tf  # noqa: E402  (importing it does not import TensorFlow)
+import monarch_tf  # noqa: E402  (importing it does not import TensorFlow)
 
 
 def _find_plugin():
@@ -51,7 +49,7 @@ def run_child(scenario, args, env=None, timeout=240):
     child_env.update(env or {})
     child_env["MONARCH_TF_PLUGIN"] = PLUGIN
     child_env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python", "src"), child_env.get("PYTHONPATH", "")])
+        [os.path.join(REPO, "integrations", "tensorflow"), child_env.get("PYTHONPATH", "")])
     child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     proc = subprocess.run([sys.executable, os.path.join(HERE, "tf_child.py"), scenario,
                            json.dumps(args)], env=child_env, capture_output=True, text=True,

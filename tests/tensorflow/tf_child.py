@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from monarch import tensorflow as monarch_tf  # noqa: E402
+import monarch_tf  # noqa: E402
 
 IMAGE_SIDE = 28
 NUM_CLASSES = 10
