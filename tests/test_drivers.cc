@@ -20,6 +20,7 @@
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 #include "drivers/tier.h"
+#include "placement/placement_policy.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -276,6 +277,48 @@ TEST_CASE("tier capacity: reservations never overcommit, used counts complete co
   CHECK(tier.TryReserve(300));
   tier.MarkFull();  // ENOSPC: nothing more fits, whatever the configured capacity.
   CHECK_FALSE(tier.TryReserve(1));
+}
+
+// The home share of a peer node: the room kept for its promised files must
+// cover their checksum trailers on a file-backed tier, or a copy of another
+// file can take the last bytes and leave a promised file on the source for
+// good (seen as one small file re-read from the source every epoch).
+TEST_CASE("placement: the kept share budgets checksum trailers on file-backed tiers") {
+  ScratchDir dir;
+  const std::vector<uint64_t> kept_sizes = {83352, 150001, 4096, 1};
+  uint64_t kept_room = 0;
+  for (uint64_t size : kept_sizes) kept_room += Tier::MaxFootprint(size);
+  const uint64_t other = 20000;
+  // Room for every kept file and a little less than one more copy of `other`.
+  const uint64_t capacity = kept_room + Tier::MaxFootprint(other) - 1;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::make_unique<Tier>(
+      testing::FileTier(TierKind::kPosix, dir.path(), capacity, "nvme"),
+      NewPosixDriver(dir.path(), 8)));
+  tiers.push_back(std::make_unique<Tier>(testing::SourceTier(), NewSourceDriver(dir.path(), 8)));
+
+  KeptShare share;
+  share.is_kept = [&](uint32_t id) { return id < kept_sizes.size(); };
+  share.pending_bytes = kept_room;
+  auto policy = NewPlacementPolicy("first-fit", std::move(share));
+  REQUIRE(policy.ok());
+  // Counting data bytes alone, `other` would fit next to the kept files.
+  REQUIRE(capacity >= other + [&] {
+    uint64_t data = 0;
+    for (uint64_t size : kept_sizes) data += size;
+    return data;
+  }());
+  auto ref = [](uint32_t id, uint64_t size) {
+    FileRef file;
+    file.id = id;
+    file.size = size;
+    return file;
+  };
+  CHECK_FALSE((*policy)->ChooseTier(ref(kept_sizes.size(), other), tiers).has_value());
+  for (uint32_t id = 0; id < kept_sizes.size(); ++id) {
+    CAPTURE(id);
+    CHECK((*policy)->ChooseTier(ref(id, kept_sizes[id]), tiers) == std::optional<int>(0));
+  }
 }
 
 // Pages of `path` in the page cache.

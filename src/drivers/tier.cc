@@ -18,6 +18,8 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
   return result;
 }
 
+uint64_t Tier::MaxFootprint(uint64_t bytes) { return bytes + CopyTrailerBytes(bytes); }
+
 uint64_t Tier::Footprint(uint64_t bytes) const {
   const bool file_backed = config_.kind == TierKind::kPmem || config_.kind == TierKind::kPosix;
   return file_backed ? bytes + CopyTrailerBytes(bytes) : bytes;

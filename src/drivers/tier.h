@@ -52,6 +52,10 @@ class Tier {
   // A committed copy was dropped (found damaged): undoes Commit and the
   // reservation.
   void Drop(uint64_t file_bytes);
+  // The most room a copy of a `file_bytes` file takes in any tier kind (a
+  // file-backed copy carries its checksum trailer). For budgets that span
+  // tiers, such as the room kept for a peer's home share.
+  static uint64_t MaxFootprint(uint64_t file_bytes);
   // Room left for new copies (capacity minus complete and reserved ones).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);

@@ -18,18 +18,19 @@ class FirstFitPolicy final : public PlacementPolicy {
   std::optional<int> ChooseTier(const FileRef& file,
                                 const std::vector<std::unique_ptr<Tier>>& tiers) override {
     const bool kept = is_kept_ && is_kept_(file.id);
+    const uint64_t footprint = Tier::MaxFootprint(file.size);
     if (is_kept_ && !kept) {
       uint64_t free = 0;
       for (const auto& tier : tiers) {
         if (tier->is_cache()) free += tier->free_bytes();
       }
-      if (free < kept_pending_.load(std::memory_order_relaxed) + file.size) return std::nullopt;
+      if (free < kept_pending_.load(std::memory_order_relaxed) + footprint) return std::nullopt;
     }
     for (int i = 0; i < static_cast<int>(tiers.size()); ++i) {
       if (!tiers[i]->is_cache() || !tiers[i]->TryReserve(file.size)) continue;
       if (kept) {
         uint64_t pending = kept_pending_.load(std::memory_order_relaxed);
-        while (!kept_pending_.compare_exchange_weak(pending, pending - std::min(pending, file.size),
+        while (!kept_pending_.compare_exchange_weak(pending, pending - std::min(pending, footprint),
                                                     std::memory_order_relaxed)) {
         }
       }

@@ -38,7 +38,9 @@ class PlacementPolicy {
 // would stay on the source.
 struct KeptShare {
   std::function<bool(uint32_t file_id)> is_kept;  // Empty: no share.
-  uint64_t pending_bytes = 0;  // Bytes of kept files not in a tier yet.
+  // Room the kept files not in a tier yet will take: the sum of
+  // Tier::MaxFootprint over them, so that checksum trailers are budgeted too.
+  uint64_t pending_bytes = 0;
 };
 
 // "first-fit": the MONARCH paper's policy. Top-down, the first tier with

@@ -180,7 +180,7 @@ KeptShare PeerDriver::HomeShare() const {
   for (uint32_t id = 0; id < ns_->file_count(); ++id) {
     const FileEntry& entry = ns_->entry(id);
     if (homes_[id] == rank_ && entry.state.load() == PlacementState::kOnSource) {
-      share.pending_bytes += entry.ref.size;
+      share.pending_bytes += Tier::MaxFootprint(entry.ref.size);
     }
   }
   share.is_kept = [this](uint32_t id) { return IsHome(id); };
