@@ -51,6 +51,26 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit)
   }
 }
 
+absl::Status WriteSmallFile(const std::string& path, absl::string_view contents) {
+  int fd;
+  do {
+    fd = os::Open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", path));
+  ScopedFd owned(fd);
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = os::Write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("write ", path));
+    if (n == 0) return ErrnoToStatus(EIO, absl::StrCat("write ", path));
+    done += static_cast<size_t>(n);
+  }
+  // Some file systems (NFS, Lustre) report a failed write-back only here.
+  if (os::Close(owned.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", path));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path) {
   int fd;
   do {
@@ -139,7 +159,7 @@ absl::Status PwriteFull(int fd, const char* buffer, size_t n, uint64_t offset,
                         absl::string_view path) {
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pwrite(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = os::Pwrite(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("write ", path));
@@ -161,7 +181,7 @@ absl::Status MakeDirectories(const std::string& dir) {
   if (slash != std::string::npos && slash > 0) {
     MONARCH_RETURN_IF_ERROR(MakeDirectories(dir.substr(0, slash)));
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (os::Mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
   }
   return absl::OkStatus();

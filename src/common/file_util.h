@@ -1,6 +1,7 @@
 // Small POSIX file helpers used by the drivers and the namespace walk.
 //
-// Every helper retries EINTR and short transfers, and turns any other
+// All file calls go through the OS seam (common/os.h), so tests can inject
+// failures into them. Every helper retries EINTR and short transfers, and turns any other
 // failure into a status (never a loop): a read that returns 0 bytes ends the
 // transfer as end-of-file. All are thread-safe.
 
@@ -44,6 +45,10 @@ class ScopedFd {
 // The whole of a small file (a config, a log, /proc/meminfo), read through
 // the OS seam; fails with ResourceExhausted past `limit` bytes.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit = 64 << 20);
+
+// Creates or truncates `path` (mode 0666 less the umask) and writes
+// `contents` to it, through the OS seam. Errors name the path and the call.
+absl::Status WriteSmallFile(const std::string& path, absl::string_view contents);
 
 // Opens `path` read-only (O_CLOEXEC). NotFound if it does not exist.
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path);

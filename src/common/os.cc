@@ -1,5 +1,5 @@
 // Direct system calls: see os.h for why Monarch does not use libc's wrappers
-// for file calls.
+// for file calls, and how a test Env is injected.
 
 #include "common/os.h"
 
@@ -7,6 +7,11 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cstdio>  // rename
+
+#include "absl/base/optimization.h"
 
 // Sanitizer builds go through libc: ASan and TSan keep their shadow memory
 // and descriptor bookkeeping in libc's wrappers (mmap, munmap, close, read)
@@ -23,56 +28,66 @@
 #endif
 
 namespace monarch::os {
+namespace {
 
-int Open(const char* path, int flags, mode_t mode) { return OpenAt(AT_FDCWD, path, flags, mode); }
+// The installed test Env; null (the common case) means the direct calls.
+// Acquire/release so that a test Env's state written before installing it
+// is visible to the threads that then call into it.
+std::atomic<Env*> installed{nullptr};
 
-int OpenAt(int dir_fd, const char* path, int flags, mode_t mode) {
+Env* Installed() { return installed.load(std::memory_order_acquire); }
+
+// The direct calls. Each free function below is "an Env is installed ?
+// env->Call() : RawCall()", so the normal path costs one load and a
+// predictable branch, no virtual call.
+
+int RawOpenAt(int dir_fd, const char* path, int flags, mode_t mode) {
   if (MONARCH_OS_VIA_LIBC) return ::openat(dir_fd, path, flags, mode);
   return static_cast<int>(::syscall(SYS_openat, dir_fd, path, flags, mode));
 }
 
-ssize_t Read(int fd, void* buffer, size_t n) {
+ssize_t RawRead(int fd, void* buffer, size_t n) {
   if (MONARCH_OS_VIA_LIBC) return ::read(fd, buffer, n);
   return static_cast<ssize_t>(::syscall(SYS_read, fd, buffer, n));
 }
 
-ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) {
+ssize_t RawPread(int fd, void* buffer, size_t n, off_t offset) {
   if (MONARCH_OS_VIA_LIBC) return ::pread(fd, buffer, n, offset);
   return static_cast<ssize_t>(::syscall(SYS_pread64, fd, buffer, n, offset));
 }
 
-ssize_t Write(int fd, const void* buffer, size_t n) {
+ssize_t RawWrite(int fd, const void* buffer, size_t n) {
   if (MONARCH_OS_VIA_LIBC) return ::write(fd, buffer, n);
   return static_cast<ssize_t>(::syscall(SYS_write, fd, buffer, n));
 }
 
-off_t Lseek(int fd, off_t offset, int whence) {
+ssize_t RawPwrite(int fd, const void* buffer, size_t n, off_t offset) {
+  if (MONARCH_OS_VIA_LIBC) return ::pwrite(fd, buffer, n, offset);
+  return static_cast<ssize_t>(::syscall(SYS_pwrite64, fd, buffer, n, offset));
+}
+
+off_t RawLseek(int fd, off_t offset, int whence) {
   if (MONARCH_OS_VIA_LIBC) return ::lseek(fd, offset, whence);
   return static_cast<off_t>(::syscall(SYS_lseek, fd, offset, whence));
 }
 
-int Close(int fd) {
+int RawClose(int fd) {
   if (MONARCH_OS_VIA_LIBC) return ::close(fd);
   return static_cast<int>(::syscall(SYS_close, fd));
 }
 
-int Dup(int fd) {
+int RawDup(int fd) {
   if (MONARCH_OS_VIA_LIBC) return ::dup(fd);
   return static_cast<int>(::syscall(SYS_dup, fd));
 }
 
 // newfstatat is the one stat call every 64-bit Linux architecture has.
-int Fstat(int fd, struct stat* st) { return FstatAt(fd, "", st, AT_EMPTY_PATH); }
-int Stat(const char* path, struct stat* st) { return FstatAt(AT_FDCWD, path, st, 0); }
-int Lstat(const char* path, struct stat* st) {
-  return FstatAt(AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
-}
-int FstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
+int RawFstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
   if (MONARCH_OS_VIA_LIBC) return ::fstatat(dir_fd, path, st, flags);
   return static_cast<int>(::syscall(SYS_newfstatat, dir_fd, path, st, flags));
 }
 
-void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
+void* RawMmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
   if (MONARCH_OS_VIA_LIBC) return ::mmap(address, length, protection, flags, fd, offset);
   // The raw call returns -errno in the top page; syscall() turns that into -1
   // and errno, which is MAP_FAILED.
@@ -80,9 +95,157 @@ void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_
       ::syscall(SYS_mmap, address, length, protection, flags, fd, offset));
 }
 
-int Munmap(void* address, size_t length) {
+int RawMunmap(void* address, size_t length) {
   if (MONARCH_OS_VIA_LIBC) return ::munmap(address, length);
   return static_cast<int>(::syscall(SYS_munmap, address, length));
 }
+
+int RawFtruncate(int fd, off_t length) {
+  if (MONARCH_OS_VIA_LIBC) return ::ftruncate(fd, length);
+  return static_cast<int>(::syscall(SYS_ftruncate, fd, length));
+}
+
+int RawFallocate(int fd, int mode, off_t offset, off_t length) {
+  if (MONARCH_OS_VIA_LIBC) return ::fallocate(fd, mode, offset, length);
+  return static_cast<int>(::syscall(SYS_fallocate, fd, mode, offset, length));
+}
+
+// The *at forms: the only ones every Linux architecture has (aarch64 has no
+// rename, unlink or mkdir).
+int RawRename(const char* from, const char* to) {
+  if (MONARCH_OS_VIA_LIBC) return ::rename(from, to);
+#ifdef SYS_renameat
+  return static_cast<int>(::syscall(SYS_renameat, AT_FDCWD, from, AT_FDCWD, to));
+#else
+  return static_cast<int>(::syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, 0));
+#endif
+}
+
+int RawUnlinkAt(int dir_fd, const char* path, int flags) {
+  if (MONARCH_OS_VIA_LIBC) return ::unlinkat(dir_fd, path, flags);
+  return static_cast<int>(::syscall(SYS_unlinkat, dir_fd, path, flags));
+}
+
+int RawMkdir(const char* path, mode_t mode) {
+  if (MONARCH_OS_VIA_LIBC) return ::mkdir(path, mode);
+  return static_cast<int>(::syscall(SYS_mkdirat, AT_FDCWD, path, mode));
+}
+
+int RawUtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
+  if (MONARCH_OS_VIA_LIBC) return ::utimensat(dir_fd, path, times, flags);
+  return static_cast<int>(::syscall(SYS_utimensat, dir_fd, path, times, flags));
+}
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* const env = new Env();  // Never destroyed: calls may come during exit.
+  return env;
+}
+
+int Env::OpenAt(int dir_fd, const char* path, int flags, mode_t mode) {
+  return RawOpenAt(dir_fd, path, flags, mode);
+}
+ssize_t Env::Read(int fd, void* buffer, size_t n) { return RawRead(fd, buffer, n); }
+ssize_t Env::Pread(int fd, void* buffer, size_t n, off_t offset) {
+  return RawPread(fd, buffer, n, offset);
+}
+ssize_t Env::Write(int fd, const void* buffer, size_t n) { return RawWrite(fd, buffer, n); }
+ssize_t Env::Pwrite(int fd, const void* buffer, size_t n, off_t offset) {
+  return RawPwrite(fd, buffer, n, offset);
+}
+off_t Env::Lseek(int fd, off_t offset, int whence) { return RawLseek(fd, offset, whence); }
+int Env::Close(int fd) { return RawClose(fd); }
+int Env::Dup(int fd) { return RawDup(fd); }
+int Env::FstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
+  return RawFstatAt(dir_fd, path, st, flags);
+}
+void* Env::Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
+  return RawMmap(address, length, protection, flags, fd, offset);
+}
+int Env::Munmap(void* address, size_t length) { return RawMunmap(address, length); }
+int Env::Ftruncate(int fd, off_t length) { return RawFtruncate(fd, length); }
+int Env::Fallocate(int fd, int mode, off_t offset, off_t length) {
+  return RawFallocate(fd, mode, offset, length);
+}
+// libc's directory streams in every build: getdents64 needs a buffer and
+// entry parsing that opendir already does, and the preload library does not
+// interpose them (integrations/preload/README.md).
+DIR* Env::OpenDir(const char* path) { return ::opendir(path); }
+struct dirent* Env::ReadDir(DIR* dir) { return ::readdir(dir); }
+int Env::CloseDir(DIR* dir) { return ::closedir(dir); }
+int Env::Rename(const char* from, const char* to) { return RawRename(from, to); }
+int Env::UnlinkAt(int dir_fd, const char* path, int flags) {
+  return RawUnlinkAt(dir_fd, path, flags);
+}
+int Env::Mkdir(const char* path, mode_t mode) { return RawMkdir(path, mode); }
+int Env::UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
+  return RawUtimensAt(dir_fd, path, times, flags);
+}
+
+Env* SetEnvForTesting(Env* env) {
+  Env* previous = installed.exchange(env, std::memory_order_acq_rel);
+  return previous;
+}
+
+// The dispatch: the installed Env if any, else the direct call.
+#define MONARCH_OS_DISPATCH(call, raw, ...)                         \
+  do {                                                              \
+    if (Env* env = Installed(); ABSL_PREDICT_FALSE(env != nullptr)) \
+      return env->call(__VA_ARGS__);                                \
+    return raw(__VA_ARGS__);                                        \
+  } while (0)
+
+int Open(const char* path, int flags, mode_t mode) { return OpenAt(AT_FDCWD, path, flags, mode); }
+int OpenAt(int dir_fd, const char* path, int flags, mode_t mode) {
+  MONARCH_OS_DISPATCH(OpenAt, RawOpenAt, dir_fd, path, flags, mode);
+}
+ssize_t Read(int fd, void* buffer, size_t n) { MONARCH_OS_DISPATCH(Read, RawRead, fd, buffer, n); }
+ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) {
+  MONARCH_OS_DISPATCH(Pread, RawPread, fd, buffer, n, offset);
+}
+ssize_t Write(int fd, const void* buffer, size_t n) {
+  MONARCH_OS_DISPATCH(Write, RawWrite, fd, buffer, n);
+}
+ssize_t Pwrite(int fd, const void* buffer, size_t n, off_t offset) {
+  MONARCH_OS_DISPATCH(Pwrite, RawPwrite, fd, buffer, n, offset);
+}
+off_t Lseek(int fd, off_t offset, int whence) {
+  MONARCH_OS_DISPATCH(Lseek, RawLseek, fd, offset, whence);
+}
+int Close(int fd) { MONARCH_OS_DISPATCH(Close, RawClose, fd); }
+int Dup(int fd) { MONARCH_OS_DISPATCH(Dup, RawDup, fd); }
+int Fstat(int fd, struct stat* st) { return FstatAt(fd, "", st, AT_EMPTY_PATH); }
+int Stat(const char* path, struct stat* st) { return FstatAt(AT_FDCWD, path, st, 0); }
+int Lstat(const char* path, struct stat* st) {
+  return FstatAt(AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
+}
+int FstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
+  MONARCH_OS_DISPATCH(FstatAt, RawFstatAt, dir_fd, path, st, flags);
+}
+void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
+  MONARCH_OS_DISPATCH(Mmap, RawMmap, address, length, protection, flags, fd, offset);
+}
+int Munmap(void* address, size_t length) {
+  MONARCH_OS_DISPATCH(Munmap, RawMunmap, address, length);
+}
+int Ftruncate(int fd, off_t length) { MONARCH_OS_DISPATCH(Ftruncate, RawFtruncate, fd, length); }
+int Fallocate(int fd, int mode, off_t offset, off_t length) {
+  MONARCH_OS_DISPATCH(Fallocate, RawFallocate, fd, mode, offset, length);
+}
+DIR* OpenDir(const char* path) { MONARCH_OS_DISPATCH(OpenDir, ::opendir, path); }
+struct dirent* ReadDir(DIR* dir) { MONARCH_OS_DISPATCH(ReadDir, ::readdir, dir); }
+int CloseDir(DIR* dir) { MONARCH_OS_DISPATCH(CloseDir, ::closedir, dir); }
+int Rename(const char* from, const char* to) { MONARCH_OS_DISPATCH(Rename, RawRename, from, to); }
+int Unlink(const char* path) { return UnlinkAt(AT_FDCWD, path, 0); }
+int UnlinkAt(int dir_fd, const char* path, int flags) {
+  MONARCH_OS_DISPATCH(UnlinkAt, RawUnlinkAt, dir_fd, path, flags);
+}
+int Mkdir(const char* path, mode_t mode) { MONARCH_OS_DISPATCH(Mkdir, RawMkdir, path, mode); }
+int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
+  MONARCH_OS_DISPATCH(UtimensAt, RawUtimensAt, dir_fd, path, times, flags);
+}
+
+#undef MONARCH_OS_DISPATCH
 
 }  // namespace monarch::os

@@ -1,34 +1,114 @@
 // The one seam between Monarch and the kernel for file calls.
 //
-// Every open, read, stat, mmap and close Monarch makes on a file goes
-// through here, as a direct system call rather than through the C library's
-// wrapper. The reason is the preload library (integrations/preload): it
-// defines open(), read(), stat(), ... for the whole process, so a libc call
+// Every open, read, stat, mmap, close, directory listing, rename, unlink and
+// mkdir Monarch makes on a file outside its storage drivers' own libraries
+// goes through here, as a direct system call rather than through the C
+// library's wrapper. The reason is the preload library (integrations/preload):
+// it defines open(), read(), stat(), ... for the whole process, so a libc call
 // made by Monarch itself would come back into its own hooks (a read of a
 // dataset file through the hooks, from inside the hooks). A direct system
 // call reaches the kernel whatever is interposed: ours, Darshan's, or any
-// other tool's.
+// other tool's. (Sanitizer builds use the wrappers after all: see os.cc.
+// Directory streams always use libc's opendir/readdir, which the preload
+// library does not interpose.)
 //
-// (Sanitizer builds use the wrappers after all: see os.cc.)
+// Same contracts as the POSIX calls they stand for: -1 (or MAP_FAILED, or a
+// null DIR*) and errno on failure, EINTR not retried (callers do that).
 //
-// Same contracts as the POSIX calls they stand for: -1 (or MAP_FAILED) and
-// errno on failure, EINTR not retried (callers do that, as before).
+// The seam is injectable, LevelDB-style: the free functions below dispatch
+// to an Env. Normally none is installed and each function makes its system
+// call directly, after one atomic pointer load (no virtual call on the hot
+// path). A test installs its own Env with ScopedEnvForTesting to fail chosen
+// calls with chosen errnos (ENOENT, EIO, EACCES, ENOSPC) or to shorten
+// reads, anywhere Monarch touches a file: the namespace walk, tier scans,
+// temporaries and renames of copies, the rendezvous directory
+// (tests/fault_env.h). The base class's methods are the direct calls, so a
+// test Env overrides only what it injects into and calls Env::Method() to
+// pass the rest through.
+//
+// Installing is race-free as a pointer swap, but an Env must outlive every
+// call dispatched to it: install it before creating the instance (or
+// calling the code) under test, and remove it after that instance is
+// destroyed and its threads have joined. Never swap Envs while Monarch's
+// threads run.
 
 #ifndef MONARCH_COMMON_OS_H_
 #define MONARCH_COMMON_OS_H_
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <cstddef>
 
 namespace monarch::os {
+
+// Each method is one system call (or libc call, for directory streams) with
+// its POSIX contract. The free functions that are only a different spelling
+// of one call reach the Env through that call: Open() is OpenAt(AT_FDCWD),
+// Stat/Lstat/Fstat are FstatAt, so a test overriding OpenAt or FstatAt sees
+// every open or stat.
+class Env {
+ public:
+  Env() = default;
+  virtual ~Env() = default;
+  Env(const Env&) = delete;
+  Env& operator=(const Env&) = delete;
+
+  // The direct system calls; what runs when no test Env is installed.
+  static Env* Default();
+
+  virtual int OpenAt(int dir_fd, const char* path, int flags, mode_t mode);
+  virtual ssize_t Read(int fd, void* buffer, size_t n);
+  virtual ssize_t Pread(int fd, void* buffer, size_t n, off_t offset);
+  virtual ssize_t Write(int fd, const void* buffer, size_t n);
+  virtual ssize_t Pwrite(int fd, const void* buffer, size_t n, off_t offset);
+  virtual off_t Lseek(int fd, off_t offset, int whence);
+  virtual int Close(int fd);
+  virtual int Dup(int fd);
+  virtual int FstatAt(int dir_fd, const char* path, struct stat* st, int flags);
+  virtual void* Mmap(void* address, size_t length, int protection, int flags, int fd,
+                     off_t offset);
+  virtual int Munmap(void* address, size_t length);
+  virtual int Ftruncate(int fd, off_t length);
+  virtual int Fallocate(int fd, int mode, off_t offset, off_t length);
+
+  // Directory streams. ReadDir returns null at the end, or on an error with
+  // errno set (callers here treat both as the end, as readdir's do).
+  virtual DIR* OpenDir(const char* path);
+  virtual struct dirent* ReadDir(DIR* dir);
+  virtual int CloseDir(DIR* dir);
+
+  // Namespace changes.
+  virtual int Rename(const char* from, const char* to);
+  virtual int UnlinkAt(int dir_fd, const char* path, int flags);
+  virtual int Mkdir(const char* path, mode_t mode);
+  virtual int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
+};
+
+// Installs `env` process-wide (null: the direct calls again) and returns the
+// one it replaces. See the top of this file for when this may be called.
+Env* SetEnvForTesting(Env* env);
+
+// Installs an Env for a scope and restores the previous one on exit.
+class ScopedEnvForTesting {
+ public:
+  explicit ScopedEnvForTesting(Env* env) : previous_(SetEnvForTesting(env)) {}
+  ~ScopedEnvForTesting() { SetEnvForTesting(previous_); }
+  ScopedEnvForTesting(const ScopedEnvForTesting&) = delete;
+  ScopedEnvForTesting& operator=(const ScopedEnvForTesting&) = delete;
+
+ private:
+  Env* const previous_;
+};
 
 int Open(const char* path, int flags, mode_t mode = 0);
 int OpenAt(int dir_fd, const char* path, int flags, mode_t mode = 0);
 ssize_t Read(int fd, void* buffer, size_t n);
 ssize_t Pread(int fd, void* buffer, size_t n, off_t offset);
 ssize_t Write(int fd, const void* buffer, size_t n);
+ssize_t Pwrite(int fd, const void* buffer, size_t n, off_t offset);
 off_t Lseek(int fd, off_t offset, int whence);
 int Close(int fd);
 int Dup(int fd);
@@ -38,6 +118,16 @@ int Lstat(const char* path, struct stat* st);  // Does not.
 int FstatAt(int dir_fd, const char* path, struct stat* st, int flags);
 void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset);
 int Munmap(void* address, size_t length);
+int Ftruncate(int fd, off_t length);
+int Fallocate(int fd, int mode, off_t offset, off_t length);
+DIR* OpenDir(const char* path);
+struct dirent* ReadDir(DIR* dir);
+int CloseDir(DIR* dir);
+int Rename(const char* from, const char* to);
+int Unlink(const char* path);  // UnlinkAt(AT_FDCWD, path, 0).
+int UnlinkAt(int dir_fd, const char* path, int flags);
+int Mkdir(const char* path, mode_t mode);
+int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
 
 }  // namespace monarch::os
 

@@ -66,17 +66,17 @@ absl::Status CopyTree::Publish(const std::string& temporary, const FileRef& file
   times[0].tv_nsec = UTIME_OMIT;
   times[1].tv_sec = file.mtime_ns / 1000000000;
   times[1].tv_nsec = file.mtime_ns % 1000000000;
-  if (::utimensat(AT_FDCWD, temporary.c_str(), times, 0) != 0) {
+  if (os::UtimensAt(AT_FDCWD, temporary.c_str(), times, 0) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("set mtime of ", temporary));
   }
-  if (::rename(temporary.c_str(), PathOf(file.name).c_str()) != 0) {
+  if (os::Rename(temporary.c_str(), PathOf(file.name).c_str()) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("rename ", temporary));
   }
   return absl::OkStatus();
 }
 
 PendingCopy::~PendingCopy() {
-  if (!published_) ::unlink(temporary_.c_str());
+  if (!published_) os::Unlink(temporary_.c_str());
 }
 
 absl::Status PendingCopy::WriteTrailer(int fd, const SourceIdentity& source) {
@@ -96,7 +96,7 @@ absl::Status PendingCopy::Publish() {
 
 absl::Status CopyTree::Remove(absl::string_view name) {
   std::string path = PathOf(name);
-  if (::unlink(path.c_str()) != 0) return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
+  if (os::Unlink(path.c_str()) != 0) return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
   return absl::OkStatus();
 }
 
@@ -107,10 +107,10 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
     std::string relative = std::move(pending.back());
     pending.pop_back();
     std::string dir_path = relative.empty() ? root_ : PathOf(relative);
-    DIR* dir = ::opendir(dir_path.c_str());
+    DIR* dir = os::OpenDir(dir_path.c_str());
     if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("opendir ", dir_path));
     int dir_fd = ::dirfd(dir);
-    while (struct dirent* entry = ::readdir(dir)) {
+    while (struct dirent* entry = os::ReadDir(dir)) {
       absl::string_view base = entry->d_name;
       if (base == "." || base == "..") continue;
       if (relative.empty() && base == kReservedDirectory) continue;  // Ours, not copies.
@@ -133,7 +133,7 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
               : ReadCopyRecord(fd.get(), static_cast<uint64_t>(opened.st_size), PathOf(name));
       visit(name, record.ok() ? &record->source : nullptr);
     }
-    ::closedir(dir);
+    os::CloseDir(dir);
   }
   RemoveDeadTemporaries();
   return absl::OkStatus();
@@ -141,16 +141,16 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
 
 void CopyTree::RemoveDeadTemporaries() {
   const std::string temporaries = JoinPath(root_, kTemporaryDirectory);
-  DIR* dir = ::opendir(temporaries.c_str());
+  DIR* dir = os::OpenDir(temporaries.c_str());
   if (dir == nullptr) return;  // None yet.
-  while (struct dirent* entry = ::readdir(dir)) {
+  while (struct dirent* entry = os::ReadDir(dir)) {
     const pid_t owner = TemporaryOwner(entry->d_name);
     // A live owner is another process writing into this tier right now.
     if (owner == 0 || ProcessAlive(owner)) continue;
     MONARCH_LOG(kInfo, "removing leftover temporary ", temporaries, "/", entry->d_name);
-    ::unlinkat(::dirfd(dir), entry->d_name, 0);
+    os::UnlinkAt(::dirfd(dir), entry->d_name, 0);
   }
-  ::closedir(dir);
+  os::CloseDir(dir);
 }
 
 }  // namespace monarch

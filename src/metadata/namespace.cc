@@ -130,13 +130,13 @@ class ParallelWalk {
   void ReadDirectory(uint32_t index, const std::string& relative, std::vector<WalkedFile>* files,
                      std::vector<std::string>* subdirectories) {
     const std::string path = relative.empty() ? root_ : absl::StrCat(root_, "/", relative);
-    DIR* dir = ::opendir(path.c_str());
+    DIR* dir = os::OpenDir(path.c_str());
     if (dir == nullptr) {
       MONARCH_LOG(kWarning, "skipping unreadable directory ", path, ": ", std::strerror(errno));
       return;
     }
     const int dir_fd = ::dirfd(dir);
-    while (struct dirent* d = ::readdir(dir)) {
+    while (struct dirent* d = os::ReadDir(dir)) {
       absl::string_view base = d->d_name;
       if (base == "." || base == "..") continue;
       // Reserved: file-backed tiers keep their temporaries in "<tier>/.monarch"
@@ -182,7 +182,7 @@ class ParallelWalk {
       files->push_back({std::move(name), index, static_cast<uint64_t>(st.st_size),
                         Nanoseconds(st.st_mtim), attributes});
     }
-    ::closedir(dir);
+    os::CloseDir(dir);
   }
 
   // Whether the policy serves the symlink `base` in directory `path`.
@@ -226,9 +226,9 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   std::unique_ptr<Namespace> ns(new Namespace());
   ns->root_ = root;
   while (ns->root_.size() > 1 && ns->root_.back() == '/') ns->root_.pop_back();
-  DIR* top = ::opendir(ns->root_.c_str());
+  DIR* top = os::OpenDir(ns->root_.c_str());
   if (top == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", ns->root_));
-  ::closedir(top);
+  os::CloseDir(top);
 
   std::string real_root = ns->root_;
   if (char* real = ::realpath(ns->root_.c_str(), nullptr)) {

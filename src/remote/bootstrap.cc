@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -16,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
+#include "common/os.h"
 
 #ifdef MONARCH_WITH_MPI
 #include <mpi.h>
@@ -123,21 +123,19 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
   ::gethostname(host, sizeof(host) - 1);
   const std::string final_path = RankFile(dir, rank);
   const std::string temp_path = absl::StrCat(final_path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(temp_path, std::ios::trunc);
-    out << kMagic << '\n'
-        << size << '\n'
-        << host << " pid " << ::getpid() << " rank " << rank << '\n'
-        << "\n"
-        << absl::Base64Escape(mine) << '\n';
-    if (!out.flush()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("remote.rendezvous_dir: cannot write '", temp_path, "'"));
-    }
+  const std::string contents = absl::StrCat(kMagic, "\n", size, "\n", host, " pid ", ::getpid(),
+                                            " rank ", rank, "\n\n", absl::Base64Escape(mine),
+                                            "\n");
+  if (absl::Status written = WriteSmallFile(temp_path, contents); !written.ok()) {
+    os::Unlink(temp_path.c_str());  // A partial file, if any: never a peer's to read.
+    return absl::FailedPreconditionError(absl::StrCat("remote.rendezvous_dir: cannot write '",
+                                                      temp_path, "': ", written.message()));
   }
-  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+  if (os::Rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    const int error = errno;
+    os::Unlink(temp_path.c_str());
     return absl::FailedPreconditionError(absl::StrCat("remote.rendezvous_dir: cannot publish '",
-                                                      final_path, "': ", std::strerror(errno)));
+                                                      final_path, "': ", std::strerror(error)));
   }
 
   std::vector<std::string> addresses(size);
@@ -174,7 +172,7 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
 }
 
 void WithdrawFromDirectory(const std::string& dir, int rank) {
-  ::unlink(RankFile(dir, rank).c_str());
+  os::Unlink(RankFile(dir, rank).c_str());
 }
 
 #ifdef MONARCH_WITH_MPI

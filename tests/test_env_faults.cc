@@ -1,0 +1,463 @@
+// Failures of Monarch's own file calls, injected through the OS seam
+// (common/os.h, tests/fault_env.h): the namespace walk, the warm-start scan
+// of tier directories, temporaries and the rename that publishes a copy,
+// short reads of the source, and the rendezvous directory. Whatever fails,
+// reads return the source's bytes or a clear error, never wrong bytes, and
+// capacity is given back.
+//
+// Each test installs its FaultInjectingEnv before creating the instance and
+// removes it after the instance is destroyed (the ScopedEnvForTesting is
+// declared first), as os.h requires.
+
+#include <doctest/doctest.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/os.h"
+#include "drivers/copy_integrity.h"
+#include "fault_env.h"
+#include "monarch/monarch.h"
+#include "monarch_internal.h"
+#include "remote/bootstrap.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::FaultInjectingDriver;
+using testing::FaultInjectingEnv;
+using testing::ScratchDir;
+using testing::TestFile;
+using Op = FaultInjectingEnv::Op;
+
+absl::StatusOr<std::unique_ptr<Monarch>> Create(const Config& config,
+                                                FaultInjectingDriver::Faults* source = nullptr) {
+  const int source_index = static_cast<int>(config.tiers.size()) - 1;
+  DriverWrapper wrap = [=](int index,
+                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+    if (index == source_index && source != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
+    return d;
+  };
+  return CreateMonarchWithDriverWrapper(config, wrap);
+}
+
+std::unique_ptr<Monarch> MustCreate(const Config& config,
+                                    FaultInjectingDriver::Faults* source = nullptr) {
+  absl::StatusOr<std::unique_ptr<Monarch>> m = Create(config, source);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(*m);
+}
+
+// Bytes a file tier's copy of a `size`-byte file takes: the bytes, then
+// their checksums.
+uint64_t OnDisk(uint64_t size) { return size + CopyTrailerBytes(size); }
+
+void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
+  std::vector<char> buffer(chunk);
+  uint64_t offset = 0;
+  while (offset < f.size) {
+    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
+    REQUIRE_MESSAGE(n.ok(), absl::StrCat(f.name, ": ", n.status().ToString()));
+    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
+    REQUIRE_MESSAGE(testing::BytesMatch(f, buffer.data(), offset, *n),
+                    absl::StrCat(f.name, " at ", offset));
+    offset += *n;
+  }
+}
+
+// Regular files under `dir`, recursively (names relative to it).
+std::vector<std::string> FilesUnder(const std::string& dir, const std::string& prefix = "") {
+  std::vector<std::string> found;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return found;
+  while (struct dirent* e = ::readdir(d)) {
+    const std::string base = e->d_name;
+    if (base == "." || base == "..") continue;
+    const std::string path = dir + "/" + base;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      for (std::string& f : FilesUnder(path, prefix + base + "/")) found.push_back(std::move(f));
+    } else {
+      found.push_back(prefix + base);
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// What the process writes to stderr (Monarch's log) while it lives.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    std::FILE* file = std::tmpfile();
+    REQUIRE(file != nullptr);
+    file_ = file;
+    ::dup2(::fileno(file_), 2);
+  }
+  ~StderrCapture() { Restore(); }
+  std::string Restore() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      ::dup2(saved_, 2);
+      ::close(saved_);
+      saved_ = -1;
+      std::rewind(file_);
+      char buffer[4096];
+      size_t n;
+      while ((n = std::fread(buffer, 1, sizeof(buffer), file_)) > 0) text_.append(buffer, n);
+      std::fclose(file_);
+    }
+    return text_;
+  }
+
+ private:
+  int saved_ = -1;
+  std::FILE* file_ = nullptr;
+  std::string text_;
+};
+
+TEST_CASE("env: the seam dispatches to the installed Env and restores the default") {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/f";
+  testing::WriteFile(path, 1, 100);
+  FaultInjectingEnv env;
+  env.Fail(Op::kOpen, "/f", EACCES, /*times=*/1);
+  {
+    os::ScopedEnvForTesting installed(&env);
+    errno = 0;
+    CHECK(os::Open(path.c_str(), O_RDONLY) == -1);
+    CHECK(errno == EACCES);
+    const int fd = os::Open(path.c_str(), O_RDONLY);  // The rule was for one call.
+    REQUIRE(fd >= 0);
+    env.ShortenReads("/f", 7);
+    char buffer[100];
+    CHECK(os::Pread(fd, buffer, sizeof(buffer), 0) == 7);
+    CHECK(testing::BytesMatch({"f", 1, 100}, buffer, 0, 7));
+    os::Close(fd);
+    CHECK(env.calls(Op::kOpen) == 2);
+    CHECK(env.injected(Op::kOpen) == 1);
+    CHECK(env.injected(Op::kRead) == 1);
+    {
+      os::Env plain;  // The base class: the direct calls.
+      os::ScopedEnvForTesting nested(&plain);
+      CHECK(os::SetEnvForTesting(&plain) == &plain);
+    }
+    CHECK(os::SetEnvForTesting(&env) == &env);  // The nested scope restored ours.
+  }
+  // Ours is gone: the direct calls again.
+  const int fd = os::Open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  char buffer[100];
+  CHECK(os::Pread(fd, buffer, sizeof(buffer), 0) == 100);
+  os::Close(fd);
+  CHECK(env.calls(Op::kOpen) == 2);
+  CHECK(os::SetEnvForTesting(nullptr) == nullptr);
+}
+
+TEST_CASE("walk: an unreadable subdirectory is skipped with a warning, the rest is served") {
+  for (int error : {EACCES, EIO}) {
+    CAPTURE(error);
+    ScratchDir dir;
+    const std::string ds = dir.Sub("ds");
+    auto files = testing::MakeDataset(ds, 12, {1000, 70000});
+    FaultInjectingEnv env;
+    os::ScopedEnvForTesting installed(&env);
+    env.FailIf(Op::kOpenDir, [&](const std::string& p) { return p == ds + "/dir1"; }, error);
+    StderrCapture log;
+    auto m = MustCreate(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
+    const std::string warnings = log.Restore();
+    CHECK(env.injected(Op::kOpenDir) == 1);
+    CHECK_MESSAGE(absl::StrContains(warnings, "skipping unreadable directory " + ds + "/dir1"),
+                  warnings);
+    CHECK(absl::StrContains(warnings, std::strerror(error)));
+    CHECK(m->ListFiles().size() == 9);  // dir1 held files 1, 5 and 9.
+    char byte;
+    for (const TestFile& f : files) {
+      CAPTURE(f.name);
+      if (absl::StartsWith(f.name, "dir1/")) {
+        CHECK_FALSE(m->FileExists(f.name));
+        CHECK(absl::IsNotFound(m->Read(f.name, &byte, 1, 0).status()));
+      } else {
+        ReadWholeAndCheck(*m, f);
+      }
+    }
+  }
+}
+
+TEST_CASE("walk: ENOENT on the dataset root is a clear error naming dataset.path") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  testing::MakeDataset(ds, 4, {100});
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.FailIf(Op::kOpenDir, [&](const std::string& p) { return p == ds; }, ENOENT);
+  absl::StatusOr<std::unique_ptr<Monarch>> m =
+      Create(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
+  REQUIRE_FALSE(m.ok());
+  CHECK(absl::IsNotFound(m.status()));
+  CHECK_MESSAGE(absl::StrContains(m.status().message(), "dataset.path"), m.status());
+  CHECK(absl::StrContains(m.status().message(), ds));
+  CHECK(absl::StrContains(m.status().message(), std::strerror(ENOENT)));
+}
+
+TEST_CASE("walk: a file whose stat fails with EIO is left out, the rest is served") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 8, {5000});
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.Fail(Op::kStat, "/file3.bin", EIO);
+  auto m = MustCreate(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
+  CHECK(env.injected(Op::kStat) >= 1);
+  CHECK(m->ListFiles().size() == 7);
+  CHECK_FALSE(m->FileExists(files[3].name));
+  CHECK(*m->ListDirectory("dir3") == std::vector<std::string>{"file7.bin"});
+  for (const TestFile& f : files) {
+    if (f.name != files[3].name) ReadWholeAndCheck(*m, f);
+  }
+  m->WaitForPlacement();
+  CHECK(m->GetStats().Get("promotions_completed") == 7);
+}
+
+// Fills a posix tier at `nvme` with copies of every file, then destroys the
+// instance.
+void StageAll(const Config& config, const std::vector<TestFile>& files) {
+  auto m = MustCreate(config);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->Shutdown(Monarch::ShutdownMode::kDrain);
+  REQUIRE(m->GetStats().Tier(0, "files") == files.size());
+}
+
+TEST_CASE("tier scan: EIO listing a tier directory fails start-up with an error naming it") {
+  // Start-up fails rather than going on without reuse: copies the scan could
+  // not see would still take room on the device without being counted, and
+  // the tier could overflow its capacity.
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 8, {30000});
+  const Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  StageAll(config, files);
+  for (const std::string& where : {nvme, nvme + "/dir2"}) {
+    CAPTURE(where);
+    FaultInjectingEnv env;
+    os::ScopedEnvForTesting installed(&env);
+    env.FailIf(Op::kOpenDir, [&](const std::string& p) { return p == where; }, EIO);
+    absl::StatusOr<std::unique_ptr<Monarch>> m = Create(config);
+    REQUIRE_FALSE(m.ok());
+    CHECK(env.injected(Op::kOpenDir) == 1);
+    CHECK(absl::IsDataLoss(m.status()));
+    CHECK_MESSAGE(absl::StrContains(m.status().message(), "opendir " + where), m.status());
+    CHECK(absl::StrContains(m.status().message(), std::strerror(EIO)));
+  }
+  // Nothing was lost: without the fault every copy is reused.
+  auto m = MustCreate(config);
+  CHECK(m->GetStats().Get("warm_files_reused") == files.size());
+}
+
+TEST_CASE("tier scan: a copy whose trailer cannot be read (EACCES) is not reused") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 8, {30000, 200000});
+  const Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  StageAll(config, files);
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  {
+    FaultInjectingDriver::Faults source;
+    // The scan's first read of the copy is its trailer's footer.
+    env.Fail(Op::kRead, nvme + "/" + files[5].name, EACCES, /*times=*/1);
+    auto m = MustCreate(config, &source);
+    CHECK(env.injected(Op::kRead) == 1);
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("warm_files_reused") == 7);
+    CHECK(stats.Get("warm_files_discarded") == 1);
+    CHECK(stats.Tier(0, "files") == 7);
+    uint64_t kept_bytes = 0;
+    for (const TestFile& f : files) kept_bytes += f.name == files[5].name ? 0 : OnDisk(f.size);
+    CHECK(stats.Tier(0, "bytes_used") == kept_bytes);
+    CHECK(FilesUnder(nvme + "/" + files[5].name.substr(0, 4)).size() == 1);  // Its copy is gone.
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    CHECK(source.BytesOf(files[5].name) == files[5].size);  // Only it came from the source.
+    CHECK(source.bytes.load() == files[5].size);
+    m->WaitForPlacement();
+    CHECK(m->GetStats().Tier(0, "files") == 8);  // Promoted again.
+  }
+  // The new copy is reused at the next start.
+  auto m = MustCreate(config);
+  CHECK(m->GetStats().Get("warm_files_reused") == 8);
+}
+
+TEST_CASE("publish: a rename failing with ENOSPC or EIO fails the promotion cleanly") {
+  for (int error : {EIO, ENOSPC}) {
+    CAPTURE(error);
+    ScratchDir dir;
+    const std::string ds = dir.Sub("ds");
+    const std::string nvme = dir.Sub("nvme");
+    auto files = testing::MakeDataset(ds, 6, {1000, 300000});
+    FaultInjectingEnv env;
+    os::ScopedEnvForTesting installed(&env);
+    env.Fail(Op::kRename, nvme + "/.monarch/tmp/", error);
+    Config config = testing::MakeConfig(
+        ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+    config.placement.threads = 1;
+    auto m = MustCreate(config);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 65536);
+      m->WaitForPlacement();
+    }
+    Stats stats = m->GetStats();
+    CHECK(env.injected(Op::kRename) >= 1);
+    CHECK(stats.Get("promotions_completed") == 0);
+    CHECK(stats.Get("promotions_failed") == env.injected(Op::kRename));
+    if (error == EIO) CHECK(stats.Get("promotions_failed") == files.size());
+    CHECK(stats.Tier(0, "files") == 0);
+    CHECK(stats.Tier(0, "bytes_used") == 0);
+    CHECK(stats.Source("bytes_read") >= 2 * testing::TotalBytes(files));
+    // No temporary and no copy is left in the tier. Checked once the
+    // instance is gone: a failed commit's temporary is deleted when its
+    // writer is destroyed, which Promotion::Commit does just after reporting
+    // the failure, so WaitForPlacement() can return a moment before that.
+    m.reset();
+    const std::vector<std::string> left = FilesUnder(nvme);
+    CHECK_MESSAGE(left.empty(), absl::StrJoin(left, ", "));
+  }
+}
+
+TEST_CASE("temporaries: mkdir failing with EACCES in a tier fails promotions, reads stay exact") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 8, {4096, 100000});
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.Fail(Op::kMkdir, nvme, EACCES);
+  auto m = MustCreate(
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+  }
+  Stats stats = m->GetStats();
+  CHECK(env.injected(Op::kMkdir) >= 1);
+  CHECK(stats.Get("promotions_completed") == 0);
+  CHECK(stats.Get("promotions_failed") == files.size());
+  CHECK(stats.Tier(0, "files") == 0);
+  CHECK(stats.Tier(0, "bytes_used") == 0);
+  CHECK(FilesUnder(nvme) == std::vector<std::string>{});
+}
+
+TEST_CASE("source: short reads give the right bytes, into the tiers as well") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 8, {1, 5000, 300000, 1 << 20});
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.ShortenReads(ds + "/", 777);  // Every source read returns at most 777 bytes.
+  Config config = testing::MakeConfig(
+      ds, {testing::RamTier(1 << 20), testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.chunk_bytes = 64 << 10;
+  auto m = MustCreate(config);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 100000);
+  m->WaitForPlacement();
+  CHECK(env.injected(Op::kRead) > 0);
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("promotions_completed") == files.size());
+  CHECK(stats.Tier(0, "files") + stats.Tier(1, "files") == files.size());
+  env.Clear();
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 4096);  // From the tiers now.
+  CHECK(m->GetStats().Source("bytes_read") == stats.Source("bytes_read"));
+}
+
+TEST_CASE("source: a file that reads as empty gives short reads or errors, never wrong bytes") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 4, {200000});
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.ShortenReads("/" + files[2].name, 0);  // As if truncated after the walk.
+  auto m = MustCreate(
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
+  std::vector<char> buffer(65536);
+  for (uint64_t offset = 0; offset < files[2].size; offset += buffer.size()) {
+    absl::StatusOr<size_t> n = m->Read(files[2].name, buffer.data(), buffer.size(), offset);
+    if (n.ok()) CHECK(testing::BytesMatch(files[2], buffer.data(), offset, *n));
+  }
+  for (const TestFile& f : files) {
+    if (f.name != files[2].name) ReadWholeAndCheck(*m, f);
+  }
+  m->WaitForPlacement();
+  // No copy of the missing bytes was published: once the source reads
+  // again, the file is served whole and right.
+  env.Clear();
+  ReadWholeAndCheck(*m, files[2]);
+  m->WaitForPlacement();
+  ReadWholeAndCheck(*m, files[2]);
+  CHECK(m->GetStats().Tier(0, "files") >= 3);
+}
+
+TEST_CASE("rendezvous directory: failures to create, write or publish are clear errors") {
+  ScratchDir dir;
+  struct Case {
+    Op op;
+    std::string where;
+    int error;
+    std::string expected;
+  };
+  const std::string rendezvous = dir.path() + "/job/rdv";
+  const std::vector<Case> cases = {
+      {Op::kMkdir, rendezvous, EACCES, "cannot create '" + rendezvous + "'"},
+      {Op::kMkdir, rendezvous, ENOSPC, "cannot create '" + rendezvous + "'"},
+      {Op::kOpen, rendezvous + "/rank-0.addr.tmp", EACCES, "cannot write '" + rendezvous},
+      {Op::kWrite, rendezvous + "/rank-0.addr.tmp", ENOSPC, "cannot write '" + rendezvous},
+      {Op::kRename, rendezvous + "/rank-0.addr", EIO, "cannot publish '" + rendezvous},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.expected);
+    CAPTURE(c.error);
+    FaultInjectingEnv env;
+    os::ScopedEnvForTesting installed(&env);
+    env.Fail(c.op, c.where, c.error);
+    absl::StatusOr<std::vector<std::string>> got =
+        ExchangeThroughDirectory(rendezvous, 0, 1, "my-address", 1.0);
+    REQUIRE_FALSE(got.ok());
+    CHECK(env.injected(c.op) >= 1);
+    CHECK(absl::IsFailedPrecondition(got.status()));
+    CHECK_MESSAGE(absl::StrContains(got.status().message(), "remote.rendezvous_dir: "),
+                  got.status());
+    CHECK_MESSAGE(absl::StrContains(got.status().message(), c.expected), got.status());
+    CHECK(absl::StrContains(got.status().message(), std::strerror(c.error)));
+    // Nothing half-written is left for a peer to read.
+    CHECK(FilesUnder(rendezvous) == std::vector<std::string>{});
+  }
+  // Without faults the same call succeeds.
+  absl::StatusOr<std::vector<std::string>> got =
+      ExchangeThroughDirectory(rendezvous, 0, 1, "my-address", 1.0);
+  REQUIRE_MESSAGE(got.ok(), got.status());
+  CHECK(*got == std::vector<std::string>{"my-address"});
+  CHECK(FilesUnder(rendezvous) == std::vector<std::string>{"rank-0.addr"});
+  WithdrawFromDirectory(rendezvous, 0);
+  CHECK(FilesUnder(rendezvous) == std::vector<std::string>{});
+}
+
+}  // namespace
+}  // namespace monarch
