@@ -26,6 +26,17 @@ CC=clang CXX=clang++ cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug \
   -DMONARCH_BUILD_PFS_EMULATOR=OFF -DMONARCH_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build build-clang -j"$jobs"
 
+# Coverage-guided fuzzing (libFuzzer, tests/fuzz/README.md): the config
+# parser and the peer and node-service wire decoders replay their regression
+# corpora, then fuzz for MONARCH_FUZZ_SECONDS each. Only the library and the
+# fuzzers are built.
+echo "== libFuzzer: config, peer wire, service protocol =="
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMONARCH_FUZZ=ON \
+  -DMONARCH_FUZZ_SECONDS="${MONARCH_FUZZ_SECONDS:-45}" -DMONARCH_BUILD_TENSORFLOW=OFF \
+  -DMONARCH_BUILD_PFS_EMULATOR=OFF -DMONARCH_BUILD_BENCHMARKS=OFF -DMONARCH_BUILD_TESTS=OFF >/dev/null
+cmake --build build-fuzz --target monarch_fuzzers -j"$jobs"
+(cd build-fuzz && ctest -L fuzz -j"$jobs" --output-on-failure)
+
 if [ "${MONARCH_TEST_SANITIZERS:-1}" != 0 ]; then
   for sanitizer in address thread; do
     dir=build-$sanitizer

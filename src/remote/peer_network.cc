@@ -33,27 +33,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr unsigned kRequestAm = 1;
 constexpr unsigned kReplyAm = 2;
-constexpr unsigned kGoodbyeAm = 3;          // "I am shutting down": header = the sender's rank.
-constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
+constexpr unsigned kGoodbyeAm = 3;  // "I am shutting down": header = the sender's rank.
 constexpr uint64_t kMinRing = 4;
 
-struct RequestHeader {
-  uint32_t protocol;
-  int32_t from_rank;
-  uint64_t request_id;
-  uint64_t offset;
-  uint64_t length;
-  uint64_t file_size;
-  int64_t file_mtime_ns;
-};
-
-struct ReplyHeader {
-  uint32_t protocol;
-  int32_t status_code;  // absl::StatusCode; 0 = OK and `length` bytes follow.
-  uint64_t request_id;
-  uint64_t length;
-  uint64_t checksum;
-};
+using peer_wire::kProtocol;
+using peer_wire::ReplyHeader;
+using peer_wire::RequestHeader;
 
 Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -521,10 +506,11 @@ class PeerNetwork::Impl {
   static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void*, size_t,
                                 const ucp_am_recv_param_t*) {
     Impl* self = static_cast<Impl*>(arg);
-    int32_t rank;
-    if (header_length != sizeof(rank)) return UCS_OK;
-    std::memcpy(&rank, header, sizeof(rank));
-    if (rank < 0 || rank >= self->options_.size || rank == self->options_.rank) return UCS_OK;
+    const absl::StatusOr<int> decoded =
+        peer_wire::DecodeGoodbye(absl::string_view(static_cast<const char*>(header), header_length),
+                                 self->options_.rank, self->options_.size);
+    if (!decoded.ok()) return UCS_OK;
+    const int rank = *decoded;
     {
       MutexLock lock(&self->mu_);
       self->peers_[rank].down_until = Clock::time_point::max();
@@ -628,13 +614,11 @@ class PeerNetwork::Impl {
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     Impl* self = static_cast<Impl*>(arg);
-    if (header_length != sizeof(RequestHeader)) return UCS_OK;
-    RequestHeader request;
-    std::memcpy(&request, header, sizeof(request));
-    if (request.protocol != kProtocol || request.from_rank < 0 ||
-        request.from_rank >= self->options_.size || request.from_rank == self->options_.rank) {
-      return UCS_OK;
-    }
+    const absl::StatusOr<RequestHeader> decoded = peer_wire::DecodeRequestHeader(
+        absl::string_view(static_cast<const char*>(header), header_length), self->options_.rank,
+        self->options_.size);
+    if (!decoded.ok()) return UCS_OK;
+    const RequestHeader& request = *decoded;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {  // A name this long is not ours.
       self->QueueReply(request, absl::StatusCode::kInvalidArgument, -1, 0);
       return UCS_OK;
@@ -667,8 +651,7 @@ class PeerNetwork::Impl {
     if (request.length > send_bytes_) {
       code = absl::StatusCode::kInvalidArgument;  // remote.buffer_size differs between peers.
     } else {
-      FileRequest file{name, request.file_size, request.file_mtime_ns, request.offset,
-                       static_cast<size_t>(request.length)};
+      const FileRequest file = peer_wire::ToFileRequest(request, name);
       absl::StatusOr<size_t> read = serve_(file, buffer);
       if (!read.ok()) {
         code = read.status().code();
@@ -760,9 +743,10 @@ class PeerNetwork::Impl {
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param) {
     Impl* self = static_cast<Impl*>(arg);
-    if (header_length != sizeof(ReplyHeader)) return UCS_OK;
-    ReplyHeader reply;
-    std::memcpy(&reply, header, sizeof(reply));
+    const absl::StatusOr<ReplyHeader> decoded = peer_wire::DecodeReplyHeader(
+        absl::string_view(static_cast<const char*>(header), header_length));
+    if (!decoded.ok()) return UCS_OK;
+    const ReplyHeader& reply = *decoded;
     std::shared_ptr<Request> request;
     {
       MutexLock lock(&self->mu_);
@@ -770,18 +754,10 @@ class PeerNetwork::Impl {
       // Unknown: the fetch gave up on it. Returning UCS_OK drops the data.
       if (it == self->pending_.end() || it->second->state != Request::kSent) return UCS_OK;
       request = it->second;
-      if (reply.protocol != kProtocol) {
-        self->Complete(*request, absl::DataLossError("remote: reply of another protocol"));
-      } else if (reply.status_code != 0) {
-        self->Complete(
-            *request,
-            absl::UnavailableError(absl::StrCat(
-                "remote: peer ", request->rank, " refused: ",
-                absl::StatusCodeToString(static_cast<absl::StatusCode>(reply.status_code)))));
-      } else if (reply.length != request->length || length != request->length) {
-        self->Complete(*request, absl::DataLossError(
-                                     absl::StrCat("remote: peer ", request->rank, " sent ", length,
-                                                  " bytes for a request of ", request->length)));
+      if (absl::Status verdict =
+              peer_wire::CheckReply(reply, length, request->length, request->rank);
+          !verdict.ok()) {
+        self->Complete(*request, std::move(verdict));
       } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         request->state = Request::kReceiving;
         request->checksum = reply.checksum;
@@ -870,6 +846,71 @@ class PeerNetwork::Impl {
   ThreadPool serve_pool_;
   std::thread progress_thread_;
 };
+
+namespace peer_wire {
+
+absl::StatusOr<RequestHeader> DecodeRequestHeader(absl::string_view header, int my_rank, int size) {
+  if (header.size() != sizeof(RequestHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: request header of ", header.size(), " bytes"));
+  }
+  RequestHeader request;
+  std::memcpy(&request, header.data(), sizeof(request));
+  if (request.protocol != kProtocol) {
+    return absl::InvalidArgumentError("remote: request of another protocol");
+  }
+  if (request.from_rank < 0 || request.from_rank >= size || request.from_rank == my_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: request from rank ", request.from_rank, ", not a peer"));
+  }
+  return request;
+}
+
+PeerNetwork::FileRequest ToFileRequest(const RequestHeader& header, absl::string_view name) {
+  return PeerNetwork::FileRequest{name, header.file_size, header.file_mtime_ns, header.offset,
+                                  static_cast<size_t>(header.length)};
+}
+
+absl::StatusOr<ReplyHeader> DecodeReplyHeader(absl::string_view header) {
+  if (header.size() != sizeof(ReplyHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: reply header of ", header.size(), " bytes"));
+  }
+  ReplyHeader reply;
+  std::memcpy(&reply, header.data(), sizeof(reply));
+  return reply;
+}
+
+absl::Status CheckReply(const ReplyHeader& reply, size_t data_length, size_t expected_length,
+                        int rank) {
+  if (reply.protocol != kProtocol) return absl::DataLossError("remote: reply of another protocol");
+  if (reply.status_code != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "remote: peer ", rank,
+        " refused: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(reply.status_code))));
+  }
+  if (reply.length != expected_length || data_length != expected_length) {
+    return absl::DataLossError(absl::StrCat("remote: peer ", rank, " sent ", data_length,
+                                            " bytes for a request of ", expected_length));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> DecodeGoodbye(absl::string_view header, int my_rank, int size) {
+  int32_t rank;
+  if (header.size() != sizeof(rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: goodbye header of ", header.size(), " bytes"));
+  }
+  std::memcpy(&rank, header.data(), sizeof(rank));
+  if (rank < 0 || rank >= size || rank == my_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: goodbye from rank ", rank, ", not a peer"));
+  }
+  return rank;
+}
+
+}  // namespace peer_wire
 
 PeerNetwork::PeerNetwork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PeerNetwork::~PeerNetwork() = default;

@@ -97,6 +97,63 @@ class PeerNetwork {
   std::unique_ptr<Impl> impl_;
 };
 
+// The messages' wire format, and their decoders: pure functions of the bytes
+// a peer sent, which the progress thread applies to every message before it
+// acts on one (and which tests/fuzz feeds hostile bytes). Both ends are one
+// build: fixed-width fields in the host's byte order, no padding.
+namespace peer_wire {
+
+constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
+
+// The request's header; its data is the file name.
+struct RequestHeader {
+  uint32_t protocol;
+  int32_t from_rank;
+  uint64_t request_id;
+  uint64_t offset;
+  uint64_t length;
+  uint64_t file_size;
+  int64_t file_mtime_ns;
+};
+static_assert(sizeof(RequestHeader) == 48, "RequestHeader must have no padding");
+
+// The reply's header; its data is `length` bytes of the file.
+struct ReplyHeader {
+  uint32_t protocol;
+  int32_t status_code;  // absl::StatusCode; 0 = OK and `length` bytes follow.
+  uint64_t request_id;
+  uint64_t length;
+  uint64_t checksum;
+};
+static_assert(sizeof(ReplyHeader) == 32, "ReplyHeader must have no padding");
+
+// A request header from another rank of a job of `size` (this process is
+// `my_rank`). InvalidArgument for a header of another size or protocol, or
+// from a rank outside the job or this process's own: such a message is
+// dropped unanswered, as there is no one to answer.
+absl::StatusOr<RequestHeader> DecodeRequestHeader(absl::string_view header, int my_rank, int size);
+
+// What the home is asked for. `name` is the request's data, and the result
+// points into it.
+PeerNetwork::FileRequest ToFileRequest(const RequestHeader& header, absl::string_view name);
+
+// InvalidArgument for a header of another size; the other fields are judged
+// by CheckReply once the request it answers is known.
+absl::StatusOr<ReplyHeader> DecodeReplyHeader(absl::string_view header);
+
+// Whether `reply`, with `data_length` bytes of data, answers a request of
+// `expected_length` bytes sent to peer `rank`: OK, or the error that request
+// fails with (DataLoss for another protocol or a length mismatch,
+// Unavailable when the home refused).
+absl::Status CheckReply(const ReplyHeader& reply, size_t data_length, size_t expected_length,
+                        int rank);
+
+// The header of "I am shutting down": the sender's rank, which must be
+// another rank of the job.
+absl::StatusOr<int> DecodeGoodbye(absl::string_view header, int my_rank, int size);
+
+}  // namespace peer_wire
+
 }  // namespace monarch
 
 #endif  // MONARCH_REMOTE_PEER_NETWORK_H_

@@ -5,7 +5,7 @@
 // order (both ends are on one node). Descriptors travel beside a frame as
 // SCM_RIGHTS. Every decoder is total: a truncated, oversized or otherwise
 // malformed payload yields InvalidArgument, never a crash or an unbounded
-// allocation (tests/test_service_protocol.cc fuzzes them).
+// allocation (tests/fuzz/fuzz_service_protocol.cc fuzzes them).
 //
 // Conversation: the client sends Hello and gets HelloReply with the shared
 // regions' descriptors; then any number of requests, each answered in order
