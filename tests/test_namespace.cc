@@ -5,6 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <limits>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "metadata/file_regex.h"
 #include "metadata/namespace.h"
 #include "test_util.h"
 
@@ -115,6 +120,38 @@ TEST_CASE("walks with 1 and 8 threads find the same files and directories") {
 TEST_CASE("a missing dataset directory is an error, not a crash") {
   auto ns = Namespace::Build("/nonexistent/monarch/dataset", "", 1);
   CHECK(ns.status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("file_regex: the expanded size of bounded repetitions, as regcomp copies them out") {
+  CHECK(RegexExpandedPositions("") == 0);
+  CHECK(RegexExpandedPositions(".*\\.jpg") == 5);         // . \. j p g
+  CHECK(RegexExpandedPositions("a{10}") == 10);
+  CHECK(RegexExpandedPositions("a{2,7}") == 7);
+  CHECK(RegexExpandedPositions("a{3,}") == 4);              // 3 copies and a starred one.
+  CHECK(RegexExpandedPositions("(ab){3}c") == 7);
+  CHECK(RegexExpandedPositions("(.{0,255}){0,255}") == 65025);
+  CHECK(RegexExpandedPositions("[]{}]{4}") == 4);           // ']' and braces inside a bracket.
+  CHECK(RegexExpandedPositions("[[:digit:]]{8}") == 8);
+  CHECK(RegexExpandedPositions("a|b{5}") == 6);
+  CHECK(RegexExpandedPositions("x+") == 2);
+  CHECK(RegexExpandedPositions("\\{{3}") == 3);             // An escaped brace repeated.
+  CHECK(RegexExpandedPositions("((((a{100}){100}){100}){100})") == 100000000);
+  CHECK(RegexExpandedPositions("a{99999999999999999999}{99999999999999999999}") ==
+        std::numeric_limits<uint64_t>::max());              // Saturates, never wraps.
+  // A realistic pattern stays well under the bound.
+  CHECK(RegexExpandedPositions("([^/]{1,64}/){0,8}[^/]{1,255}\\.(jpg|png)") < kMaxRegexPositions);
+
+  auto too_large = FileRegex::Compile("(.{0,255}){0,255}");
+  REQUIRE_FALSE(too_large.ok());
+  CHECK(absl::StrContains(too_large.status().message(), "dataset.file_regex"));
+  auto bad = FileRegex::Compile(std::string(5000, '('));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().size() < 400);  // The pattern is quoted in part only.
+  auto jpg = FileRegex::Compile("train/.*\\.jpg");
+  REQUIRE(jpg.ok());
+  CHECK((*jpg)->Matches("train/a/b.jpg"));
+  CHECK_FALSE((*jpg)->Matches("train/a/b.jpgx"));
+  CHECK_FALSE((*jpg)->Matches("val/b.jpg"));
 }
 
 }  // namespace

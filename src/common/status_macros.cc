@@ -9,6 +9,12 @@
 
 namespace monarch {
 
+std::string QuoteForError(absl::string_view value) {
+  constexpr size_t kMaxQuotedChars = 200;
+  if (value.size() <= kMaxQuotedChars) return absl::StrCat("'", value, "'");
+  return absl::StrCat("'", value.substr(0, kMaxQuotedChars), "...' (", value.size(), " bytes)");
+}
+
 absl::Status ErrnoToStatus(int error_number, absl::string_view context) {
   const std::string message = absl::StrCat(context, ": ", std::strerror(error_number));
   switch (error_number) {

@@ -7,6 +7,8 @@
 #ifndef MONARCH_COMMON_STATUS_MACROS_H_
 #define MONARCH_COMMON_STATUS_MACROS_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -40,6 +42,11 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view context);
 // library): the errno a plain system call would most likely have given for
 // an error of this kind. Failed I/O (DataLoss, Internal, Unknown) is EIO.
 int StatusToErrno(const absl::Status& status);
+
+// `value` in single quotes for an error message, cut to its first 200
+// characters (and its size given) so that a huge value cannot make a huge
+// message.
+std::string QuoteForError(absl::string_view value);
 
 }  // namespace monarch
 

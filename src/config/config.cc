@@ -6,7 +6,6 @@
 #include "common/os.h"
 #include "monarch/config.h"
 
-#include <regex.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -27,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "metadata/file_regex.h"
 #include "remote/bootstrap.h"
 #include "yaml-cpp/yaml.h"
 
@@ -43,12 +43,7 @@ constexpr size_t kMaxQuotedChars = 200;
 // with the terminating NUL). 80 leaves that suffix and some slack.
 constexpr size_t kMaxRuntimeDirChars = 80;
 
-// A value quoted in an error message, cut to kMaxQuotedChars characters so
-// that a huge value cannot make a huge message.
-std::string Quote(absl::string_view value) {
-  if (value.size() <= kMaxQuotedChars) return absl::StrCat("'", value, "'");
-  return absl::StrCat("'", value.substr(0, kMaxQuotedChars), "...' (", value.size(), " bytes)");
-}
+std::string Quote(absl::string_view value) { return QuoteForError(value); }
 
 absl::Status KeyError(absl::string_view key, absl::string_view what) {
   // Keys come from the config too: an unknown one is quoted as a value is.
@@ -628,17 +623,9 @@ absl::Status ValidateConfig(const Config& config) {
                     absl::StrCat(Quote(config.dataset.path), " is not an existing directory"));
   }
   if (!config.dataset.file_regex.empty()) {
-    regex_t regex;
-    int rc = ::regcomp(&regex, absl::StrCat("^(", config.dataset.file_regex, ")$").c_str(),
-                       REG_EXTENDED | REG_NOSUB);
-    if (rc != 0) {
-      char message[256];
-      ::regerror(rc, &regex, message, sizeof(message));
-      return KeyError(
-          "dataset.file_regex",
-          absl::StrCat("invalid regular expression ", Quote(config.dataset.file_regex), ": ", message));
-    }
-    ::regfree(&regex);
+    // Compiled here too, so that a bad pattern is a config error before any
+    // start-up work. FileRegex's messages name the key.
+    MONARCH_RETURN_IF_ERROR(FileRegex::Compile(config.dataset.file_regex).status());
   }
   const std::string dataset =
       client_of_service ? config.dataset.path : RealPath(config.dataset.path);

@@ -4,7 +4,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <regex.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,38 +21,10 @@
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "metadata/file_regex.h"
 
 namespace monarch {
 namespace {
-
-// POSIX extended regex, compiled once. Chosen over std::regex, which is
-// several times slower per match and would dominate a million-file walk.
-class NameFilter {
- public:
-  absl::Status Compile(const std::string& pattern) {
-    if (pattern.empty()) return absl::OkStatus();
-    int rc =
-        ::regcomp(&regex_, absl::StrCat("^(", pattern, ")$").c_str(), REG_EXTENDED | REG_NOSUB);
-    if (rc != 0) {
-      char message[256];
-      ::regerror(rc, &regex_, message, sizeof(message));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.file_regex: invalid regular expression '", pattern, "': ", message));
-    }
-    compiled_ = true;
-    return absl::OkStatus();
-  }
-  ~NameFilter() {
-    if (compiled_) ::regfree(&regex_);
-  }
-  bool Keep(const std::string& name) const {
-    return !compiled_ || ::regexec(&regex_, name.c_str(), 0, nullptr, 0) == 0;
-  }
-
- private:
-  regex_t regex_;
-  bool compiled_ = false;
-};
 
 struct WalkedFile {
   std::string name;  // Dataset-relative.
@@ -79,7 +50,7 @@ struct WalkedDirectory {
 class ParallelWalk {
  public:
   // `real_root`: the root's realpath, for SymlinkPolicy::kInside.
-  ParallelWalk(const std::string& root, std::string real_root, const NameFilter& filter,
+  ParallelWalk(const std::string& root, std::string real_root, const FileRegex* filter,
                SymlinkPolicy symlinks)
       : root_(root), real_root_(std::move(real_root)), filter_(filter), symlinks_(symlinks) {}
 
@@ -147,7 +118,7 @@ class ParallelWalk {
         subdirectories->push_back(std::move(name));
         continue;
       }
-      if (d->d_type == DT_REG && !filter_.Keep(name)) continue;  // Spare the stat.
+      if (d->d_type == DT_REG && !Keep(name)) continue;  // Spare the stat.
       struct stat st;
       bool symlink = d->d_type == DT_LNK;
       if (d->d_type == DT_UNKNOWN) {  // File systems without d_type.
@@ -166,7 +137,7 @@ class ParallelWalk {
         }
         continue;
       }
-      if (!S_ISREG(st.st_mode) || (d->d_type != DT_REG && !filter_.Keep(name))) continue;
+      if (!S_ISREG(st.st_mode) || (d->d_type != DT_REG && !Keep(name))) continue;
       FileAttributes attributes;
       attributes.device = st.st_dev;
       attributes.inode = st.st_ino;
@@ -203,7 +174,11 @@ class ParallelWalk {
 
   const std::string& root_;
   const std::string real_root_;
-  const NameFilter& filter_;
+  const FileRegex* const filter_;  // Null: every name is kept.
+
+  bool Keep(const std::string& name) const {
+    return filter_ == nullptr || filter_->Matches(name);
+  }
   const SymlinkPolicy symlinks_;
   Mutex mu_;
   CondVar changed_;  // The queue grew, or a worker finished a directory.
@@ -220,8 +195,10 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
                                                             int source_tier, int threads,
                                                             const TierSlotAllocator& allocate,
                                                             SymlinkPolicy symlinks) {
-  NameFilter filter;
-  MONARCH_RETURN_IF_ERROR(filter.Compile(file_regex));
+  std::unique_ptr<FileRegex> filter;
+  if (!file_regex.empty()) {
+    MONARCH_ASSIGN_OR_RETURN(filter, FileRegex::Compile(file_regex));
+  }
 
   std::unique_ptr<Namespace> ns(new Namespace());
   ns->root_ = root;
@@ -235,7 +212,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     real_root = real;
     std::free(real);
   }
-  ParallelWalk walk(ns->root_, std::move(real_root), filter, symlinks);
+  ParallelWalk walk(ns->root_, std::move(real_root), filter.get(), symlinks);
   walk.Run(std::max(1, threads));
 
   ns->directory_names_.reserve(walk.directories().size());

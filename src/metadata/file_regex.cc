@@ -1,0 +1,181 @@
+#include "metadata/file_regex.h"
+
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace monarch {
+namespace {
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max()
+                                                      : a + b;
+}
+
+uint64_t SaturatingMultiply(uint64_t a, uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return a * b;
+}
+
+// Parses a decimal count at pattern[*i]; advances *i past it. Large counts
+// saturate (regcomp refuses anything past RE_DUP_MAX anyway).
+bool ParseCount(absl::string_view pattern, size_t* i, uint64_t* count) {
+  const size_t start = *i;
+  *count = 0;
+  while (*i < pattern.size() && absl::ascii_isdigit(static_cast<unsigned char>(pattern[*i]))) {
+    *count = SaturatingAdd(SaturatingMultiply(*count, 10), static_cast<uint64_t>(pattern[*i] - '0'));
+    ++*i;
+  }
+  return *i > start;
+}
+
+// A bound "{m}", "{m,}" or "{m,n}" at pattern[*i] (the '{'): the number of
+// copies of the preceding atom it stands for. Advances *i past it.
+bool ParseBound(absl::string_view pattern, size_t* i, uint64_t* copies) {
+  size_t j = *i + 1;
+  uint64_t low = 0;
+  uint64_t high = 0;
+  if (!ParseCount(pattern, &j, &low)) return false;
+  if (j < pattern.size() && pattern[j] == '}') {
+    *copies = low;
+  } else if (j < pattern.size() && pattern[j] == ',') {
+    ++j;
+    if (j < pattern.size() && pattern[j] == '}') {
+      *copies = SaturatingAdd(low, 1);  // X{m,} is m copies and a starred one.
+    } else if (ParseCount(pattern, &j, &high) && j < pattern.size() && pattern[j] == '}') {
+      *copies = high > low ? high : low;
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+  *i = j + 1;
+  return true;
+}
+
+// Skips a bracket expression "[...]" starting at pattern[i] (the '['), with
+// its special cases: a leading ']' (or "^]") is a member, and "[:alpha:]",
+// "[.x.]", "[=x=]" may hold a ']'. Returns the index past it.
+size_t SkipBracket(absl::string_view pattern, size_t i) {
+  ++i;
+  if (i < pattern.size() && pattern[i] == '^') ++i;
+  if (i < pattern.size() && pattern[i] == ']') ++i;
+  while (i < pattern.size() && pattern[i] != ']') {
+    if (pattern[i] == '[' && i + 1 < pattern.size() &&
+        (pattern[i + 1] == ':' || pattern[i + 1] == '.' || pattern[i + 1] == '=')) {
+      const char close = pattern[i + 1];
+      size_t j = i + 2;
+      while (j + 1 < pattern.size() && !(pattern[j] == close && pattern[j + 1] == ']')) ++j;
+      i = j + 2;
+      continue;
+    }
+    ++i;
+  }
+  return i + 1;
+}
+
+}  // namespace
+
+uint64_t RegexExpandedPositions(absl::string_view pattern) {
+  // One frame per open group: the positions so far, and those of the last
+  // atom (what a following repetition copies; 0 after '|' or at the start).
+  struct Frame {
+    uint64_t total = 0;
+    uint64_t last = 0;
+  };
+  std::vector<Frame> frames(1);
+  auto add_atom = [&](uint64_t positions) {
+    frames.back().total = SaturatingAdd(frames.back().total, positions);
+    frames.back().last = positions;
+  };
+  auto repeat_last = [&](uint64_t copies) {
+    Frame& frame = frames.back();
+    const uint64_t repeated = SaturatingMultiply(frame.last, copies);
+    frame.total = SaturatingAdd(frame.total - frame.last, repeated);
+    frame.last = repeated;
+  };
+  size_t i = 0;
+  while (i < pattern.size()) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      add_atom(1);
+      i += 2;
+    } else if (c == '[') {
+      add_atom(1);
+      i = SkipBracket(pattern, i);
+    } else if (c == '(') {
+      frames.emplace_back();
+      ++i;
+    } else if (c == ')' && frames.size() > 1) {
+      const uint64_t group = frames.back().total > 0 ? frames.back().total : 1;
+      frames.pop_back();
+      add_atom(group);
+      ++i;
+    } else if (c == '|') {
+      frames.back().last = 0;
+      ++i;
+    } else if (c == '{') {
+      uint64_t copies = 0;
+      if (frames.back().last > 0 && ParseBound(pattern, &i, &copies)) {
+        repeat_last(copies > 0 ? copies : 1);
+      } else {
+        add_atom(1);
+        ++i;
+      }
+    } else if (c == '+') {
+      repeat_last(2);  // X+ compiles as X X*.
+      ++i;
+    } else if (c == '*' || c == '?') {
+      ++i;
+    } else {
+      add_atom(1);
+      ++i;
+    }
+  }
+  // Unclosed groups: regcomp reports them; count what they hold.
+  uint64_t total = 0;
+  for (const Frame& frame : frames) total = SaturatingAdd(total, frame.total);
+  return total;
+}
+
+absl::StatusOr<std::unique_ptr<FileRegex>> FileRegex::Compile(const std::string& pattern) {
+  const uint64_t positions = RegexExpandedPositions(pattern);
+  if (positions > kMaxRegexPositions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.file_regex: ", QuoteForError(pattern),
+        " is too large to compile: its bounded repetitions ({m,n}) expand to ",
+        positions == std::numeric_limits<uint64_t>::max() ? std::string("too many")
+                                                           : absl::StrCat(positions),
+        " positions, more than ", kMaxRegexPositions,
+        "; use *, + or smaller bounds"));
+  }
+  regex_t regex;
+  const int rc =
+      ::regcomp(&regex, absl::StrCat("^(", pattern, ")$").c_str(), REG_EXTENDED | REG_NOSUB);
+  if (rc != 0) {
+    char message[256];
+    ::regerror(rc, &regex, message, sizeof(message));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.file_regex: invalid regular expression ", QuoteForError(pattern), ": ", message));
+  }
+  // A regex_t owns heap pointers and nothing that points into itself, so
+  // the compiled one moves by copy; this object now frees it.
+  std::unique_ptr<FileRegex> compiled(new FileRegex());
+  compiled->regex_ = regex;
+  return compiled;
+}
+
+FileRegex::~FileRegex() { ::regfree(&regex_); }
+
+bool FileRegex::Matches(const std::string& name) const {
+  return ::regexec(&regex_, name.c_str(), 0, nullptr, 0) == 0;
+}
+
+}  // namespace monarch
