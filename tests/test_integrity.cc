@@ -223,6 +223,43 @@ TEST_CASE("flipped bytes are never served: pmem, every-read") {
   FlippedBytesAreNeverServed(TierKind::kPmem, "every-read");
 }
 
+// Two processes sharing a tier (no node service) both promote a file: the
+// second rename replaces the first copy, which unlinks its inode and so
+// changes its ctime. The first process still holds that inode open; its
+// bytes are intact and must go on being served, not reported as damage
+// (which would also delete the other process's good copy by name).
+TEST_CASE("a copy replaced by another process's identical copy is not damage") {
+  for (const std::string kind : {"posix", "pmem"}) {
+    CAPTURE(kind);
+    ScratchDir dir;
+    const std::string ds = dir.Sub("ds");
+    const std::string tier_dir = dir.Sub("tier");
+    auto files = testing::MakeDataset(ds, 2, {300000, 5000});
+    Config config = testing::MakeConfig(
+        ds, {testing::FileTier(kind == "pmem" ? TierKind::kPmem : TierKind::kPosix, tier_dir,
+                               1 << 30, "tier")});
+    FaultInjectingDriver::Faults source;
+    auto m = MustCreate(config, &source);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    ReadWholeAndCheck(*m, files[0]);  // The copy is open now, its blocks checked once.
+    const uint64_t source_reads = source.reads.load();
+    // What another process's publish does: its own copy, renamed over ours.
+    const std::string copy = tier_dir + "/" + files[0].name;
+    const std::string other = tier_dir + "/other-process-copy";
+    REQUIRE(std::system(absl::StrCat("cp ", copy, " ", other).c_str()) == 0);
+    REQUIRE(::rename(other.c_str(), copy.c_str()) == 0);
+    ReadWholeAndCheck(*m, files[0]);
+    ReadWholeAndCheck(*m, files[0], 4096);
+    const Stats stats = m->GetStats();
+    CHECK(stats.Tier(0, "damaged_copies") == 0);
+    CHECK(stats.Tier(0, "read_errors") == 0);
+    CHECK(stats.Tier(0, "files") == 2);
+    CHECK(source.reads.load() == source_reads);  // Still served by the tier.
+    CHECK(::access(copy.c_str(), F_OK) == 0);
+  }
+}
+
 TEST_CASE("with verification off, a restart still refuses copies of another source version") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");

@@ -199,13 +199,10 @@ absl::Status CheckedCopy::Verify(uint64_t first, uint64_t count, const char* dat
   return absl::OkStatus();
 }
 
-absl::Status CheckedCopy::CheckUnchanged() const {
+bool CheckedCopy::Unchanged() const {
   struct stat now;
-  if (os::Fstat(fd_->get(), &now) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", path_));
-  if (now.st_size != opened_.st_size || !SameTime(now.st_ctim, opened_.st_ctim)) {
-    return absl::DataLossError(absl::StrCat(path_, ": modified behind Monarch's back"));
-  }
-  return absl::OkStatus();
+  if (os::Fstat(fd_->get(), &now) != 0) return false;
+  return now.st_size == opened_.st_size && SameTime(now.st_ctim, opened_.st_ctim);
 }
 
 absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
@@ -214,6 +211,9 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
   n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
   const uint64_t first = offset / kChecksumBlockBytes;
   const uint64_t last = (offset + n - 1) / kChecksumBlockBytes;
+  if (policy == VerifyPolicy::kFirstRead && distrusted_.load(std::memory_order_acquire)) {
+    policy = VerifyPolicy::kEveryRead;
+  }
   bool check = policy == VerifyPolicy::kEveryRead;
   if (policy == VerifyPolicy::kFirstRead) {
     for (uint64_t b = first; b <= last && !check; ++b) check = !Verified(b);
@@ -254,8 +254,17 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
     }
   }
   // Every-read checked the very bytes it returns; first-read trusts blocks
-  // checked before only while the copy is the one they were checked in.
-  if (policy == VerifyPolicy::kFirstRead) MONARCH_RETURN_IF_ERROR(CheckUnchanged());
+  // checked before only while the copy's inode is unchanged since it was
+  // opened. A changed ctime is not proof of damage: another process that
+  // shares the tier replacing the copy with its own (a rename over it)
+  // unlinks this inode, which changes its ctime and nothing else. So the
+  // handle stops trusting its earlier checks instead: this read and every
+  // later one check every block they return, and only a checksum mismatch
+  // is damage.
+  if (policy == VerifyPolicy::kFirstRead && !Unchanged()) {
+    distrusted_.store(true, std::memory_order_release);
+    return Read(offset, dst, n, VerifyPolicy::kEveryRead);
+  }
   return n;
 }
 

@@ -19,9 +19,13 @@
 // trailer. A read then checks the blocks it touches against their CRCs, as
 // the policy says:
 // - first-read (the default): each block the first time this process reads
-//   it, then an fstat() after every read: a copy written, truncated or
-//   replaced in place since it was opened changed its ctime or size (the
-//   kernel updates ctime before the bytes), so its bytes are not served.
+//   it, then an fstat() after every read: a copy written or truncated in
+//   place since it was opened changed its ctime or size (the kernel updates
+//   ctime before the bytes). From then on the handle checks every block of
+//   every read, this one included, so altered bytes are caught by their
+//   checksums. (A ctime change alone is no proof: a copy that another
+//   process sharing the tier replaced by its own was unlinked, and that
+//   changes the ctime of the intact bytes.)
 // - every-read: every block of every read, whatever the timestamps say.
 // - off: no checksums at read; the identity is still checked at start-up.
 // A mismatch is DataLoss: the read path drops the copy and serves the
@@ -103,8 +107,8 @@ class CheckedCopy {
   CheckedCopy& operator=(const CheckedCopy&) = delete;
 
   // Up to `n` bytes at `offset`, checked as `policy` says. DataLoss when the
-  // copy does not match its checksums, changed since it was opened, or
-  // shrank under its mapping.
+  // bytes do not match their checksums or the copy shrank (under its
+  // mapping, too).
   absl::StatusOr<size_t> Read(uint64_t offset, char* dst, size_t n, VerifyPolicy policy);
 
   const SourceIdentity& source() const { return record_.source; }
@@ -118,8 +122,8 @@ class CheckedCopy {
   // `first`'s offset) against their CRCs and remembers them as verified.
   absl::Status Verify(uint64_t first, uint64_t count, const char* data);
   bool Verified(uint64_t block) const;
-  // DataLoss if the copy's ctime or size changed since Open().
-  absl::Status CheckUnchanged() const;
+  // Whether fstat() still gives the ctime and size seen at Open().
+  bool Unchanged() const;
 
   const std::shared_ptr<ScopedFd> fd_;
   const std::string path_;
@@ -128,6 +132,8 @@ class CheckedCopy {
   struct stat opened_ = {};                       // What fstat() said at Open().
   const char* mapping_ = nullptr;                 // With `map`: the bytes.
   std::unique_ptr<std::atomic<uint64_t>[]> verified_;  // One bit per block.
+  // The inode changed since Open(): first-read checks every block from now on.
+  std::atomic<bool> distrusted_{false};
 };
 
 }  // namespace monarch
