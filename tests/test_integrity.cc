@@ -260,6 +260,47 @@ TEST_CASE("a copy replaced by another process's identical copy is not damage") {
   }
 }
 
+// A dataset file replaced during the run by a FIFO (whose open blocks until
+// a writer comes) or a directory: the read fails with a clear error, at once.
+TEST_CASE("a source file replaced by a FIFO or a directory: a clear error, not a hang") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 3, {10000});
+  Config config = testing::MakeConfig(ds, {});  // The source alone: every read opens it.
+  auto m = MustCreate(config);
+  const std::string fifo = ds + "/" + files[0].name;
+  REQUIRE(::unlink(fifo.c_str()) == 0);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string directory = ds + "/" + files[1].name;
+  REQUIRE(::unlink(directory.c_str()) == 0);
+  REQUIRE(::mkdir(directory.c_str(), 0700) == 0);
+
+  for (const std::string& name : {files[0].name, files[1].name}) {
+    CAPTURE(name);
+    std::atomic<bool> done{false};
+    absl::Status status;
+    std::thread reader([&] {
+      char buffer[100];
+      status = m->Read(name, buffer, sizeof(buffer), 0).status();
+      done.store(true);
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const bool hung = !done.load();
+    if (hung) {  // Unblock the open so that the test can end and report.
+      int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (writer >= 0) ::close(writer);
+    }
+    reader.join();
+    CHECK_FALSE(hung);
+    CHECK_FALSE(status.ok());
+    CHECK(absl::StrContains(status.message(), name));
+  }
+  ReadWholeAndCheck(*m, files[2]);  // The rest reads on.
+}
+
 TEST_CASE("with verification off, a restart still refuses copies of another source version") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");

@@ -5,6 +5,9 @@
 // runs the same with real processes.
 
 #include <doctest/doctest.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -105,6 +109,60 @@ TEST_CASE("service: a client reads every byte exactly; the source once; then hit
   CHECK(*n == 10);
   CHECK(testing::BytesMatch(big, piece, big.size - 10, 10));
   CHECK(*(*client)->Read(big.name, piece, sizeof(piece), big.size + 5) == 0);
+}
+
+// The RAM tier's copies, its slot table, the tier slots and the namespace
+// image live in memfds that any process of the same user could reopen
+// read-write through /proc/<pid>/fd. They are sealed against writes: such a
+// reopening can neither write() them nor map them writable, so no process
+// but the service can alter a copy or say a file is elsewhere.
+TEST_CASE("service: the shared RAM copies and tables cannot be written by any other process") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {5000, 200000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
+  (*client)->WaitForPlacement();
+  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+
+  std::set<std::string> sealed_kinds;
+  int tried = 0;
+  DIR* fds = ::opendir("/proc/self/fd");
+  REQUIRE(fds != nullptr);
+  while (struct dirent* entry = ::readdir(fds)) {
+    const std::string fd_path = absl::StrCat("/proc/self/fd/", entry->d_name);
+    char target[256] = {};
+    if (::readlink(fd_path.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string name = target;  // "/memfd:monarch-ram:ram (deleted)"
+    if (!absl::StartsWith(name, "/memfd:monarch-")) continue;
+    if (absl::StartsWith(name, "/memfd:monarch-transfer")) continue;  // The client's own channel.
+    CAPTURE(name);
+    const int rw = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);  // What another process would do.
+    REQUIRE(rw >= 0);
+    const char junk = 0x5a;
+    errno = 0;
+    CHECK(::pwrite(rw, &junk, 1, 0) == -1);
+    CHECK(errno == EPERM);
+    errno = 0;
+    void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    CHECK(map == MAP_FAILED);
+    CHECK(errno == EPERM);
+    if (map != MAP_FAILED) ::munmap(map, 4096);
+    ::close(rw);
+    sealed_kinds.insert(name.substr(0, name.find_first_of(": ", 7)));
+    ++tried;
+  }
+  ::closedir(fds);
+  CHECK(tried >= 4);
+  CHECK(sealed_kinds.count("/memfd:monarch-ram") == 1);        // The copies.
+  CHECK(sealed_kinds.count("/memfd:monarch-ram-slots") == 1);  // Where each copy is.
+  CHECK(sealed_kinds.count("/memfd:monarch-tier-slots") == 1);
+  CHECK(sealed_kinds.count("/memfd:monarch-namespace") == 1);
+  ReadAllExact(**client, files);  // And the service still wrote them all.
 }
 
 TEST_CASE("service: concurrent clients share one promotion per file") {

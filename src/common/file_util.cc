@@ -94,11 +94,22 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
   if (!fd_.valid()) return monarch::OpenShared(JoinPath(path_, relative));
   const std::string name(relative);
   int fd;
+  // O_NONBLOCK: a dataset file replaced by a FIFO during the run must not
+  // block the open (a regular file's reads ignore the flag).
   do {
-    fd = os::OpenAt(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = os::OpenAt(fd_.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", JoinPath(path_, relative)));
-  return std::make_shared<ScopedFd>(fd);
+  auto owned = std::make_shared<ScopedFd>(fd);
+  struct stat st;
+  if (os::Fstat(fd, &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("fstat ", JoinPath(path_, relative)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(JoinPath(path_, relative), " is no longer a regular file"));
+  }
+  return owned;
 }
 
 absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenBeneath(

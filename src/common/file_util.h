@@ -64,7 +64,9 @@ class DirectoryHandle {
  public:
   explicit DirectoryHandle(std::string path);
   const std::string& path() const { return path_; }
-  // Opens `relative` under the directory read-only (O_CLOEXEC).
+  // Opens `relative` under the directory read-only (O_CLOEXEC), without
+  // blocking; FailedPrecondition if it is not a regular file (a FIFO or a
+  // device put in a dataset file's place).
   absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(absl::string_view relative) const;
   // The same, for files Monarch wrote itself: no component may be a symlink
   // (openat2 RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; on kernels without

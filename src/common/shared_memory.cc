@@ -33,6 +33,26 @@ absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t byt
   return fd;
 }
 
+absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& name,
+                                                          uint64_t bytes) {
+  const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
+  WriteSealedRegion region;
+  region.fd = ScopedFd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!region.fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
+  if (::ftruncate(region.fd.get(), static_cast<off_t>(size)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
+  }
+  if (::fcntl(region.fd.get(), F_ADD_SEALS, kSizeSeals) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name));
+  }
+  // The one writable mapping, made before the write seal forbids new ones.
+  MONARCH_ASSIGN_OR_RETURN(region.writable, MappedRegion::Map(region.fd.get(), /*writable=*/true));
+  if (::fcntl(region.fd.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name, " against writes"));
+  }
+  return region;
+}
+
 absl::StatusOr<ScopedFd> ReopenReadOnly(int fd) {
   const std::string path = absl::StrCat("/proc/self/fd/", fd);
   ScopedFd reopened(os::Open(path.c_str(), O_RDONLY | O_CLOEXEC));

@@ -5,6 +5,9 @@
 // another's mapping, so a mapped reader never takes SIGBUS. Clients get a
 // read-only reopening of it (ReopenReadOnly), which the kernel will not map
 // writable: a client can read the service's state but never change it.
+// The regions only the service writes (the namespace image, the tier slots,
+// the RAM tiers' copies) are also sealed against writes
+// (CreateWriteSealedRegion), which no reopening through /proc gets around.
 //
 // Regions are mapped MAP_SHARED; the address differs per process, so shared
 // structures hold offsets, never pointers.
@@ -49,6 +52,21 @@ class MappedRegion {
   char* data_ = nullptr;
   uint64_t size_ = 0;
 };
+
+// A memfd as CreateSealedMemfd makes it, mapped writable here and then
+// sealed against every other write (F_SEAL_FUTURE_WRITE): write(), pwrite()
+// and new writable mappings fail for every process, this one too, even
+// through a descriptor reopened read-write from /proc/<pid>/fd. Only
+// `writable` changes the bytes. For the service's state and the RAM tiers'
+// copies: a client, or any other process of the same user, can read them
+// but never alter them. (Pages freed inside it cannot be given back to the
+// kernel: a write-sealed memfd refuses hole punching.)
+struct WriteSealedRegion {
+  ScopedFd fd;
+  MappedRegion writable;
+};
+absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& name,
+                                                          uint64_t bytes);
 
 }  // namespace monarch
 

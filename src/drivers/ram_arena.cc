@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/guarded_copy.h"
 #include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
@@ -29,12 +31,15 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
   const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
   std::unique_ptr<RamArena> arena(new RamArena(size));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
-    MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, CreateSealedMemfd(name, size));
+    MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion region, CreateWriteSealedRegion(name, size));
     auto stripe = std::make_unique<Stripe>();
-    stripe->fd = fd.release();
+    stripe->fd = region.fd.release();
+    stripe->writable = std::move(region.writable);
     arena->stripes_.push_back(std::move(stripe));  // From here on the destructor cleans up.
     Stripe& s = *arena->stripes_.back();
-    // MAP_NORESERVE: the size is address space, not a commitment.
+    // Reads go through a read-only mapping: a stray pointer of ours cannot
+    // write a copy either. MAP_NORESERVE: the size is address space, not a
+    // commitment.
     void* base = os::Mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
     s.base = static_cast<char*>(base);
@@ -93,13 +98,6 @@ void RamArena::Free(Extent extent, uint64_t n) {
   Stripe& stripe = *stripes_[extent.stripe];
   uint64_t offset = extent.offset;
   n = RoundUp(n, kAlign);
-  // Give the pages that lie wholly inside the extent back to the kernel.
-  const uint64_t first_page = RoundUp(offset, kPage);
-  const uint64_t last_page = (offset + n) / kPage * kPage;
-  if (last_page > first_page) {
-    ::fallocate(stripe.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(first_page), static_cast<off_t>(last_page - first_page));
-  }
   MutexLock lock(&stripe.mu);
   auto next = stripe.free.lower_bound(offset);
   if (next != stripe.free.begin()) {
@@ -135,8 +133,24 @@ absl::Status RamArena::Write(Extent extent, uint64_t offset, const char* data, s
   if (at < extent.offset || at > size_ || n > size_ - at) {
     return absl::OutOfRangeError("write past the end of the RAM tier arena");
   }
-  // ENOSPC and ENOMEM (memory cgroup limits) come back as ResourceExhausted.
-  return PwriteFull(stripes_[extent.stripe]->fd, data, n, at, "RAM tier");
+  // The stripe is sealed against write(), so the bytes go through its one
+  // writable mapping. The pages are allocated first, in one call that fails
+  // with ENOMEM (a memory cgroup limit, say) where a store into a missing
+  // page would take SIGBUS; the copy is guarded all the same, for kernels
+  // before 5.14 that lack MADV_POPULATE_WRITE (EINVAL).
+  char* to = stripes_[extent.stripe]->writable.data() + at;
+  const uint64_t begin = at / kPage * kPage;
+  const uint64_t end = RoundUp(at + n, kPage);
+  if (n > 0 && ::madvise(stripes_[extent.stripe]->writable.data() + begin, end - begin,
+                         MADV_POPULATE_WRITE) != 0 &&
+      errno != EINVAL) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("RAM tier: no memory for ", n, " bytes: ", std::strerror(errno)));
+  }
+  if (!GuardedCopy(to, data, n)) {
+    return absl::ResourceExhaustedError(absl::StrCat("RAM tier: no memory for ", n, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace monarch

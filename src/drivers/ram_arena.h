@@ -1,23 +1,28 @@
 // RamArena: the memory a RAM tier keeps its copies in.
 //
 // A few memfds ("stripes"), each sized once to the whole arena (sparse:
-// memory is used only where bytes are written) and mapped read-only. Copies
-// are written with pwrite() and read with memcpy out of the mapping.
+// memory is used only where bytes are written), mapped writable once and
+// then sealed against any other write (CreateWriteSealedRegion): no other
+// process, not even one of the same user reopening the memfd through
+// /proc/<pid>/fd, can alter a copy, so RAM copies need no checksums. Reads
+// memcpy out of a second, read-only mapping.
 //
-// Why pwrite and not stores into a writable mapping: a store to a fresh page
-// costs a page fault and the kernel zeroing the page before our bytes
-// overwrite it; pwrite() of whole pages into a memfd allocates them without
-// zeroing (measured: 1 GiB in 0.29 s against 0.49 s; bench/results/profile.md).
-// Why stripes: pwrite() into one memfd holds its inode lock for the whole
-// call, so writers of different copies would take turns; extents are dealt
-// out across the stripes in turn, and each stripe has room for the whole
-// arena, so any extent fits in any stripe. A memfd is also memory another
-// process can map, which is what a node-wide RAM tier needs.
+// Writes are stores into the writable mapping, after MADV_POPULATE_WRITE
+// has allocated the pages. pwrite() was faster (it allocates whole pages
+// without zeroing them first: 1 GiB in 0.29 s against 0.49 s,
+// bench/results/profile.md), but a write-sealed memfd refuses it, and the
+// seal is what makes the tier tamper-proof. Only promotions pay, off the
+// read path. Why stripes: extents are dealt out across them in turn, so
+// writers of different copies work on different memfds and their page
+// allocations contend less; each stripe has room for the whole arena, so
+// any extent fits in any stripe. A memfd is also memory another process can
+// map, which is what a node-wide RAM tier needs.
 //
 // Space is handed out in extents aligned to 64 bytes (a cache line, so copies
 // never share one), first fit from freed extents, else from the stripe's end.
-// Freed whole pages are returned to the kernel (hole punching). The arena
-// does not enforce the total: the tier's capacity accounting does.
+// Freed pages stay allocated (a write-sealed memfd refuses hole punching)
+// and are reused by later copies. The arena does not enforce the total: the
+// tier's capacity accounting does.
 //
 // Thread-safe. The mapping stays valid for the arena's lifetime.
 
@@ -66,8 +71,8 @@ class RamArena {
   // Returns an extent from Allocate(n) with the same `n`.
   void Free(Extent extent, uint64_t n);
 
-  // Writes bytes at `offset` within `extent`. Errors: ResourceExhausted
-  // when the kernel refuses memory (ENOSPC, ENOMEM), others as from pwrite.
+  // Writes bytes at `offset` within `extent`. ResourceExhausted when the
+  // kernel refuses memory.
   absl::Status Write(Extent extent, uint64_t offset, const char* data, size_t n);
 
   // Maps the extent's pages into this process's page tables ahead of its
@@ -85,8 +90,9 @@ class RamArena {
  private:
   struct Stripe {
     int fd = -1;
-    char* base = nullptr;
-    MappedRegion mapping;  // Owns `base` in a read-only arena.
+    char* base = nullptr;    // Read-only.
+    MappedRegion mapping;    // Owns `base` in a read-only arena.
+    MappedRegion writable;   // The one writable mapping (not in a read-only arena).
     Mutex mu;
     uint64_t end ABSL_GUARDED_BY(mu) = 0;                 // Everything from here on is free.
     std::map<uint64_t, uint64_t> free ABSL_GUARDED_BY(mu);  // Offset -> length, below end.

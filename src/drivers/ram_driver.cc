@@ -152,7 +152,7 @@ class RamDriver final : public StorageDriver {
       if (previous != 0) {
         return absl::AlreadyExistsError(absl::StrCat("file ", id_, " already has a RAM copy"));
       }
-      // The pwrite()s happened before; release order makes them visible to
+      // The writes happened before; release order makes them visible to
       // a reader that loads the location with acquire order.
       slot.location.store(Pack(extent_), std::memory_order_release);
       committed_ = true;
@@ -211,12 +211,11 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
                                             absl::StrCat("monarch-ram:", name)));
-  MONARCH_ASSIGN_OR_RETURN(ScopedFd slots_fd,
-                           CreateSealedMemfd(absl::StrCat("monarch-ram-slots:", name),
-                                             SlotTableBytes(file_count)));
-  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(slots_fd.get(), true));
+  MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
+                           CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
+                                                   SlotTableBytes(file_count)));
   return std::unique_ptr<StorageDriver>(
-      new RamDriver(std::move(arena), file_count, std::move(slots_fd), std::move(slots)));
+      new RamDriver(std::move(arena), file_count, std::move(slots.fd), std::move(slots.writable)));
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,

@@ -166,6 +166,10 @@ void Promotion::Commit() {
       dropped = std::move(writer_);
     }
   }
+  // A failed copy's temporary is deleted before the promotion counts as
+  // done, so that whoever waits for placement to go idle finds none left.
+  writer.reset();
+  dropped.reset();
   host_->PromotionDone(*this, status, tier_failed);
 }
 
@@ -186,6 +190,7 @@ void Promotion::Fail(const absl::Status& status, bool tier_failed) {
     dropped = std::move(writer_);
   }
   chunk_settled_.SignalAll();
+  dropped.reset();  // As in Commit(): the temporary goes before "done".
   host_->PromotionDone(*this, status, tier_failed);
 }
 

@@ -68,9 +68,8 @@ absl::StatusOr<ScopedFd> WriteNamespaceImage(const Namespace& ns) {
   header.root_bytes = ns.root().size();
   const uint64_t total = header.root_offset + header.root_bytes;
 
-  MONARCH_ASSIGN_OR_RETURN(ScopedFd fd, CreateSealedMemfd("monarch-namespace", total));
-  MONARCH_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd.get(), /*writable=*/true));
-  char* base = region.data();
+  MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion image, CreateWriteSealedRegion("monarch-namespace", total));
+  char* base = image.writable.data();
   std::memcpy(base, &header, sizeof(header));
   Record* records = reinterpret_cast<Record*>(base + header.records_offset);
   uint32_t* hash = reinterpret_cast<uint32_t*>(base + header.hash_offset);
@@ -90,7 +89,7 @@ absl::StatusOr<ScopedFd> WriteNamespaceImage(const Namespace& ns) {
     }
   }
   std::memcpy(base + header.root_offset, ns.root().data(), ns.root().size());
-  return fd;
+  return std::move(image.fd);
 }
 
 absl::StatusOr<std::unique_ptr<NamespaceImage>> NamespaceImage::Open(const ScopedFd& fd) {

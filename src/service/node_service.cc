@@ -100,19 +100,14 @@ absl::Status NodeService::Init(ScopedFd lock) {
   CoreOptions core_options;
   core_options.wrap = options_.wrap;
   core_options.tier_slots = [this, &slots_status](uint32_t count) -> TierSlot* {
-    absl::StatusOr<ScopedFd> fd =
-        CreateSealedMemfd("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
-    if (!fd.ok()) {
-      slots_status = fd.status();
-      return nullptr;
-    }
-    absl::StatusOr<MappedRegion> region = MappedRegion::Map(fd->get(), /*writable=*/true);
+    absl::StatusOr<WriteSealedRegion> region =
+        CreateWriteSealedRegion("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
     if (!region.ok()) {
       slots_status = region.status();
       return nullptr;
     }
-    tier_slots_fd_ = std::move(*fd);
-    tier_slots_ = std::move(*region);
+    tier_slots_fd_ = std::move(region->fd);
+    tier_slots_ = std::move(region->writable);
     return reinterpret_cast<TierSlot*>(tier_slots_.data());
   };
   absl::StatusOr<std::unique_ptr<MonarchCore>> core = CreateMonarchCore(config_, core_options);
