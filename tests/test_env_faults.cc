@@ -26,6 +26,7 @@
 #include "common/os.h"
 #include "drivers/copy_integrity.h"
 #include "fault_env.h"
+#include "instance_util.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "remote/bootstrap.h"
@@ -36,45 +37,12 @@ namespace {
 
 using testing::FaultInjectingDriver;
 using testing::FaultInjectingEnv;
+using testing::MustCreate;
+using testing::OnDisk;
+using testing::ReadWholeAndCheck;
 using testing::ScratchDir;
 using testing::TestFile;
 using Op = FaultInjectingEnv::Op;
-
-absl::StatusOr<std::unique_ptr<Monarch>> Create(const Config& config,
-                                                FaultInjectingDriver::Faults* source = nullptr) {
-  const int source_index = static_cast<int>(config.tiers.size()) - 1;
-  DriverWrapper wrap = [=](int index,
-                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-    if (index == source_index && source != nullptr)
-      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
-    return d;
-  };
-  return CreateMonarchWithDriverWrapper(config, wrap);
-}
-
-std::unique_ptr<Monarch> MustCreate(const Config& config,
-                                    FaultInjectingDriver::Faults* source = nullptr) {
-  absl::StatusOr<std::unique_ptr<Monarch>> m = Create(config, source);
-  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
-  return std::move(*m);
-}
-
-// Bytes a file tier's copy of a `size`-byte file takes: the bytes, then
-// their checksums.
-uint64_t OnDisk(uint64_t size) { return size + CopyTrailerBytes(size); }
-
-void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
-  std::vector<char> buffer(chunk);
-  uint64_t offset = 0;
-  while (offset < f.size) {
-    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
-    REQUIRE_MESSAGE(n.ok(), absl::StrCat(f.name, ": ", n.status().ToString()));
-    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
-    REQUIRE_MESSAGE(testing::BytesMatch(f, buffer.data(), offset, *n),
-                    absl::StrCat(f.name, " at ", offset));
-    offset += *n;
-  }
-}
 
 // Regular files under `dir`, recursively (names relative to it).
 std::vector<std::string> FilesUnder(const std::string& dir, const std::string& prefix = "") {
@@ -206,7 +174,7 @@ TEST_CASE("walk: ENOENT on the dataset root is a clear error naming dataset.path
   os::ScopedEnvForTesting installed(&env);
   env.FailIf(Op::kOpenDir, [&](const std::string& p) { return p == ds; }, ENOENT);
   absl::StatusOr<std::unique_ptr<Monarch>> m =
-      Create(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
+      testing::CreateWithFaults(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}));
   REQUIRE_FALSE(m.ok());
   CHECK(absl::IsNotFound(m.status()));
   CHECK_MESSAGE(absl::StrContains(m.status().message(), "dataset.path"), m.status());
@@ -258,7 +226,7 @@ TEST_CASE("tier scan: EIO listing a tier directory fails start-up with an error 
     FaultInjectingEnv env;
     os::ScopedEnvForTesting installed(&env);
     env.FailIf(Op::kOpenDir, [&](const std::string& p) { return p == where; }, EIO);
-    absl::StatusOr<std::unique_ptr<Monarch>> m = Create(config);
+    absl::StatusOr<std::unique_ptr<Monarch>> m = testing::CreateWithFaults(config);
     REQUIRE_FALSE(m.ok());
     CHECK(env.injected(Op::kOpenDir) == 1);
     CHECK(absl::IsDataLoss(m.status()));

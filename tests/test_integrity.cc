@@ -23,6 +23,7 @@
 #include "common/crc32c.h"
 #include "common/mutex.h"
 #include "drivers/copy_integrity.h"
+#include "instance_util.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "test_util.h"
@@ -31,6 +32,8 @@ namespace monarch {
 namespace {
 
 using testing::FaultInjectingDriver;
+using testing::MustCreate;
+using testing::ReadWholeAndCheck;
 using testing::ScratchDir;
 using testing::TestFile;
 
@@ -39,31 +42,6 @@ constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
 #endif
-
-std::unique_ptr<Monarch> MustCreate(const Config& config,
-                                    FaultInjectingDriver::Faults* source = nullptr) {
-  const int source_index = static_cast<int>(config.tiers.size()) - 1;
-  DriverWrapper wrap = [=](int index,
-                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-    if (index == source_index && source != nullptr)
-      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
-    return d;
-  };
-  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
-  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
-  return std::move(*m);
-}
-
-void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
-  std::vector<char> buffer(chunk);
-  for (uint64_t offset = 0; offset < f.size;) {
-    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
-    REQUIRE_MESSAGE(n.ok(), n.status().ToString());
-    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
-    REQUIRE_MESSAGE(testing::BytesMatch(f, buffer.data(), offset, *n), f.name, " at ", offset);
-    offset += *n;
-  }
-}
 
 // Rewrites `path` with the bytes of `seed` in place (same inode, same size)
 // and puts its mtime back: the change a size-and-mtime check cannot see.

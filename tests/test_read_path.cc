@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "drivers/copy_integrity.h"
+#include "instance_util.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "placement/chunk_pool.h"
@@ -27,44 +28,11 @@ namespace monarch {
 namespace {
 
 using testing::FaultInjectingDriver;
+using testing::MustCreate;
+using testing::OnDisk;
+using testing::ReadWholeAndCheck;
 using testing::ScratchDir;
 using testing::TestFile;
-
-// Creates an instance, optionally wrapping the source in `source` faults and
-// tier `tier` in `tier_faults`.
-std::unique_ptr<Monarch> MustCreate(const Config& config,
-                                    FaultInjectingDriver::Faults* source = nullptr, int tier = -1,
-                                    FaultInjectingDriver::Faults* tier_faults = nullptr) {
-  const int source_index = static_cast<int>(config.tiers.size()) - 1;
-  DriverWrapper wrap = [=](int index,
-                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-    if (index == source_index && source != nullptr)
-      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
-    if (index == tier && tier_faults != nullptr)
-      return std::make_unique<FaultInjectingDriver>(std::move(d), tier_faults);
-    return d;
-  };
-  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
-  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
-  return std::move(*m);
-}
-
-// Bytes a file tier's copy of a `size`-byte file takes: the bytes, then
-// their checksums.
-uint64_t OnDisk(uint64_t size) { return size + CopyTrailerBytes(size); }
-
-// Reads the whole file in `chunk`-sized calls and checks every byte.
-void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
-  std::vector<char> buffer(chunk);
-  uint64_t offset = 0;
-  while (offset < f.size) {
-    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
-    REQUIRE_MESSAGE(n.ok(), n.status().ToString());
-    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
-    REQUIRE(testing::BytesMatch(f, buffer.data(), offset, *n));
-    offset += *n;
-  }
-}
 
 TEST_CASE("pread semantics and errors") {
   ScratchDir dir;

@@ -1,0 +1,70 @@
+// Helpers for tests that run a whole Monarch instance: create one with
+// fault-injecting drivers in chosen places, and read a file through it
+// checking every byte.
+
+#ifndef MONARCH_TESTS_INSTANCE_UTIL_H_
+#define MONARCH_TESTS_INSTANCE_UTIL_H_
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "drivers/copy_integrity.h"
+#include "monarch/monarch.h"
+#include "monarch_internal.h"
+#include "test_util.h"
+
+namespace monarch::testing {
+
+// An instance whose source is wrapped in `source` faults and whose tier
+// `tier` in `tier_faults` (either may be null: no wrapping).
+inline absl::StatusOr<std::unique_ptr<Monarch>> CreateWithFaults(
+    const Config& config, FaultInjectingDriver::Faults* source = nullptr, int tier = -1,
+    FaultInjectingDriver::Faults* tier_faults = nullptr) {
+  const int source_index = static_cast<int>(config.tiers.size()) - 1;
+  DriverWrapper wrap = [=](int index,
+                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+    if (index == source_index && source != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), source);
+    if (index == tier && tier_faults != nullptr)
+      return std::make_unique<FaultInjectingDriver>(std::move(d), tier_faults);
+    return d;
+  };
+  return CreateMonarchWithDriverWrapper(config, wrap);
+}
+
+// CreateWithFaults, failing the test case when the instance cannot be made.
+inline std::unique_ptr<Monarch> MustCreate(const Config& config,
+                                           FaultInjectingDriver::Faults* source = nullptr,
+                                           int tier = -1,
+                                           FaultInjectingDriver::Faults* tier_faults = nullptr) {
+  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateWithFaults(config, source, tier, tier_faults);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(*m);
+}
+
+// Bytes a file tier's copy of a `size`-byte file takes: the bytes, then
+// their checksums.
+inline uint64_t OnDisk(uint64_t size) { return size + CopyTrailerBytes(size); }
+
+// Reads the whole file in `chunk`-sized calls and checks every byte.
+inline void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 << 20) {
+  std::vector<char> buffer(chunk);
+  uint64_t offset = 0;
+  while (offset < f.size) {
+    absl::StatusOr<size_t> n = m.Read(f.name, buffer.data(), chunk, offset);
+    REQUIRE_MESSAGE(n.ok(), absl::StrCat(f.name, ": ", n.status().ToString()));
+    REQUIRE(*n == std::min<uint64_t>(chunk, f.size - offset));
+    REQUIRE_MESSAGE(BytesMatch(f, buffer.data(), offset, *n), absl::StrCat(f.name, " at ", offset));
+    offset += *n;
+  }
+}
+
+}  // namespace monarch::testing
+
+#endif  // MONARCH_TESTS_INSTANCE_UTIL_H_
