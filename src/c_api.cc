@@ -7,7 +7,9 @@
 #include <utility>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
 #include "frontend/process_instance.h"
@@ -211,6 +213,21 @@ char* monarch_stats_prometheus(const monarch_t* m) {
 
 void monarch_wait_for_placement(monarch_t* m) {
   if (m != nullptr) m->instance->WaitForPlacement();
+}
+
+monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size_t count,
+                                    char** error) {
+  MONARCH_C_CHECK(error, {"m", m});
+  if (count > 0) MONARCH_C_CHECK(error, {"names", names});
+  std::vector<std::string> order;
+  order.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (names[i] == nullptr) {
+      return Report(absl::InvalidArgumentError(absl::StrCat("names[", i, "] is NULL")), error);
+    }
+    order.emplace_back(names[i]);
+  }
+  return Report(m->instance->AnnounceOrder(order), error);
 }
 
 void monarch_free(void* p) { std::free(p); }

@@ -20,6 +20,7 @@
 #include "monarch_internal.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
+#include "placement/prefetcher.h"
 #include "remote/peer_driver.h"
 #include "service/client.h"
 
@@ -112,6 +113,7 @@ class MonarchImpl final : public MonarchCore {
                            peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
     placement_ = std::make_unique<PlacementHandler>(&tiers_, namespace_.get(), std::move(policy),
                                                     config_.placement);
+    prefetcher_ = std::make_unique<Prefetcher>(config_.prefetch, namespace_.get(), placement_.get());
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's
@@ -132,6 +134,8 @@ class MonarchImpl final : public MonarchCore {
     FileEntry* entry = namespace_->Find(ToAbsl(name));
     if (entry == nullptr)
       return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    // A reader's first read of a file frees the prefetch lookahead it took.
+    if (offset == 0 && prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &entry->ref.id, 1);
     return ReadEntry(*entry, static_cast<char*>(buffer), n, offset);
   }
 
@@ -176,6 +180,7 @@ class MonarchImpl final : public MonarchCore {
     Stats stats;
     CounterSink sink(&stats);
     placement_->ReportCounters(sink);
+    prefetcher_->ReportCounters(sink);
     sink.Counter("warm_files_reused", warm_reused_, "Valid copies found at start-up.");
     sink.Counter("warm_files_discarded", warm_discarded_,
                  "Copies removed at start-up: of another version of the source file, or damaged.");
@@ -185,13 +190,33 @@ class MonarchImpl final : public MonarchCore {
   }
 
   void Shutdown(ShutdownMode mode) override {
+    // The prefetch streams start no more files; cancelling placement cuts
+    // short the ones they are fetching (draining finishes them), then they
+    // are joined.
+    if (prefetcher_ != nullptr) prefetcher_->Stop();
     if (placement_ != nullptr) placement_->Shutdown(mode == ShutdownMode::kDrain);
+    if (prefetcher_ != nullptr) prefetcher_->Shutdown();
     // After the placement handler: draining promotions may still fetch from
     // peers, and peers' requests are served (from the source) until here.
     if (peers_ != nullptr) peers_->Shutdown();
   }
 
   void WaitForPlacement() override { placement_->WaitIdle(); }
+
+  absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
+    std::vector<uint32_t> ids;
+    ids.reserve(names.size());
+    for (const std::string& name : names) {
+      const FileEntry* entry = namespace_->Find(name);
+      if (entry == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("announced order: not a dataset file: ", QuoteForError(name)));
+      }
+      ids.push_back(entry->ref.id);
+    }
+    prefetcher_->Announce(kThisProcess, std::move(ids));
+    return absl::OkStatus();
+  }
 
   // MonarchCore.
   const Namespace& name_space() const override { return *namespace_; }
@@ -205,6 +230,12 @@ class MonarchImpl final : public MonarchCore {
     return tiers_[tier]->driver().SharedMemoryDescriptors();
   }
   int max_open_files() const override { return config_.placement.max_open_files; }
+  void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) override {
+    prefetcher_->Announce(reader, std::move(ids));
+  }
+  void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
+    prefetcher_->Consumed(reader, ids, count);
+  }
 
  private:
   Tier& source() { return *tiers_.back(); }
@@ -294,7 +325,13 @@ class MonarchImpl final : public MonarchCore {
   const int source_index_;
   const std::unique_ptr<Namespace> namespace_;
   PeerDriver* const peers_;                      // The peers tier's driver, or null.
-  std::unique_ptr<PlacementHandler> placement_;  // Declared last: stops first.
+  std::unique_ptr<PlacementHandler> placement_;
+  // Declared after placement_: destroyed before it (its streams drive
+  // promotions).
+  std::unique_ptr<Prefetcher> prefetcher_;
+  // The reader id of this process's own reads (the node service numbers its
+  // clients from 1).
+  static constexpr uint64_t kThisProcess = 0;
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
 };

@@ -43,6 +43,11 @@ class MonarchCore : public Monarch {
   // The descriptors of a tier's shared memory (the RAM tier), if any.
   virtual std::vector<int> SharedMemoryDescriptors(int tier) const = 0;
   virtual int max_open_files() const = 0;
+  // Prefetch on behalf of one of several readers (the node service's
+  // clients): `reader` announces its order of file ids (AnnounceOrder), and
+  // reports the files it started reading, hits it served itself included.
+  virtual void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) = 0;
+  virtual void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) = 0;
 };
 
 struct CoreOptions {

@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "monarch/monarch_c.h"
 #include "test_util.h"
@@ -157,6 +160,45 @@ TEST_CASE("C API: a bad config gives INVALID_ARGUMENT and a message naming the k
   monarch_free(error);
   CHECK(monarch_open_yaml_file("/nonexistent.yaml", &m, &error) == MONARCH_NOT_FOUND);
   monarch_free(error);
+}
+
+TEST_CASE("C API: announcing a read order prefetches it") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 6, {3000});
+  monarch_t* m = nullptr;
+  REQUIRE(monarch_open_default(ds.c_str(), &m, nullptr) == MONARCH_OK);
+  char* error = nullptr;
+  const char* unknown[] = {files[0].name.c_str(), "dir0/missing"};
+  CHECK(monarch_announce_order(m, unknown, 2, &error) == MONARCH_NOT_FOUND);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "dir0/missing") != nullptr);
+  monarch_free(error);
+  error = nullptr;
+  const char* with_null[] = {files[0].name.c_str(), nullptr};
+  CHECK(monarch_announce_order(m, with_null, 2, &error) == MONARCH_INVALID_ARGUMENT);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "names[1]") != nullptr);
+  monarch_free(error);
+  CHECK(monarch_announce_order(m, nullptr, 1, nullptr) == MONARCH_INVALID_ARGUMENT);
+  CHECK(monarch_announce_order(nullptr, nullptr, 0, nullptr) == MONARCH_INVALID_ARGUMENT);
+
+  std::vector<const char*> order;
+  for (const auto& f : files) order.push_back(f.name.c_str());
+  REQUIRE(monarch_announce_order(m, order.data(), order.size(), nullptr) == MONARCH_OK);
+  // The streams promote the files without a read: the RAM tier fills.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    char* json = monarch_stats_json(m);
+    REQUIRE(json != nullptr);
+    const bool all = std::strstr(json, "\"prefetch_files\":6,") != nullptr;
+    monarch_free(json);
+    if (all) break;
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(monarch_announce_order(m, nullptr, 0, nullptr) == MONARCH_OK);  // Withdrawn.
+  monarch_close(m);
 }
 
 TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a crash") {

@@ -120,7 +120,8 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("unknown top-level key") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
     CHECK(absl::StrContains(
-        e, "cache: unknown key; expected one of: dataset, tiers, placement, remote, node, logging"));
+        e, "cache: unknown key; expected one of: dataset, tiers, placement, prefetch, remote, node, "
+           "logging"));
   }
   SUBCASE("unknown tier key") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
@@ -129,6 +130,27 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("unknown placement key") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {thread: 2}\n");
     CHECK(absl::StrContains(e, "placement.thread: unknown key"));
+  }
+  SUBCASE("prefetch keys") {
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {stream: 2}\n"),
+                            "prefetch.stream: unknown key"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {streams: 0}\n"),
+                            "prefetch.streams: expected 1 to 256"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {lookahead: lots}\n"),
+                            "prefetch.lookahead: expected a size"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {lookahead: 0}\n"),
+                            "prefetch.lookahead: expected a size of at least one byte"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: 4\n"),
+                            "prefetch: expected a mapping"));
+    absl::StatusOr<Config> good =
+        ParseConfigString(ds + "tiers:\n" + src + "prefetch: {streams: 16, lookahead: 2GiB}\n");
+    REQUIRE(good.ok());
+    CHECK(good->prefetch.streams == 16);
+    CHECK(good->prefetch.lookahead_bytes == (2ull << 30));
+    absl::StatusOr<Config> defaults = ParseConfigString(ds + "tiers:\n" + src);
+    REQUIRE(defaults.ok());
+    CHECK(defaults->prefetch.streams == 8);
+    CHECK(defaults->prefetch.lookahead_bytes == (1ull << 30));
   }
   SUBCASE("missing dataset") {
     CHECK(absl::StrContains(ErrorOf("tiers:\n" + src), "dataset: required"));

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <set>
@@ -356,7 +357,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(ReadRequest{1, 2, 3}),            Encode(ReadReply{4}),
       Encode(ErrorReply{5, "no"}),             Encode(stats),
       Encode(StageRequest{{"a/*", "b"}}),      Encode(StageProgress{1, 2, 3, 4, 5, 1}),
-      Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7})};
+      Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7}),
+      Encode(AnnounceRequest{true, false, {1, 2, 3}}), Encode(ConsumedNotice{{4, 5}})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -367,6 +369,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     (void)DecodeStageRequest(p);
     (void)DecodeStageProgress(p);
     (void)DecodeStatusReply(p);
+    (void)DecodeAnnounceRequest(p);
+    (void)DecodeConsumedNotice(p);
     char header[kFrameHeaderBytes] = {};
     std::memcpy(header, p.data(), std::min(p.size(), sizeof(header)));
     (void)DecodeFrameHeader(header);
@@ -375,6 +379,9 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   CHECK(DecodeHelloReply(valid[1])->tiers.size() == 2);
   CHECK(DecodeStatsReply(valid[5])->clients[0].miss_bytes == 6);
   CHECK(DecodeStageRequest(valid[6])->globs[1] == "b");
+  CHECK(DecodeAnnounceRequest(valid[9])->file_ids[2] == 3);
+  CHECK_FALSE(DecodeAnnounceRequest(valid[9])->last);
+  CHECK(DecodeConsumedNotice(valid[10])->file_ids == std::vector<uint32_t>{4, 5});
   CHECK_FALSE(DecodeReadRequest(valid[2] + "x").ok());  // Trailing bytes.
   CHECK_FALSE(DecodeHelloReply(valid[1].substr(0, valid[1].size() - 1)).ok());  // Cut short.
   std::mt19937 rng(12345);
@@ -442,6 +449,123 @@ TEST_CASE("service: hostile connections get an error or a closed socket, and it 
   REQUIRE(client.ok());
   ReadAllExact(**client, files);
   CHECK((*node)->NodeStats().node.Get("service.refused_connections") == 0);
+}
+
+// Clairvoyant prefetch through the service: the client's order reaches the
+// service's prefetcher, which promotes the files before any read; the
+// client's first reads (hits the service never sees) come back in batches
+// and free the lookahead.
+TEST_CASE("service: an announced order is prefetched for the node; clients' reads free the lookahead") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 150, {3000, 9000});
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  config.prefetch.lookahead_bytes = 70 * 9000;  // About half the dataset.
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  std::vector<std::string> order;
+  for (const TestFile& f : files) order.push_back(f.name);
+  REQUIRE((*client)->AnnounceOrder(order).ok());
+
+  auto node_stat = [&](const char* name) { return (*node)->NodeStats().node.Get(name); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (node_stat("prefetch_lookahead_bytes") + 9000 <= config.prefetch.lookahead_bytes &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const uint64_t ahead = node_stat("prefetch_files");
+  CHECK(ahead > 0);
+  CHECK(ahead < files.size());  // Held back by the lookahead, not by the reader.
+  CHECK(node_stat("prefetch_lookahead_bytes") <= config.prefetch.lookahead_bytes);
+
+  // Reading in order: hits report back 64 at a time, the rest comes.
+  ReadAllExact(**client, files);
+  (*client)->WaitForPlacement();
+  const Stats stats = (*client)->GetStats();
+  CHECK(stats.Get("prefetch_reads") >= 128);
+  CHECK(stats.Get("prefetch_hits") >= 64);
+  CHECK(stats.Get("prefetch_files") > ahead);
+  CHECK(SourceBytes(stats) == testing::TotalBytes(files));  // Each file once.
+  CHECK(stats.Tier(0, "files") == files.size());
+
+  // A name outside the dataset: NotFound, and the service keeps the order.
+  CHECK(absl::IsNotFound((*client)->AnnounceOrder({"dir0/nope.bin"})));
+  CHECK(node_stat("prefetch_order_files") > 0);
+  // The client leaves: its order goes with it.
+  client->reset();
+  const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (node_stat("prefetch_order_files") != 0 && std::chrono::steady_clock::now() < gone) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(node_stat("prefetch_order_files") == 0);
+}
+
+TEST_CASE("service: hostile announcements are refused with a reason, and it goes on") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 4, {5000});
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(1 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config);
+  REQUIRE(node.ok());
+  auto hello = [&]() {
+    auto socket = service::ConnectUnix((*node)->paths().socket);
+    REQUIRE(socket.ok());
+    service::Hello h;
+    h.dataset_root = dir.path() + "/data";
+    auto reply = service::Call(socket->get(), service::MessageType::kHello, service::Encode(h),
+                               service::kMaxDescriptors);
+    REQUIRE(reply.ok());
+    return std::move(*socket);
+  };
+  {  // A file id past the namespace.
+    ScopedFd socket = hello();
+    service::AnnounceRequest request;
+    request.file_ids = {0, 1, 999999};
+    auto reply =
+        service::Call(socket.get(), service::MessageType::kAnnounce, service::Encode(request));
+    CHECK(absl::IsInvalidArgument(reply.status()));
+    CHECK(absl::StrContains(reply.status().message(), "out of range"));
+  }
+  {  // The same in a consumed notice (which is otherwise not answered).
+    ScopedFd socket = hello();
+    service::ConsumedNotice notice;
+    notice.file_ids = {4};
+    auto reply =
+        service::Call(socket.get(), service::MessageType::kConsumed, service::Encode(notice));
+    CHECK(absl::IsInvalidArgument(reply.status()));
+  }
+  {  // Unknown flags; and an announcement before hello.
+    ScopedFd socket = hello();
+    std::string payload = service::Encode(service::AnnounceRequest{});
+    payload[0] = 9;
+    CHECK(absl::IsInvalidArgument(
+        service::Call(socket.get(), service::MessageType::kAnnounce, payload).status()));
+    auto bare = service::ConnectUnix((*node)->paths().socket);
+    REQUIRE(bare.ok());
+    CHECK(absl::IsInvalidArgument(service::Call(bare->get(), service::MessageType::kAnnounce,
+                                                service::Encode(service::AnnounceRequest{}))
+                                      .status()));
+  }
+  {  // Endless pieces: refused past 100 epochs of the dataset.
+    ScopedFd socket = hello();
+    service::AnnounceRequest piece;
+    piece.last = false;
+    piece.file_ids.assign(service::kMaxIdsPerMessage, 0);
+    absl::Status status;
+    for (int i = 0; i < 3 && status.ok(); ++i) {
+      status = service::Call(socket.get(), service::MessageType::kAnnounce, service::Encode(piece))
+                   .status();
+      piece.first = false;
+    }
+    CHECK(absl::IsInvalidArgument(status));
+    CHECK(absl::StrContains(status.message(), "epochs"));
+  }
+  CHECK((*node)->NodeStats().node.Get("prefetch_announced_files") == 0);
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
 }
 
 }  // namespace

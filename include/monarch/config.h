@@ -146,6 +146,18 @@ struct NodeConfig {
 // for an unset variable or a relative result.
 absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node);
 
+// Clairvoyant prefetch: when a front end announces the order in which files
+// will be read (Monarch::AnnounceOrder), background streams read ahead of
+// the readers in that order and promote the files as they go.
+struct PrefetchConfig {
+  // Files fetched at once. A reader's own miss takes one of them while it
+  // lasts (at least one stream keeps going). 8 matches Lustre's default
+  // max_rpcs_in_flight.
+  int streams = 8;
+  // How far ahead of the readers, in bytes of files fetched and not yet read.
+  uint64_t lookahead_bytes = 1ull << 30;
+};
+
 struct LoggingConfig {
   std::string level = "warning";  // "debug", "info", "warning" or "error".
 };
@@ -154,6 +166,7 @@ struct Config {
   DatasetConfig dataset;
   std::vector<TierConfig> tiers;  // Fastest first; exactly one source, last.
   PlacementConfig placement;
+  PrefetchConfig prefetch;
   RemoteConfig remote;
   NodeConfig node;
   LoggingConfig logging;

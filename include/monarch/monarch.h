@@ -108,6 +108,18 @@ class Monarch {
   // want a fully promoted dataset before timing the next epoch.
   virtual void WaitForPlacement() = 0;
 
+  // Clairvoyant prefetch: announces the order in which this process will
+  // read files (dataset-relative names or paths inside the dataset), e.g. an
+  // epoch's shuffled order, before it starts reading. Background streams
+  // (config `prefetch`) then read ahead of this process in that order and
+  // promote the files, at most `prefetch.lookahead` bytes ahead. Reads need
+  // not follow the order: one that does not is served as usual. A new call
+  // replaces the previous order; an empty one withdraws it. With the node
+  // service, each process announces its own share (one rank, one DataLoader
+  // worker) and the service merges them. NotFound names the first name
+  // that is not a dataset file; nothing is announced then.
+  virtual absl::Status AnnounceOrder(const std::vector<std::string>& names) = 0;
+
  protected:
   Monarch() = default;
 };

@@ -86,6 +86,13 @@ char* monarch_stats_prometheus(const monarch_t* m);
 /* Waits until no promotion is queued or running. */
 void monarch_wait_for_placement(monarch_t* m);
 
+/* Clairvoyant prefetch: announces the order in which this process will read
+ * `count` files (dataset names or paths inside the dataset), replacing any
+ * earlier order; count 0 withdraws it. See Monarch::AnnounceOrder. A name
+ * that is not a dataset file is MONARCH_NOT_FOUND, and nothing is announced. */
+monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size_t count,
+                                    char** error);
+
 void monarch_free(void* p);
 
 /* --- For front ends (the TensorFlow plugin, the preload library, Python). */

@@ -64,9 +64,10 @@ class DirectoryHandle {
  public:
   explicit DirectoryHandle(std::string path);
   const std::string& path() const { return path_; }
+  // The O_PATH descriptor of the directory; -1 if it could not be opened.
+  int fd() const { return fd_.get(); }
   // Opens `relative` under the directory read-only (O_CLOEXEC), without
-  // blocking; FailedPrecondition if it is not a regular file (a FIFO or a
-  // device put in a dataset file's place).
+  // blocking (OpenSharedAt).
   absl::StatusOr<std::shared_ptr<ScopedFd>> OpenShared(absl::string_view relative) const;
   // The same, for files Monarch wrote itself: no component may be a symlink
   // (openat2 RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; on kernels without
@@ -79,6 +80,13 @@ class DirectoryHandle {
   std::string path_;
   ScopedFd fd_;
 };
+
+// Opens `name` relative to the directory descriptor `directory`, read-only
+// (O_CLOEXEC) and without blocking (O_NONBLOCK: a FIFO in a file's place
+// cannot hang the open, and its reads fail). The type is not checked here;
+// `path` names the file in errors.
+absl::StatusOr<std::shared_ptr<ScopedFd>> OpenSharedAt(int directory, const std::string& name,
+                                                       absl::string_view path);
 
 // Reads up to `n` bytes at `offset`; fewer only at end of file.
 absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset,

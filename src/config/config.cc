@@ -251,12 +251,12 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   Config config;
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, remote, "
-                     "node, logging; got ",
+        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, prefetch, "
+                     "remote, node, logging; got ",
                      Describe(root)));
   }
   MONARCH_RETURN_IF_ERROR(
-      CheckKeys(root, "", {"dataset", "tiers", "placement", "remote", "node", "logging"}));
+      CheckKeys(root, "", {"dataset", "tiers", "placement", "prefetch", "remote", "node", "logging"}));
 
   const YAML::Node dataset = root["dataset"];
   if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
@@ -401,7 +401,20 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                                GetString(placement["verify"], "placement.verify"));
     }
   }
-
+  if (const YAML::Node prefetch = root["prefetch"]) {
+    if (!prefetch.IsMap())
+      return KeyError("prefetch", absl::StrCat("expected a mapping, got ", Describe(prefetch)));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(prefetch, "prefetch", {"streams", "lookahead"}));
+    if (prefetch["streams"]) {
+      MONARCH_ASSIGN_OR_RETURN(int64_t streams, GetInt(prefetch["streams"], "prefetch.streams"));
+      if (streams < 1 || streams > 256) return KeyError("prefetch.streams", "expected 1 to 256");
+      config.prefetch.streams = static_cast<int>(streams);
+    }
+    if (prefetch["lookahead"]) {
+      MONARCH_ASSIGN_OR_RETURN(config.prefetch.lookahead_bytes,
+                               GetSize(prefetch["lookahead"], "prefetch.lookahead"));
+    }
+  }
   if (const YAML::Node remote = root["remote"]) {
     MONARCH_RETURN_IF_ERROR(ParseRemote(remote, &config.remote));
   }
@@ -718,6 +731,10 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
+  if (config.prefetch.streams < 1 || config.prefetch.streams > 256)
+    return KeyError("prefetch.streams", "expected 1 to 256");
+  if (config.prefetch.lookahead_bytes == 0)
+    return KeyError("prefetch.lookahead", "expected a size of at least one byte, such as 1GiB");
   if (p.verify != "first-read" && p.verify != "every-read" && p.verify != "off") {
     return KeyError("placement.verify", absl::StrCat("expected 'first-read', 'every-read' or "
                                                      "'off', got ",

@@ -2,16 +2,22 @@
 //
 // Monarch never writes, creates or deletes anything here; NewWriter and Remove
 // refuse. Descriptors are cached (bounded), so a shard read in many calls
-// costs one open on the PFS.
+// costs one open on the PFS. Files are opened relative to a held descriptor
+// of their directory, so the PFS resolves one name per open rather than
+// every component of the path again (on Lustre each component is a lookup
+// the MDS may have to answer).
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/os.h"
 #include "common/handle_cache.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "drivers/storage_driver.h"
 
@@ -25,7 +31,7 @@ class SourceDriver final : public StorageDriver {
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return root_.OpenShared(file.name); });
+        descriptors_.Get(file.id, [&] { return Open(file.name); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
   }
@@ -35,10 +41,15 @@ class SourceDriver final : public StorageDriver {
   // one until its descriptor leaves the cache).
   absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return root_.OpenShared(file.name); });
+        descriptors_.Get(file.id, [&] { return Open(file.name); });
     if (!fd.ok()) return fd.status();
     struct stat st;
     if (os::Fstat((*fd)->get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    // A FIFO, a directory or a device put in the file's place.
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(JoinPath(root_.path(), file.name), " is no longer a regular file"));
+    }
     SourceIdentity identity;
     identity.device = st.st_dev;
     identity.inode = st.st_ino;
@@ -59,8 +70,42 @@ class SourceDriver final : public StorageDriver {
   }
 
  private:
+  // Directories held open, at most this many (past it, files open from the
+  // root): a dataset has far fewer directories than files.
+  static constexpr size_t kMaxDirectories = 1 << 16;
+
+  absl::StatusOr<std::shared_ptr<ScopedFd>> Open(absl::string_view name) {
+    const size_t slash = name.rfind('/');
+    const int directory =
+        slash == absl::string_view::npos ? -1 : Directory(std::string(name.substr(0, slash)));
+    if (directory < 0) return root_.OpenShared(name);
+    return OpenSharedAt(directory, std::string(name.substr(slash + 1)),
+                        JoinPath(root_.path(), name));
+  }
+
+  // The held descriptor of dataset directory `relative`, opened on first
+  // use; -1 if it cannot be (the open from the root then reports why).
+  // Descriptors stay until the driver goes, so callers use them unlocked. A
+  // directory renamed during the run keeps being read as the one the walk
+  // found, as an open file is.
+  int Directory(const std::string& relative) {
+    MutexLock lock(&directories_mu_);
+    auto it = directories_.find(relative);
+    if (it != directories_.end()) return it->second.get();
+    if (root_.fd() < 0 || directories_.size() >= kMaxDirectories) return -1;
+    int fd;
+    do {
+      fd = os::OpenAt(root_.fd(), relative.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return -1;
+    directories_.emplace(relative, ScopedFd(fd));
+    return fd;
+  }
+
   const DirectoryHandle root_;
   HandleCache<ScopedFd> descriptors_;
+  Mutex directories_mu_;
+  absl::flat_hash_map<std::string, ScopedFd> directories_ ABSL_GUARDED_BY(directories_mu_);
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -81,6 +82,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     return ReadOrigin(entry.ref, offset, dst, n);
   }
   std::shared_ptr<Promotion> promotion;
+  bool own_miss = true;  // Not a read of a promotion someone else started.
   {
     Shard& shard = ShardOf(entry.ref.id);
     MutexLock lock(&shard.mu);
@@ -90,11 +92,16 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     auto it = shard.in_flight.find(entry.ref.id);
     if (it != shard.in_flight.end()) {
       promotion = it->second;
+      own_miss = false;
     } else if (accepting_.load(std::memory_order_relaxed) &&
                entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
       promotion = StartLocked(entry, shard);
     }
   }
+  if (own_miss) reader_misses_in_flight_.fetch_add(1, std::memory_order_relaxed);
+  absl::Cleanup count_miss_done = [&] {
+    if (own_miss) reader_misses_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  };
   if (promotion == nullptr) return ReadOrigin(entry.ref, offset, dst, n);
   Promotion::ReadOutcome outcome;
   absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
@@ -112,6 +119,28 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     pool_.detach_task([promotion] { promotion->RunToCompletion(); });
   }
   return result;
+}
+
+PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
+  std::shared_ptr<Promotion> promotion;
+  {
+    Shard& shard = ShardOf(entry.ref.id);
+    MutexLock lock(&shard.mu);
+    if (entry.tier->load(std::memory_order_acquire) != source_index_ ||
+        shard.in_flight.contains(entry.ref.id)) {
+      return PrefetchOutcome::kNotNeeded;
+    }
+    if (!accepting_.load(std::memory_order_relaxed) ||
+        entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
+      return PrefetchOutcome::kNoRoom;
+    }
+    promotion = StartLocked(entry, shard);
+  }
+  if (promotion == nullptr) return PrefetchOutcome::kNoRoom;
+  // This thread is the promotion's placement task: no pool thread is queued
+  // for it, and readers that join only load the chunks they need first.
+  if (promotion->ClaimBackgroundTask()) promotion->RunToCompletion();
+  return PrefetchOutcome::kFetched;
 }
 
 absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,

@@ -58,6 +58,23 @@ class PlacementHandler final : public PromotionHost {
   std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset, char* dst,
                                                        size_t n);
 
+  // Prefetch: promotes `entry` in the calling thread, loading every chunk no
+  // reader has loaded, and returns once the copy is written (readers that
+  // arrive meanwhile share its chunks, as with any promotion).
+  enum class PrefetchOutcome {
+    kFetched,     // This call promoted the file (or saw it fail).
+    kNotNeeded,   // Already in a tier, or a promotion is in flight.
+    kNoRoom,      // Not placeable (no tier has room, failed before, shutting
+                  // down): left alone, so the source is not read for nothing.
+  };
+  PrefetchOutcome Prefetch(FileEntry& entry);
+  // Readers loading bytes from the origin themselves right now (their own
+  // misses, not reads sharing a promotion someone else drives). Prefetch
+  // gives way to them.
+  int reader_misses_in_flight() const {
+    return reader_misses_in_flight_.load(std::memory_order_relaxed);
+  }
+
   // Stops starting promotions; `drain` finishes the ones in flight, else
   // they are abandoned at the next chunk boundary. Returns when none is
   // left. Idempotent.
@@ -124,6 +141,7 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> staging_fallbacks_{0};
   std::atomic<uint64_t> written_by_readers_{0};
   std::atomic<uint64_t> written_by_placement_{0};
+  std::atomic<int> reader_misses_in_flight_{0};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
 };

@@ -174,7 +174,19 @@ struct ProcessState {
   std::unique_ptr<StorageDriver> source ABSL_GUARDED_BY(mu);  // For reads while no service answers.
   Clock::time_point next_connect ABSL_GUARDED_BY(mu);
   Clock::time_point next_autostart ABSL_GUARDED_BY(mu);
+
+  // Files this process started reading, not yet told to the service (for
+  // the prefetch lookahead; see NoteFirstRead).
+  Mutex consumed_mu;
+  std::vector<uint32_t> consumed ABSL_GUARDED_BY(consumed_mu);
+  Clock::time_point consumed_sent ABSL_GUARDED_BY(consumed_mu);
 };
+
+// First reads are told to the service in batches: one message, not
+// answered, per this many files, or sooner once this long has passed (a
+// DataLoader worker may read only a few dozen files before it exits).
+constexpr size_t kConsumedBatch = 64;
+constexpr auto kConsumedDelay = std::chrono::milliseconds(20);
 
 constexpr size_t kMaxIdleChannels = 16;
 
@@ -211,6 +223,7 @@ class ServiceClient final : public Monarch {
       const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
       if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
       const FileRef ref = session->image->ref(*id);
+      if (offset == 0 && attempt == 0) NoteFirstRead(state, session, *id);
       if (offset >= ref.size || n == 0) return 0;
       n = static_cast<size_t>(std::min<uint64_t>(n, ref.size - offset));
       char* dst = static_cast<char*>(buffer);
@@ -294,6 +307,30 @@ class ServiceClient final : public Monarch {
   void WaitForPlacement() override {
     absl::StatusOr<Frame> reply = AdminCall(MessageType::kWaitForPlacement);
     if (!reply.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", reply.status().ToString());
+  }
+
+  // The order goes to the service in pieces on one connection; the service
+  // merges it with the other processes' orders.
+  absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
+    ProcessState& state = State();
+    for (int attempt = 0;; ++attempt) {
+      Session* session = CurrentSession(state);
+      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+      std::vector<uint32_t> ids;
+      ids.reserve(names.size());
+      for (const std::string& name : names) {
+        const std::optional<uint32_t> id = session->image->Find(name);
+        if (!id) {
+          return absl::NotFoundError(
+              absl::StrCat("announced order: not a dataset file: ", QuoteForError(name)));
+        }
+        ids.push_back(*id);
+      }
+      absl::Status sent = SendOrder(state, session, ids);
+      // A new service instance answered: ids may differ, look up again.
+      if (absl::IsAborted(sent) && attempt < 3) continue;
+      return sent;
+    }
   }
 
  private:
@@ -468,6 +505,54 @@ class ServiceClient final : public Monarch {
     MONARCH_ASSIGN_OR_RETURN(size_t rest, ReadSource(state, ref, dst + done, n - done, offset + done));
     state.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return done + rest;
+  }
+
+  absl::Status SendOrder(ProcessState& state, Session* session,
+                         const std::vector<uint32_t>& ids) const {
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, TakeChannel(state, session));
+    if (channel == nullptr) {
+      return absl::UnavailableError(absl::StrCat("the Monarch service at ", paths_.socket,
+                                                 " does not answer: no prefetch"));
+    }
+    size_t done = 0;
+    do {
+      const size_t piece = std::min(ids.size() - done, kMaxIdsPerMessage);
+      AnnounceRequest request;
+      request.first = done == 0;
+      request.last = done + piece == ids.size();
+      request.file_ids.assign(ids.begin() + done, ids.begin() + done + piece);
+      MONARCH_ASSIGN_OR_RETURN(Frame reply,
+                               Call(channel->socket.get(), MessageType::kAnnounce, Encode(request)));
+      if (reply.type != MessageType::kOk) {
+        return absl::InternalError("the Monarch service did not accept the read order");
+      }
+      done += piece;
+    } while (done < ids.size());
+    ReturnChannel(state, std::move(channel));
+    return absl::OkStatus();
+  }
+
+  // Tells the service, a batch at a time, which files this process started
+  // reading: hits never reach it otherwise, and they free the room the
+  // prefetch streams may fill ahead of the readers. Best effort: with no
+  // service, there is no prefetch to tell.
+  void NoteFirstRead(ProcessState& state, Session* session, uint32_t id) const {
+    ConsumedNotice notice;
+    {
+      MutexLock lock(&state.consumed_mu);
+      state.consumed.push_back(id);
+      const Clock::time_point now = Clock::now();
+      if (state.consumed.size() < kConsumedBatch && now - state.consumed_sent < kConsumedDelay) {
+        return;
+      }
+      state.consumed_sent = now;
+      notice.file_ids.swap(state.consumed);
+    }
+    absl::StatusOr<std::unique_ptr<Channel>> channel = TakeChannel(state, session);
+    if (!channel.ok() || *channel == nullptr) return;
+    if (SendFrame((*channel)->socket.get(), MessageType::kConsumed, Encode(notice)).ok()) {
+      ReturnChannel(state, std::move(*channel));
+    }
   }
 
   absl::StatusOr<size_t> ReadSource(ProcessState& state, const FileRef& ref, char* dst, size_t n,

@@ -44,6 +44,19 @@ absl::Status SendError(int socket, const absl::Status& status) {
   return SendFrame(socket, MessageType::kError, Encode(ErrorReply::From(status)));
 }
 
+// Checks file ids from a client: an id past the namespace is a hostile or
+// broken message, refused like a malformed one.
+absl::Status CheckFileIds(const std::vector<uint32_t>& ids, uint32_t file_count,
+                          absl::string_view what) {
+  for (uint32_t id : ids) {
+    if (id >= file_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": file id ", id, " out of range (", file_count, " files)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct NodeService::Connection {
@@ -54,6 +67,8 @@ struct NodeService::Connection {
   std::atomic<uint64_t> miss_bytes{0};
   std::atomic<bool> finished{false};
   std::thread thread;
+  // The read order this client is sending in pieces (kAnnounce).
+  std::vector<uint32_t> pending_order;
 
   // The client's own counters; null before the handshake.
   const ClientCounters* counters() const {
@@ -212,6 +227,7 @@ void NodeService::AcceptLoop() {
           connection->peer = *peer;
           Connection* raw = connection.get();
           MutexLock lock(&mu_);
+          ++connections_per_pid_[raw->peer.pid];
           connections_.push_back(std::move(connection));
           raw->thread = std::thread([this, raw] { Serve(raw); });
         }
@@ -299,6 +315,14 @@ void NodeService::Serve(Connection* c) {
       case MessageType::kStage:
         status = HandleStage(c, *frame);
         break;
+      case MessageType::kAnnounce:
+        status = c->counters() == nullptr ? absl::InvalidArgumentError("announce before hello")
+                                          : HandleAnnounce(c, *frame);
+        break;
+      case MessageType::kConsumed:
+        status = c->counters() == nullptr ? absl::InvalidArgumentError("consumed before hello")
+                                          : HandleConsumed(c, *frame);
+        break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
@@ -314,6 +338,17 @@ void NodeService::Serve(Connection* c) {
     }
     if (absl::IsInvalidArgument(status)) SendError(c->socket.get(), status).IgnoreError();
   }
+  // A process's read order goes with its last connection.
+  bool withdraw = false;
+  {
+    MutexLock lock(&mu_);
+    auto live = connections_per_pid_.find(c->peer.pid);
+    if (live != connections_per_pid_.end() && --live->second == 0) {
+      connections_per_pid_.erase(live);
+      withdraw = announced_pids_.erase(c->peer.pid) > 0;
+    }
+  }
+  if (withdraw) core_->AnnounceOrderOf(c->peer.pid, {});
   c->finished.store(true, std::memory_order_release);
 }
 
@@ -394,6 +429,41 @@ absl::Status NodeService::HandleRead(Connection* c, const Frame& frame) {
   c->misses.fetch_add(1, std::memory_order_relaxed);
   c->miss_bytes.fetch_add(*n, std::memory_order_relaxed);
   return SendFrame(c->socket.get(), MessageType::kReadReply, Encode(ReadReply{*n}));
+}
+
+absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
+  absl::StatusOr<AnnounceRequest> request = DecodeAnnounceRequest(frame.payload);
+  if (!request.ok()) return request.status();  // Answered and closed by Serve().
+  const uint32_t files = core_->name_space().file_count();
+  MONARCH_RETURN_IF_ERROR(CheckFileIds(request->file_ids, files, "announce"));
+  if (request->first) c->pending_order.clear();
+  // An order covers some epochs, not an unbounded stream of pieces.
+  const uint64_t limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs, kMaxIdsPerMessage);
+  if (c->pending_order.size() + request->file_ids.size() > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "announce: an order of more than ", limit, " files (", kMaxAnnouncedEpochs,
+        " epochs of the dataset)"));
+  }
+  c->pending_order.insert(c->pending_order.end(), request->file_ids.begin(),
+                          request->file_ids.end());
+  if (request->last) {
+    {
+      MutexLock lock(&mu_);
+      announced_pids_.insert(c->peer.pid);
+    }
+    core_->AnnounceOrderOf(c->peer.pid, std::move(c->pending_order));
+    c->pending_order = {};
+  }
+  return SendFrame(c->socket.get(), MessageType::kOk, "");
+}
+
+absl::Status NodeService::HandleConsumed(Connection* c, const Frame& frame) {
+  absl::StatusOr<ConsumedNotice> notice = DecodeConsumedNotice(frame.payload);
+  if (!notice.ok()) return notice.status();
+  MONARCH_RETURN_IF_ERROR(
+      CheckFileIds(notice->file_ids, core_->name_space().file_count(), "consumed"));
+  core_->ConsumedBy(c->peer.pid, notice->file_ids.data(), notice->file_ids.size());
+  return absl::OkStatus();  // Not answered: the client does not wait for it.
 }
 
 absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {

@@ -33,6 +33,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/file_util.h"
@@ -88,6 +90,10 @@ class NodeService {
   absl::Status Handshake(Connection* connection, const Frame& hello);
   absl::Status HandleRead(Connection* connection, const Frame& frame);
   absl::Status HandleStage(Connection* connection, const Frame& frame);
+  absl::Status HandleAnnounce(Connection* connection, const Frame& frame);
+  absl::Status HandleConsumed(Connection* connection, const Frame& frame);
+  // The longest read order a client may announce, in epochs of the dataset.
+  static constexpr uint64_t kMaxAnnouncedEpochs = 100;
   StatusReply Status();
   void Shutdown();
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -110,6 +116,10 @@ class NodeService {
   Mutex mu_;
   CondVar stopped_cv_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  // Open connections per client process, and the processes that announced a
+  // read order: it is withdrawn when the last of their connections closes.
+  absl::flat_hash_map<pid_t, int> connections_per_pid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<pid_t> announced_pids_ ABSL_GUARDED_BY(mu_);
   // Counters of clients gone, per tier, so node totals never go down.
   uint64_t departed_tier_reads_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
   uint64_t departed_tier_bytes_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};

@@ -94,7 +94,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]) 
   std::memcpy(&length, in + 8, 4);
   if (magic != kFrameMagic) return absl::InvalidArgumentError("not a Monarch service frame");
   if (type < static_cast<uint32_t>(MessageType::kHello) ||
-      type > static_cast<uint32_t>(MessageType::kWaitForPlacement)) {
+      type > static_cast<uint32_t>(MessageType::kConsumed)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message type ", type));
   }
   if (length > kMaxPayloadBytes) {
@@ -262,6 +262,56 @@ absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload) {
   const uint32_t globs = r.GetCount(4);
   for (uint32_t i = 0; i < globs; ++i) m.globs.push_back(r.GetString(4096));
   if (absl::Status s = r.Finish("stage"); !s.ok()) return s;
+  return m;
+}
+
+namespace {
+
+// A list of file ids: its length, then the ids.
+void PutIds(PayloadWriter& w, const std::vector<uint32_t>& ids) {
+  w.Put(static_cast<uint32_t>(ids.size()));
+  for (uint32_t id : ids) w.Put(id);
+}
+std::vector<uint32_t> GetIds(PayloadReader& r) {
+  const uint32_t count = r.GetCount(4);
+  std::vector<uint32_t> ids;
+  ids.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) ids.push_back(r.Get<uint32_t>());
+  return ids;
+}
+
+}  // namespace
+
+std::string Encode(const AnnounceRequest& m) {
+  PayloadWriter w;
+  w.Put(static_cast<uint32_t>((m.first ? 1u : 0u) | (m.last ? 2u : 0u)));
+  PutIds(w, m.file_ids);
+  return w.Take();
+}
+
+absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload) {
+  PayloadReader r(payload);
+  AnnounceRequest m;
+  const uint32_t flags = r.Get<uint32_t>();
+  if (flags > 3) return absl::InvalidArgumentError("malformed announce message: unknown flags");
+  m.first = (flags & 1) != 0;
+  m.last = (flags & 2) != 0;
+  m.file_ids = GetIds(r);
+  if (absl::Status s = r.Finish("announce"); !s.ok()) return s;
+  return m;
+}
+
+std::string Encode(const ConsumedNotice& m) {
+  PayloadWriter w;
+  PutIds(w, m.file_ids);
+  return w.Take();
+}
+
+absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload) {
+  PayloadReader r(payload);
+  ConsumedNotice m;
+  m.file_ids = GetIds(r);
+  if (absl::Status s = r.Finish("consumed"); !s.ok()) return s;
   return m;
 }
 

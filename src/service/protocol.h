@@ -29,7 +29,7 @@
 namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: kAnnounce, kConsumed.
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -50,6 +50,8 @@ enum class MessageType : uint16_t {
   kOk = 12,
   kError = 13,
   kWaitForPlacement = 14,  // Answered with kOk once no promotion is in flight.
+  kAnnounce = 15,          // A piece of the client's read order; each answered with kOk.
+  kConsumed = 16,          // Files the client started reading; not answered.
 };
 
 struct FrameHeader {
@@ -131,6 +133,20 @@ struct StatsReply {
   std::vector<ClientStats> clients;
 };
 
+// A client's read order for prefetch (Monarch::AnnounceOrder), sent in
+// pieces of at most kMaxIdsPerMessage file ids.
+struct AnnounceRequest {
+  bool first = true;  // Starts a new order: drops pieces sent before.
+  bool last = true;   // The order is complete: the service announces it.
+  std::vector<uint32_t> file_ids;
+};
+// Files a client started reading (hits included, which the service does not
+// see otherwise): they free the prefetch lookahead.
+struct ConsumedNotice {
+  std::vector<uint32_t> file_ids;
+};
+constexpr size_t kMaxIdsPerMessage = (kMaxPayloadBytes - 16) / 4;
+
 struct StageRequest {
   std::vector<std::string> globs;  // Empty: the whole dataset.
 };
@@ -161,6 +177,8 @@ std::string Encode(const ReadReply& m);
 std::string Encode(const ErrorReply& m);
 std::string Encode(const StatsReply& m);
 std::string Encode(const StageRequest& m);
+std::string Encode(const AnnounceRequest& m);
+std::string Encode(const ConsumedNotice& m);
 std::string Encode(const StageProgress& m);
 std::string Encode(const StatusReply& m);
 
@@ -171,6 +189,8 @@ absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view payload);
 absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view payload);
 absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view payload);
 absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload);
+absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload);
+absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload);
 absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload);
 absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload);
 

@@ -120,6 +120,16 @@ void DecodePayload(MessageType type, absl::string_view payload) {
     case MessageType::kStageProgress:
       RoundTrip(payload, DecodeStageProgress, [](const StageProgress&) {});
       break;
+    case MessageType::kAnnounce:
+      RoundTrip(payload, DecodeAnnounceRequest, [&payload](const AnnounceRequest& m) {
+        FUZZ_CHECK(m.file_ids.size() <= payload.size() / 4, absl::StrCat(m.file_ids.size()));
+      });
+      break;
+    case MessageType::kConsumed:
+      RoundTrip(payload, DecodeConsumedNotice, [&payload](const ConsumedNotice& m) {
+        FUZZ_CHECK(m.file_ids.size() <= payload.size() / 4, absl::StrCat(m.file_ids.size()));
+      });
+      break;
     case MessageType::kStatusReply:
       RoundTrip(payload, DecodeStatusReply, [](const StatusReply& m) {
         FUZZ_CHECK(m.dataset_root.size() <= 4096, absl::StrCat(m.dataset_root.size()));

@@ -72,6 +72,7 @@ struct Options {
   bool drop_source_cache = false;
   bool settle = false;
   bool verify = false;
+  bool announce = false;  // --announce: tell Monarch each epoch's order (prefetch).
   std::string barrier_dir;  // With --partition: all N processes meet here around each epoch.
   int part = 0;             // --partition R/N: read every N-th file of each epoch's order, from R.
   int parts = 1;
@@ -94,6 +95,8 @@ struct Options {
                "                         cache went cold would be; tier copies keep theirs\n"
                "  --settle               wait for background placement between epochs\n"
                "  --verify               compare every read with the source (slow)\n"
+               "  --announce             announce each epoch's order to Monarch as it starts\n"
+               "                         (clairvoyant prefetch; counted in the epoch's time)\n"
                "  --partition R/N        read only this process's 1/N of each epoch (every N-th\n"
                "                         file of the shared shuffled order, from R), as a\n"
                "                         data-parallel job's rank R of N does\n"
@@ -158,6 +161,8 @@ Options ParseArgs(int argc, char** argv) {
       o.settle = true;
     else if (flag == "--verify")
       o.verify = true;
+    else if (flag == "--announce")
+      o.announce = true;
     else if (flag == "--barrier-dir")
       o.barrier_dir = value();
     else if (flag == "--partition") {
@@ -400,6 +405,15 @@ int RunEpochs(int argc, char** argv) {
       }
     };
     auto start = std::chrono::steady_clock::now();
+    if (o.announce && o.mode == "monarch") {
+      std::vector<std::string> names;
+      names.reserve(order.size());
+      for (uint32_t id : order) names.push_back(files[id]);
+      if (absl::Status announced = monarch->AnnounceOrder(names); !announced.ok()) {
+        std::fprintf(stderr, "monarch-epochs: announce: %s\n", announced.ToString().c_str());
+        return 1;
+      }
+    }
     std::vector<std::thread> threads;
     for (int t = 0; t < o.threads; ++t) threads.emplace_back(reader);
     for (std::thread& t : threads) t.join();

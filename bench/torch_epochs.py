@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""A PyTorch DataLoader (4 workers) over an ImageNet-like dataset, 3 epochs,
+three arms in one run:
+
+  (a) monarch  monarch.torch.FileListDataset, node service (`node: {shared:
+               true}`, RAM tier) over the PFS emulator's mount
+  (b) pfs      plain open()/read() of the files on the PFS emulator's mount
+  (c) local    plain open()/read() of a local copy, pre-read (page cache warm)
+
+Each sample is the file's bytes (the DataLoader's per-sample cost without
+decoding, so the ratio is about I/O). Prints each arm's epoch times, the
+epoch-1 ratio (a)/(b) and the epochs 2-3 ratio (a)/(c) (target <= 1.05).
+
+  MONARCH_C_LIBRARY=/tmp/b/libmonarch_c.so MONARCH_BINARY=/tmp/b/monarch PYTHONPATH=python \
+    .venv/bin/python bench/torch_epochs.py --build /tmp/b --files 2000
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import torch.utils.data
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+class PlainFiles(torch.utils.data.Dataset):
+    """The baseline: the builtin open() and read()."""
+
+    def __init__(self, root, names):
+        self.paths = [os.path.join(root, n) for n in names]
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            return len(f.read())
+
+
+def run_epochs(dataset, epochs, workers, total_bytes):
+    times = []
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=32, shuffle=True, num_workers=workers,
+        generator=torch.Generator().manual_seed(42), multiprocessing_context="fork")
+    for _ in range(epochs):
+        start = time.perf_counter()
+        got = sum(int(batch.sum()) for batch in loader)
+        times.append(time.perf_counter() - start)
+        assert got == total_bytes, (got, total_bytes)  # every byte of every file, every epoch
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO, "build"),
+                    help="build directory with monarch-epochs, monarch, bin/monarch-pfs-emulator")
+    ap.add_argument("--work", default="/tmp/monarch-torch-epochs")
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--meta-latency-us", type=int, default=1000)
+    ap.add_argument("--read-latency-us", type=int, default=500)
+    ap.add_argument("--bandwidth-mbps", type=int, default=300)
+    a = ap.parse_args()
+    import monarch
+    import monarch.torch as mt
+
+    backing = os.path.join(a.work, f"backing-{a.files}")
+    copy = os.path.join(a.work, f"copy-{a.files}")
+    mount = os.path.join(a.work, "pfs")
+    os.makedirs(a.work, exist_ok=True)
+    if not os.path.isdir(backing):
+        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
+                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
+                       check=True, stdout=subprocess.DEVNULL)
+    if not os.path.isdir(copy):
+        shutil.copytree(backing, copy)
+    names = sorted(os.path.relpath(os.path.join(d, f), copy)
+                   for d, _, fs in os.walk(copy) for f in fs)
+    total = sum(os.path.getsize(os.path.join(copy, n)) for n in names)
+    for n in names:  # (c) is page-cache warm
+        with open(os.path.join(copy, n), "rb") as f:
+            f.read()
+
+    script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
+    env = dict(os.environ, MONARCH_PFS_EMULATOR=os.path.join(a.build, "bin",
+                                                             "monarch-pfs-emulator"))
+    subprocess.run([script, "stop", mount], capture_output=True, env=env)
+    flags = ["--meta-latency-us", str(a.meta_latency_us), "--read-latency-us",
+             str(a.read_latency_us), "--bandwidth-mbps", str(a.bandwidth_mbps)]
+    subprocess.run([script, "start", backing, mount] + flags, check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    runtime = os.path.join(a.work, "rt")
+    config = os.path.join(a.work, "job.yaml")
+    with open(config, "w") as f:
+        f.write(f"dataset: {{path: {mount}}}\n"
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
+                f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
+    results = {}
+    try:
+        print(f"dataset: {len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers, "
+              f"{a.epochs} epochs; PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
+              flush=True)
+        results["pfs"] = run_epochs(PlainFiles(mount, names), a.epochs, a.workers, total)
+        print("(b) pfs    ", " ".join(f"{t:7.2f}s" for t in results["pfs"]), flush=True)
+        results["local"] = run_epochs(PlainFiles(copy, names), a.epochs, a.workers, total)
+        print("(c) local  ", " ".join(f"{t:7.2f}s" for t in results["local"]), flush=True)
+        subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
+        m = monarch.Monarch(config)  # starts the node service (walks the mount)
+        ds = mt.FileListDataset(names, monarch=m, loader=len)
+        results["monarch"] = run_epochs(ds, a.epochs, a.workers, total)
+        print("(a) monarch", " ".join(f"{t:7.2f}s" for t in results["monarch"]), flush=True)
+        src = m.stats()["tiers"][-1]
+        pfs = json.loads(subprocess.run([script, "stats", mount], capture_output=True,
+                                        text=True, env=env).stdout)["counters"]
+        print(f"monarch: node source bytes_read {src['bytes_read']} (dataset {total}); "
+              f"PFS emulator bytes_read {pfs.get('bytes_read')}")
+        m.close()
+    finally:
+        subprocess.run([os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch")),
+                        "stop", "--config", config], capture_output=True)
+        subprocess.run([script, "stop", mount], capture_output=True, env=env)
+    a_, b_, c_ = results["monarch"], results["pfs"], results["local"]
+    print(f"epoch 1: monarch/pfs = {a_[0] / b_[0]:.3f}")
+    if a.epochs > 1:
+        print(f"epochs 2-{a.epochs}: monarch/local = {sum(a_[1:]) / sum(c_[1:]):.3f} "
+              f"(target <= 1.05)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

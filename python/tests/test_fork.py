@@ -1,0 +1,59 @@
+"""A handle used after fork() reopens the same config in the child."""
+
+import multiprocessing
+import os
+
+import monarch
+
+
+def _child_read(m, name, pipe):
+    try:
+        pipe.send((m.read(name), m._pid == os.getpid(), m.stats()["tiers"][-1]["bytes_read"]))
+    except BaseException as e:  # Sent back so the parent's assertion shows it.
+        pipe.send(e)
+
+
+def test_os_fork_reopens(m, dataset):
+    assert m.read("sub/hello.txt") == b"hello monarch\n"
+    parent_handle = m._handle.value
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        status = 1
+        try:
+            os.close(read_fd)
+            assert m._pid != os.getpid()
+            data = m.read("blob.bin")
+            # A new instance: its source counters start at this read.
+            fresh = m.stats()["tiers"][-1]["bytes_read"] == len(data) == 300_000
+            reopened = m._pid == os.getpid() and m._handle.value != parent_handle
+            status = 0 if fresh and reopened else 2
+        finally:
+            os.write(write_fd, bytes([status]))
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        answer = r.read()
+    os.waitpid(pid, 0)
+    assert answer == b"\x00", f"child status {answer!r}"
+    # The parent's handle is untouched and still works.
+    assert m._handle.value == parent_handle and m._pid == os.getpid()
+    assert m.read("sub/hello.txt") == b"hello monarch\n"
+    assert m.stats()["tiers"][-1]["bytes_read"] == 14  # the child's reads are not ours
+
+
+def test_multiprocessing_fork_and_spawn(m, dataset):
+    m.read("sub/hello.txt")
+    for method in ("fork", "spawn"):
+        ctx = multiprocessing.get_context(method)
+        here, there = ctx.Pipe()
+        p = ctx.Process(target=_child_read, args=(m, "blob.bin", there))
+        p.start()
+        result = here.recv()
+        p.join(60)
+        assert not isinstance(result, BaseException), f"{method}: {result!r}"
+        data, reopened, source_bytes = result
+        with open(os.path.join(dataset, "blob.bin"), "rb") as f:
+            assert data == f.read(), method
+        assert reopened and source_bytes == 300_000, method
+        assert p.exitcode == 0

@@ -1,0 +1,203 @@
+// Prefetcher implementation.
+
+#include "placement/prefetcher.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace monarch {
+namespace {
+
+// How often a stream held back by the readers' misses looks again: misses
+// end without telling the prefetcher (they are counted, not signalled, to
+// keep the read path free of this lock).
+constexpr auto kYieldPoll = std::chrono::milliseconds(1);
+
+}  // namespace
+
+Prefetcher::Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHandler* placement)
+    : streams_(std::max(config.streams, 1)),
+      lookahead_bytes_(config.lookahead_bytes),
+      namespace_(ns),
+      placement_(placement) {}
+
+Prefetcher::~Prefetcher() { Shutdown(); }
+
+void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order) {
+  const size_t files = order.size();
+  MutexLock lock(&mu_);
+  if (stopping_) return;
+  if (order.empty()) {
+    orders_.erase(reader);
+  } else {
+    orders_[reader] = Order{std::move(order), 0};
+  }
+  // A new epoch: what the streams fetched for the last one and nobody read
+  // (a shorter epoch, a changed order) no longer holds the lookahead back.
+  ahead_.clear();
+  ahead_bytes_ = 0;
+  MergeLocked();
+  active_.store(!orders_.empty(), std::memory_order_relaxed);
+  announced_files_.fetch_add(files, std::memory_order_relaxed);
+  // The streams start with the first announcement: an instance nobody
+  // announces to has no prefetch threads.
+  if (threads_.empty() && !orders_.empty()) {
+    threads_.reserve(streams_);
+    for (int i = 0; i < streams_; ++i) {
+      threads_.emplace_back([this] {
+        ::pthread_setname_np(::pthread_self(), "monarch-prefetch");
+        StreamLoop();
+      });
+    }
+  }
+  changed_.SignalAll();
+}
+
+void Prefetcher::Consumed(uint64_t reader, const uint32_t* ids, size_t count) {
+  MutexLock lock(&mu_);
+  auto order = orders_.find(reader);
+  if (order != orders_.end()) {
+    order->second.consumed = std::min(order->second.ids.size(), order->second.consumed + count);
+  }
+  bool freed = false;
+  for (size_t i = 0; i < count; ++i) {
+    auto it = ahead_.find(ids[i]);
+    if (it == ahead_.end()) continue;
+    ahead_bytes_ -= it->second;
+    ahead_.erase(it);
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    freed = true;
+  }
+  consumed_files_.fetch_add(count, std::memory_order_relaxed);
+  if (freed) changed_.SignalAll();
+}
+
+void Prefetcher::MergeLocked() {
+  // By reader id, so that the merge does not depend on the hash order.
+  std::vector<uint64_t> readers;
+  for (const auto& [reader, order] : orders_) readers.push_back(reader);
+  std::sort(readers.begin(), readers.end());
+  std::vector<const Order*> orders;
+  size_t longest = 0;
+  for (uint64_t reader : readers) {
+    const Order& order = orders_.at(reader);
+    orders.push_back(&order);
+    longest = std::max(longest, order.ids.size() - order.consumed);
+  }
+  merged_.clear();
+  for (size_t i = 0; i < longest; ++i) {
+    for (const Order* order : orders) {
+      if (order->consumed + i < order->ids.size()) merged_.push_back(order->ids[order->consumed + i]);
+    }
+  }
+  next_ = 0;
+}
+
+int Prefetcher::AllowedStreams() const {
+  return std::max(1, streams_ - placement_->reader_misses_in_flight());
+}
+
+void Prefetcher::StreamLoop() {
+  for (;;) {
+    uint32_t id;
+    uint64_t size;
+    {
+      MutexLock lock(&mu_);
+      for (;;) {
+        if (stopping_) return;
+        if (next_ >= merged_.size()) {
+          changed_.Wait(&mu_);
+          continue;
+        }
+        id = merged_[next_];
+        const FileEntry& entry = namespace_->entry(id);
+        const PlacementState state = entry.state.load(std::memory_order_acquire);
+        if (state != PlacementState::kOnSource || ahead_.contains(id)) {
+          // Placed, on its way, or left on the source: nothing to read.
+          ++next_;
+          (state == PlacementState::kStaysOnSource ? no_room_files_ : skipped_files_)
+              .fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        size = entry.ref.size;
+        if (ahead_bytes_ > 0 && ahead_bytes_ + size > lookahead_bytes_) {
+          changed_.Wait(&mu_);  // Until readers read what is ahead.
+          continue;
+        }
+        if (fetching_ >= AllowedStreams()) {
+          if (fetching_ < streams_) yields_.fetch_add(1, std::memory_order_relaxed);
+          changed_.WaitUntil(&mu_, std::chrono::steady_clock::now() + kYieldPoll);
+          continue;
+        }
+        ++next_;
+        ++fetching_;
+        ahead_.emplace(id, size);
+        ahead_bytes_ += size;
+        break;
+      }
+    }
+    const PlacementHandler::PrefetchOutcome outcome =
+        placement_->Prefetch(namespace_->entry(id));
+    MutexLock lock(&mu_);
+    --fetching_;
+    if (outcome == PlacementHandler::PrefetchOutcome::kFetched) {
+      fetched_files_.fetch_add(1, std::memory_order_relaxed);
+      fetched_bytes_.fetch_add(size, std::memory_order_relaxed);
+    } else {
+      // A reader or another stream got there first, or no tier had room:
+      // this stream read nothing, so the file takes no lookahead.
+      (outcome == PlacementHandler::PrefetchOutcome::kNoRoom ? no_room_files_ : skipped_files_)
+          .fetch_add(1, std::memory_order_relaxed);
+      auto it = ahead_.find(id);
+      if (it != ahead_.end()) {
+        ahead_bytes_ -= it->second;
+        ahead_.erase(it);
+      }
+    }
+    changed_.SignalAll();
+  }
+}
+
+void Prefetcher::Stop() {
+  MutexLock lock(&mu_);
+  stopping_ = true;
+  active_.store(false, std::memory_order_relaxed);
+  changed_.SignalAll();
+}
+
+void Prefetcher::Shutdown() {
+  Stop();
+  std::vector<std::thread> threads;
+  {
+    MutexLock lock(&mu_);
+    threads.swap(threads_);
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+void Prefetcher::ReportCounters(CounterSink& sink) const {
+  sink.Counter("prefetch_announced_files", announced_files_.load(),
+               "Files in the read orders announced for prefetch.");
+  sink.Counter("prefetch_files", fetched_files_.load(),
+               "Files the prefetch streams promoted ahead of the readers.");
+  sink.Counter("prefetch_bytes", fetched_bytes_.load(), "Bytes of those files.");
+  sink.Counter("prefetch_skipped_files", skipped_files_.load(),
+               "Files of the order already in a tier or on their way when a stream got there.");
+  sink.Counter("prefetch_no_room_files", no_room_files_.load(),
+               "Files of the order left on the source: no tier had room.");
+  sink.Counter("prefetch_reads", consumed_files_.load(),
+               "First reads of files reported by readers while an order was announced.");
+  sink.Counter("prefetch_hits", hits_.load(),
+               "Of those, files a prefetch stream had started before the reader came.");
+  sink.Counter("prefetch_yields", yields_.load(),
+               "Times a stream waited because readers had misses of their own in flight.");
+  MutexLock lock(&mu_);
+  sink.Gauge("prefetch_lookahead_bytes", ahead_bytes_,
+             "Bytes the streams fetched that no reader has read yet.");
+  sink.Gauge("prefetch_position", next_, "Position of the streams in the merged order.");
+  sink.Gauge("prefetch_order_files", merged_.size(), "Files in the merged order.");
+}
+
+}  // namespace monarch

@@ -1,0 +1,116 @@
+// Prefetcher: clairvoyant prefetch. Readers announce the order in which they
+// will read files; background streams walk that order ahead of them and
+// promote each file (PlacementHandler::Prefetch), so that by the time a
+// reader gets there the file is in a tier, or on its way with its chunks
+// shared.
+//
+// - Several readers (a process's own threads count as one reader; in the
+//   node service, each client is one) each announce their own order. The
+//   streams walk the orders merged round-robin, position by position: the
+//   readers of a DataLoader or of the ranks on a node move in step, so the
+//   i-th file of each is wanted at about the same time.
+// - Lookahead is bounded in bytes: the files a stream has started and no
+//   reader has read yet. A reader reports each file it starts reading
+//   (Consumed); the room it frees lets the streams go on. Files the order
+//   promised and nobody read keep their room until the next announcement.
+// - Every byte is still read from the source once: a file is fetched only
+//   by starting its promotion, which happens at most once per file however
+//   it is triggered; files already in a tier, in flight, or left on the
+//   source (no room) are skipped without a read.
+// - Readers come first. A read of a file the streams have not reached is a
+//   miss like any other, served at once. While readers have misses of their
+//   own in flight, each takes one of the `streams` slots (one stream always
+//   keeps going, so the prefetch catches up once readers hit).
+//
+// Thread-safe. Start: the constructor starts the streams; Shutdown() (also
+// run by the destructor) stops them after the files they are fetching.
+
+#ifndef MONARCH_PLACEMENT_PREFETCHER_H_
+#define MONARCH_PLACEMENT_PREFETCHER_H_
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/counters.h"
+#include "common/mutex.h"
+#include "metadata/namespace.h"
+#include "monarch/config.h"
+#include "placement/placement_handler.h"
+
+namespace monarch {
+
+class Prefetcher {
+ public:
+  // `ns` and `placement` must outlive the prefetcher.
+  Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHandler* placement);
+  ~Prefetcher();
+
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Replaces `reader`'s order (file ids, in the order it will read them);
+  // an empty one withdraws it. The lookahead starts afresh: an announcement
+  // begins an epoch.
+  void Announce(uint64_t reader, std::vector<uint32_t> order);
+  // `reader` started reading these files (its first read of each).
+  void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
+  // Whether any order is announced: readers skip Consumed() when none is.
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+
+  // Stop(): no stream starts another file. Shutdown(): Stop(), then waits
+  // for the files the streams are fetching (cancel the placement handler in
+  // between to cut those short). Both idempotent.
+  void Stop();
+  void Shutdown();
+
+  void ReportCounters(CounterSink& sink) const;
+
+ private:
+  struct Order {
+    std::vector<uint32_t> ids;
+    size_t consumed = 0;  // How many of its files the reader started.
+  };
+
+  void StreamLoop();
+  // Rebuilds merged_ from the readers' orders, each from where its reader is.
+  void MergeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Streams allowed to fetch now: `streams` less the readers' own misses,
+  // at least one.
+  int AllowedStreams() const;
+
+  const int streams_;
+  const uint64_t lookahead_bytes_;
+  Namespace* const namespace_;
+  PlacementHandler* const placement_;
+
+  mutable Mutex mu_;
+  CondVar changed_;  // An order, the lookahead room, or the streams in flight changed.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<uint64_t, Order> orders_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> merged_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // The next position of merged_ to fetch.
+  // Files started by a stream since the last announcement and not read yet,
+  // with their sizes: the lookahead in use.
+  absl::flat_hash_map<uint32_t, uint64_t> ahead_ ABSL_GUARDED_BY(mu_);
+  uint64_t ahead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int fetching_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> active_{false};
+
+  // Counters.
+  std::atomic<uint64_t> announced_files_{0};
+  std::atomic<uint64_t> fetched_files_{0};
+  std::atomic<uint64_t> fetched_bytes_{0};
+  std::atomic<uint64_t> skipped_files_{0};  // Already placed or in flight.
+  std::atomic<uint64_t> no_room_files_{0};
+  std::atomic<uint64_t> consumed_files_{0};
+  std::atomic<uint64_t> hits_{0};  // Read after a stream had started them.
+  std::atomic<uint64_t> yields_{0};
+
+  std::vector<std::thread> threads_;  // Last: they stop before the state above goes.
+};
+
+}  // namespace monarch
+
+#endif  // MONARCH_PLACEMENT_PREFETCHER_H_
