@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -44,11 +45,23 @@ class PlainFiles(torch.utils.data.Dataset):
             return len(f.read())
 
 
-def run_epochs(dataset, epochs, workers, total_bytes):
+PERSISTENT = False  # --persistent-workers
+
+
+def run_epochs(dataset, epochs, workers, total_bytes, announce=False):
     times = []
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=32, shuffle=True, num_workers=workers,
-        generator=torch.Generator().manual_seed(42), multiprocessing_context="fork")
+    generator = torch.Generator().manual_seed(42)
+    if announce:
+        import monarch.torch as mt
+        sampler = mt.AnnouncingSampler(
+            torch.utils.data.RandomSampler(dataset, generator=generator), dataset)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=32, sampler=sampler, num_workers=workers,
+            multiprocessing_context="fork", persistent_workers=PERSISTENT)
+    else:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=32, shuffle=True, num_workers=workers, generator=generator,
+            multiprocessing_context="fork", persistent_workers=PERSISTENT)
     for _ in range(epochs):
         start = time.perf_counter()
         got = sum(int(batch.sum()) for batch in loader)
@@ -68,7 +81,12 @@ def main():
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--persistent-workers", action="store_true",
+                    help="keep the DataLoader's workers across epochs (every arm)")
     a = ap.parse_args()
+    global PERSISTENT
+    PERSISTENT = a.persistent_workers
     import monarch
     import monarch.torch as mt
 
@@ -103,36 +121,58 @@ def main():
         f.write(f"dataset: {{path: {mount}}}\n"
                 f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
                 f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
-    results = {}
+    results = {arm: [] for arm in ("pfs", "local", "monarch", "announced")}
+    monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
+
+    def through_monarch(announce):
+        subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
+        m = monarch.Monarch(config)  # starts a fresh node service (walks the mount)
+        try:
+            ds = mt.FileListDataset(names, monarch=m, loader=len)
+            times = run_epochs(ds, a.epochs, a.workers, total, announce=announce)
+            src = m.stats()["tiers"][-1]
+            pfs = json.loads(subprocess.run([script, "stats", mount], capture_output=True,
+                                            text=True, env=env).stdout)["counters"]
+            assert src["bytes_read"] == total, (src, total)  # the source once per file
+            print(f"    node source bytes_read {src['bytes_read']} (dataset {total}); "
+                  f"PFS emulator bytes_read {pfs.get('bytes_read')}", flush=True)
+        finally:
+            m.close()
+            subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
+        return times
+
     try:
         print(f"dataset: {len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers, "
-              f"{a.epochs} epochs; PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
+              f"{a.epochs} epochs{', persistent workers' if PERSISTENT else ''}; PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
               flush=True)
-        results["pfs"] = run_epochs(PlainFiles(mount, names), a.epochs, a.workers, total)
-        print("(b) pfs    ", " ".join(f"{t:7.2f}s" for t in results["pfs"]), flush=True)
-        results["local"] = run_epochs(PlainFiles(copy, names), a.epochs, a.workers, total)
-        print("(c) local  ", " ".join(f"{t:7.2f}s" for t in results["local"]), flush=True)
-        subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
-        m = monarch.Monarch(config)  # starts the node service (walks the mount)
-        ds = mt.FileListDataset(names, monarch=m, loader=len)
-        results["monarch"] = run_epochs(ds, a.epochs, a.workers, total)
-        print("(a) monarch", " ".join(f"{t:7.2f}s" for t in results["monarch"]), flush=True)
-        src = m.stats()["tiers"][-1]
-        pfs = json.loads(subprocess.run([script, "stats", mount], capture_output=True,
-                                        text=True, env=env).stdout)["counters"]
-        print(f"monarch: node source bytes_read {src['bytes_read']} (dataset {total}); "
-              f"PFS emulator bytes_read {pfs.get('bytes_read')}")
-        m.close()
+        for rep in range(a.reps):
+            for arm in ("pfs", "local", "monarch", "announced"):
+                if arm == "pfs":
+                    times = run_epochs(PlainFiles(mount, names), a.epochs, a.workers, total)
+                elif arm == "local":
+                    times = run_epochs(PlainFiles(copy, names), a.epochs, a.workers, total)
+                else:
+                    times = through_monarch(announce=(arm == "announced"))
+                results[arm].append(times)
+                print(f"rep {rep + 1} {arm:10s}", " ".join(f"{t:7.3f}s" for t in times),
+                      flush=True)
     finally:
-        subprocess.run([os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch")),
-                        "stop", "--config", config], capture_output=True)
+        subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
         subprocess.run([script, "stop", mount], capture_output=True, env=env)
-    a_, b_, c_ = results["monarch"], results["pfs"], results["local"]
-    print(f"epoch 1: monarch/pfs = {a_[0] / b_[0]:.3f}")
-    if a.epochs > 1:
-        print(f"epochs 2-{a.epochs}: monarch/local = {sum(a_[1:]) / sum(c_[1:]):.3f} "
-              f"(target <= 1.05)")
 
+    def median_ratio(arm, base, first, last):
+        ratios = [sum(x[first:last]) / sum(y[first:last])
+                  for x, y in zip(results[arm], results[base])]
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+    for arm in ("monarch", "announced"):
+        med, lo, hi = median_ratio(arm, "pfs", 0, 1)
+        print(f"epoch 1: {arm}/pfs = {med:.3f} (min {lo:.3f}, max {hi:.3f})")
+    if a.epochs > 1:
+        for arm in ("monarch", "announced"):
+            med, lo, hi = median_ratio(arm, "local", 1, a.epochs)
+            print(f"epochs 2-{a.epochs}: {arm}/local = {med:.3f} (min {lo:.3f}, max {hi:.3f}) "
+                  f"(target <= 1.05)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,6 +15,7 @@
 #include "frontend/process_instance.h"
 #include "monarch/monarch.h"
 #include "monarch/monarch_c.h"
+#include "service/client.h"
 
 struct monarch_t {
   // Null for the process instance, which belongs to frontend::ProcessInstance.
@@ -228,6 +229,10 @@ monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size
     order.emplace_back(names[i]);
   }
   return Report(m->instance->AnnounceOrder(order), error);
+}
+
+int monarch_usable_after_fork(const monarch_t* m) {
+  return m != nullptr && monarch::service::IsServiceClient(*m->instance) ? 1 : 0;
 }
 
 void monarch_free(void* p) { std::free(p); }

@@ -28,6 +28,8 @@ TEST_CASE("C API: open, read, list, stat, stats, close") {
   REQUIRE(monarch_open_default(ds.c_str(), &m, &error) == MONARCH_OK);
   CHECK(error == nullptr);
   REQUIRE(m != nullptr);
+  CHECK(monarch_usable_after_fork(m) == 0);  // In process: its threads stay in the parent.
+  CHECK(monarch_usable_after_fork(nullptr) == 0);
 
   char buffer[6000];
   size_t n = 0;

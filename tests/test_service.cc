@@ -71,6 +71,7 @@ TEST_CASE("service: a client reads every byte exactly; the source once; then hit
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
+  CHECK(service::IsServiceClient(**client));  // Usable after fork(): monarch_usable_after_fork.
 
   ReadAllExact(**client, files);  // Misses, through the service.
   (*client)->WaitForPlacement();

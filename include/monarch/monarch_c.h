@@ -95,6 +95,12 @@ monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size
 
 void monarch_free(void* p);
 
+/* 1 if `m` may go on being used in a child process made by fork() (a client
+ * of the node service: the child remaps the service's shared tables and
+ * makes its own connections), 0 if the child must open its own instance
+ * (Monarch in process: its placement threads stay in the parent). */
+int monarch_usable_after_fork(const monarch_t* m);
+
 /* --- For front ends (the TensorFlow plugin, the preload library, Python). */
 
 /* The process's shared instance, opened on the first call from the

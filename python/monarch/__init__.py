@@ -178,6 +178,7 @@ class Monarch:
         self._handle = None
         self._pid = None
         self._root = None
+        self._fork_safe = False
         self._closed = False
         self._reopen()
 
@@ -187,6 +188,7 @@ class Monarch:
         self = cls.__new__(cls)
         self._config, self._dataset = config, dataset
         self._handle = self._pid = self._root = None
+        self._fork_safe = False
         self._closed = False
         return self
 
@@ -232,23 +234,33 @@ class Monarch:
             if code != OK:
                 _raise(code, message, what, opening=True)
             self._root = os.fsdecode(lib.monarch_dataset_root(handle))
+            self._fork_safe = bool(lib.monarch_usable_after_fork(handle))
             self._handle = handle
             self._pid = os.getpid()
             return handle
 
     def _h(self):
         handle = self._handle
-        if handle is not None and self._pid == os.getpid():
-            return handle
+        if handle is not None:
+            if self._pid == os.getpid():
+                return handle
+            if self._fork_safe:
+                # A node-service client goes on in a forked child (a
+                # DataLoader worker): the C library remaps the service's
+                # tables there and connects anew, with no config parsing
+                # or handshake (monarch_usable_after_fork).
+                self._pid = os.getpid()
+                return handle
         return self._reopen()
 
     def close(self):
         """Stops background placement and frees the instance (in this process;
-        a handle inherited through fork is only dropped). Idempotent."""
+        a handle inherited through fork is only dropped, unless it is a node
+        service client, which the child may close). Idempotent."""
         with _reopen_lock:
             handle, self._handle = self._handle, None
             self._closed = True
-            if handle is not None and self._pid == os.getpid():
+            if handle is not None and (self._pid == os.getpid() or self._fork_safe):
                 _lib.lib().monarch_close(handle)
 
     def __enter__(self):

@@ -69,6 +69,7 @@ def _declare(lib):
         "monarch_path_to_name": (c.c_int, [handle, c.c_char_p, c.POINTER(c.c_void_p)]),
         "monarch_glob": (c.c_int, [handle, c.c_char_p, names, c.POINTER(c.c_size_t), err]),
         "monarch_announce_order": (c.c_int, [handle, c.POINTER(c.c_char_p), c.c_size_t, err]),
+        "monarch_usable_after_fork": (c.c_int, [handle]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

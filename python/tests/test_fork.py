@@ -57,3 +57,39 @@ def test_multiprocessing_fork_and_spawn(m, dataset):
             assert data == f.read(), method
         assert reopened and source_bytes == 300_000, method
         assert p.exitcode == 0
+
+
+def test_a_node_service_client_goes_on_in_a_forked_child(dataset):
+    from conftest import SharedService
+    service = SharedService(dataset)
+    try:
+        with monarch.Monarch(service.config) as m:
+            assert m._fork_safe  # monarch_usable_after_fork: a service client
+            assert m.read("sub/hello.txt") == b"hello monarch\n"
+            parent_handle = m._handle.value
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    os.close(read_fd)
+                    data = m.read("blob.bin")
+                    # The same C handle, no reopening: the library remaps the
+                    # service's tables in the child.
+                    same = m._handle.value == parent_handle and m._pid == os.getpid()
+                    with open(os.path.join(dataset, "blob.bin"), "rb") as f:
+                        exact = data == f.read()
+                    status = 0 if same and exact else 2
+                finally:
+                    os.write(write_fd, bytes([status]))
+                    os._exit(0)
+            os.close(write_fd)
+            with os.fdopen(read_fd, "rb") as r:
+                answer = r.read()
+            os.waitpid(pid, 0)
+            assert answer == b"\x00", f"child status {answer!r}"
+            assert m.read("sub/hello.txt") == b"hello monarch\n"  # the parent goes on
+    finally:
+        service.stop()
+    with monarch.Monarch(dataset=dataset) as embedded:
+        assert not embedded._fork_safe  # in process: a child opens its own

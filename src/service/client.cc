@@ -180,6 +180,9 @@ struct ProcessState {
   Mutex consumed_mu;
   std::vector<uint32_t> consumed ABSL_GUARDED_BY(consumed_mu);
   Clock::time_point consumed_sent ABSL_GUARDED_BY(consumed_mu);
+  // The notices' own connection: no handshake (a notice needs none), so a
+  // DataLoader worker that only hits never pays for a session of its own.
+  ScopedFd notice_socket ABSL_GUARDED_BY(consumed_mu);
 };
 
 // First reads are told to the service in batches: one message, not
@@ -223,7 +226,7 @@ class ServiceClient final : public Monarch {
       const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
       if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
       const FileRef ref = session->image->ref(*id);
-      if (offset == 0 && attempt == 0) NoteFirstRead(state, session, *id);
+      if (offset == 0 && attempt == 0) NoteFirstRead(state, *id);
       if (offset >= ref.size || n == 0) return 0;
       n = static_cast<size_t>(std::min<uint64_t>(n, ref.size - offset));
       char* dst = static_cast<char*>(buffer);
@@ -536,22 +539,24 @@ class ServiceClient final : public Monarch {
   // reading: hits never reach it otherwise, and they free the room the
   // prefetch streams may fill ahead of the readers. Best effort: with no
   // service, there is no prefetch to tell.
-  void NoteFirstRead(ProcessState& state, Session* session, uint32_t id) const {
-    ConsumedNotice notice;
-    {
-      MutexLock lock(&state.consumed_mu);
-      state.consumed.push_back(id);
-      const Clock::time_point now = Clock::now();
-      if (state.consumed.size() < kConsumedBatch && now - state.consumed_sent < kConsumedDelay) {
-        return;
-      }
-      state.consumed_sent = now;
-      notice.file_ids.swap(state.consumed);
+  void NoteFirstRead(ProcessState& state, uint32_t id) const {
+    MutexLock lock(&state.consumed_mu);
+    state.consumed.push_back(id);
+    const Clock::time_point now = Clock::now();
+    if (state.consumed.size() < kConsumedBatch && now - state.consumed_sent < kConsumedDelay) {
+      return;
     }
-    absl::StatusOr<std::unique_ptr<Channel>> channel = TakeChannel(state, session);
-    if (!channel.ok() || *channel == nullptr) return;
-    if (SendFrame((*channel)->socket.get(), MessageType::kConsumed, Encode(notice)).ok()) {
-      ReturnChannel(state, std::move(*channel));
+    state.consumed_sent = now;
+    ConsumedNotice notice;
+    notice.file_ids.swap(state.consumed);
+    if (!state.notice_socket.valid()) {
+      absl::StatusOr<ScopedFd> socket = ConnectUnix(paths_.socket);
+      if (!socket.ok()) return;  // No service: no prefetch to tell.
+      state.notice_socket = std::move(*socket);
+    }
+    // A service that went away: connect again next time.
+    if (!SendFrame(state.notice_socket.get(), MessageType::kConsumed, Encode(notice)).ok()) {
+      state.notice_socket = ScopedFd();
     }
   }
 
@@ -646,6 +651,10 @@ class ServiceClient final : public Monarch {
 };
 
 }  // namespace
+
+bool IsServiceClient(const Monarch& monarch) {
+  return dynamic_cast<const ServiceClient*>(&monarch) != nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
                                                              const ConfigSource& source) {

@@ -46,6 +46,13 @@ struct ConfigSource {
 absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
                                                              const ConfigSource& source);
 
+// Whether `monarch` is a node-service client. Such a handle keeps working in
+// a child made by fork(): it has no threads, and the child remaps the
+// service's shared tables from the inherited descriptors and opens its own
+// connections (no config parsing, no handshake). An in-process instance
+// does not survive fork (its placement threads stay in the parent).
+bool IsServiceClient(const Monarch& monarch);
+
 }  // namespace monarch::service
 
 #endif  // MONARCH_SERVICE_CLIENT_H_

@@ -319,9 +319,8 @@ void NodeService::Serve(Connection* c) {
         status = c->counters() == nullptr ? absl::InvalidArgumentError("announce before hello")
                                           : HandleAnnounce(c, *frame);
         break;
-      case MessageType::kConsumed:
-        status = c->counters() == nullptr ? absl::InvalidArgumentError("consumed before hello")
-                                          : HandleConsumed(c, *frame);
+      case MessageType::kConsumed:  // Needs no hello: clients send it on a bare connection.
+        status = HandleConsumed(c, *frame);
         break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
