@@ -23,7 +23,6 @@ usage: sudo python3 bench/prefetch_epochs.py [--build build] [--files 2000]
        [--reps 5] [--out bench/results/prefetch.md]
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -34,7 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from service_epochs import Pfs, fmt  # noqa: E402
+from emulated_dataset import mounted_dataset, parser  # noqa: E402
+from service_epochs import fmt  # noqa: E402
 
 
 def epoch(a, config, extra, work, pfs):
@@ -55,32 +55,9 @@ def epoch(a, config, extra, work, pfs):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--dir", default="/var/tmp/monarch-prefetch-bench")
-    ap.add_argument("--files", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--meta-latency-us", type=int, default=1000)
-    ap.add_argument("--read-latency-us", type=int, default=500)
-    ap.add_argument("--bandwidth-mbps", type=float, default=300)
-    ap.add_argument("--out", default="bench/results/prefetch.md")
-    a = ap.parse_args()
-    backing, mount = os.path.join(a.dir, "backing"), os.path.join(a.dir, "pfs")
-    os.makedirs(a.dir, exist_ok=True)
-    if not os.path.isdir(backing):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, capture_output=True)
-    total = 0
-    files = 0
-    for root, _, names in os.walk(backing):
-        for n in names:
-            total += os.path.getsize(os.path.join(root, n))
-            files += 1
-    pfs = Pfs(a, backing, mount)
-    if not pfs.ok:
-        sys.exit("PFS emulator unavailable: " + pfs.why)
+    a = parser(reps=5, out="bench/results/prefetch.md").parse_args()
+    pfs, files, total = mounted_dataset(a)
+    mount = pfs.mount
     configs = {}
     for arm in ("vanilla", "monarch", "announced"):
         path = os.path.join(a.dir, arm + ".yaml")

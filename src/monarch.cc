@@ -234,7 +234,10 @@ class MonarchImpl final : public MonarchCore {
     prefetcher_->Announce(reader, std::move(ids));
   }
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
-    prefetcher_->Consumed(reader, ids, count);
+    // Clients' hits, which the service does not see otherwise: uses for
+    // eviction's CLOCK too.
+    for (size_t i = 0; i < count; ++i) placement_->Touch(ids[i]);
+    if (prefetcher_->active()) prefetcher_->Consumed(reader, ids, count);
   }
 
  private:
@@ -245,8 +248,19 @@ class MonarchImpl final : public MonarchCore {
     if (offset >= size || n == 0) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
     for (;;) {
-      const int tier = entry.tier->load(std::memory_order_acquire);
-      if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
+      if (placement_->evicts()) {
+        // Pinned while it is read: an eviction waits for this reader.
+        const int tier = placement_->BeginTierRead(entry);
+        if (tier != source_index_) {
+          absl::StatusOr<size_t> result = ReadFromTier(entry, tier, offset, dst, n);
+          placement_->EndTierRead(entry.ref.id);
+          return result;
+        }
+        placement_->EndTierRead(entry.ref.id);
+      } else {
+        const int tier = entry.tier->load(std::memory_order_acquire);
+        if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
+      }
       if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
       // Published to a tier meanwhile: go around once more and read it there.
     }

@@ -285,8 +285,17 @@ TEST_CASE("bad configs are refused with the key named") {
                             "placement.threads: expected 0"));
   }
   SUBCASE("unknown policy") {
-    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {policy: lru}\n");
-    CHECK(absl::StrContains(e, "placement.policy: expected 'first-fit' or 'none', got 'lru'"));
+    std::string e = ErrorOf(ds + "tiers:\n" + src + "placement: {policy: lfu}\n");
+    CHECK(absl::StrContains(e, "placement.policy: expected 'first-fit', 'lru' or 'none', got 'lfu'"));
+    absl::StatusOr<Config> lru = ParseConfigString(ds + "tiers:\n" + src + "placement: {policy: lru}\n");
+    REQUIRE(lru.ok());
+    CHECK(lru->placement.policy == "lru");
+  }
+  SUBCASE("eviction with peers") {
+    std::string e = ErrorOf(ds + "tiers:\n" + src +
+                            "placement: {policy: lru}\nremote: {enabled: true, rank: 0, size: 1, "
+                            "rendezvous_dir: /tmp}\n");
+    CHECK(absl::StrContains(e, "placement.policy: 'lru' is not supported with remote.enabled"));
   }
   SUBCASE("tiny chunk size") {
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "placement: {chunk_bytes: 100}\n"),

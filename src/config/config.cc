@@ -723,9 +723,13 @@ absl::Status ValidateConfig(const Config& config) {
   const PlacementConfig& p = config.placement;
   if (p.threads < 0 || p.threads > 1024)
     return KeyError("placement.threads", "expected 0 (half the cores) to 1024");
-  if (p.policy != "first-fit" && p.policy != "none") {
+  if (p.policy != "first-fit" && p.policy != "lru" && p.policy != "none") {
     return KeyError("placement.policy",
-                    absl::StrCat("expected 'first-fit' or 'none', got ", Quote(p.policy)));
+                    absl::StrCat("expected 'first-fit', 'lru' or 'none', got ", Quote(p.policy)));
+  }
+  // Each peer keeps the files it is home of for the others: never evicted.
+  if (p.policy == "lru" && config.remote.enabled) {
+    return KeyError("placement.policy", "'lru' is not supported with remote.enabled (peers)");
   }
   if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");

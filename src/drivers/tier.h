@@ -56,6 +56,8 @@ class Tier {
   // file-backed copy carries its checksum trailer). For budgets that span
   // tiers, such as the room kept for a peer's home share.
   static uint64_t MaxFootprint(uint64_t file_bytes);
+  // Bytes a copy of a `file_bytes` file takes in this tier.
+  uint64_t Footprint(uint64_t file_bytes) const;
   // Room left for new copies (capacity minus complete and reserved ones).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);
@@ -89,8 +91,6 @@ class Tier {
   std::atomic<uint64_t> write_errors_{0};
   std::atomic<uint64_t> damaged_{0};
 
-  // Bytes a copy of a `file_bytes` file takes in this tier.
-  uint64_t Footprint(uint64_t file_bytes) const;
 };
 
 }  // namespace monarch

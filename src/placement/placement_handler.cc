@@ -70,7 +70,14 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
                                             : DefaultPlacementThreads()),
       chunk_pool_(StagingPool(config, placement_threads_)),
       // Named, so that top and profiles tell copying from reading.
-      pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {}
+      evicts_(policy_->evicts()),
+      pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {
+  if (evicts_) {
+    const uint32_t files = std::max<uint32_t>(ns->file_count(), 1);
+    tier_readers_.reset(new std::atomic<uint32_t>[files]());
+    referenced_.reset(new std::atomic<uint8_t>[files]());
+  }
+}
 
 PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
 
@@ -83,26 +90,42 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   }
   std::shared_ptr<Promotion> promotion;
   bool own_miss = true;  // Not a read of a promotion someone else started.
-  {
-    Shard& shard = ShardOf(entry.ref.id);
-    MutexLock lock(&shard.mu);
-    // Publication changes `tier` under this lock, so this check and the
-    // lookup below see either the promotion or its published copy.
-    if (entry.tier->load(std::memory_order_acquire) != source_index_) return std::nullopt;
-    auto it = shard.in_flight.find(entry.ref.id);
-    if (it != shard.in_flight.end()) {
-      promotion = it->second;
-      own_miss = false;
-    } else if (accepting_.load(std::memory_order_relaxed) &&
-               entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
-      promotion = StartLocked(entry, shard);
+  for (bool room_made = false;;) {
+    bool need_room = false;
+    {
+      Shard& shard = ShardOf(entry.ref.id);
+      MutexLock lock(&shard.mu);
+      // Publication changes `tier` under this lock, so this check and the
+      // lookup below see either the promotion or its published copy.
+      if (entry.tier->load(std::memory_order_acquire) != source_index_) return std::nullopt;
+      auto it = shard.in_flight.find(entry.ref.id);
+      if (it != shard.in_flight.end()) {
+        promotion = it->second;
+        own_miss = false;
+      } else if (accepting_.load(std::memory_order_relaxed) &&
+                 entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
+        promotion = StartLocked(entry, shard);
+        need_room = promotion == nullptr && evicts_;
+      }
+      // A reader of a promotion may read chunks back from the copy, which
+      // can be committed, published and then evicted while it does: pinned
+      // like a reader of the tier, before the promotion can publish.
+      if (promotion != nullptr && evicts_) {
+        tier_readers_[entry.ref.id].fetch_add(1, std::memory_order_seq_cst);
+      }
     }
+    // Eviction happens outside the file's shard lock: it takes the victims'.
+    if (!need_room || room_made || !MakeRoom(entry.ref.size)) break;
+    room_made = true;
   }
   if (own_miss) reader_misses_in_flight_.fetch_add(1, std::memory_order_relaxed);
   absl::Cleanup count_miss_done = [&] {
     if (own_miss) reader_misses_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   };
   if (promotion == nullptr) return ReadOrigin(entry.ref, offset, dst, n);
+  absl::Cleanup unpin = [&] {
+    if (evicts_) tier_readers_[entry.ref.id].fetch_sub(1, std::memory_order_release);
+  };
   Promotion::ReadOutcome outcome;
   absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
   if (outcome == Promotion::ReadOutcome::kFellBack) {
@@ -123,18 +146,22 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
   std::shared_ptr<Promotion> promotion;
-  {
-    Shard& shard = ShardOf(entry.ref.id);
-    MutexLock lock(&shard.mu);
-    if (entry.tier->load(std::memory_order_acquire) != source_index_ ||
-        shard.in_flight.contains(entry.ref.id)) {
-      return PrefetchOutcome::kNotNeeded;
+  for (bool room_made = false;;) {
+    {
+      Shard& shard = ShardOf(entry.ref.id);
+      MutexLock lock(&shard.mu);
+      if (entry.tier->load(std::memory_order_acquire) != source_index_ ||
+          shard.in_flight.contains(entry.ref.id)) {
+        return PrefetchOutcome::kNotNeeded;
+      }
+      if (!accepting_.load(std::memory_order_relaxed) ||
+          entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
+        return PrefetchOutcome::kNoRoom;
+      }
+      promotion = StartLocked(entry, shard);
     }
-    if (!accepting_.load(std::memory_order_relaxed) ||
-        entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
-      return PrefetchOutcome::kNoRoom;
-    }
-    promotion = StartLocked(entry, shard);
+    if (promotion != nullptr || !evicts_ || room_made || !MakeRoom(entry.ref.size)) break;
+    room_made = true;
   }
   if (promotion == nullptr) return PrefetchOutcome::kNoRoom;
   // This thread is the promotion's placement task: no pool thread is queued
@@ -174,9 +201,14 @@ absl::StatusOr<SourceIdentity> PlacementHandler::IdentityToCommit(const FileEntr
 std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard& shard) {
   std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
   if (!tier.has_value()) {
-    // No tier has room, and without eviction none will: stop asking.
-    entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
     skipped_.fetch_add(1, std::memory_order_relaxed);
+    // No tier has room, and without eviction none will: stop asking. With
+    // eviction, only a file larger than every cache tier stops asking.
+    bool may_fit = false;
+    for (const auto& t : *tiers_) {
+      may_fit |= evicts_ && t->is_cache() && t->config().capacity_bytes >= t->Footprint(entry.ref.size);
+    }
+    if (!may_fit) entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
     return nullptr;
   }
   auto promotion =
@@ -195,6 +227,9 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
   Tier& tier = *(*tiers_)[promotion.target_tier()];
   if (status.ok()) {
     tier.Commit(entry.ref.size);
+    // A new copy starts as recently used (the CLOCK passes it over once),
+    // marked before it is published.
+    if (evicts_) referenced_[entry.ref.id].store(1, std::memory_order_relaxed);
   } else {
     tier.Release(entry.ref.size);
     if (tier_failed) {
@@ -232,6 +267,68 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
   if (--in_flight_count_ == 0) idle_.SignalAll();
 }
 
+bool PlacementHandler::MakeRoom(uint64_t file_bytes) {
+  // The fastest cache tier that can hold the file at all.
+  int target = -1;
+  for (int t = 0; t < first_origin_ && target < 0; ++t) {
+    const Tier& tier = *(*tiers_)[t];
+    if (tier.is_cache() && tier.config().capacity_bytes >= tier.Footprint(file_bytes)) target = t;
+  }
+  if (target < 0) return false;
+  Tier& tier = *(*tiers_)[target];
+  const uint64_t need = tier.Footprint(file_bytes);
+  const uint32_t files = namespace_->file_count();
+  MutexLock lock(&evict_mu_);
+  // Two turns of the hand: the first may only clear reference bits.
+  for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
+       ++scanned) {
+    const uint32_t id = hand_;
+    hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
+    FileEntry& victim = namespace_->entry(id);
+    if (victim.tier->load(std::memory_order_acquire) != target) continue;
+    if (referenced_[id].exchange(0, std::memory_order_relaxed) != 0) continue;  // Second chance.
+    if (tier_readers_[id].load(std::memory_order_acquire) > 0) continue;
+    EvictLocked(victim, target);
+  }
+  if (tier.free_bytes() >= need) return true;
+  eviction_failures_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+bool PlacementHandler::EvictLocked(FileEntry& entry, int tier_index) {
+  const uint32_t id = entry.ref.id;
+  {
+    Shard& shard = ShardOf(id);
+    MutexLock lock(&shard.mu);
+    if (entry.tier->load(std::memory_order_relaxed) != tier_index ||
+        entry.state.load(std::memory_order_relaxed) != PlacementState::kInTier) {
+      return false;
+    }
+    // New readers go to the source from here on; while the copy is being
+    // deleted no promotion may start (a new copy could be deleted with it),
+    // so the file reads as staying on the source until then.
+    entry.tier->store(source_index_, std::memory_order_seq_cst);
+    entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
+  }
+  // Readers already inside the copy finish first (BeginTierRead).
+  while (tier_readers_[id].load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
+  Tier& tier = *(*tiers_)[tier_index];
+  absl::Status removed = tier.driver().Remove(entry.ref);
+  if (!removed.ok() && !absl::IsNotFound(removed)) {
+    MONARCH_LOG(kWarning, "evicting ", entry.ref.name, " from tier '", tier.config().name,
+                "': ", removed.ToString());
+  }
+  tier.Drop(entry.ref.size);
+  {
+    Shard& shard = ShardOf(id);
+    MutexLock lock(&shard.mu);
+    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
+  }
+  evictions_.fetch_add(1, std::memory_order_relaxed);
+  evicted_bytes_.fetch_add(entry.ref.size, std::memory_order_relaxed);
+  return true;
+}
+
 std::vector<std::shared_ptr<Promotion>> PlacementHandler::InFlight() {
   std::vector<std::shared_ptr<Promotion>> all;
   for (Shard& shard : shards_) {
@@ -265,6 +362,12 @@ void PlacementHandler::Shutdown(bool drain) {
 
 void PlacementHandler::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_started", started_.load(), "Promotions started.");
+  if (evicts_) {
+    sink.Counter("evictions", evictions_.load(), "Copies evicted to make room (placement.policy lru).");
+    sink.Counter("evicted_bytes", evicted_bytes_.load(), "Bytes of the copies evicted.");
+    sink.Counter("eviction_failures", eviction_failures_.load(),
+                 "Times no room could be made: every candidate in use or read since the hand passed.");
+  }
   sink.Counter("promotions_completed", completed_.load(), "Copies published to a tier.");
   sink.Counter("promotions_failed", failed_.load(),
                "Promotions abandoned on a source or tier error; the file stays on the source.");

@@ -75,6 +75,33 @@ class PlacementHandler final : public PromotionHost {
     return reader_misses_in_flight_.load(std::memory_order_relaxed);
   }
 
+  // Eviction (placement.policy "lru"): when no cache tier has room for a
+  // file, copies are evicted from the fastest tier large enough for it, in
+  // CLOCK order (an approximation of least recently used: a copy read since
+  // the hand last passed gets a second chance). A copy with a reader inside
+  // it is never evicted: readers bracket tier reads with BeginTierRead and
+  // EndTierRead, and an eviction first points the file at the source, then
+  // waits for the readers already inside to leave before it deletes the
+  // copy. Readers in other processes (the node service's clients) read RAM
+  // copies under a seqlock and posix copies through descriptors they hold,
+  // so an eviction under them costs a miss, never a wrong byte.
+  bool evicts() const { return evicts_; }
+  // Returns the tier to read `entry` from now; EndTierRead() afterwards.
+  int BeginTierRead(FileEntry& entry) {
+    const uint32_t id = entry.ref.id;
+    tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
+    if (referenced_[id].load(std::memory_order_relaxed) == 0) {
+      referenced_[id].store(1, std::memory_order_relaxed);
+    }
+    return entry.tier->load(std::memory_order_seq_cst);
+  }
+  void EndTierRead(uint32_t id) { tier_readers_[id].fetch_sub(1, std::memory_order_release); }
+  // A read this process did not serve itself (a node-service client's hit,
+  // reported afterwards): counts as a use for the CLOCK.
+  void Touch(uint32_t id) {
+    if (evicts_ && id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
+  }
+
   // Stops starting promotions; `drain` finishes the ones in flight, else
   // they are abandoned at the next chunk boundary. Returns when none is
   // left. Idempotent.
@@ -107,6 +134,11 @@ class PlacementHandler final : public PromotionHost {
 
   std::shared_ptr<Promotion> StartLocked(FileEntry& entry, Shard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Evicts copies until a cache tier has room for a `file_bytes` file;
+  // false if none could be made (every candidate in use or just read).
+  bool MakeRoom(uint64_t file_bytes);
+  // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
+  bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   // Every in-flight promotion, for shutdown.
   std::vector<std::shared_ptr<Promotion>> InFlight();
 
@@ -142,6 +174,16 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> written_by_readers_{0};
   std::atomic<uint64_t> written_by_placement_{0};
   std::atomic<int> reader_misses_in_flight_{0};
+
+  // Eviction state, per file (allocated only with eviction).
+  const bool evicts_;
+  std::unique_ptr<std::atomic<uint32_t>[]> tier_readers_;
+  std::unique_ptr<std::atomic<uint8_t>[]> referenced_;
+  Mutex evict_mu_;  // Taken before a shard's mutex, never after.
+  uint32_t hand_ ABSL_GUARDED_BY(evict_mu_) = 0;
+  std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> evicted_bytes_{0};
+  std::atomic<uint64_t> eviction_failures_{0};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
 };

@@ -12,8 +12,10 @@ namespace {
 
 class FirstFitPolicy final : public PlacementPolicy {
  public:
-  explicit FirstFitPolicy(KeptShare kept)
-      : is_kept_(std::move(kept.is_kept)), kept_pending_(kept.pending_bytes) {}
+  FirstFitPolicy(KeptShare kept, bool evicts)
+      : is_kept_(std::move(kept.is_kept)), kept_pending_(kept.pending_bytes), evicts_(evicts) {}
+
+  bool evicts() const override { return evicts_; }
 
   std::optional<int> ChooseTier(const FileRef& file,
                                 const std::vector<std::unique_ptr<Tier>>& tiers) override {
@@ -42,6 +44,7 @@ class FirstFitPolicy final : public PlacementPolicy {
  private:
   const std::function<bool(uint32_t)> is_kept_;
   std::atomic<uint64_t> kept_pending_;
+  const bool evicts_;
 };
 
 class NoPlacementPolicy final : public PlacementPolicy {
@@ -56,10 +59,17 @@ class NoPlacementPolicy final : public PlacementPolicy {
 
 absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
                                                                     KeptShare kept) {
-  if (name == "first-fit") return std::make_unique<FirstFitPolicy>(std::move(kept));
+  if (name == "first-fit") return std::make_unique<FirstFitPolicy>(std::move(kept), false);
+  if (name == "lru") {
+    // Peers promise their home files to each other: they must not be evicted.
+    if (kept.is_kept) {
+      return absl::InvalidArgumentError("placement.policy: 'lru' is not supported with peers");
+    }
+    return std::make_unique<FirstFitPolicy>(std::move(kept), true);
+  }
   if (name == "none") return std::make_unique<NoPlacementPolicy>();
-  return absl::InvalidArgumentError(
-      absl::StrCat("placement.policy: expected 'first-fit' or 'none', got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "placement.policy: expected 'first-fit', 'lru' or 'none', got '", name, "'"));
 }
 
 }  // namespace monarch

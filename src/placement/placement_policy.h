@@ -28,6 +28,9 @@ class PlacementPolicy {
   // the source), which are never picked.
   virtual std::optional<int> ChooseTier(const FileRef& file,
                                         const std::vector<std::unique_ptr<Tier>>& tiers) = 0;
+  // Whether copies are evicted to make room when ChooseTier finds none (the
+  // placement handler does the evicting: it knows who reads what).
+  virtual bool evicts() const { return false; }
 };
 
 // Files this node has promised to keep (with peers: the files it is home
@@ -45,7 +48,9 @@ struct KeptShare {
 
 // "first-fit": the MONARCH paper's policy. Top-down, the first tier with
 // room for the whole file; no eviction, so when every tier is full files
-// stay on the source. "none": never promote (a pass-through baseline).
+// stay on the source. "lru": first-fit, and when no tier has room, copies
+// are evicted in least-recently-used order (PlacementHandler::MakeRoom).
+// "none": never promote (a pass-through baseline).
 absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
                                                                     KeptShare kept = {});
 

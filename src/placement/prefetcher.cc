@@ -56,6 +56,7 @@ void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order) {
 }
 
 void Prefetcher::Consumed(uint64_t reader, const uint32_t* ids, size_t count) {
+  if (!active()) return;
   MutexLock lock(&mu_);
   auto order = orders_.find(reader);
   if (order != orders_.end()) {

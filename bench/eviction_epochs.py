@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""A dataset twice the size of the tier, 3 epochs: placement without
+eviction (first-fit, the MONARCH paper's) against eviction (lru), in one
+run, arms in turns; plain reads of the PFS as the baseline for time and for
+PFS operations.
+
+The dataset (ImageNet-like files) sits behind the PFS emulator at its
+defaults; each arm is a fresh `monarch-epochs` process (empty RAM tier of
+half the dataset's bytes), 4 reader threads, 3 shuffled epochs, no wait for
+placement between epochs. Per arm: each epoch's time, the bytes the source
+served in each epoch, and the PFS operations (metadata and reads) over the
+3 epochs (the namespace walk before them excluded). The order of each epoch
+is unknown to Monarch here (no announcement).
+
+usage: sudo python3 bench/eviction_epochs.py [--build build] [--files 2000]
+       [--reps 3] [--out bench/results/eviction.md]
+"""
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from emulated_dataset import mounted_dataset, parser  # noqa: E402
+from service_epochs import fmt  # noqa: E402
+
+ARMS = ("vanilla", "first-fit", "lru")
+
+
+def run(a, arm, config, work, pfs, rep):
+    out = os.path.join(work, "epochs.json")
+    ops_file = os.path.join(work, "ops.json")
+    hook = ("if [ $MONARCH_EPOCH = 1 ]; then %s reset %s; elif [ $MONARCH_EPOCH = 4 ]; then "
+            "%s stats %s > %s; fi" % (pfs.script, pfs.mount, pfs.script, pfs.mount, ops_file))
+    cmd = [os.path.join(a.build, "monarch-epochs"), "--config", config, "--epochs", "3",
+           "--threads", str(a.threads), "--seed", str(100 + rep), "--json", out,
+           "--before-epoch", hook]
+    if arm == "vanilla":
+        cmd += ["--mode", "plain"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("failed: %s\n%s%s" % (shlex.join(cmd), r.stdout, r.stderr))
+    with open(out) as f:
+        epochs = json.load(f)
+    with open(ops_file) as f:
+        ops = json.load(f)["counters"]
+    stats = json.loads(r.stdout.split("stats: ", 1)[1].splitlines()[0]) if "stats: " in r.stdout else {}
+    return {
+        "seconds": [e["seconds"] for e in epochs],
+        "source_bytes": [e.get("served", {}).get("source", {}).get("bytes", 0) for e in epochs],
+        "metadata_ops": ops["metadata_ops"],
+        "reads": ops["reads"],
+        "evictions": stats.get("evictions", 0),
+        "command": shlex.join(cmd),
+    }
+
+
+def main():
+    a = parser(reps=3, out="bench/results/eviction.md").parse_args()
+    pfs, files, total = mounted_dataset(a)
+    mount = pfs.mount
+    configs = {}
+    for arm in ARMS:
+        policy = "first-fit" if arm == "vanilla" else arm
+        path = os.path.join(a.dir, "evict-%s.yaml" % arm)
+        with open(path, "w") as f:
+            f.write("dataset: {path: %s}\ntiers:\n  - {kind: ram, capacity: %d}\n"
+                    "  - {kind: source}\nplacement: {policy: %s}\n" % (mount, total // 2, policy))
+        configs[arm] = path
+    results = {arm: [] for arm in ARMS}
+    load = os.getloadavg()[0]
+    try:
+        for rep in range(a.reps):
+            for arm in ARMS:
+                r = run(a, arm, configs[arm], a.dir, pfs, rep)
+                results[arm].append(r)
+                print("rep %d %-9s epochs %s s; source MiB %s; PFS metadata ops %d, reads %d; "
+                      "evictions %d" % (rep + 1, arm, " ".join("%.3f" % s for s in r["seconds"]),
+                                        " ".join("%.1f" % (b / 1048576) for b in r["source_bytes"]),
+                                        r["metadata_ops"], r["reads"], r["evictions"]), flush=True)
+    finally:
+        pfs.stop()
+
+    def med(arm, key, index=None):
+        values = [r[key][index] if index is not None else r[key] for r in results[arm]]
+        return statistics.median(values)
+
+    lines = ["# A dataset twice the tier: first-fit (no eviction) against lru\n",
+             "%d ImageNet-like files, %.1f MiB, behind the PFS emulator (%s); a RAM tier of half "
+             "the dataset; %d reader threads; 3 epochs, order not announced; %d repetitions, "
+             "arms in turns (seeds 100..); load average before: %.2f.\n"
+             % (files, total / 1048576, " ".join(pfs.flags), a.threads, a.reps, load),
+             "| arm | epoch 1 s | epoch 2 s | epoch 3 s | source MiB over 3 epochs | "
+             "PFS ops (metadata + reads) | ops / vanilla | evictions |",
+             "|---|---|---|---|---|---|---|---|"]
+    vanilla_ops = med("vanilla", "metadata_ops") + med("vanilla", "reads")
+    for arm in ARMS:
+        seconds = [fmt([r["seconds"][e] for r in results[arm]]) for e in range(3)]
+        source = statistics.median(sum(r["source_bytes"]) for r in results[arm]) / 1048576
+        ops = med(arm, "metadata_ops") + med(arm, "reads")
+        lines.append("| %s | %s | %s | %s | %.1f | %d | %.2f | %d |" % (
+            arm, seconds[0], seconds[1], seconds[2], source if arm != "vanilla" else 3 * total / 1048576,
+            ops, ops / vanilla_ops, med(arm, "evictions")))
+    lines.append("\nEpoch times are min / median / max over the repetitions; the rest are "
+                 "medians. The vanilla arm reads the whole dataset from the PFS every epoch.\n")
+    lines.append("Commands (the last repetition's):\n\n```")
+    lines.append("sudo python3 bench/eviction_epochs.py --build %s --files %d --reps %d"
+                 % (a.build, a.files, a.reps))
+    for arm in ARMS:
+        lines.append(results[arm][-1]["command"])
+    lines.append("```")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+// Eviction (placement.policy "lru", PlacementHandler::MakeRoom): a full tier
+// gives up its least recently used copy for a new file; a copy with a reader
+// inside is never evicted; and under concurrent readers every byte stays
+// exact and the tier's accounting stays true. The same through the node
+// service, whose clients read RAM copies the service may evict under them.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "instance_util.h"
+#include "monarch/monarch.h"
+#include "service/node_service.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::FaultInjectingDriver;
+using testing::MustCreate;
+using testing::ReadWholeAndCheck;
+using testing::ScratchDir;
+using testing::TestFile;
+
+Config LruConfig(const std::string& ds, uint64_t ram_bytes) {
+  Config config = testing::MakeConfig(ds, {testing::RamTier(ram_bytes)});
+  config.placement.policy = "lru";
+  return config;
+}
+
+// Reads `f` whole and waits for its promotion, if one started.
+void ReadAndSettle(Monarch& m, const TestFile& f) {
+  ReadWholeAndCheck(m, f);
+  m.WaitForPlacement();
+}
+
+TEST_CASE("lru: a full tier evicts its least recently used copy for a new file") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 6, {10000});
+  FaultInjectingDriver::Faults source;
+  auto m = MustCreate(LruConfig(ds, 30000), &source);  // Three copies fit.
+
+  for (int i = 0; i < 3; ++i) ReadAndSettle(*m, files[i]);
+  CHECK(m->GetStats().Tier(0, "files") == 3);
+  CHECK(source.bytes.load() == 30000);
+
+  // A fourth file: the hand gives each copy its second chance, then evicts
+  // the first it comes back to, file 0.
+  ReadAndSettle(*m, files[3]);
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("evictions") == 1);
+  CHECK(stats.Tier(0, "files") == 3);
+  CHECK(stats.Tier(0, "bytes_used") == 30000);
+
+  // File 2 is read again (used); file 4 then needs room, and the hand (now
+  // at file 1) evicts file 1, unread since it passed, not file 2.
+  ReadWholeAndCheck(*m, files[2]);
+  ReadAndSettle(*m, files[4]);
+  CHECK(m->GetStats().Get("evictions") == 2);
+  const uint64_t file2 = source.BytesOf(files[2].name);
+  ReadWholeAndCheck(*m, files[2]);
+  CHECK(source.BytesOf(files[2].name) == file2);  // Still a copy: a hit.
+  const uint64_t file1 = source.BytesOf(files[1].name);
+  ReadWholeAndCheck(*m, files[1]);
+  CHECK(source.BytesOf(files[1].name) == file1 + 10000);  // Evicted: the source again.
+  m->WaitForPlacement();
+  ReadWholeAndCheck(*m, files[0]);
+  CHECK(source.BytesOf(files[0].name) == 20000);  // Evicted first.
+  m->WaitForPlacement();
+  CHECK(m->GetStats().Tier(0, "bytes_used") <= 30000);
+}
+
+TEST_CASE("lru: a copy with a reader inside it is never evicted") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 2, {10000});
+  FaultInjectingDriver::Faults source;
+  FaultInjectingDriver::Faults ram;
+  auto m = MustCreate(LruConfig(ds, 10000), &source, 0, &ram);  // One copy fits.
+  ReadAndSettle(*m, files[0]);
+  REQUIRE(m->GetStats().Tier(0, "files") == 1);
+
+  // A slow reader inside file 0's copy.
+  ram.read_delay_us = 500000;
+  std::thread reader([&] { ReadWholeAndCheck(*m, files[0]); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // File 1 wants the room: the only candidate is in use, so no room is made
+  // and file 1 is read from the source.
+  ReadWholeAndCheck(*m, files[1]);
+  reader.join();
+  ram.read_delay_us = 0;
+  const Stats stats = m->GetStats();
+  CHECK(stats.Get("evictions") == 0);
+  CHECK(stats.Get("eviction_failures") >= 1);
+  CHECK(stats.Tier(0, "files") == 1);
+  ReadWholeAndCheck(*m, files[0]);  // Still there.
+
+  // Once nobody reads it, it goes.
+  ReadAndSettle(*m, files[1]);
+  CHECK(m->GetStats().Get("evictions") == 1);
+  CHECK(source.BytesOf(files[0].name) == 10000);
+}
+
+TEST_CASE("lru: concurrent readers over twice the tier read exact bytes; accounting stays true") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 24, {3000, 20000, 70000});
+  const uint64_t total = testing::TotalBytes(files);
+  Config config = LruConfig(ds, total / 2);
+  config.placement.chunk_bytes = 16 << 10;  // Several chunks per file.
+  auto m = MustCreate(config);
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<char> buffer(70000);
+      for (int i = 0; i < 400 && !failed; ++i) {
+        const TestFile& f = files[rng() % files.size()];
+        const uint64_t offset = rng() % f.size;
+        absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), 9000, offset);
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(9000, f.size - offset));
+        if (!n.ok() || *n != want || !testing::BytesMatch(f, buffer.data(), offset, *n)) {
+          MESSAGE(f.name, " at ", offset, ": ", n.ok() ? std::to_string(*n) : n.status().ToString(),
+                  " want ", want);
+          failed = true;
+        }
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  CHECK_FALSE(failed.load());
+  m->WaitForPlacement();
+  const Stats stats = m->GetStats();
+  CHECK(stats.Get("evictions") > 0);
+  CHECK(stats.Tier(0, "read_errors") == 0);
+  CHECK(stats.Tier(0, "bytes_used") <= total / 2);
+  CHECK(stats.Tier(0, "files") > 0);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Every copy left reads back.
+}
+
+TEST_CASE("lru: through the node service, clients read exact bytes while copies are evicted") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {30000});
+  Config config = LruConfig(dir.path() + "/data", 4 * 30000);
+  config.node.shared = true;
+  config.node.runtime_dir = dir.Sub("run");
+  config.node.autostart = false;
+  config.node.idle_exit_seconds = 0;
+  auto node = service::NodeService::Start(config);
+  REQUIRE(node.ok());
+  std::vector<std::unique_ptr<Monarch>> clients;
+  for (int c = 0; c < 3; ++c) {
+    auto client = Monarch::Create(config);
+    REQUIRE(client.ok());
+    clients.push_back(std::move(*client));
+  }
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 3; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(c);
+      std::vector<char> buffer(30000);
+      for (int i = 0; i < 300 && !failed; ++i) {
+        const TestFile& f = files[rng() % files.size()];
+        absl::StatusOr<size_t> n = clients[c]->Read(f.name, buffer.data(), buffer.size(), 0);
+        if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, *n)) {
+          failed = true;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK_FALSE(failed.load());
+  const Stats stats = clients[0]->GetStats();
+  CHECK(stats.Get("evictions") > 0);
+  CHECK(stats.Tier(0, "bytes_used") <= 4 * 30000);
+}
+
+}  // namespace
+}  // namespace monarch
