@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """A dataset twice the size of the tier, 3 epochs: placement without
-eviction (first-fit, the MONARCH paper's) against eviction (lru), in one
-run, arms in turns; plain reads of the PFS as the baseline for time and for
-PFS operations.
+eviction (first-fit, the MONARCH paper's) against eviction (lru) without a
+known order and with one (lru, every epoch's order announced at the start:
+eviction by next use), in one run, arms in turns; plain reads of the PFS as
+the baseline for time and for PFS operations.
+
+--partition R/N makes the process read every N-th file of each epoch's
+shuffled order, as rank R of a data-parallel job does (DistributedSampler):
+a different share of the dataset each epoch, with the tier sized to half of
+a share.
 
 The dataset (ImageNet-like files) sits behind the PFS emulator at its
 defaults; each arm is a fresh `monarch-epochs` process (empty RAM tier of
@@ -28,7 +34,7 @@ sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser  # noqa: E402
 from service_epochs import fmt  # noqa: E402
 
-ARMS = ("vanilla", "first-fit", "lru")
+ARMS = ("vanilla", "first-fit", "lru", "next-use")
 
 
 def run(a, arm, config, work, pfs, rep):
@@ -41,6 +47,10 @@ def run(a, arm, config, work, pfs, rep):
            "--before-epoch", hook]
     if arm == "vanilla":
         cmd += ["--mode", "plain"]
+    if arm == "next-use":
+        cmd += ["--announce-all"]
+    if a.partition:
+        cmd += ["--partition", a.partition]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("failed: %s\n%s%s" % (shlex.join(cmd), r.stdout, r.stderr))
@@ -60,16 +70,19 @@ def run(a, arm, config, work, pfs, rep):
 
 
 def main():
-    a = parser(reps=3, out="bench/results/eviction.md").parse_args()
+    ap = parser(reps=3, out="bench/results/eviction.md")
+    ap.add_argument("--partition", default="", help="R/N: read rank R's share of each epoch")
+    a = ap.parse_args()
     pfs, files, total = mounted_dataset(a)
     mount = pfs.mount
     configs = {}
     for arm in ARMS:
-        policy = "first-fit" if arm == "vanilla" else arm
+        policy = {"vanilla": "first-fit", "next-use": "lru"}.get(arm, arm)
+        share = total // int(a.partition.split("/")[1]) if a.partition else total
         path = os.path.join(a.dir, "evict-%s.yaml" % arm)
         with open(path, "w") as f:
             f.write("dataset: {path: %s}\ntiers:\n  - {kind: ram, capacity: %d}\n"
-                    "  - {kind: source}\nplacement: {policy: %s}\n" % (mount, total // 2, policy))
+                    "  - {kind: source}\nplacement: {policy: %s}\n" % (mount, share // 2, policy))
         configs[arm] = path
     results = {arm: [] for arm in ARMS}
     load = os.getloadavg()[0]
@@ -89,10 +102,12 @@ def main():
         values = [r[key][index] if index is not None else r[key] for r in results[arm]]
         return statistics.median(values)
 
-    lines = ["# A dataset twice the tier: first-fit (no eviction) against lru\n",
+    lines = ["## %s\n" % ("rank %s's share of each epoch" % a.partition if a.partition
+                           else "the whole dataset each epoch"),
              "%d ImageNet-like files, %.1f MiB, behind the PFS emulator (%s); a RAM tier of half "
-             "the dataset; %d reader threads; 3 epochs, order not announced; %d repetitions, "
-             "arms in turns (seeds 100..); load average before: %.2f.\n"
+             "what an epoch reads; %d reader threads; 3 epochs; %d repetitions, arms in turns "
+             "(seeds 100..); load average before: %.2f. next-use: lru with the 3 epochs' order "
+             "announced at the start (`--announce-all`).\n"
              % (files, total / 1048576, " ".join(pfs.flags), a.threads, a.reps, load),
              "| arm | epoch 1 s | epoch 2 s | epoch 3 s | source MiB over 3 epochs | "
              "PFS ops (metadata + reads) | ops / vanilla | evictions |",
@@ -102,22 +117,25 @@ def main():
         seconds = [fmt([r["seconds"][e] for r in results[arm]]) for e in range(3)]
         source = statistics.median(sum(r["source_bytes"]) for r in results[arm]) / 1048576
         ops = med(arm, "metadata_ops") + med(arm, "reads")
+        if arm == "vanilla":  # Every epoch's files from the PFS.
+            source = 3 * (total / int(a.partition.split("/")[1]) if a.partition else total) / 1048576
         lines.append("| %s | %s | %s | %s | %.1f | %d | %.2f | %d |" % (
-            arm, seconds[0], seconds[1], seconds[2], source if arm != "vanilla" else 3 * total / 1048576,
-            ops, ops / vanilla_ops, med(arm, "evictions")))
+            arm, seconds[0], seconds[1], seconds[2], source, ops, ops / vanilla_ops,
+            med(arm, "evictions")))
     lines.append("\nEpoch times are min / median / max over the repetitions; the rest are "
                  "medians. The vanilla arm reads the whole dataset from the PFS every epoch.\n")
     lines.append("Commands (the last repetition's):\n\n```")
-    lines.append("sudo python3 bench/eviction_epochs.py --build %s --files %d --reps %d"
-                 % (a.build, a.files, a.reps))
+    lines.append("sudo python3 bench/eviction_epochs.py --build %s --files %d --reps %d%s"
+                 % (a.build, a.files, a.reps,
+                    " --partition " + a.partition if a.partition else ""))
     for arm in ARMS:
         lines.append(results[arm][-1]["command"])
     lines.append("```")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+        with open(a.out, "a") as f:  # One section per scenario.
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,20 @@ class MonarchImpl final : public MonarchCore {
                            peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
     placement_ = std::make_unique<PlacementHandler>(&tiers_, namespace_.get(), std::move(policy),
                                                     config_.placement);
-    prefetcher_ = std::make_unique<Prefetcher>(config_.prefetch, namespace_.get(), placement_.get());
+    PrefetchConfig prefetch = config_.prefetch;
+    if (placement_->evicts()) {
+      // Fetching further ahead than half the cache tiers hold would evict
+      // copies fetched earlier before they are read: a second source read.
+      uint64_t cache_bytes = 0;
+      for (const auto& tier : tiers_) {
+        if (tier->is_cache()) cache_bytes += tier->config().capacity_bytes;
+      }
+      prefetch.lookahead_bytes = std::max<uint64_t>(
+          1, std::min(prefetch.lookahead_bytes, cache_bytes / 2));
+    }
+    prefetcher_ = std::make_unique<Prefetcher>(prefetch, namespace_.get(), placement_.get());
+    // An announced order also tells eviction what is read next.
+    placement_->SetNextUseOracle(prefetcher_.get());
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's

@@ -134,8 +134,8 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("prefetch keys") {
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {stream: 2}\n"),
                             "prefetch.stream: unknown key"));
-    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {streams: 0}\n"),
-                            "prefetch.streams: expected 1 to 256"));
+    CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {streams: -1}\n"),
+                            "prefetch.streams: expected 0 to 256"));
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {lookahead: lots}\n"),
                             "prefetch.lookahead: expected a size"));
     CHECK(absl::StrContains(ErrorOf(ds + "tiers:\n" + src + "prefetch: {lookahead: 0}\n"),

@@ -106,6 +106,46 @@ TEST_CASE("lru: a copy with a reader inside it is never evicted") {
   CHECK(source.BytesOf(files[0].name) == 10000);
 }
 
+// With an announced order, eviction knows what is read next (Belady): a
+// file not read again is not admitted, and the copy read again last goes.
+TEST_CASE("lru with an announced order: the copy read again last is evicted, a file never read again is not admitted") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 3, {10000});
+  const TestFile &a = files[0], &b = files[1], &c = files[2];
+  FaultInjectingDriver::Faults source;
+  Config config = LruConfig(ds, 20000);  // Two copies fit.
+  config.prefetch.streams = 0;           // The order informs eviction only: no read-ahead.
+  auto m = MustCreate(config, &source);
+
+  SUBCASE("a file never read again is read from the source, not admitted") {
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, a.name, b.name}).ok());
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("admissions_declined") == 1);
+    CHECK(stats.Get("evictions") == 0);
+    ReadWholeAndCheck(*m, a);  // Hits: A and B were kept.
+    ReadWholeAndCheck(*m, b);
+    CHECK(source.bytes.load() == 30000);
+  }
+  SUBCASE("the copy whose next read is farthest goes") {
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, a.name, c.name, b.name}).ok());
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    CHECK(m->GetStats().Get("evictions") == 1);  // B: read again after A and C.
+    ReadWholeAndCheck(*m, a);
+    ReadWholeAndCheck(*m, c);
+    CHECK(source.bytes.load() == 30000);  // A and C were hits.
+    ReadWholeAndCheck(*m, b);
+    CHECK(source.BytesOf(b.name) == 20000);  // B was the one evicted.
+  }
+  SUBCASE("without an order, recency decides (the CLOCK evicts A, read before B)") {
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    CHECK(m->GetStats().Get("evictions") == 1);
+    ReadWholeAndCheck(*m, a);
+    CHECK(source.BytesOf(a.name) == 20000);
+  }
+}
+
 TEST_CASE("lru: concurrent readers over twice the tier read exact bytes; accounting stays true") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");

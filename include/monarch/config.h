@@ -152,7 +152,8 @@ absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node);
 struct PrefetchConfig {
   // Files fetched at once. A reader's own miss takes one of them while it
   // lasts (at least one stream keeps going). 8 matches Lustre's default
-  // max_rpcs_in_flight.
+  // max_rpcs_in_flight. 0: no read-ahead; an announced order then only
+  // tells eviction what is read next (placement.policy lru).
   int streams = 8;
   // How far ahead of the readers, in bytes of files fetched and not yet read.
   uint64_t lookahead_bytes = 1ull << 30;

@@ -407,7 +407,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     MONARCH_RETURN_IF_ERROR(CheckKeys(prefetch, "prefetch", {"streams", "lookahead"}));
     if (prefetch["streams"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t streams, GetInt(prefetch["streams"], "prefetch.streams"));
-      if (streams < 1 || streams > 256) return KeyError("prefetch.streams", "expected 1 to 256");
+      if (streams < 0 || streams > 256) return KeyError("prefetch.streams", "expected 0 to 256");
       config.prefetch.streams = static_cast<int>(streams);
     }
     if (prefetch["lookahead"]) {
@@ -735,8 +735,8 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
   if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
-  if (config.prefetch.streams < 1 || config.prefetch.streams > 256)
-    return KeyError("prefetch.streams", "expected 1 to 256");
+  if (config.prefetch.streams < 0 || config.prefetch.streams > 256)
+    return KeyError("prefetch.streams", "expected 0 to 256");
   if (config.prefetch.lookahead_bytes == 0)
     return KeyError("prefetch.lookahead", "expected a size of at least one byte, such as 1GiB");
   if (p.verify != "first-read" && p.verify != "every-read" && p.verify != "off") {

@@ -119,19 +119,26 @@ class PmemDriver final : public StorageDriver {
       if (offset + n > mapping_.length())
         return absl::OutOfRangeError("write past the end of the file");
       MONARCH_RETURN_IF_ERROR(copy_.Checksum(offset, data, n));
+      // The temporary, and after Commit the published copy, is a file any
+      // process of the user may truncate under the mapping: every access
+      // is guarded against SIGBUS.
       char* dst = mapping_.mutable_data() + offset;
-      if (is_pmem_) {
-        pmem_memcpy_nodrain(dst, data, n);
-      } else {
-        std::memcpy(dst, data, n);
+      if (!GuardedCopy(dst, data, n)) {
+        return absl::DataLossError(absl::StrCat(copy_.temporary(), ": truncated while written"));
       }
+      if (is_pmem_) pmem_flush(dst, n);  // pmem_drain() at Commit.
       return absl::OkStatus();
     }
 
+    // Readers of a promotion read written chunks back from here, also after
+    // Commit published the copy.
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
       if (offset >= copy_.file().size) return 0;
       const size_t count = std::min<uint64_t>(n, copy_.file().size - offset);
-      std::memcpy(dst, mapping_.data() + offset, count);
+      if (!GuardedCopy(dst, mapping_.data() + offset, count)) {
+        return absl::DataLossError(
+            absl::StrCat(copy_.temporary(), ": the copy shrank while mapped"));
+      }
       return count;
     }
 

@@ -115,7 +115,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       }
     }
     // Eviction happens outside the file's shard lock: it takes the victims'.
-    if (!need_room || room_made || !MakeRoom(entry.ref.size)) break;
+    if (!need_room || room_made || !MakeRoom(entry.ref.id, entry.ref.size)) break;
     room_made = true;
   }
   if (own_miss) reader_misses_in_flight_.fetch_add(1, std::memory_order_relaxed);
@@ -160,7 +160,9 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
       }
       promotion = StartLocked(entry, shard);
     }
-    if (promotion != nullptr || !evicts_ || room_made || !MakeRoom(entry.ref.size)) break;
+    if (promotion != nullptr || !evicts_ || room_made || !MakeRoom(entry.ref.id, entry.ref.size)) {
+      break;
+    }
     room_made = true;
   }
   if (promotion == nullptr) return PrefetchOutcome::kNoRoom;
@@ -267,7 +269,7 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
   if (--in_flight_count_ == 0) idle_.SignalAll();
 }
 
-bool PlacementHandler::MakeRoom(uint64_t file_bytes) {
+bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   // The fastest cache tier that can hold the file at all.
   int target = -1;
   for (int t = 0; t < first_origin_ && target < 0; ++t) {
@@ -278,7 +280,11 @@ bool PlacementHandler::MakeRoom(uint64_t file_bytes) {
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
   const uint32_t files = namespace_->file_count();
+  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
   MutexLock lock(&evict_mu_);
+  if (future != nullptr && future->known()) {
+    return MakeRoomByNextUse(id_wanted, target, need, *future);
+  }
   // Two turns of the hand: the first may only clear reference bits.
   for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
        ++scanned) {
@@ -293,6 +299,47 @@ bool PlacementHandler::MakeRoom(uint64_t file_bytes) {
   if (tier.free_bytes() >= need) return true;
   eviction_failures_.fetch_add(1, std::memory_order_relaxed);
   return false;
+}
+
+bool PlacementHandler::MakeRoomByNextUse(uint32_t id_wanted, int target, uint64_t need,
+                                         const NextUseOracle& future) {
+  // Candidates per eviction: a sample from the hand's walk, not every copy
+  // (which would cost a pass over the namespace per miss).
+  constexpr int kCandidates = 32;
+  Tier& tier = *(*tiers_)[target];
+  const uint32_t files = namespace_->file_count();
+  const uint64_t wanted_next = future.NextUse(id_wanted);
+  // Bounded: a victim that changed meanwhile is not evicted and is sampled
+  // again; a file needs a few evictions at most.
+  for (int round = 0; tier.free_bytes() < need; ++round) {
+    if (round == 64) {
+      eviction_failures_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    int64_t victim = -1;
+    uint64_t victim_next = 0;
+    int found = 0;
+    for (uint32_t scanned = 0; scanned < files && found < kCandidates; ++scanned) {
+      const uint32_t id = hand_;
+      hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
+      if (namespace_->entry(id).tier->load(std::memory_order_acquire) != target) continue;
+      if (tier_readers_[id].load(std::memory_order_acquire) > 0) continue;
+      ++found;
+      const uint64_t next = future.NextUse(id);
+      if (victim < 0 || next > victim_next) {
+        victim = id;
+        victim_next = next;
+      }
+    }
+    // Every candidate is read again before the wanted file: keep them, and
+    // read this one from the source this time.
+    if (victim < 0 || victim_next <= wanted_next) {
+      admissions_declined_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    EvictLocked(namespace_->entry(static_cast<uint32_t>(victim)), target);
+  }
+  return true;
 }
 
 bool PlacementHandler::EvictLocked(FileEntry& entry, int tier_index) {
@@ -367,6 +414,9 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
     sink.Counter("evicted_bytes", evicted_bytes_.load(), "Bytes of the copies evicted.");
     sink.Counter("eviction_failures", eviction_failures_.load(),
                  "Times no room could be made: every candidate in use or read since the hand passed.");
+    sink.Counter("admissions_declined", admissions_declined_.load(),
+                 "Files not placed because every copy they would evict is read again sooner "
+                 "(announced order).");
   }
   sink.Counter("promotions_completed", completed_.load(), "Copies published to a tier.");
   sink.Counter("promotions_failed", failed_.load(),

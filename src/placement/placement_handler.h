@@ -41,6 +41,17 @@
 
 namespace monarch {
 
+// What eviction may know of the future (the Prefetcher, from announced read
+// orders): how many reads from now a file is next read.
+class NextUseOracle {
+ public:
+  virtual ~NextUseOracle() = default;
+  // Whether an order is known at all; without one, eviction goes by recency.
+  virtual bool known() const = 0;
+  // Reads from now until `id` is read again; ~0 if not in the known order.
+  virtual uint64_t NextUse(uint32_t id) const = 0;
+};
+
 class PlacementHandler final : public PromotionHost {
  public:
   // `tiers` must outlive the handler: the cache tiers, then the read-only
@@ -86,6 +97,13 @@ class PlacementHandler final : public PromotionHost {
   // copies under a seqlock and posix copies through descriptors they hold,
   // so an eviction under them costs a miss, never a wrong byte.
   bool evicts() const { return evicts_; }
+  // With a known future, eviction goes by next use instead (Belady's
+  // choice, over a sample of candidates): the copy read again last is
+  // evicted, and a file read again later than every candidate is not
+  // admitted (it is read from the source this time). Set once, before reads.
+  void SetNextUseOracle(const NextUseOracle* oracle) {
+    oracle_.store(oracle, std::memory_order_release);
+  }
   // Returns the tier to read `entry` from now; EndTierRead() afterwards.
   int BeginTierRead(FileEntry& entry) {
     const uint32_t id = entry.ref.id;
@@ -136,7 +154,9 @@ class PlacementHandler final : public PromotionHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // Evicts copies until a cache tier has room for a `file_bytes` file;
   // false if none could be made (every candidate in use or just read).
-  bool MakeRoom(uint64_t file_bytes);
+  bool MakeRoom(uint32_t id, uint64_t file_bytes);
+  bool MakeRoomByNextUse(uint32_t id, int tier, uint64_t need, const NextUseOracle& future)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
   bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   // Every in-flight promotion, for shutdown.
@@ -184,6 +204,8 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> evicted_bytes_{0};
   std::atomic<uint64_t> eviction_failures_{0};
+  std::atomic<uint64_t> admissions_declined_{0};
+  std::atomic<const NextUseOracle*> oracle_{nullptr};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
 };

@@ -18,7 +18,7 @@ constexpr auto kYieldPoll = std::chrono::milliseconds(1);
 }  // namespace
 
 Prefetcher::Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHandler* placement)
-    : streams_(std::max(config.streams, 1)),
+    : streams_(std::max(config.streams, 0)),
       lookahead_bytes_(config.lookahead_bytes),
       namespace_(ns),
       placement_(placement) {}
@@ -72,6 +72,7 @@ void Prefetcher::Consumed(uint64_t reader, const uint32_t* ids, size_t count) {
     freed = true;
   }
   consumed_files_.fetch_add(count, std::memory_order_relaxed);
+  position_ += count;
   if (freed) changed_.SignalAll();
 }
 
@@ -94,6 +95,24 @@ void Prefetcher::MergeLocked() {
     }
   }
   next_ = 0;
+  position_ = 0;
+  // Each file's positions, for NextUse (a counting sort by file id).
+  const uint32_t files = namespace_->file_count();
+  first_.assign(files + 1, 0);
+  for (uint32_t id : merged_) ++first_[id + 1];
+  for (uint32_t f = 0; f < files; ++f) first_[f + 1] += first_[f];
+  occurrences_.resize(merged_.size());
+  next_occurrence_.assign(first_.begin(), first_.end() - 1);
+  std::vector<uint32_t> fill(first_.begin(), first_.end() - 1);
+  for (uint32_t q = 0; q < merged_.size(); ++q) occurrences_[fill[merged_[q]]++] = q;
+}
+
+uint64_t Prefetcher::NextUse(uint32_t id) const {
+  MutexLock lock(&mu_);
+  if (merged_.empty() || id + 1 >= first_.size()) return kNever;
+  uint32_t& next = next_occurrence_[id];
+  while (next < first_[id + 1] && occurrences_[next] < position_) ++next;
+  return next < first_[id + 1] ? occurrences_[next] - position_ : kNever;
 }
 
 int Prefetcher::AllowedStreams() const {

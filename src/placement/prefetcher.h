@@ -17,6 +17,9 @@
 //   by starting its promotion, which happens at most once per file however
 //   it is triggered; files already in a tier, in flight, or left on the
 //   source (no room) are skipped without a read.
+// - The orders also tell eviction what is read next (NextUse, for
+//   placement.policy lru): positions are counted in the merged order, the
+//   readers' position being the first reads they reported.
 // - Readers come first. A read of a file the streams have not reached is a
 //   miss like any other, served at once. While readers have misses of their
 //   own in flight, each takes one of the `streams` slots (one stream always
@@ -41,11 +44,11 @@
 
 namespace monarch {
 
-class Prefetcher {
+class Prefetcher final : public NextUseOracle {
  public:
   // `ns` and `placement` must outlive the prefetcher.
   Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHandler* placement);
-  ~Prefetcher();
+  ~Prefetcher() override;
 
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -58,6 +61,14 @@ class Prefetcher {
   void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
   // Whether any order is announced: readers skip Consumed() when none is.
   bool active() const { return active_.load(std::memory_order_relaxed); }
+
+  // The future the announced orders tell, for eviction: how many reads from
+  // now (in the merged order, the readers' position being the number of
+  // first reads they reported since the announcement) file `id` is next
+  // read; kNever if the order does not read it again (or none is known).
+  static constexpr uint64_t kNever = ~uint64_t{0};
+  uint64_t NextUse(uint32_t id) const override;
+  bool known() const override { return active(); }
 
   // Stop(): no stream starts another file. Shutdown(): Stop(), then waits
   // for the files the streams are fetching (cancel the placement handler in
@@ -90,6 +101,13 @@ class Prefetcher {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, Order> orders_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> merged_ ABSL_GUARDED_BY(mu_);
+  // Where each file occurs in merged_: its positions, ascending, are
+  // occurrences_[first_[id] .. first_[id + 1]); next_[id] indexes the first
+  // not yet behind the readers (advanced lazily by NextUse).
+  std::vector<uint32_t> first_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<uint32_t> next_occurrence_ ABSL_GUARDED_BY(mu_);
+  uint64_t position_ ABSL_GUARDED_BY(mu_) = 0;  // First reads reported since the merge.
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // The next position of merged_ to fetch.
   // Files started by a stream since the last announcement and not read yet,
   // with their sizes: the lookahead in use.

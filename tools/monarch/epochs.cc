@@ -73,6 +73,7 @@ struct Options {
   bool settle = false;
   bool verify = false;
   bool announce = false;  // --announce: tell Monarch each epoch's order (prefetch).
+  bool announce_all = false;  // --announce-all: every epoch's order at once, as epoch 1 starts.
   std::string barrier_dir;  // With --partition: all N processes meet here around each epoch.
   int part = 0;             // --partition R/N: read every N-th file of each epoch's order, from R.
   int parts = 1;
@@ -97,6 +98,8 @@ struct Options {
                "  --verify               compare every read with the source (slow)\n"
                "  --announce             announce each epoch's order to Monarch as it starts\n"
                "                         (clairvoyant prefetch; counted in the epoch's time)\n"
+               "  --announce-all         announce the orders of all epochs at once as epoch 1\n"
+               "                         starts (prefetch, and eviction by next use)\n"
                "  --partition R/N        read only this process's 1/N of each epoch (every N-th\n"
                "                         file of the shared shuffled order, from R), as a\n"
                "                         data-parallel job's rank R of N does\n"
@@ -163,6 +166,8 @@ Options ParseArgs(int argc, char** argv) {
       o.verify = true;
     else if (flag == "--announce")
       o.announce = true;
+    else if (flag == "--announce-all")
+      o.announce_all = true;
     else if (flag == "--barrier-dir")
       o.barrier_dir = value();
     else if (flag == "--partition") {
@@ -341,7 +346,8 @@ int RunEpochs(int argc, char** argv) {
 
   std::string json = "[";
   monarch::Stats previous = monarch->GetStats();
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  // This process's files in epoch `epoch`, in reading order.
+  auto order_of = [&](int epoch) {
     std::vector<uint32_t> order(files.size());
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
     std::mt19937_64 shuffle_rng(o.seed * 1000 + epoch);
@@ -351,6 +357,10 @@ int RunEpochs(int argc, char** argv) {
       for (size_t k = o.part; k < order.size(); k += o.parts) mine.push_back(order[k]);
       order.swap(mine);
     }
+    return order;
+  };
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    std::vector<uint32_t> order = order_of(epoch);
     if (o.drop_caches) DropCaches();
     if (o.drop_source_cache) {
       DropFileCaches(root, files);
@@ -405,10 +415,11 @@ int RunEpochs(int argc, char** argv) {
       }
     };
     auto start = std::chrono::steady_clock::now();
-    if (o.announce && o.mode == "monarch") {
+    if ((o.announce || (o.announce_all && epoch == 1)) && o.mode == "monarch") {
       std::vector<std::string> names;
-      names.reserve(order.size());
-      for (uint32_t id : order) names.push_back(files[id]);
+      for (int e = epoch; e <= (o.announce_all ? o.epochs : epoch); ++e) {
+        for (uint32_t id : order_of(e)) names.push_back(files[id]);
+      }
       if (absl::Status announced = monarch->AnnounceOrder(names); !announced.ok()) {
         std::fprintf(stderr, "monarch-epochs: announce: %s\n", announced.ToString().c_str());
         return 1;
