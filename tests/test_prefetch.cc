@@ -149,7 +149,7 @@ TEST_CASE("prefetch: announced files are promoted before any read, each read fro
   CHECK(after.Get("prefetch_lookahead_bytes") == 0);  // All of it was read.
 }
 
-TEST_CASE("prefetch: the lookahead bounds what is fetched ahead; reads free it") {
+TEST_CASE("prefetch: the lookahead bounds what is fetched ahead, reads free it") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
   const auto files = testing::MakeDataset(ds, 20, {10000});

@@ -653,7 +653,7 @@ uint64_t BytesOnDisk(const std::string& dir) {
   return total;
 }
 
-TEST_CASE("dataset names that look like temporaries are ordinary files; capacity holds") {
+TEST_CASE("dataset names that look like temporaries are ordinary files, capacity holds") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   std::string nvme = dir.Sub("nvme");

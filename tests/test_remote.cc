@@ -398,7 +398,7 @@ TEST_CASE("rendezvous hashing: even shares, and a departing peer moves only its 
   CHECK(HomeRank(StableNameHash("x"), 1) == 0);
 }
 
-TEST_CASE("checksum: catches flipped bits, swapped words, truncation; copy matches") {
+TEST_CASE("checksum: catches flipped bits, swapped words, truncation, copy matches") {
   std::vector<char> data(1 << 20);
   std::mt19937_64 rng(7);
   for (char& c : data) c = static_cast<char>(rng());

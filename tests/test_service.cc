@@ -60,7 +60,7 @@ void ReadAllExact(Monarch& monarch, const std::vector<TestFile>& files) {
 
 uint64_t SourceBytes(const Stats& stats) { return stats.Source("bytes_read"); }
 
-TEST_CASE("service: a client reads every byte exactly; the source once; then hits from shared RAM") {
+TEST_CASE("service: a client reads every byte exactly, the source once, then hits from shared RAM") {
   ScratchDir dir;
   const auto files = testing::MakeDataset(dir.Sub("data"), 40, {1, 4096, 70000, 300000});
   const Config config =
@@ -456,7 +456,7 @@ TEST_CASE("service: hostile connections get an error or a closed socket, and it 
 // service's prefetcher, which promotes the files before any read; the
 // client's first reads (hits the service never sees) come back in batches
 // and free the lookahead.
-TEST_CASE("service: an announced order is prefetched for the node; clients' reads free the lookahead") {
+TEST_CASE("service: an announced order is prefetched for the node, clients' reads free the lookahead") {
   ScratchDir dir;
   const auto files = testing::MakeDataset(dir.Sub("data"), 150, {3000, 9000});
   Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));

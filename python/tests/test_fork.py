@@ -1,4 +1,5 @@
-"""A handle used after fork() reopens the same config in the child."""
+"""A handle used after fork(): Monarch in process reopens the same config
+in the child; a node-service client goes on with the same handle."""
 
 import multiprocessing
 import os
@@ -13,21 +14,17 @@ def _child_read(m, name, pipe):
         pipe.send(e)
 
 
-def test_os_fork_reopens(m, dataset):
-    assert m.read("sub/hello.txt") == b"hello monarch\n"
-    parent_handle = m._handle.value
+def in_forked_child(check):
+    """Runs check() in a child made by os.fork(), which never returns into
+    pytest; b"\x00" if it returned true, b"\x02" if false, b"\x01" if it
+    raised."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: never return into pytest
+    if pid == 0:
         status = 1
         try:
             os.close(read_fd)
-            assert m._pid != os.getpid()
-            data = m.read("blob.bin")
-            # A new instance: its source counters start at this read.
-            fresh = m.stats()["tiers"][-1]["bytes_read"] == len(data) == 300_000
-            reopened = m._pid == os.getpid() and m._handle.value != parent_handle
-            status = 0 if fresh and reopened else 2
+            status = 0 if check() else 2
         finally:
             os.write(write_fd, bytes([status]))
             os._exit(0)
@@ -35,7 +32,22 @@ def test_os_fork_reopens(m, dataset):
     with os.fdopen(read_fd, "rb") as r:
         answer = r.read()
     os.waitpid(pid, 0)
-    assert answer == b"\x00", f"child status {answer!r}"
+    return answer
+
+
+def test_os_fork_reopens(m, dataset):
+    assert m.read("sub/hello.txt") == b"hello monarch\n"
+    parent_handle = m._handle.value
+
+    def child():
+        assert m._pid != os.getpid()
+        data = m.read("blob.bin")
+        # A new instance: its source counters start at this read.
+        fresh = m.stats()["tiers"][-1]["bytes_read"] == len(data) == 300_000
+        reopened = m._pid == os.getpid() and m._handle.value != parent_handle
+        return fresh and reopened
+
+    assert in_forked_child(child) == b"\x00"
     # The parent's handle is untouched and still works.
     assert m._handle.value == parent_handle and m._pid == os.getpid()
     assert m.read("sub/hello.txt") == b"hello monarch\n"
@@ -67,27 +79,16 @@ def test_a_node_service_client_goes_on_in_a_forked_child(dataset):
             assert m._fork_safe  # monarch_usable_after_fork: a service client
             assert m.read("sub/hello.txt") == b"hello monarch\n"
             parent_handle = m._handle.value
-            read_fd, write_fd = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                status = 1
-                try:
-                    os.close(read_fd)
-                    data = m.read("blob.bin")
-                    # The same C handle, no reopening: the library remaps the
-                    # service's tables in the child.
-                    same = m._handle.value == parent_handle and m._pid == os.getpid()
-                    with open(os.path.join(dataset, "blob.bin"), "rb") as f:
-                        exact = data == f.read()
-                    status = 0 if same and exact else 2
-                finally:
-                    os.write(write_fd, bytes([status]))
-                    os._exit(0)
-            os.close(write_fd)
-            with os.fdopen(read_fd, "rb") as r:
-                answer = r.read()
-            os.waitpid(pid, 0)
-            assert answer == b"\x00", f"child status {answer!r}"
+
+            def child():
+                data = m.read("blob.bin")
+                # The same C handle, no reopening: the library remaps the
+                # service's tables in the child.
+                same = m._handle.value == parent_handle and m._pid == os.getpid()
+                with open(os.path.join(dataset, "blob.bin"), "rb") as f:
+                    return same and data == f.read()
+
+            assert in_forked_child(child) == b"\x00"
             assert m.read("sub/hello.txt") == b"hello monarch\n"  # the parent goes on
     finally:
         service.stop()

@@ -552,9 +552,14 @@ class ServiceClient final : public Monarch {
     if (!state.notice_socket.valid()) {
       absl::StatusOr<ScopedFd> socket = ConnectUnix(paths_.socket);
       if (!socket.ok()) return;  // No service: no prefetch to tell.
+      // Non-blocking: a service that stopped reading (hung, stopped) must
+      // not stall this process's hits, which never wait for it otherwise.
+      const int flags = ::fcntl(socket->get(), F_GETFL);
+      if (flags < 0 || ::fcntl(socket->get(), F_SETFL, flags | O_NONBLOCK) != 0) return;
       state.notice_socket = std::move(*socket);
     }
-    // A service that went away: connect again next time.
+    // A service that went away, or a full socket (a frame may be cut short
+    // there): connect again next time.
     if (!SendFrame(state.notice_socket.get(), MessageType::kConsumed, Encode(notice)).ok()) {
       state.notice_socket = ScopedFd();
     }
