@@ -130,6 +130,8 @@ TEST_CASE("file_regex: the expanded size of bounded repetitions, as regcomp copi
   CHECK(RegexExpandedPositions("a{3,}") == 4);              // 3 copies and a starred one.
   CHECK(RegexExpandedPositions("(ab){3}c") == 7);
   CHECK(RegexExpandedPositions("(.{0,255}){0,255}") == 65025);
+  CHECK(RegexExpandedPositions("(.{,0255}){0,255}") == 65025);  // glibc's "{,n}": m = 0.
+  CHECK(RegexExpandedPositions("a{,}") == 1);
   CHECK(RegexExpandedPositions("[]{}]{4}") == 4);           // ']' and braces inside a bracket.
   CHECK(RegexExpandedPositions("[[:digit:]]{8}") == 8);
   CHECK(RegexExpandedPositions("a|b{5}") == 6);
@@ -143,6 +145,7 @@ TEST_CASE("file_regex: the expanded size of bounded repetitions, as regcomp copi
 
   auto too_large = FileRegex::Compile("(.{0,255}){0,255}");
   REQUIRE_FALSE(too_large.ok());
+  CHECK_FALSE(FileRegex::Compile("(.{,0255}){0,255}").ok());  // Found by the config fuzzer.
   CHECK(absl::StrContains(too_large.status().message(), "dataset.file_regex"));
   auto bad = FileRegex::Compile(std::string(5000, '('));
   REQUIRE_FALSE(bad.ok());

@@ -36,12 +36,14 @@ bool ParseCount(absl::string_view pattern, size_t* i, uint64_t* count) {
 }
 
 // A bound "{m}", "{m,}" or "{m,n}" at pattern[*i] (the '{'): the number of
-// copies of the preceding atom it stands for. Advances *i past it.
+// copies of the preceding atom it stands for. Advances *i past it. glibc
+// also takes "{,n}" and "{,}" (m omitted: 0), which count the same way.
 bool ParseBound(absl::string_view pattern, size_t* i, uint64_t* copies) {
   size_t j = *i + 1;
   uint64_t low = 0;
   uint64_t high = 0;
-  if (!ParseCount(pattern, &j, &low)) return false;
+  const bool no_low = j < pattern.size() && pattern[j] == ',';
+  if (!no_low && !ParseCount(pattern, &j, &low)) return false;
   if (j < pattern.size() && pattern[j] == '}') {
     *copies = low;
   } else if (j < pattern.size() && pattern[j] == ',') {
