@@ -249,7 +249,9 @@ class MonarchImpl final : public MonarchCore {
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for
     // eviction's CLOCK too.
-    for (size_t i = 0; i < count; ++i) placement_->Touch(ids[i]);
+    if (placement_->evicts()) {
+      for (size_t i = 0; i < count; ++i) placement_->Touch(ids[i]);
+    }
     if (prefetcher_->active()) prefetcher_->Consumed(reader, ids, count);
   }
 

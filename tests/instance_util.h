@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,21 @@
 #include "test_util.h"
 
 namespace monarch::testing {
+
+// An instance whose source driver is wrapped by `wrap_source` (the
+// source is the last tier).
+inline std::unique_ptr<Monarch> MustCreateWrappingSource(
+    const Config& config,
+    std::function<std::unique_ptr<StorageDriver>(std::unique_ptr<StorageDriver>)> wrap_source) {
+  const int source_index = static_cast<int>(config.tiers.size()) - 1;
+  DriverWrapper wrap = [=](int index,
+                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+    return index == source_index ? wrap_source(std::move(d)) : std::move(d);
+  };
+  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(*m);
+}
 
 // An instance whose source is wrapped in `source` faults and whose tier
 // `tier` in `tier_faults` (either may be null: no wrapping).

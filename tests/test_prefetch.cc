@@ -96,15 +96,9 @@ class GatedSource final : public ForwardingDriver {
 };
 
 std::unique_ptr<Monarch> CreateGated(const Config& config, GatedSource::Gate* gate) {
-  const int source_index = static_cast<int>(config.tiers.size()) - 1;
-  DriverWrapper wrap = [=](int index,
-                           std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-    if (index == source_index) return std::make_unique<GatedSource>(std::move(d), gate);
-    return d;
-  };
-  absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(config, wrap);
-  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
-  return std::move(*m);
+  return testing::MustCreateWrappingSource(config, [gate](std::unique_ptr<StorageDriver> d) {
+    return std::unique_ptr<StorageDriver>(new GatedSource(std::move(d), gate));
+  });
 }
 
 std::vector<std::string> Names(const std::vector<TestFile>& files) {

@@ -115,9 +115,9 @@ class PlacementHandler final : public PromotionHost {
   }
   void EndTierRead(uint32_t id) { tier_readers_[id].fetch_sub(1, std::memory_order_release); }
   // A read this process did not serve itself (a node-service client's hit,
-  // reported afterwards): counts as a use for the CLOCK.
+  // reported afterwards): counts as a use for the CLOCK. Only with eviction.
   void Touch(uint32_t id) {
-    if (evicts_ && id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
+    if (id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
   }
 
   // Stops starting promotions; `drain` finishes the ones in flight, else

@@ -96,7 +96,12 @@ void Prefetcher::MergeLocked() {
   }
   next_ = 0;
   position_ = 0;
-  // Each file's positions, for NextUse (a counting sort by file id).
+  // Each file's positions, for NextUse (a counting sort by file id): only
+  // eviction asks for them.
+  first_.clear();
+  occurrences_.clear();
+  next_occurrence_.clear();
+  if (!placement_->evicts()) return;
   const uint32_t files = namespace_->file_count();
   first_.assign(files + 1, 0);
   for (uint32_t id : merged_) ++first_[id + 1];
