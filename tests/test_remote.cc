@@ -140,6 +140,19 @@ TEST_CASE("peers: each file is read from the source once in the whole cluster, b
   cluster.Settle();
   CHECK(cluster.SourceBytes() == total);  // Once per file, cluster-wide.
   uint64_t peer_reads = 0, peer_bytes = 0, served_bytes = 0, home_files = 0;
+  // A home counts a reply's bytes when UCX reports the send complete, which
+  // may come after the requester has received and used them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    uint64_t served = 0, received = 0;
+    for (auto& p : cluster.peers) {
+      const Stats s = p->GetStats();
+      served += s.Get("remote.bytes_served");
+      received += PeersTier(s, "bytes_read");
+    }
+    if (served == received) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   for (auto& p : cluster.peers) {
     const Stats s = p->GetStats();
     CHECK(s.Get("remote.enabled"));

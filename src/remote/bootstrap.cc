@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -78,6 +79,32 @@ absl::StatusOr<int> ResolveRankSpec(const std::string& spec, absl::string_view k
   return absl::InvalidArgumentError(
       absl::StrCat(key, ": '", spec, "' found none of the environment variables ",
                    absl::StrJoin(names, ", "), "; set one or give an integer"));
+}
+
+absl::StatusOr<JobRank> ResolveJobRank(const RemoteConfig& config) {
+  JobRank job;
+  if (config.bootstrap == "mpi") {
+    absl::StatusOr<std::pair<int, int>> mpi = MpiRankAndSize();
+    if (!mpi.ok()) return mpi.status();
+    std::tie(job.rank, job.size) = *mpi;
+  } else {
+    absl::StatusOr<int> rank = ResolveRankSpec(config.rank, "remote.rank", AutoRankVariables());
+    if (!rank.ok()) return rank.status();
+    absl::StatusOr<int> size = ResolveRankSpec(config.size, "remote.size", AutoSizeVariables());
+    if (!size.ok()) return size.status();
+    job.rank = *rank;
+    job.size = *size;
+  }
+  if (job.size < 1 || job.size > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote.size: expected 1 to 65535 peers, got ", job.size));
+  }
+  if (job.rank < 0 || job.rank >= job.size) {
+    return absl::InvalidArgumentError(absl::StrCat("remote.rank: expected 0 to ", job.size - 1,
+                                                   " (remote.size is ", job.size, "), got ",
+                                                   job.rank));
+  }
+  return job;
 }
 
 absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::string_view key) {

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "monarch/config.h"
 
 namespace monarch {
 
@@ -25,6 +26,14 @@ absl::StatusOr<int> ResolveRankSpec(const std::string& spec, absl::string_view k
                                     const std::vector<const char*>& auto_vars);
 std::vector<const char*> AutoRankVariables();
 std::vector<const char*> AutoSizeVariables();
+
+// This process's place in the job: from the config's rank and size specs,
+// or from MPI with bootstrap "mpi". Errors name the key.
+struct JobRank {
+  int rank = 0;
+  int size = 1;
+};
+absl::StatusOr<JobRank> ResolveJobRank(const RemoteConfig& config);
 
 // Expands $NAME and ${NAME} from the environment; an unset variable is an
 // error naming `key`.

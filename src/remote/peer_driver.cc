@@ -34,27 +34,9 @@ uint64_t AutoBufferBytes(const Namespace& ns) {
 
 absl::StatusOr<std::unique_ptr<PeerDriver>> PeerDriver::Create(const RemoteConfig& config,
                                                                const Namespace* ns) {
-  int rank, size;
-  if (config.bootstrap == "mpi") {
-    absl::StatusOr<std::pair<int, int>> mpi = MpiRankAndSize();
-    if (!mpi.ok()) return mpi.status();
-    std::tie(rank, size) = *mpi;
-  } else {
-    absl::StatusOr<int> r = ResolveRankSpec(config.rank, "remote.rank", AutoRankVariables());
-    if (!r.ok()) return r.status();
-    absl::StatusOr<int> s = ResolveRankSpec(config.size, "remote.size", AutoSizeVariables());
-    if (!s.ok()) return s.status();
-    rank = *r;
-    size = *s;
-  }
-  if (size < 1 || size > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("remote.size: expected 1 to 65535 peers, got ", size));
-  }
-  if (rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat("remote.rank: expected 0 to ", size - 1,
-                                                   " (remote.size is ", size, "), got ", rank));
-  }
+  absl::StatusOr<JobRank> job = ResolveJobRank(config);
+  if (!job.ok()) return job.status();
+  const int rank = job->rank, size = job->size;
   auto fetch = std::unique_ptr<PeerDriver>(new PeerDriver(config, ns, rank, size));
   if (config.bootstrap == "directory") {
     absl::StatusOr<std::string> dir =
