@@ -9,18 +9,23 @@
 #include "monarch/monarch.h"
 
 #include <algorithm>
+#include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/counters.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/tier.h"
+#include "metadata/manifest.h"
 #include "metadata/namespace.h"
 #include "monarch_internal.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "placement/prefetcher.h"
+#include "remote/bootstrap.h"
 #include "remote/peer_driver.h"
 #include "service/client.h"
 
@@ -58,10 +63,72 @@ VerifyPolicy ParseVerifyPolicy(const std::string& verify) {
 
 namespace {
 
-SymlinkPolicy ParseSymlinkPolicy(const std::string& symlinks) {
-  if (symlinks == "inside") return SymlinkPolicy::kInside;
-  if (symlinks == "skip") return SymlinkPolicy::kSkip;
-  return SymlinkPolicy::kFollow;
+// The namespace, with at most one walk of the dataset per job: from
+// dataset.manifest when the config names one (every process reads it, no
+// one walks); else, with peers meeting in a directory, rank 0 walks and
+// publishes a manifest there (`*published`: its path, removed at shutdown)
+// and the other ranks wait for it and build from it; else by a walk.
+absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
+    const Config& config, int source_index, const Namespace::TierSlotAllocator& slots,
+    std::string* published) {
+  const auto began = std::chrono::steady_clock::now();
+  const DatasetConfig& dataset = config.dataset;
+  const ManifestOrigin origin = ManifestOriginOf(dataset);
+  auto finish = [&began](std::unique_ptr<Namespace> ns, bool from_manifest) {
+    ns->RecordBuild(from_manifest,
+                    static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::steady_clock::now() - began)
+                                              .count()));
+    return ns;
+  };
+  if (!dataset.manifest.empty()) {
+    MONARCH_ASSIGN_OR_RETURN(std::string path, DatasetManifestPath(dataset));
+    absl::StatusOr<std::unique_ptr<Manifest>> manifest = ReadManifest(path);
+    absl::StatusOr<std::unique_ptr<Namespace>> ns =
+        manifest.ok() ? NamespaceFromManifest(**manifest, origin, source_index, slots,
+                                              dataset.scan_threads)
+                      : manifest.status();
+    if (!ns.ok()) {
+      return absl::Status(
+          ns.status().code(),
+          absl::StrCat("dataset.manifest: ", manifest.ok() ? absl::StrCat(path, ": ") : "",
+                       ns.status().message(),
+                       "; write a new one with `monarch manifest --config FILE`"));
+    }
+    return finish(std::move(*ns), true);
+  }
+  std::string shared;  // The rendezvous directory's manifest, with peers to share it.
+  int rank = 0;
+  if (config.remote.enabled && config.remote.bootstrap == "directory") {
+    MONARCH_ASSIGN_OR_RETURN(JobRank job, ResolveJobRank(config.remote));
+    if (job.size > 1) {
+      MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(config.remote.rendezvous_dir,
+                                                                  "remote.rendezvous_dir"));
+      shared = absl::StrCat(dir, "/", kSharedManifestName);
+      rank = job.rank;
+    }
+  }
+  if (!shared.empty() && rank != 0) {
+    MONARCH_ASSIGN_OR_RETURN(
+        std::unique_ptr<Namespace> ns,
+        AwaitSharedManifest(shared, origin, config.remote.rendezvous_timeout_seconds,
+                            source_index, slots, dataset.scan_threads));
+    return finish(std::move(ns), true);
+  }
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
+                           Namespace::Build(dataset.path, dataset.file_regex, source_index,
+                                            dataset.scan_threads, slots, origin.symlinks));
+  if (!shared.empty()) {
+    // Rank 0 may get here before the address exchange creates the directory.
+    absl::Status written = MakeRendezvousDirectory(shared.substr(0, shared.rfind('/')));
+    if (written.ok()) written = WriteManifest(*ns, origin, shared);
+    if (!written.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "remote.rendezvous_dir: cannot publish the namespace manifest: ", written.message()));
+    }
+    *published = shared;
+  }
+  return finish(std::move(ns), false);
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
@@ -137,7 +204,13 @@ class MonarchImpl final : public MonarchCore {
         MONARCH_RETURN_IF_ERROR(peers_->CheckServable(entry, request));
         return ReadEntry(*entry, dst, request.length, request.offset);
       };
-      MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve)));
+      // Replicas and a lost peer's files are promoted like prefetched ones.
+      auto fill = [this](uint32_t id) {
+        FileEntry& entry = namespace_->entry(id);
+        placement_->Reconsider(entry);  // Declined as someone else's file before.
+        placement_->Prefetch(entry);
+      };
+      MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve), std::move(fill)));
     }
     return absl::OkStatus();
   }
@@ -194,6 +267,7 @@ class MonarchImpl final : public MonarchCore {
     CounterSink sink(&stats);
     placement_->ReportCounters(sink);
     prefetcher_->ReportCounters(sink);
+    namespace_->ReportCounters(sink);
     sink.Counter("warm_files_reused", warm_reused_, "Valid copies found at start-up.");
     sink.Counter("warm_files_discarded", warm_discarded_,
                  "Copies removed at start-up: of another version of the source file, or damaged.");
@@ -207,14 +281,27 @@ class MonarchImpl final : public MonarchCore {
     // short the ones they are fetching (draining finishes them), then they
     // are joined.
     if (prefetcher_ != nullptr) prefetcher_->Stop();
+    if (peers_ != nullptr) peers_->StopFilling();  // Likewise the replica and re-homing fills.
     if (placement_ != nullptr) placement_->Shutdown(mode == ShutdownMode::kDrain);
     if (prefetcher_ != nullptr) prefetcher_->Shutdown();
     // After the placement handler: draining promotions may still fetch from
     // peers, and peers' requests are served (from the source) until here.
     if (peers_ != nullptr) peers_->Shutdown();
+    // Kept while this rank runs, for a peer that restarts; then removed, so
+    // that a later job in the same directory finds only its own rank 0's.
+    if (!published_manifest_.empty()) {
+      os::Unlink(published_manifest_.c_str());
+      published_manifest_.clear();
+    }
   }
 
-  void WaitForPlacement() override { placement_->WaitIdle(); }
+  // The manifest this instance published for its peers, removed at Shutdown.
+  void RemoveAtShutdown(std::string manifest) { published_manifest_ = std::move(manifest); }
+
+  void WaitForPlacement() override {
+    if (peers_ != nullptr) peers_->WaitForFills();
+    placement_->WaitIdle();
+  }
 
   absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
     std::vector<uint32_t> ids;
@@ -363,6 +450,7 @@ class MonarchImpl final : public MonarchCore {
   static constexpr uint64_t kThisProcess = 0;
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
+  std::string published_manifest_;               // Rank 0's, or empty.
 };
 
 }  // namespace
@@ -383,11 +471,12 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& con
   // The tiers from the config, with the peers tier before the source when
   // peers are enabled.
   const int source_index = static_cast<int>(config.tiers.size()) - (config.remote.enabled ? 0 : 1);
+  std::string published;  // Rank 0's manifest for its peers: removed when this instance is.
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
-                           Namespace::Build(config.dataset.path, config.dataset.file_regex,
-                                            source_index, config.dataset.scan_threads,
-                                            options.tier_slots,
-                                            ParseSymlinkPolicy(config.dataset.symlinks)));
+                           BuildNamespace(config, source_index, options.tier_slots, &published));
+  absl::Cleanup unpublish = [&published] {
+    if (!published.empty()) os::Unlink(published.c_str());
+  };
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
     absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);
@@ -411,6 +500,8 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& con
     tiers.insert(tiers.end() - 1, std::make_unique<Tier>(peers_tier, std::move(driver)));
   }
   auto monarch = std::make_unique<MonarchImpl>(config, std::move(tiers), std::move(ns), peers);
+  monarch->RemoveAtShutdown(published);
+  std::move(unpublish).Cancel();  // The instance removes it from here on, failed Start() included.
   MONARCH_RETURN_IF_ERROR(monarch->Start());
   return std::unique_ptr<MonarchCore>(std::move(monarch));
 }

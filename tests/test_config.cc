@@ -625,5 +625,46 @@ TEST_CASE("the shipped example configs parse once their paths exist") {
   }
 }
 
+TEST_CASE("dataset.manifest: an absolute path, variables expanded, checked when it is used") {
+  Dirs d;
+  const std::string head = "dataset:\n  path: " + d.dataset + "\n";
+  const std::string tiers = "tiers:\n  - {kind: source}\n";
+  SUBCASE("parsed, and optional") {
+    absl::StatusOr<Config> config =
+        ParseConfigString(head + "  manifest: /scratch/imagenet.manifest\n" + tiers);
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK(config->dataset.manifest == "/scratch/imagenet.manifest");
+    // Not read here: `monarch manifest` writes it from a config naming it.
+    CHECK(DatasetManifestPath(config->dataset).value_or("") == "/scratch/imagenet.manifest");
+    CHECK(ParseConfigString(head + tiers)->dataset.manifest.empty());
+  }
+  SUBCASE("variables are expanded") {
+    ScopedEnv job("MONARCH_TEST_JOB", "4242");
+    absl::StatusOr<Config> config =
+        ParseConfigString(head + "  manifest: /scratch/${MONARCH_TEST_JOB}/ds.manifest\n" + tiers);
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    CHECK(DatasetManifestPath(config->dataset).value_or("") == "/scratch/4242/ds.manifest");
+  }
+  SUBCASE("a relative path is refused, naming the key") {
+    const std::string error = ErrorOf(head + "  manifest: ds.manifest\n" + tiers);
+    CHECK(absl::StartsWith(error, "dataset.manifest: expected an absolute path"));
+  }
+  SUBCASE("an unset variable is refused, naming the key") {
+    ScopedEnv var("MONARCH_TEST_UNSET", std::nullopt);
+    const std::string error = ErrorOf(head + "  manifest: /x/$MONARCH_TEST_UNSET/m\n" + tiers);
+    CHECK(absl::StartsWith(error, "dataset.manifest: "));
+    CHECK(absl::StrContains(error, "MONARCH_TEST_UNSET"));
+  }
+  SUBCASE("not a string") {
+    CHECK(absl::StartsWith(ErrorOf(head + "  manifest: [a]\n" + tiers), "dataset.manifest: "));
+  }
+  SUBCASE("ValidateConfig checks a config built in code the same way") {
+    Config config = testing::MakeConfig(d.dataset, {});
+    config.dataset.manifest = "relative";
+    const absl::Status status = ValidateConfig(config);
+    CHECK(absl::StartsWith(status.message(), "dataset.manifest: "));
+  }
+}
+
 }  // namespace
 }  // namespace monarch

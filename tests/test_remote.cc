@@ -3,15 +3,25 @@
 // separate processes do. (Separate processes, SIGKILL and network namespaces
 // are in tests/remote/.)
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include <chrono>
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "doctest/doctest.h"
+#include "drivers/tier.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "remote/bootstrap.h"
 #include "remote/checksum.h"
+#include "remote/peer_network.h"
 #include "remote/rendezvous_hash.h"
 #include "test_util.h"
 
@@ -86,7 +96,9 @@ struct Cluster {
     return total;
   }
   void Settle() {
-    for (auto& p : peers) p->WaitForPlacement();
+    for (auto& p : peers) {
+      if (p != nullptr) p->WaitForPlacement();  // Null: a peer the test took down.
+    }
   }
 };
 
@@ -292,6 +304,322 @@ TEST_CASE("peers: a peer that shuts down: the others serve every read from the s
   CHECK(s.Get("remote.fallbacks") <= 1);
 }
 
+// Rank r of the cluster reads files i with i % parts == r (a data-parallel
+// job's share); returns the number of wrong or failed reads.
+int ReadShare(Monarch& peer, const std::vector<TestFile>& files, size_t r, size_t parts) {
+  int bad = 0;
+  std::vector<char> buffer(4 << 20);
+  for (size_t i = r; i < files.size(); i += parts) {
+    const TestFile& f = files[i];
+    absl::StatusOr<size_t> got = peer.Read(f.name, buffer.data(), buffer.size(), 0);
+    if (!got.ok() || *got != f.size || !testing::BytesMatch(f, buffer.data(), 0, f.size)) ++bad;
+  }
+  return bad;
+}
+
+// Waits until every live peer of the cluster has marked `down` peers down
+// (a goodbye reaches each asynchronously).
+void WaitUntilDown(Cluster& cluster, uint64_t down) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (auto& p : cluster.peers) {
+    while (p != nullptr && p->GetStats().Get("remote.peers_down") < down &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (p != nullptr) REQUIRE(p->GetStats().Get("remote.peers_down") == down);
+  }
+}
+
+// One peer in a child process, so that the test can SIGKILL it: a crash,
+// which unlike a shutdown says no goodbye, and is what re-homing is for.
+// Forked before the test starts any thread; it creates its instance (meeting
+// the others at the rendezvous), reads share `r` of `parts` of `files`, and
+// reports when the parent asks, then waits to be killed.
+class CrashablePeer {
+ public:
+  CrashablePeer(const Config& config, const std::vector<TestFile>& files, size_t r, size_t parts) {
+    int ask[2], answer[2];
+    REQUIRE(::pipe(ask) == 0);
+    REQUIRE(::pipe(answer) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(ask[1]);
+      ::close(answer[0]);
+      RunChild(config, files, r, parts, ask[0], answer[1]);
+    }
+    ::close(ask[0]);
+    ::close(answer[1]);
+    ask_ = ask[1];
+    answer_ = answer[0];
+  }
+  ~CrashablePeer() {
+    Kill();
+    ::close(ask_);
+    ::close(answer_);
+  }
+
+  // Once every peer has read its share: the bytes this one read from the
+  // source (the requests it served included), or -1 if it failed.
+  int64_t SourceBytes() {
+    const char go = 1;
+    int64_t bytes = -1;
+    if (::write(ask_, &go, 1) != 1 || ::read(answer_, &bytes, sizeof(bytes)) != sizeof(bytes)) {
+      return -1;
+    }
+    return bytes;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  [[noreturn]] static void RunChild(const Config& config, const std::vector<TestFile>& files,
+                                    size_t r, size_t parts, int ask, int answer) {
+    FaultInjectingDriver::Faults faults;
+    const int source = static_cast<int>(config.tiers.size()) - 1;
+    absl::StatusOr<std::unique_ptr<Monarch>> peer = CreateMonarchWithDriverWrapper(
+        config, [&](int tier, std::unique_ptr<StorageDriver> driver) {
+          if (tier != source) return driver;
+          return std::unique_ptr<StorageDriver>(new FaultInjectingDriver(std::move(driver), &faults));
+        });
+    int64_t bytes = -1;
+    if (peer.ok() && ReadShare(**peer, files, r, parts) == 0) {
+      char go;
+      if (::read(ask, &go, 1) == 1) {
+        (*peer)->WaitForPlacement();
+        bytes = static_cast<int64_t>(faults.bytes.load());
+      }
+    }
+    if (::write(answer, &bytes, sizeof(bytes)) != sizeof(bytes)) ::_exit(1);
+    for (;;) ::pause();
+  }
+
+  pid_t pid_ = -1;
+  int ask_ = -1;
+  int answer_ = -1;
+};
+
+// The rank that takes a file over when the ranks before it are gone.
+std::vector<int> OrderOf(const std::string& name, int size) {
+  std::vector<int> order;
+  RendezvousOrder(StableNameHash(name), size, &order);
+  return order;
+}
+
+TEST_CASE("rendezvous order: the home first, the same for every caller, a lost rank moves only its files") {
+  for (int i = 0; i < 500; ++i) {
+    const std::string name = "class" + std::to_string(i % 7) + "/img" + std::to_string(i);
+    const std::vector<int> order = OrderOf(name, 9);
+    REQUIRE(order.size() == 9);
+    CHECK(order[0] == HomeRank(StableNameHash(name), 9));
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int r = 0; r < 9; ++r) CHECK(sorted[r] == r);  // A permutation.
+    // Losing rank 8 leaves the others in the order they had.
+    std::vector<int> order8 = OrderOf(name, 8);
+    std::vector<int> without8;
+    for (int r : order) {
+      if (r != 8) without8.push_back(r);
+    }
+    CHECK(order8 == without8);
+  }
+}
+
+TEST_CASE("peers: a lost peer's files move to the next rank of their order, read from the source once") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 64, {4096, 100 << 10, 700 << 10, 7});
+  const uint64_t total = testing::TotalBytes(files);
+  const int size = 4, lost = 3;  // Rank 3 runs in a child process, and is killed.
+  std::vector<Config> configs;
+  for (int r = 0; r < size; ++r) configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, size, 2 * total));
+  CrashablePeer crashing(configs[lost], files, lost, size);
+  configs.pop_back();
+  Cluster cluster(configs);
+  for (int r = 0; r < lost; ++r) CHECK(ReadShare(*cluster.peers[r], files, r, size) == 0);
+  cluster.Settle();
+  const int64_t lost_bytes = crashing.SourceBytes();
+  REQUIRE(lost_bytes >= 0);
+  REQUIRE(cluster.SourceBytes() + static_cast<uint64_t>(lost_bytes) == total);
+
+  // What losing rank 3 must cost: each of its files once, by the next rank
+  // of its order, unless that rank already holds a copy it read itself.
+  uint64_t expected = 0, lost_files = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::vector<int> order = OrderOf(files[i].name, size);
+    if (order[0] != lost) continue;
+    ++lost_files;
+    if (static_cast<int>(i % size) != order[1]) expected += files[i].size;
+  }
+  REQUIRE(lost_files > 0);
+  const uint64_t before = cluster.SourceBytes();
+  crashing.Kill();
+  WaitUntilDown(cluster, 1);
+  cluster.Settle();  // The new holders fetch what they took over.
+  CHECK(cluster.SourceBytes() == before + expected);
+  uint64_t adopted = 0;
+  for (int r = 0; r < lost; ++r) adopted += cluster.peers[r]->GetStats().Get("remote.adopted_files");
+  CHECK(adopted == lost_files);
+
+  // Two more epochs over the survivors, in other shares: not one source read.
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int r = 0; r < lost; ++r) {
+      CHECK(ReadShare(*cluster.peers[r], files, (r + epoch) % lost, lost) == 0);
+    }
+  }
+  CHECK(cluster.SourceBytes() == before + expected);
+  for (int r = 0; r < lost; ++r) {
+    const Stats s = cluster.peers[r]->GetStats();
+    CHECK(s.Get("remote.peer_failures") == 1);
+    CHECK(s.Get("remote.checksum_failures") == 0);
+  }
+}
+
+TEST_CASE("peers: a peer that leaves cleanly is not adopted ahead of reads") {
+  // At the end of a job every peer leaves: the last ones running must not
+  // fetch the others' files for nothing.
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 32, {100 << 10});
+  const uint64_t total = testing::TotalBytes(files);
+  std::vector<Config> configs;
+  for (int r = 0; r < 3; ++r) configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 3, 2 * total));
+  Cluster cluster(configs);
+  for (int r = 0; r < 3; ++r) CHECK(ReadShare(*cluster.peers[r], files, r, 3) == 0);
+  cluster.Settle();
+  REQUIRE(cluster.SourceBytes() == total);
+  cluster.peers[2]->Shutdown(Monarch::ShutdownMode::kCancel);
+  cluster.peers[2].reset();
+  WaitUntilDown(cluster, 1);
+  cluster.Settle();
+  CHECK(cluster.SourceBytes() == total);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(cluster.peers[r]->GetStats().Get("remote.adopted_files") == 0);
+    CHECK(cluster.peers[r]->GetStats().Get("remote.peer_failures") == 0);
+  }
+  // Its files still move, a read at a time: every read exact.
+  for (int r = 0; r < 2; ++r) CHECK(ReadShare(*cluster.peers[r], files, 0, 1) == 0);
+}
+
+TEST_CASE("peers: files taken over from a lost peer evict copies of other peers' files to fit") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 96, {60 << 10, 200 << 10, 90 << 10});
+  const int size = 4, lost = 3;  // In a child process, killed.
+  // Each tier holds what its rank keeps once rank 3 is gone, and no more:
+  // the copies of other ranks' files it takes in epoch 1 fill that room.
+  std::vector<uint64_t> keeps(size, 0);
+  for (const TestFile& f : files) {
+    const std::vector<int> order = OrderOf(f.name, size);
+    keeps[order[0] != lost ? order[0] : order[1]] += Tier::MaxFootprint(f.size);
+  }
+  std::vector<Config> configs;
+  for (int r = 0; r < size; ++r) {
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, size, keeps[r] + (64 << 10)));
+  }
+  CrashablePeer crashing(configs[lost], files, lost, size);
+  configs.pop_back();
+  Cluster cluster(configs);
+  for (int r = 0; r < lost; ++r) CHECK(ReadShare(*cluster.peers[r], files, r, size) == 0);
+  cluster.Settle();
+  REQUIRE(crashing.SourceBytes() >= 0);
+  const uint64_t before = cluster.SourceBytes();
+  crashing.Kill();
+  WaitUntilDown(cluster, 1);
+  cluster.Settle();
+  uint64_t evictions = 0;
+  for (auto& p : cluster.peers) evictions += p->GetStats().Get("evictions");
+  CHECK(evictions > 0);  // Room made by evicting copies of files kept elsewhere.
+  const uint64_t after_loss = cluster.SourceBytes();
+  CHECK(after_loss > before);
+  // Every file is now kept by a survivor: no epoch reads the source again.
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int r = 0; r < lost; ++r) CHECK(ReadShare(*cluster.peers[r], files, (r + epoch) % lost, lost) == 0);
+  }
+  CHECK(cluster.SourceBytes() == after_loss);
+}
+
+TEST_CASE("peers: with two replicas, losing a peer costs no source read") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 64, {4096, 100 << 10, 700 << 10, 7});
+  const uint64_t total = testing::TotalBytes(files);
+  const int size = 4, lost = 3;  // In a child process, killed.
+  std::vector<Config> configs;
+  for (int r = 0; r < size; ++r) {
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, size, 2 * total));
+    configs.back().remote.replicas = 2;
+  }
+  CrashablePeer crashing(configs[lost], files, lost, size);
+  configs.pop_back();
+  Cluster cluster(configs);
+  for (int r = 0; r < lost; ++r) CHECK(ReadShare(*cluster.peers[r], files, r, size) == 0);
+  cluster.Settle();  // Second copies fetched from the homes.
+  const int64_t lost_bytes = crashing.SourceBytes();
+  REQUIRE(lost_bytes >= 0);
+  CHECK(cluster.SourceBytes() + static_cast<uint64_t>(lost_bytes) == total);
+  uint64_t replica_files = 0, lost_replicas = 0;
+  for (auto& p : cluster.peers) replica_files += p->GetStats().Get("remote.replica_files");
+  for (const TestFile& f : files) lost_replicas += OrderOf(f.name, size)[1] == lost;
+  CHECK(replica_files + lost_replicas == files.size());  // One second holder per file.
+
+  const uint64_t before = cluster.SourceBytes();
+  crashing.Kill();
+  WaitUntilDown(cluster, 1);
+  cluster.Settle();  // What rank 3 held gets a new second holder, from the first.
+  uint64_t adopted = 0;
+  for (auto& p : cluster.peers) adopted += p->GetStats().Get("remote.adopted_files");
+  CHECK(adopted > 0);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int r = 0; r < lost; ++r) CHECK(ReadShare(*cluster.peers[r], files, (r + epoch) % lost, lost) == 0);
+  }
+  CHECK(cluster.SourceBytes() == before);
+}
+
+TEST_CASE("peers: a peer that comes back rejoins without a restart of the others") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 24, {64 << 10, 300 << 10});
+  std::vector<Config> configs;
+  for (int r = 0; r < 2; ++r) {
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, 1 << 30));
+    configs.back().placement.policy = "none";  // Every read asks a peer or the source.
+    configs.back().remote.retry_after_seconds = 0.2;
+  }
+  Cluster cluster(configs);
+  std::vector<std::string> homed_on_1;
+  for (const TestFile& f : files) {
+    if (OrderOf(f.name, 2)[0] == 1) homed_on_1.push_back(f.name);
+  }
+  REQUIRE(!homed_on_1.empty());
+  std::vector<char> buffer(1 << 20);
+  cluster.peers[1]->Shutdown(Monarch::ShutdownMode::kCancel);
+  cluster.peers[1].reset();
+  CHECK(ReadShare(*cluster.peers[0], files, 0, 1) == 0);  // Rank 0 alone: from the source.
+  const uint64_t from_peers_alone = PeersTier(cluster.peers[0]->GetStats(), "bytes_read");
+
+  // Rank 1 again: a new process, a new address in the rendezvous directory.
+  absl::StatusOr<std::unique_ptr<Monarch>> back = Monarch::Create(configs[1]);
+  REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+  cluster.peers[1] = std::move(*back);
+  // Rank 0 tries it again after retry_after (a first try may meet the old
+  // endpoint and wait out one more).
+  bool rejoined = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!rejoined && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(ReadShare(*cluster.peers[0], files, 0, 1) == 0);
+    rejoined = cluster.peers[1]->GetStats().Get("remote.bytes_served") > 0;
+  }
+  CHECK(rejoined);
+  CHECK(PeersTier(cluster.peers[0]->GetStats(), "bytes_read") > from_peers_alone);
+}
+
 TEST_CASE("peers: a peer that never arrives is a clear start-up error, not a hang") {
   ScratchDir dir;
   const std::string dataset = dir.Sub("dataset");
@@ -443,6 +771,329 @@ TEST_CASE("bootstrap: environment expansion and rank variables") {
   absl::StatusOr<int> bad = ResolveRankSpec("env:MONARCH_TEST_RANK", "remote.rank", {});
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("'three' is not a non-negative integer") != std::string::npos);
+}
+
+// ---- Job identity: the secret every peer request carries ----
+
+// The mode bits of `path` (lstat: a symlink is not what was written), or -1.
+int ModeOf(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777) | (S_ISREG(st.st_mode) ? 0100000 : 0) |
+         (S_ISDIR(st.st_mode) ? 040000 : 0);
+}
+
+std::string SecretOrDie() {
+  absl::StatusOr<std::string> secret = NewJobSecret();
+  REQUIRE_MESSAGE(secret.ok(), secret.status().ToString());
+  return *secret;
+}
+
+// A bare PeerNetwork of a 2-rank job meeting through `rendezvous`, whose
+// requests carry `secret`; `serve` fills with a byte pattern and counts.
+struct BareRank {
+  std::atomic<int> served{0};
+  std::unique_ptr<PeerNetwork> network;
+  absl::Status status;
+
+  void Start(int rank, const std::string& rendezvous, const std::string& secret,
+             const std::string& fingerprint) {
+    PeerNetwork::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.buffer_bytes = 64 << 10;
+    options.chunk_bytes = 64 << 10;
+    options.request_timeout_seconds = 5;
+    options.retry_after_seconds = 60;
+    options.secret = [secret] { return absl::StatusOr<std::string>(secret); };
+    auto serve = [this](const PeerNetwork::FileRequest& request,
+                        char* dst) -> absl::StatusOr<size_t> {
+      served.fetch_add(1);
+      for (size_t i = 0; i < request.length; ++i) dst[i] = static_cast<char>(request.offset + i);
+      return request.length;
+    };
+    absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(
+        options,
+        [&](const std::string& mine) {
+          return ExchangeThroughDirectory(rendezvous, rank, 2, mine, 30, fingerprint);
+        },
+        serve);
+    status = made.status();
+    if (made.ok()) network = std::move(*made);
+  }
+  uint64_t Counter(std::string_view name) const {
+    Stats stats;
+    CounterSink sink(&stats);
+    network->ReportCounters(sink);
+    return stats.Get(name);
+  }
+};
+
+TEST_CASE("job secret: 32 random bytes, 0600 in a directory created 0700, no temporary left") {
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/job/rdv";  // Neither exists yet.
+  const std::string secret = SecretOrDie();
+  CHECK(secret.size() == kJobSecretBytes);
+  CHECK(SecretOrDie() != secret);
+  const std::string fingerprint = JobSecretFingerprint(secret);
+  CHECK(fingerprint.size() == 16);
+  CHECK(fingerprint == JobSecretFingerprint(std::string(secret)));
+  CHECK(fingerprint != JobSecretFingerprint(SecretOrDie()));
+
+  REQUIRE(PublishJobSecret(rdv, secret).ok());
+  CHECK(ModeOf(rdv) == (040000 | 0700));
+  CHECK(ModeOf(rdv + "/job.secret") == (0100000 | 0600));
+  std::vector<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(rdv))
+    entries.push_back(entry.path().filename().string());
+  CHECK(entries == std::vector<std::string>{"job.secret"});
+  absl::StatusOr<std::string> read = ReadJobSecret(rdv, fingerprint, 5);
+  REQUIRE_MESSAGE(read.ok(), read.status().ToString());
+  CHECK(*read == secret);
+
+  // A second job's rank 0 replaces it whole, still 0600.
+  const std::string next = SecretOrDie();
+  REQUIRE(PublishJobSecret(rdv, next).ok());
+  CHECK(ModeOf(rdv + "/job.secret") == (0100000 | 0600));
+  CHECK(*ReadJobSecret(rdv, JobSecretFingerprint(next), 5) == next);
+
+  absl::Status bad = PublishJobSecret(rdv, "too short");
+  CHECK(absl::IsInvalidArgument(bad));
+  RemoveJobSecret(rdv);
+  CHECK(ModeOf(rdv + "/job.secret") == -1);
+  absl::StatusOr<std::string> gone = ReadJobSecret(rdv, JobSecretFingerprint(next), 0.1);
+  CHECK(absl::IsFailedPrecondition(gone.status()));
+  CHECK(gone.status().message().find("remote.rendezvous_timeout") != std::string::npos);
+}
+
+TEST_CASE("job secret: a stale secret left by an earlier job is never adopted") {
+  ScratchDir dir;
+  const std::string rdv = dir.Sub("rdv");
+  const std::string stale = SecretOrDie(), fresh = SecretOrDie();
+  REQUIRE(PublishJobSecret(rdv, stale).ok());  // The earlier job crashed and left it.
+
+  // Rank 0's address file names the fresh one: the stale one is refused
+  // until the timeout, with an error that says why.
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::string> got = ReadJobSecret(rdv, JobSecretFingerprint(fresh), 0.3);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(!got.ok());
+  CHECK(absl::IsFailedPrecondition(got.status()));
+  CHECK(got.status().message().find("left by an earlier job") != std::string::npos);
+  CHECK(waited >= 0.3);
+
+  // It is read again until the fresh one is there (a PFS's cache may show
+  // the old file a little longer), then that one is returned.
+  std::thread rank0([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(PublishJobSecret(rdv, fresh).ok());
+  });
+  got = ReadJobSecret(rdv, JobSecretFingerprint(fresh), 10);
+  rank0.join();
+  REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+  CHECK(*got == fresh);
+
+  // An address file without a fingerprint names no secret at all.
+  CHECK(absl::IsFailedPrecondition(ReadJobSecret(rdv, "", 10).status()));
+}
+
+TEST_CASE("bootstrap: rank 0's address file carries the secret's fingerprint to the others") {
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/rdv";
+  const std::string fingerprint = JobSecretFingerprint(SecretOrDie());
+  absl::StatusOr<std::vector<std::string>> at0, at1;
+  std::string seen_by_1 = "unset";
+  std::thread rank0([&] { at0 = ExchangeThroughDirectory(rdv, 0, 2, "zero", 10, fingerprint); });
+  std::thread rank1(
+      [&] { at1 = ExchangeThroughDirectory(rdv, 1, 2, "one\n\x01", 10, "", &seen_by_1); });
+  rank0.join();
+  rank1.join();
+  REQUIRE_MESSAGE(at0.ok(), at0.status().ToString());
+  REQUIRE_MESSAGE(at1.ok(), at1.status().ToString());
+  CHECK(*at0 == std::vector<std::string>{"zero", "one\n\x01"});
+  CHECK(*at1 == *at0);
+  CHECK(seen_by_1 == fingerprint);
+  CHECK(ModeOf(rdv) == (040000 | 0700));  // Whichever rank made it.
+
+  // A file of the earlier format (no fingerprint line) is refused at once.
+  const std::string old = dir.Sub("old");
+  REQUIRE(WriteSmallFile(old + "/rank-1.addr",
+                         "monarch-rendezvous-v1\n2\nhost pid 1 rank 1\n\nb25l\n")
+              .ok());
+  absl::StatusOr<std::vector<std::string>> mixed =
+      ExchangeThroughDirectory(old, 0, 2, "zero", 10, fingerprint);
+  REQUIRE(!mixed.ok());
+  CHECK(mixed.status().message().find("not a Monarch rendezvous file of this version") !=
+        std::string::npos);
+}
+
+TEST_CASE("peer wire: the job secret is compared whole, and a header without it is refused") {
+  peer_wire::RequestHeader header{peer_wire::kProtocol, 1, 7, 0, 4096, 4096, 1, {}};
+  const std::string secret = SecretOrDie();
+  std::memcpy(header.secret, secret.data(), sizeof(header.secret));
+  CHECK(peer_wire::CarriesSecret(header, secret));
+  for (size_t i = 0; i < sizeof(header.secret); ++i) {
+    std::string other = secret;
+    other[i] ^= 0x01;
+    CHECK_MESSAGE(!peer_wire::CarriesSecret(header, other), "byte ", i);
+  }
+  CHECK(!peer_wire::CarriesSecret(header, secret.substr(0, 31)));
+  CHECK(!peer_wire::CarriesSecret(header, secret + "x"));
+  CHECK(!peer_wire::CarriesSecret(header, ""));
+  const std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
+  CHECK(peer_wire::DecodeRequestHeader(bytes, 0, 2).ok());
+  // The previous format (48 bytes, "MON1", no secret): dropped as malformed.
+  CHECK(absl::IsInvalidArgument(peer_wire::DecodeRequestHeader(bytes.substr(0, 48), 0, 2).status()));
+  peer_wire::RequestHeader old = header;
+  old.protocol = 0x4d4f4e31;
+  CHECK(absl::IsInvalidArgument(
+      peer_wire::DecodeRequestHeader(
+          absl::string_view(reinterpret_cast<const char*>(&old), sizeof(old)), 0, 2)
+          .status()));
+}
+
+TEST_CASE("peer network: served with the job's secret, refused and counted with another") {
+  for (const bool same : {true, false}) {
+    CAPTURE(same);
+    ScratchDir dir;
+    const std::string rdv = dir.path() + "/rdv";
+    const std::string secret = SecretOrDie();
+    BareRank ranks[2];
+    std::thread rank1([&] { ranks[1].Start(1, rdv, same ? secret : SecretOrDie(), ""); });
+    ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
+    rank1.join();
+    REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
+    REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+    std::vector<char> buffer(60000);  // One piece: one request per fetch.
+    const FileRef file{0, "train/a.jpg", buffer.size() + 1000, 1};
+    std::vector<absl::StatusOr<size_t>> fetched;
+    for (int k = 0; k < 3; ++k) {
+      fetched.push_back(ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size()));
+      if (same && fetched.back().ok()) CHECK(buffer[5] == static_cast<char>(1005));
+    }
+    CHECK(ranks[0].network->IsUp(1));  // A refusal is not a failure of the peer.
+    CHECK(ranks[1].served.load() == (same ? 3 : 0));
+    CHECK(ranks[1].Counter("remote.requests_unauthenticated") == (same ? 0 : 3));
+    CHECK(ranks[0].Counter("remote.requests_unauthenticated") == 0);
+    // Statuses made on a progress thread are read once it has stopped:
+    // Abseil's (uninstrumented) reference count is invisible to TSan.
+    for (BareRank& r : ranks) r.network->Shutdown();
+    for (const absl::StatusOr<size_t>& got : fetched) {
+      if (same) {
+        CHECK_MESSAGE(got.ok(), got.status().ToString());
+      } else {
+        CHECK(absl::IsUnavailable(got.status()));
+        CHECK(got.status().message().find("UNAUTHENTICATED") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("peer network: a secret missing or of another size is a start-up error") {
+  PeerNetwork::Options options;
+  options.rank = 0;
+  options.size = 2;
+  auto exchange = [](const std::string& mine) {
+    return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{mine, mine});
+  };
+  auto serve = [](const PeerNetwork::FileRequest&, char*) -> absl::StatusOr<size_t> { return 0; };
+  absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(options, exchange, serve);
+  REQUIRE(!made.ok());
+  CHECK(absl::IsInvalidArgument(made.status()));
+  CHECK(made.status().message().find("no job secret") != std::string::npos);
+  options.secret = [] { return absl::StatusOr<std::string>("short"); };
+  made = PeerNetwork::Start(options, exchange, serve);
+  REQUIRE(!made.ok());
+  CHECK(made.status().message().find("5 bytes, not 32") != std::string::npos);
+  options.secret = [] { return absl::StatusOr<std::string>(absl::DeadlineExceededError("late")); };
+  made = PeerNetwork::Start(options, exchange, serve);
+  CHECK(absl::IsDeadlineExceeded(made.status()));
+}
+
+TEST_CASE("peers: requests without the job secret are refused and counted, reads get exact bytes from the source") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 16, {64 << 10, 4096, 300 << 10});
+  const std::string rdv = dir.path() + "/rdv";
+  // Rank 0 is a Monarch instance and makes the job's secret; rank 1 is a
+  // bare network that meets it through the directory but carries and
+  // expects another secret, as a process of another job would.
+  BareRank rank1;
+  std::thread starter([&] { rank1.Start(1, rdv, SecretOrDie(), ""); });
+  Config c = PeerConfig(dataset, rdv, 0, 2, 64 << 20);
+  c.placement.policy = "none";  // Every read asks the home (or the source) again.
+  absl::StatusOr<std::unique_ptr<Monarch>> rank0 = Monarch::Create(c);
+  starter.join();
+  REQUIRE_MESSAGE(rank0.ok(), rank0.status().ToString());
+  REQUIRE_MESSAGE(rank1.status.ok(), rank1.status.ToString());
+  Monarch& peer = **rank0;
+
+  // Rank 0 asks rank 1 for rank 1's files with the job's secret: refused
+  // at once (no timeout, no peer marked down), and read from the source.
+  const auto start = std::chrono::steady_clock::now();
+  int bad = 0;
+  std::vector<char> buffer(1 << 20);
+  for (const TestFile& f : files) {
+    absl::StatusOr<size_t> got = peer.Read(f.name, buffer.data(), buffer.size(), 0);
+    if (!got.ok() || *got != f.size || !testing::BytesMatch(f, buffer.data(), 0, f.size)) ++bad;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(bad == 0);
+  CHECK(seconds < 4);  // Under one request timeout (5 s) for all of them.
+  Stats s = peer.GetStats();
+  const uint64_t refused = rank1.Counter("remote.requests_unauthenticated");
+  CHECK(refused >= 1);  // Some files are rank 1's (16 files, 2 ranks).
+  CHECK(rank1.served.load() == 0);
+  CHECK(s.Get("remote.fallbacks") == refused);
+  CHECK(s.Get("remote.timeouts") == 0);
+  CHECK(s.Get("remote.peer_failures") == 0);
+  CHECK(PeersTier(s, "bytes_read") == 0);
+
+  // The other way: rank 1 asks the Monarch home without its secret.
+  std::vector<absl::StatusOr<size_t>> fetched;
+  for (const TestFile& f : files) {
+    const FileRef ref{0, f.name, f.size, 0};
+    fetched.push_back(
+        rank1.network->Fetch(0, ref, 0, buffer.data(), std::min<size_t>(f.size, 4096)));
+  }
+  s = peer.GetStats();
+  CHECK(s.Get("remote.requests_unauthenticated") == files.size());
+  CHECK(s.Get("remote.requests_served") == 0);
+  CHECK(s.Get("remote.bytes_served") == 0);
+  // In the stats' JSON and Prometheus text, like every counter.
+  const std::string counted = std::to_string(files.size());
+  CHECK(s.ToJson().find("\"requests_unauthenticated\":" + counted) != std::string::npos);
+  CHECK(s.ToPrometheus().find("monarch_remote_requests_unauthenticated_total " + counted) !=
+        std::string::npos);
+  rank0->reset();
+  rank1.network->Shutdown();  // Before reading statuses its progress thread made (TSan).
+  for (const absl::StatusOr<size_t>& got : fetched) CHECK(absl::IsUnavailable(got.status()));
+}
+
+TEST_CASE("peers: the job's secret is 0600 in a 0700 directory while it runs, and gone after") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  auto files = testing::MakeDataset(dataset, 20, {64 << 10});
+  const std::string rdv = dir.path() + "/scratch/rdv";
+  std::vector<Config> configs;
+  for (int r = 0; r < 2; ++r) configs.push_back(PeerConfig(dataset, rdv, r, 2, 64 << 20));
+  auto cluster = std::make_unique<Cluster>(configs);
+  CHECK(ModeOf(rdv) == (040000 | 0700));
+  CHECK(ModeOf(rdv + "/job.secret") == (0100000 | 0600));
+  CHECK(ReadEverything(*cluster, files, 1, 1 << 20, 5) == 0);
+  uint64_t peer_reads = 0;
+  for (auto& p : cluster->peers) {
+    const Stats s = p->GetStats();
+    CHECK(s.Get("remote.requests_unauthenticated") == 0);
+    CHECK(s.Get("remote.fallbacks") == 0);
+    peer_reads += PeersTier(s, "reads");
+  }
+  CHECK(peer_reads > 0);  // Both ranks hold the secret: the homes served.
+  cluster.reset();
+  CHECK(ModeOf(rdv + "/job.secret") == -1);
+  CHECK(ModeOf(rdv + "/rank-0.addr") == -1);
 }
 
 }  // namespace

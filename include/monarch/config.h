@@ -64,6 +64,12 @@ struct DatasetConfig {
   // walk) and skips the others; "skip" serves none. Symlinked directories
   // are never entered (a link cycle cannot trap the walk).
   std::string symlinks = "follow";
+  // Optional: a manifest of the dataset (`monarch manifest` writes one),
+  // absolute; "${VAR}" and "$VAR" are expanded. The namespace is then built
+  // from it instead of walking the dataset, after checking that it was
+  // written for this path, file_regex and symlinks, and that the root and
+  // top-level directories have not changed since (one stat each).
+  std::string manifest;
 };
 
 struct PlacementConfig {
@@ -119,6 +125,11 @@ struct RemoteConfig {
   // read goes to the source; it is tried again after retry_after_seconds.
   double request_timeout_seconds = 10;
   double retry_after_seconds = 30;
+  // How many peers keep each file: its home and the next replicas - 1 ranks
+  // of its rendezvous order. With 2, losing one peer costs no source reads:
+  // the second copy is fetched from the home in the background.
+  static constexpr int kMaxReplicas = 8;
+  int replicas = 1;
 };
 
 // One Monarch service per node (src/service/DESIGN.md): with `shared` on,
@@ -145,6 +156,11 @@ struct NodeConfig {
 // variables expanded (not created). InvalidArgument naming node.runtime_dir
 // for an unset variable or a relative result.
 absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node);
+
+// The path dataset.manifest names, variables expanded (not checked for
+// existence). InvalidArgument naming dataset.manifest for an unset
+// variable or a relative result.
+absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
 
 // Clairvoyant prefetch: when a front end announces the order in which files
 // will be read (Monarch::AnnounceOrder), background streams read ahead of

@@ -142,7 +142,8 @@ absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
   MONARCH_RETURN_IF_ERROR(
       CheckKeys(remote, "remote",
                 {"enabled", "rank", "size", "bootstrap", "rendezvous_dir", "rendezvous_timeout",
-                 "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after"}));
+                 "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after",
+                 "replicas"}));
   if (remote["enabled"]) {
     MONARCH_ASSIGN_OR_RETURN(out->enabled, GetBool(remote["enabled"], "remote.enabled"));
   }
@@ -191,6 +192,14 @@ absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
   if (remote["retry_after"]) {
     MONARCH_ASSIGN_OR_RETURN(out->retry_after_seconds,
                              GetDuration(remote["retry_after"], "remote.retry_after"));
+  }
+  if (remote["replicas"]) {
+    MONARCH_ASSIGN_OR_RETURN(int64_t replicas, GetInt(remote["replicas"], "remote.replicas"));
+    if (replicas < 1 || replicas > RemoteConfig::kMaxReplicas) {
+      return KeyError("remote.replicas", absl::StrCat("expected 1 to ", RemoteConfig::kMaxReplicas,
+                                                      ", got ", replicas));
+    }
+    out->replicas = static_cast<int>(replicas);
   }
   return absl::OkStatus();
 }
@@ -263,7 +272,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (!dataset.IsMap())
     return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
   MONARCH_RETURN_IF_ERROR(
-      CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads", "symlinks"}));
+      CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads", "symlinks", "manifest"}));
   if (!dataset["path"])
     return KeyError("dataset.path", "required: the dataset directory on the source");
   MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
@@ -282,6 +291,10 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   if (dataset["symlinks"]) {
     MONARCH_ASSIGN_OR_RETURN(config.dataset.symlinks,
                              GetString(dataset["symlinks"], "dataset.symlinks"));
+  }
+  if (dataset["manifest"]) {
+    MONARCH_ASSIGN_OR_RETURN(config.dataset.manifest,
+                             GetString(dataset["manifest"], "dataset.manifest"));
   }
 
   const YAML::Node tiers = root["tiers"];
@@ -569,6 +582,9 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
     return KeyError("remote.request_timeout", "expected a positive duration");
   if (!(r.retry_after_seconds > 0))
     return KeyError("remote.retry_after", "expected a positive duration");
+  if (r.replicas < 1 || r.replicas > RemoteConfig::kMaxReplicas)
+    return KeyError("remote.replicas",
+                    absl::StrCat("expected 1 to ", RemoteConfig::kMaxReplicas));
   return absl::OkStatus();
 }
 
@@ -593,6 +609,19 @@ static absl::Status ValidateNode(const NodeConfig& n) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset) {
+  MONARCH_ASSIGN_OR_RETURN(std::string path,
+                           ExpandEnvironment(dataset.manifest, "dataset.manifest"));
+  if (path.empty() || path[0] != '/') {
+    return KeyError("dataset.manifest",
+                    path == dataset.manifest
+                        ? absl::StrCat("expected an absolute path, got ", Quote(path))
+                        : absl::StrCat("expected an absolute path, got ", Quote(dataset.manifest),
+                                       " (", Quote(path), " after expansion)"));
+  }
+  return path;
 }
 
 absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node) {
@@ -748,6 +777,12 @@ absl::Status ValidateConfig(const Config& config) {
   if (symlinks != "follow" && symlinks != "inside" && symlinks != "skip") {
     return KeyError("dataset.symlinks",
                     absl::StrCat("expected 'follow', 'inside' or 'skip', got ", Quote(symlinks)));
+  }
+  // Only the path here: whether the file exists and matches the dataset is
+  // checked when the namespace is built from it (`monarch manifest` writes
+  // it from a config that already names it).
+  if (!config.dataset.manifest.empty()) {
+    MONARCH_RETURN_IF_ERROR(DatasetManifestPath(config.dataset).status());
   }
   MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
   MONARCH_RETURN_IF_ERROR(ValidateNode(config.node));

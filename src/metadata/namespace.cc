@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -41,6 +42,8 @@ int64_t Nanoseconds(const struct timespec& t) {
 struct WalkedDirectory {
   std::string name;  // Dataset-relative; "" for the root.
   uint32_t parent;   // Index of the parent; the root's is itself.
+  bool stamped = false;  // The root and top-level directories: mtime_ns is set.
+  int64_t mtime_ns = 0;
 };
 
 // Walks a tree with several threads, each reading whole directories taken
@@ -57,7 +60,7 @@ class ParallelWalk {
   void Run(int threads) {
     {
       MutexLock lock(&mu_);  // No worker yet; taken for the analysis's sake.
-      directories_.push_back({"", 0});
+      directories_.push_back({"", 0, false, 0});
       queue_.push_back(0);
     }
     files_.resize(threads);
@@ -69,6 +72,7 @@ class ParallelWalk {
   // Valid once Run() has returned.
   std::vector<WalkedDirectory>& directories() { return directories_; }
   std::vector<std::vector<WalkedFile>>& files() { return files_; }
+  uint64_t root_device() const { return root_device_; }
 
  private:
   void Work(std::vector<WalkedFile>* files) {
@@ -85,12 +89,17 @@ class ParallelWalk {
         ++busy_;
       }
       std::vector<std::string> subdirectories;
-      ReadDirectory(index, relative, files, &subdirectories);
+      std::optional<int64_t> stamp;
+      ReadDirectory(index, relative, files, &subdirectories, &stamp);
       {
         MutexLock lock(&mu_);
+        if (stamp.has_value()) {
+          directories_[index].stamped = true;
+          directories_[index].mtime_ns = *stamp;
+        }
         for (std::string& name : subdirectories) {
           queue_.push_back(static_cast<uint32_t>(directories_.size()));
-          directories_.push_back({std::move(name), index});
+          directories_.push_back({std::move(name), index, false, 0});
         }
         --busy_;
       }
@@ -99,7 +108,7 @@ class ParallelWalk {
   }
 
   void ReadDirectory(uint32_t index, const std::string& relative, std::vector<WalkedFile>* files,
-                     std::vector<std::string>* subdirectories) {
+                     std::vector<std::string>* subdirectories, std::optional<int64_t>* stamp) {
     const std::string path = relative.empty() ? root_ : absl::StrCat(root_, "/", relative);
     DIR* dir = os::OpenDir(path.c_str());
     if (dir == nullptr) {
@@ -107,6 +116,16 @@ class ParallelWalk {
       return;
     }
     const int dir_fd = ::dirfd(dir);
+    // The root and the top-level directories are stamped (DirectoryStamp),
+    // before they are listed: an entry added while the walk lists them
+    // then shows as a change later, never the other way round.
+    if (relative.find('/') == std::string::npos) {
+      struct stat st;
+      if (os::Fstat(dir_fd, &st) == 0) {
+        *stamp = Nanoseconds(st.st_mtim);
+        if (index == 0) root_device_ = st.st_dev;  // Read after Run() joins the workers.
+      }
+    }
     while (struct dirent* d = os::ReadDir(dir)) {
       absl::string_view base = d->d_name;
       if (base == "." || base == "..") continue;
@@ -186,7 +205,23 @@ class ParallelWalk {
   int busy_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<WalkedDirectory> directories_;    // Guarded by mu_ while workers run.
   std::vector<std::vector<WalkedFile>> files_;  // One list per worker.
+  uint64_t root_device_ = 0;                    // Written by the worker that reads the root.
 };
+
+// True if `name` is `parent` plus one more component (a plain name: not
+// empty, ".", ".." or with a NUL), e.g. "a/b" and "a/b/c", "" and "c".
+bool IsChildName(absl::string_view parent, absl::string_view name) {
+  absl::string_view base = name;
+  if (!parent.empty()) {
+    if (name.size() <= parent.size() + 1 || !absl::StartsWith(name, parent) ||
+        name[parent.size()] != '/') {
+      return false;
+    }
+    base = name.substr(parent.size() + 1);
+  }
+  return !base.empty() && base != "." && base != ".." &&
+         base.find_first_of(absl::string_view("/\0", 2)) == absl::string_view::npos;
+}
 
 }  // namespace
 
@@ -200,47 +235,110 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     MONARCH_ASSIGN_OR_RETURN(filter, FileRegex::Compile(file_regex));
   }
 
-  std::unique_ptr<Namespace> ns(new Namespace());
-  ns->root_ = root;
-  while (ns->root_.size() > 1 && ns->root_.back() == '/') ns->root_.pop_back();
-  DIR* top = os::OpenDir(ns->root_.c_str());
-  if (top == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", ns->root_));
+  std::string top_path = root;
+  while (top_path.size() > 1 && top_path.back() == '/') top_path.pop_back();
+  DIR* top = os::OpenDir(top_path.c_str());
+  if (top == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: open ", top_path));
   os::CloseDir(top);
 
-  std::string real_root = ns->root_;
-  if (char* real = ::realpath(ns->root_.c_str(), nullptr)) {
+  std::string real_root = top_path;
+  if (char* real = ::realpath(top_path.c_str(), nullptr)) {
     real_root = real;
     std::free(real);
   }
-  ParallelWalk walk(ns->root_, std::move(real_root), filter.get(), symlinks);
+  ParallelWalk walk(top_path, std::move(real_root), filter.get(), symlinks);
   walk.Run(std::max(1, threads));
 
-  ns->directory_names_.reserve(walk.directories().size());
-  ns->directories_.resize(walk.directories().size());
+  NamespaceListing listing;
+  listing.root_device = walk.root_device();
+  listing.directories.reserve(walk.directories().size());
   for (uint32_t i = 0; i < walk.directories().size(); ++i) {
-    ns->directory_names_.push_back(std::move(walk.directories()[i].name));
-    if (i > 0) ns->directories_[walk.directories()[i].parent].subdirectories.push_back(i);
+    WalkedDirectory& d = walk.directories()[i];
+    listing.directories.push_back({std::move(d.name), d.parent});
+    if (d.stamped) listing.stamps.push_back({i, d.mtime_ns});
   }
-  size_t name_bytes = 0;
   size_t count = 0;
-  for (const auto& list : walk.files()) {
-    count += list.size();
-    for (const WalkedFile& f : list) name_bytes += f.name.size();
+  for (const auto& list : walk.files()) count += list.size();
+  listing.files.reserve(count);
+  // Each worker's list is freed once copied, so that a walk of millions of
+  // files does not hold its results twice; the names move to a deque, whose
+  // elements never move, for the listing's views.
+  std::deque<std::string> names;
+  for (auto& list : walk.files()) {
+    for (WalkedFile& f : list) {
+      names.push_back(std::move(f.name));
+      listing.files.push_back({names.back(), f.directory, f.size, f.mtime_ns, f.attributes});
+    }
+    std::vector<WalkedFile>().swap(list);
   }
-  ns->names_.reserve(name_bytes);
-  std::vector<const WalkedFile*> files;
-  files.reserve(count);
-  for (const auto& list : walk.files()) {
-    for (const WalkedFile& f : list) {
-      ns->directories_[f.directory].files.push_back(static_cast<uint32_t>(files.size()));
-      files.push_back(&f);
+  return FromListing(top_path, listing, source_tier, allocate);
+}
+
+absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
+    const std::string& root, const NamespaceListing& listing, int source_tier,
+    const TierSlotAllocator& allocate) {
+  auto refuse = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace listing: ", what...));
+  };
+  const std::vector<ListedDirectory>& directories = listing.directories;
+  const std::vector<ListedFile>& files = listing.files;
+  if (directories.empty() || !directories[0].name.empty()) {
+    return refuse("the first directory is not the root");
+  }
+  // Ids are 32-bit, and all-ones is no id.
+  if (directories.size() >= UINT32_MAX || files.size() >= UINT32_MAX) {
+    return refuse("more than 2^32-2 files or directories");
+  }
+  std::unique_ptr<Namespace> ns(new Namespace());
+  ns->root_ = root;
+  while (ns->root_.size() > 1 && ns->root_.back() == '/') ns->root_.pop_back();
+  ns->root_device_ = listing.root_device;
+
+  // Reserved up front: the lookup maps hold views into these strings.
+  ns->directory_names_.reserve(directories.size());
+  ns->directories_.resize(directories.size());
+  for (uint32_t i = 0; i < directories.size(); ++i) {
+    const ListedDirectory& d = directories[i];
+    if (i > 0) {
+      if (d.parent >= i) return refuse("directory ", i, "'s parent ", d.parent, " is not before it");
+      if (!IsChildName(directories[d.parent].name, d.name)) {
+        return refuse("directory ", QuoteForError(d.name), " is not a directory of ",
+                      QuoteForError(directories[d.parent].name));
+      }
+      if (d.parent == 0 && d.name == ".monarch") return refuse("'.monarch' is reserved");
+      ns->directories_[i].parent = d.parent;
+      ns->directories_[d.parent].subdirectories.push_back(i);
+    }
+    ns->directory_names_.push_back(d.name);
+  }
+  for (uint32_t i = 0; i < ns->directory_names_.size(); ++i) {
+    if (!ns->directory_by_name_.emplace(ns->directory_names_[i], i).second) {
+      return refuse("directory ", QuoteForError(ns->directory_names_[i]), " is listed twice");
     }
   }
+  for (const DirectoryStamp& stamp : listing.stamps) {
+    if (stamp.directory >= directories.size()) return refuse("a stamp of no directory");
+  }
+  ns->stamps_ = listing.stamps;
 
+  size_t name_bytes = 0;
+  for (uint32_t id = 0; id < files.size(); ++id) {
+    const ListedFile& f = files[id];
+    if (f.directory >= directories.size() || !IsChildName(directories[f.directory].name, f.name)) {
+      return refuse("file ", QuoteForError(f.name), " is not in directory ",
+                    f.directory < directories.size()
+                        ? QuoteForError(directories[f.directory].name)
+                        : absl::StrCat(f.directory, " of ", directories.size()));
+    }
+    if (f.directory == 0 && f.name == ".monarch") return refuse("'.monarch' is reserved");
+    ns->directories_[f.directory].files.push_back(id);
+    name_bytes += f.name.size();
+  }
   std::vector<size_t> name_offsets(files.size());
+  ns->names_.reserve(name_bytes);
   for (size_t id = 0; id < files.size(); ++id) {
     name_offsets[id] = ns->names_.size();
-    ns->names_.append(files[id]->name);
+    ns->names_.append(files[id].name.data(), files[id].name.size());
   }
   // The arena is complete: views into it stay valid from here on.
   ns->file_count_ = static_cast<uint32_t>(files.size());
@@ -261,18 +359,27 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   for (uint32_t id = 0; id < files.size(); ++id) {
     FileEntry& entry = ns->entries_[id];
     entry.ref.id = id;
-    entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id]->name.size());
-    entry.ref.size = files[id]->size;
-    entry.ref.mtime_ns = files[id]->mtime_ns;
-    ns->attributes_[id] = files[id]->attributes;
+    entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id].name.size());
+    entry.ref.size = files[id].size;
+    entry.ref.mtime_ns = files[id].mtime_ns;
+    ns->attributes_[id] = files[id].attributes;
     entry.tier = new (&slots[id]) TierSlot(source_tier);
-    ns->total_bytes_ += files[id]->size;
-    ns->by_name_.emplace(entry.ref.name, id);
-  }
-  for (uint32_t i = 0; i < ns->directory_names_.size(); ++i) {
-    ns->directory_by_name_.emplace(ns->directory_names_[i], i);
+    ns->total_bytes_ += files[id].size;
+    if (!ns->by_name_.emplace(entry.ref.name, id).second ||
+        ns->directory_by_name_.contains(entry.ref.name)) {
+      return refuse(QuoteForError(entry.ref.name), " is listed twice");
+    }
   }
   return ns;
+}
+
+void Namespace::ReportCounters(CounterSink& sink) const {
+  sink.Gauge("namespace_built_from_manifest", built_from_manifest_ ? 1 : 0,
+             "1: the namespace was built from a manifest (dataset.manifest, or the one rank 0 "
+             "wrote to remote.rendezvous_dir), not by walking the dataset.");
+  sink.Gauge("namespace_build_ms", build_milliseconds_,
+             "Milliseconds spent building the namespace at start-up: the walk, or reading and "
+             "checking a manifest.");
 }
 
 Monarch::FileStat MakeFileStat(const FileRef& ref, const FileAttributes& a) {

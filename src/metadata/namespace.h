@@ -1,9 +1,10 @@
 // Namespace: the in-memory view of the dataset, built once at start-up.
 //
 // Walks the dataset directory (optionally keeping only names that fully
-// match a regex) and records, per file, its dataset-relative name, size,
-// source mtime, the fastest tier holding a complete copy, and its placement
-// state. The set of files and directories never changes after Build(), so
+// match a regex), or rebuilds the same view from a listing another process
+// walked (a manifest, metadata/manifest.h), and records, per file, its
+// dataset-relative name, size, source mtime, the fastest tier holding a
+// complete copy, and its placement state. The set of files and directories never changes after Build(), so
 // lookups take no lock and scale across reader threads; only each file's
 // tier and state change, and those are atomics.
 //
@@ -27,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/counters.h"
 #include "drivers/storage_driver.h"
 #include "monarch/monarch.h"
 
@@ -80,6 +82,39 @@ struct FileEntry {
 bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::string* scratch,
                           absl::string_view* out);
 
+// A namespace as plain data, files in id order: what a walk finds, and
+// what a manifest (metadata/manifest.h) stores so that other processes can
+// rebuild the same namespace without walking.
+struct ListedFile {
+  // Dataset-relative and canonical ("a/b.jpg"). A view: whoever builds the
+  // listing keeps the bytes alive until FromListing returns.
+  absl::string_view name;
+  uint32_t directory = 0;  // Index of the directory holding it.
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  FileAttributes attributes;
+};
+struct ListedDirectory {
+  std::string name;     // Dataset-relative; the root ("") is always first.
+  uint32_t parent = 0;  // An earlier index; the root's is 0.
+};
+// A directory's mtime as the walk read it, just before listing it. Adding,
+// removing or renaming an entry changes a directory's mtime, so these tell
+// cheaply (one stat each) whether a listing still describes the dataset.
+// The walk stamps the root and the top-level directories only: checking
+// them costs a few metadata operations per process, whatever the number of
+// files, and a change deeper down is not seen.
+struct DirectoryStamp {
+  uint32_t directory = 0;
+  int64_t mtime_ns = 0;
+};
+struct NamespaceListing {
+  std::vector<ListedDirectory> directories;
+  std::vector<ListedFile> files;
+  std::vector<DirectoryStamp> stamps;
+  uint64_t root_device = 0;  // st_dev of the root when it was walked.
+};
+
 // What the walk does with symlinks to files (config: dataset.symlinks).
 enum class SymlinkPolicy {
   kFollow,  // Serve them, wherever they point.
@@ -100,6 +135,14 @@ class Namespace {
       const std::string& root, const std::string& file_regex, int source_tier, int threads = 8,
       const TierSlotAllocator& allocate = {}, SymlinkPolicy symlinks = SymlinkPolicy::kFollow);
 
+  // The namespace `listing` describes, rooted at `root`, without touching
+  // the file system: file ids are the listing's order. InvalidArgument if
+  // the listing is not a tree (a parent index out of range or not earlier,
+  // a name that is not its directory's plus one component, a duplicate).
+  static absl::StatusOr<std::unique_ptr<Namespace>> FromListing(
+      const std::string& root, const NamespaceListing& listing, int source_tier,
+      const TierSlotAllocator& allocate = {});
+
   // The entry for `name` (dataset-relative, or absolute inside the root),
   // or nullptr if it is not a dataset file.
   FileEntry* Find(absl::string_view name) const;
@@ -116,8 +159,25 @@ class Namespace {
   SourceIdentity identity(uint32_t id) const;
   const std::string& root() const { return root_; }
 
+  // The directory tree, for writing a manifest: index 0 is the root.
+  uint32_t directory_count() const { return static_cast<uint32_t>(directories_.size()); }
+  const std::string& directory_name(uint32_t d) const { return directory_names_[d]; }
+  uint32_t directory_parent(uint32_t d) const { return directories_[d].parent; }
+  const std::vector<uint32_t>& directory_files(uint32_t d) const { return directories_[d].files; }
+  const std::vector<DirectoryStamp>& stamps() const { return stamps_; }
+  uint64_t root_device() const { return root_device_; }
+
+  // How it was built, for the stats (namespace_*): set once by whoever
+  // built it, before it is shared.
+  void RecordBuild(bool from_manifest, uint64_t milliseconds) {
+    built_from_manifest_ = from_manifest;
+    build_milliseconds_ = milliseconds;
+  }
+  void ReportCounters(CounterSink& sink) const;
+
  private:
   struct Directory {
+    uint32_t parent = 0;
     std::vector<uint32_t> files;
     std::vector<uint32_t> subdirectories;
   };
@@ -138,6 +198,10 @@ class Namespace {
   std::vector<std::string> directory_names_;  // "" is the root.
   std::vector<Directory> directories_;
   absl::flat_hash_map<absl::string_view, uint32_t> directory_by_name_;
+  std::vector<DirectoryStamp> stamps_;
+  uint64_t root_device_ = 0;
+  bool built_from_manifest_ = false;
+  uint64_t build_milliseconds_ = 0;
 };
 
 }  // namespace monarch

@@ -105,7 +105,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       } else if (accepting_.load(std::memory_order_relaxed) &&
                  entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
         promotion = StartLocked(entry, shard);
-        need_room = promotion == nullptr && evicts_;
+        need_room = promotion == nullptr && evicts_ && policy_->MakesRoomFor(entry.ref.id);
       }
       // A reader of a promotion may read chunks back from the copy, which
       // can be committed, published and then evicted while it does: pinned
@@ -160,7 +160,8 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
       }
       promotion = StartLocked(entry, shard);
     }
-    if (promotion != nullptr || !evicts_ || room_made || !MakeRoom(entry.ref.id, entry.ref.size)) {
+    if (promotion != nullptr || !evicts_ || !policy_->MakesRoomFor(entry.ref.id) || room_made ||
+        !MakeRoom(entry.ref.id, entry.ref.size)) {
       break;
     }
     room_made = true;
@@ -170,6 +171,19 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
   // for it, and readers that join only load the chunks they need first.
   if (promotion->ClaimBackgroundTask()) promotion->RunToCompletion();
   return PrefetchOutcome::kFetched;
+}
+
+void PlacementHandler::Reconsider(FileEntry& entry) {
+  // No eviction is under way meanwhile: one marks its file as staying on the
+  // source until the copy is deleted.
+  MutexLock no_eviction(&evict_mu_);
+  Shard& shard = ShardOf(entry.ref.id);
+  MutexLock lock(&shard.mu);
+  if (entry.tier->load(std::memory_order_acquire) == source_index_ &&
+      !shard.in_flight.contains(entry.ref.id) &&
+      entry.state.load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
+    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
+  }
 }
 
 absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
@@ -207,8 +221,9 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard
     // No tier has room, and without eviction none will: stop asking. With
     // eviction, only a file larger than every cache tier stops asking.
     bool may_fit = false;
+    const bool makes_room = evicts_ && policy_->MakesRoomFor(entry.ref.id);
     for (const auto& t : *tiers_) {
-      may_fit |= evicts_ && t->is_cache() && t->config().capacity_bytes >= t->Footprint(entry.ref.size);
+      may_fit |= makes_room && t->is_cache() && t->config().capacity_bytes >= t->Footprint(entry.ref.size);
     }
     if (!may_fit) entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
     return nullptr;
@@ -293,7 +308,7 @@ bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     FileEntry& victim = namespace_->entry(id);
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
     if (referenced_[id].exchange(0, std::memory_order_relaxed) != 0) continue;  // Second chance.
-    if (tier_readers_[id].load(std::memory_order_acquire) > 0) continue;
+    if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
     EvictLocked(victim, target);
   }
   if (tier.free_bytes() >= need) return true;
@@ -323,7 +338,7 @@ bool PlacementHandler::MakeRoomByNextUse(uint32_t id_wanted, int target, uint64_
       const uint32_t id = hand_;
       hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
       if (namespace_->entry(id).tier->load(std::memory_order_acquire) != target) continue;
-      if (tier_readers_[id].load(std::memory_order_acquire) > 0) continue;
+      if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {

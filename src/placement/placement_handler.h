@@ -79,6 +79,9 @@ class PlacementHandler final : public PromotionHost {
                   // down): left alone, so the source is not read for nothing.
   };
   PrefetchOutcome Prefetch(FileEntry& entry);
+  // Lets a file that found no room earlier be placed again: the policy now
+  // wants it (a peer's file this node took over).
+  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evict_mu_);
   // Readers loading bytes from the origin themselves right now (their own
   // misses, not reads sharing a promotion someone else drives). Prefetch
   // gives way to them.

@@ -15,7 +15,11 @@ class FirstFitPolicy final : public PlacementPolicy {
   FirstFitPolicy(KeptShare kept, bool evicts)
       : is_kept_(std::move(kept.is_kept)), kept_pending_(kept.pending_bytes), evicts_(evicts) {}
 
-  bool evicts() const override { return evicts_; }
+  bool evicts() const override { return evicts_ || static_cast<bool>(is_kept_); }
+  bool MakesRoomFor(uint32_t file_id) const override {
+    return evicts_ || (is_kept_ && is_kept_(file_id));
+  }
+  bool MayEvict(uint32_t file_id) const override { return !is_kept_ || !is_kept_(file_id); }
 
   std::optional<int> ChooseTier(const FileRef& file,
                                 const std::vector<std::unique_ptr<Tier>>& tiers) override {

@@ -28,17 +28,23 @@ class PlacementPolicy {
   // the source), which are never picked.
   virtual std::optional<int> ChooseTier(const FileRef& file,
                                         const std::vector<std::unique_ptr<Tier>>& tiers) = 0;
-  // Whether copies are evicted to make room when ChooseTier finds none (the
-  // placement handler does the evicting: it knows who reads what).
+  // Whether copies may ever be evicted to make room when ChooseTier finds
+  // none (the placement handler does the evicting: it knows who reads what,
+  // and pins the copies being read).
   virtual bool evicts() const { return false; }
+  // Whether copies are evicted to make room for `file_id`, and whether the
+  // copy of `file_id` may go to make room for another.
+  virtual bool MakesRoomFor(uint32_t /*file_id*/) const { return evicts(); }
+  virtual bool MayEvict(uint32_t /*file_id*/) const { return true; }
 };
 
-// Files this node has promised to keep (with peers: the files it is home
-// of, which the other nodes will ask it for). They get room before the
-// others: a file outside the share is admitted only while the cache tiers
-// keep room for every kept file not yet placed. Without eviction, copies of
-// other files would otherwise fill the tiers first and the promised files
-// would stay on the source.
+// Files this node has promised to keep (with peers: the files it holds for
+// the others, which can change when a peer is lost). They get room before
+// the others: a file outside the share is admitted only while the cache
+// tiers keep room for every kept file not yet placed, and a kept file that
+// finds no room evicts copies of files outside the share (never kept ones).
+// Otherwise copies of other files would fill the tiers first and the
+// promised files would stay on the source.
 struct KeptShare {
   std::function<bool(uint32_t file_id)> is_kept;  // Empty: no share.
   // Room the kept files not in a tier yet will take: the sum of
@@ -47,8 +53,8 @@ struct KeptShare {
 };
 
 // "first-fit": the MONARCH paper's policy. Top-down, the first tier with
-// room for the whole file; no eviction, so when every tier is full files
-// stay on the source. "lru": first-fit, and when no tier has room, copies
+// room for the whole file; no eviction (but for a kept share, above), so
+// when every tier is full files stay on the source. "lru": first-fit, and when no tier has room, copies
 // are evicted in least-recently-used order (PlacementHandler::MakeRoom).
 // "none": never promote (a pass-through baseline).
 absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,

@@ -1,7 +1,11 @@
 #include "remote/bootstrap.h"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -11,12 +15,17 @@
 #include <tuple>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
+#include "common/log.h"
 #include "common/os.h"
+#include "common/status_macros.h"
+#include "remote/rendezvous_hash.h"
 
 #ifdef MONARCH_WITH_MPI
 #include <mpi.h>
@@ -25,22 +34,28 @@
 namespace monarch {
 namespace {
 
-constexpr absl::string_view kMagic = "monarch-rendezvous-v1";
+// v2: rank 0's file carries the fingerprint of the job secret (line 4).
+constexpr absl::string_view kMagic = "monarch-rendezvous-v2";
+constexpr absl::string_view kFingerprintTag = "secret-fingerprint ";
 
 std::string RankFile(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rank-", rank, ".addr");
 }
 
-// Parses one published file into `address`; false if it is not there (yet),
-// or, with `problem` set, if it belongs to another job or is not ours.
+std::string SecretFile(const std::string& dir) { return absl::StrCat(dir, "/job.secret"); }
+
+// Parses one published file into `address` (and the job secret's
+// `fingerprint`, "" if it carries none); false if it is not there (yet), or,
+// with `problem` set, if it belongs to another job or is not ours.
 bool ParseRankFile(const std::string& path, int expected_size, std::string* address,
-                   std::string* problem) {
+                   std::string* problem, std::string* fingerprint = nullptr) {
   absl::StatusOr<std::string> text = ReadSmallFile(path);
   if (!text.ok()) return false;
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   int size = 0;
   if (lines.size() < 5 || lines[0] != kMagic || !absl::SimpleAtoi(lines[1], &size)) {
-    *problem = absl::StrCat(path, " is not a Monarch rendezvous file");
+    *problem = absl::StrCat(path, " is not a Monarch rendezvous file of this version (",
+                            kMagic, ")");
     return false;
   }
   if (size != expected_size) {
@@ -48,10 +63,40 @@ bool ParseRankFile(const std::string& path, int expected_size, std::string* addr
                             " peers, not ", expected_size);
     return false;
   }
+  if (fingerprint != nullptr) {
+    fingerprint->clear();
+    if (absl::StartsWith(lines[3], kFingerprintTag))
+      *fingerprint = lines[3].substr(kFingerprintTag.size());
+  }
   return absl::Base64Unescape(lines[4], address);
 }
 
 }  // namespace
+
+// An existing directory that others can use is only warned about: a shared
+// scratch directory may be what the site gives, and the secret file itself
+// is 0600. Once per process: every rank started here would say the same.
+absl::Status MakeRendezvousDirectory(const std::string& dir) {
+  struct stat st;
+  if (os::Stat(dir.c_str(), &st) != 0) {
+    const size_t slash = dir.find_last_of('/');
+    if (slash != std::string::npos && slash > 0) {
+      MONARCH_RETURN_IF_ERROR(MakeDirectories(dir.substr(0, slash)));
+    }
+    if ((os::Mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) || os::Stat(dir.c_str(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) return ErrnoToStatus(ENOTDIR, dir);
+  static std::atomic<bool> warned{false};
+  if (((st.st_mode & 077) != 0 || st.st_uid != ::geteuid()) && !warned.exchange(true)) {
+    MONARCH_LOG(kWarning, "remote.rendezvous_dir '", dir, "' (mode ",
+                absl::StrFormat("%04o", st.st_mode & 0777), ", uid ", st.st_uid,
+                ") is open to other users: they can see the peers' addresses, and with write "
+                "access replace them; a directory of the job's user with mode 0700 is safer");
+  }
+  return absl::OkStatus();
+}
 
 std::vector<const char*> AutoRankVariables() {
   return {"MONARCH_RANK",         "SLURM_PROCID", "FLUX_TASK_RANK",
@@ -139,10 +184,10 @@ absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::str
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::string& dir, int rank,
-                                                                  int size, const std::string& mine,
-                                                                  double timeout_seconds) {
-  if (absl::Status made = MakeDirectories(dir); !made.ok()) {
+absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(
+    const std::string& dir, int rank, int size, const std::string& mine, double timeout_seconds,
+    absl::string_view fingerprint, std::string* rank0_fingerprint) {
+  if (absl::Status made = MakeRendezvousDirectory(dir); !made.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("remote.rendezvous_dir: cannot create '", dir, "': ", made.message()));
   }
@@ -150,9 +195,10 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
   ::gethostname(host, sizeof(host) - 1);
   const std::string final_path = RankFile(dir, rank);
   const std::string temp_path = absl::StrCat(final_path, ".tmp.", ::getpid());
-  const std::string contents = absl::StrCat(kMagic, "\n", size, "\n", host, " pid ", ::getpid(),
-                                            " rank ", rank, "\n\n", absl::Base64Escape(mine),
-                                            "\n");
+  const std::string contents = absl::StrCat(
+      kMagic, "\n", size, "\n", host, " pid ", ::getpid(), " rank ", rank, "\n",
+      fingerprint.empty() ? "" : absl::StrCat(kFingerprintTag, fingerprint), "\n",
+      absl::Base64Escape(mine), "\n");
   if (absl::Status written = WriteSmallFile(temp_path, contents); !written.ok()) {
     os::Unlink(temp_path.c_str());  // A partial file, if any: never a peer's to read.
     return absl::FailedPreconditionError(absl::StrCat("remote.rendezvous_dir: cannot write '",
@@ -177,7 +223,9 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
     for (int r = 0; r < size; ++r) {
       if (have[r]) continue;
       std::string problem;
-      if (ParseRankFile(RankFile(dir, r), size, &addresses[r], &problem)) {
+      // Rank 0's fingerprint from the very read that gave its address.
+      if (ParseRankFile(RankFile(dir, r), size, &addresses[r], &problem,
+                        r == 0 ? rank0_fingerprint : nullptr)) {
         have[r] = true;
         --missing;
       } else if (!problem.empty()) {
@@ -198,9 +246,109 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::str
                    absl::StrJoin(absent, ", "), " never arrived"));
 }
 
+absl::StatusOr<std::string> ReadPublishedAddress(const std::string& dir, int rank, int size) {
+  std::string address, problem;
+  const std::string path = RankFile(dir, rank);
+  if (!ParseRankFile(path, size, &address, &problem)) {
+    return absl::UnavailableError(problem.empty() ? absl::StrCat(path, " is not there") : problem);
+  }
+  return address;
+}
+
 void WithdrawFromDirectory(const std::string& dir, int rank) {
   os::Unlink(RankFile(dir, rank).c_str());
 }
+
+absl::StatusOr<std::string> NewJobSecret() {
+  std::string secret(kJobSecretBytes, '\0');
+  size_t done = 0;
+  while (done < secret.size()) {
+    const ssize_t n = ::getrandom(secret.data() + done, secret.size() - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("remote: getrandom for the job secret: ", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return secret;
+}
+
+std::string JobSecretFingerprint(absl::string_view secret) {
+  // Domain-separated, so that the fingerprint is no file name's home hash.
+  return absl::StrFormat("%016x", StableNameHash(absl::StrCat("monarch job secret\n", secret)));
+}
+
+absl::Status PublishJobSecret(const std::string& dir, absl::string_view secret) {
+  if (secret.size() != kJobSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote: a job secret of ", secret.size(), " bytes, not ", kJobSecretBytes));
+  }
+  if (absl::Status made = MakeRendezvousDirectory(dir); !made.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote.rendezvous_dir: cannot create '", dir, "': ", made.message()));
+  }
+  const std::string final_path = SecretFile(dir);
+  const std::string temp_path = absl::StrCat(final_path, ".tmp.", ::getpid());
+  os::Unlink(temp_path.c_str());  // Left by a crashed process that had our pid.
+  // 0600 from creation (O_EXCL: never an existing file, whoever made it),
+  // not chmod'ed afterwards: no moment where others could open it.
+  int fd;
+  do {
+    fd = os::Open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  } while (fd < 0 && errno == EINTR);
+  absl::Status written = fd < 0 ? ErrnoToStatus(errno, absl::StrCat("create ", temp_path))
+                                : PwriteFull(fd, secret.data(), secret.size(), 0, temp_path);
+  if (fd >= 0 && os::Close(fd) != 0 && written.ok()) {
+    written = ErrnoToStatus(errno, absl::StrCat("close ", temp_path));
+  }
+  if (written.ok() && os::Rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    written = ErrnoToStatus(errno, absl::StrCat("rename to ", final_path));
+  }
+  if (!written.ok()) {
+    os::Unlink(temp_path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote.rendezvous_dir: cannot write the job secret: ", written.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadJobSecret(const std::string& dir, absl::string_view fingerprint,
+                                          double timeout_seconds) {
+  const std::string path = SecretFile(dir);
+  if (fingerprint.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote.rendezvous_dir: rank 0's file in '", dir,
+                     "' carries no job-secret fingerprint"));
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    absl::StatusOr<std::string> secret = ReadSmallFile(path, 4096);
+    std::string problem;
+    if (!secret.ok()) {
+      problem = std::string(secret.status().message());
+    } else if (secret->size() != kJobSecretBytes) {
+      problem = absl::StrCat(path, " holds ", secret->size(), " bytes, not ", kJobSecretBytes);
+    } else if (JobSecretFingerprint(*secret) != fingerprint) {
+      problem = absl::StrCat(path, " is not the secret of rank 0's address file (fingerprint ",
+                             JobSecretFingerprint(*secret), ", not ", fingerprint,
+                             "): left by an earlier job in this directory?");
+    } else {
+      return secret;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remote.rendezvous_dir: no job secret for this job after ", timeout_seconds,
+                       " s (remote.rendezvous_timeout): ", problem));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
+}
+
+void RemoveJobSecret(const std::string& dir) { os::Unlink(SecretFile(dir).c_str()); }
 
 #ifdef MONARCH_WITH_MPI
 namespace {
@@ -250,6 +398,23 @@ absl::StatusOr<std::vector<std::string>> ExchangeThroughMpi(const std::string& m
   for (int r = 0; r < size; ++r) addresses[r] = all.substr(offsets[r], lengths[r]);
   return addresses;
 }
+
+absl::Status ShareJobSecretThroughMpi(std::string* secret) {
+  if (absl::Status s = EnsureMpi(); !s.ok()) return s;
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // A leading "have one" byte: a rank 0 without a secret still takes part
+  // in the broadcast, so no rank waits in it for ever, and all fail.
+  std::string buffer(1 + kJobSecretBytes, '\0');
+  if (rank == 0 && secret->size() == kJobSecretBytes) {
+    buffer[0] = 1;
+    buffer.replace(1, kJobSecretBytes, *secret);
+  }
+  MPI_Bcast(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (buffer[0] != 1) return absl::UnavailableError("remote: rank 0 has no job secret to share");
+  *secret = buffer.substr(1);
+  return absl::OkStatus();
+}
 #else
 absl::StatusOr<std::pair<int, int>> MpiRankAndSize() {
   return absl::UnimplementedError(
@@ -258,6 +423,7 @@ absl::StatusOr<std::pair<int, int>> MpiRankAndSize() {
 absl::StatusOr<std::vector<std::string>> ExchangeThroughMpi(const std::string&) {
   return MpiRankAndSize().status();
 }
+absl::Status ShareJobSecretThroughMpi(std::string*) { return MpiRankAndSize().status(); }
 #endif
 
 }  // namespace monarch

@@ -39,20 +39,65 @@ absl::StatusOr<JobRank> ResolveJobRank(const RemoteConfig& config);
 // error naming `key`.
 absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::string_view key);
 
-// Publishes `mine` for `rank` in `dir` (created if missing) and returns all
-// `size` addresses indexed by rank, or DeadlineExceeded naming the ranks
-// that never arrived within `timeout_seconds`.
-absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(const std::string& dir, int rank,
-                                                                  int size, const std::string& mine,
-                                                                  double timeout_seconds);
+// Publishes `mine` for `rank` in `dir` (created 0700 if missing) and
+// returns all `size` addresses indexed by rank, or DeadlineExceeded naming
+// the ranks that never arrived within `timeout_seconds`. Rank 0 passes its
+// JobSecretFingerprint as `fingerprint` (written into its file); the others
+// pass "" and, if `rank0_fingerprint` is not null, get what rank 0's file,
+// the one whose address was returned, carries.
+absl::StatusOr<std::vector<std::string>> ExchangeThroughDirectory(
+    const std::string& dir, int rank, int size, const std::string& mine, double timeout_seconds,
+    absl::string_view fingerprint = "", std::string* rank0_fingerprint = nullptr);
+// Creates the rendezvous directory 0700 (its parents as MakeDirectories
+// does) if missing: it holds the job secret, every peer's address and the
+// namespace manifest. Warns once if an existing one is open to others.
+absl::Status MakeRendezvousDirectory(const std::string& dir);
+
+// The address `rank` has published in `dir` now (a peer that restarted
+// publishes a new one): one look, no waiting.
+absl::StatusOr<std::string> ReadPublishedAddress(const std::string& dir, int rank, int size);
 // Removes this rank's file (at shutdown: a later job must not find it).
 void WithdrawFromDirectory(const std::string& dir, int rank);
+
+// Job identity (DESIGN.md, "Job identity and trust model"): rank 0 makes a
+// random secret that every peer request carries, and the others learn it
+// from the rendezvous directory (or from MPI).
+constexpr size_t kJobSecretBytes = 32;
+
+// kJobSecretBytes from getrandom(2); Unavailable if the kernel has none.
+absl::StatusOr<std::string> NewJobSecret();
+
+// 16 hex digits derived from `secret`, safe to publish: 64 bits of a
+// 256-bit random secret leave 2^192 secrets that match, so it tells who
+// reads it nothing usable, yet two jobs' secrets differ in it.
+std::string JobSecretFingerprint(absl::string_view secret);
+
+// Rank 0: writes `secret` to `dir`/job.secret, mode 0600, through a
+// temporary name and a rename, creating `dir` 0700 if missing (and warning
+// once per process if group or others can use an existing one). Call before
+// publishing the address, so that a peer that has rank 0's address file can
+// find the secret that goes with it.
+absl::Status PublishJobSecret(const std::string& dir, absl::string_view secret);
+
+// Ranks other than 0, after the exchange: the secret in `dir` whose
+// fingerprint is `fingerprint` (from rank 0's address file). A secret that
+// does not match (left by an earlier job, or not yet visible through a
+// file system's cache) is never returned: it is read again until
+// `timeout_seconds` pass, then FailedPrecondition says so.
+absl::StatusOr<std::string> ReadJobSecret(const std::string& dir, absl::string_view fingerprint,
+                                          double timeout_seconds);
+
+// Rank 0 at shutdown, like WithdrawFromDirectory.
+void RemoveJobSecret(const std::string& dir);
 
 // MPI: the rank and size of MPI_COMM_WORLD (initializing MPI if the
 // application has not), and an allgather of the addresses. Unimplemented in
 // builds without MONARCH_WITH_MPI.
 absl::StatusOr<std::pair<int, int>> MpiRankAndSize();
 absl::StatusOr<std::vector<std::string>> ExchangeThroughMpi(const std::string& mine);
+// Every rank passes its buffer; rank 0's `*secret` reaches all of them
+// (MPI_Bcast, a collective: all ranks call it at the same point).
+absl::Status ShareJobSecretThroughMpi(std::string* secret);
 
 }  // namespace monarch
 

@@ -48,18 +48,75 @@ absl::StatusOr<std::unique_ptr<PeerDriver>> PeerDriver::Create(const RemoteConfi
 }
 
 PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank, int size)
-    : config_(config), ns_(ns), rank_(rank), size_(size) {
-  homes_.resize(ns->file_count());
+    : config_(config),
+      ns_(ns),
+      rank_(rank),
+      size_(size),
+      replicas_(std::clamp(config.replicas, 1, size)) {
+  holders_.resize(size_t{ns->file_count()} * replicas_);
+  std::vector<int> order;
   for (uint32_t id = 0; id < ns->file_count(); ++id) {
-    homes_[id] = static_cast<uint16_t>(HomeRank(StableNameHash(ns->entry(id).ref.name), size));
-    if (homes_[id] == rank) ++home_files_;
+    uint16_t* holders = &holders_[size_t{id} * replicas_];
+    const uint64_t hash = StableNameHash(ns->entry(id).ref.name);
+    if (replicas_ == 1) {
+      holders[0] = static_cast<uint16_t>(HomeRank(hash, size));
+    } else {
+      RendezvousOrder(hash, size, &order);
+      for (int i = 0; i < replicas_; ++i) holders[i] = static_cast<uint16_t>(order[i]);
+    }
+    if (holders[0] == rank) ++home_files_;
+    for (int i = 1; i < replicas_; ++i) replica_files_ += holders[i] == rank;
   }
   buffer_bytes_ = config.buffer_bytes != 0 ? config.buffer_bytes : AutoBufferBytes(*ns);
 }
 
+int PeerDriver::FirstUpHolder(uint32_t id) const {
+  const uint16_t* holders = Holders(id);
+  for (int i = 0; i < replicas_; ++i) {
+    if (Up(holders[i])) return holders[i];
+  }
+  // Every holder is down: the file has moved further down its order.
+  std::vector<int> order;
+  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
+  for (int r : order) {
+    if (Up(r)) return r;
+  }
+  return rank_;
+}
+
+int PeerDriver::Position(uint32_t id, int rank) const {
+  const uint16_t* holders = Holders(id);
+  for (int i = 0; i < replicas_; ++i) {
+    if (holders[i] == rank) return i;
+  }
+  std::vector<int> order;
+  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
+  return static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+}
+
+bool PeerDriver::IsKept(uint32_t id) const {
+  const uint16_t* holders = Holders(id);
+  bool mine = false, all_up = true;
+  for (int i = 0; i < replicas_; ++i) {
+    mine |= holders[i] == rank_;
+    all_up &= Up(holders[i]);
+  }
+  if (all_up) return mine;
+  // A holder is down: the first replicas_ live ranks of the order keep it.
+  std::vector<int> order;
+  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
+  int live = 0;
+  for (int r : order) {
+    if (!Up(r)) continue;
+    if (r == rank_) return true;
+    if (++live == replicas_) return false;
+  }
+  return false;
+}
+
 PeerDriver::~PeerDriver() { Shutdown(); }
 
-absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve) {
+absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
   if (size_ == 1) return absl::OkStatus();  // Alone: every file is ours.
   PeerNetwork::Options options;
   options.rank = rank_;
@@ -70,64 +127,216 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve) {
   options.receive_buffers = kReceiveBuffers;
   options.request_timeout_seconds = config_.request_timeout_seconds;
   options.retry_after_seconds = config_.retry_after_seconds;
+  // Job identity: rank 0 makes the secret. The others get it through MPI,
+  // or read it from the rendezvous directory once the exchange has given
+  // them rank 0's address file, which names the secret by its fingerprint.
+  static_assert(kJobSecretBytes == peer_wire::kSecretBytes, "one secret size");
   PeerNetwork::AddressExchange exchange;
   if (config_.bootstrap == "mpi") {
+    std::string secret;
+    absl::Status made = absl::OkStatus();
+    if (rank_ == 0) {
+      absl::StatusOr<std::string> fresh = NewJobSecret();
+      if (fresh.ok()) secret = *std::move(fresh);
+      else made = fresh.status();
+    }
+    // Every rank joins the broadcast, rank 0 even without a secret, so
+    // that none waits in it for ever.
+    const absl::Status shared = ShareJobSecretThroughMpi(&secret);
+    if (!made.ok()) return made;
+    if (!shared.ok()) return shared;
+    options.secret = [secret] { return absl::StatusOr<std::string>(secret); };
     exchange = [](const std::string& mine) { return ExchangeThroughMpi(mine); };
   } else {
-    exchange = [this](const std::string& mine) {
+    std::string fingerprint;  // Rank 0's, published with its address.
+    auto rank0_fingerprint = std::make_shared<std::string>();
+    if (rank_ == 0) {
+      absl::StatusOr<std::string> secret = NewJobSecret();
+      if (!secret.ok()) return secret.status();
+      if (absl::Status s = PublishJobSecret(rendezvous_dir_, *secret); !s.ok()) return s;
+      fingerprint = JobSecretFingerprint(*secret);
+      options.secret = [secret = *secret] { return absl::StatusOr<std::string>(secret); };
+    } else {
+      options.secret = [this, rank0_fingerprint] {
+        return ReadJobSecret(rendezvous_dir_, *rank0_fingerprint,
+                             config_.rendezvous_timeout_seconds);
+      };
+    }
+    exchange = [this, fingerprint, rank0_fingerprint](const std::string& mine) {
       return ExchangeThroughDirectory(rendezvous_dir_, rank_, size_, mine,
-                                      config_.rendezvous_timeout_seconds);
+                                      config_.rendezvous_timeout_seconds, fingerprint,
+                                      rank0_fingerprint.get());
+    };
+    options.lookup_address = [this](int rank) {
+      return ReadPublishedAddress(rendezvous_dir_, rank, size_);
     };
   }
   absl::StatusOr<std::unique_ptr<PeerNetwork>> network =
       PeerNetwork::Start(options, exchange, std::move(serve));
   if (!network.ok()) {
-    if (!rendezvous_dir_.empty()) WithdrawFromDirectory(rendezvous_dir_, rank_);
+    if (!rendezvous_dir_.empty()) {
+      WithdrawFromDirectory(rendezvous_dir_, rank_);
+      if (rank_ == 0) RemoveJobSecret(rendezvous_dir_);
+    }
     return network.status();
   }
   network_ = std::move(*network);
   MONARCH_LOG(kInfo, "remote: rank ", rank_, " of ", size_, ", home of ", home_files_,
-              " files, receive buffers of ", buffer_bytes_, " bytes over '", config_.transports,
-              "'");
+              " files (and replica of ", replica_files_, "), receive buffers of ", buffer_bytes_,
+              " bytes over '", config_.transports, "'");
+  fill_ = std::move(fill);
+  if (replicas_ > 1) {
+    std::vector<uint32_t> replicas;
+    for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+      if (Holders(id)[0] != rank_ && IsKept(id)) replicas.push_back(id);
+    }
+    MutexLock lock(&keeper_mu_);
+    QueueUnplaced(replicas);
+  }
+  keeper_ = std::thread([this] { KeeperLoop(); });
   return absl::OkStatus();
 }
 
+namespace {
+// Not in a tier and not on its way there: on the source, or declined by the
+// placement policy (as another node's file, before this one kept it).
+bool Unplaced(const FileEntry& entry) {
+  const PlacementState state = entry.state.load();
+  return state == PlacementState::kOnSource || state == PlacementState::kStaysOnSource;
+}
+}  // namespace
+
+void PeerDriver::QueueUnplaced(const std::vector<uint32_t>& ids) {
+  for (uint32_t id : ids) {
+    if (Unplaced(ns_->entry(id))) to_fill_.push_back(id);
+  }
+  if (!to_fill_.empty()) keeper_wake_.Signal();
+}
+
+void PeerDriver::KeeperLoop() {
+  // Peers are marked down by whichever thread meets the failure; the keeper
+  // looks a few times a second and adopts what a newly failed peer held. A
+  // peer that said goodbye is not adopted ahead of reads: at the end of a
+  // job every peer leaves, and the last ones running must not fetch the
+  // others' files for nothing (they still move, a read at a time).
+  constexpr auto kLook = std::chrono::milliseconds(200);
+  std::vector<char> was_up(size_, 1);
+  MutexLock lock(&keeper_mu_);
+  while (!keeper_stop_) {
+    ++looks_;
+    std::vector<int> lost;
+    for (int r = 0; r < size_; ++r) {
+      const bool up = Up(r);
+      if (!up && was_up[r] && !network_->HasLeft(r)) lost.push_back(r);
+      was_up[r] = up;
+    }
+    if (!lost.empty()) {
+      std::vector<uint32_t> adopted;
+      for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+        const uint16_t* holders = Holders(id);
+        bool held_by_lost = false;
+        for (int i = 0; i < replicas_; ++i) {
+          held_by_lost |= std::find(lost.begin(), lost.end(), holders[i]) != lost.end();
+        }
+        if (held_by_lost && IsKept(id)) adopted.push_back(id);
+      }
+      // A dead peer is tried again every retry_after and marked down again:
+      // count each file once.
+      adopted_.resize(ns_->file_count());
+      for (uint32_t id : adopted) {
+        if (adopted_[id]) continue;
+        adopted_[id] = true;
+        adopted_files_.fetch_add(1, std::memory_order_relaxed);
+      }
+      MONARCH_LOG(kInfo, "remote: ", lost.size(), " peer(s) lost; this process now keeps ",
+                  adopted.size(), " of their files");
+      QueueUnplaced(adopted);
+    }
+    if (to_fill_.empty()) {
+      keeper_idle_.SignalAll();
+      keeper_wake_.WaitUntil(&keeper_mu_, std::chrono::steady_clock::now() + kLook);
+      continue;
+    }
+    const uint32_t id = to_fill_.front();
+    to_fill_.pop_front();
+    // Still ours and still unplaced (a reader may have brought it up).
+    if (!Unplaced(ns_->entry(id)) || !IsKept(id)) continue;
+    filling_ = true;
+    keeper_mu_.Unlock();
+    fill_(id);
+    fills_.fetch_add(1, std::memory_order_relaxed);
+    keeper_mu_.Lock();
+    filling_ = false;
+  }
+  keeper_idle_.SignalAll();
+}
+
+void PeerDriver::WaitForFills() {
+  MutexLock lock(&keeper_mu_);
+  if (!keeper_.joinable()) return;
+  // A peer marked down just now counts: wait for one more look at them.
+  const uint64_t look = looks_ + 1;
+  keeper_wake_.Signal();
+  while (!keeper_stop_ && (looks_ < look || filling_ || !to_fill_.empty())) {
+    keeper_idle_.Wait(&keeper_mu_);
+  }
+}
+
+void PeerDriver::StopFilling() {
+  MutexLock lock(&keeper_mu_);
+  keeper_stop_ = true;
+  keeper_wake_.Signal();
+}
+
 void PeerDriver::Shutdown() {
+  StopFilling();
+  if (keeper_.joinable()) keeper_.join();  // After a fill it may be in.
   if (network_ == nullptr) return;
   network_->Shutdown();
-  if (!rendezvous_dir_.empty()) WithdrawFromDirectory(rendezvous_dir_, rank_);
+  if (!rendezvous_dir_.empty()) {
+    WithdrawFromDirectory(rendezvous_dir_, rank_);
+    if (rank_ == 0) RemoveJobSecret(rendezvous_dir_);  // A later job must not find it either.
+  }
   rendezvous_dir_.clear();
 }
 
 absl::StatusOr<size_t> PeerDriver::Read(const FileRef& file, uint64_t offset, char* dst,
                                         size_t n) {
-  const int home = homes_[file.id];
-  if (network_ == nullptr || home == rank_) {
-    return absl::NotFoundError(absl::StrCat(file.name, " is homed here"));
-  }
-  if (!network_->IsUp(home)) {
-    down_skips_.fetch_add(1, std::memory_order_relaxed);
-    return absl::NotFoundError(absl::StrCat("the home of ", file.name, " (rank ", home,
-                                            ") is marked down"));
-  }
+  if (network_ == nullptr) return absl::NotFoundError(absl::StrCat(file.name, " is homed here"));
+  const int home = Holders(file.id)[0];
+  if (home != rank_ && !Up(home)) down_skips_.fetch_add(1, std::memory_order_relaxed);
   // The network wants the exact range; clip to the file like a pread would.
   if (offset >= file.size) return 0;
   n = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<size_t> got = network_->Fetch(home, file, offset, dst, n);
-  wait_ns_.fetch_add(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count(),
-      std::memory_order_relaxed);
-  if (!got.ok()) {
-    // The caller goes on to the source, which has the right bytes.
+  // Each failure that marks a rank down moves the read one rank further
+  // down the file's order; at most every other rank is tried once.
+  absl::Status failure;
+  for (int attempt = 0; attempt < size_; ++attempt) {
+    const int holder = FirstUpHolder(file.id);
+    if (holder == rank_) {
+      // Never NotFound after a failed fetch: that is an error of this tier
+      // (counted as such); either way the read goes on to the source.
+      if (!failure.ok()) return absl::UnavailableError(failure.message());
+      return absl::NotFoundError(absl::StrCat(file.name, " is kept here"));
+    }
+    if (holder != home) rehomed_fetches_.fetch_add(1, std::memory_order_relaxed);
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<size_t> got = network_->Fetch(holder, file, offset, dst, n);
+    wait_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count(),
+                       std::memory_order_relaxed);
+    if (got.ok()) return got;
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
-    MONARCH_LOG(kDebug, "remote: ", file.name, " from peer ", home, " failed (",
-                got.status().ToString(), "); reading the source");
-    // Never NotFound: a failed fetch is an error of this tier.
-    if (absl::IsNotFound(got.status())) return absl::UnavailableError(got.status().message());
+    MONARCH_LOG(kDebug, "remote: ", file.name, " from peer ", holder, " failed (",
+                got.status().ToString(), ")");
+    failure = got.status();
+    // A dead holder's files fall to the next rank of the order; one that
+    // answered but did not deliver sends the read to the source, which has
+    // the right bytes.
+    if (Up(holder)) break;
   }
-  return got;
+  return absl::UnavailableError(failure.message());
 }
 
 absl::StatusOr<std::unique_ptr<CopyWriter>> PeerDriver::NewWriter(const FileRef& /*file*/) {
@@ -143,9 +352,13 @@ absl::Status PeerDriver::CheckServable(const FileEntry* entry,
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("not a dataset file here: ", request.name));
   }
-  if (homes_[entry->ref.id] != rank_) {
-    // Peers disagree on the peer list: refuse rather than forward (no loops).
-    return absl::FailedPreconditionError(absl::StrCat("not the home of ", request.name));
+  if (request.from_rank < 0 || request.from_rank >= size_ ||
+      Position(entry->ref.id, rank_) >= Position(entry->ref.id, request.from_rank)) {
+    // Peers disagree on who is down: refuse rather than ask further down the
+    // order, which could loop back to the requester.
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", request.from_rank, " comes before this one in the order of ",
+                     request.name));
   }
   if (entry->ref.size != request.size || entry->ref.mtime_ns != request.mtime_ns) {
     return absl::FailedPreconditionError(
@@ -161,11 +374,13 @@ KeptShare PeerDriver::HomeShare() const {
   KeptShare share;
   for (uint32_t id = 0; id < ns_->file_count(); ++id) {
     const FileEntry& entry = ns_->entry(id);
-    if (homes_[id] == rank_ && entry.state.load() == PlacementState::kOnSource) {
+    const uint16_t* holders = Holders(id);
+    if (std::find(holders, holders + replicas_, rank_) != holders + replicas_ &&
+        entry.state.load() == PlacementState::kOnSource) {
       share.pending_bytes += Tier::MaxFootprint(entry.ref.size);
     }
   }
-  share.is_kept = [this](uint32_t id) { return IsHome(id); };
+  share.is_kept = [this](uint32_t id) { return IsKept(id); };
   return share;
 }
 
@@ -175,11 +390,23 @@ void PeerDriver::ReportCounters(CounterSink& sink) const {
   sink.Gauge("remote.peers", static_cast<uint64_t>(size_), "Processes in the job.");
   sink.Gauge("remote.buffer_bytes", buffer_bytes_, "Each pre-registered receive buffer.");
   sink.Gauge("remote.home_files", home_files_, "Files whose home is this process.");
+  sink.Gauge("remote.replicas", static_cast<uint64_t>(replicas_), "Peers that keep each file.");
+  sink.Gauge("remote.replica_files", replica_files_,
+             "Files this process keeps a second (or later) copy of.");
+  sink.Counter("remote.adopted_files", adopted_files_.load(),
+               "Files this process took over from peers marked down.");
+  sink.Counter("remote.fills", fills_.load(),
+               "Replicas and adopted files this process fetched in the background.");
+  sink.Counter("remote.rehomed_fetches", rehomed_fetches_.load(),
+               "Fetches sent past a file's home, to the next live rank of its order.");
   sink.Counter("remote.fallbacks", fallbacks_.load(),
-               "Peer fetches that failed and went to the source instead (the peers tier's "
-               "read errors).");
+               "Peer fetches that failed: the read went on to the next rank of the file's "
+               "order, or to the source.");
+  uint64_t down = 0;
+  for (int r = 0; r < size_; ++r) down += !Up(r);
+  sink.Gauge("remote.peers_down", down, "Peers marked down now.");
   sink.Counter("remote.down_skips", down_skips_.load(),
-               "Fetches sent straight to the source: the home was marked down.");
+               "Reads whose home was marked down (they go to the next rank of the order).");
   sink.Counter("remote.peer_wait_ns", wait_ns_.load(), "Time callers spent waiting on peers.");
   if (network_ != nullptr) network_->ReportCounters(sink);
 }

@@ -1,12 +1,21 @@
 // PeerDriver: the peers tier. Sits between the cache tiers and the source.
 //
-// Every dataset file has a home rank (rendezvous hashing over the peers).
-// A read of a file no cache tier holds asks the peers tier first: it fetches
-// the file from its home, unless this process is the home or the home is
-// marked down; then it answers NotFound and the read goes on to the source,
-// as it does when the home fails to deliver. The home serves requests
-// through its own read path, so it reads each file from the PFS once
-// (concurrent requests share one promotion) and keeps it.
+// Every dataset file has an order of ranks (rendezvous hashing over the
+// peers): its home first, then the ranks that take it over when the ones
+// before them are lost. The first `remote.replicas` ranks of the order keep
+// the file. A read of a file no cache tier holds asks the peers tier first:
+// it fetches the file from the first rank of its order that is not marked
+// down, moving down the order when that rank turns out to be dead; when that
+// rank is this process it answers NotFound and the read goes on to the
+// source, as it does when a live home fails to deliver. A holder serves
+// requests through its own read path, so it reads each file from the PFS
+// once (concurrent requests share one promotion) and keeps it.
+//
+// A keeper thread fills what this process should keep but does not hold:
+// at start its replicas (fetched from the home), and when a peer fails the
+// files of that peer that now fall to this process (re-homing: each is
+// read from the PFS once, by its new holder, and only that peer's files
+// move). A peer that leaves cleanly is not adopted ahead of reads.
 //
 // Read-only: NewWriter and Remove are refused, like the source's.
 //
@@ -20,11 +29,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
@@ -39,10 +52,21 @@ class PeerDriver final : public StorageDriver {
                                                             const Namespace* ns);
   ~PeerDriver() override;
 
+  // Promotes a file into this process's tiers through its read path.
+  using FillFn = std::function<void(uint32_t file_id)>;
+
   // Meets the peers (blocks until all have arrived or the rendezvous times
-  // out) and serves their requests with `serve` from then on.
-  absl::Status Connect(PeerNetwork::ServeFn serve);
+  // out), serves their requests with `serve` from then on, and starts the
+  // keeper, which calls `fill` for the files to keep.
+  absl::Status Connect(PeerNetwork::ServeFn serve, FillFn fill);
   void Shutdown();
+
+  // Blocks until the keeper has no file left to fill (part of
+  // WaitForPlacement: replicas and re-homed files are placement work).
+  void WaitForFills();
+  // The keeper starts no more fills (first thing at shutdown; Shutdown()
+  // waits for one in progress). Idempotent.
+  void StopFilling();
 
   // StorageDriver. Read: the bytes from the file's home, or NotFound when
   // no peer is asked (alone, this process is the home, the home is down),
@@ -51,11 +75,14 @@ class PeerDriver final : public StorageDriver {
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override;
   absl::Status Remove(const FileRef& file) override;
 
-  // True if `file` may be served to a peer by this process: its home is us
-  // and the peer's view of it (size, mtime) is ours.
+  // OK if `file` may be served to a peer by this process: we come before the
+  // requester in the file's order (so requests only move toward its home and
+  // cannot loop), and the peer's view of it (size, mtime) is ours.
   absl::Status CheckServable(const FileEntry* entry, const PeerNetwork::FileRequest& request) const;
 
-  bool IsHome(uint32_t id) const { return homes_[id] == rank_; }
+  // Whether this process is, now, one of the first `replicas` ranks of the
+  // file's order that are not marked down.
+  bool IsKept(uint32_t id) const;
 
   // The files this process is home of, for the placement policy: they get
   // room before copies of files homed elsewhere (DYAD-style inclusive
@@ -69,17 +96,45 @@ class PeerDriver final : public StorageDriver {
  private:
   PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank, int size);
 
+  bool Up(int rank) const { return rank == rank_ || network_ == nullptr || network_->IsUp(rank); }
+  // The first replicas_ ranks of `id`'s order, fixed at start.
+  const uint16_t* Holders(uint32_t id) const { return &holders_[size_t{id} * replicas_]; }
+  // The rank a read of `id` asks: the first of its order not marked down
+  // (this process, when every rank before it is down).
+  int FirstUpHolder(uint32_t id) const;
+  // Where `rank` stands in `id`'s order (0 = home).
+  int Position(uint32_t id, int rank) const;
+  void KeeperLoop();
+  // Queues the files this process keeps but has not placed among `ids`.
+  void QueueUnplaced(const std::vector<uint32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_);
+
   const RemoteConfig config_;
   const Namespace* const ns_;
   const int rank_;
   const int size_;
-  std::vector<uint16_t> homes_;  // By file id.
+  const int replicas_;             // min(remote.replicas, size)
+  std::vector<uint16_t> holders_;  // replicas_ per file id.
   uint64_t home_files_ = 0;
+  uint64_t replica_files_ = 0;
   uint64_t buffer_bytes_ = 0;
   std::unique_ptr<PeerNetwork> network_;  // Null until Connect() (and when alone).
   std::string rendezvous_dir_;            // Expanded; empty with MPI.
 
+  FillFn fill_;
+  std::thread keeper_;
+  Mutex keeper_mu_;
+  CondVar keeper_wake_;
+  CondVar keeper_idle_;
+  std::deque<uint32_t> to_fill_ ABSL_GUARDED_BY(keeper_mu_);
+  bool filling_ ABSL_GUARDED_BY(keeper_mu_) = false;
+  uint64_t looks_ ABSL_GUARDED_BY(keeper_mu_) = 0;  // Looks for lost peers so far.
+  std::vector<bool> adopted_ ABSL_GUARDED_BY(keeper_mu_);  // By file id, once a peer is lost.
+  bool keeper_stop_ ABSL_GUARDED_BY(keeper_mu_) = false;
+
   std::atomic<uint64_t> fallbacks_{0};
+  std::atomic<uint64_t> rehomed_fetches_{0};
+  std::atomic<uint64_t> fills_{0};
+  std::atomic<uint64_t> adopted_files_{0};
   std::atomic<uint64_t> down_skips_{0};
   std::atomic<uint64_t> wait_ns_{0};
 };

@@ -174,6 +174,16 @@ class PeerNetwork::Impl {
     if (static_cast<int>(addresses->size()) != options_.size) {
       return absl::InternalError("remote: address exchange returned the wrong number of peers");
     }
+    // Before the progress thread starts: it only reads secret_ from then on.
+    absl::StatusOr<std::string> secret =
+        options_.secret ? options_.secret()
+                        : absl::InvalidArgumentError("remote: no job secret was given");
+    if (!secret.ok()) return secret.status();
+    if (secret->size() != peer_wire::kSecretBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("remote: the job secret has ", secret->size(),
+                                                     " bytes, not ", peer_wire::kSecretBytes));
+    }
+    secret_ = std::move(*secret);
     for (int r = 0; r < options_.size; ++r) {
       peers_[r].owner = this;
       peers_[r].rank = r;
@@ -228,7 +238,8 @@ class PeerNetwork::Impl {
       request->name = std::string(file.name);
       request->header =
           RequestHeader{kProtocol, options_.rank, 0, offset + k * piece, request->length,
-                        file.size, file.mtime_ns};
+                        file.size, file.mtime_ns, {}};
+      std::memcpy(request->header.secret, secret_.data(), sizeof(request->header.secret));
       request->deadline = Clock::now() + timeout;
       {
         MutexLock lock(&mu_);
@@ -259,7 +270,11 @@ class PeerNetwork::Impl {
               absl::StrCat("remote: peer ", rank, " did not answer within ",
                            options_.request_timeout_seconds, " s"));
         } else {
-          status = request->status;
+          // Taken, not copied: a refusal's message was made on the progress
+          // thread, which may drop the Request last; this way the caller
+          // frees it. (Abseil's reference count is not instrumented, so TSan
+          // would see that free racing with the caller's reads.)
+          status = std::move(request->status);
           pending_.erase(request->id);
         }
       }
@@ -299,6 +314,11 @@ class PeerNetwork::Impl {
     return UpLocked(rank);
   }
 
+  bool HasLeft(int rank) const {
+    MutexLock lock(&mu_);
+    return peers_[rank].departed;
+  }
+
   void Shutdown() {
     {
       MutexLock lock(&mu_);
@@ -332,6 +352,9 @@ class PeerNetwork::Impl {
                  "Peer requests answered with an error (wrong version, shutting down...).");
     sink.Counter("remote.timeouts", timeouts_.load(), "Fetches a peer did not answer in time.");
     sink.Counter("remote.peer_failures", peer_failures_.load(), "Times a peer was marked down.");
+    sink.Counter("remote.requests_unauthenticated", requests_unauthenticated_.load(),
+                 "Peer requests refused for want of this job's secret (also counted in "
+                 "remote.requests_refused).");
     sink.Counter("remote.checksum_failures", checksum_failures_.load(),
                  "Transfers whose length or checksum did not match.");
   }
@@ -403,16 +426,15 @@ class PeerNetwork::Impl {
     request.done.SignalAll();
   }
 
-  // Marks `rank` down and fails its requests that are still waiting for an
-  // answer. A peer that said goodbye is not a failure, and is not retried.
+  // Marks `rank` down until retry_after and fails its requests that are
+  // still waiting for an answer. A peer that said goodbye is not a failure.
   void MarkDownLocked(int rank, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool was_up = UpLocked(rank);
-    if (peers_[rank].departed) return;
     peers_[rank].down_until = Clock::now() + Seconds(options_.retry_after_seconds);
-    if (was_up) {
+    if (was_up && !peers_[rank].departed) {
       peer_failures_.fetch_add(1, std::memory_order_relaxed);
-      MONARCH_LOG(kWarning, "peer ", rank, " ", why, "; reading its files from the source for ",
-                  options_.retry_after_seconds, " s");
+      MONARCH_LOG(kWarning, "peer ", rank, " ", why, "; its files go to the next rank of their ",
+                  "order for ", options_.retry_after_seconds, " s");
     }
     for (auto& [id, request] : pending_) {
       if (request->rank == rank && request->state == Request::kSent) {
@@ -513,15 +535,18 @@ class PeerNetwork::Impl {
     const int rank = *decoded;
     {
       MutexLock lock(&self->mu_);
-      self->peers_[rank].down_until = Clock::time_point::max();
+      // Down like a failed peer (its files go to the next rank, and it is
+      // tried again after retry_after, in case it comes back), but not
+      // counted as a failure.
       self->peers_[rank].departed = true;
+      self->MarkDownLocked(rank, "left");
       for (auto& [id, request] : self->pending_) {
         if (request->rank == rank && request->state == Request::kSent) {
           self->Complete(*request, absl::UnavailableError("remote: peer left"));
         }
       }
     }
-    MONARCH_LOG(kInfo, "peer ", rank, " left; reading its files from the source");
+    MONARCH_LOG(kInfo, "peer ", rank, " left; its files go to the next rank of their order");
     return UCS_OK;
   }
 
@@ -561,6 +586,11 @@ class PeerNetwork::Impl {
       if (request->state != Request::kSent || request->abandoned) return;
     }
     if (peer.ep == nullptr) {  // Closed after a failure: this is the retry.
+      if (options_.lookup_address) {
+        // A peer that restarted has published a new address.
+        absl::StatusOr<std::string> address = options_.lookup_address(request->rank);
+        if (address.ok()) peer.address = std::move(*address);
+      }
       if (absl::Status s = Connect(peer); !s.ok()) {
         MutexLock lock(&mu_);
         MarkDownLocked(request->rank, s.message());
@@ -619,6 +649,18 @@ class PeerNetwork::Impl {
         self->options_.size);
     if (!decoded.ok()) return UCS_OK;
     const RequestHeader& request = *decoded;
+    if (!peer_wire::CarriesSecret(request, self->secret_)) {
+      // Answered (not dropped), so that a peer of another job, or of an
+      // earlier run, reads the source at once instead of timing out.
+      if (self->requests_unauthenticated_.fetch_add(1, std::memory_order_relaxed) == 0) {
+        MONARCH_LOG(kWarning, "remote: refused a request claiming to be from rank ",
+                    request.from_rank,
+                    " without this job's secret (a process of another job, or of an earlier "
+                    "run?); later ones are only counted in remote.requests_unauthenticated");
+      }
+      self->QueueReply(request, absl::StatusCode::kUnauthenticated, -1, 0);
+      return UCS_OK;
+    }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {  // A name this long is not ours.
       self->QueueReply(request, absl::StatusCode::kInvalidArgument, -1, 0);
       return UCS_OK;
@@ -813,6 +855,7 @@ class PeerNetwork::Impl {
 
   const Options options_;
   const ServeFn serve_;
+  std::string secret_;  // Set by Init before the progress thread starts; read-only after.
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -842,6 +885,7 @@ class PeerNetwork::Impl {
   std::atomic<uint64_t> timeouts_{0};
   std::atomic<uint64_t> peer_failures_{0};
   std::atomic<uint64_t> checksum_failures_{0};
+  std::atomic<uint64_t> requests_unauthenticated_{0};
 
   ThreadPool serve_pool_;
   std::thread progress_thread_;
@@ -866,9 +910,20 @@ absl::StatusOr<RequestHeader> DecodeRequestHeader(absl::string_view header, int 
   return request;
 }
 
+bool CarriesSecret(const RequestHeader& header, absl::string_view secret) {
+  if (secret.size() != sizeof(header.secret)) return false;
+  // No early exit: every byte is compared, whichever differs.
+  uint8_t difference = 0;
+  for (size_t i = 0; i < sizeof(header.secret); ++i) {
+    difference |= header.secret[i] ^ static_cast<uint8_t>(secret[i]);
+  }
+  return difference == 0;
+}
+
 PeerNetwork::FileRequest ToFileRequest(const RequestHeader& header, absl::string_view name) {
-  return PeerNetwork::FileRequest{name, header.file_size, header.file_mtime_ns, header.offset,
-                                  static_cast<size_t>(header.length)};
+  return PeerNetwork::FileRequest{name,          header.file_size,
+                                  header.file_mtime_ns, header.offset,
+                                  static_cast<size_t>(header.length), header.from_rank};
 }
 
 absl::StatusOr<ReplyHeader> DecodeReplyHeader(absl::string_view header) {
@@ -928,6 +983,7 @@ absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_
   return impl_->Fetch(rank, file, offset, dst, n);
 }
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
+bool PeerNetwork::HasLeft(int rank) const { return impl_->HasLeft(rank); }
 void PeerNetwork::Shutdown() { impl_->Shutdown(); }
 void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }
 

@@ -4,7 +4,8 @@
 // on the worker's event descriptor (no busy polling: the cores belong to the
 // training job). Two active messages make up the protocol (DESIGN.md):
 //
-//   request  requester -> home   header {id, offset, length, size, mtime}, data = file name
+//   request  requester -> home   header {id, offset, length, size, mtime, job secret},
+//                                data = file name
 //   reply    home -> requester   header {id, status, length, checksum}, data = the bytes
 //
 // The requester receives reply data into receive buffers registered once at
@@ -16,7 +17,11 @@
 // Failure: endpoints use UCX's peer error handling, so a dead peer fails its
 // requests at once; a silent one fails them at the request timeout. Either
 // way the peer is marked down for `retry_after_seconds` and Fetch returns
-// Unavailable / DeadlineExceeded: the caller reads the source instead. Every
+// Unavailable / DeadlineExceeded: the caller asks the next rank of the
+// file's order, or reads the source. A peer that said goodbye is marked
+// down the same way, without counting a failure. After `retry_after` the
+// next request reconnects, to the address the peer publishes then, so a
+// restarted peer rejoins without a restart of the others. Every
 // piece is checked for length and checksum after it has been copied out of
 // the receive buffer, so the bytes returned are the bytes the home sent.
 //
@@ -51,6 +56,16 @@ class PeerNetwork {
     int serve_threads = 4;            // Requests from peers served at once.
     double request_timeout_seconds = 10;
     double retry_after_seconds = 30;
+    // Where a peer's current address is looked up before it is tried again
+    // after a failure (a restarted peer has a new one); empty: the address
+    // from the exchange is kept.
+    std::function<absl::StatusOr<std::string>(int rank)> lookup_address;
+    // The job's secret (peer_wire::kSecretBytes): every request carries it
+    // and a request without it is refused. Called once, after the address
+    // exchange, because ranks other than 0 can only trust a secret once
+    // they have rank 0's address file (bootstrap.h, ReadJobSecret). Start
+    // fails with its error, or InvalidArgument if it is unset or of another size.
+    std::function<absl::StatusOr<std::string>()> secret;
   };
 
   // What a peer asks its home for.
@@ -60,6 +75,7 @@ class PeerNetwork {
     int64_t mtime_ns;  // to serve a different version.
     uint64_t offset;
     size_t length;
+    int from_rank;  // Who asks: a home serves only ranks after it in the file's order.
   };
   // Fills `dst` with the requested bytes (exactly `length` of them).
   using ServeFn = std::function<absl::StatusOr<size_t>(const FileRequest&, char* dst)>;
@@ -83,6 +99,9 @@ class PeerNetwork {
 
   // False while `rank` is marked down (until its retry time).
   bool IsUp(int rank) const;
+  // True once `rank` has said goodbye (shut down cleanly, as every peer
+  // does at the end of a job), rather than failed.
+  bool HasLeft(int rank) const;
 
   // Refuses new requests, finishes the ones being served, closes the
   // endpoints and stops the progress thread. Idempotent.
@@ -103,7 +122,8 @@ class PeerNetwork {
 // build: fixed-width fields in the host's byte order, no padding.
 namespace peer_wire {
 
-constexpr uint32_t kProtocol = 0x4d4f4e31;  // "MON1"
+constexpr uint32_t kProtocol = 0x4d4f4e32;  // "MON2": requests carry the job secret.
+constexpr size_t kSecretBytes = 32;
 
 // The request's header; its data is the file name.
 struct RequestHeader {
@@ -114,8 +134,9 @@ struct RequestHeader {
   uint64_t length;
   uint64_t file_size;
   int64_t file_mtime_ns;
+  uint8_t secret[kSecretBytes];  // The job's; in clear (DESIGN.md, trust model).
 };
-static_assert(sizeof(RequestHeader) == 48, "RequestHeader must have no padding");
+static_assert(sizeof(RequestHeader) == 80, "RequestHeader must have no padding");
 
 // The reply's header; its data is `length` bytes of the file.
 struct ReplyHeader {
@@ -132,6 +153,11 @@ static_assert(sizeof(ReplyHeader) == 32, "ReplyHeader must have no padding");
 // from a rank outside the job or this process's own: such a message is
 // dropped unanswered, as there is no one to answer.
 absl::StatusOr<RequestHeader> DecodeRequestHeader(absl::string_view header, int my_rank, int size);
+
+// Whether `header` carries `secret` (kSecretBytes; any other size never
+// matches). Takes the same time whichever byte differs, so that a stranger
+// cannot find the secret a byte at a time by timing refusals.
+bool CarriesSecret(const RequestHeader& header, absl::string_view secret);
 
 // What the home is asked for. `name` is the request's data, and the result
 // points into it.

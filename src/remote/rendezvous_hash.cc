@@ -1,5 +1,8 @@
 #include "remote/rendezvous_hash.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace monarch {
 namespace {
 
@@ -10,6 +13,10 @@ uint64_t Mix(uint64_t x) {
   x *= 0x94D049BB133111EBull;
   x ^= x >> 31;
   return x;
+}
+
+uint64_t Score(uint64_t name_hash, int rank) {
+  return Mix(name_hash ^ Mix(static_cast<uint64_t>(rank) + 1));
 }
 
 }  // namespace
@@ -27,13 +34,23 @@ int HomeRank(uint64_t name_hash, int peers) {
   int best = 0;
   uint64_t best_score = 0;
   for (int rank = 0; rank < peers; ++rank) {
-    const uint64_t score = Mix(name_hash ^ Mix(static_cast<uint64_t>(rank) + 1));
+    const uint64_t score = Score(name_hash, rank);
     if (rank == 0 || score > best_score) {
       best = rank;
       best_score = score;
     }
   }
   return best;
+}
+
+void RendezvousOrder(uint64_t name_hash, int peers, std::vector<int>* order) {
+  std::vector<std::pair<uint64_t, int>> scored(static_cast<size_t>(peers));
+  for (int rank = 0; rank < peers; ++rank) scored[rank] = {Score(name_hash, rank), rank};
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  order->resize(scored.size());
+  for (size_t i = 0; i < scored.size(); ++i) (*order)[i] = scored[i].second;
 }
 
 }  // namespace monarch

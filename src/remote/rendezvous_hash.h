@@ -11,6 +11,7 @@
 #define MONARCH_REMOTE_RENDEZVOUS_HASH_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -21,6 +22,12 @@ uint64_t StableNameHash(absl::string_view name);
 
 // The rank in [0, peers) with the highest score for a name of this hash.
 int HomeRank(uint64_t name_hash, int peers);
+
+// All `peers` ranks by descending score for a name of this hash: the home
+// first, then the rank that takes its files over when it is gone, and so on
+// (ties go to the lower rank, as in HomeRank). Every peer computes the same
+// order, so when ranks are lost each file moves to the first rank left.
+void RendezvousOrder(uint64_t name_hash, int peers, std::vector<int>* order);
 
 }  // namespace monarch
 

@@ -12,7 +12,9 @@
 //
 // Invariants: an accepted header re-encodes to the bytes received and comes
 // from another rank of the job; a request's FileRequest carries its fields
-// unchanged and its name is the data; a reply is accepted only with status
+// unchanged and its name is the data; a request carries the job secret
+// (kFuzzSecret, the one write_seeds.cc puts in) exactly when its 32 bytes
+// are that secret's, and never for a secret of another length; a reply is accepted only with status
 // OK, this protocol and exactly the length asked for, and its data then
 // copies into a buffer of that length with the checksum the requester
 // compares; every refusal is a bounded message.
@@ -34,6 +36,9 @@ namespace {
 
 constexpr size_t kPrefixBytes = 8;
 constexpr size_t kMaxMessageBytes = 200;
+// The home's job secret in this harness (write_seeds.cc's requests carry it).
+constexpr char kFuzzSecret[] = "monarch fuzz job secret 32 bytes";
+static_assert(sizeof(kFuzzSecret) - 1 == peer_wire::kSecretBytes, "a 32-byte secret");
 
 void CheckRefusal(const absl::Status& status) {
   FUZZ_CHECK(!status.ok(), "no error");
@@ -61,6 +66,14 @@ void FuzzRequest(absl::string_view header, absl::string_view data, int my_rank, 
   FUZZ_CHECK(file.size == request->file_size && file.mtime_ns == request->file_mtime_ns &&
                  file.offset == request->offset && file.length == request->length,
              "FileRequest fields differ from the header's");
+  const absl::string_view secret(kFuzzSecret, peer_wire::kSecretBytes);
+  const bool same = std::memcmp(request->secret, secret.data(), secret.size()) == 0;
+  FUZZ_CHECK(peer_wire::CarriesSecret(*request, secret) == same,
+             same ? "refused the job's secret" : "accepted another secret");
+  FUZZ_CHECK(!peer_wire::CarriesSecret(*request, secret.substr(1)) &&
+                 !peer_wire::CarriesSecret(*request, absl::StrCat(secret, "x")) &&
+                 !peer_wire::CarriesSecret(*request, ""),
+             "accepted a secret of another length");
 }
 
 void FuzzReply(absl::string_view header, absl::string_view data, size_t expected_length) {

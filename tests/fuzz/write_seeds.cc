@@ -53,7 +53,12 @@ bool WritePeerSeeds(const std::string& dir) {
   using peer_wire::ReplyHeader;
   using peer_wire::RequestHeader;
   const std::string name = "train/n01440764/n01440764_10026.JPEG";
-  const RequestHeader request{kProtocol, 1, 7, 4096, 65536, 110592, 1700000000123456789};
+  RequestHeader request{kProtocol, 1, 7, 4096, 65536, 110592, 1700000000123456789, {}};
+  // fuzz_peer_wire.cc's kFuzzSecret, so that the fuzzer starts from a
+  // request its home accepts and mutates it into ones it refuses.
+  std::memcpy(request.secret, "monarch fuzz job secret 32 bytes", sizeof(request.secret));
+  RequestHeader stranger = request;
+  stranger.secret[17] ^= 0x40;
   std::string data(300, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + 7);
   const ReplyHeader ok{kProtocol, 0, 7, data.size(), Checksum(data.data(), data.size())};
@@ -62,6 +67,7 @@ bool WritePeerSeeds(const std::string& dir) {
   bool good = true;
   good &= Write(dir + "/request", PeerInput(0, 0, 2, Bytes(request), 0, name));
   good &= Write(dir + "/request-empty-name", PeerInput(0, 3, 8, Bytes(request), 0, ""));
+  good &= Write(dir + "/request-other-secret", PeerInput(0, 0, 2, Bytes(stranger), 0, name));
   good &= Write(dir + "/reply-ok", PeerInput(1, 0, 2, Bytes(ok), data.size(), data));
   good &= Write(dir + "/reply-refused", PeerInput(1, 0, 2, Bytes(refused), 65536, ""));
   good &= Write(dir + "/reply-short", PeerInput(1, 0, 2, Bytes(short_reply), 300, data));

@@ -9,9 +9,14 @@ epoch with every read checked against the source (--verify). Scenarios:
              source once across all processes, zero source reads after epoch 1.
   sigkill    3 processes, one SIGKILLed mid-run: the others finish every read
              correctly (falling back to the source).
+  rehome     4 processes, 5 epochs, one SIGKILLed in epoch 2: its files move
+             to the next rank of their rendezvous order, each read from the
+             source once more at most, and epochs 4-5 read nothing from it.
+  replicas   the same kill with remote.replicas 2: no source read after
+             epoch 1 at all.
   no-show    1 of 2 processes: a clear start-up error after the rendezvous
              timeout, not a hang.
-  netns      the loopback scenario with each process in its own network
+  netns      the loopback scenario, 4 processes, each in its own network
              namespace, joined by veth pairs and a bridge, UCX restricted to
              the veth device: the bytes cross a real network path. Needs root
              and iproute2; skipped (exit 77) otherwise.
@@ -179,6 +184,104 @@ def scenario_sigkill(binary, work):
     print("survivors finished %.1f s after the kill" % (time.time() - killed_at))
 
 
+MASK = (1 << 64) - 1
+
+
+def _mix(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def rendezvous_order(name, size):
+    """The ranks of a file's rendezvous order (src/remote/rendezvous_hash.h),
+    rebuilt independently: home first, then who takes it over."""
+    h = 0xCBF29CE484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001B3) & MASK
+    h = _mix(h)
+    return sorted(range(size), key=lambda r: (-_mix(h ^ _mix(r + 1)), r))
+
+
+def kill_in_epoch_2(cluster, epochs, victim_rank):
+    """Runs the cluster with barriers and --settle, SIGKILLs one rank once
+    epoch 2 is under way, and stands in for it at the remaining barriers (as a
+    launcher that carries on with the survivors would). Returns the survivors'
+    (rank, output)."""
+    procs = []
+    for r in range(cluster.size):
+        cmd = cluster.command(r, epochs) + ["--settle"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    victim = procs[victim_rank]
+    # Epoch 2 starts when every rank has reached its barrier (a pipe's
+    # output arrives too late to tell).
+    deadline = time.time() + 120
+    while not all(os.path.exists(os.path.join(cluster.barriers, "start-2.%d" % r))
+                  for r in range(cluster.size)):
+        assert victim.poll() is None and time.time() < deadline, "rank %d ended early:\n%s" % (
+            victim_rank, victim.stdout.read() if victim.poll() is not None else "")
+        time.sleep(0.001)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    for name in ["start-%d" % e for e in range(2, epochs + 1)] + \
+                ["end-%d" % e for e in range(2, epochs + 1)] + ["done"]:
+        open(os.path.join(cluster.barriers, "%s.%d" % (name, victim_rank)), "w").close()
+    outputs = []
+    for r, p in enumerate(procs):
+        if r == victim_rank:
+            continue
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, "rank %d exited %d\n%s" % (r, p.returncode, out)
+        outputs.append((r, out))
+    return outputs
+
+
+def check_kill_run(cluster, outputs, epochs, victim_rank, replicas):
+    share = {n: s for n, s in cluster.sizes.items()
+             if rendezvous_order(n, cluster.size)[0] == victim_rank}
+    share_bytes = sum(share.values())
+    per_epoch_source = [0] * epochs
+    adopted = 0
+    for r, out in outputs:
+        done = cluster.epochs(r)
+        assert len(done) == epochs, done
+        for e in done:
+            assert e["errors"] == 0 and e["mismatches"] == 0, e
+            per_epoch_source[e["epoch"] - 1] += e["served"]["source"]["bytes"]
+        remote = final_stats(out)["remote"]
+        assert remote["checksum_failures"] == 0, remote
+        adopted += remote["adopted_files"]
+        print("rank %d: %s" % (r, json.dumps(remote)))
+    print("survivors' source bytes per epoch:", per_epoch_source,
+          "dataset:", cluster.total, "the killed rank's home share:", share_bytes)
+    # Epoch 1: the survivors read their own home shares, nothing more.
+    assert per_epoch_source[0] == cluster.total - share_bytes, per_epoch_source
+    if replicas == 1:
+        # Each of the lost rank's files once more at most, by its new holder...
+        assert 0 < sum(per_epoch_source[1:3]) <= share_bytes, per_epoch_source
+        # ...and not again.
+        assert per_epoch_source[3:] == [0] * (epochs - 3), per_epoch_source
+        assert adopted == len(share), (adopted, len(share))
+    else:
+        # Every file had a second holder before the kill.
+        assert per_epoch_source[1:] == [0] * (epochs - 1), per_epoch_source
+        assert adopted > 0, adopted
+
+
+def scenario_rehome(binary, work, replicas=1):
+    extra = "  retry_after: 1s\n" + ("  replicas: %d\n" % replicas if replicas > 1 else "")
+    cluster = Cluster(binary, work, size=4, capacity_fraction=1.0, extra=extra)
+    outputs = kill_in_epoch_2(cluster, 5, victim_rank=3)
+    check_kill_run(cluster, outputs, 5, 3, replicas)
+
+
+def scenario_replicas(binary, work):
+    scenario_rehome(binary, work, replicas=2)
+
+
 def scenario_no_show(binary, work):
     cluster = Cluster(binary, work, size=2, files=10)
     with open(cluster.configs[0], "a") as f:
@@ -205,7 +308,7 @@ def scenario_netns(binary, work):
         return SKIP
     tag = "m%d" % (os.getpid() % 100000)
     hub = tag + "hub"
-    nodes = [tag + "n%d" % i for i in range(3)]
+    nodes = [tag + "n%d" % i for i in range(4)]
     try:
         try:
             sh("ip", "netns", "add", hub)
@@ -224,10 +327,10 @@ def scenario_netns(binary, work):
             sh("ip", "-n", ns, "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", tag + "a%d" % i)
             sh("ip", "-n", ns, "link", "set", tag + "a%d" % i, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        cluster = Cluster(binary, work, size=3)
+        cluster = Cluster(binary, work, size=4)
         prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
                     for i, ns in enumerate(nodes)]
-        outputs = run_all([cluster.command(r, 3) for r in range(3)], prefixes=prefixes)
+        outputs = run_all([cluster.command(r, 3) for r in range(4)], prefixes=prefixes)
         check_cluster_run(cluster, outputs, 3)
         crossed = 0
         for i, ns in enumerate(nodes):
@@ -249,7 +352,8 @@ def main():
     work = tempfile.mkdtemp(prefix="monarch-multinode-")
     try:
         result = {"loopback": scenario_loopback, "sigkill": scenario_sigkill,
-                  "no-show": scenario_no_show, "netns": scenario_netns}[scenario](binary, work)
+                  "no-show": scenario_no_show, "netns": scenario_netns,
+                  "rehome": scenario_rehome, "replicas": scenario_replicas}[scenario](binary, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if result == SKIP:

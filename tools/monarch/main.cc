@@ -5,6 +5,7 @@
 //   monarch status [--config FILE | --runtime-dir DIR]
 //   monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir DIR]
 //   monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]
+//   monarch manifest --config FILE [--output PATH]   walk the dataset once, write its manifest
 //   monarch epochs ...                 replay a training job's reads (see --help)
 //
 // Without --config or --runtime-dir the commands look for the service in
@@ -27,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "metadata/manifest.h"
 #include "service/node_service.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
@@ -51,6 +53,7 @@ int Usage(const char* problem) {
                "       monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir "
                "DIR]\n"
                "       monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]\n"
+               "       monarch manifest --config FILE [--output PATH]\n"
                "       monarch epochs --help\n");
   return 2;
 }
@@ -58,6 +61,7 @@ int Usage(const char* problem) {
 struct Args {
   std::string config;
   std::string runtime_dir;
+  std::string output;  // manifest: where to write it.
   bool json = false;
   double watch = 0;  // Seconds between refreshes; 0 = once.
   bool autostarted = false;
@@ -76,6 +80,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!value(&args->config)) return false;
     } else if (flag == "--runtime-dir") {
       if (!value(&args->runtime_dir)) return false;
+    } else if (flag == "--output") {
+      if (!value(&args->output)) return false;
     } else if (flag == "--json") {
       args->json = true;
     } else if (flag == "--watch") {
@@ -335,6 +341,43 @@ int Stage(const Args& args) {
   return 0;
 }
 
+// Walks the config's dataset once and writes its manifest: to --output, or
+// where the config's dataset.manifest says. Needs no service.
+int ManifestCommand(const Args& args) {
+  if (args.config.empty()) return Usage("manifest needs --config FILE");
+  auto fail = [](const absl::Status& status) {
+    std::fprintf(stderr, "monarch: %s\n", std::string(status.message()).c_str());
+    return 1;
+  };
+  absl::StatusOr<monarch::Config> config = LoadConfig(args.config);
+  if (!config.ok()) return fail(config.status());
+  std::string output = args.output;
+  if (output.empty()) {
+    if (config->dataset.manifest.empty()) {
+      return Usage("manifest needs --output PATH, or dataset.manifest in the config");
+    }
+    absl::StatusOr<std::string> path = monarch::DatasetManifestPath(config->dataset);
+    if (!path.ok()) return fail(path.status());
+    output = *path;
+  }
+  const monarch::ManifestOrigin origin = monarch::ManifestOriginOf(config->dataset);
+  const auto began = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<monarch::Namespace>> ns =
+      monarch::Namespace::Build(origin.root, origin.file_regex, 0, config->dataset.scan_threads,
+                                {}, origin.symlinks);
+  if (!ns.ok()) return fail(ns.status());
+  const double walked =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  absl::Status written = monarch::WriteManifest(**ns, origin, output);
+  if (!written.ok()) return fail(written);
+  std::printf("wrote %s: %u files, %s (%llu bytes) in %u directories; walked %s in %.2f s\n",
+              output.c_str(), (*ns)->file_count(),
+              Bytes(static_cast<double>((*ns)->total_bytes())).c_str(),
+              static_cast<unsigned long long>((*ns)->total_bytes()), (*ns)->directory_count(),
+              origin.root.c_str(), walked);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -366,5 +409,6 @@ int main(int argc, char** argv) {
   if (command == "status") return Status(args);
   if (command == "stats") return StatsCommand(args);
   if (command == "stage") return Stage(args);
+  if (command == "manifest") return ManifestCommand(args);
   return Usage(absl::StrCat("unknown command '", command, "'").c_str());
 }
