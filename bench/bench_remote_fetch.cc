@@ -3,8 +3,9 @@
 // Forks a "home" (rank 1) that promotes its share of the files into its RAM
 // tier, and a "client" (rank 0) with no tier of its own (policy none), so
 // every read of a file homed at rank 1 is a peer fetch: request, the home's
-// read of its RAM copy into a registered staging buffer, the reply into a
-// registered receive buffer, length and checksum checks, copy to the caller.
+// checksum of its RAM copy, the reply sent from that copy (eagerly up to
+// 256 KiB, straight into the caller's buffer; larger ones into a registered
+// receive buffer, then copied to the caller), length and checksum checks.
 // Each size class is read whole-file by T threads until ~1 GiB has moved.
 // Prints one line per class; bench/remote_fetch.py compares them with
 // ucx_perftest on the same transport in the same run.

@@ -17,14 +17,14 @@ Reports per epoch: the survivors' PFS MiB (Monarch's source counters) and
 the epoch time (slowest survivor).
 
 usage: sudo python3 bench/peer_loss_epochs.py --baseline-build DIR [--build build]
-       [--files 3000] [--epochs 5] [--capacity 1.0] [--out FILE]
+       [--files 3000] [--epochs 5] [--capacity 1.0] [--dir /var/tmp/monarch-peer-loss]
+       [--out FILE] (and the PFS emulator's flags, bench/emulated_dataset.py)
 A baseline build: git worktree add /work/old 79ece5a && cmake -S /work/old -B
 /work/old/build -DCMAKE_BUILD_TYPE=Release && cmake --build /work/old/build
 --target monarch-epochs
 Needs root (FUSE mount). Writes bench/results/peer_loss.md by default.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -35,15 +35,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import emulated_dataset  # noqa: E402
+
 SIZE, VICTIM = 4, 3
 
 
-def sh(*args):
-    return subprocess.run(args, check=True, capture_output=True, text=True)
-
-
 def run(a, mount, setup, binary):
-    base = os.path.join(a.work, setup)
+    base = os.path.join(a.dir, setup)
     shutil.rmtree(base, ignore_errors=True)
     barriers = os.path.join(base, "barriers")
     os.makedirs(barriers)
@@ -57,7 +56,7 @@ def run(a, mount, setup, binary):
             f.write("remote: {enabled: true, rank: %d, size: %d, rendezvous_dir: %s%s}\n"
                     % (r, SIZE, os.path.join(base, "rendezvous"),
                        ", replicas: 2" if setup == "replicas" else ""))
-        cmd = [binary, "--config", config, "--epochs", str(a.epochs), "--threads", "2",
+        cmd = [binary, "--config", config, "--epochs", str(a.epochs), "--threads", str(a.threads),
                "--partition", "%d/%d" % (r, SIZE), "--barrier-dir", barriers, "--settle",
                "--json", os.path.join(base, "epochs%d.json" % r)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -89,38 +88,25 @@ def run(a, mount, setup, binary):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap = emulated_dataset.parser(reps=1, out=os.path.join(REPO, "bench", "results",
+                                                          "peer_loss.md"))
+    ap.set_defaults(build=os.path.join(REPO, "build"), dir="/var/tmp/monarch-peer-loss",
+                    files=3000, threads=2)
     ap.add_argument("--baseline-build", required=True,
                     help="build dir of a Monarch from before re-homing (its monarch-epochs)")
-    ap.add_argument("--work", default="/var/tmp/monarch-peer-loss")
-    ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--capacity", type=float, default=1.0,
                     help="each node's RAM tier, as a fraction of the dataset")
-    ap.add_argument("--bandwidth-mbps", type=float, default=300)
-    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "peer_loss.md"))
     a = ap.parse_args()
-    script = os.path.join(a.build, "bin", "pfs-emulator")
-    backing = os.path.join(a.work, "backing-%d" % a.files)
-    mount = os.path.join(a.work, "pfs")
-    os.makedirs(a.work, exist_ok=True)
-    if not os.path.isdir(backing):
-        sh(os.path.join(a.build, "monarch-epochs"), "--dataset", backing, "--generate",
-           str(a.files), "--profile", "imagenet", "--epochs", "0")
-    a.dataset_bytes = sum(os.path.getsize(os.path.join(d, f))
-                          for d, _, fs in os.walk(backing) for f in fs)
-    os.makedirs(mount, exist_ok=True)
-    subprocess.run([script, "stop", mount], capture_output=True)
-    sh(script, "start", backing, mount, "--bandwidth-mbps", str(a.bandwidth_mbps))
+    pfs, _, a.dataset_bytes = emulated_dataset.mounted_dataset(a)
     results = {}
     try:
         for setup, build in (("before", a.baseline_build), ("rehome", a.build),
                              ("replicas", a.build)):
-            results[setup] = run(a, mount, setup, os.path.join(build, "monarch-epochs"))
+            results[setup] = run(a, pfs.mount, setup, os.path.join(build, "monarch-epochs"))
             print(setup, json.dumps(results[setup]), flush=True)
     finally:
-        subprocess.run([script, "stop", mount], capture_output=True)
+        pfs.stop()
 
     baseline = subprocess.run(["git", "-C", a.baseline_build, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip()
@@ -128,13 +114,14 @@ def main():
     lines = ["# Epochs with a peer killed: re-homing and replicas", "",
              "Command: `sudo python3 bench/peer_loss_epochs.py %s`" % " ".join(sys.argv[1:]), "",
              "Dataset: %d ImageNet-like files, %.1f MiB, on `monarch-pfs-emulator` (%g MB/s "
-             "shared, 1 ms metadata, 0.5 ms per read, 8 ops at once). 4 processes, each a RAM "
-             "tier of %.2fx the dataset, 2 reader threads, its 1/4 partition of each shuffled "
+             "shared, %g ms metadata, %g ms per read, 8 ops at once). 4 processes, each a RAM "
+             "tier of %.2fx the dataset, %d reader threads, its 1/4 partition of each shuffled "
              "epoch, barriers and `--settle` around every epoch. Rank 3 is SIGKILLed as epoch 2 "
              "starts. Figures are the 3 survivors': PFS MiB summed, epoch time of the slowest. "
              "`before` = %s, commit %s (no re-homing: the dead peer's files go to the PFS on "
              "each miss that finds no copy)."
-             % (a.files, a.dataset_bytes / mib, a.bandwidth_mbps, a.capacity, a.baseline_build,
+             % (a.files, a.dataset_bytes / mib, a.bandwidth_mbps, a.meta_latency_us / 1000,
+                a.read_latency_us / 1000, a.capacity, a.threads, a.baseline_build,
                 baseline or "unknown"),
              "",
              "| epoch | before: PFS MiB | before: s | rehome: PFS MiB | rehome: s | "

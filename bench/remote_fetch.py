@@ -84,9 +84,11 @@ def main():
              "Command: `python3 bench/remote_fetch.py %s`" % " ".join(sys.argv[1:]), "",
              "Two processes on loopback, UCX 1.13.1, `UCX_TLS=tcp`. Monarch: %d client threads "
              "reading whole files through `Monarch::Read`, every read a peer fetch from a home "
-             "serving its RAM tier (request, home read into a registered staging buffer, "
-             "checksum, active-message reply received into a registered buffer, length and "
-             "checksum check, copy to the caller). Medians of %d interleaved repetitions, MiB/s."
+             "serving its RAM tier (request; the home checksums its RAM copy and sends the "
+             "active-message reply from it; up to 256 KiB the reply comes eagerly, straight "
+             "into the caller's buffer, larger ones into a registered receive buffer and then "
+             "to the caller; length and checksum checks). Medians of %d interleaved "
+             "repetitions, MiB/s."
              % (a.threads, a.repeat), "",
              "| file size | Monarch fetch | perftest am_bw -e (same config) | ratio | "
              "perftest am_bw | perftest put_bw |",

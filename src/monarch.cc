@@ -198,11 +198,19 @@ class MonarchImpl final : public MonarchCore {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's
       // request is not one of this process's reads.
-      auto serve = [this](const PeerNetwork::FileRequest& request,
-                          char* dst) -> absl::StatusOr<size_t> {
+      auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
+                          absl::FunctionRef<void(const char*)> take) -> absl::Status {
         FileEntry* entry = namespace_->Find(request.name);
         MONARCH_RETURN_IF_ERROR(peers_->CheckServable(entry, request));
-        return ReadEntry(*entry, dst, request.length, request.offset);
+        if (VisitInMemory(*entry, request.offset, request.length, take)) return absl::OkStatus();
+        if (staging == nullptr) return absl::UnavailableError("not in memory");
+        MONARCH_ASSIGN_OR_RETURN(size_t read,
+                                 ReadEntry(*entry, staging, request.length, request.offset));
+        if (read != request.length) {
+          return absl::DataLossError(absl::StrCat("short read of ", request.name));
+        }
+        take(staging);
+        return absl::OkStatus();
       };
       // Replicas and a lost peer's files are promoted like prefetched ones.
       auto fill = [this](uint32_t id) {
@@ -366,6 +374,20 @@ class MonarchImpl final : public MonarchCore {
       if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
       // Published to a tier meanwhile: go around once more and read it there.
     }
+  }
+
+  // Calls `visit` with the bytes where they rest if the file's copy is in
+  // memory (the RAM tier), as a read of it; false if it is not (or was
+  // removed meanwhile: the caller reads it the usual way).
+  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n,
+                     absl::FunctionRef<void(const char*)> visit) {
+    const bool pin = placement_->evicts();
+    const int tier =
+        pin ? placement_->BeginTierRead(entry) : entry.tier->load(std::memory_order_acquire);
+    const bool visited = tier != source_index_ &&
+                         tiers_[tier]->VisitInMemory(entry.ref, offset, n, visit).ok();
+    if (pin) placement_->EndTierRead(entry.ref.id);
+    return visited;
   }
 
   // A copy that cannot be read (deleted behind our back, EIO) is dropped

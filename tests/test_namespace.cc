@@ -147,6 +147,14 @@ TEST_CASE("file_regex: the expanded size of bounded repetitions, as regcomp copi
   REQUIRE_FALSE(too_large.ok());
   CHECK_FALSE(FileRegex::Compile("(.{,0255}){0,255}").ok());  // Found by the config fuzzer.
   CHECK(absl::StrContains(too_large.status().message(), "dataset.file_regex"));
+  // A ')' with no '(' would close the "^(...)$" the pattern is compiled in:
+  // refused (found by the config fuzzer: "x?{100}){300}" repeated the whole
+  // pattern 300 times past the size bound, and took 2 GB).
+  auto unopened = FileRegex::Compile("pfs(a)?{100}){300}");
+  REQUIRE_FALSE(unopened.ok());
+  CHECK(absl::StrContains(unopened.status().message(), "closes no '('"));
+  CHECK_FALSE(FileRegex::Compile("a)|(b").ok());
+  CHECK(FileRegex::Compile("a\\)|[)]b").ok());  // Escaped, or in a bracket: a parenthesis.
   auto bad = FileRegex::Compile(std::string(5000, '('));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().size() < 400);  // The pattern is quoted in part only.

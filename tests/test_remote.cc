@@ -806,11 +806,13 @@ struct BareRank {
     options.request_timeout_seconds = 5;
     options.retry_after_seconds = 60;
     options.secret = [secret] { return absl::StatusOr<std::string>(secret); };
-    auto serve = [this](const PeerNetwork::FileRequest& request,
-                        char* dst) -> absl::StatusOr<size_t> {
+    auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
+                        absl::FunctionRef<void(const char*)> take) -> absl::Status {
+      if (staging == nullptr) return absl::UnavailableError("nothing in memory here");
       served.fetch_add(1);
-      for (size_t i = 0; i < request.length; ++i) dst[i] = static_cast<char>(request.offset + i);
-      return request.length;
+      for (size_t i = 0; i < request.length; ++i) staging[i] = static_cast<char>(request.offset + i);
+      take(staging);
+      return absl::OkStatus();
     };
     absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(
         options,
@@ -997,7 +999,9 @@ TEST_CASE("peer network: a secret missing or of another size is a start-up error
   auto exchange = [](const std::string& mine) {
     return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{mine, mine});
   };
-  auto serve = [](const PeerNetwork::FileRequest&, char*) -> absl::StatusOr<size_t> { return 0; };
+  auto serve = [](const PeerNetwork::FileRequest&, char*, absl::FunctionRef<void(const char*)>) {
+    return absl::OkStatus();
+  };
   absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(options, exchange, serve);
   REQUIRE(!made.ok());
   CHECK(absl::IsInvalidArgument(made.status()));

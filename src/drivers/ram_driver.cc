@@ -46,8 +46,12 @@ RamArena::Extent Unpack(uint64_t location) {
 }
 
 // The read of a copy, for the driver and for readers in other processes.
-absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
-                                const FileRef& file, uint64_t offset, char* dst, size_t n) {
+// Calls `visit(bytes, count)` with [offset, offset + n) of the RAM copy of
+// `file`, clipped to the file, under the slot's seqlock: the count, or
+// NotFound if the copy was removed before `visit` was done with it.
+template <typename Visit>
+absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
+                                 const FileRef& file, uint64_t offset, size_t n, Visit visit) {
   if (file.id >= file_count) return absl::NotFoundError("no RAM copy");
   const Slot& slot = slots[file.id];
   const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
@@ -62,12 +66,18 @@ absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const Ra
   }
   if (offset >= file.size) return 0;
   const size_t count = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
-  std::memcpy(dst, arena.data(extent) + offset, count);
+  visit(arena.data(extent) + offset, count);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (slot.sequence.load(std::memory_order_relaxed) != sequence) {
     return absl::NotFoundError("RAM copy removed during the read");
   }
   return count;
+}
+
+absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
+                                const FileRef& file, uint64_t offset, char* dst, size_t n) {
+  return VisitCopy(slots, file_count, arena, file, offset, n,
+                   [dst](const char* bytes, size_t count) { std::memcpy(dst, bytes, count); });
 }
 
 uint64_t SlotTableBytes(uint32_t file_count) { return uint64_t{file_count} * sizeof(Slot); }
@@ -90,6 +100,16 @@ class RamDriver final : public StorageDriver {
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     return ReadCopy(slots_, file_count_, *arena_, file, offset, dst, n);
+  }
+
+  absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
+                             absl::FunctionRef<void(const char* bytes)> visit) override {
+    absl::StatusOr<size_t> visited =
+        VisitCopy(slots_, file_count_, *arena_, file, offset, n,
+                  [visit](const char* bytes, size_t /*count*/) { visit(bytes); });
+    if (!visited.ok()) return visited.status();
+    if (*visited != n) return absl::OutOfRangeError("range outside the RAM copy");
+    return absl::OkStatus();
   }
 
   std::vector<int> SharedMemoryDescriptors() const override {

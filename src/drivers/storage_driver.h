@@ -136,6 +136,20 @@ class StorageDriver {
   // read the copies with NewRamReader. Owned by the driver. Others: none.
   virtual std::vector<int> SharedMemoryDescriptors() const { return {}; }
 
+  // Drivers that keep copies in this process's memory (the RAM tier): calls
+  // `visit` with [offset, offset + n) of the copy of `file` where the bytes
+  // rest, and returns OK if they were that copy's throughout the call
+  // (NotFound if there is none, or it was removed meanwhile). The bytes may
+  // change once it returns, if the copy is removed and its memory reused:
+  // a caller that goes on using them must be able to tell (the peers send
+  // them with the checksum `visit` took). Lets a peer send a copy without a
+  // staging copy. Others: Unimplemented.
+  virtual absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
+                                     absl::FunctionRef<void(const char* bytes)> visit) {
+    (void)file, (void)offset, (void)n, (void)visit;
+    return absl::UnimplementedError("copies not in memory");
+  }
+
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {

@@ -18,6 +18,16 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
   return result;
 }
 
+absl::Status Tier::VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
+                                 absl::FunctionRef<void(const char* bytes)> visit) {
+  absl::Status status = driver_->VisitInMemory(file, offset, n, visit);
+  if (status.ok()) {
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(n, std::memory_order_relaxed);
+  }
+  return status;
+}
+
 uint64_t Tier::MaxFootprint(uint64_t bytes) { return bytes + CopyTrailerBytes(bytes); }
 
 uint64_t Tier::Footprint(uint64_t bytes) const {

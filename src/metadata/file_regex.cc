@@ -83,6 +83,27 @@ size_t SkipBracket(absl::string_view pattern, size_t i) {
   return i + 1;
 }
 
+// Whether `pattern` has a ')' closing no '(' of its own. The pattern is
+// compiled inside "^(...)$": such a ')' would close that group instead,
+// unanchoring what follows (and repeating the whole pattern before it, which
+// the size bound does not see).
+bool ClosesUnopenedGroup(absl::string_view pattern) {
+  int depth = 0;
+  for (size_t i = 0; i < pattern.size();) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      i += 2;
+    } else if (c == '[') {
+      i = SkipBracket(pattern, i);
+    } else {
+      if (c == '(') ++depth;
+      if (c == ')' && --depth < 0) return true;
+      ++i;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 uint64_t RegexExpandedPositions(absl::string_view pattern) {
@@ -148,6 +169,11 @@ uint64_t RegexExpandedPositions(absl::string_view pattern) {
 }
 
 absl::StatusOr<std::unique_ptr<FileRegex>> FileRegex::Compile(const std::string& pattern) {
+  if (ClosesUnopenedGroup(pattern)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.file_regex: ", QuoteForError(pattern),
+        " has a ')' that closes no '('; write \\) to match a parenthesis"));
+  }
   const uint64_t positions = RegexExpandedPositions(pattern);
   if (positions > kMaxRegexPositions) {
     return absl::InvalidArgumentError(absl::StrCat(

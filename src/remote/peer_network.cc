@@ -107,6 +107,12 @@ class PeerNetwork::Impl {
     ucp_config_t* config;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) return UcxError("ucp_config_read", status);
+    // Replies up to a few hundred KiB (ImageNet-sized files) go eagerly, in
+    // one trip: a rendezvous's extra round trip costs them a fifth of their
+    // throughput (bench/results/remote_fetch.md). An explicit UCX_RNDV_THRESH wins.
+    if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
+      (void)ucp_config_modify(config, "RNDV_THRESH", "256k");
+    }
     if (options_.transports != "all") {
       status = ucp_config_modify(config, "TLS", options_.transports.c_str());
       if (status != UCS_OK) {
@@ -234,6 +240,7 @@ class PeerNetwork::Impl {
       request->rank = rank;
       request->slot = slot;
       request->buffer = buffer + (k % depth) * piece;
+      request->destination = dst + k * piece;
       request->length = std::min(piece, n - k * piece);
       request->name = std::string(file.name);
       request->header =
@@ -280,8 +287,13 @@ class PeerNetwork::Impl {
       }
       if (!status.ok()) break;
       // Copy out first, then verify the copy: a late message landing in the
-      // buffer afterwards cannot change bytes already checked.
-      const uint64_t sum = CopyWithChecksum(dst + k * piece, request->buffer, request->length);
+      // buffer afterwards cannot change bytes already checked. An eager
+      // reply is already in place (copied under mu_ while this fetch was
+      // waiting for it, so never after it gave up).
+      const uint64_t sum = request->in_place
+                               ? Checksum(request->destination, request->length)
+                               : CopyWithChecksum(request->destination, request->buffer,
+                                                  request->length);
       if (sum != request->checksum) {
         checksum_failures_.fetch_add(1, std::memory_order_relaxed);
         status = absl::DataLossError(
@@ -367,7 +379,8 @@ class PeerNetwork::Impl {
     uint64_t id = 0;
     int rank = 0;
     int slot = 0;
-    char* buffer = nullptr;  // Where the reply data lands (inside the slot).
+    char* buffer = nullptr;  // Where rendezvous reply data lands (inside the slot).
+    char* destination = nullptr;  // The caller's bytes for this piece.
     size_t length = 0;
     std::string name;  // Kept alive until the request message is sent.
     RequestHeader header;
@@ -376,6 +389,7 @@ class PeerNetwork::Impl {
     State state = kSent;
     absl::Status status;
     uint64_t checksum = 0;
+    bool in_place = false;   // The data was copied to `destination` (an eager reply).
     bool abandoned = false;  // The fetch gave up while data was arriving.
     CondVar done;            // Signalled when state becomes kDone.
   };
@@ -398,7 +412,8 @@ class PeerNetwork::Impl {
   struct Reply {
     Impl* impl;
     ReplyHeader header;
-    int send_buffer = -1;
+    int send_buffer = -1;         // Staging buffer the data is in, or -1.
+    const char* data = nullptr;   // The bytes of an OK reply.
   };
 
   static absl::Status UcxError(const char* what, ucs_status_t status) {
@@ -658,27 +673,52 @@ class PeerNetwork::Impl {
                     " without this job's secret (a process of another job, or of an earlier "
                     "run?); later ones are only counted in remote.requests_unauthenticated");
       }
-      self->QueueReply(request, absl::StatusCode::kUnauthenticated, -1, 0);
+      self->QueueRefusal(request, absl::StatusCode::kUnauthenticated);
       return UCS_OK;
     }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {  // A name this long is not ours.
-      self->QueueReply(request, absl::StatusCode::kInvalidArgument, -1, 0);
+      self->QueueRefusal(request, absl::StatusCode::kInvalidArgument);
       return UCS_OK;
     }
-    std::string name(static_cast<const char*>(data), length);
+    const absl::string_view name(static_cast<const char*>(data), length);
+    if (self->ServeFromMemory(request, name)) return UCS_OK;
     // Queued under the lock that Shutdown() takes to stop serving, so no
     // task can slip into the pool after Shutdown() has waited for it.
     MutexLock lock(&self->mu_);
     if (!self->serving_) {
-      self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, -1, 0);
+      self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, nullptr, -1, 0);
       return UCS_OK;
     }
     self->serve_pool_.detach_task(
-        [self, request, name = std::move(name)] { self->Serve(request, name); });
+        [self, request, name = std::string(name)] { self->Serve(request, name); });
     return UCS_OK;
   }
 
-  // Serve pool thread: reads the bytes and queues the reply.
+  // Progress thread: answers a small request whose bytes are in memory (a
+  // RAM copy) right here, saving the two thread hand-offs of the serve pool,
+  // which is what a small transfer's time goes to. Larger ones go to the
+  // pool, whose threads checksum them in parallel. False: not answered.
+  bool ServeFromMemory(const RequestHeader& request, absl::string_view name) {
+    constexpr uint64_t kInlineBytes = 256 << 10;
+    if (request.length > kInlineBytes || request.length > send_bytes_) return false;
+    {
+      MutexLock lock(&mu_);
+      if (!serving_) return false;
+    }
+    const char* data = nullptr;
+    uint64_t checksum = 0;
+    const absl::Status served = serve_(peer_wire::ToFileRequest(request, name), nullptr,
+                                       [&](const char* bytes) {
+                                         data = bytes;
+                                         checksum = Checksum(bytes, request.length);
+                                       });
+    if (!served.ok() || data == nullptr) return false;  // The pool reads it, or says why not.
+    MutexLock lock(&mu_);
+    QueueReplyLocked(request, absl::StatusCode::kOk, data, -1, checksum);
+    return true;
+  }
+
+  // Serve pool thread: finds the bytes and queues the reply.
   void Serve(const RequestHeader& request, const std::string& name) {
     int buffer_index;
     {
@@ -687,45 +727,46 @@ class PeerNetwork::Impl {
       buffer_index = free_send_buffers_.back();
       free_send_buffers_.pop_back();
     }
-    char* buffer = send_region_.buffer(buffer_index);
+    char* staging = send_region_.buffer(buffer_index);
     absl::StatusCode code = absl::StatusCode::kOk;
+    const char* data = nullptr;
     uint64_t checksum = 0;
     if (request.length > send_bytes_) {
       code = absl::StatusCode::kInvalidArgument;  // remote.buffer_size differs between peers.
     } else {
       const FileRequest file = peer_wire::ToFileRequest(request, name);
-      absl::StatusOr<size_t> read = serve_(file, buffer);
-      if (!read.ok()) {
-        code = read.status().code();
-      } else if (*read != request.length) {
-        code = absl::StatusCode::kDataLoss;
-      } else {
-        checksum = Checksum(buffer, request.length);
-      }
+      const absl::Status served = serve_(file, staging, [&](const char* bytes) {
+        data = bytes;
+        checksum = Checksum(bytes, request.length);
+      });
+      if (!served.ok()) code = served.code();
+      if (served.ok() && data == nullptr) code = absl::StatusCode::kInternal;
     }
     MutexLock lock(&mu_);
-    if (code != absl::StatusCode::kOk) {
+    const bool staged = code == absl::StatusCode::kOk && data == staging;
+    if (!staged) {  // Not needed: an error, or sent from where the bytes rest.
       free_send_buffers_.push_back(buffer_index);
       send_buffer_freed_.Signal();
-      QueueReplyLocked(request, code, -1, 0);
-    } else {
-      QueueReplyLocked(request, code, buffer_index, checksum);
     }
+    QueueReplyLocked(request, code, code == absl::StatusCode::kOk ? data : nullptr,
+                     staged ? buffer_index : -1, checksum);
   }
 
-  void QueueReply(const RequestHeader& request, absl::StatusCode code, int buffer, uint64_t sum) {
+  void QueueRefusal(const RequestHeader& request, absl::StatusCode code) {
     MutexLock lock(&mu_);
-    QueueReplyLocked(request, code, buffer, sum);
+    QueueReplyLocked(request, code, nullptr, -1, 0);
   }
 
-  void QueueReplyLocked(const RequestHeader& request, absl::StatusCode code, int buffer,
-                        uint64_t checksum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `data`: the bytes to send with an OK reply (from staging buffer
+  // `send_buffer`, or -1 when they are sent from where they rest).
+  void QueueReplyLocked(const RequestHeader& request, absl::StatusCode code, const char* data,
+                        int send_buffer, uint64_t checksum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++replies_in_flight_;
     auto* reply =
         new Reply{this,
                   ReplyHeader{kProtocol, static_cast<int32_t>(code), request.request_id,
                               code == absl::StatusCode::kOk ? request.length : 0, checksum},
-                  buffer};
+                  send_buffer, data};
     const int to = request.from_rank;
     commands_.push_back([this, reply, to] { SendReply(reply, to); });
     Wake();
@@ -742,14 +783,12 @@ class PeerNetwork::Impl {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = OnReplySent;
     param.user_data = reply;
-    const char* data = nullptr;
     if (reply->send_buffer >= 0) {
-      data = send_region_.buffer(reply->send_buffer);
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       param.memh = send_region_.memh();
     }
-    void* status = ucp_am_send_nbx(peer.ep, kReplyAm, &reply->header, sizeof(ReplyHeader), data,
-                                   reply->header.length, &param);
+    void* status = ucp_am_send_nbx(peer.ep, kReplyAm, &reply->header, sizeof(ReplyHeader),
+                                   reply->data, reply->header.length, &param);
     if (status == nullptr) {
       FinishReply(reply, true);
     } else if (UCS_PTR_IS_ERR(status)) {
@@ -764,7 +803,7 @@ class PeerNetwork::Impl {
   }
 
   void FinishReply(Reply* reply, bool sent) {
-    if (sent && reply->send_buffer >= 0) {
+    if (sent && reply->data != nullptr) {
       requests_served_.fetch_add(1, std::memory_order_relaxed);
       bytes_served_.fetch_add(reply->header.length, std::memory_order_relaxed);
     } else if (reply->header.status_code != 0) {
@@ -805,7 +844,8 @@ class PeerNetwork::Impl {
         request->checksum = reply.checksum;
         ++self->slots_[request->slot].receives;
       } else {
-        std::memcpy(request->buffer, data, length);
+        std::memcpy(request->destination, data, length);
+        request->in_place = true;
         request->checksum = reply.checksum;
         self->Complete(*request, absl::OkStatus());
       }

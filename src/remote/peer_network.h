@@ -9,8 +9,9 @@
 //   reply    home -> requester   header {id, status, length, checksum}, data = the bytes
 //
 // The requester receives reply data into receive buffers registered once at
-// start-up (ucp_mem_map); the home sends from staging buffers registered
-// once. A transfer larger than a receive buffer streams through it as a ring
+// start-up (ucp_mem_map), or, for a reply small enough to come eagerly,
+// straight into the caller's buffer; the home sends a RAM copy from where it
+// rests, and anything else from staging buffers registered once. A transfer larger than a receive buffer streams through it as a ring
 // of chunk-sized pieces with several in flight. Nothing is registered per
 // file; endpoints are created once per peer (again only after a failure).
 //
@@ -37,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
@@ -77,8 +79,15 @@ class PeerNetwork {
     size_t length;
     int from_rank;  // Who asks: a home serves only ranks after it in the file's order.
   };
-  // Fills `dst` with the requested bytes (exactly `length` of them).
-  using ServeFn = std::function<absl::StatusOr<size_t>(const FileRequest&, char* dst)>;
+  // Answers a request: calls `take` once with the requested bytes (exactly
+  // `length` of them), either in `staging`, filled, or where they rest (a
+  // RAM copy), with no staging copy; `take` checksums them, and the reply is
+  // sent from there. The requester checks that checksum, so bytes that
+  // change after `take` (a copy removed, its memory reused) are never
+  // accepted. With `staging` null (the progress thread asking first), only
+  // bytes in memory may be given, without blocking; otherwise an error.
+  using ServeFn = std::function<absl::Status(const FileRequest&, char* staging,
+                                             absl::FunctionRef<void(const char* bytes)> take)>;
   // Publishes this process's address and returns every rank's.
   using AddressExchange =
       std::function<absl::StatusOr<std::vector<std::string>>(const std::string& mine)>;

@@ -33,21 +33,8 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
-
-
-def write_dataset(root, count, big_every=10):
-    """ImageNet-like small files plus a few multi-MiB ones; returns {name: size}."""
-    sizes = {}
-    for i in range(count):
-        size = 3 * 1024 * 1024 + 12345 if i % big_every == 0 else 20000 + (i * 7919) % 150000
-        name = "class%d/img%04d.bin" % (i % 5, i)
-        path = os.path.join(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(os.urandom(size))
-        sizes[name] = size
-    return sizes
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from process_util import SKIP, final_stats, write_dataset  # noqa: E402
 
 
 def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extra=""):
@@ -65,13 +52,6 @@ def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extr
             "  rendezvous_timeout: 30s\n"
             "  request_timeout: 3s\n"
             "%s" % (dataset, tier_dir, capacity, rank, size, rendezvous, extra))
-
-
-def final_stats(output):
-    for line in output.splitlines():
-        if line.startswith("stats: "):
-            return json.loads(line[len("stats: "):])
-    raise AssertionError("no stats line in:\n" + output)
 
 
 class Cluster:

@@ -57,27 +57,8 @@ import threading
 import time
 import traceback
 
-SKIP = 77
-
-
-class Skip(Exception):
-    pass
-
-
-class Failure(AssertionError):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise Failure(message)
-
-
-def log(*args):
-    print("[%8.3f]" % (time.monotonic() - START), *args, flush=True)
-
-
-START = time.monotonic()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from process_util import SKIP, Failure, Skip, check, final_stats, log  # noqa: E402
 
 
 # --------------------------------------------------------------------------
@@ -316,13 +297,6 @@ def tier(stats_node, name):
         if t["name"] == name:
             return t
     raise Failure("no tier %s in %s" % (name, [t["name"] for t in stats_node["tiers"]]))
-
-
-def final_stats(output):
-    for line in output.splitlines():
-        if line.startswith("stats: "):
-            return json.loads(line[len("stats: "):])
-    raise Failure("no stats line in:\n" + output)
 
 
 class Clients:

@@ -48,25 +48,9 @@ import subprocess
 import sys
 import time
 
-SKIP = 77
-START = time.monotonic()
-
-
-class Skip(Exception):
-    pass
-
-
-class Failure(AssertionError):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise Failure(message)
-
-
-def log(*args):
-    print("[%7.2f]" % (time.monotonic() - START), *args, flush=True)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from process_util import (SKIP, START, Failure, Skip, check, final_stats, log,  # noqa: E402
+                          write_dataset)
 
 
 def tail(path, lines=30):
@@ -362,27 +346,6 @@ class Cluster:
 
 # --------------------------------------------------------------------------
 # Data, configs, outputs.
-
-
-def write_dataset(root, count):
-    """Small files and a few of several MiB; returns {name: size}."""
-    sizes = {}
-    for i in range(count):
-        size = 3 * 1024 * 1024 + 4321 if i % 15 == 0 else 15000 + (i * 7919) % 120000
-        name = "class%d/img%04d.bin" % (i % 4, i)
-        path = os.path.join(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(os.urandom(size))
-        sizes[name] = size
-    return sizes
-
-
-def final_stats(text):
-    for line in text.splitlines():
-        if line.startswith("stats: "):
-            return json.loads(line[len("stats: "):])
-    raise Failure("no stats line in:\n" + text)
 
 
 def read_json(path):
@@ -704,7 +667,7 @@ def main():
     try:
         cluster.start()
         dataset = os.path.join(work, "ds")
-        sizes = write_dataset(dataset, 90)
+        sizes = write_dataset(dataset, 90, big_every=15, classes=4)
         log("dataset: %d files, %d bytes" % (len(sizes), sum(sizes.values())))
         scenario_serve(cluster, dataset, sizes)
         scenario_peers(cluster, dataset, sizes)
