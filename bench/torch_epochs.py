@@ -9,7 +9,9 @@ three arms in one run:
 
 Each sample is the file's bytes (the DataLoader's per-sample cost without
 decoding, so the ratio is about I/O). Prints each arm's epoch times, the
-epoch-1 ratio (a)/(b) and the epochs 2-3 ratio (a)/(c) (target <= 1.05).
+epoch-1 ratio (a)/(b) and the later epochs' ratio (a)/(c) (target <= 1.05).
+With --settle, the Monarch arms wait (untimed) between epochs for the node
+to finish writing the copies epoch 1 started, so the later epochs are hits.
 
   MONARCH_C_LIBRARY=/tmp/b/libmonarch_c.so MONARCH_BINARY=/tmp/b/monarch PYTHONPATH=python \
     .venv/bin/python bench/torch_epochs.py --build /tmp/b --files 2000
@@ -48,7 +50,8 @@ class PlainFiles(torch.utils.data.Dataset):
 PERSISTENT = False  # --persistent-workers
 
 
-def run_epochs(dataset, epochs, workers, total_bytes, announce=False):
+def run_epochs(dataset, epochs, workers, total_bytes, announce=False, between=None):
+    """Epoch times; `between` runs, untimed, after each epoch but the last."""
     times = []
     generator = torch.Generator().manual_seed(42)
     if announce:
@@ -67,6 +70,8 @@ def run_epochs(dataset, epochs, workers, total_bytes, announce=False):
         got = sum(int(batch.sum()) for batch in loader)
         times.append(time.perf_counter() - start)
         assert got == total_bytes, (got, total_bytes)  # every byte of every file, every epoch
+        if between is not None and len(times) < epochs:
+            between()
     return times
 
 
@@ -84,6 +89,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--persistent-workers", action="store_true",
                     help="keep the DataLoader's workers across epochs (every arm)")
+    ap.add_argument("--settle", action="store_true",
+                    help="between epochs, wait (untimed) until the node has written the copies "
+                         "the epoch started, so later epochs measure hits alone")
     a = ap.parse_args()
     global PERSISTENT
     PERSISTENT = a.persistent_workers
@@ -129,7 +137,8 @@ def main():
         m = monarch.Monarch(config)  # starts a fresh node service (walks the mount)
         try:
             ds = mt.FileListDataset(names, monarch=m, loader=len)
-            times = run_epochs(ds, a.epochs, a.workers, total, announce=announce)
+            times = run_epochs(ds, a.epochs, a.workers, total, announce=announce,
+                               between=m.wait_for_placement if a.settle else None)
             src = m.stats()["tiers"][-1]
             pfs = json.loads(subprocess.run([script, "stats", mount], capture_output=True,
                                             text=True, env=env).stdout)["counters"]
@@ -143,7 +152,9 @@ def main():
 
     try:
         print(f"dataset: {len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers, "
-              f"{a.epochs} epochs{', persistent workers' if PERSISTENT else ''}; PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
+              f"{a.epochs} epochs{', persistent workers' if PERSISTENT else ''}"
+              f"{', placement settled between epochs' if a.settle else ''}; "
+              f"PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
               flush=True)
         for rep in range(a.reps):
             for arm in ("pfs", "local", "monarch", "announced"):

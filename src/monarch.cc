@@ -67,7 +67,8 @@ namespace {
 // dataset.manifest when the config names one (every process reads it, no
 // one walks); else, with peers meeting in a directory, rank 0 walks and
 // publishes a manifest there (`*published`: its path, removed at shutdown)
-// and the other ranks wait for it and build from it; else by a walk.
+// and the other ranks wait for it and build from it (walking themselves if
+// it does not come within remote.rendezvous_timeout); else by a walk.
 absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
     const Config& config, int source_index, const Namespace::TierSlotAllocator& slots,
     std::string* published) {
@@ -109,12 +110,18 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
     }
   }
   if (!shared.empty() && rank != 0) {
-    MONARCH_ASSIGN_OR_RETURN(
-        std::unique_ptr<Namespace> ns,
+    absl::StatusOr<std::unique_ptr<Namespace>> ns =
         AwaitSharedManifest(shared, origin, config.remote.rendezvous_timeout_seconds,
-                            source_index, slots, dataset.scan_threads));
-    return finish(std::move(ns), true);
+                            source_index, slots, dataset.scan_threads);
+    if (ns.ok()) return finish(std::move(*ns), true);
+    if (!absl::IsDeadlineExceeded(ns.status())) return ns.status();
+    // Rank 0 may still be walking a large dataset: walk here too, as every
+    // rank did before manifests, rather than fail the job.
+    MONARCH_LOG(kWarning, ns.status().message(), "; walking the dataset here instead");
+    shared.clear();
   }
+  // Rank 0: one a crashed earlier job left must not be taken for this walk's.
+  if (!shared.empty()) os::Unlink(shared.c_str());
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(dataset.path, dataset.file_regex, source_index,
                                             dataset.scan_threads, slots, origin.symlinks));

@@ -176,8 +176,8 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("regex whose nested bounded repetitions would take GBs to compile") {
     // glibc's regcomp copies X{m,n} out n times: this one took 4 GiB and 14 s.
     std::string e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset,
-                                         ", file_regex: '(.{0,255}){0,255}'}\ntiers:\n", src));
-    CHECK(absl::StrContains(e, "dataset.file_regex: '(.{0,255}){0,255}' is too large to compile"));
+                                         ", file_regex: '(.{1,255}){1,255}'}\ntiers:\n", src));
+    CHECK(absl::StrContains(e, "dataset.file_regex: '(.{1,255}){1,255}' is too large to compile"));
     CHECK(absl::StrContains(e, "65025 positions, more than 4096"));
     e = ErrorOf(absl::StrCat("dataset: {path: ", d.dataset,
                              ", file_regex: '((((a{100}){100}){100}){100})'}\ntiers:\n", src));

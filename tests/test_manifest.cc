@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -337,6 +338,32 @@ TEST_CASE("a damaged, truncated or lying manifest is refused with a message") {
   CHECK(absl::StrContains(m.status().message(), "are refused"));
 }
 
+TEST_CASE("a manifest whose directory paths would dwarf it is refused") {
+  // Directories are stored as (parent, name): a chain of one-letter ones
+  // spells ever longer paths. A chain of 300 is a dataset; 1000 is not.
+  for (const int depth : {300, 1000}) {
+    ScratchDir dir;
+    std::string path = dir.Sub("dataset");
+    for (int i = 0; i < depth; ++i) path += "/d";
+    REQUIRE(std::filesystem::create_directories(path));
+    testing::WriteFile(path + "/f.bin", 1, 10);
+    auto ns = Namespace::Build(dir.path() + "/dataset", "", 1);
+    REQUIRE(ns.ok());
+    const std::string manifest = dir.path() + "/chain.manifest";
+    REQUIRE(WriteManifest(**ns,
+                          ManifestOriginOf(dir.path() + "/dataset", "", SymlinkPolicy::kFollow),
+                          manifest)
+                .ok());
+    absl::StatusOr<std::unique_ptr<Manifest>> read = ReadManifest(manifest);
+    if (depth == 300) {
+      CHECK(read.ok());
+    } else {
+      REQUIRE_FALSE(read.ok());
+      CHECK(absl::StrContains(read.status().message(), "far longer than the file itself"));
+    }
+  }
+}
+
 TEST_CASE("a listing that is not a tree is refused by FromListing") {
   NamespaceListing listing;
   listing.directories = {{"", 0}, {"a", 0}, {"a/b", 1}};
@@ -484,45 +511,50 @@ TEST_CASE("a rank waiting for rank 0's manifest: a stale one is used only if it 
   const std::string rendezvous = dir.path() + "/rdv";
   REQUIRE(::mkdir(rendezvous.c_str(), 0700) == 0);
   const std::string shared = rendezvous + "/namespace.manifest";
-  // Rank 1 of 2, alone: rank 0 never comes.
-  Config config = PeerConfig(dataset, rendezvous, 1, 2, /*timeout_seconds=*/1);
+  const ManifestOrigin origin = ManifestOriginOf(dataset, "", SymlinkPolicy::kFollow);
+  auto await = [&] { return AwaitSharedManifest(shared, origin, 1, 1, {}, 1); };
 
   SUBCASE("none at all") {
-    absl::StatusOr<std::unique_ptr<MonarchCore>> m = CreateMonarchCore(config, CoreOptions{});
-    REQUIRE_FALSE(m.ok());
-    CHECK(m.status().code() == absl::StatusCode::kDeadlineExceeded);
-    CHECK(absl::StrContains(m.status().message(), "remote.rendezvous_timeout"));
-    CHECK(absl::StrContains(m.status().message(), "namespace manifest '" + shared + "'"));
-    CHECK(absl::StrContains(m.status().message(), "none was written"));
+    absl::StatusOr<std::unique_ptr<Namespace>> ns = await();
+    REQUIRE_FALSE(ns.ok());
+    CHECK(ns.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(absl::StrContains(ns.status().message(), "remote.rendezvous_timeout"));
+    CHECK(absl::StrContains(ns.status().message(), "namespace manifest '" + shared + "'"));
+    CHECK(absl::StrContains(ns.status().message(), "none was written"));
   }
   SUBCASE("one of another file_regex: waited past") {
     auto other = *Namespace::Build(dataset, "dir1/.*", 1);
     REQUIRE(WriteManifest(*other, ManifestOriginOf(dataset, "dir1/.*", SymlinkPolicy::kFollow),
                           shared)
                 .ok());
-    absl::StatusOr<std::unique_ptr<MonarchCore>> m = CreateMonarchCore(config, CoreOptions{});
-    REQUIRE_FALSE(m.ok());
-    CHECK(absl::StrContains(m.status().message(), "remote.rendezvous_timeout"));
-    CHECK(absl::StrContains(m.status().message(), "expected '' (dataset.file_regex)"));
+    absl::StatusOr<std::unique_ptr<Namespace>> ns = await();
+    REQUIRE_FALSE(ns.ok());
+    CHECK(absl::StrContains(ns.status().message(), "remote.rendezvous_timeout"));
+    CHECK(absl::StrContains(ns.status().message(), "expected '' (dataset.file_regex)"));
   }
   SUBCASE("one of this dataset that has changed since: waited past") {
     auto stale = *Namespace::Build(dataset, "", 1);
-    REQUIRE(WriteManifest(*stale, ManifestOriginOf(dataset, "", SymlinkPolicy::kFollow), shared)
-                .ok());
+    REQUIRE(WriteManifest(*stale, origin, shared).ok());
     NextTick();
     testing::WriteFile(dataset + "/dir0/late.bin", 1, 1);
-    absl::StatusOr<std::unique_ptr<MonarchCore>> m = CreateMonarchCore(config, CoreOptions{});
-    REQUIRE_FALSE(m.ok());
-    CHECK(absl::StrContains(m.status().message(), "remote.rendezvous_timeout"));
-    CHECK(absl::StrContains(m.status().message(), "directory 'dir0' has a new mtime"));
+    absl::StatusOr<std::unique_ptr<Namespace>> ns = await();
+    REQUIRE_FALSE(ns.ok());
+    CHECK(absl::StrContains(ns.status().message(), "remote.rendezvous_timeout"));
+    CHECK(absl::StrContains(ns.status().message(), "directory 'dir0' has a new mtime"));
   }
-  SUBCASE("one of this dataset, unchanged: used (then the peer rendezvous times out)") {
+  SUBCASE("one of this dataset, unchanged: used") {
     auto stale = *Namespace::Build(dataset, "", 1);
-    REQUIRE(WriteManifest(*stale, ManifestOriginOf(dataset, "", SymlinkPolicy::kFollow), shared)
-                .ok());
+    REQUIRE(WriteManifest(*stale, origin, shared).ok());
+    absl::StatusOr<std::unique_ptr<Namespace>> ns = await();
+    REQUIRE(ns.ok());
+    CHECK((*ns)->file_count() == stale->file_count());
+  }
+  SUBCASE("a rank whose wait times out walks the dataset itself, then meets the others") {
+    // Rank 1 of 2, alone: rank 0 never comes. Past its own walk, it is the
+    // address exchange that waits for rank 0, not the manifest.
+    Config config = PeerConfig(dataset, rendezvous, 1, 2, /*timeout_seconds=*/1);
     absl::StatusOr<std::unique_ptr<MonarchCore>> m = CreateMonarchCore(config, CoreOptions{});
     REQUIRE_FALSE(m.ok());
-    // Past the namespace: it is the address exchange that waited for rank 0.
     CHECK_FALSE(absl::StrContains(m.status().message(), "manifest"));
     CHECK(absl::StrContains(m.status().message(), "rank 0 never arrived"));
   }

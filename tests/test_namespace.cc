@@ -155,6 +155,20 @@ TEST_CASE("file_regex: the expanded size of bounded repetitions, as regcomp copi
   CHECK(absl::StrContains(unopened.status().message(), "closes no '('"));
   CHECK_FALSE(FileRegex::Compile("a)|(b").ok());
   CHECK(FileRegex::Compile("a\\)|[)]b").ok());  // Escaped, or in a bracket: a parenthesis.
+  // A repetition of something that can already match nothing: refused
+  // (found by the config fuzzer; glibc's regcomp took minutes or all memory).
+  for (const char* stacked : {"p?????????????{200}9{300}", "p??", "(p?)?", "((p*)*){100}",
+                              "((p|)|){200}", "(p?){2}", "(a|)*", "(x*)+", "a*{,3}"}) {
+    auto refused = FileRegex::Compile(stacked);
+    CHECK_MESSAGE(!refused.ok(), stacked);
+    CHECK_MESSAGE(absl::StrContains(refused.status().message(), "can already match nothing"),
+                  stacked);
+  }
+  // Repetitions of things that cannot match nothing are fine.
+  for (const char* fine : {"([^/]*/)*[^/]*\\.jpg", "(a|b)?c", ".*", "(ab?)+", "x{0,3}y",
+                           "(dir/){2}f", "a{2}b*", "[?*]+", "\\?+", "(a?b){3}"}) {
+    CHECK_MESSAGE(FileRegex::Compile(fine).ok(), fine);
+  }
   auto bad = FileRegex::Compile(std::string(5000, '('));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().size() < 400);  // The pattern is quoted in part only.

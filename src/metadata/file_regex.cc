@@ -104,6 +104,82 @@ bool ClosesUnopenedGroup(absl::string_view pattern) {
   return false;
 }
 
+// Whether `pattern` applies a repetition (?, *, +, {m,n}) to something that
+// can already match the empty string: "x??", "(x?)?", "(x*)*", "(a|){9}".
+// POSIX leaves stacked repetitions undefined, and glibc's regcomp takes time
+// and memory far beyond the pattern's size on them once repeated (the config
+// fuzzer: "p?????????????{200}" ran out of 24 GiB; "((p*)*){100}" took over
+// 20 s), which the size bound does not see.
+bool RepeatsNullable(absl::string_view pattern) {
+  // Per open group: whether its branch so far can match nothing, whether an
+  // earlier branch could, and the last atom (what a repetition applies to):
+  // whether it can, and whether the branch before it could.
+  struct Frame {
+    bool branch_nullable = true;
+    bool some_branch_nullable = false;
+    bool has_last = false;
+    bool last_nullable = false;
+    bool before_last_nullable = true;
+  };
+  std::vector<Frame> frames(1);
+  auto set_last = [](Frame& frame, bool nullable) {
+    frame.last_nullable = nullable;
+    frame.branch_nullable = frame.before_last_nullable && nullable;
+  };
+  auto atom = [&](bool nullable) {
+    Frame& frame = frames.back();
+    frame.before_last_nullable = frame.branch_nullable;
+    frame.has_last = true;
+    set_last(frame, nullable);
+  };
+  for (size_t i = 0; i < pattern.size();) {
+    const char c = pattern[i];
+    Frame& frame = frames.back();
+    if (c == '\\') {
+      atom(false);
+      i += 2;
+    } else if (c == '[') {
+      atom(false);
+      i = SkipBracket(pattern, i);
+    } else if (c == '(') {
+      frames.emplace_back();
+      ++i;
+    } else if (c == ')' && frames.size() > 1) {
+      const bool nullable = frame.branch_nullable || frame.some_branch_nullable;
+      frames.pop_back();
+      atom(nullable);
+      ++i;
+    } else if (c == '|') {
+      frame.some_branch_nullable = frame.some_branch_nullable || frame.branch_nullable;
+      frame.branch_nullable = true;
+      frame.has_last = false;
+      ++i;
+    } else if ((c == '?' || c == '*' || c == '+' || c == '{') && frame.has_last) {
+      bool makes_nullable = c == '?' || c == '*';
+      if (c == '{') {
+        size_t end = i, low_end = i + 1;
+        uint64_t copies = 0, low = 0;
+        if (!ParseBound(pattern, &end, &copies)) {  // Not a bound: a literal brace.
+          atom(false);
+          ++i;
+          continue;
+        }
+        // "{,n}" (glibc) and "{0...}" can repeat nothing.
+        makes_nullable = !ParseCount(pattern, &low_end, &low) || low == 0;
+        i = end;
+      } else {
+        ++i;
+      }
+      if (frame.last_nullable) return true;
+      if (makes_nullable) set_last(frame, true);
+    } else {
+      atom(false);
+      ++i;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 uint64_t RegexExpandedPositions(absl::string_view pattern) {
@@ -173,6 +249,13 @@ absl::StatusOr<std::unique_ptr<FileRegex>> FileRegex::Compile(const std::string&
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.file_regex: ", QuoteForError(pattern),
         " has a ')' that closes no '('; write \\) to match a parenthesis"));
+  }
+  if (RepeatsNullable(pattern)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.file_regex: ", QuoteForError(pattern),
+        " repeats something that can already match nothing (as in 'x?\?', '(x?)?', '(x*)*' "
+        "or '(a|){3}'): POSIX leaves that undefined and regcomp can take gigabytes on it; "
+        "use a single repetition"));
   }
   const uint64_t positions = RegexExpandedPositions(pattern);
   if (positions > kMaxRegexPositions) {

@@ -305,6 +305,11 @@ absl::StatusOr<std::unique_ptr<Manifest>> ParseManifest(absl::string_view bytes)
   listing.root_device = root_device;
 
   listing.directories.reserve(directory_count);
+  // Directories' full names, built from (parent, component) records, could
+  // otherwise grow to kMaxPathBytes per 9-byte record: bound them like the
+  // files' names below.
+  const uint64_t max_directory_name_bytes = 64 * uint64_t{bytes.size()};
+  uint64_t directory_name_bytes = 0;
   for (uint32_t d = 0; d < directory_count; ++d) {
     uint32_t parent, name_bytes;
     absl::string_view name;
@@ -323,6 +328,10 @@ absl::StatusOr<std::unique_ptr<Manifest>> ParseManifest(absl::string_view bytes)
     const std::string& parent_name = listing.directories[parent].name;
     if (parent_name.size() + 1 + name.size() > kMaxPathBytes) {
       return Malformed(absl::StrCat("directory ", d, "'s path is longer than ", kMaxPathBytes));
+    }
+    directory_name_bytes += parent_name.size() + 1 + name.size();
+    if (directory_name_bytes > max_directory_name_bytes) {
+      return Malformed("its directories' paths are far longer than the file itself");
     }
     listing.directories.push_back(
         {parent == 0 ? std::string(name) : absl::StrCat(parent_name, "/", name), parent});
@@ -379,7 +388,9 @@ absl::StatusOr<std::unique_ptr<Manifest>> ParseManifest(absl::string_view bytes)
     files.push_back(p);
   }
   if (in.left() != kTrailerBytes) {
-    return Malformed(absl::StrCat(in.left() - kTrailerBytes, " bytes after the last file"));
+    return Malformed(in.left() > kTrailerBytes
+                         ? absl::StrCat(in.left() - kTrailerBytes, " bytes after the last file")
+                         : std::string("its last record runs into the checksum"));
   }
 
   std::string& arena = manifest->names_;

@@ -84,30 +84,25 @@ int PeerDriver::FirstUpHolder(uint32_t id) const {
   return rank_;
 }
 
-int PeerDriver::Position(uint32_t id, int rank) const {
-  const uint16_t* holders = Holders(id);
-  for (int i = 0; i < replicas_; ++i) {
-    if (holders[i] == rank) return i;
-  }
-  std::vector<int> order;
-  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
-  return static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+bool PeerDriver::IsKept(uint32_t id) const {
+  return KeptGiven(id, [this](int rank) { return Alive(rank); });
 }
 
-bool PeerDriver::IsKept(uint32_t id) const {
+template <typename AliveFn>
+bool PeerDriver::KeptGiven(uint32_t id, AliveFn alive) const {
   const uint16_t* holders = Holders(id);
-  bool mine = false, all_up = true;
+  bool mine = false, all_alive = true;
   for (int i = 0; i < replicas_; ++i) {
     mine |= holders[i] == rank_;
-    all_up &= Up(holders[i]);
+    all_alive &= alive(holders[i]);
   }
-  if (all_up) return mine;
-  // A holder is down: the first replicas_ live ranks of the order keep it.
+  if (all_alive) return mine;
+  // A holder is lost: the first replicas_ live ranks of the order keep it.
   std::vector<int> order;
   RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
   int live = 0;
   for (int r : order) {
-    if (!Up(r)) continue;
+    if (!alive(r)) continue;
     if (r == rank_) return true;
     if (++live == replicas_) return false;
   }
@@ -193,6 +188,10 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
     MutexLock lock(&keeper_mu_);
     QueueUnplaced(replicas);
   }
+  {
+    MutexLock lock(&keeper_mu_);
+    keeper_started_ = true;
+  }
   keeper_ = std::thread([this] { KeeperLoop(); });
   return absl::OkStatus();
 }
@@ -215,41 +214,38 @@ void PeerDriver::QueueUnplaced(const std::vector<uint32_t>& ids) {
 
 void PeerDriver::KeeperLoop() {
   // Peers are marked down by whichever thread meets the failure; the keeper
-  // looks a few times a second and adopts what a newly failed peer held. A
-  // peer that said goodbye is not adopted ahead of reads: at the end of a
-  // job every peer leaves, and the last ones running must not fetch the
-  // others' files for nothing (they still move, a read at a time).
+  // looks a few times a second and adopts what falls to this process when a
+  // peer fails. A peer that said goodbye is not adopted ahead of reads: at
+  // the end of a job every peer leaves, and the last ones running must not
+  // fetch the others' files for nothing (they still move, a read at a time).
   constexpr auto kLook = std::chrono::milliseconds(200);
-  std::vector<char> was_up(size_, 1);
+  std::vector<char> was_alive(size_, 1);
   MutexLock lock(&keeper_mu_);
   while (!keeper_stop_) {
     ++looks_;
-    std::vector<int> lost;
+    std::vector<char> failed(size_, 0);
+    bool any_failed = false;
     for (int r = 0; r < size_; ++r) {
-      const bool up = Up(r);
-      if (!up && was_up[r] && !network_->HasLeft(r)) lost.push_back(r);
-      was_up[r] = up;
+      const bool alive = Alive(r);
+      if (!alive && was_alive[r] && !network_->HasLeft(r)) failed[r] = any_failed = true;
+      was_alive[r] = alive;
     }
-    if (!lost.empty()) {
+    if (any_failed) {
+      // Kept now, and not before these failures: whichever ranks failed
+      // earlier, each file falls to the first live ranks of its order.
+      auto alive_before = [&](int r) { return failed[r] || Alive(r); };
       std::vector<uint32_t> adopted;
-      for (uint32_t id = 0; id < ns_->file_count(); ++id) {
-        const uint16_t* holders = Holders(id);
-        bool held_by_lost = false;
-        for (int i = 0; i < replicas_; ++i) {
-          held_by_lost |= std::find(lost.begin(), lost.end(), holders[i]) != lost.end();
-        }
-        if (held_by_lost && IsKept(id)) adopted.push_back(id);
-      }
-      // A dead peer is tried again every retry_after and marked down again:
-      // count each file once.
       adopted_.resize(ns_->file_count());
-      for (uint32_t id : adopted) {
-        if (adopted_[id]) continue;
-        adopted_[id] = true;
-        adopted_files_.fetch_add(1, std::memory_order_relaxed);
+      for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+        if (!IsKept(id) || KeptGiven(id, alive_before)) continue;
+        adopted.push_back(id);
+        if (!adopted_[id]) {
+          adopted_[id] = true;
+          adopted_files_.fetch_add(1, std::memory_order_relaxed);
+        }
       }
-      MONARCH_LOG(kInfo, "remote: ", lost.size(), " peer(s) lost; this process now keeps ",
-                  adopted.size(), " of their files");
+      MONARCH_LOG(kInfo, "remote: a peer failed; this process now keeps ", adopted.size(),
+                  " more files");
       QueueUnplaced(adopted);
     }
     if (to_fill_.empty()) {
@@ -273,7 +269,7 @@ void PeerDriver::KeeperLoop() {
 
 void PeerDriver::WaitForFills() {
   MutexLock lock(&keeper_mu_);
-  if (!keeper_.joinable()) return;
+  if (!keeper_started_) return;
   // A peer marked down just now counts: wait for one more look at them.
   const uint64_t look = looks_ + 1;
   keeper_wake_.Signal();
@@ -353,7 +349,7 @@ absl::Status PeerDriver::CheckServable(const FileEntry* entry,
     return absl::NotFoundError(absl::StrCat("not a dataset file here: ", request.name));
   }
   if (request.from_rank < 0 || request.from_rank >= size_ ||
-      Position(entry->ref.id, rank_) >= Position(entry->ref.id, request.from_rank)) {
+      !ComesBefore(StableNameHash(entry->ref.name), rank_, request.from_rank)) {
     // Peers disagree on who is down: refuse rather than ask further down the
     // order, which could loop back to the requester.
     return absl::FailedPreconditionError(

@@ -68,9 +68,9 @@ class PeerDriver final : public StorageDriver {
   // waits for one in progress). Idempotent.
   void StopFilling();
 
-  // StorageDriver. Read: the bytes from the file's home, or NotFound when
-  // no peer is asked (alone, this process is the home, the home is down),
-  // or the peer's error when it failed to deliver.
+  // StorageDriver. Read: the bytes from the first rank of the file's order
+  // not marked down, or NotFound when that is this process (or it is alone),
+  // or the error of a live rank that failed to deliver.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override;
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override;
   absl::Status Remove(const FileRef& file) override;
@@ -81,7 +81,7 @@ class PeerDriver final : public StorageDriver {
   absl::Status CheckServable(const FileEntry* entry, const PeerNetwork::FileRequest& request) const;
 
   // Whether this process is, now, one of the first `replicas` ranks of the
-  // file's order that are not marked down.
+  // file's order that are not lost.
   bool IsKept(uint32_t id) const;
 
   // The files this process is home of, for the placement policy: they get
@@ -96,14 +96,23 @@ class PeerDriver final : public StorageDriver {
  private:
   PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank, int size);
 
+  // Whether a read may ask `rank` now (a peer marked down is tried again
+  // after remote.retry_after).
   bool Up(int rank) const { return rank == rank_ || network_ == nullptr || network_->IsUp(rank); }
+  // Whether `rank` counts as holding its files: not lost since it last
+  // answered (unlike Up, not reset by the retry time: who keeps a file does
+  // not flip back and forth while a dead peer is retried).
+  bool Alive(int rank) const {
+    return rank == rank_ || network_ == nullptr || !network_->IsLost(rank);
+  }
+  // IsKept, with `alive(rank)` saying which ranks count.
+  template <typename AliveFn>
+  bool KeptGiven(uint32_t id, AliveFn alive) const;
   // The first replicas_ ranks of `id`'s order, fixed at start.
   const uint16_t* Holders(uint32_t id) const { return &holders_[size_t{id} * replicas_]; }
   // The rank a read of `id` asks: the first of its order not marked down
   // (this process, when every rank before it is down).
   int FirstUpHolder(uint32_t id) const;
-  // Where `rank` stands in `id`'s order (0 = home).
-  int Position(uint32_t id, int rank) const;
   void KeeperLoop();
   // Queues the files this process keeps but has not placed among `ids`.
   void QueueUnplaced(const std::vector<uint32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_);
@@ -127,6 +136,7 @@ class PeerDriver final : public StorageDriver {
   CondVar keeper_idle_;
   std::deque<uint32_t> to_fill_ ABSL_GUARDED_BY(keeper_mu_);
   bool filling_ ABSL_GUARDED_BY(keeper_mu_) = false;
+  bool keeper_started_ ABSL_GUARDED_BY(keeper_mu_) = false;
   uint64_t looks_ ABSL_GUARDED_BY(keeper_mu_) = 0;  // Looks for lost peers so far.
   std::vector<bool> adopted_ ABSL_GUARDED_BY(keeper_mu_);  // By file id, once a peer is lost.
   bool keeper_stop_ ABSL_GUARDED_BY(keeper_mu_) = false;

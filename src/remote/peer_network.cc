@@ -326,6 +326,11 @@ class PeerNetwork::Impl {
     return UpLocked(rank);
   }
 
+  bool IsLost(int rank) const {
+    MutexLock lock(&mu_);
+    return peers_[rank].lost;
+  }
+
   bool HasLeft(int rank) const {
     MutexLock lock(&mu_);
     return peers_[rank].departed;
@@ -405,7 +410,8 @@ class PeerNetwork::Impl {
     std::string address;
     ucp_ep_h ep = nullptr;           // Progress thread (and Init) only.
     Clock::time_point down_until{};  // Guarded by mu_.
-    bool departed = false;           // Said goodbye. Guarded by mu_.
+    bool lost = false;               // Down, and not heard from since. Guarded by mu_.
+    bool departed = false;           // Said goodbye before it was lost. Guarded by mu_.
   };
 
   // A reply being sent, kept alive until UCX is done with its header and buffer.
@@ -446,6 +452,7 @@ class PeerNetwork::Impl {
   void MarkDownLocked(int rank, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool was_up = UpLocked(rank);
     peers_[rank].down_until = Clock::now() + Seconds(options_.retry_after_seconds);
+    peers_[rank].lost = true;
     if (was_up && !peers_[rank].departed) {
       peer_failures_.fetch_add(1, std::memory_order_relaxed);
       MONARCH_LOG(kWarning, "peer ", rank, " ", why, "; its files go to the next rank of their ",
@@ -555,11 +562,6 @@ class PeerNetwork::Impl {
       // counted as a failure.
       self->peers_[rank].departed = true;
       self->MarkDownLocked(rank, "left");
-      for (auto& [id, request] : self->pending_) {
-        if (request->rank == rank && request->state == Request::kSent) {
-          self->Complete(*request, absl::UnavailableError("remote: peer left"));
-        }
-      }
     }
     MONARCH_LOG(kInfo, "peer ", rank, " left; its files go to the next rank of their order");
     return UCS_OK;
@@ -835,6 +837,9 @@ class PeerNetwork::Impl {
       // Unknown: the fetch gave up on it. Returning UCS_OK drops the data.
       if (it == self->pending_.end() || it->second->state != Request::kSent) return UCS_OK;
       request = it->second;
+      // It answered: whatever it was before, it is back.
+      self->peers_[request->rank].lost = false;
+      self->peers_[request->rank].departed = false;
       if (absl::Status verdict =
               peer_wire::CheckReply(reply, length, request->length, request->rank);
           !verdict.ok()) {
@@ -1023,6 +1028,7 @@ absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_
   return impl_->Fetch(rank, file, offset, dst, n);
 }
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
+bool PeerNetwork::IsLost(int rank) const { return impl_->IsLost(rank); }
 bool PeerNetwork::HasLeft(int rank) const { return impl_->HasLeft(rank); }
 void PeerNetwork::Shutdown() { impl_->Shutdown(); }
 void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }

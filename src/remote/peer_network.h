@@ -108,8 +108,11 @@ class PeerNetwork {
 
   // False while `rank` is marked down (until its retry time).
   bool IsUp(int rank) const;
-  // True once `rank` has said goodbye (shut down cleanly, as every peer
-  // does at the end of a job), rather than failed.
+  // True from when `rank` is marked down until it answers again: unlike
+  // IsUp, not reset when its retry time comes.
+  bool IsLost(int rank) const;
+  // Whether the last time `rank` was lost it had said goodbye (shut down
+  // cleanly, as every peer does at the end of a job) rather than failed.
   bool HasLeft(int rank) const;
 
   // Refuses new requests, finishes the ones being served, closes the

@@ -53,4 +53,9 @@ void RendezvousOrder(uint64_t name_hash, int peers, std::vector<int>* order) {
   for (size_t i = 0; i < scored.size(); ++i) (*order)[i] = scored[i].second;
 }
 
+bool ComesBefore(uint64_t name_hash, int a, int b) {
+  const uint64_t score_a = Score(name_hash, a), score_b = Score(name_hash, b);
+  return score_a != score_b ? score_a > score_b : a < b;
+}
+
 }  // namespace monarch

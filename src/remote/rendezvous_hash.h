@@ -29,6 +29,9 @@ int HomeRank(uint64_t name_hash, int peers);
 // order, so when ranks are lost each file moves to the first rank left.
 void RendezvousOrder(uint64_t name_hash, int peers, std::vector<int>* order);
 
+// Whether rank `a` comes before rank `b` in that order (without computing it).
+bool ComesBefore(uint64_t name_hash, int a, int b);
+
 }  // namespace monarch
 
 #endif  // MONARCH_REMOTE_RENDEZVOUS_HASH_H_

@@ -18,8 +18,11 @@ epoch with every read checked against the source (--verify). Scenarios:
              timeout, not a hang.
   netns      the loopback scenario, 4 processes, each in its own network
              namespace, joined by veth pairs and a bridge, UCX restricted to
-             the veth device: the bytes cross a real network path. Needs root
-             and iproute2; skipped (exit 77) otherwise.
+             the veth device: the bytes cross a real network path. The
+             dataset is on the PFS emulator: the 4 processes' metadata
+             operations at start-up are about one walk's (rank 0 walks, the
+             others build from its manifest). Needs root, iproute2 and FUSE;
+             skipped (exit 77) otherwise.
 
 usage: multinode_test.py MONARCH_EPOCHS SCENARIO
 """
@@ -34,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from process_util import SKIP, final_stats, write_dataset  # noqa: E402
+from process_util import SKIP, PfsEmulator, final_stats, write_dataset  # noqa: E402
 
 
 def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extra=""):
@@ -55,7 +58,10 @@ def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extr
 
 
 class Cluster:
-    def __init__(self, binary, work, size, files=120, capacity_fraction=0.5, extra=""):
+    def __init__(self, binary, work, size, files=120, capacity_fraction=0.5, extra="",
+                 dataset_at=None):
+        """`dataset_at`: where the processes find the dataset (a PFS emulator's
+        mount of self.dataset), if not in self.dataset itself."""
         self.binary = binary
         self.work = work
         self.size = size
@@ -70,11 +76,11 @@ class Cluster:
             tier = os.path.join(work, "tier%d" % r)
             os.makedirs(tier)
             config = os.path.join(work, "rank%d.yaml" % r)
-            write_config(config, self.dataset, tier, int(self.total * capacity_fraction), r, size,
-                         self.rendezvous, extra)
+            write_config(config, dataset_at or self.dataset, tier,
+                         int(self.total * capacity_fraction), r, size, self.rendezvous, extra)
             self.configs.append(config)
 
-    def command(self, rank, epochs, barrier=True, read_size=0):
+    def command(self, rank, epochs, barrier=True, read_size=0, extra=()):
         cmd = [self.binary, "--config", self.configs[rank], "--epochs", str(epochs),
                "--threads", "2", "--partition", "%d/%d" % (rank, self.size), "--verify",
                "--json", os.path.join(self.work, "epochs%d.json" % rank)]
@@ -82,7 +88,7 @@ class Cluster:
             cmd += ["--barrier-dir", self.barriers]
         if read_size:
             cmd += ["--read-size", str(read_size)]
-        return cmd
+        return cmd + list(extra)
 
     def epochs(self, rank):
         with open(os.path.join(self.work, "epochs%d.json" % rank)) as f:
@@ -307,11 +313,43 @@ def scenario_netns(binary, work):
             sh("ip", "-n", ns, "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", tag + "a%d" % i)
             sh("ip", "-n", ns, "link", "set", tag + "a%d" % i, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        cluster = Cluster(binary, work, size=4)
-        prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
-                    for i, ns in enumerate(nodes)]
-        outputs = run_all([cluster.command(r, 3) for r in range(4)], prefixes=prefixes)
+        # The dataset on the PFS emulator, which counts metadata operations.
+        mount = os.path.join(work, "pfs")
+        cluster = Cluster(binary, work, size=4, dataset_at=mount)
+        emulator = PfsEmulator(os.path.join(os.path.dirname(os.path.abspath(binary)), "bin",
+                                            "pfs-emulator"), cluster.dataset, mount, latency_us=100)
+        if not emulator.started:
+            print("SKIP: the PFS emulator did not mount:", emulator.error.strip())
+            return SKIP
+        try:
+            # One walk, for the baseline: a process without peers.
+            alone = os.path.join(work, "alone.yaml")
+            with open(alone, "w") as f:
+                f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: 1GiB}, "
+                        "{kind: source}]\n" % mount)
+            one = os.path.join(work, "one.start.json")
+            (code, out, err), = run_all([[binary, "--config", alone, "--epochs", "1",
+                                          "--threads", "2",
+                                          "--before-epoch", emulator.snapshot_at_epoch_1(one)]])
+            assert code == 0, "one walk: exit %d\n%s%s" % (code, out, err)
+            emulator.reset()
+            snapshots = [os.path.join(work, "rank%d.start.json" % r) for r in range(4)]
+            prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
+                        for i, ns in enumerate(nodes)]
+            outputs = run_all([cluster.command(r, 3, extra=[
+                "--before-epoch", emulator.snapshot_at_epoch_1(snapshots[r])]) for r in range(4)],
+                prefixes=prefixes)
+        finally:
+            emulator.stop()
         check_cluster_run(cluster, outputs, 3)
+        one_walk = json.load(open(one))["counters"]["metadata_ops"]
+        # Each snapshot is taken once its process has started; the last one
+        # when all have, before any read.
+        at_start = max(json.load(open(p))["counters"]["metadata_ops"] for p in snapshots)
+        print("metadata operations at start-up: 4 peers %d, one walk %d" % (at_start, one_walk))
+        assert at_start <= 1.2 * one_walk + 10 * 4, (at_start, one_walk)
+        built = [final_stats(out)["namespace_built_from_manifest"] for _, out, _ in outputs]
+        assert built == [0, 1, 1, 1], built  # Rank 0 walked; the others used its manifest.
         crossed = 0
         for i, ns in enumerate(nodes):
             out = subprocess.run(["ip", "netns", "exec", ns, "cat",

@@ -37,7 +37,9 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from process_util import SKIP, PfsEmulator, final_stats  # noqa: E402
+
 PEERS = 4
 # Start-up operations a process makes besides the namespace (the config's
 # check of dataset.path, the source driver opening it): allowed per process
@@ -47,29 +49,6 @@ PER_PROCESS_OPS = 10
 
 def log(*args):
     print(*args, flush=True)
-
-
-class Emulator:
-    def __init__(self, script, backing, mount, latency_us):
-        self.script = script
-        self.mount = mount
-        r = subprocess.run([script, "start", backing, mount, "--meta-latency-us", str(latency_us),
-                            "--read-latency-us", "0", "--bandwidth-mbps", "0"],
-                           capture_output=True, text=True, timeout=60)
-        self.started = r.returncode == 0
-        self.error = r.stdout + r.stderr
-
-    def counters(self):
-        r = subprocess.run([self.script, "stats", self.mount], capture_output=True, text=True,
-                           timeout=60, check=True)
-        return json.loads(r.stdout)["counters"]
-
-    def reset(self):
-        subprocess.run([self.script, "reset", self.mount], capture_output=True, timeout=60,
-                       check=True)
-
-    def stop(self):
-        subprocess.run([self.script, "stop", self.mount], capture_output=True, timeout=60)
 
 
 def write_dataset(root, files, dirs):
@@ -94,13 +73,6 @@ def write_config(path, dataset, rank=None, size=None, rendezvous=None, manifest=
         f.write(text)
 
 
-def stats_of(output):
-    for line in output.splitlines():
-        if line.startswith("stats: "):
-            return json.loads(line[len("stats: "):])
-    raise AssertionError("no stats line in:\n" + output)
-
-
 def run_job(binary, emulator, work, name, configs):
     """Starts one monarch-epochs per config, all at once, meeting at a barrier
     before their first read; each snapshots the PFS counters just before it
@@ -114,8 +86,7 @@ def run_job(binary, emulator, work, name, configs):
     procs = []
     for r, config in enumerate(configs):
         cmd = [binary, "--config", config, "--epochs", "1", "--threads", "2", "--verify",
-               "--before-epoch", "[ \"$MONARCH_EPOCH\" != 1 ] || %s stats %s > %s" % (
-                   emulator.script, emulator.mount, snapshots[r])]
+               "--before-epoch", emulator.snapshot_at_epoch_1(snapshots[r])]
         if len(configs) > 1:
             cmd += ["--partition", "%d/%d" % (r, len(configs)), "--barrier-dir", barriers]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -131,7 +102,7 @@ def run_job(binary, emulator, work, name, configs):
     for snapshot in snapshots:
         with open(snapshot) as f:
             ops = max(ops, json.load(f)["counters"]["metadata_ops"])
-    return ops, [stats_of(out) for out in results]
+    return ops, [final_stats(out) for out in results]
 
 
 def main():
@@ -152,7 +123,7 @@ def main():
     mount = os.path.join(work, "pfs")
     # The dataset a level below the mount point, as on a real PFS.
     total = write_dataset(os.path.join(backing, "train"), args.files, args.dirs)
-    emulator = Emulator(os.path.abspath(args.pfs_script), backing, mount, args.meta_latency_us)
+    emulator = PfsEmulator(os.path.abspath(args.pfs_script), backing, mount, args.meta_latency_us)
     if not emulator.started:
         log("skipped: the PFS emulator did not mount: " + emulator.error)
         shutil.rmtree(work, ignore_errors=True)

@@ -505,15 +505,17 @@ def run_ram_clients(env, dataset, sizes, count):
         check(source[r] == [total, 0, 0],
               "client %d: node source bytes per epoch %s, want [%d, 0, 0]" % (r, source[r], total))
     ram_served = served_per_epoch(clients, "ram")
-    # Epoch 2 may still be served partly from promotions epoch 1 started
-    # and the placement threads have not finished writing (never from the
-    # source: checked above); by epoch 3 everything is in RAM.
-    check(ram_served[2] == total,
-          "RAM tier served %s per epoch; epoch 3 should be all of it (%d)" % (ram_served, total))
+    # Epochs 2 and 3 may still be served partly from promotions epoch 1
+    # started and the placement threads have not finished writing (the run
+    # does not wait for them, and a loaded machine makes them slow); never
+    # from the source (checked above). The RAM tier holds it all at the end
+    # (checked below).
     staged = served_per_epoch(clients, "staging")
-    check(ram_served[1] + staged[1] == total,
-          "epoch 2: RAM %d + in-flight promotions %d != dataset %d" % (ram_served[1], staged[1],
-                                                                      total))
+    for e in (1, 2):
+        check(ram_served[e] + staged[e] == total,
+              "epoch %d: RAM %d + in-flight promotions %d != dataset %d" % (
+                  e + 1, ram_served[e], staged[e], total))
+    check(ram_served[2] > 0, "RAM tier served nothing in epoch 3: %s" % ram_served)
 
     stats = node_stats(env, rt)
     node = stats["node"]
