@@ -300,7 +300,6 @@ absl::StatusOr<size_t> PeerDriver::Read(const FileRef& file, uint64_t offset, ch
                                         size_t n) {
   if (network_ == nullptr) return absl::NotFoundError(absl::StrCat(file.name, " is homed here"));
   const int home = Holders(file.id)[0];
-  if (home != rank_ && !Up(home)) down_skips_.fetch_add(1, std::memory_order_relaxed);
   // The network wants the exact range; clip to the file like a pread would.
   if (offset >= file.size) return 0;
   n = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
@@ -309,6 +308,8 @@ absl::StatusOr<size_t> PeerDriver::Read(const FileRef& file, uint64_t offset, ch
   absl::Status failure;
   for (int attempt = 0; attempt < size_; ++attempt) {
     const int holder = FirstUpHolder(file.id);
+    // The first holder asked is not the home only when the home is down.
+    if (attempt == 0 && holder != home) down_skips_.fetch_add(1, std::memory_order_relaxed);
     if (holder == rank_) {
       // Never NotFound after a failed fetch: that is an error of this tier
       // (counted as such); either way the read goes on to the source.
