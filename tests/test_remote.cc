@@ -797,7 +797,7 @@ struct BareRank {
   absl::Status status;
 
   void Start(int rank, const std::string& rendezvous, const std::string& secret,
-             const std::string& fingerprint) {
+             const std::string& fingerprint, bool serve_now = true) {
     PeerNetwork::Options options;
     options.rank = rank;
     options.size = 2;
@@ -822,6 +822,7 @@ struct BareRank {
         serve);
     status = made.status();
     if (made.ok()) network = std::move(*made);
+    if (made.ok() && serve_now) network->StartServing();
   }
   uint64_t Counter(std::string_view name) const {
     Stats stats;
@@ -990,6 +991,55 @@ TEST_CASE("peer network: served with the job's secret, refused and counted with 
       }
     }
   }
+}
+
+TEST_CASE("peer network: a request that comes before its peer serves waits, then gets its bytes") {
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/rdv";
+  const std::string secret = SecretOrDie();
+  BareRank ranks[2];
+  std::thread rank1([&] { ranks[1].Start(1, rdv, secret, "", /*serve_now=*/false); });
+  ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
+  rank1.join();
+  REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
+  REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+  std::vector<char> buffer(60000);
+  const FileRef file{0, "train/a.jpg", buffer.size() + 1000, 1};
+  std::atomic<bool> fetched{false};
+  absl::StatusOr<size_t> got;
+  std::thread reader([&] {
+    got = ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
+    fetched.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(!fetched.load());  // Held: neither served nor refused.
+  CHECK(ranks[1].served.load() == 0);
+  ranks[1].network->StartServing();
+  reader.join();
+  CHECK(ranks[1].served.load() == 1);
+  CHECK(buffer[5] == static_cast<char>(1005));
+  CHECK(ranks[0].network->IsUp(1));
+  for (BareRank& r : ranks) r.network->Shutdown();
+  CHECK_MESSAGE(got.ok(), got.status().ToString());
+
+  // Held when it shuts down instead: refused, so the reader goes to the source.
+  ScratchDir dir2;
+  const std::string rdv2 = dir2.path() + "/rdv";
+  BareRank again[2];
+  std::thread late([&] { again[1].Start(1, rdv2, secret, "", /*serve_now=*/false); });
+  again[0].Start(0, rdv2, secret, JobSecretFingerprint(secret));
+  late.join();
+  REQUIRE(again[0].status.ok());
+  REQUIRE(again[1].status.ok());
+  std::thread refused([&] {
+    got = again[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  again[1].network->Shutdown();
+  refused.join();
+  again[0].network->Shutdown();
+  CHECK(again[1].served.load() == 0);
+  CHECK(absl::IsUnavailable(got.status()));
 }
 
 TEST_CASE("peer network: a secret missing or of another size is a start-up error") {

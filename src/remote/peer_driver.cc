@@ -193,6 +193,9 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
     keeper_started_ = true;
   }
   keeper_ = std::thread([this] { KeeperLoop(); });
+  // Only now: serving a request reads network_ (and a faster peer may have
+  // asked already; its request waited).
+  network_->StartServing();
   return absl::OkStatus();
 }
 

@@ -336,6 +336,17 @@ class PeerNetwork::Impl {
     return peers_[rank].departed;
   }
 
+  void StartServing() {
+    MutexLock lock(&mu_);
+    if (serving_ != Serving::kHeld) return;
+    serving_ = Serving::kOn;
+    for (auto& [request, name] : held_) {
+      serve_pool_.detach_task(
+          [this, request = request, name = std::move(name)] { Serve(request, name); });
+    }
+    held_.clear();
+  }
+
   void Shutdown() {
     {
       MutexLock lock(&mu_);
@@ -343,7 +354,11 @@ class PeerNetwork::Impl {
         stopping_ = true;
         return;
       }
-      serving_ = false;
+      serving_ = Serving::kOff;
+      for (const auto& [request, name] : held_) {
+        QueueReplyLocked(request, absl::StatusCode::kUnavailable, nullptr, -1, 0);
+      }
+      held_.clear();
     }
     // Requests already accepted are answered; new ones are refused.
     serve_pool_.wait();
@@ -687,12 +702,18 @@ class PeerNetwork::Impl {
     // Queued under the lock that Shutdown() takes to stop serving, so no
     // task can slip into the pool after Shutdown() has waited for it.
     MutexLock lock(&self->mu_);
-    if (!self->serving_) {
-      self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, nullptr, -1, 0);
-      return UCS_OK;
+    switch (self->serving_) {
+      case Serving::kHeld:
+        self->held_.emplace_back(request, std::string(name));
+        break;
+      case Serving::kOn:
+        self->serve_pool_.detach_task(
+            [self, request, name = std::string(name)] { self->Serve(request, name); });
+        break;
+      case Serving::kOff:
+        self->QueueReplyLocked(request, absl::StatusCode::kUnavailable, nullptr, -1, 0);
+        break;
     }
-    self->serve_pool_.detach_task(
-        [self, request, name = std::string(name)] { self->Serve(request, name); });
     return UCS_OK;
   }
 
@@ -705,7 +726,7 @@ class PeerNetwork::Impl {
     if (request.length > kInlineBytes || request.length > send_bytes_) return false;
     {
       MutexLock lock(&mu_);
-      if (!serving_) return false;
+      if (serving_ != Serving::kOn) return false;
     }
     const char* data = nullptr;
     uint64_t checksum = 0;
@@ -921,7 +942,11 @@ class PeerNetwork::Impl {
   std::vector<int> free_send_buffers_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
   int replies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  bool serving_ ABSL_GUARDED_BY(mu_) = true;
+  // Requests that come before StartServing() are held, not refused: a
+  // faster peer may ask while this one is still connecting.
+  enum class Serving { kHeld, kOn, kOff };
+  Serving serving_ ABSL_GUARDED_BY(mu_) = Serving::kHeld;
+  std::vector<std::pair<RequestHeader, std::string>> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   std::atomic<uint64_t> requests_served_{0};
@@ -1030,6 +1055,7 @@ absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_
 bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
 bool PeerNetwork::IsLost(int rank) const { return impl_->IsLost(rank); }
 bool PeerNetwork::HasLeft(int rank) const { return impl_->HasLeft(rank); }
+void PeerNetwork::StartServing() { impl_->StartServing(); }
 void PeerNetwork::Shutdown() { impl_->Shutdown(); }
 void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }
 

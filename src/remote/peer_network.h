@@ -93,8 +93,9 @@ class PeerNetwork {
       std::function<absl::StatusOr<std::vector<std::string>>(const std::string& mine)>;
 
 
-  // Creates the worker, registers the buffers, exchanges addresses (blocks
-  // until every peer has published, or fails) and starts serving.
+  // Creates the worker, registers the buffers and exchanges addresses
+  // (blocks until every peer has published, or fails). Peers' requests are
+  // held until StartServing().
   static absl::StatusOr<std::unique_ptr<PeerNetwork>> Start(const Options& options,
                                                             const AddressExchange& exchange,
                                                             ServeFn serve);
@@ -114,6 +115,10 @@ class PeerNetwork {
   // Whether the last time `rank` was lost it had said goodbye (shut down
   // cleanly, as every peer does at the end of a job) rather than failed.
   bool HasLeft(int rank) const;
+
+  // Serves the requests held so far and every later one. Called once the
+  // owner's state that `serve` reads is complete.
+  void StartServing();
 
   // Refuses new requests, finishes the ones being served, closes the
   // endpoints and stops the progress thread. Idempotent.
