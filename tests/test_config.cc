@@ -2,6 +2,7 @@
 // structs; every bad config is refused with one message naming the key.
 
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -77,6 +78,61 @@ logging:
   CHECK(config->placement.chunk_bytes == (512ull << 10));
   CHECK(config->placement.max_open_files == 64);
   CHECK(config->logging.level == "info");
+}
+
+// The descriptor budget: derived from RLIMIT_NOFILE unless given, and an
+// explicit value kept and checked.
+TEST_CASE("placement.max_open_files: derived from the descriptor limit unless given") {
+  Dirs d;
+  auto parse = [&](const std::string& placement) {
+    return ParseConfigString(absl::StrCat(
+        "dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: posix, path: ", d.nvme,
+        ", capacity: 1MiB}\n  - {kind: pmem, path: ", d.pmem,
+        ", capacity: 1MiB}\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n",
+        placement));
+  };
+  // Not given, or auto: shared by the source and the two file tiers.
+  absl::StatusOr<Config> config = parse("");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  // Building a config raised the soft limit to the hard one.
+  struct rlimit limit;
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+  if (limit.rlim_max != RLIM_INFINITY) CHECK(limit.rlim_cur == limit.rlim_max);
+  CHECK(config->placement.max_open_files == DefaultMaxOpenFiles(3));
+  CHECK(static_cast<uint64_t>(config->placement.max_open_files) * 3 < limit.rlim_cur);
+  config = parse("placement: {max_open_files: auto}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->placement.max_open_files == DefaultMaxOpenFiles(3));
+  CHECK(Config().placement.max_open_files == DefaultMaxOpenFiles(4));
+  CHECK(DefaultConfig(d.dataset).placement.max_open_files == DefaultMaxOpenFiles(1));
+  // Given: kept as it is, and checked.
+  config = parse("placement: {max_open_files: 64}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK(config->placement.max_open_files == 64);
+  for (const std::string bad : {"3", "lots", "2000000", "[8]"}) {
+    CAPTURE(bad);
+    config = parse(absl::StrCat("placement: {max_open_files: ", bad, "}\n"));
+    REQUIRE_FALSE(config.ok());
+    CHECK(absl::StartsWith(config.status().message(), "placement.max_open_files: "));
+  }
+  // Under a lower limit (ulimit -n 1024): half of it is left to the
+  // program, the rest shared; more than the limit itself is refused.
+  struct rlimit low = limit;
+  low.rlim_cur = 1024;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  CHECK(DefaultMaxOpenFiles(2) == 256);
+  CHECK(DefaultMaxOpenFiles(4) == 128);
+  config = parse("");
+  const bool derived_ok = config.ok() && config->placement.max_open_files == 170;
+  config = parse("placement: {max_open_files: 1025}\n");
+  const std::string refused = config.ok() ? "" : std::string(config.status().message());
+  Config in_code = testing::MakeConfig(d.dataset, {});
+  in_code.placement.max_open_files = 4096;
+  const absl::Status validated = ValidateConfig(in_code);
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  CHECK(derived_ok);
+  CHECK(absl::StartsWith(refused, "placement.max_open_files: 1025 is more than the 1024"));
+  CHECK(absl::StartsWith(validated.message(), "placement.max_open_files: "));
 }
 
 TEST_CASE("tier names default to the kind") {

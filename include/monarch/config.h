@@ -72,6 +72,16 @@ struct DatasetConfig {
   std::string manifest;
 };
 
+// The default of PlacementConfig::max_open_files, for a process whose file
+// tiers and source together keep `descriptor_caches` caches of descriptors
+// (one each): the descriptors this process may open (RLIMIT_NOFILE), less
+// headroom for the program itself (an eighth of the limit, and at least
+// 1024 descriptors or half of a smaller limit), shared between the caches;
+// 4 to 1000000. The first call raises the soft limit to the hard one (what
+// any process may do), so the budget is what the process may have, not
+// what its shell happened to start it with.
+int DefaultMaxOpenFiles(int descriptor_caches = 4);
+
 struct PlacementConfig {
   int threads = 0;                   // Placement threads; 0 = half the cores (at least 1).
   std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
@@ -85,9 +95,16 @@ struct PlacementConfig {
   // at which it streams them into the tier. A multiple of 4 KiB.
   uint64_t chunk_bytes = 1 << 20;
   // Upper bound on file descriptors (and pmem mappings) each file-backed tier
-  // keeps open between reads; the total stays bounded whatever the number of
-  // files and readers.
-  int max_open_files = 256;
+  // and the source keep open between reads; the total stays bounded whatever
+  // the number of files and readers. A copy whose descriptor was closed
+  // costs an open and an fstat to read again (its checksums and checked
+  // blocks are kept apart, src/drivers/copy_integrity.h), so the budget
+  // should hold the files read in an epoch when the limit allows. Default:
+  // derived from RLIMIT_NOFILE; built in code, for up to four caches (the
+  // source and three file tiers); ParseConfigString and DefaultConfig count
+  // the config's own. At most the soft RLIMIT_NOFILE; pmem tiers also keep
+  // at most a quarter of vm.max_map_count mappings.
+  int max_open_files = DefaultMaxOpenFiles();
   // When pmem and posix tiers check their copies' block checksums
   // (src/drivers/copy_integrity.h): "first-read" (each 4 KiB block the first
   // time a process reads it, plus an fstat per read that catches a copy

@@ -6,6 +6,7 @@
 #include "common/os.h"
 #include "monarch/config.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -37,6 +39,7 @@ namespace {
 constexpr size_t kMaxConfigBytes = 1 << 20;
 constexpr size_t kMaxTiers = 16;
 constexpr size_t kMaxQuotedChars = 200;
+constexpr int64_t kMaxOpenFilesLimit = 1000000;
 
 // node.runtime_dir holds the service's socket, "<dir>/monarch.sock", and a
 // Unix socket address has room for 107 characters (sun_path is 108 bytes
@@ -256,6 +259,48 @@ absl::StatusOr<TierKind> ParseTierKind(const YAML::Node& node, absl::string_view
   return KeyError(key, absl::StrCat("expected one of ram, pmem, posix, source; got ", Quote(kind)));
 }
 
+// The soft RLIMIT_NOFILE, raised to the hard limit the first time. A hard
+// limit of "unlimited" is capped by the kernel at fs.nr_open, which a
+// soft limit may not exceed either.
+uint64_t RaisedDescriptorLimit() {
+  static std::once_flag raised;
+  std::call_once(raised, [] {
+    struct rlimit limit;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+    rlim_t target = limit.rlim_max;
+    if (target == RLIM_INFINITY) {
+      target = 1048576;  // The kernel's default fs.nr_open.
+      absl::StatusOr<std::string> text = ReadSmallFile("/proc/sys/fs/nr_open");
+      uint64_t nr_open = 0;
+      if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &nr_open) &&
+          nr_open > 0) {
+        target = static_cast<rlim_t>(nr_open);
+      }
+    }
+    if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= target) return;
+    limit.rlim_cur = target;
+    // Refused (a hard limit above fs.nr_open): the budget then fits the
+    // soft limit as it is.
+    (void)::setrlimit(RLIMIT_NOFILE, &limit);
+  });
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  return limit.rlim_cur == RLIM_INFINITY ? 1048576 : static_cast<uint64_t>(limit.rlim_cur);
+}
+
+// The descriptor caches a config's instance keeps: one per file tier, one
+// for the source.
+int DescriptorCaches(const Config& config) {
+  int caches = 0;
+  for (const TierConfig& tier : config.tiers) {
+    if (tier.kind == TierKind::kPmem || tier.kind == TierKind::kPosix ||
+        tier.kind == TierKind::kSource) {
+      ++caches;
+    }
+  }
+  return std::max(caches, 1);
+}
+
 absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   Config config;
   if (!root.IsMap()) {
@@ -367,6 +412,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     config.tiers.push_back(std::move(tier));
   }
 
+  bool max_open_files_given = false;
   if (const YAML::Node placement = root["placement"]) {
     if (!placement.IsMap())
       return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
@@ -400,19 +446,24 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       MONARCH_ASSIGN_OR_RETURN(config.placement.chunk_bytes,
                                GetSize(placement["chunk_bytes"], "placement.chunk_bytes"));
     }
-    if (placement["max_open_files"]) {
-      MONARCH_ASSIGN_OR_RETURN(int64_t files,
-                               GetInt(placement["max_open_files"], "placement.max_open_files"));
-      if (files < 4 || files > 1000000) {
+    if (const YAML::Node files = placement["max_open_files"];
+        files && !(files.IsScalar() && files.Scalar() == "auto")) {
+      MONARCH_ASSIGN_OR_RETURN(int64_t value, GetInt(files, "placement.max_open_files"));
+      if (value < 4 || value > kMaxOpenFilesLimit) {
         return KeyError("placement.max_open_files",
-                        absl::StrCat("expected 4 to 1000000, got ", files));
+                        absl::StrCat("expected auto or 4 to ", kMaxOpenFilesLimit, ", got ", value));
       }
-      config.placement.max_open_files = static_cast<int>(files);
+      config.placement.max_open_files = static_cast<int>(value);
+      max_open_files_given = true;
     }
     if (placement["verify"]) {
       MONARCH_ASSIGN_OR_RETURN(config.placement.verify,
                                GetString(placement["verify"], "placement.verify"));
     }
+  }
+  // Derived for this config's caches: the struct's default assumes four.
+  if (!max_open_files_given) {
+    config.placement.max_open_files = DefaultMaxOpenFiles(DescriptorCaches(config));
   }
   if (const YAML::Node prefetch = root["prefetch"]) {
     if (!prefetch.IsMap())
@@ -763,7 +814,20 @@ absl::Status ValidateConfig(const Config& config) {
   if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
-  if (p.max_open_files < 4) return KeyError("placement.max_open_files", "expected at least 4");
+  if (p.max_open_files < 4 || p.max_open_files > kMaxOpenFilesLimit) {
+    return KeyError("placement.max_open_files",
+                    absl::StrCat("expected 4 to ", kMaxOpenFilesLimit, ", got ", p.max_open_files));
+  }
+  // More descriptors than the process may open: reads past the limit would
+  // fail with EMFILE, on the source too.
+  if (struct rlimit limit; ::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+                           limit.rlim_cur != RLIM_INFINITY &&
+                           static_cast<uint64_t>(p.max_open_files) > limit.rlim_cur) {
+    return KeyError("placement.max_open_files",
+                    absl::StrCat(p.max_open_files, " is more than the ", limit.rlim_cur,
+                                 " descriptors this process may open (RLIMIT_NOFILE, ulimit -n); "
+                                 "leave the key out to derive it from the limit"));
+  }
   if (config.prefetch.streams < 0 || config.prefetch.streams > 256)
     return KeyError("prefetch.streams", "expected 0 to 256");
   if (config.prefetch.lookahead_bytes == 0)
@@ -825,6 +889,17 @@ absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
   return config;
 }
 
+int DefaultMaxOpenFiles(int descriptor_caches) {
+  const uint64_t limit = RaisedDescriptorLimit();
+  // Left to the program: its own files, sockets and pipes, its libraries'
+  // (CUDA, NCCL, MPI), the peers' connections. An eighth of the limit, and
+  // at least 1024 descriptors, or half of a limit under 2048 (1024 is a
+  // common default).
+  const uint64_t headroom = std::max<uint64_t>(limit / 8, std::min<uint64_t>(limit / 2, 1024));
+  const uint64_t per_cache = (limit - headroom) / static_cast<uint64_t>(std::max(descriptor_caches, 1));
+  return static_cast<int>(std::clamp<uint64_t>(per_cache, 4, kMaxOpenFilesLimit));
+}
+
 Config DefaultConfig(const std::string& dataset_dir) {
   Config config;
   config.dataset.path = dataset_dir;
@@ -837,6 +912,7 @@ Config DefaultConfig(const std::string& dataset_dir) {
   source.name = "source";
   source.kind = TierKind::kSource;
   config.tiers = {ram, source};
+  config.placement.max_open_files = DefaultMaxOpenFiles(DescriptorCaches(config));
   return config;
 }
 

@@ -3,6 +3,7 @@
 #include "drivers/copy_integrity.h"
 
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,8 +36,25 @@ static_assert(sizeof(Footer) == 64, "the footer's layout is part of the copy for
 
 uint64_t BlockCount(uint64_t size) { return (size + kChecksumBlockBytes - 1) / kChecksumBlockBytes; }
 
-bool SameTime(const struct timespec& a, const struct timespec& b) {
-  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+int64_t TimeNs(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+// How long after a copy's ctime a check of its bytes may be remembered
+// (CopyState::Settled). The kernel stamps ctime from the coarse clock, which
+// lags the time by up to one of its ticks, so a change that begins more
+// than two ticks after `ctime_ns` gets another ctime. A ctime without a
+// fraction of a second is likely from a file system that keeps whole
+// seconds (or two, FAT): two more seconds then. A nanosecond file system
+// stamping exactly on the second only waits longer.
+int64_t SettleNs(int64_t ctime_ns) {
+  static const int64_t tick_ns = [] {
+    struct timespec resolution;
+    if (::clock_getres(CLOCK_REALTIME_COARSE, &resolution) != 0) return int64_t{10000000};
+    return std::max<int64_t>(TimeNs(resolution), 1000000);
+  }();
+  const int64_t whole_seconds = ctime_ns % 1000000000 == 0 ? 2000000000 : 0;
+  return 2 * tick_ns + whole_seconds;
 }
 
 }  // namespace
@@ -131,8 +149,111 @@ absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::stri
   return record;
 }
 
-CheckedCopy::CheckedCopy(std::shared_ptr<ScopedFd> fd, std::string path, uint64_t size)
-    : fd_(std::move(fd)), path_(std::move(path)), size_(size) {}
+CopyState::Stamp CopyState::Stamp::Of(const struct stat& st) {
+  Stamp stamp;
+  stamp.device = st.st_dev;
+  stamp.inode = st.st_ino;
+  stamp.size = st.st_size;
+  stamp.mtime_ns = TimeNs(st.st_mtim);
+  stamp.ctime_ns = TimeNs(st.st_ctim);
+  return stamp;
+}
+
+CopyState::CopyState(const Stamp& stamp, CopyRecord record)
+    : stamp_(stamp),
+      record_(std::move(record)),
+      settled_after_ns_(stamp.ctime_ns + SettleNs(stamp.ctime_ns)),
+      verified_(new std::atomic<uint64_t>[(record_.sums.size() + 63) / 64]()) {}
+
+void CopyState::MarkVerified(uint64_t first, uint64_t count) {
+  for (uint64_t block = first; block < first + count; ++block) {
+    verified_[block / 64].fetch_or(uint64_t{1} << (block % 64), std::memory_order_acq_rel);
+  }
+}
+
+bool CopyState::Settled() {
+  if (settled_.load(std::memory_order_acquire)) return true;
+  struct timespec now;
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  if (TimeNs(now) <= settled_after_ns_) return false;
+  settled_.store(true, std::memory_order_release);
+  return true;
+}
+
+size_t CopyState::bytes() const {
+  // The object, its checksums and bits, and what CopyStates spends on an
+  // entry (list node, hash slot, shared_ptr control block), roughly.
+  constexpr size_t kEntryOverhead = 96;
+  return sizeof(CopyState) + record_.sums.capacity() * sizeof(uint32_t) +
+         (record_.sums.size() + 63) / 64 * sizeof(uint64_t) + kEntryOverhead;
+}
+
+std::shared_ptr<CopyState> CopyStates::Find(uint32_t id, const CopyState::Stamp& stamp) {
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return nullptr;
+  if (!(it->second->second->stamp() == stamp)) {
+    // The copy changed or was replaced since: what was checked is of
+    // another inode, or of other bytes.
+    EraseLocked(it);
+    return nullptr;
+  }
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+void CopyStates::Keep(uint32_t id, std::shared_ptr<CopyState> state) {
+  std::vector<std::shared_ptr<CopyState>> evicted;  // Freed after unlocking.
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it != index_.end()) {
+    evicted.push_back(it->second->second);
+    EraseLocked(it);
+  }
+  bytes_ += state->bytes();
+  lru_.emplace_front(id, std::move(state));
+  index_[id] = lru_.begin();
+  while (bytes_ > budget_ && lru_.size() > 1) {
+    evicted.push_back(lru_.back().second);
+    EraseLocked(index_.find(lru_.back().first));
+  }
+}
+
+void CopyStates::Forget(uint32_t id, const CopyState* state) {
+  std::shared_ptr<CopyState> forgotten;
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || (state != nullptr && it->second->second.get() != state)) return;
+  forgotten = it->second->second;
+  EraseLocked(it);
+}
+
+void CopyStates::EraseLocked(absl::flat_hash_map<uint32_t, Lru::iterator>::iterator it) {
+  bytes_ -= it->second->second->bytes();
+  lru_.erase(it->second);
+  index_.erase(it);
+}
+
+void CopyStates::ReportCounters(CounterSink& sink) const {
+  sink.Counter("copy_opens", opens_.load(std::memory_order_relaxed),
+               "Copies opened for reading: a descriptor (and a mapping, pmem) each.");
+  sink.Counter("trailer_reads", trailer_reads_.load(std::memory_order_relaxed),
+               "Checksum trailers read at an open; a copy reopened unchanged since its trailer "
+               "was read reuses it, and the blocks checked then.");
+  sink.Counter("blocks_verified", blocks_verified_.load(std::memory_order_relaxed),
+               "4 KiB blocks of copies checked against their checksums.");
+  uint64_t bytes;
+  {
+    MutexLock lock(&mu_);
+    bytes = bytes_;
+  }
+  sink.Gauge("verified_state_bytes", bytes,
+             "Memory keeping copies' checksums and checked blocks across reopens (bounded).");
+}
+
+CheckedCopy::CheckedCopy(std::shared_ptr<ScopedFd> fd, std::string path, const FileRef& file,
+                         CopyStates* states)
+    : fd_(std::move(fd)), path_(std::move(path)), id_(file.id), size_(file.size), states_(states) {}
 
 CheckedCopy::~CheckedCopy() {
   if (mapping_ != nullptr) os::Munmap(const_cast<char*>(mapping_), size_);
@@ -140,29 +261,43 @@ CheckedCopy::~CheckedCopy() {
 
 absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<ScopedFd> fd,
                                                                const FileRef& file,
-                                                               std::string path, bool map) {
-  std::shared_ptr<CheckedCopy> copy(new CheckedCopy(std::move(fd), std::move(path), file.size));
+                                                               std::string path, bool map,
+                                                               CopyStates* states) {
+  std::shared_ptr<CheckedCopy> copy(
+      new CheckedCopy(std::move(fd), std::move(path), file, states));
+  states->CountOpen();
   const int descriptor = copy->fd_->get();
-  if (os::Fstat(descriptor, &copy->opened_) != 0) {
+  struct stat opened;
+  if (os::Fstat(descriptor, &opened) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("fstat ", copy->path_));
   }
-  if (!S_ISREG(copy->opened_.st_mode)) {
+  if (!S_ISREG(opened.st_mode)) {
     return absl::DataLossError(absl::StrCat(copy->path_, ": not a regular file"));
   }
-  MONARCH_ASSIGN_OR_RETURN(copy->record_,
-                           ReadCopyRecord(descriptor, static_cast<uint64_t>(copy->opened_.st_size),
+  const CopyState::Stamp stamp = CopyState::Stamp::Of(opened);
+  // The very inode whose trailer was read before, unchanged since: its size
+  // was checked against the trailer then, and it has that size now.
+  copy->state_ = states->Find(file.id, stamp);
+  const bool found = copy->state_ != nullptr;
+  if (!found) {
+    states->CountTrailerRead();
+    MONARCH_ASSIGN_OR_RETURN(
+        CopyRecord record, ReadCopyRecord(descriptor, static_cast<uint64_t>(opened.st_size),
                                           copy->path_, file.size));
-  if (copy->record_.source.size != file.size || copy->record_.source.mtime_ns != file.mtime_ns) {
-    return absl::DataLossError(
-        absl::StrCat(copy->path_, ": a copy of another version of the file (", 
-                     copy->record_.source.size, " bytes, the source file has ", file.size, ")"));
+    copy->state_ = std::make_shared<CopyState>(stamp, std::move(record));
   }
-  copy->verified_.reset(new std::atomic<uint64_t>[(copy->record_.sums.size() + 63) / 64]());
+  const SourceIdentity& source = copy->state_->record().source;
+  if (source.size != file.size || source.mtime_ns != file.mtime_ns) {
+    return absl::DataLossError(
+        absl::StrCat(copy->path_, ": a copy of another version of the file (", source.size,
+                     " bytes, the source file has ", file.size, ")"));
+  }
   if (map && file.size > 0) {
     void* address = os::Mmap(nullptr, file.size, PROT_READ, MAP_SHARED, descriptor, 0);
     if (address == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", copy->path_));
     copy->mapping_ = static_cast<const char*>(address);
   }
+  if (!found) states->Keep(file.id, copy->state_);
   return copy;
 }
 
@@ -181,28 +316,29 @@ absl::Status CheckedCopy::Fetch(uint64_t offset, char* dst, size_t n) {
   return absl::OkStatus();
 }
 
-bool CheckedCopy::Verified(uint64_t block) const {
-  return (verified_[block / 64].load(std::memory_order_acquire) >> (block % 64)) & 1;
-}
-
-absl::Status CheckedCopy::Verify(uint64_t first, uint64_t count, const char* data) {
+absl::Status CheckedCopy::Verify(uint64_t first, uint64_t count, const char* data,
+                                 bool remember) {
+  const std::vector<uint32_t>& sums = state_->record().sums;
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t block = first + i;
     const uint64_t begin = block * kChecksumBlockBytes;
     const size_t length = std::min<uint64_t>(kChecksumBlockBytes, size_ - begin);
-    if (Crc32c(data + i * kChecksumBlockBytes, length) != record_.sums[block]) {
+    if (Crc32c(data + i * kChecksumBlockBytes, length) != sums[block]) {
+      states_->CountVerified(i + 1);
       return absl::DataLossError(absl::StrCat(path_, ": bytes ", begin, " to ", begin + length,
                                               " do not match their checksum"));
     }
-    verified_[block / 64].fetch_or(uint64_t{1} << (block % 64), std::memory_order_acq_rel);
   }
+  states_->CountVerified(count);
+  if (remember) state_->MarkVerified(first, count);
   return absl::OkStatus();
 }
 
 bool CheckedCopy::Unchanged() const {
   struct stat now;
   if (os::Fstat(fd_->get(), &now) != 0) return false;
-  return now.st_size == opened_.st_size && SameTime(now.st_ctim, opened_.st_ctim);
+  // The copy's state was made for this inode as Open() found it.
+  return now.st_size == state_->stamp().size && TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
 }
 
 absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
@@ -216,8 +352,11 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
   }
   bool check = policy == VerifyPolicy::kEveryRead;
   if (policy == VerifyPolicy::kFirstRead) {
-    for (uint64_t b = first; b <= last && !check; ++b) check = !Verified(b);
+    for (uint64_t b = first; b <= last && !check; ++b) check = !state_->Verified(b);
   }
+  // Decided before the bytes are fetched: a check counts for later reads
+  // only if it began once the copy's ctime was settled.
+  const bool remember = check && policy == VerifyPolicy::kFirstRead && state_->Settled();
   if (!check) {
     MONARCH_RETURN_IF_ERROR(Fetch(offset, dst, n));
   } else {
@@ -235,14 +374,14 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
       const uint64_t begin = first * kChecksumBlockBytes;
       const size_t length = block_end(first) - begin;
       MONARCH_RETURN_IF_ERROR(Fetch(begin, partial, length));
-      MONARCH_RETURN_IF_ERROR(Verify(first, 1, partial));
+      MONARCH_RETURN_IF_ERROR(Verify(first, 1, partial, remember));
       std::memcpy(dst, partial + (offset - begin), std::min<uint64_t>(end, begin + length) - offset);
       whole_first = first + 1;
     }
     if (last >= whole_first && end < block_end(last)) {
       const uint64_t begin = last * kChecksumBlockBytes;
       MONARCH_RETURN_IF_ERROR(Fetch(begin, partial, block_end(last) - begin));
-      MONARCH_RETURN_IF_ERROR(Verify(last, 1, partial));
+      MONARCH_RETURN_IF_ERROR(Verify(last, 1, partial, remember));
       std::memcpy(dst + (begin - offset), partial, end - begin);
       whole_last = last;
     }
@@ -250,7 +389,7 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
       const uint64_t begin = whole_first * kChecksumBlockBytes;
       char* at = dst + (begin - offset);
       MONARCH_RETURN_IF_ERROR(Fetch(begin, at, block_end(whole_last - 1) - begin));
-      MONARCH_RETURN_IF_ERROR(Verify(whole_first, whole_last - whole_first, at));
+      MONARCH_RETURN_IF_ERROR(Verify(whole_first, whole_last - whole_first, at, remember));
     }
   }
   // Every-read checked the very bytes it returns; first-read trusts blocks
@@ -258,11 +397,13 @@ absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,
   // opened. A changed ctime is not proof of damage: another process that
   // shares the tier replacing the copy with its own (a rename over it)
   // unlinks this inode, which changes its ctime and nothing else. So the
-  // handle stops trusting its earlier checks instead: this read and every
+  // handle stops trusting earlier checks instead: this read and every
   // later one check every block they return, and only a checksum mismatch
-  // is damage.
+  // is damage. The kept state is of the inode as it was: a reopen would
+  // not find it (its stamp no longer matches), so it is let go.
   if (policy == VerifyPolicy::kFirstRead && !Unchanged()) {
     distrusted_.store(true, std::memory_order_release);
+    states_->Forget(id_, state_.get());
     return Read(offset, dst, n, VerifyPolicy::kEveryRead);
   }
   return n;

@@ -40,10 +40,23 @@ bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<CheckedCopy>> CopyTree::OpenCopy(const FileRef& file,
-                                                               bool map) const {
+absl::StatusOr<std::shared_ptr<CheckedCopy>> CopyTree::OpenCopy(const FileRef& file, bool map,
+                                                               CopyStates* states) const {
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, directory_.OpenBeneath(file.name));
-  return CheckedCopy::Open(std::move(fd), file, PathOf(file.name), map);
+  return CheckedCopy::Open(std::move(fd), file, PathOf(file.name), map, states);
+}
+
+absl::StatusOr<size_t> OpenCopies::Read(const FileRef& file, uint64_t offset, char* dst,
+                                        size_t n) {
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
+      handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });
+  absl::StatusOr<size_t> result =
+      copy.ok() ? (*copy)->Read(offset, dst, n, verify_) : copy.status();
+  // Damaged, truncated (under a mapping too) or replaced: neither the handle
+  // nor what was checked through it is of use any more, and a fresh copy
+  // may take the name.
+  if (absl::IsDataLoss(result.status())) Forget(file.id);
+  return result;
 }
 
 std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }

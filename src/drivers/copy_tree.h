@@ -22,7 +22,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/counters.h"
 #include "common/file_util.h"
+#include "common/handle_cache.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/storage_driver.h"
 
@@ -39,8 +41,10 @@ class CopyTree {
   // for the file's size and mtime (mapped too with `map`). Anything else (a
   // symlink to /dev/zero, a FIFO, which would block the open without
   // O_NONBLOCK, a directory, a copy cut short or of another version) is
-  // DataLoss, and the caller serves the source.
-  absl::StatusOr<std::shared_ptr<CheckedCopy>> OpenCopy(const FileRef& file, bool map) const;
+  // DataLoss, and the caller serves the source. `states` knows the copies
+  // opened before (CheckedCopy::Open).
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> OpenCopy(const FileRef& file, bool map,
+                                                        CopyStates* states) const;
 
   // Creates the parent directories of `name`'s copy and returns a fresh
   // temporary path next to it.
@@ -105,6 +109,37 @@ class PendingCopy {
   const std::string temporary_;
   BlockSums sums_;
   bool published_ = false;
+};
+
+// What a file tier reads its copies through: a bounded cache of open
+// copies (placement.max_open_files descriptors, or mappings with `map`)
+// over the tier's CopyStates, so that a copy whose handle was evicted is
+// opened again without reading its trailer or checking its blocks again,
+// as long as it is the same unchanged inode. Thread-safe.
+class OpenCopies {
+ public:
+  OpenCopies(const CopyTree* tree, int max_open, bool map, VerifyPolicy verify)
+      : tree_(tree), map_(map), verify_(verify), handles_(max_open) {}
+
+  // Reads the copy of `file` as CheckedCopy::Read does. A damaged copy
+  // (DataLoss) is forgotten here; the caller drops it from the tier.
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
+
+  // The copy of `id` was removed or replaced (a new copy published): its
+  // handle and what was known of it go.
+  void Forget(uint32_t id) {
+    handles_.Erase(id);
+    states_.Forget(id);
+  }
+
+  void ReportCounters(CounterSink& sink) const { states_.ReportCounters(sink); }
+
+ private:
+  const CopyTree* const tree_;
+  const bool map_;
+  const VerifyPolicy verify_;
+  CopyStates states_;  // Before handles_: open copies point to it.
+  HandleCache<CheckedCopy> handles_;
 };
 
 }  // namespace monarch

@@ -28,6 +28,7 @@ class ForwardingDriver : public StorageDriver {
   absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
     return target_->Identify(file);
   }
+  void ReportTierCounters(CounterSink& sink) const override { target_->ReportTierCounters(sink); }
 
  protected:
   StorageDriver& target() { return *target_; }

@@ -19,9 +19,11 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/guarded_copy.h"
-#include "common/handle_cache.h"
 #include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
@@ -50,6 +52,21 @@ class Mapping {
   size_t length_;
 };
 
+// Mappings a pmem tier keeps open at most, whatever placement.max_open_files
+// says: a quarter of vm.max_map_count (65530 by default), which the
+// process's libraries, heap, thread stacks and RAM tiers share.
+int MappingBudget() {
+  static const int budget = [] {
+    long count = 65530;
+    if (absl::StatusOr<std::string> text = ReadSmallFile("/proc/sys/vm/max_map_count"); text.ok()) {
+      long value = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value) && value > 0) count = value;
+    }
+    return static_cast<int>(std::clamp<long>(count / 4, 4, 1 << 30));
+  }();
+  return budget;
+}
+
 absl::Status PmemError(absl::string_view what, const std::string& path) {
   int saved = errno;
   absl::Status status = ErrnoToStatus(saved != 0 ? saved : EIO, absl::StrCat(what, " ", path));
@@ -59,16 +76,12 @@ absl::Status PmemError(absl::string_view what, const std::string& path) {
 class PmemDriver final : public StorageDriver {
  public:
   PmemDriver(const std::string& root, int max_open_files, VerifyPolicy verify)
-      : tree_(root), copies_(max_open_files), verify_(verify) {}
+      : tree_(root),
+        copies_(&tree_, std::min(max_open_files, MappingBudget()), /*map=*/true, verify) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
-        copies_.Get(file.id, [&] { return tree_.OpenCopy(file, /*map=*/true); });
-    if (!copy.ok()) return copy.status();
-    absl::StatusOr<size_t> result = (*copy)->Read(offset, dst, n, verify_);
-    // Damaged, or truncated behind our back: the mapping is useless from now on.
-    if (absl::IsDataLoss(result.status())) copies_.Erase(file.id);
-    return result;
+    // Damaged, or truncated behind our back: the mapping is dropped there.
+    return copies_.Read(file, offset, dst, n);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -96,11 +109,13 @@ class PmemDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    copies_.Erase(file.id);
+    copies_.Forget(file.id);
     return tree_.Remove(file.name);
   }
 
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
+
+  void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
 
  private:
   // Copies chunks into a mapping of the temporary file: with the persistent
@@ -157,7 +172,9 @@ class PmemDriver final : public StorageDriver {
       if (os::Close(fd.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
-      driver_->copies_.Erase(copy_.file().id);  // A mapping of an older copy must not be reused.
+      // Neither a mapping of an older copy nor what was checked of it may be
+      // reused.
+      driver_->copies_.Forget(copy_.file().id);
       return absl::OkStatus();
     }
 
@@ -169,8 +186,7 @@ class PmemDriver final : public StorageDriver {
   };
 
   CopyTree tree_;
-  HandleCache<CheckedCopy> copies_;
-  const VerifyPolicy verify_;
+  OpenCopies copies_;
 };
 
 }  // namespace

@@ -2,7 +2,9 @@
 //
 // Descriptors are cached (bounded) so a file read in many calls, such as a
 // TFRecord shard, is opened once, and the total number of open descriptors
-// stays bounded whatever the number of files.
+// stays bounded whatever the number of files. A copy opened again after its
+// descriptor left the cache reuses its checksums and checked blocks
+// (OpenCopies, copy_tree.h).
 //
 // Copies are written through the page cache by default, so the next epoch
 // reads a copy just written from memory: as fast as the page-cached source it
@@ -22,7 +24,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "common/handle_cache.h"
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/status_macros.h"
@@ -43,16 +44,13 @@ constexpr uint64_t kDirectMinBytes = 1 << 20;
 class PosixDriver final : public StorageDriver {
  public:
   PosixDriver(const std::string& root, int max_open_files, const PosixWriteOptions& options)
-      : tree_(root), copies_(max_open_files), options_(options) {}
+      : tree_(root),
+        copies_(&tree_, max_open_files, /*map=*/false, options.verify),
+        options_(options) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
-        copies_.Get(file.id, [&] { return tree_.OpenCopy(file, /*map=*/false); });
-    if (!copy.ok()) return copy.status();
-    absl::StatusOr<size_t> result = (*copy)->Read(offset, dst, n, options_.verify);
     // A damaged copy is dropped by the caller; a fresh one may take its name.
-    if (absl::IsDataLoss(result.status())) copies_.Erase(file.id);
-    return result;
+    return copies_.Read(file, offset, dst, n);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -86,11 +84,13 @@ class PosixDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    copies_.Erase(file.id);
+    copies_.Forget(file.id);
     return tree_.Remove(file.name);
   }
 
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
+
+  void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
 
  private:
   bool WantDirect(uint64_t size) const {
@@ -163,8 +163,9 @@ class PosixDriver final : public StorageDriver {
       if (buffered_.valid() && os::Close(buffered_.release()) != 0)
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
-      driver_->copies_.Erase(
-          copy_.file().id);  // A handle on an older copy must not be reused.
+      // Neither a handle on an older copy nor what was checked of it may be
+      // reused.
+      driver_->copies_.Forget(copy_.file().id);
       return absl::OkStatus();
     }
 
@@ -198,7 +199,7 @@ class PosixDriver final : public StorageDriver {
   };
 
   CopyTree tree_;
-  HandleCache<CheckedCopy> copies_;
+  OpenCopies copies_;
   const PosixWriteOptions options_;
   std::atomic<uint64_t> buffered_bytes_{0};  // Of copies started with buffered writes.
 };

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/counters.h"
 #include "common/file_util.h"
 
 namespace monarch {
@@ -149,6 +150,11 @@ class StorageDriver {
     (void)file, (void)offset, (void)n, (void)visit;
     return absl::UnimplementedError("copies not in memory");
   }
+
+  // The driver's own counters, reported with its tier's (Tier::ReportCounters
+  // passes the tier's sink): the file tiers' opens, trailer reads and blocks
+  // checked. Others: none.
+  virtual void ReportTierCounters(CounterSink& sink) const { (void)sink; }
 
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.

@@ -86,6 +86,7 @@ void Tier::ReportCounters(CounterSink& out) const {
                "Failed copies (ENOSPC, EIO...).");
   sink.Counter("damaged_copies", damaged_.load(std::memory_order_relaxed),
                "Copies found damaged or altered when read (checksum, size, type), dropped.");
+  driver_->ReportTierCounters(sink);
 }
 
 }  // namespace monarch
