@@ -2,11 +2,12 @@
 //
 // Forks a "home" (rank 1) that promotes its share of the files into its RAM
 // tier, and a "client" (rank 0) with no tier of its own (policy none), so
-// every read of a file homed at rank 1 is a peer fetch: request, the home's
-// checksum of its RAM copy, the reply sent from that copy (eagerly up to
-// 256 KiB, straight into the caller's buffer; larger ones into a registered
-// receive buffer, then copied to the caller), length and checksum checks.
-// Each size class is read whole-file by T threads until ~1 GiB has moved.
+// every read of a file homed at rank 1 is a peer fetch: request, the reply
+// sent from the home's RAM copy with a CRC32C combined from the copy's block
+// sums (eagerly up to 256 KiB, straight into the caller's buffer; larger
+// ones into a registered receive buffer, then copied to the caller), length
+// and CRC checks.
+// Each size class is read whole-file by T threads until ~4 GiB have moved.
 // Prints one line per class; bench/remote_fetch.py compares them with
 // ucx_perftest on the same transport in the same run.
 //
@@ -21,7 +22,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +80,22 @@ void WaitFor(const std::string& path) {
   while (!Exists(path)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
+// CPU seconds (user + system) `pid` has used so far, from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t end_of_name = text.rfind(')');  // The name may hold spaces.
+  if (end_of_name == std::string::npos) return 0;
+  std::istringstream fields(text.substr(end_of_name + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,7 +147,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string>& names = home_files[c];
     const uint64_t size = kClasses[c].size;
     // Warm-up (connections, first touches of the buffers), then the timed rounds.
-    const uint64_t target = 1ull << 30;
+    const uint64_t target = 4ull << 30;
     const int rounds = static_cast<int>(std::max<uint64_t>(1, target / (size * names.size())));
     std::atomic<uint64_t> bytes{0};
     std::atomic<int> bad{0};
@@ -151,20 +170,25 @@ int main(int argc, char** argv) {
     run(1);
     const monarch::Stats before = m.GetStats();
     bytes = 0;
+    const double home_cpu_before = CpuSeconds(home), client_cpu_before = CpuSeconds(::getpid());
     const auto start = std::chrono::steady_clock::now();
     run(rounds);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // What a GiB moved costs each side's cores (the kernel's TCP work included).
+    const double gib = static_cast<double>(bytes.load()) / (1 << 30);
+    const double home_cpu = (CpuSeconds(home) - home_cpu_before) / gib;
+    const double client_cpu = (CpuSeconds(::getpid()) - client_cpu_before) / gib;
     const monarch::Stats after = m.GetStats();
     const uint64_t source_reads = after.Source("reads") - before.Source("reads");
     const uint64_t fallbacks = after.Get("remote.fallbacks") - before.Get("remote.fallbacks");
     failures += bad.load() + static_cast<int>(source_reads) + static_cast<int>(fallbacks);
     std::printf(
         "fetch size=%llu threads=%d files=%zu rounds=%d seconds=%.3f MBps=%.1f source_reads=%llu "
-        "fallbacks=%llu errors=%d\n",
+        "fallbacks=%llu errors=%d home_cpu_s_per_gib=%.3f client_cpu_s_per_gib=%.3f\n",
         static_cast<unsigned long long>(size), threads, names.size(), rounds, seconds,
         bytes.load() / seconds / 1e6, static_cast<unsigned long long>(source_reads),
-        static_cast<unsigned long long>(fallbacks), bad.load());
+        static_cast<unsigned long long>(fallbacks), bad.load(), home_cpu, client_cpu);
     std::fflush(stdout);
   }
   std::ofstream(done).flush();

@@ -84,10 +84,11 @@ def main():
              "Command: `python3 bench/remote_fetch.py %s`" % " ".join(sys.argv[1:]), "",
              "Two processes on loopback, UCX 1.13.1, `UCX_TLS=tcp`. Monarch: %d client threads "
              "reading whole files through `Monarch::Read`, every read a peer fetch from a home "
-             "serving its RAM tier (request; the home checksums its RAM copy and sends the "
-             "active-message reply from it; up to 256 KiB the reply comes eagerly, straight "
-             "into the caller's buffer, larger ones into a registered receive buffer and then "
-             "to the caller; length and checksum checks). Medians of %d interleaved "
+             "serving its RAM tier (request; the home sends the active-message reply from its "
+             "RAM copy with a CRC32C combined from the copy's block sums; up to 256 KiB the "
+             "reply comes eagerly, straight into the caller's buffer, larger ones into a "
+             "registered receive buffer and then to the caller; length and CRC checks). "
+             "Medians of %d interleaved "
              "repetitions, MiB/s."
              % (a.threads, a.repeat), "",
              "| file size | Monarch fetch | perftest am_bw -e (same config) | ratio | "

@@ -144,7 +144,10 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
     case TierKind::kRam:
-      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count());
+      // A home's RAM copies keep their block CRCs: peers are sent them
+      // without a checksum pass (StorageDriver::InMemoryBytes).
+      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(),
+                          /*keep_block_sums=*/config.remote.enabled);
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open, ParseVerifyPolicy(config.placement.verify));
     case TierKind::kPosix: {
@@ -206,7 +209,7 @@ class MonarchImpl final : public MonarchCore {
       // Served through the internal read path, not the public Read: a peer's
       // request is not one of this process's reads.
       auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
-                          absl::FunctionRef<void(const char*)> take) -> absl::Status {
+                          PeerNetwork::TakeFn take) -> absl::Status {
         FileEntry* entry = namespace_->Find(request.name);
         MONARCH_RETURN_IF_ERROR(peers_->CheckServable(entry, request));
         if (VisitInMemory(*entry, request.offset, request.length, take)) return absl::OkStatus();
@@ -216,7 +219,7 @@ class MonarchImpl final : public MonarchCore {
         if (read != request.length) {
           return absl::DataLossError(absl::StrCat("short read of ", request.name));
         }
-        take(staging);
+        take(staging, std::nullopt);
         return absl::OkStatus();
       };
       // Replicas and a lost peer's files are promoted like prefetched ones.
@@ -386,13 +389,17 @@ class MonarchImpl final : public MonarchCore {
   // Calls `visit` with the bytes where they rest if the file's copy is in
   // memory (the RAM tier), as a read of it; false if it is not (or was
   // removed meanwhile: the caller reads it the usual way).
-  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n,
-                     absl::FunctionRef<void(const char*)> visit) {
+  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
     const bool pin = placement_->evicts();
     const int tier =
         pin ? placement_->BeginTierRead(entry) : entry.tier->load(std::memory_order_acquire);
     const bool visited = tier != source_index_ &&
-                         tiers_[tier]->VisitInMemory(entry.ref, offset, n, visit).ok();
+                         tiers_[tier]
+                             ->VisitInMemory(entry.ref, offset, n,
+                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
+                                               visit(bytes.data, bytes.crc32c);
+                                             })
+                             .ok();
     if (pin) placement_->EndTierRead(entry.ref.id);
     return visited;
   }

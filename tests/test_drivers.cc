@@ -153,21 +153,21 @@ TEST_CASE("ram driver: a copy's bytes where they rest, for a peer to send withou
   const FileRef a = Ref(2, "a.bin", 300000);
   REQUIRE(Store(*driver, a, 4).ok());
   const char* seen = nullptr;
-  REQUIRE(driver->VisitInMemory(a, 1000, 5000, [&](const char* bytes) { seen = bytes; }).ok());
+  REQUIRE(driver->VisitInMemory(a, 1000, 5000, [&](const auto& bytes) { seen = bytes.data; }).ok());
   REQUIRE(seen != nullptr);
   CHECK(testing::BytesMatch({"a", 4, a.size}, seen, 1000, 5000));
   // A range past the copy's end is refused rather than clipped.
-  CHECK(absl::IsOutOfRange(driver->VisitInMemory(a, a.size - 10, 20, [](const char*) {})));
+  CHECK(absl::IsOutOfRange(driver->VisitInMemory(a, a.size - 10, 20, [](const auto&) {})));
   // Removed (its memory free for reuse): no view at all.
   REQUIRE(driver->Remove(a).ok());
   bool visited = false;
-  CHECK(absl::IsNotFound(driver->VisitInMemory(a, 0, 10, [&](const char*) { visited = true; })));
+  CHECK(absl::IsNotFound(driver->VisitInMemory(a, 0, 10, [&](const auto&) { visited = true; })));
   CHECK(!visited);
   // File-backed tiers have no copies in memory: they are read into staging.
   ScratchDir dir;
   std::unique_ptr<StorageDriver> posix = NewPosixDriver(dir.path(), 8);
   REQUIRE(Store(*posix, a, 4).ok());
-  CHECK(absl::IsUnimplemented(posix->VisitInMemory(a, 0, 10, [](const char*) {})));
+  CHECK(absl::IsUnimplemented(posix->VisitInMemory(a, 0, 10, [](const auto&) {})));
 }
 
 TEST_CASE("posix driver round trip, layout and mtime") {

@@ -20,7 +20,7 @@
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "remote/bootstrap.h"
-#include "remote/checksum.h"
+#include "common/crc32c.h"
 #include "remote/peer_network.h"
 #include "remote/rendezvous_hash.h"
 #include "test_util.h"
@@ -739,22 +739,103 @@ TEST_CASE("rendezvous hashing: even shares, and a departing peer moves only its 
   CHECK(HomeRank(StableNameHash("x"), 1) == 0);
 }
 
-TEST_CASE("checksum: catches flipped bits, swapped words, truncation, copy matches") {
-  std::vector<char> data(1 << 20);
+TEST_CASE("crc32c: a copy's CRC is the bytes' and pieces' CRCs concatenate") {
+  std::vector<char> data((1 << 20) + 64);
   std::mt19937_64 rng(7);
   for (char& c : data) c = static_cast<char>(rng());
-  const uint64_t sum = Checksum(data.data(), data.size());
   std::vector<char> copy(data.size());
-  CHECK(CopyWithChecksum(copy.data(), data.data(), data.size()) == sum);
-  CHECK(copy == data);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4095}, size_t{4096}, size_t{3 * 1360 + 17},
+                   size_t{1 << 20}}) {
+    for (size_t align : {size_t{0}, size_t{3}}) {
+      CAPTURE(n);
+      CAPTURE(align);
+      std::fill(copy.begin(), copy.end(), 0);
+      CHECK(Crc32cCopy(copy.data() + align, data.data() + 1, n) == Crc32c(data.data() + 1, n));
+      CHECK(std::equal(copy.begin() + align, copy.begin() + align + n, data.begin() + 1));
+      CHECK(copy[align + n] == 0);  // Nothing written past the end.
+    }
+  }
+  // The CRC of A B from the CRCs of A and B: whole 4 KiB blocks and odd cuts.
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4096}, size_t{100000}}) {
+    for (size_t tail : {size_t{0}, size_t{17}, size_t{4096}, size_t{70000}}) {
+      CAPTURE(cut);
+      CAPTURE(tail);
+      CHECK(Crc32cConcat(Crc32c(data.data(), cut), Crc32c(data.data() + cut, tail), tail) ==
+            Crc32c(data.data(), cut + tail));
+    }
+  }
+  const uint32_t sum = Crc32c(data.data(), 1 << 20);
+  copy.assign(data.begin(), data.end());
   copy[12345] ^= 0x10;
-  CHECK(Checksum(copy.data(), copy.size()) != sum);
+  CHECK(Crc32c(copy.data(), 1 << 20) != sum);
   copy[12345] ^= 0x10;
   std::swap_ranges(copy.begin(), copy.begin() + 8, copy.begin() + 64);
-  CHECK(Checksum(copy.data(), copy.size()) != sum);
-  CHECK(Checksum(data.data(), data.size() - 1) != sum);
-  std::vector<char> zeros(4096, 0);
-  CHECK(Checksum(zeros.data(), 4096) != Checksum(zeros.data(), 4095));
+  CHECK(Crc32c(copy.data(), 1 << 20) != sum);
+  CHECK(Crc32c(data.data(), (1 << 20) - 1) != sum);
+}
+
+TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's block sums") {
+  const FileRef file{0, "a.bin", 3 * 4096 + 100, 1};
+  std::vector<char> data(file.size + 4096);  // Readable up to a whole block.
+  std::mt19937_64 rng(11);
+  for (char& c : data) c = static_cast<char>(rng());
+  for (const bool keep : {true, false}) {
+    CAPTURE(keep);
+    absl::StatusOr<std::unique_ptr<StorageDriver>> made = NewRamDriver("sums", 1 << 20, 2, keep);
+    REQUIRE(made.ok());
+    StorageDriver& ram = **made;
+    {
+      auto writer = ram.NewWriter(file);
+      REQUIRE(writer.ok());
+      // Out of order, as a reader and a placement thread may write them.
+      REQUIRE((*writer)->Write(8192, data.data() + 8192, file.size - 8192).ok());
+      REQUIRE((*writer)->Write(0, data.data(), 8192).ok());
+      REQUIRE((*writer)->Commit(SourceIdentity{}).ok());
+    }
+    auto crc_of = [&](uint64_t offset, size_t n) -> std::optional<uint32_t> {
+      std::optional<uint32_t> seen;
+      const char* bytes = nullptr;
+      absl::Status visited = ram.VisitInMemory(file, offset, n, [&](const auto& shown) {
+        bytes = shown.data;
+        seen = shown.crc32c;
+      });
+      REQUIRE_MESSAGE(visited.ok(), visited.ToString());
+      CHECK(std::equal(bytes, bytes + n, data.begin() + offset));
+      return seen;
+    };
+    if (keep) {
+      CHECK(crc_of(0, file.size) == Crc32c(data.data(), file.size));
+      CHECK(crc_of(4096, 8192) == Crc32c(data.data() + 4096, 8192));
+      CHECK(crc_of(8192, file.size - 8192) == Crc32c(data.data() + 8192, file.size - 8192));
+      CHECK(crc_of(3 * 4096, 100) == Crc32c(data.data() + 3 * 4096, 100));
+    }
+    // Not whole blocks: no CRC, the sender computes it.
+    CHECK(crc_of(100, 4096) == std::nullopt);
+    CHECK(crc_of(0, 5000) == std::nullopt);
+    if (!keep) CHECK(crc_of(0, file.size) == std::nullopt);
+    // Removed: no bytes, no CRC; a new copy has its own sums.
+    REQUIRE(ram.Remove(file).ok());
+    CHECK(absl::IsNotFound(ram.VisitInMemory(file, 0, 4096, [](const auto&) {})));
+    std::vector<char> other(data.size(), 'x');
+    auto writer = ram.NewWriter(file);
+    REQUIRE(writer.ok());
+    REQUIRE((*writer)->Write(0, other.data(), file.size).ok());
+    REQUIRE((*writer)->Commit(SourceIdentity{}).ok());
+    std::optional<uint32_t> again;
+    REQUIRE(ram.VisitInMemory(file, 0, file.size, [&](const auto& shown) { again = shown.crc32c; })
+                .ok());
+    CHECK(again == (keep ? std::optional<uint32_t>(Crc32c(other.data(), file.size)) : std::nullopt));
+    // A writer that leaves a block half written keeps no sums.
+    const FileRef odd{1, "b.bin", 3 * 4096, 1};
+    auto odd_writer = ram.NewWriter(odd);
+    REQUIRE(odd_writer.ok());
+    REQUIRE((*odd_writer)->Write(0, data.data(), 5000).ok());
+    REQUIRE((*odd_writer)->Write(8192, data.data() + 8192, odd.size - 8192).ok());
+    REQUIRE((*odd_writer)->Commit(SourceIdentity{}).ok());
+    std::optional<uint32_t> none = 1;
+    REQUIRE(ram.VisitInMemory(odd, 0, odd.size, [&](const auto& shown) { none = shown.crc32c; }).ok());
+    CHECK(none == std::nullopt);
+  }
 }
 
 TEST_CASE("bootstrap: environment expansion and rank variables") {
@@ -795,23 +876,34 @@ struct BareRank {
   std::atomic<int> served{0};
   std::unique_ptr<PeerNetwork> network;
   absl::Status status;
+  size_t buffer_bytes = 64 << 10;
+  // Set: requests are served from these bytes "in memory", with their
+  // CRC given (as a RAM copy's block sums give it), XORed with `crc_error`.
+  std::vector<char> memory;
+  uint32_t crc_error = 0;
 
   void Start(int rank, const std::string& rendezvous, const std::string& secret,
              const std::string& fingerprint, bool serve_now = true) {
     PeerNetwork::Options options;
     options.rank = rank;
     options.size = 2;
-    options.buffer_bytes = 64 << 10;
-    options.chunk_bytes = 64 << 10;
+    options.buffer_bytes = buffer_bytes;
+    options.chunk_bytes = buffer_bytes;
     options.request_timeout_seconds = 5;
     options.retry_after_seconds = 60;
     options.secret = [secret] { return absl::StatusOr<std::string>(secret); };
     auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
-                        absl::FunctionRef<void(const char*)> take) -> absl::Status {
+                        PeerNetwork::TakeFn take) -> absl::Status {
+      if (!memory.empty()) {
+        served.fetch_add(1);
+        const char* bytes = memory.data() + request.offset;
+        take(bytes, Crc32c(bytes, request.length) ^ crc_error);
+        return absl::OkStatus();
+      }
       if (staging == nullptr) return absl::UnavailableError("nothing in memory here");
       served.fetch_add(1);
       for (size_t i = 0; i < request.length; ++i) staging[i] = static_cast<char>(request.offset + i);
-      take(staging);
+      take(staging, std::nullopt);
       return absl::OkStatus();
     };
     absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(
@@ -1042,6 +1134,40 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
   CHECK(absl::IsUnavailable(got.status()));
 }
 
+TEST_CASE("peer network: bytes sent with a known CRC arrive exact, a wrong CRC is refused and counted") {
+  // 64 KiB pieces come eagerly, straight into the caller's buffer; 1 MiB
+  // ones by rendezvous into a receive buffer, checked as they are copied.
+  for (const size_t piece : {size_t{64} << 10, size_t{1} << 20}) {
+    CAPTURE(piece);
+    ScratchDir dir;
+    const std::string rdv = dir.path() + "/rdv";
+    const std::string secret = SecretOrDie();
+    BareRank ranks[2];
+    ranks[1].buffer_bytes = ranks[0].buffer_bytes = piece;
+    ranks[1].memory.resize(2 * piece);
+    std::mt19937_64 rng(piece);
+    for (char& c : ranks[1].memory) c = static_cast<char>(rng());
+    std::thread rank1([&] { ranks[1].Start(1, rdv, secret, ""); });
+    ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
+    rank1.join();
+    REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
+    REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+    const FileRef file{0, "train/a.bin", 2 * piece, 1};
+    std::vector<char> buffer(2 * piece);
+    absl::StatusOr<size_t> good = ranks[0].network->Fetch(1, file, 0, buffer.data(), buffer.size());
+    const bool exact = buffer == ranks[1].memory;
+    ranks[1].crc_error = 1;  // One bit of the CRC wrong, as if the bytes changed.
+    std::fill(buffer.begin(), buffer.end(), 0);
+    absl::StatusOr<size_t> bad = ranks[0].network->Fetch(1, file, 0, buffer.data(), piece);
+    CHECK(ranks[0].Counter("remote.checksum_failures") == 1);
+    CHECK(ranks[0].network->IsUp(1));
+    for (BareRank& r : ranks) r.network->Shutdown();
+    CHECK_MESSAGE(good.ok(), good.status().ToString());
+    CHECK(exact);
+    CHECK(absl::IsDataLoss(bad.status()));
+  }
+}
+
 TEST_CASE("peer network: a secret missing or of another size is a start-up error") {
   PeerNetwork::Options options;
   options.rank = 0;
@@ -1049,7 +1175,7 @@ TEST_CASE("peer network: a secret missing or of another size is a start-up error
   auto exchange = [](const std::string& mine) {
     return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{mine, mine});
   };
-  auto serve = [](const PeerNetwork::FileRequest&, char*, absl::FunctionRef<void(const char*)>) {
+  auto serve = [](const PeerNetwork::FileRequest&, char*, PeerNetwork::TakeFn) {
     return absl::OkStatus();
   };
   absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(options, exchange, serve);

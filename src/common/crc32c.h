@@ -21,6 +21,14 @@ namespace monarch {
 // the iSCSI standard defines it: Crc32c("123456789", 9) == 0xE3069283.
 uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
 
+// Copies `n` bytes from `src` to `dst` and returns the CRC32C of the bytes
+// as written to `dst`, in one pass.
+uint32_t Crc32cCopy(void* dst, const void* src, size_t n);
+
+// The CRC32C of A followed by B, from Crc32c(A), Crc32c(B) and B's length,
+// without the bytes: a range's CRC from the per-block CRCs kept with a copy.
+uint32_t Crc32cConcat(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 }  // namespace monarch
 
 #endif  // MONARCH_COMMON_CRC32C_H_

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,10 +144,18 @@ class StorageDriver {
   // (NotFound if there is none, or it was removed meanwhile). The bytes may
   // change once it returns, if the copy is removed and its memory reused:
   // a caller that goes on using them must be able to tell (the peers send
-  // them with the checksum `visit` took). Lets a peer send a copy without a
-  // staging copy. Others: Unimplemented.
+  // them with their CRC32C, which the requester checks). Lets a peer send a
+  // copy without a staging copy. Others: Unimplemented.
+  struct InMemoryBytes {
+    const char* data;
+    // Their CRC32C, when the driver kept the copy's block checksums
+    // (computed as the copy was written) and the range is whole 4 KiB
+    // blocks, the last one possibly ending the file: then nobody reads the
+    // bytes to send them.
+    std::optional<uint32_t> crc32c;
+  };
   virtual absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                                     absl::FunctionRef<void(const char* bytes)> visit) {
+                                     absl::FunctionRef<void(const InMemoryBytes& bytes)> visit) {
     (void)file, (void)offset, (void)n, (void)visit;
     return absl::UnimplementedError("copies not in memory");
   }
@@ -167,9 +176,11 @@ class StorageDriver {
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
 // between reads.
 // A RAM tier named `name` of `capacity` bytes for a namespace of
-// `file_count` files (ids 0..file_count-1).
+// `file_count` files (ids 0..file_count-1). With `keep_block_sums` (a home
+// of peers), VisitInMemory gives whole-block ranges' CRC32C.
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
-                                                            uint64_t capacity, uint32_t file_count);
+                                                            uint64_t capacity, uint32_t file_count,
+                                                            bool keep_block_sums = false);
 // A read-only view, in a client of the node service, of the service's RAM
 // tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
 // NewWriter and Remove fail with PermissionDenied.

@@ -19,7 +19,7 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
 }
 
 absl::Status Tier::VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                                 absl::FunctionRef<void(const char* bytes)> visit) {
+                                 absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit) {
   absl::Status status = driver_->VisitInMemory(file, offset, n, visit);
   if (status.ok()) {
     reads_.fetch_add(1, std::memory_order_relaxed);

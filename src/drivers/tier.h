@@ -41,7 +41,7 @@ class Tier {
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
   // The same for StorageDriver::VisitInMemory: a success is a read of `n` bytes.
   absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                             absl::FunctionRef<void(const char* bytes)> visit);
+                             absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit);
   void CountReadError() { read_errors_.fetch_add(1, std::memory_order_relaxed); }
   // A read found the copy damaged or altered (DataLoss).
   void CountDamagedCopy() { damaged_.fetch_add(1, std::memory_order_relaxed); }

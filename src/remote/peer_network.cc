@@ -21,10 +21,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "placement/thread_pool.h"
-#include "remote/checksum.h"
 
 namespace monarch {
 namespace {
@@ -291,9 +291,9 @@ class PeerNetwork::Impl {
       // reply is already in place (copied under mu_ while this fetch was
       // waiting for it, so never after it gave up).
       const uint64_t sum = request->in_place
-                               ? Checksum(request->destination, request->length)
-                               : CopyWithChecksum(request->destination, request->buffer,
-                                                  request->length);
+                               ? Crc32c(request->destination, request->length)
+                               : Crc32cCopy(request->destination, request->buffer,
+                                            request->length);
       if (sum != request->checksum) {
         checksum_failures_.fetch_add(1, std::memory_order_relaxed);
         status = absl::DataLossError(
@@ -717,24 +717,26 @@ class PeerNetwork::Impl {
     return UCS_OK;
   }
 
-  // Progress thread: answers a small request whose bytes are in memory (a
-  // RAM copy) right here, saving the two thread hand-offs of the serve pool,
-  // which is what a small transfer's time goes to. Larger ones go to the
-  // pool, whose threads checksum them in parallel. False: not answered.
+  // Progress thread: answers a request whose bytes are in memory (a RAM
+  // copy) right here, saving the two thread hand-offs of the serve pool,
+  // which is what a transfer's time goes to once the bytes are not read:
+  // their CRC comes from the copy's block sums. Only a range that is not
+  // whole blocks (a reader's odd piece) is checksummed here. False: not
+  // answered.
   bool ServeFromMemory(const RequestHeader& request, absl::string_view name) {
-    constexpr uint64_t kInlineBytes = 256 << 10;
-    if (request.length > kInlineBytes || request.length > send_bytes_) return false;
+    if (request.length > send_bytes_) return false;
     {
       MutexLock lock(&mu_);
       if (serving_ != Serving::kOn) return false;
     }
     const char* data = nullptr;
     uint64_t checksum = 0;
-    const absl::Status served = serve_(peer_wire::ToFileRequest(request, name), nullptr,
-                                       [&](const char* bytes) {
-                                         data = bytes;
-                                         checksum = Checksum(bytes, request.length);
-                                       });
+    const absl::Status served =
+        serve_(peer_wire::ToFileRequest(request, name), nullptr,
+               [&](const char* bytes, std::optional<uint32_t> known_crc32c) {
+                 data = bytes;
+                 checksum = known_crc32c ? *known_crc32c : Crc32c(bytes, request.length);
+               });
     if (!served.ok() || data == nullptr) return false;  // The pool reads it, or says why not.
     MutexLock lock(&mu_);
     QueueReplyLocked(request, absl::StatusCode::kOk, data, -1, checksum);
@@ -758,10 +760,11 @@ class PeerNetwork::Impl {
       code = absl::StatusCode::kInvalidArgument;  // remote.buffer_size differs between peers.
     } else {
       const FileRequest file = peer_wire::ToFileRequest(request, name);
-      const absl::Status served = serve_(file, staging, [&](const char* bytes) {
-        data = bytes;
-        checksum = Checksum(bytes, request.length);
-      });
+      const absl::Status served =
+          serve_(file, staging, [&](const char* bytes, std::optional<uint32_t> known_crc32c) {
+            data = bytes;
+            checksum = known_crc32c ? *known_crc32c : Crc32c(bytes, request.length);
+          });
       if (!served.ok()) code = served.code();
       if (served.ok() && data == nullptr) code = absl::StatusCode::kInternal;
     }

@@ -6,12 +6,15 @@
 //
 //   request  requester -> home   header {id, offset, length, size, mtime, job secret},
 //                                data = file name
-//   reply    home -> requester   header {id, status, length, checksum}, data = the bytes
+//   reply    home -> requester   header {id, status, length, CRC32C}, data = the bytes
 //
 // The requester receives reply data into receive buffers registered once at
 // start-up (ucp_mem_map), or, for a reply small enough to come eagerly,
-// straight into the caller's buffer; the home sends a RAM copy from where it
-// rests, and anything else from staging buffers registered once. A transfer larger than a receive buffer streams through it as a ring
+// straight into the caller's buffer. The home sends a RAM copy from where it
+// rests, with a CRC combined from the copy's block sums, on the progress
+// thread (no thread hand-off, no pass over the bytes), and anything else
+// from staging buffers registered once, checksummed by the serve pool. A
+// transfer larger than a receive buffer streams through it as a ring
 // of chunk-sized pieces with several in flight. Nothing is registered per
 // file; endpoints are created once per peer (again only after a failure).
 //
@@ -23,8 +26,8 @@
 // down the same way, without counting a failure. After `retry_after` the
 // next request reconnects, to the address the peer publishes then, so a
 // restarted peer rejoins without a restart of the others. Every
-// piece is checked for length and checksum after it has been copied out of
-// the receive buffer, so the bytes returned are the bytes the home sent.
+// piece is checked for length and CRC32C as it is copied out of the receive
+// buffer, so the bytes returned are the bytes the home sent.
 //
 // Thread-safe: Fetch may be called from any number of threads.
 
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,13 +85,15 @@ class PeerNetwork {
   };
   // Answers a request: calls `take` once with the requested bytes (exactly
   // `length` of them), either in `staging`, filled, or where they rest (a
-  // RAM copy), with no staging copy; `take` checksums them, and the reply is
-  // sent from there. The requester checks that checksum, so bytes that
-  // change after `take` (a copy removed, its memory reused) are never
-  // accepted. With `staging` null (the progress thread asking first), only
-  // bytes in memory may be given, without blocking; otherwise an error.
-  using ServeFn = std::function<absl::Status(const FileRequest&, char* staging,
-                                             absl::FunctionRef<void(const char* bytes)> take)>;
+  // RAM copy), with no staging copy, and with their CRC32C if it is known
+  // already (the RAM copy's block sums); otherwise `take` computes it. The
+  // reply is sent from there with that CRC, which the requester checks, so
+  // bytes that change after `take` (a copy removed, its memory reused) are
+  // never accepted. With `staging` null (the progress thread asking first),
+  // only bytes in memory may be given, without blocking; otherwise an error.
+  using TakeFn =
+      absl::FunctionRef<void(const char* bytes, std::optional<uint32_t> known_crc32c)>;
+  using ServeFn = std::function<absl::Status(const FileRequest&, char* staging, TakeFn take)>;
   // Publishes this process's address and returns every rank's.
   using AddressExchange =
       std::function<absl::StatusOr<std::vector<std::string>>(const std::string& mine)>;
@@ -161,7 +167,7 @@ struct ReplyHeader {
   int32_t status_code;  // absl::StatusCode; 0 = OK and `length` bytes follow.
   uint64_t request_id;
   uint64_t length;
-  uint64_t checksum;
+  uint64_t checksum;  // The CRC32C of the bytes (common/crc32c.h).
 };
 static_assert(sizeof(ReplyHeader) == 32, "ReplyHeader must have no padding");
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "remote/checksum.h"
+#include "common/crc32c.h"
 #include "remote/peer_network.h"
 #include "service/protocol.h"
 
@@ -61,7 +61,7 @@ bool WritePeerSeeds(const std::string& dir) {
   stranger.secret[17] ^= 0x40;
   std::string data(300, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + 7);
-  const ReplyHeader ok{kProtocol, 0, 7, data.size(), Checksum(data.data(), data.size())};
+  const ReplyHeader ok{kProtocol, 0, 7, data.size(), Crc32c(data.data(), data.size())};
   const ReplyHeader refused{kProtocol, 9, 7, 0, 0};  // FailedPrecondition: another version.
   const ReplyHeader short_reply{kProtocol, 0, 7, 100, 0};
   bool good = true;
