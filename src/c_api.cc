@@ -1,6 +1,8 @@
 // The C API: thin wrappers over monarch::Monarch. Nothing here throws: a
 // std::bad_alloc would terminate, which is what a C caller would get anyway.
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -15,6 +17,7 @@
 #include "frontend/process_instance.h"
 #include "monarch/monarch.h"
 #include "monarch/monarch_c.h"
+#include "monarch/sampled_order.h"
 #include "service/client.h"
 
 struct monarch_t {
@@ -60,6 +63,25 @@ absl::Status CheckArguments(std::initializer_list<std::pair<const char*, const v
     if (pointer == nullptr) return NullArgument(name);
   }
   return absl::OkStatus();
+}
+
+// Python declares this struct field by field (ctypes, python/monarch/_lib.py):
+// a change of layout must change it there too.
+static_assert(sizeof(monarch_sampled_order) == 40 &&
+                  offsetof(monarch_sampled_order, epochs) == 16 &&
+                  offsetof(monarch_sampled_order, drop_last) == 32,
+              "monarch_sampled_order's layout is part of the ABI");
+
+monarch::SampledOrder ToSampledOrder(const monarch_sampled_order& how) {
+  monarch::SampledOrder order;
+  order.seed = how.seed;
+  order.first_epoch = how.first_epoch;
+  order.epochs = how.epochs;
+  order.shuffle = how.shuffle != 0;
+  order.rank = how.rank;
+  order.world_size = how.world_size;
+  order.drop_last = how.drop_last != 0;
+  return order;
 }
 
 #define MONARCH_C_CHECK(error, ...)                                     \
@@ -229,6 +251,46 @@ monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size
     order.emplace_back(names[i]);
   }
   return Report(m->instance->AnnounceOrder(order), error);
+}
+
+monarch_code monarch_sampled_epoch(const monarch_sampled_order* how, uint64_t samples,
+                                   uint64_t epoch, uint64_t* indices, size_t capacity,
+                                   size_t* count, char** error) {
+  MONARCH_C_CHECK(error, {"count", count});
+  *count = 0;
+  MONARCH_C_CHECK(error, {"how", how});
+  if (capacity > 0) MONARCH_C_CHECK(error, {"indices", indices});
+  const monarch::SampledOrder order = ToSampledOrder(*how);
+  // The length first: a size query need not build the permutation.
+  absl::StatusOr<uint64_t> length = monarch::SampledEpochLength(order, samples);
+  if (!length.ok()) return Report(length.status(), error);
+  *count = static_cast<size_t>(*length);
+  if (capacity == 0) return Report(absl::OkStatus(), error);
+  if (capacity < *length) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+                      "capacity ", capacity, " is less than the ", *length, " indices of the epoch")),
+                  error);
+  }
+  absl::StatusOr<std::vector<uint64_t>> epoch_indices =
+      monarch::SampledEpochIndices(order, samples, epoch);
+  if (!epoch_indices.ok()) return Report(epoch_indices.status(), error);
+  std::copy(epoch_indices->begin(), epoch_indices->end(), indices);
+  return Report(absl::OkStatus(), error);
+}
+
+monarch_code monarch_announce_sampled_order(monarch_t* m, const char* const* files, size_t count,
+                                            const monarch_sampled_order* how, char** error) {
+  MONARCH_C_CHECK(error, {"m", m}, {"how", how});
+  if (count > 0) MONARCH_C_CHECK(error, {"files", files});
+  std::vector<std::string> names;
+  names.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (files[i] == nullptr) {
+      return Report(absl::InvalidArgumentError(absl::StrCat("files[", i, "] is NULL")), error);
+    }
+    names.emplace_back(files[i]);
+  }
+  return Report(m->instance->AnnounceSampledOrder(names, ToSampledOrder(*how)), error);
 }
 
 int monarch_usable_after_fork(const monarch_t* m) {

@@ -19,6 +19,13 @@ namespace {
 
 using monarch::testing::ScratchDir;
 
+// The number after "key": in a flat JSON object; -1 if the key is absent.
+long long JsonNumber(const char* json, const std::string& key) {
+  const std::string quoted = "\"" + key + "\":";
+  const char* at = std::strstr(json, quoted.c_str());
+  return at == nullptr ? -1 : std::strtoll(at + quoted.size(), nullptr, 10);
+}
+
 TEST_CASE("C API: open, read, list, stat, stats, close") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
@@ -203,6 +210,92 @@ TEST_CASE("C API: announcing a read order prefetches it") {
   monarch_close(m);
 }
 
+TEST_CASE("C API: a sampled order's epochs, with a size query, and its announcement") {
+  monarch_sampled_order how{};
+  how.seed = 42;
+  how.epochs = 1;
+  how.shuffle = 1;
+  how.rank = 1;
+  how.world_size = 3;
+  size_t count = 99;
+  char* error = nullptr;
+  // The size query: capacity 0, no buffer.
+  REQUIRE(monarch_sampled_epoch(&how, 10, 0, nullptr, 0, &count, &error) == MONARCH_OK);
+  CHECK(error == nullptr);
+  CHECK(count == 4);
+  std::vector<uint64_t> indices(count);
+  REQUIRE(monarch_sampled_epoch(&how, 10, 0, indices.data(), indices.size(), &count, nullptr) ==
+          MONARCH_OK);
+  // The golden value test_sampled_order.cc pins for the C++ function.
+  CHECK(indices == std::vector<uint64_t>{3, 9, 1, 0});
+  how.drop_last = 1;
+  REQUIRE(monarch_sampled_epoch(&how, 10, 0, indices.data(), indices.size(), &count, nullptr) ==
+          MONARCH_OK);
+  CHECK(count == 3);
+  CHECK(std::vector<uint64_t>(indices.begin(), indices.begin() + 3) ==
+        std::vector<uint64_t>{3, 9, 1});
+  how.drop_last = 0;
+  // Too small a buffer: the count needed, nothing written.
+  uint64_t small[2] = {77, 77};
+  CHECK(monarch_sampled_epoch(&how, 10, 0, small, 2, &count, &error) == MONARCH_INVALID_ARGUMENT);
+  CHECK(count == 4);
+  CHECK(small[0] == 77);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "capacity") != nullptr);
+  monarch_free(error);
+  error = nullptr;
+  how.rank = 3;
+  CHECK(monarch_sampled_epoch(&how, 10, 0, nullptr, 0, &count, &error) ==
+        MONARCH_INVALID_ARGUMENT);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "rank") != nullptr);
+  monarch_free(error);
+  error = nullptr;
+  how.rank = 0;
+  how.world_size = 1;
+
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = monarch::testing::MakeDataset(ds, 8, {3000});
+  monarch_t* m = nullptr;
+  REQUIRE(monarch_open_default(ds.c_str(), &m, nullptr) == MONARCH_OK);
+  std::vector<const char*> names;
+  for (const auto& f : files) names.push_back(f.name.c_str());
+  how.epochs = 101;
+  CHECK(monarch_announce_sampled_order(m, names.data(), names.size(), &how, &error) ==
+        MONARCH_INVALID_ARGUMENT);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "epochs") != nullptr);
+  monarch_free(error);
+  error = nullptr;
+  how.epochs = 3;
+  const char* unknown[] = {names[0], "dir0/missing"};
+  CHECK(monarch_announce_sampled_order(m, unknown, 2, &how, &error) == MONARCH_NOT_FOUND);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "dir0/missing") != nullptr);
+  monarch_free(error);
+  error = nullptr;
+  REQUIRE(monarch_announce_sampled_order(m, names.data(), names.size(), &how, &error) ==
+          MONARCH_OK);
+  CHECK(error == nullptr);
+  // Three epochs of the 8 files announced; the streams promote all 8 once.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    char* json = monarch_stats_json(m);
+    REQUIRE(json != nullptr);
+    const bool done = JsonNumber(json, "prefetch_files") == 8;
+    if (done) {
+      CHECK(JsonNumber(json, "prefetch_announced_files") == 24);
+      CHECK(JsonNumber(json, "prefetch_order_files") == 24);
+    }
+    monarch_free(json);
+    if (done) break;
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  monarch_close(m);
+}
+
 TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a crash") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
@@ -255,6 +348,22 @@ TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a cr
   CHECK(monarch_path_to_name(m, nullptr, &mapped) == 0);
   CHECK(monarch_path_to_name(nullptr, ds.c_str(), &mapped) == 0);
   CHECK(monarch_path_to_name(m, ds.c_str(), nullptr) == 0);
+  monarch_sampled_order how{};
+  how.epochs = 1;
+  how.world_size = 1;
+  size_t indices_count = 0;
+  uint64_t indices[4];
+  expect_invalid(monarch_sampled_epoch(&how, 4, 0, indices, 4, nullptr, &error), "count");
+  expect_invalid(monarch_sampled_epoch(nullptr, 4, 0, indices, 4, &indices_count, &error), "how");
+  expect_invalid(monarch_sampled_epoch(&how, 4, 0, nullptr, 4, &indices_count, &error), "indices");
+  const char* files_list[] = {name, nullptr};
+  expect_invalid(monarch_announce_sampled_order(nullptr, files_list, 1, &how, &error), "m");
+  expect_invalid(monarch_announce_sampled_order(m, files_list, 1, nullptr, &error), "how");
+  expect_invalid(monarch_announce_sampled_order(m, nullptr, 1, &how, &error), "files");
+  expect_invalid(monarch_announce_sampled_order(m, files_list, 2, &how, &error), "files[1]");
+  expect_invalid(monarch_announce_sampled_order(m, nullptr, 0, &how, &error), "files");
+  CHECK(monarch_announce_sampled_order(nullptr, nullptr, 0, nullptr, nullptr) ==
+        MONARCH_INVALID_ARGUMENT);
   monarch_wait_for_placement(nullptr);
   monarch_free_list(nullptr, 3);
   monarch_process_release(nullptr);

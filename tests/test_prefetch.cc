@@ -273,5 +273,132 @@ TEST_CASE("prefetch: an announcement naming a file not in the dataset announces 
   CHECK(m->GetStats().Get("prefetch_order_files") == 0);
 }
 
+// The files of `how`'s order over `files`, each at its first occurrence:
+// the order in which one prefetch stream fetches them.
+std::vector<std::string> FirstOccurrences(const std::vector<std::string>& files,
+                                          const SampledOrder& how) {
+  absl::StatusOr<std::vector<uint64_t>> indices = SampledOrderIndices(how, files.size());
+  REQUIRE(indices.ok());
+  std::vector<std::string> order;
+  absl::flat_hash_set<uint64_t> seen;
+  for (uint64_t i : *indices) {
+    if (seen.insert(i).second) order.push_back(files[i]);
+  }
+  return order;
+}
+
+TEST_CASE("prefetch: a sampled order is rebuilt and fetched in that order, all its epochs") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 12, {5000});
+  Config config = testing::MakeConfig(ds, {testing::RamTier(64 << 20)});
+  config.prefetch.streams = 1;  // One stream: the fetches follow the order exactly.
+  GatedSource::Gate gate;
+  gate.Close();
+  auto m = CreateGated(config, &gate);
+
+  SampledOrder how;
+  how.seed = 9;
+  how.first_epoch = 2;
+  how.epochs = 3;
+  how.rank = 1;
+  how.world_size = 2;
+  // Rank 1's half of epoch 2, then of epochs 3 and 4: files the first half
+  // did not have come as they first occur.
+  const std::vector<std::string> want = FirstOccurrences(Names(files), how);
+  REQUIRE(want.size() > 6);  // Later epochs bring files the first did not.
+  REQUIRE(m->AnnounceSampledOrder(Names(files), how).ok());
+  for (const std::string& name : want) {
+    CAPTURE(name);
+    REQUIRE(gate.WaitFor([&](const auto& waiting) { return waiting.contains(name); }));
+    CHECK(gate.Waiting() == std::vector<std::string>{name});  // That one, nothing else.
+    gate.Release(name);
+  }
+  const uint64_t positions = 3 * 6;  // 3 epochs of 12 / 2 samples.
+  REQUIRE(WaitForCounter(*m, "prefetch_skipped_files", positions - want.size()));
+  m->WaitForPlacement();
+  const Stats stats = m->GetStats();
+  CHECK(stats.Get("prefetch_announced_files") == positions);
+  CHECK(stats.Get("prefetch_order_files") == positions);
+  CHECK(stats.Get("prefetch_files") == want.size());
+  CHECK(gate.bytes.load() == want.size() * 5000);  // Each once.
+}
+
+TEST_CASE("prefetch: a bad sampled order is InvalidArgument or NotFound, and announces nothing") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 4, {1000});
+  GatedSource::Gate gate;
+  auto m = CreateGated(testing::MakeConfig(ds, {testing::RamTier(1 << 20)}), &gate);
+  SampledOrder how;
+  how.rank = 2;
+  how.world_size = 2;
+  absl::Status status = m->AnnounceSampledOrder(Names(files), how);
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(absl::StrContains(status.message(), "rank"));
+  how.rank = 0;
+  how.world_size = 1;  // From here on this rank reads every file.
+  how.epochs = 101;    // The node service's bound.
+  status = m->AnnounceSampledOrder(Names(files), how);
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(absl::StrContains(status.message(), "epochs"));
+  how.epochs = 1;
+  status = m->AnnounceSampledOrder({}, how);
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(absl::StrContains(status.message(), "files"));
+  status = m->AnnounceSampledOrder({files[0].name, "dir0/nope.bin"}, how);
+  CHECK(absl::IsNotFound(status));
+  CHECK(absl::StrContains(status.message(), "dir0/nope.bin"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(m->GetStats().Get("prefetch_announced_files") == 0);
+  CHECK(gate.reads.load() == 0);
+}
+
+// Several epochs announced at once reach eviction: with only the coming
+// epoch known, its last file is never read again and is not admitted; with
+// the next one known too, the copy read again last (Belady) goes instead.
+TEST_CASE("prefetch: eviction sees the epochs of a sampled order beyond the coming one") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 3, {10000});
+  // A seed whose epoch 1 puts epoch 0's last file before one of the
+  // others, so that knowing epoch 1 changes what eviction does.
+  SampledOrder how;
+  std::vector<uint64_t> first, second;
+  for (how.seed = 0;; ++how.seed) {
+    first = *SampledEpochIndices(how, 3, 0);
+    second = *SampledEpochIndices(how, 3, 1);
+    if (second[2] != first[2]) break;
+  }
+  std::vector<std::string> names;
+  for (const auto& f : files) names.push_back(f.name);
+  for (uint32_t epochs : {1u, 2u}) {
+    CAPTURE(epochs);
+    testing::FaultInjectingDriver::Faults source;
+    Config config = testing::MakeConfig(ds, {testing::RamTier(20000)});  // Two copies fit.
+    config.placement.policy = "lru";
+    config.prefetch.streams = 0;  // The order informs eviction only.
+    auto m = testing::MustCreate(config, &source);
+    how.epochs = epochs;
+    REQUIRE(m->AnnounceSampledOrder(names, how).ok());
+    for (uint64_t i : first) {
+      ReadWholeAndCheck(*m, files[i]);
+      m->WaitForPlacement();
+    }
+    const Stats stats = m->GetStats();
+    if (epochs == 1) {
+      CHECK(stats.Get("admissions_declined") == 1);
+      CHECK(stats.Get("evictions") == 0);
+      continue;
+    }
+    CHECK(stats.Get("admissions_declined") == 0);
+    CHECK(stats.Get("evictions") == 1);
+    // Epoch 1: only the file read last in it was given up.
+    for (uint64_t i : second) ReadWholeAndCheck(*m, files[i]);
+    CHECK(source.bytes.load() == 4 * 10000);
+    CHECK(source.BytesOf(files[second[2]].name) == 2 * 10000);
+  }
+}
+
 }  // namespace
 }  // namespace monarch

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "monarch/config.h"
+#include "monarch/sampled_order.h"
 #include "monarch/stats.h"
 
 namespace monarch {
@@ -119,6 +120,20 @@ class Monarch {
   // worker) and the service merges them. NotFound names the first name
   // that is not a dataset file; nothing is announced then.
   virtual absl::Status AnnounceOrder(const std::vector<std::string>& names) = 0;
+
+  // The same, with the order given as a seeded sampler
+  // (monarch/sampled_order.h): `files[i]` is the file sample i reads, and
+  // the order announced is what rank `how.rank` reads in epochs
+  // how.first_epoch .. how.first_epoch + how.epochs - 1, concatenated. So
+  // several epochs can be announced at once, and eviction (placement.policy
+  // lru) sees when each file is read next beyond the coming epoch. The
+  // streams fetch each file once: later epochs' entries only inform
+  // eviction unless a file was dropped in between. InvalidArgument names
+  // the field of `how` that is out of range (or `files` when empty);
+  // otherwise as AnnounceOrder. Builds the whole list first: memory is
+  // about a name per announced sample, until AnnounceOrder returns.
+  absl::Status AnnounceSampledOrder(const std::vector<std::string>& files,
+                                    const SampledOrder& how);
 
  protected:
   Monarch() = default;

@@ -93,6 +93,41 @@ void monarch_wait_for_placement(monarch_t* m);
 monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size_t count,
                                     char** error);
 
+/* A read order as a seeded sampler, for the two calls below: what rank
+ * `rank` of `world_size` reads in epochs first_epoch .. first_epoch +
+ * epochs - 1 of a dataset of N samples, rebuilt exactly as
+ * monarch/sampled_order.h specifies (torch's DistributedSampler in
+ * behaviour: a shuffle per epoch, padded by repeating from the start to a
+ * multiple of world_size, or cut with drop_last; the rank takes every
+ * world_size-th position from `rank`). Bad values are
+ * MONARCH_INVALID_ARGUMENT with a message naming the field. */
+typedef struct monarch_sampled_order {
+  uint64_t seed;
+  uint64_t first_epoch;
+  uint32_t epochs;     /* 1 .. 100 (the node service's longest order). */
+  uint32_t rank;       /* < world_size. */
+  uint32_t world_size; /* >= 1. */
+  int32_t shuffle;     /* Nonzero: shuffled; 0: 0, 1, ..., N-1 every epoch. */
+  int32_t drop_last;   /* Nonzero: cut to a multiple of world_size instead of padding. */
+} monarch_sampled_order;
+
+/* The sample indices (each < samples) that how->rank reads in epoch `epoch`
+ * (how->first_epoch and how->epochs are not looked at), in order, into
+ * indices[0 .. *count). *count always receives how many there are; with
+ * capacity 0 (indices may then be NULL) the call only asks that. A smaller
+ * nonzero capacity is MONARCH_INVALID_ARGUMENT, and nothing is written. */
+monarch_code monarch_sampled_epoch(const monarch_sampled_order* how, uint64_t samples,
+                                   uint64_t epoch, uint64_t* indices, size_t capacity,
+                                   size_t* count, char** error);
+
+/* Announces the order `how` describes over the dataset files files[0 ..
+ * count): sample i reads files[i]. See Monarch::AnnounceSampledOrder;
+ * otherwise as monarch_announce_order (replaces any earlier order; a name
+ * that is not a dataset file is MONARCH_NOT_FOUND and nothing is
+ * announced). */
+monarch_code monarch_announce_sampled_order(monarch_t* m, const char* const* files, size_t count,
+                                            const monarch_sampled_order* how, char** error);
+
 void monarch_free(void* p);
 
 /* 1 if `m` may go on being used in a child process made by fork() (a client

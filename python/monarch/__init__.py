@@ -30,6 +30,7 @@ import ctypes
 import errno as _errno
 import io
 import json
+import operator
 import os
 import stat as _stat
 import sys
@@ -39,7 +40,7 @@ import time
 from . import _lib
 
 __all__ = ["Monarch", "MonarchError", "MonarchFile", "StatResult", "StageResult",
-           "library_path"]
+           "MAX_SAMPLED_EPOCHS", "library_path", "sampled_indices"]
 
 library_path = _lib.library_path
 
@@ -114,6 +115,69 @@ def _raise(code, message, filename=None, opening=False):
         # (PermissionError for EACCES, ...).
         raise OSError(_errno_in(message) or _IO_CODES[code], message, filename)
     raise MonarchError(message, code)
+
+
+# The most epochs one sampled-order announcement covers (the node service's
+# bound; kMaxSampledEpochs in monarch/sampled_order.h).
+MAX_SAMPLED_EPOCHS = 100
+
+
+def _unsigned(name, value, bits):
+    """`value` as an int in [0, 2**bits): ctypes would wrap a negative or
+    too large one silently into another, valid-looking number."""
+    value = operator.index(value)
+    if not 0 <= value < 1 << bits:
+        raise ValueError(f"{name} must be in [0, 2**{bits}), not {value}")
+    return value
+
+
+def _sampled_order(seed, first_epoch, epochs, shuffle, rank, world_size, drop_last):
+    """A monarch_sampled_order. The library checks the values against each
+    other (rank < world_size, ...) and names the field in its message."""
+    return _lib.SampledOrder(
+        seed=operator.index(seed) % (1 << 64),
+        first_epoch=_unsigned("first_epoch", first_epoch, 64),
+        epochs=_unsigned("epochs", epochs, 32),
+        rank=_unsigned("rank", rank, 32),
+        world_size=_unsigned("world_size", world_size, 32),
+        shuffle=1 if shuffle else 0,
+        drop_last=1 if drop_last else 0)
+
+
+def sampled_indices(samples, seed, epoch, shuffle=True, rank=0, world_size=1, drop_last=False):
+    """The sample indices (a list of ints, each < samples) that rank `rank`
+    of `world_size` reads in epoch `epoch` of a dataset of `samples`
+    samples, in order: the order Monarch.announce_sampled_order() announces
+    for that epoch, computed by the same C library (monarch_sampled_epoch).
+
+    Like torch's DistributedSampler: a permutation of range(samples) drawn
+    from (seed, epoch) (range(samples) itself without shuffle), padded by
+    repeating from its start to a multiple of world_size (cut instead with
+    drop_last), of which the rank takes every world_size-th position from
+    `rank`. The algorithm is specified exactly in monarch/sampled_order.h.
+    `seed` is any int, taken modulo 2**64. ValueError names a bad argument
+    (samples 0, rank >= world_size, ...)."""
+    how = _sampled_order(seed, 0, 1, shuffle, rank, world_size, drop_last)
+    samples = _unsigned("samples", samples, 64)
+    epoch = _unsigned("epoch", epoch, 64)
+    lib = _lib.lib()
+    count = ctypes.c_size_t()
+    error = ctypes.c_void_p()
+    # The size query first, then the indices straight into a buffer of it.
+    code = lib.monarch_sampled_epoch(ctypes.byref(how), samples, epoch, None, 0,
+                                     ctypes.byref(count), ctypes.byref(error))
+    message = _lib.take_string(error.value)
+    if code != OK:
+        _raise(code, message)
+    if count.value == 0:
+        return []
+    indices = (ctypes.c_uint64 * count.value)()
+    code = lib.monarch_sampled_epoch(ctypes.byref(how), samples, epoch, indices, count.value,
+                                     ctypes.byref(count), ctypes.byref(error))
+    message = _lib.take_string(error.value)
+    if code != OK:
+        _raise(code, message)
+    return list(indices)
 
 
 StatResult = collections.namedtuple("StatResult", "st_mode st_size st_mtime st_mtime_ns")
@@ -509,11 +573,39 @@ class Monarch:
         reads profit (DataLoader workers are other processes: use the node
         service). FileNotFoundError names a path outside the dataset, and
         nothing is announced then."""
-        names = [self._name(p) for p in paths]
-        array = (ctypes.c_char_p * max(len(names), 1))(*names)
+        array, count = self._name_array(paths)
         error = ctypes.c_void_p()
-        code = _lib.lib().monarch_announce_order(self._h(), array, len(names),
-                                                 ctypes.byref(error))
+        code = _lib.lib().monarch_announce_order(self._h(), array, count, ctypes.byref(error))
+        message = _lib.take_string(error.value)
+        if code != OK:
+            _raise(code, message)
+
+    def announce_sampled_order(self, files, seed, first_epoch, epochs=1, shuffle=True, rank=0,
+                               world_size=1, drop_last=False):
+        """announce_order() for an order given as a seeded sampler: `files[i]`
+        is the path sample i reads, and the order announced is what rank
+        `rank` of `world_size` reads in epochs first_epoch ..
+        first_epoch + epochs - 1 (sampled_indices() of each, concatenated),
+        rebuilt by the library. So several epochs can be announced at once
+        and eviction (placement.policy lru) knows when each file is read
+        next beyond the coming epoch. `epochs` is 1 to MAX_SAMPLED_EPOCHS.
+        ValueError names a bad argument; FileNotFoundError a path outside the
+        dataset (nothing is announced then); otherwise as announce_order()."""
+        how = _sampled_order(seed, first_epoch, epochs, shuffle, rank, world_size, drop_last)
+        self._announce_sampled(self._name_array(files), how)
+
+    def _name_array(self, paths):
+        """(a char* array of the dataset names of `paths`, their count): what
+        the announce calls take, kept by monarch.torch.SeededSampler so that
+        each epoch's announcement does not convert every path again."""
+        names = [self._name(p) for p in paths]
+        return (ctypes.c_char_p * max(len(names), 1))(*names), len(names)
+
+    def _announce_sampled(self, name_array, how):
+        array, count = name_array
+        error = ctypes.c_void_p()
+        code = _lib.lib().monarch_announce_sampled_order(self._h(), array, count,
+                                                         ctypes.byref(how), ctypes.byref(error))
         message = _lib.take_string(error.value)
         if code != OK:
             _raise(code, message)

@@ -41,6 +41,19 @@ def binary_path():
     return bundled if os.access(bundled, os.X_OK) else None
 
 
+class SampledOrder(ctypes.Structure):
+    """monarch_sampled_order (monarch_c.h): the field order is the ABI."""
+    _fields_ = [
+        ("seed", ctypes.c_uint64),
+        ("first_epoch", ctypes.c_uint64),
+        ("epochs", ctypes.c_uint32),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("shuffle", ctypes.c_int32),
+        ("drop_last", ctypes.c_int32),
+    ]
+
+
 def _declare(lib):
     c = ctypes
     handle = c.c_void_p
@@ -70,6 +83,11 @@ def _declare(lib):
         "monarch_glob": (c.c_int, [handle, c.c_char_p, names, c.POINTER(c.c_size_t), err]),
         "monarch_announce_order": (c.c_int, [handle, c.POINTER(c.c_char_p), c.c_size_t, err]),
         "monarch_usable_after_fork": (c.c_int, [handle]),
+        "monarch_sampled_epoch": (c.c_int, [c.POINTER(SampledOrder), c.c_uint64, c.c_uint64,
+                                            c.POINTER(c.c_uint64), c.c_size_t,
+                                            c.POINTER(c.c_size_t), err]),
+        "monarch_announce_sampled_order": (c.c_int, [handle, c.POINTER(c.c_char_p), c.c_size_t,
+                                                     c.POINTER(SampledOrder), err]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

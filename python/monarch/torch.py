@@ -19,6 +19,18 @@ the epoch starts, so that the node service reads ahead of the workers
     sampler = monarch.torch.AnnouncingSampler(
         torch.utils.data.DistributedSampler(ds), ds)
     loader = torch.utils.data.DataLoader(ds, sampler=sampler, num_workers=8)
+
+SeededSampler replaces DistributedSampler (or RandomSampler) itself: its
+order is Monarch's seeded sampler, which the library rebuilds from the seed,
+so each epoch it announces that epoch and the following ones (all the
+remaining `num_epochs`, within bounds) and eviction knows several epochs
+ahead:
+
+    sampler = monarch.torch.SeededSampler(ds, seed=0, num_epochs=90)
+    loader = torch.utils.data.DataLoader(ds, sampler=sampler, num_workers=8)
+    for epoch in range(90):
+        sampler.set_epoch(epoch)
+        for batch in loader: ...
 """
 
 import io
@@ -27,10 +39,10 @@ import warnings
 
 import torch.utils.data
 
-from . import Monarch
+from . import MAX_SAMPLED_EPOCHS, Monarch, _sampled_order, sampled_indices
 
 __all__ = ["AnnouncingSampler", "FileListDataset", "ImageFolder", "IMAGE_EXTENSIONS",
-           "pil_loader"]
+           "SeededSampler", "pil_loader"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -157,12 +169,143 @@ class AnnouncingSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         order = list(iter(self.sampler))
-        try:
-            self.monarch.announce_order([self.dataset.file_of(i) for i in order])
-        except OSError as e:  # FileNotFoundError is a caller's bug: raised.
-            if isinstance(e, FileNotFoundError):
-                raise
-            warnings.warn(f"monarch: read order not announced, no prefetch: {e}")
-        except RuntimeError as e:  # MonarchError: e.g. the service is gone.
-            warnings.warn(f"monarch: read order not announced, no prefetch: {e}")
+        _announce_or_warn(
+            lambda: self.monarch.announce_order([self.dataset.file_of(i) for i in order]))
         return iter(order)
+
+
+def _announce_or_warn(announce):
+    """Runs `announce`; a failure of Monarch (no service answers, ...) is a
+    warning, since training goes on without prefetch. A path outside the
+    dataset (FileNotFoundError) or a bad argument (ValueError) is the
+    caller's bug and raised."""
+    try:
+        announce()
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        warnings.warn(f"monarch: read order not announced, no prefetch: {e}")
+    except RuntimeError as e:  # MonarchError: e.g. the service is gone.
+        warnings.warn(f"monarch: read order not announced, no prefetch: {e}")
+
+
+# Without an explicit announce_epochs, an announcement covers at most this
+# many samples (and always one epoch): Monarch builds the announced list in
+# memory, a name per sample, and the node service keeps it, so 90 epochs
+# of ImageNet on one rank (115 million names) would cost gigabytes.
+DEFAULT_MAX_ANNOUNCED_SAMPLES = 1 << 22
+
+
+def _default_distributed():
+    """(world size, rank) of torch.distributed's default group, or (1, 0)
+    when it is not initialized: the sampler then works alone."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """A sampler whose order Monarch can rebuild from its seed, so that it
+    announces several epochs ahead: a drop-in replacement for
+    torch.utils.data.DistributedSampler (same arguments, attributes and
+    set_epoch()), also usable alone (as a shuffling sampler over the whole
+    dataset) since num_replicas and rank default to torch.distributed's
+    world size and rank only when it is initialized, else to 1 and 0.
+
+    Each epoch it yields monarch.sampled_indices(len(dataset), seed, epoch,
+    shuffle, rank, num_replicas, drop_last): a permutation per epoch (not the
+    one DistributedSampler draws), padded by repeating from its start to a
+    multiple of num_replicas (or cut with drop_last), of which this rank
+    reads every num_replicas-th position from `rank`; the ranks together
+    read every sample. Call set_epoch() before each epoch, as with
+    DistributedSampler: without it, every epoch repeats epoch 0's order.
+
+    As an epoch starts (when the DataLoader iterates the sampler), it
+    announces the order of that epoch and of the following ones through
+    Monarch.announce_sampled_order: `announce_epochs` epochs if given (1 to
+    monarch.MAX_SAMPLED_EPOCHS), else the epochs left of `num_epochs` if
+    given (at least 1, at most MAX_SAMPLED_EPOCHS, and no more than keep
+    the announcement within DEFAULT_MAX_ANNOUNCED_SAMPLES samples), else 1.
+    A failed announcement is a warning, as with AnnouncingSampler.
+
+    `dataset`: a dataset of this module, or anything with file_of(index)
+    (the path sample `index` reads) and len(); `monarch`: the handle to
+    announce through (default: dataset.monarch). As with AnnouncingSampler,
+    DataLoader workers are other processes: the announcement reaches their
+    reads through the node service (`node: {shared: true}`)."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False, num_epochs=None, announce_epochs=None, monarch=None):
+        default_replicas, default_rank = _default_distributed()
+        num_replicas = default_replicas if num_replicas is None else num_replicas
+        rank = default_rank if rank is None else rank
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, not {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} must be in [0, {num_replicas})")
+        if announce_epochs is not None and not 1 <= announce_epochs <= MAX_SAMPLED_EPOCHS:
+            raise ValueError(f"announce_epochs must be 1 to {MAX_SAMPLED_EPOCHS}, "
+                             f"not {announce_epochs}")
+        if num_epochs is not None and num_epochs < 0:
+            raise ValueError(f"num_epochs must not be negative, not {num_epochs}")
+        # Checks the rest (types, ranges) the way the library will see them.
+        _sampled_order(seed, 0, 1, shuffle, rank, num_replicas, drop_last)
+        self.dataset = dataset
+        self.monarch = monarch if monarch is not None else dataset.monarch
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.num_epochs = num_epochs
+        self.announce_epochs = announce_epochs
+        self.epoch = 0
+        samples = len(dataset)
+        if drop_last:
+            self.num_samples = samples // num_replicas
+        else:
+            self.num_samples = -(-samples // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self._names = None  # The dataset's paths as the library takes them, made once.
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch):
+        """Sets the epoch whose order the next iteration yields (and from
+        which it announces)."""
+        self.epoch = epoch
+
+    def epochs_to_announce(self):
+        """How many epochs, from the current one, the next iteration
+        announces (see the class doc)."""
+        if self.announce_epochs is not None:
+            return self.announce_epochs
+        if self.num_epochs is None:
+            return 1
+        left = min(max(self.num_epochs - self.epoch, 1), MAX_SAMPLED_EPOCHS)
+        return max(1, min(left, DEFAULT_MAX_ANNOUNCED_SAMPLES // max(self.num_samples, 1)))
+
+    def __iter__(self):
+        samples = len(self.dataset)
+        if samples == 0:
+            return iter([])
+        indices = sampled_indices(samples, self.seed, self.epoch, self.shuffle, self.rank,
+                                  self.num_replicas, self.drop_last)
+        _announce_or_warn(self._announce)
+        return iter(indices)
+
+    def _announce(self):
+        if self._names is None:
+            self._names = self.monarch._name_array(
+                [self.dataset.file_of(i) for i in range(len(self.dataset))])
+        how = _sampled_order(self.seed, self.epoch, self.epochs_to_announce(), self.shuffle,
+                             self.rank, self.num_replicas, self.drop_last)
+        self.monarch._announce_sampled(self._names, how)
+
+    def __getstate__(self):
+        # The name array is ctypes memory: rebuilt where it is needed.
+        state = self.__dict__.copy()
+        state["_names"] = None
+        return state

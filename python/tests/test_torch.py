@@ -106,3 +106,121 @@ def test_announcing_sampler_passes_indices_through_and_checks_paths(m, dataset):
     bad = mt.FileListDataset(["nope.bin"], monarch=m)
     with pytest.raises(FileNotFoundError):
         list(mt.AnnouncingSampler(data.SequentialSampler(bad), bad))
+
+
+_FILES = ["blob.bin", "image.png", "sub/hello.txt", "array.npy", "data.h5", "sub/deeper/x.bin"]
+
+
+def test_seeded_sampler_yields_the_librarys_indices_and_each_epoch_differs(m):
+    ds = mt.FileListDataset(_FILES * 5, monarch=m)  # 30 samples over 6 files.
+    sampler = mt.SeededSampler(ds, seed=11)
+    assert (sampler.num_replicas, sampler.rank, len(sampler)) == (1, 0, 30)
+    epochs = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        got = list(sampler)
+        assert got == monarch.sampled_indices(30, 11, epoch)
+        assert sorted(got) == list(range(30))
+        assert all(type(i) is int for i in got)
+        epochs.append(got)
+    assert len({tuple(e) for e in epochs}) == 4
+    sampler.set_epoch(2)
+    assert list(sampler) == epochs[2]  # The same epoch, the same order.
+    assert list(mt.SeededSampler(ds, seed=12)) != epochs[0]
+    unshuffled = mt.SeededSampler(ds, shuffle=False)
+    assert list(unshuffled) == list(range(30))
+    # Usable in a DataLoader as its sampler.
+    loader = torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None)
+    assert [bytes(b) for b in loader] == [ds[i] for i in epochs[2]]
+
+
+@pytest.mark.parametrize("samples", [1, 5, 6, 7, 30])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_seeded_sampler_shares_like_distributed_sampler(m, samples, world_size, drop_last):
+    import torch.utils.data as data
+    ds = mt.FileListDataset((_FILES * 5)[:samples], monarch=m)
+    shares = []
+    for rank in range(world_size):
+        ours = mt.SeededSampler(ds, num_replicas=world_size, rank=rank, seed=5,
+                                drop_last=drop_last)
+        theirs = data.DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=5,
+                                         drop_last=drop_last)
+        ours.set_epoch(3)
+        share = list(ours)
+        assert len(share) == len(ours) == len(theirs) == len(list(theirs))
+        assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
+        shares.append(share)
+    # Interleaved, the shares are the epoch's permutation, padded from its start.
+    whole = monarch.sampled_indices(samples, 5, 3)
+    interleaved = [shares[k % world_size][k // world_size]
+                   for k in range(len(shares[0]) * world_size)]
+    assert interleaved == [whole[k % samples] for k in range(len(interleaved))]
+    if drop_last:
+        assert len(set(interleaved)) == len(interleaved)  # Cut: nothing repeated.
+    else:
+        assert set(interleaved) == set(range(samples))  # Every sample read.
+
+
+def test_seeded_sampler_takes_rank_and_world_size_from_torch_distributed(m, monkeypatch):
+    import torch.distributed as dist
+    ds = mt.FileListDataset(_FILES, monarch=m)
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda *a: 3)
+    sampler = mt.SeededSampler(ds, seed=1)
+    assert (sampler.num_replicas, sampler.rank, len(sampler)) == (4, 3, 2)
+    assert list(sampler) == monarch.sampled_indices(6, 1, 0, rank=3, world_size=4)
+    assert mt.SeededSampler(ds, num_replicas=2, rank=0).num_replicas == 2  # Explicit wins.
+    with pytest.raises(ValueError, match="rank"):
+        mt.SeededSampler(ds, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="announce_epochs"):
+        mt.SeededSampler(ds, announce_epochs=monarch.MAX_SAMPLED_EPOCHS + 1)
+
+
+def test_seeded_sampler_announces_several_epochs_ahead(m):
+    ds = mt.FileListDataset(_FILES * 2, monarch=m)  # 12 samples.
+
+    def announced(sampler, epoch):
+        before = m.stats()["prefetch_announced_files"]
+        sampler.set_epoch(epoch)
+        list(sampler)
+        stats = m.stats()
+        assert stats["prefetch_order_files"] == stats["prefetch_announced_files"] - before
+        return stats["prefetch_announced_files"] - before
+
+    # 4 epochs of 10 in all: at epoch 1, epochs 1..3 (3 of 6 samples each).
+    limited = mt.SeededSampler(ds, num_replicas=2, rank=1, seed=4, num_epochs=4)
+    assert announced(limited, 1) == 3 * 6
+    assert announced(limited, 3) == 1 * 6
+    assert announced(limited, 7) == 1 * 6  # Past num_epochs: still the epoch at hand.
+    assert announced(mt.SeededSampler(ds, seed=4), 0) == 12  # num_epochs unknown: one.
+    assert announced(mt.SeededSampler(ds, seed=4, announce_epochs=5, num_epochs=2), 0) == 5 * 12
+    many = mt.SeededSampler(ds, seed=4, num_epochs=1000)
+    assert announced(many, 0) == monarch.MAX_SAMPLED_EPOCHS * 12
+    # The announced order is the sampler's own, epoch after epoch: the same
+    # list announce_sampled_order gives for the same description.
+    m.announce_sampled_order(ds.files, seed=4, first_epoch=1, epochs=3, rank=1, world_size=2)
+    assert m.stats()["prefetch_order_files"] == 3 * 6
+
+
+def test_seeded_sampler_announcement_failure_is_a_warning(dataset):
+    class Unreachable:
+        """A handle whose service is gone."""
+
+        def _name_array(self, paths):
+            return None
+
+        def _announce_sampled(self, names, how):
+            raise monarch.MonarchError("no Monarch service session", monarch.UNAVAILABLE)
+
+    ds = mt.FileListDataset(_FILES, dataset=dataset)
+    sampler = mt.SeededSampler(ds, seed=2, monarch=Unreachable())
+    with pytest.warns(UserWarning, match="not announced"):
+        assert list(sampler) == monarch.sampled_indices(6, 2, 0)
+    bad = mt.FileListDataset(["nope.bin"], dataset=dataset)
+    with pytest.raises(FileNotFoundError):
+        list(mt.SeededSampler(bad))
+    clone = pickle.loads(pickle.dumps(mt.SeededSampler(ds, seed=2)))
+    assert list(clone) == monarch.sampled_indices(6, 2, 0)
