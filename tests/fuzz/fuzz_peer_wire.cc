@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "fuzz_check.h"
-#include "remote/checksum.h"
+#include "common/crc32c.h"
 #include "remote/peer_network.h"
 
 namespace monarch {
@@ -105,8 +105,8 @@ void FuzzReply(absl::string_view header, absl::string_view data, size_t expected
   // What the requester does next: copy into the receive buffer, exactly the
   // request's length, then compare the checksum of the copy.
   auto buffer = std::make_unique<char[]>(expected_length + 1);
-  const uint64_t copied = CopyWithChecksum(buffer.get(), data.data(), expected_length);
-  FUZZ_CHECK(copied == Checksum(data.data(), data.size()), "CopyWithChecksum != Checksum");
+  const uint32_t copied = Crc32cCopy(buffer.get(), data.data(), expected_length);
+  FUZZ_CHECK(copied == Crc32c(data.data(), data.size()), "Crc32cCopy != Crc32c");
   FUZZ_CHECK(std::memcmp(buffer.get(), data.data(), expected_length) == 0, "copy differs");
 }
 
