@@ -149,16 +149,6 @@ absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::stri
   return record;
 }
 
-CopyState::Stamp CopyState::Stamp::Of(const struct stat& st) {
-  Stamp stamp;
-  stamp.device = st.st_dev;
-  stamp.inode = st.st_ino;
-  stamp.size = st.st_size;
-  stamp.mtime_ns = TimeNs(st.st_mtim);
-  stamp.ctime_ns = TimeNs(st.st_ctim);
-  return stamp;
-}
-
 CopyState::CopyState(const Stamp& stamp, CopyRecord record)
     : stamp_(stamp),
       record_(std::move(record)),
@@ -274,7 +264,7 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
   if (!S_ISREG(opened.st_mode)) {
     return absl::DataLossError(absl::StrCat(copy->path_, ": not a regular file"));
   }
-  const CopyState::Stamp stamp = CopyState::Stamp::Of(opened);
+  const CopyState::Stamp stamp = SourceIdentity::Of(opened);
   // The very inode whose trailer was read before, unchanged since: its size
   // was checked against the trailer then, and it has that size now.
   copy->state_ = states->Find(file.id, stamp);
@@ -338,7 +328,7 @@ bool CheckedCopy::Unchanged() const {
   struct stat now;
   if (os::Fstat(fd_->get(), &now) != 0) return false;
   // The copy's state was made for this inode as Open() found it.
-  return now.st_size == state_->stamp().size && TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
+  return static_cast<uint64_t>(now.st_size) == state_->stamp().size && TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
 }
 
 absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,

@@ -128,20 +128,9 @@ absl::StatusOr<CopyRecord> ReadCopyRecord(int fd, uint64_t disk_size, absl::stri
 // saw it when the trailer was read. Thread-safe.
 class CopyState {
  public:
-  // The copy's inode (not the source's): what a reopen must find unchanged
-  // to reuse this state.
-  struct Stamp {
-    uint64_t device = 0;
-    uint64_t inode = 0;
-    int64_t size = 0;
-    int64_t mtime_ns = 0;
-    int64_t ctime_ns = 0;
-    static Stamp Of(const struct stat& st);
-    bool operator==(const Stamp& o) const {
-      return device == o.device && inode == o.inode && size == o.size &&
-             mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns;
-    }
-  };
+  // The copy's inode (not the source's), in the five fields a source's
+  // identity has: what a reopen must find unchanged to reuse this state.
+  using Stamp = SourceIdentity;
 
   CopyState(const Stamp& stamp, CopyRecord record);
   CopyState(const CopyState&) = delete;

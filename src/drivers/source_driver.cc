@@ -50,13 +50,7 @@ class SourceDriver final : public StorageDriver {
       return absl::FailedPreconditionError(
           absl::StrCat(JoinPath(root_.path(), file.name), " is no longer a regular file"));
     }
-    SourceIdentity identity;
-    identity.device = st.st_dev;
-    identity.inode = st.st_ino;
-    identity.size = static_cast<uint64_t>(st.st_size);
-    identity.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    identity.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-    return identity;
+    return SourceIdentity::Of(st);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {

@@ -1,10 +1,23 @@
-// StoreCopy: the one helper shared by every driver's users.
+// StoreCopy: the one helper shared by every driver's users; SourceIdentity::Of.
 
 #include "drivers/storage_driver.h"
 
 #include "common/status_macros.h"
 
 namespace monarch {
+
+SourceIdentity SourceIdentity::Of(const struct stat& st) {
+  auto nanoseconds = [](const struct timespec& t) {
+    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+  };
+  SourceIdentity identity;
+  identity.device = st.st_dev;
+  identity.inode = st.st_ino;
+  identity.size = static_cast<uint64_t>(st.st_size);
+  identity.mtime_ns = nanoseconds(st.st_mtim);
+  identity.ctime_ns = nanoseconds(st.st_ctim);
+  return identity;
+}
 
 absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n,
                        const SourceIdentity& source) {

@@ -12,6 +12,8 @@
 #ifndef MONARCH_DRIVERS_STORAGE_DRIVER_H_
 #define MONARCH_DRIVERS_STORAGE_DRIVER_H_
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -55,6 +57,8 @@ struct SourceIdentity {
     identity.mtime_ns = file.mtime_ns;
     return identity;
   }
+  // What fstat() says of a file (the source's, or a copy's own inode).
+  static SourceIdentity Of(const struct stat& st);
   bool operator==(const SourceIdentity& o) const {
     return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns &&
            ctime_ns == o.ctime_ns;
