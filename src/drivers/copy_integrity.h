@@ -102,6 +102,8 @@ class BlockSums {
   absl::Status Add(uint64_t offset, const char* data, size_t n);
   // Every block had its Add().
   bool complete() const { return added_.load(std::memory_order_acquire) == sums_.size(); }
+  // The sums, block by block, once complete(); leaves this object empty.
+  std::vector<uint32_t> Take() { return std::move(sums_); }
   // The trailer for these sums, naming `source`.
   std::string Trailer(const SourceIdentity& source) const;
 

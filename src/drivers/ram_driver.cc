@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +33,7 @@
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "common/shared_memory.h"
+#include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 
@@ -86,10 +88,6 @@ absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const Ra
   return VisitCopy(slots, file_count, arena, file, offset, n,
                    [dst](const char* bytes, size_t count) { std::memcpy(dst, bytes, count); });
 }
-
-constexpr uint64_t kSumBlock = 4096;
-
-uint64_t BlockCount(uint64_t size) { return (size + kSumBlock - 1) / kSumBlock; }
 
 uint64_t SlotTableBytes(uint32_t file_count) { return uint64_t{file_count} * sizeof(Slot); }
 
@@ -169,17 +167,20 @@ class RamDriver final : public StorageDriver {
   // none unless the range is whole blocks (the last may end the file).
   std::optional<uint32_t> RangeCrc(const FileRef& file, uint64_t offset, size_t n) {
     const uint64_t end = offset + n;
-    if (n == 0 || offset % kSumBlock != 0 || (end % kSumBlock != 0 && end != file.size)) {
+    constexpr uint64_t kBlock = kChecksumBlockBytes;
+    if (n == 0 || offset % kBlock != 0 || (end % kBlock != 0 && end != file.size)) {
       return std::nullopt;
     }
     MutexLock lock(&sums_mu_);
     auto it = block_sums_.find(file.id);
-    if (it == block_sums_.end() || it->second.size() != BlockCount(file.size)) return std::nullopt;
+    if (it == block_sums_.end() || it->second.size() != (file.size + kBlock - 1) / kBlock) {
+      return std::nullopt;
+    }
     const std::vector<uint32_t>& sums = it->second;
-    uint64_t block = offset / kSumBlock;
+    uint64_t block = offset / kBlock;
     uint32_t crc = sums[block];
-    for (++block; block * kSumBlock < end; ++block) {
-      crc = Crc32cConcat(crc, sums[block], std::min(kSumBlock, file.size - block * kSumBlock));
+    for (++block; block * kBlock < end; ++block) {
+      crc = Crc32cConcat(crc, sums[block], std::min(kBlock, file.size - block * kBlock));
     }
     return crc;
   }
@@ -189,7 +190,7 @@ class RamDriver final : public StorageDriver {
    public:
     Writer(RamDriver* driver, const FileRef& file, RamArena::Extent extent)
         : driver_(driver), id_(file.id), size_(file.size), extent_(extent) {
-      if (driver->keep_block_sums_) sums_.resize(BlockCount(size_));
+      if (driver->keep_block_sums_) sums_.emplace(size_);
     }
     ~Writer() override {
       if (!committed_ && size_ > 0) driver_->arena_->Free(extent_, size_);
@@ -199,17 +200,9 @@ class RamDriver final : public StorageDriver {
       if (offset > size_ || n > size_ - offset)
         return absl::OutOfRangeError("write past the end of the file");
       MONARCH_RETURN_IF_ERROR(driver_->arena_->Write(extent_, offset, data, n));
-      if (!sums_.empty()) {
-        // Writers write whole blocks (CopyWriter's contract) but the last;
-        // a range that would leave a block half summed keeps no sums.
-        if (offset % kSumBlock != 0 || (n % kSumBlock != 0 && offset + n != size_)) {
-          sums_valid_.store(false, std::memory_order_relaxed);
-        }
-        for (uint64_t done = 0; done < n; done += kSumBlock) {
-          sums_[(offset + done) / kSumBlock] =
-              Crc32c(data + done, static_cast<size_t>(std::min<uint64_t>(kSumBlock, n - done)));
-        }
-      }
+      // A write that is not whole blocks (CopyWriter's contract allows
+      // only the last one short) leaves the sums incomplete: none are kept.
+      if (sums_) (void)sums_->Add(offset, data, n);
       return absl::OkStatus();
     }
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
@@ -227,9 +220,9 @@ class RamDriver final : public StorageDriver {
       if (previous != 0) {
         return absl::AlreadyExistsError(absl::StrCat("file ", id_, " already has a RAM copy"));
       }
-      if (!sums_.empty() && sums_valid_.load(std::memory_order_relaxed)) {
+      if (sums_ && sums_->complete()) {
         MutexLock sums_lock(&driver_->sums_mu_);
-        driver_->block_sums_[id_] = std::move(sums_);
+        driver_->block_sums_[id_] = sums_->Take();
       }
       // The writes happened before; release order makes them visible to
       // a reader that loads the location with acquire order.
@@ -244,10 +237,9 @@ class RamDriver final : public StorageDriver {
     const uint64_t size_;
     const RamArena::Extent extent_;
     bool committed_ = false;
-    // Written by concurrent Write()s for disjoint blocks; read by Commit(),
-    // which comes after every Write().
-    std::vector<uint32_t> sums_;
-    std::atomic<bool> sums_valid_{true};
+    // With peers: filled by concurrent Write()s for disjoint blocks, taken
+    // by Commit(), which comes after every Write().
+    std::optional<BlockSums> sums_;
   };
 
   const std::unique_ptr<RamArena> arena_;
