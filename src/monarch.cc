@@ -319,6 +319,8 @@ class MonarchImpl final : public MonarchCore {
   void WaitForPlacement() override {
     if (peers_ != nullptr) peers_->WaitForFills();
     placement_->WaitIdle();
+    // Copies published are readied (opened, checked) before the next epoch.
+    for (const auto& tier : tiers_) tier->driver().WaitForBackgroundWork();
   }
 
   absl::Status AnnounceOrder(const std::vector<std::string>& names) override {

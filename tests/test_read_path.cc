@@ -549,12 +549,18 @@ TEST_CASE("a tier copy that disappears is served from the source instead") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   std::string nvme = dir.Sub("nvme");
-  auto files = testing::MakeDataset(ds, 2, {10000});
-  auto m = MustCreate(
-      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")}));
+  auto files = testing::MakeDataset(ds, 6, {10000});
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  // The copy removed is not open: one still open would be read through its
+  // descriptor, the intact bytes of the removed file.
+  config.placement.max_open_files = 4;
+  auto m = MustCreate(config);
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m->WaitForPlacement();
-  REQUIRE(m->GetStats().Tier(0, "files") == 2);
+  REQUIRE(m->GetStats().Tier(0, "files") == 6);
+  REQUIRE(m->GetStats().Tier(0, "copies_readied_ahead") == files.size());
+  for (int i = 2; i < 6; ++i) ReadWholeAndCheck(*m, files[i]);  // Open: 2 to 5.
   std::remove((nvme + "/" + files[1].name).c_str());
   ReadWholeAndCheck(*m, files[1]);
   ReadWholeAndCheck(*m, files[1]);
@@ -581,19 +587,23 @@ TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, trun
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   std::string nvme = dir.Sub("nvme");
-  auto files = testing::MakeDataset(ds, 5, {300000});
-  // Few descriptors: reads after the damage open the copies anew.
+  auto files = testing::MakeDataset(ds, 8, {300000});
+  // Few descriptors: reads after the damage open the copies anew. (A copy
+  // still open from before, as the tier opens each new copy ahead of its
+  // first read, would be read through that descriptor: the intact bytes of
+  // the file that was replaced.)
   Config config =
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
   config.placement.max_open_files = 4;
   auto m = MustCreate(config);
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m->WaitForPlacement();
-  REQUIRE(m->GetStats().Tier(0, "files") == 5);
-  REQUIRE(m->GetStats().Tier(0, "bytes_used") == 5 * OnDisk(300000));
+  REQUIRE(m->GetStats().Tier(0, "files") == 8);
+  REQUIRE(m->GetStats().Tier(0, "bytes_used") == 8 * OnDisk(300000));
+  REQUIRE(m->GetStats().Tier(0, "copies_readied_ahead") == files.size());
   auto copy = [&](int i) { return nvme + "/" + files[i].name; };
   // A symlink to zeros of the right length, a FIFO (an open would block),
-  // a directory, a truncated copy, and one copy left alone.
+  // a directory, a truncated copy, and four copies left alone.
   REQUIRE(std::remove(copy(0).c_str()) == 0);
   REQUIRE(::symlink("/dev/zero", copy(0).c_str()) == 0);
   REQUIRE(std::remove(copy(1).c_str()) == 0);
@@ -601,18 +611,18 @@ TEST_CASE("damaged posix copies are never served: symlink, FIFO, directory, trun
   REQUIRE(std::remove(copy(2).c_str()) == 0);
   REQUIRE(::mkdir(copy(2).c_str(), 0755) == 0);
   REQUIRE(::truncate(copy(3).c_str(), 1000) == 0);
-  // Reading the good copy first leaves at most 3 of the 4 others cached;
-  // cached or not, each must be caught (by a short read or at its open).
-  ReadWholeWithWatchdog(*m, files[4]);
+  // Reading the good copies first leaves none of the 4 others open: each
+  // must be caught at its open.
+  for (int i = 4; i < 8; ++i) ReadWholeWithWatchdog(*m, files[i]);
   for (int i = 0; i < 4; ++i) {
     ReadWholeWithWatchdog(*m, files[i]);
     ReadWholeWithWatchdog(*m, files[i]);
   }
   const Stats stats = m->GetStats();
   CHECK(stats.Tier(0, "read_errors") == 4);  // Each dropped at its first bad read.
-  // Their room is given back: the tier counts only the good copy.
-  CHECK(stats.Tier(0, "files") == 1);
-  CHECK(stats.Tier(0, "bytes_used") == OnDisk(files[4].size));
+  // Their room is given back: the tier counts only the good copies.
+  CHECK(stats.Tier(0, "files") == 4);
+  CHECK(stats.Tier(0, "bytes_used") == 4 * OnDisk(300000));
   // What was left of them is gone (the directory cannot be unlinked).
   struct stat st;
   CHECK(::lstat(copy(0).c_str(), &st) != 0);

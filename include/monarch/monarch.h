@@ -105,8 +105,10 @@ class Monarch {
   // each file already is); they just no longer start promotions. Idempotent.
   virtual void Shutdown(ShutdownMode mode) = 0;
 
-  // Blocks until no promotion is queued or running. For tests and tools that
-  // want a fully promoted dataset before timing the next epoch.
+  // Blocks until no promotion is queued or running, and the file tiers have
+  // opened and checked the copies written (see placement.verify). For tests
+  // and tools that want a fully promoted dataset before timing the next
+  // epoch.
   virtual void WaitForPlacement() = 0;
 
   // Clairvoyant prefetch: announces the order in which this process will

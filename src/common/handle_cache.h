@@ -71,6 +71,17 @@ class HandleCache {
     index_.erase(it);
   }
 
+  // Drops the cached handle for `key` only if it is `handle`.
+  void EraseIf(uint32_t key, const Handle* handle) {
+    HandlePtr dropped;
+    MutexLock lock(&mu_);
+    auto it = index_.find(key);
+    if (it == index_.end() || it->second->second.get() != handle) return;
+    dropped = std::move(it->second->second);
+    lru_.erase(it->second);
+    index_.erase(it);
+  }
+
   size_t size() {
     MutexLock lock(&mu_);
     return lru_.size();

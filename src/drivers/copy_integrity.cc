@@ -324,6 +324,11 @@ absl::Status CheckedCopy::Verify(uint64_t first, uint64_t count, const char* dat
   return absl::OkStatus();
 }
 
+bool CheckedCopy::Unlinked() const {
+  struct stat now;
+  return os::Fstat(fd_->get(), &now) == 0 && now.st_nlink == 0;
+}
+
 bool CheckedCopy::Unchanged() const {
   struct stat now;
   if (os::Fstat(fd_->get(), &now) != 0) return false;

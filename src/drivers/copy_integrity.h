@@ -19,9 +19,10 @@
 // trailer. A read then checks the blocks it touches against their CRCs, as
 // the policy says:
 // - first-read (the default): each block the first time this process reads
-//   it, then an fstat() after every read: a copy written or truncated in
-//   place since it was opened changed its ctime or size (the kernel updates
-//   ctime before the bytes). From then on the handle checks every block of
+//   it (the tier that wrote a copy reads it once ahead of its readers, in
+//   the background: OpenCopies in copy_tree.h), then an fstat() after every
+//   read: a copy written or truncated in place since it was opened changed
+//   its ctime or size (the kernel updates ctime before the bytes). From then on the handle checks every block of
 //   every read, this one included, so altered bytes are caught by their
 //   checksums. (A ctime change alone is no proof: a copy that another
 //   process sharing the tier replaced by its own was unlinked, and that
@@ -148,6 +149,8 @@ class CopyState {
   // far enough in the past that any change from now on gets another one
   // (see "Timestamps are coarse" above).
   bool Settled();
+  // The wall-clock time (CLOCK_REALTIME, ns) from which Settled() is true.
+  int64_t settled_after_ns() const { return settled_after_ns_; }
   // Memory this state holds, for the budget of CopyStates.
   size_t bytes() const;
 
@@ -234,6 +237,8 @@ class CheckedCopy {
   absl::StatusOr<size_t> Read(uint64_t offset, char* dst, size_t n, VerifyPolicy policy);
 
   const SourceIdentity& source() const { return state_->record().source; }
+  // Whether the copy's file has no name left (removed while open).
+  bool Unlinked() const;
   const CopyState& state() const { return *state_; }
 
  private:

@@ -4,11 +4,17 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <vector>
 
@@ -57,6 +63,117 @@ absl::StatusOr<size_t> OpenCopies::Read(const FileRef& file, uint64_t offset, ch
   // may take the name.
   if (absl::IsDataLoss(result.status())) Forget(file.id);
   return result;
+}
+
+OpenCopies::~OpenCopies() {
+  std::thread thread;
+  {
+    MutexLock lock(&ahead_mu_);
+    stopping_ = true;
+    ahead_changed_.SignalAll();
+    ahead_idle_.SignalAll();
+    thread = std::move(ahead_thread_);
+  }
+  if (thread.joinable()) thread.join();
+}
+
+void OpenCopies::Published(const FileRef& file, bool check) {
+  Forget(file.id);
+  MutexLock lock(&ahead_mu_);
+  if (stopping_ || ahead_.size() >= kMaxQueued) return;
+  ahead_.push_back(Queued{file.id, std::string(file.name), file.size, file.mtime_ns,
+                          check && verify_ == VerifyPolicy::kFirstRead});
+  if (!ahead_thread_.joinable()) ahead_thread_ = std::thread([this] { ReadyAheadLoop(); });
+  ahead_changed_.Signal();
+}
+
+void OpenCopies::ReadyAheadLoop() {
+  ::pthread_setname_np(::pthread_self(), "monarch-ready");
+  // Only CPU time nobody else wants: in a cold epoch bound by the CPU
+  // rather than the source (a page-cached source), checking copies ahead
+  // would otherwise take it from the readers. Behind, the queue only waits.
+  // (The locks it shares with readers are held for a few instructions,
+  // never across I/O, so its low priority cannot hold a reader up.)
+  struct sched_param idle = {};
+  (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
+  constexpr size_t kScratchBytes = 1 << 20;
+  std::unique_ptr<char[]> scratch(new char[kScratchBytes]);
+  while (true) {
+    Queued queued;
+    {
+      MutexLock lock(&ahead_mu_);
+      readying_ = false;
+      if (ahead_.empty()) ahead_idle_.SignalAll();
+      while (!stopping_ && ahead_.empty()) ahead_changed_.Wait(&ahead_mu_);
+      if (stopping_) return;
+      queued = std::move(ahead_.front());
+      ahead_.pop_front();
+      readying_ = true;
+    }
+    ReadyAhead(queued, scratch.get(), kScratchBytes);
+  }
+}
+
+void OpenCopies::WaitForReadying() {
+  MutexLock lock(&ahead_mu_);
+  while (!stopping_ && (readying_ || !ahead_.empty())) ahead_idle_.Wait(&ahead_mu_);
+}
+
+void OpenCopies::ReadyAhead(const Queued& queued, char* scratch, size_t scratch_bytes) {
+  const FileRef file{queued.id, queued.name, queued.size, queued.mtime_ns};
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
+      handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });
+  // Gone already (evicted, damaged): its next reader, if any, finds out.
+  if (!copy.ok()) return;
+  // Removed (evicted, dropped) between the open and the caching: Remove()
+  // forgets after it unlinks, so either it dropped this handle or the
+  // unlink shows here. A handle left cached would keep the removed copy's
+  // blocks allocated on the device, beyond the tier's capacity.
+  if ((*copy)->Unlinked()) {
+    handles_.EraseIf(file.id, copy->get());
+    return;
+  }
+  if (!queued.check) {
+    readied_ahead_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Copies are queued as they are published, so waiting for this one to
+  // settle delays the ones behind it by no more than their own wait. A
+  // copy whose ctime has whole seconds settles seconds later (see SettleNs):
+  // then its first read checks it, as without this thread.
+  struct timespec now;
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t wait_ns = (*copy)->state().settled_after_ns() -
+                          (static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  constexpr int64_t kLongestWaitNs = 100000000;
+  if (wait_ns > kLongestWaitNs) return;
+  if (wait_ns > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns + 1);
+    MutexLock lock(&ahead_mu_);
+    while (!stopping_ && ahead_changed_.WaitUntil(&ahead_mu_, deadline)) {
+    }
+    if (stopping_) return;
+  }
+  // Reads the copy as a reader would, so each block is checked and
+  // remembered, and a damaged copy is forgotten, exactly as on that path;
+  // but not the pieces readers have checked already.
+  const CopyState& state = (*copy)->state();
+  for (uint64_t offset = 0; offset < file.size; offset += scratch_bytes) {
+    const uint64_t end = std::min<uint64_t>(file.size, offset + scratch_bytes);
+    bool checked = true;
+    for (uint64_t b = offset / kChecksumBlockBytes; checked && b * kChecksumBlockBytes < end; ++b) {
+      checked = state.Verified(b);
+    }
+    if (!checked && !Read(file, offset, scratch, scratch_bytes).ok()) return;
+  }
+  readied_ahead_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void OpenCopies::ReportCounters(CounterSink& sink) const {
+  states_.ReportCounters(sink);
+  sink.Counter("copies_readied_ahead", readied_ahead_.load(std::memory_order_relaxed),
+               "Copies opened, and with first-read checked whole, by the tier soon after it "
+               "wrote them, so that their first read does neither.");
 }
 
 std::string CopyTree::PathOf(absl::string_view name) const { return JoinPath(root_, name); }

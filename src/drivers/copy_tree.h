@@ -17,7 +17,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +27,7 @@
 #include "common/counters.h"
 #include "common/file_util.h"
 #include "common/handle_cache.h"
+#include "common/mutex.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/storage_driver.h"
 
@@ -116,10 +119,23 @@ class PendingCopy {
 // over the tier's CopyStates, so that a copy whose handle was evicted is
 // opened again without reading its trailer or checking its blocks again,
 // as long as it is the same unchanged inode. Thread-safe.
+//
+// Readying ahead. A copy's first read costs more than the ones after it: it
+// opens the copy, reads its trailer, maps it (pmem) and, with first-read,
+// checks every block it touches. The tier does that work itself, in one
+// background thread, soon after it publishes a copy (Published()), so the
+// first epoch that reads the copies finds them open and checked, like any
+// later one. The check waits until the copy's ctime has settled
+// (CopyState::Settled): a check made sooner could not be remembered.
 class OpenCopies {
  public:
   OpenCopies(const CopyTree* tree, int max_open, bool map, VerifyPolicy verify)
       : tree_(tree), map_(map), verify_(verify), handles_(max_open) {}
+  // Stops the background thread; copies still queued are left to their
+  // first read.
+  ~OpenCopies();
+  OpenCopies(const OpenCopies&) = delete;
+  OpenCopies& operator=(const OpenCopies&) = delete;
 
   // Reads the copy of `file` as CheckedCopy::Read does. A damaged copy
   // (DataLoss) is forgotten here; the caller drops it from the tier.
@@ -132,14 +148,50 @@ class OpenCopies {
     states_.Forget(id);
   }
 
-  void ReportCounters(CounterSink& sink) const { states_.ReportCounters(sink); }
+  // A new copy of `file` was just published: forgets the old one's handle
+  // and state (Forget), and queues the new one to be opened ahead of its
+  // first read. With `check`, it is checked whole too (first-read), worth it
+  // when its bytes are in memory: a copy written past the page cache is
+  // left to be checked as it is read from the device.
+  void Published(const FileRef& file, bool check);
+
+  // Blocks until every copy queued by Published() so far was readied (or
+  // given up).
+  void WaitForReadying();
+
+  // copy_opens, trailer_reads, blocks_verified, verified_state_bytes,
+  // copies_readied_ahead.
+  void ReportCounters(CounterSink& sink) const;
 
  private:
+  struct Queued {
+    uint32_t id = 0;
+    std::string name;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    bool check = false;
+  };
+  // Queued copies beyond this many are left to their first read: a bound on
+  // the queue's memory when copies are published faster than one thread
+  // opens them.
+  static constexpr size_t kMaxQueued = 1 << 16;
+
+  void ReadyAheadLoop();
+  void ReadyAhead(const Queued& queued, char* scratch, size_t scratch_bytes);
+
   const CopyTree* const tree_;
   const bool map_;
   const VerifyPolicy verify_;
   CopyStates states_;  // Before handles_: open copies point to it.
   HandleCache<CheckedCopy> handles_;
+  std::atomic<uint64_t> readied_ahead_{0};
+  Mutex ahead_mu_;
+  CondVar ahead_changed_;
+  std::deque<Queued> ahead_ ABSL_GUARDED_BY(ahead_mu_);
+  CondVar ahead_idle_;  // Signalled when the queue empties and no copy is being readied.
+  bool readying_ ABSL_GUARDED_BY(ahead_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(ahead_mu_) = false;
+  std::thread ahead_thread_ ABSL_GUARDED_BY(ahead_mu_);  // Started by the first Published().
 };
 
 }  // namespace monarch

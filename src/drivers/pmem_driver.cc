@@ -109,13 +109,17 @@ class PmemDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
+    // Unlinked before its handle is forgotten (OpenCopies::ReadyAhead).
+    absl::Status removed = tree_.Remove(file.name);
     copies_.Forget(file.id);
-    return tree_.Remove(file.name);
+    return removed;
   }
 
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
   void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
+
+  void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
 
  private:
   // Copies chunks into a mapping of the temporary file: with the persistent
@@ -174,7 +178,7 @@ class PmemDriver final : public StorageDriver {
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
       // Neither a mapping of an older copy nor what was checked of it may be
       // reused.
-      driver_->copies_.Forget(copy_.file().id);
+      driver_->copies_.Published(copy_.file(), /*check=*/true);
       return absl::OkStatus();
     }
 

@@ -84,13 +84,17 @@ class PosixDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
+    // Unlinked before its handle is forgotten (OpenCopies::ReadyAhead).
+    absl::Status removed = tree_.Remove(file.name);
     copies_.Forget(file.id);
-    return tree_.Remove(file.name);
+    return removed;
   }
 
   absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
 
   void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
+
+  void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
 
  private:
   bool WantDirect(uint64_t size) const {
@@ -164,8 +168,9 @@ class PosixDriver final : public StorageDriver {
         return ErrnoToStatus(errno, absl::StrCat("close ", copy_.temporary()));
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
       // Neither a handle on an older copy nor what was checked of it may be
-      // reused.
-      driver_->copies_.Forget(copy_.file().id);
+      // reused. A direct-written copy is not in the page cache: checking it
+      // ahead would read it from the device once more than its readers do.
+      driver_->copies_.Published(copy_.file(), /*check=*/!direct_);
       return absl::OkStatus();
     }
 

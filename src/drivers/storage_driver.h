@@ -169,6 +169,11 @@ class StorageDriver {
   // checked. Others: none.
   virtual void ReportTierCounters(CounterSink& sink) const { (void)sink; }
 
+  // Drivers that work on their copies in the background (the file tiers
+  // open and check each new copy ahead of its first read): blocks until
+  // that work is done for every copy committed so far. Others: no such work.
+  virtual void WaitForBackgroundWork() {}
+
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {
