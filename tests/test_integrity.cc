@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -589,15 +590,20 @@ TEST_CASE("dataset.symlinks: follow, inside, skip") {
 }
 
 // Regular-file bytes under `dir` (copies, temporaries, anything).
+// Each file counted once, by inode: a walk that runs while copies are
+// renamed from the temporaries' directory into place can meet the same
+// file under both names.
 uint64_t BytesOnDisk(const std::string& dir) {
   uint64_t total = 0;
+  std::set<std::pair<dev_t, ino_t>> seen;
   std::error_code error;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, error);
        it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
     if (error) break;
-    std::error_code e;
-    if (it->symlink_status(e).type() == std::filesystem::file_type::regular) {
-      total += it->file_size(e);
+    struct stat st;
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        seen.emplace(st.st_dev, st.st_ino).second) {
+      total += static_cast<uint64_t>(st.st_size);
     }
   }
   return total;
