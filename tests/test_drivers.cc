@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "common/handle_cache.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
@@ -216,6 +217,33 @@ TEST_CASE("bounded descriptor caches still serve many files") {
       CHECK(testing::BytesMatch({"", i, 100}, buffer, 0, 100));
     }
   }
+}
+
+TEST_CASE("handle cache: bounded, least recently used out, an erase of one handle spares another") {
+  HandleCache<int> cache(2);
+  int opens = 0;
+  auto open = [&](int value) {
+    return [&opens, value]() -> absl::StatusOr<std::shared_ptr<int>> {
+      ++opens;
+      return std::make_shared<int>(value);
+    };
+  };
+  std::shared_ptr<int> first = *cache.Get(1, open(10));
+  REQUIRE(*cache.Get(2, open(20)) != nullptr);
+  CHECK(*cache.Get(1, open(11)) == first);  // Cached: not opened again.
+  CHECK(opens == 2);
+  REQUIRE(*cache.Get(3, open(30)) != nullptr);  // Evicts 2, the least recently used.
+  CHECK(cache.size() == 2);
+  CHECK(**cache.Get(2, open(21)) == 21);
+  CHECK(opens == 4);
+  // Erasing with a handle that is not the cached one leaves the cached one.
+  const int stale = 0;
+  cache.Erase(2, &stale);
+  CHECK(**cache.Get(2, open(22)) == 21);
+  std::shared_ptr<int> cached = *cache.Get(2, open(23));
+  cache.Erase(2, cached.get());
+  CHECK(**cache.Get(2, open(24)) == 24);
+  CHECK(*first == 10);  // An evicted handle stays valid for whoever holds it.
 }
 
 TEST_CASE("source driver reads the dataset and refuses to write or delete") {

@@ -60,23 +60,13 @@ class HandleCache {
     return *opened;
   }
 
-  // Drops the cached handle for `key`, if any (e.g. after the file was replaced).
-  void Erase(uint32_t key) {
+  // Drops the cached handle for `key`, if any (e.g. after the file was
+  // replaced); with `only`, only if the handle cached is that one.
+  void Erase(uint32_t key, const Handle* only = nullptr) {
     HandlePtr dropped;
     MutexLock lock(&mu_);
     auto it = index_.find(key);
-    if (it == index_.end()) return;
-    dropped = std::move(it->second->second);
-    lru_.erase(it->second);
-    index_.erase(it);
-  }
-
-  // Drops the cached handle for `key` only if it is `handle`.
-  void EraseIf(uint32_t key, const Handle* handle) {
-    HandlePtr dropped;
-    MutexLock lock(&mu_);
-    auto it = index_.find(key);
-    if (it == index_.end() || it->second->second.get() != handle) return;
+    if (it == index_.end() || (only != nullptr && it->second->second.get() != only)) return;
     dropped = std::move(it->second->second);
     lru_.erase(it->second);
     index_.erase(it);

@@ -130,7 +130,7 @@ void OpenCopies::ReadyAhead(const Queued& queued, char* scratch, size_t scratch_
   // unlink shows here. A handle left cached would keep the removed copy's
   // blocks allocated on the device, beyond the tier's capacity.
   if ((*copy)->Unlinked()) {
-    handles_.EraseIf(file.id, copy->get());
+    handles_.Erase(file.id, copy->get());
     return;
   }
   if (!queued.check) {
