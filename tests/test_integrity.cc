@@ -44,11 +44,6 @@ constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
 #endif
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
 
 // Rewrites `path` with the bytes of `seed` in place (same inode, same size)
 // and puts its mtime back: the change a size-and-mtime check cannot see.
@@ -784,14 +779,6 @@ TEST_CASE("chaos: random reads against damaged tiers and changing sources stay b
         (void)!::symlink("/dev/zero", path.c_str());
         break;
       case 4:  // Truncated (under a pmem mapping: SIGBUS territory).
-        // Not the pmem copies under ThreadSanitizer: a thread that recovers
-        // from one SIGBUS (GuardedCopy's jump out of the handler) is
-        // sometimes killed by its next one there, in TSan's signal handling
-        // (4 runs in 12 with this test; 1 in 12 before the prefetch work
-        // changed the timing). Recovery from SIGBUS is checked by this test
-        // in the other builds and by "a pmem copy truncated while mapped"
-        // in all of them.
-        if (kThreadSanitizer && absl::StartsWith(path, pmem)) path = nvme + path.substr(pmem.size());
         (void)!::truncate(path.c_str(), rng() % 2 == 0 ? 0 : st.st_size / 2);
         break;
       case 5:  // A FIFO, or a directory, in its place.

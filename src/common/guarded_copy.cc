@@ -2,8 +2,10 @@
 
 #include "common/guarded_copy.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <ucontext.h>
 
 #include <atomic>
 #include <cstring>
@@ -20,6 +22,13 @@ struct sigaction g_previous;
 void OnSigbus(int signal, siginfo_t* info, void* context) {
   if (sigjmp_buf* recovery = t_recovery) {
     t_recovery = nullptr;
+    // The jump leaves the handler without the kernel restoring the signal
+    // mask, and the recovery point does not save it (a system call per
+    // copy). So the mask the thread had when it faulted is put back here,
+    // on the fault path only. Without this, a handler installed around ours
+    // that blocks signals while it runs (ThreadSanitizer's blocks them all)
+    // leaves SIGBUS blocked, and the thread's next fault kills the process.
+    ::pthread_sigmask(SIG_SETMASK, &static_cast<ucontext_t*>(context)->uc_sigmask, nullptr);
     siglongjmp(*recovery, 1);
   }
   // Not ours: behave as if we had never been installed.
