@@ -13,8 +13,16 @@ Epoch 2 is the first hot epoch of the process (first-read checks each block
 there); epoch 3 is the steady state. Reported: each hot epoch / the local
 copy's same epoch (target for the default, first-read: <= 1.05).
 
+With --baseline-build, each tier setup also runs with that build's
+monarch-epochs (another commit, built in its own directory), in turns with
+this one, and gets its own rows: a before/after in the same run. Epoch 1
+(cold: promotions, and the tier readying each new copy in the background)
+is reported too, so what moves off the hot epochs shows up there if it
+costs anything.
+
 usage: bench/integrity.py [--build build] [--dir /var/tmp/monarch-bench-integrity]
                           [--small-files 8000] [--shards 16] [--threads 4] [--repeat 3]
+                          [--policies off,first-read,every-read] [--baseline-build DIR]
 """
 import argparse
 import json
@@ -46,9 +54,15 @@ def main():
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--baseline-build", default="")
     ap.add_argument("--out", default="bench/results/integrity.md")
     a = ap.parse_args()
     binary = os.path.join(a.build, "monarch-epochs")
+    policies = a.policies.split(",")
+    builds = [("", binary)]
+    if a.baseline_build:
+        builds.append((" (baseline)", os.path.join(a.baseline_build, "monarch-epochs")))
     os.makedirs(a.dir, exist_ok=True)
     j = os.path.join(a.dir, "run.json")
     load_before = f"{os.getloadavg()[0]:.2f}"
@@ -73,24 +87,27 @@ def main():
             keep("local", epochs(binary, ["--dataset", source, "--plain-dir", local,
                                           "--mode", "plain"] + common, j))
             for kind, root in (("posix", a.dir), ("pmem", a.shm)):
-                for policy in POLICIES:
-                    tier = os.path.join(root, f"tier-{profile}-{kind}-{policy}")
-                    shutil.rmtree(tier, ignore_errors=True)
-                    os.makedirs(tier)
-                    config = os.path.join(a.dir, "integrity.yaml")
-                    with open(config, "w") as f:
-                        f.write(f"dataset: {{path: {source}}}\n"
-                                f"tiers:\n  - {{name: {kind}, kind: {kind}, path: {tier}, "
-                                f"capacity: 8GiB}}\n  - {{name: pfs, kind: source}}\n"
-                                f"placement: {{threads: 2, verify: {policy}}}\n")
-                    keep((kind, policy),
-                         epochs(binary, ["--config", config, "--settle"] + common, j))
-                    shutil.rmtree(tier, ignore_errors=True)
+                for policy in policies:
+                    for label, build_binary in builds:
+                        tier = os.path.join(root, f"tier-{profile}-{kind}-{policy}")
+                        shutil.rmtree(tier, ignore_errors=True)
+                        os.makedirs(tier)
+                        config = os.path.join(a.dir, "integrity.yaml")
+                        with open(config, "w") as f:
+                            f.write(f"dataset: {{path: {source}}}\n"
+                                    f"tiers:\n  - {{name: {kind}, kind: {kind}, path: {tier}, "
+                                    f"capacity: 8GiB}}\n  - {{name: pfs, kind: source}}\n"
+                                    f"placement: {{threads: 2, verify: {policy}}}\n")
+                        keep((kind, policy, label),
+                             epochs(build_binary, ["--config", config, "--settle"] + common, j))
+                        shutil.rmtree(tier, ignore_errors=True)
         rows.append((profile, count, best))
 
     lines = ["# Cost of checking tier copies (placement.verify)", "",
              f"Command: `python3 bench/integrity.py --small-files {a.small_files} "
-             f"--shards {a.shards} --threads {a.threads} --repeat {a.repeat}` "
+             f"--shards {a.shards} --threads {a.threads} --repeat {a.repeat}"
+             + (f" --policies {a.policies}" if a.policies != ",".join(POLICIES) else "")
+             + (f" --baseline-build {a.baseline_build}" if a.baseline_build else "") + "` "
              "(page cache never dropped: hot epochs read copies in memory; posix tier on the "
              "disk, pmem tier on /dev/shm; best of "
              f"{a.repeat} runs per epoch, setups in turns; load average before: {load_before}, "
@@ -98,17 +115,22 @@ def main():
              "Epoch 2 is each process's first hot epoch (first-read checks every block there "
              "once); epoch 3 is the steady state. Ratios are to the plain reads of a "
              "pre-staged local copy in the same epoch.", "",
-             "| dataset | tier | verify | e2 (s) | e3 (s) | e2 / local | e3 / local |",
-             "|---|---|---|---|---|---|---|"]
+             "| dataset | tier | verify | e1 (s) | e2 (s) | e3 (s) | e2 / local | e3 / local |",
+             "|---|---|---|---|---|---|---|---|"]
+    if a.baseline_build:
+        lines[2] += (f" Rows marked (baseline) ran `{a.baseline_build}/monarch-epochs`, in turns "
+                     "with this build.")
     for profile, count, best in rows:
         local = best["local"]
-        lines.append(f"| {profile} ({count} files) | local copy | - | {local[1]:.3f} | "
-                     f"{local[2]:.3f} | 1 | 1 |")
+        lines.append(f"| {profile} ({count} files) | local copy | - | {local[0]:.3f} | "
+                     f"{local[1]:.3f} | {local[2]:.3f} | 1 | 1 |")
         for kind in ("posix", "pmem"):
-            for policy in POLICIES:
-                t = best[(kind, policy)]
-                lines.append(f"| {profile} ({count} files) | {kind} | {policy} | {t[1]:.3f} | "
-                             f"{t[2]:.3f} | {t[1] / local[1]:.3f} | {t[2] / local[2]:.3f} |")
+            for policy in policies:
+                for label, _ in builds:
+                    t = best[(kind, policy, label)]
+                    lines.append(f"| {profile} ({count} files) | {kind} | {policy}{label} | "
+                                 f"{t[0]:.3f} | {t[1]:.3f} | {t[2]:.3f} | "
+                                 f"{t[1] / local[1]:.3f} | {t[2] / local[2]:.3f} |")
     shutil.rmtree(a.shm, ignore_errors=True)
     text = "\n".join(lines) + "\n"
     print(text)
