@@ -410,6 +410,15 @@ class Monarch:
         """Returns `size` bytes of the file from `offset` (all of the rest
         when size < 0) as bytes; short at the end of the file, empty past it."""
         name = self._name(path)
+        fast = _read_bytes_module()
+        if fast is not None:
+            if offset < 0:
+                raise ValueError(f"negative offset {offset}")
+            result = fast.read(self._h().value, name, offset,
+                               -1 if size is None or size < 0 else size)
+            if result.__class__ is bytes:
+                return result
+            self._fail(result[0], result[1], name, path)
         if size is None or size < 0:
             size = max(0, self._size(name, path) - offset)
         if _new_bytes is not None and size > 0:
@@ -659,6 +668,38 @@ class Monarch:
         if bar:
             bar.finish()
         return StageResult(len(names), total)
+
+
+_read_bytes_bound = None  # Not `_read_bytes`: the package attribute would shadow the module.
+_read_bytes_tried = False
+
+
+def _read_bytes_module():
+    """monarch._read_bytes (python/monarch/_read_bytes.c), bound to the loaded
+    C library, or None: read() then makes its three calls through ctypes.
+    Installed packages have it next to this file; a build tree names it in
+    MONARCH_READ_BYTES_MODULE (the tests' environment); MONARCH_READ_BYTES=0
+    turns it off."""
+    global _read_bytes_bound, _read_bytes_tried
+    if _read_bytes_tried:
+        return _read_bytes_bound
+    module = None
+    if os.environ.get("MONARCH_READ_BYTES", "1") != "0":
+        try:
+            from . import _read_bytes as module
+        except ImportError:
+            path = os.environ.get("MONARCH_READ_BYTES_MODULE")
+            if path:
+                import importlib.util
+                spec = importlib.util.spec_from_file_location("monarch._read_bytes", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+        if module is not None:
+            lib = _lib.lib()
+            module.bind(*(ctypes.cast(f, ctypes.c_void_p).value
+                          for f in (lib.monarch_read, lib.monarch_file_size, lib.monarch_free)))
+    _read_bytes_bound, _read_bytes_tried = module, True
+    return module
 
 
 # CPython: PyBytes_FromStringAndSize(NULL, n) makes an uninitialised bytes

@@ -104,3 +104,17 @@ def shared_service(dataset):
     yield service
     service.stop()
     assert not service_pids(service.dir), "a monarch service outlived the test"
+
+
+@pytest.fixture(params=["compiled", "ctypes"])
+def read_path(request, monkeypatch):
+    """Runs a test through each of Monarch.read()'s two paths: the compiled
+    monarch._read_bytes (required when the build made one and named it in
+    MONARCH_READ_BYTES_MODULE) and the three ctypes calls."""
+    if request.param == "ctypes":
+        monkeypatch.setattr(monarch, "_read_bytes_module", lambda: None)
+    elif monarch._read_bytes_module() is None:
+        if os.environ.get("MONARCH_READ_BYTES_MODULE"):
+            pytest.fail("MONARCH_READ_BYTES_MODULE is set, but monarch._read_bytes did not load")
+        pytest.skip("monarch._read_bytes was not built")
+    return request.param

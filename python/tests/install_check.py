@@ -23,6 +23,8 @@ import monarch
 here = os.path.dirname(monarch.__file__)
 dataset, config = sys.argv[1], sys.argv[2]
 out = {"package": here, "library": monarch.library_path()}
+fast = monarch._read_bytes_module()  # read()'s compiled path, bundled
+out["read_bytes_module"] = fast.__file__ if fast is not None else None
 with monarch.Monarch(dataset=dataset) as m:
     out["read_ok"] = m.read("payload.bin") == open(os.path.join(dataset, "payload.bin"), "rb").read()
     out["listdir"] = m.listdir()
@@ -83,6 +85,7 @@ def test_pip_install_and_use():
         assert out["library"] == os.path.join(out["package"], "libmonarch_c.so"), out
         assert out["binary"] == os.path.join(out["package"], "bin", "monarch"), out
         assert out["read_ok"] and out["listdir"] == ["payload.bin"], out
+        assert out["read_bytes_module"] == os.path.join(out["package"], "_read_bytes.abi3.so"), out
         assert out["shared_read_ok"] and out["service_clients"] >= 1, out
         pids = service_pids(config)
         assert pids, "no node service was started from the installed binary"

@@ -16,7 +16,7 @@ def source(dataset, name):
         return f.read()
 
 
-def test_read_whole_ranges_and_past_eof(m, dataset):
+def test_read_whole_ranges_and_past_eof(read_path, m, dataset):
     blob = source(dataset, "blob.bin")
     assert m.read("blob.bin") == blob
     assert m.read(os.path.join(dataset, "blob.bin")) == blob  # absolute path under the root

@@ -8,7 +8,7 @@ import pytest
 import monarch
 
 
-def test_missing_file_is_file_not_found(m):
+def test_missing_file_is_file_not_found(read_path, m):
     with pytest.raises(FileNotFoundError) as err:
         m.read("no/such/file.jpg")
     assert err.value.errno == errno.ENOENT and err.value.filename == "no/such/file.jpg"
@@ -31,7 +31,7 @@ def test_config_error_is_value_error_naming_the_key(dataset):
                         "tiers: [{kind: source}]\n")
 
 
-def test_source_io_errors_are_oserror_with_errno(m, dataset):
+def test_source_io_errors_are_oserror_with_errno(read_path, m, dataset):
     # Both files are in the namespace (walked at open); their sources break
     # afterwards, so the read reaches the source and fails there.
     fifo = os.path.join(dataset, "blob.bin")

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""What one sample costs a DataLoader worker: Monarch.read() of a RAM-tier hit
+through the compiled path (monarch._read_bytes) and through ctypes, against
+the builtin open().read() of a page-cached local copy, in one run.
+
+Each arm reads every file of an ImageNet-like dataset once, in a shuffled
+order, in a freshly forked process (as a DataLoader worker started for the
+epoch does: the RAM tier's pages are not mapped in it yet) and then again in
+the same process (mapped: a persistent worker). Arms run in turns, --reps
+times; reported: the median microseconds per file, and each Monarch arm over
+the plain read.
+
+  MONARCH_C_LIBRARY=build/libmonarch_c.so MONARCH_BINARY=build/monarch PYTHONPATH=python \\
+    MONARCH_READ_BYTES_MODULE=build/python/_read_bytes.abi3.so \\
+    .venv/bin/python bench/python_read_path.py --build build --files 6000 --reps 7
+"""
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import monarch
+
+
+def per_file_us(read_all, count):
+    """Microseconds per file of read_all(), first in a fresh child, then again there."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            read_all()
+            times.append((time.perf_counter() - start) / count * 1e6)
+        os.write(w, f"{times[0]} {times[1]}".encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        fresh, again = map(float, f.read().split())
+    os.waitpid(pid, 0)
+    return fresh, again
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--work", default="/var/tmp/monarch-python-read-path")
+    ap.add_argument("--files", type=int, default=6000)
+    ap.add_argument("--reps", type=int, default=7)
+    a = ap.parse_args()
+    if monarch._read_bytes_module() is None:
+        sys.exit("monarch._read_bytes did not load: set MONARCH_READ_BYTES_MODULE "
+                 "(build/python/_read_bytes.abi3.so) or install the package")
+    dataset = os.path.join(a.work, f"ds-{a.files}")
+    if not os.path.isdir(dataset):
+        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", dataset,
+                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
+                       check=True, stdout=subprocess.DEVNULL)
+    names = sorted(os.path.relpath(os.path.join(d, f), dataset)
+                   for d, _, fs in os.walk(dataset) for f in fs)
+    random.Random(7).shuffle(names)
+    paths = [os.path.join(dataset, n) for n in names]
+    runtime = os.path.join(a.work, "rt")
+    config = os.path.join(a.work, "job.yaml")
+    with open(config, "w") as f:
+        f.write(f"dataset: {{path: {dataset}}}\n"
+                "tiers: [{kind: ram, capacity: 4GiB}, {kind: source}]\n"
+                f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
+    binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
+    m = monarch.Monarch(config)
+    try:
+        m.stage(names, progress=False)  # every file a RAM-tier hit
+        for p in paths:  # the plain arm's page cache warm
+            with open(p, "rb") as f:
+                f.read()
+        compiled = monarch._read_bytes_module
+
+        def plain():
+            for p in paths:
+                with open(p, "rb") as f:
+                    f.read()
+
+        def through(path_module):
+            def read_all():
+                monarch._read_bytes_module = path_module
+                for n in names:
+                    m.read(n)
+            return read_all
+
+        arms = {"plain open().read()": plain,
+                "Monarch.read, compiled": through(compiled),
+                "Monarch.read, ctypes": through(lambda: None)}
+        results = {arm: [] for arm in arms}
+        for _ in range(a.reps):
+            for arm, fn in arms.items():
+                results[arm].append(per_file_us(fn, len(names)))
+        monarch._read_bytes_module = compiled
+    finally:
+        m.close()
+        subprocess.run([binary, "stop", "--config", config], capture_output=True)
+
+    base = results["plain open().read()"]
+    print(f"{len(names)} files, {sum(os.path.getsize(p) for p in paths) / 2**20:.1f} MiB; "
+          f"{a.reps} reps; load {os.getloadavg()[0]:.2f}")
+    print("| arm | fresh process (us/file) | same process again (us/file) | fresh / plain | "
+          "again / plain |")
+    print("|---|---|---|---|---|")
+    for arm, runs in results.items():
+        fresh = statistics.median(r[0] for r in runs)
+        again = statistics.median(r[1] for r in runs)
+        ratio_fresh = statistics.median(r[0] / b[0] for r, b in zip(runs, base))
+        ratio_again = statistics.median(r[1] / b[1] for r, b in zip(runs, base))
+        print(f"| {arm} | {fresh:.2f} | {again:.2f} | {ratio_fresh:.3f} | {ratio_again:.3f} |")
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
