@@ -458,6 +458,7 @@ class MonarchImpl final : public MonarchCore {
           tier.Commit(entry->ref.size);
           entry->tier->store(t, std::memory_order_release);
           entry->state.store(PlacementState::kInTier);
+          tier.driver().CopyAdopted(entry->ref);
           ++warm_reused_;
           return;
         }

@@ -311,6 +311,46 @@ void ReadiedCopiesCostTheirFirstReadNothing(TierKind kind) {
   CHECK(m->GetStats().Tier(0, "damaged_copies") == 1);
 }
 
+// Copies an earlier run left are readied at start as well: opened, and on
+// pmem (memory) checked whole. posix copies are checked as they are read:
+// after a restart their bytes may be on the device only.
+void AdoptedCopiesAreReadied(TierKind kind) {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string tier_dir = dir.Sub("tier");
+  auto files = testing::MakeDataset(ds, 6, {112640, 9000, 300000});
+  uint64_t blocks = 0;
+  for (const TestFile& f : files) blocks += (f.size + 4095) / 4096;
+  Config config = testing::MakeConfig(ds, {testing::FileTier(kind, tier_dir, 1 << 30, "tier")});
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+  }
+  auto m = MustCreate(config);
+  REQUIRE(m->GetStats().Get("warm_files_reused") == files.size());
+  m->WaitForPlacement();  // Which waits for the adopted copies' readying.
+  const Stats readied = m->GetStats();
+  CHECK(readied.Tier(0, "copies_readied_ahead") == files.size());
+  CHECK(readied.Tier(0, "copy_opens") == files.size());
+  CHECK(readied.Tier(0, "trailer_reads") == files.size());
+  const bool checked_ahead = kind == TierKind::kPmem;
+  CHECK(readied.Tier(0, "blocks_verified") == (checked_ahead ? blocks : 0));
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 4096);
+  const Stats first = m->GetStats();
+  CHECK(first.Tier(0, "copy_opens") == readied.Tier(0, "copy_opens"));
+  CHECK(first.Tier(0, "trailer_reads") == readied.Tier(0, "trailer_reads"));
+  CHECK(first.Tier(0, "blocks_verified") == blocks);
+  CHECK(first.Tier(0, "damaged_copies") == 0);
+}
+
+TEST_CASE("copies an earlier run left are readied at start: pmem") {
+  AdoptedCopiesAreReadied(TierKind::kPmem);
+}
+TEST_CASE("copies an earlier run left are readied at start: posix") {
+  AdoptedCopiesAreReadied(TierKind::kPosix);
+}
+
 TEST_CASE("a copy written is opened and checked ahead of its first read: posix") {
   ReadiedCopiesCostTheirFirstReadNothing(TierKind::kPosix);
 }

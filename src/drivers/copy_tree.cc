@@ -79,6 +79,10 @@ OpenCopies::~OpenCopies() {
 
 void OpenCopies::Published(const FileRef& file, bool check) {
   Forget(file.id);
+  ReadyAhead(file, check);
+}
+
+void OpenCopies::ReadyAhead(const FileRef& file, bool check) {
   MutexLock lock(&ahead_mu_);
   if (stopping_ || ahead_.size() >= kMaxQueued) return;
   ahead_.push_back(Queued{file.id, std::string(file.name), file.size, file.mtime_ns,
@@ -110,7 +114,7 @@ void OpenCopies::ReadyAheadLoop() {
       ahead_.pop_front();
       readying_ = true;
     }
-    ReadyAhead(queued, scratch.get(), kScratchBytes);
+    Ready(queued, scratch.get(), kScratchBytes);
   }
 }
 
@@ -119,7 +123,7 @@ void OpenCopies::WaitForReadying() {
   while (!stopping_ && (readying_ || !ahead_.empty())) ahead_idle_.Wait(&ahead_mu_);
 }
 
-void OpenCopies::ReadyAhead(const Queued& queued, char* scratch, size_t scratch_bytes) {
+void OpenCopies::Ready(const Queued& queued, char* scratch, size_t scratch_bytes) {
   const FileRef file{queued.id, queued.name, queued.size, queued.mtime_ns};
   absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
       handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });

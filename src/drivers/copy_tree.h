@@ -149,11 +149,14 @@ class OpenCopies {
   }
 
   // A new copy of `file` was just published: forgets the old one's handle
-  // and state (Forget), and queues the new one to be opened ahead of its
-  // first read. With `check`, it is checked whole too (first-read), worth it
-  // when its bytes are in memory: a copy written past the page cache is
-  // left to be checked as it is read from the device.
+  // and state (Forget), then ReadyAhead().
   void Published(const FileRef& file, bool check);
+
+  // Queues the copy of `file` to be opened ahead of its first read. With
+  // `check`, it is checked whole too (first-read), worth it when its bytes
+  // are in memory: a copy written past the page cache, or left on the
+  // device by an earlier run, is checked as it is read from there.
+  void ReadyAhead(const FileRef& file, bool check);
 
   // Blocks until every copy queued by Published() so far was readied (or
   // given up).
@@ -177,7 +180,7 @@ class OpenCopies {
   static constexpr size_t kMaxQueued = 1 << 16;
 
   void ReadyAheadLoop();
-  void ReadyAhead(const Queued& queued, char* scratch, size_t scratch_bytes);
+  void Ready(const Queued& queued, char* scratch, size_t scratch_bytes);
 
   const CopyTree* const tree_;
   const bool map_;

@@ -109,7 +109,7 @@ class PmemDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    // Unlinked before its handle is forgotten (OpenCopies::ReadyAhead).
+    // Unlinked before its handle is forgotten (OpenCopies::Ready).
     absl::Status removed = tree_.Remove(file.name);
     copies_.Forget(file.id);
     return removed;
@@ -120,6 +120,8 @@ class PmemDriver final : public StorageDriver {
   void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
 
   void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
+
+  void CopyAdopted(const FileRef& file) override { copies_.ReadyAhead(file, /*check=*/true); }
 
  private:
   // Copies chunks into a mapping of the temporary file: with the persistent

@@ -84,7 +84,7 @@ class PosixDriver final : public StorageDriver {
   }
 
   absl::Status Remove(const FileRef& file) override {
-    // Unlinked before its handle is forgotten (OpenCopies::ReadyAhead).
+    // Unlinked before its handle is forgotten (OpenCopies::Ready).
     absl::Status removed = tree_.Remove(file.name);
     copies_.Forget(file.id);
     return removed;
@@ -95,6 +95,11 @@ class PosixDriver final : public StorageDriver {
   void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
 
   void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
+
+  // Adopted copies are opened ahead but not checked: after a restart their
+  // bytes may be on the device only, and checking them ahead would read
+  // them from there once more than their readers do.
+  void CopyAdopted(const FileRef& file) override { copies_.ReadyAhead(file, /*check=*/false); }
 
  private:
   bool WantDirect(uint64_t size) const {

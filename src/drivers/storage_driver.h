@@ -169,9 +169,16 @@ class StorageDriver {
   // checked. Others: none.
   virtual void ReportTierCounters(CounterSink& sink) const { (void)sink; }
 
+  // A copy an earlier run left was adopted as the copy of `file` (called
+  // from ScanCopies' visitor). File tiers ready it ahead of its first read,
+  // as they do the copies they write (see WaitForBackgroundWork). Others
+  // keep no copies across runs.
+  virtual void CopyAdopted(const FileRef& file) { (void)file; }
+
   // Drivers that work on their copies in the background (the file tiers
-  // open and check each new copy ahead of its first read): blocks until
-  // that work is done for every copy committed so far. Others: no such work.
+  // open and check each new or adopted copy ahead of its first read):
+  // blocks until that work is done for every copy committed or adopted so
+  // far. Others: no such work.
   virtual void WaitForBackgroundWork() {}
 
   // The source: what the file is now (fstat of the descriptor reads use).
