@@ -12,6 +12,10 @@ decoding, so the ratio is about I/O). Prints each arm's epoch times, the
 epoch-1 ratio (a)/(b) and the later epochs' ratio (a)/(c) (target <= 1.05).
 With --settle, the Monarch arms wait (untimed) between epochs for the node
 to finish writing the copies epoch 1 started, so the later epochs are hits.
+With --interleave, each Monarch arm runs its epochs in turns with epochs of
+the local arm (c), which epoch goes first alternating, and its later epochs
+are compared with those: the page cache and the machine drift between arms
+run one after the other (the local arm's epochs moved by 30% between runs).
 
   MONARCH_C_LIBRARY=/tmp/b/libmonarch_c.so MONARCH_BINARY=/tmp/b/monarch PYTHONPATH=python \
     .venv/bin/python bench/torch_epochs.py --build /tmp/b --files 2000
@@ -50,8 +54,24 @@ class PlainFiles(torch.utils.data.Dataset):
 PERSISTENT = False  # --persistent-workers
 
 
-def run_epochs(dataset, epochs, workers, total_bytes, announce=False, between=None):
-    """Epoch times; `between` runs, untimed, after each epoch but the last."""
+def loader_for(dataset, workers, generator):
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=32, shuffle=True, num_workers=workers, generator=generator,
+        multiprocessing_context="fork", persistent_workers=PERSISTENT)
+
+
+def timed_epoch(loader, total_bytes):
+    start = time.perf_counter()
+    got = sum(int(batch.sum()) for batch in loader)
+    assert got == total_bytes, (got, total_bytes)  # every byte of every file, every epoch
+    return time.perf_counter() - start
+
+
+def run_epochs(dataset, epochs, workers, total_bytes, announce=False, between=None,
+               alongside=None):
+    """Epoch times; `between` runs, untimed, after each epoch but the last.
+    With `alongside` (a dataset of the same files), also that dataset's epoch
+    times, its epochs in turns with these: (times, alongside_times)."""
     times = []
     generator = torch.Generator().manual_seed(42)
     if announce:
@@ -62,17 +82,19 @@ def run_epochs(dataset, epochs, workers, total_bytes, announce=False, between=No
             dataset, batch_size=32, sampler=sampler, num_workers=workers,
             multiprocessing_context="fork", persistent_workers=PERSISTENT)
     else:
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=32, shuffle=True, num_workers=workers, generator=generator,
-            multiprocessing_context="fork", persistent_workers=PERSISTENT)
-    for _ in range(epochs):
-        start = time.perf_counter()
-        got = sum(int(batch.sum()) for batch in loader)
-        times.append(time.perf_counter() - start)
-        assert got == total_bytes, (got, total_bytes)  # every byte of every file, every epoch
+        loader = loader_for(dataset, workers, generator)
+    other = (loader_for(alongside, workers, torch.Generator().manual_seed(42))
+             if alongside is not None else None)
+    other_times = []
+    for epoch in range(epochs):
+        if other is not None and epoch % 2 == 1:
+            other_times.append(timed_epoch(other, total_bytes))
+        times.append(timed_epoch(loader, total_bytes))
+        if other is not None and epoch % 2 == 0:
+            other_times.append(timed_epoch(other, total_bytes))
         if between is not None and len(times) < epochs:
             between()
-    return times
+    return (times, other_times) if other is not None else times
 
 
 def main():
@@ -89,6 +111,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--persistent-workers", action="store_true",
                     help="keep the DataLoader's workers across epochs (every arm)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run each Monarch arm's epochs in turns with the local arm's and "
+                         "compare with those")
     ap.add_argument("--settle", action="store_true",
                     help="between epochs, wait (untimed) until the node has written the copies "
                          "the epoch started, so later epochs measure hits alone")
@@ -129,7 +154,8 @@ def main():
         f.write(f"dataset: {{path: {mount}}}\n"
                 f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
                 f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
-    results = {arm: [] for arm in ("pfs", "local", "monarch", "announced")}
+    results = {arm: [] for arm in ("pfs", "local", "monarch", "announced",
+                                   "local|monarch", "local|announced")}
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
 
     def through_monarch(announce):
@@ -138,7 +164,8 @@ def main():
         try:
             ds = mt.FileListDataset(names, monarch=m, loader=len)
             times = run_epochs(ds, a.epochs, a.workers, total, announce=announce,
-                               between=m.wait_for_placement if a.settle else None)
+                               between=m.wait_for_placement if a.settle else None,
+                               alongside=PlainFiles(copy, names) if a.interleave else None)
             src = m.stats()["tiers"][-1]
             pfs = json.loads(subprocess.run([script, "stats", mount], capture_output=True,
                                             text=True, env=env).stdout)["counters"]
@@ -164,6 +191,11 @@ def main():
                     times = run_epochs(PlainFiles(copy, names), a.epochs, a.workers, total)
                 else:
                     times = through_monarch(announce=(arm == "announced"))
+                    if a.interleave:
+                        times, local_times = times
+                        results["local|" + arm].append(local_times)
+                        print(f"rep {rep + 1} {'local|' + arm:10s}",
+                              " ".join(f"{t:7.3f}s" for t in local_times), flush=True)
                 results[arm].append(times)
                 print(f"rep {rep + 1} {arm:10s}", " ".join(f"{t:7.3f}s" for t in times),
                       flush=True)
@@ -181,8 +213,9 @@ def main():
         print(f"epoch 1: {arm}/pfs = {med:.3f} (min {lo:.3f}, max {hi:.3f})")
     if a.epochs > 1:
         for arm in ("monarch", "announced"):
-            med, lo, hi = median_ratio(arm, "local", 1, a.epochs)
-            print(f"epochs 2-{a.epochs}: {arm}/local = {med:.3f} (min {lo:.3f}, max {hi:.3f}) "
+            local = "local|" + arm if a.interleave else "local"
+            med, lo, hi = median_ratio(arm, local, 1, a.epochs)
+            print(f"epochs 2-{a.epochs}: {arm}/{local} = {med:.3f} (min {lo:.3f}, max {hi:.3f}) "
                   f"(target <= 1.05)")
 
 if __name__ == "__main__":
