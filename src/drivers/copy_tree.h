@@ -123,9 +123,9 @@ class PendingCopy {
 // Readying ahead. A copy's first read costs more than the ones after it: it
 // opens the copy, reads its trailer, maps it (pmem) and, with first-read,
 // checks every block it touches. The tier does that work itself, in one
-// background thread, soon after it publishes a copy (Published()), so the
-// first epoch that reads the copies finds them open and checked, like any
-// later one. The check waits until the copy's ctime has settled
+// background thread, soon after it publishes a copy (Published()) or adopts
+// one an earlier run left (ReadyAhead()), so the first epoch that reads the
+// copies finds them open and checked, like any later one. The check waits until the copy's ctime has settled
 // (CopyState::Settled): a check made sooner could not be remembered.
 class OpenCopies {
  public:
@@ -158,8 +158,7 @@ class OpenCopies {
   // device by an earlier run, is checked as it is read from there.
   void ReadyAhead(const FileRef& file, bool check);
 
-  // Blocks until every copy queued by Published() so far was readied (or
-  // given up).
+  // Blocks until every copy queued so far was readied (or given up).
   void WaitForReadying();
 
   // copy_opens, trailer_reads, blocks_verified, verified_state_bytes,
