@@ -83,8 +83,7 @@ def main():
                  "--epochs", "0"])
         if not os.path.isdir(local):
             shutil.copytree(source, local)
-        common = ["--threads", str(a.threads), "--read-size", read_size, "--seed", "7",
-                  "--epochs", "3"]
+        common = ["--threads", str(a.threads), "--read-size", read_size, "--seed", "7"]
         best = {}
 
         def keep(key, times):
@@ -92,7 +91,7 @@ def main():
 
         for rep in range(a.repeat):
             keep("local", epochs(binary, ["--dataset", source, "--plain-dir", local,
-                                          "--mode", "plain"] + common, j))
+                                          "--mode", "plain", "--epochs", "3"] + common, j))
             for kind, root in (("posix", a.dir), ("pmem", a.shm)):
                 for policy in policies:
                     for label, build_binary in builds:
@@ -105,11 +104,11 @@ def main():
                                     f"tiers:\n  - {{name: {kind}, kind: {kind}, path: {tier}, "
                                     f"capacity: 8GiB}}\n  - {{name: pfs, kind: source}}\n"
                                     f"placement: {{threads: 2, verify: {policy}}}\n")
-                        if a.restart:
-                            epochs(build_binary, ["--config", config, "--settle"] + common[:-1]
-                                   + ["1"], j)
+                        run_args = ["--config", config, "--settle"] + common
+                        if a.restart:  # Fills the tier the measured run starts on.
+                            epochs(build_binary, run_args + ["--epochs", "1"], j)
                         keep((kind, policy, label),
-                             epochs(build_binary, ["--config", config, "--settle"] + common, j))
+                             epochs(build_binary, run_args + ["--epochs", "3"], j))
                         shutil.rmtree(tier, ignore_errors=True)
         rows.append((profile, count, best))
 

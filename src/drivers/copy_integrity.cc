@@ -170,6 +170,12 @@ bool CopyState::Settled() {
   return true;
 }
 
+int64_t CopyState::NsUntilSettled() const {
+  struct timespec now;
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return std::max<int64_t>(0, settled_after_ns_ - TimeNs(now));
+}
+
 size_t CopyState::bytes() const {
   // The object, its checksums and bits, and what CopyStates spends on an
   // entry (list node, hash slot, shared_ptr control block), roughly.

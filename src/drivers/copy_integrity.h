@@ -22,9 +22,9 @@
 //   it (the tier that wrote a copy reads it once ahead of its readers, in
 //   the background: OpenCopies in copy_tree.h), then an fstat() after every
 //   read: a copy written or truncated in place since it was opened changed
-//   its ctime or size (the kernel updates ctime before the bytes). From then on the handle checks every block of
-//   every read, this one included, so altered bytes are caught by their
-//   checksums. (A ctime change alone is no proof: a copy that another
+//   its ctime or size (the kernel updates ctime before the bytes). From
+//   then on the handle checks every block of every read, this one
+//   included, so altered bytes are caught by their checksums. (A ctime change alone is no proof: a copy that another
 //   process sharing the tier replaced by its own was unlinked, and that
 //   changes the ctime of the intact bytes.)
 // - every-read: every block of every read, whatever the timestamps say.
@@ -149,8 +149,8 @@ class CopyState {
   // far enough in the past that any change from now on gets another one
   // (see "Timestamps are coarse" above).
   bool Settled();
-  // The wall-clock time (CLOCK_REALTIME, ns) from which Settled() is true.
-  int64_t settled_after_ns() const { return settled_after_ns_; }
+  // Nanoseconds until Settled() becomes true (0 once it is).
+  int64_t NsUntilSettled() const;
   // Memory this state holds, for the budget of CopyStates.
   size_t bytes() const;
 

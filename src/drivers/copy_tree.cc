@@ -10,8 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <time.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -145,10 +143,7 @@ void OpenCopies::Ready(const Queued& queued, char* scratch, size_t scratch_bytes
   // settle delays the ones behind it by no more than their own wait. A
   // copy whose ctime has whole seconds settles seconds later (see SettleNs):
   // then its first read checks it, as without this thread.
-  struct timespec now;
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  const int64_t wait_ns = (*copy)->state().settled_after_ns() -
-                          (static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  const int64_t wait_ns = (*copy)->state().NsUntilSettled();
   constexpr int64_t kLongestWaitNs = 100000000;
   if (wait_ns > kLongestWaitNs) return;
   if (wait_ns > 0) {

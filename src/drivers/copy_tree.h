@@ -125,8 +125,9 @@ class PendingCopy {
 // checks every block it touches. The tier does that work itself, in one
 // background thread, soon after it publishes a copy (Published()) or adopts
 // one an earlier run left (ReadyAhead()), so the first epoch that reads the
-// copies finds them open and checked, like any later one. The check waits until the copy's ctime has settled
-// (CopyState::Settled): a check made sooner could not be remembered.
+// copies finds them open and checked, like any later one. The check waits
+// until the copy's ctime has settled (CopyState::Settled): a check made
+// sooner could not be remembered.
 class OpenCopies {
  public:
   OpenCopies(const CopyTree* tree, int max_open, bool map, VerifyPolicy verify)
@@ -193,7 +194,7 @@ class OpenCopies {
   CondVar ahead_idle_;  // Signalled when the queue empties and no copy is being readied.
   bool readying_ ABSL_GUARDED_BY(ahead_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(ahead_mu_) = false;
-  std::thread ahead_thread_ ABSL_GUARDED_BY(ahead_mu_);  // Started by the first Published().
+  std::thread ahead_thread_ ABSL_GUARDED_BY(ahead_mu_);  // Started by the first ReadyAhead().
 };
 
 }  // namespace monarch
