@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -158,6 +159,196 @@ TEST_CASE("lru with an announced order: the copy read again last is evicted, a f
     ReadWholeAndCheck(*m, c);
     CHECK(source.BytesOf(c.name) == 10000);  // A hit.
   }
+}
+
+// Two cache tiers and an announced order: files read sooner take the RAM
+// tier, and the copies they displace move down to the posix tier (copied
+// tier to tier, not read from the source again) or, read later than all it
+// holds, out.
+Config TwoTierLruConfig(const std::string& ds, const std::string& nvme, uint64_t file_bytes,
+                        int copies_per_tier) {
+  Config config = testing::MakeConfig(
+      ds, {testing::RamTier(copies_per_tier * file_bytes),
+           testing::FileTier(TierKind::kPosix, nvme, copies_per_tier * testing::OnDisk(file_bytes),
+                             "nvme")});
+  config.placement.policy = "lru";
+  config.prefetch.streams = 0;  // The order informs placement only: no read-ahead.
+  return config;
+}
+
+bool InRam(Monarch& m, const TestFile& f, FaultInjectingDriver::Faults& source) {
+  // A read that leaves the RAM tier's and the source's counts as they were
+  // is from the posix tier, and the other way round.
+  const uint64_t ram_reads = m.GetStats().Tier(0, "reads");
+  const uint64_t source_bytes = source.bytes.load();
+  ReadWholeAndCheck(m, f);
+  CHECK(source.bytes.load() == source_bytes);
+  return m.GetStats().Tier(0, "reads") > ram_reads;
+}
+
+TEST_CASE("lru with an announced order and two tiers: files read sooner take the RAM tier, displaced copies move down") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const auto files = testing::MakeDataset(ds, 5, {10000});
+  const TestFile &a = files[0], &b = files[1], &c = files[2], &d = files[3], &e = files[4];
+  FaultInjectingDriver::Faults source;
+  auto m = MustCreate(TwoTierLruConfig(ds, nvme, 10000, 2), &source);  // Two copies per tier.
+
+  SUBCASE("a file read sooner than a RAM copy takes its place, though the posix tier has room") {
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, c.name, b.name, a.name}).ok());
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    // C (read next) displaced A (read last) from RAM; A moved to the posix tier.
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("demotions") == 1);
+    CHECK(stats.Get("demoted_bytes") == 10000);
+    CHECK(stats.Get("evictions") == 0);
+    CHECK(stats.Tier(0, "files") == 2);
+    CHECK(stats.Tier(1, "files") == 1);
+    CHECK(stats.Tier(1, "bytes_used") == testing::OnDisk(10000));
+    CHECK(OnTier(nvme, a));
+    CHECK_FALSE(OnTier(nvme, c));
+    CHECK(source.bytes.load() == 30000);  // Moving A down read nothing from the source.
+    CHECK(InRam(*m, c, source));
+    CHECK(InRam(*m, b, source));
+    CHECK_FALSE(InRam(*m, a, source));
+  }
+  SUBCASE("with both tiers full, the RAM copy moves down in place of a posix copy never read again") {
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, d.name, e.name, e.name, a.name, b.name,
+                              c.name})
+                .ok());
+    // A and B fill RAM; C and D, each read after both of them, go to the
+    // posix tier, which has room.
+    for (const TestFile* f : {&a, &b, &c, &d}) ReadAndSettle(*m, *f);
+    REQUIRE(m->GetStats().Get("demotions") == 0);
+    REQUIRE(OnTier(nvme, c));
+    REQUIRE(OnTier(nvme, d));
+    // E is read next: it takes B's place in RAM (B is read after A); B takes
+    // D's on the posix tier (D is never read again), and D goes.
+    ReadAndSettle(*m, e);
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("demotions") == 1);
+    CHECK(stats.Get("evictions") == 1);
+    CHECK(stats.Tier(0, "files") == 2);
+    CHECK(stats.Tier(1, "files") == 2);
+    CHECK(OnTier(nvme, b));
+    CHECK(OnTier(nvme, c));
+    CHECK_FALSE(OnTier(nvme, d));
+    CHECK(source.bytes.load() == 50000);
+    CHECK(InRam(*m, e, source));
+    CHECK(InRam(*m, a, source));
+    CHECK_FALSE(InRam(*m, b, source));
+    CHECK_FALSE(InRam(*m, c, source));
+  }
+  SUBCASE("without an order, a full RAM tier leaves the next file to the posix tier") {
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    CHECK(m->GetStats().Get("demotions") == 0);
+    CHECK(OnTier(nvme, c));
+  }
+}
+
+TEST_CASE("lru with an announced order and two tiers: a copy that cannot move down is evicted instead") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const auto files = testing::MakeDataset(ds, 3, {10000});
+  const TestFile &a = files[0], &b = files[1], &c = files[2];
+  FaultInjectingDriver::Faults source;
+  FaultInjectingDriver::Faults faults;
+  SUBCASE("the posix tier is full on the device (ENOSPC)") {
+    faults.fail_stores = true;
+    faults.store_error = absl::StatusCode::kResourceExhausted;
+    auto m = MustCreate(TwoTierLruConfig(ds, nvme, 10000, 2), &source, 1, &faults);
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, c.name, b.name, a.name}).ok());
+    for (const TestFile* f : {&a, &b, &c}) ReadAndSettle(*m, *f);
+    const Stats stats = m->GetStats();
+    CHECK(stats.Get("demotions") == 0);
+    CHECK(stats.Get("evictions") == 1);  // A, which C displaced.
+    CHECK(stats.Tier(1, "write_errors") == 1);
+    CHECK(stats.Tier(1, "files") == 0);
+    CHECK(stats.Tier(1, "bytes_used") == 0);
+    CHECK_FALSE(OnTier(nvme, a));  // Nothing half-written left.
+    CHECK(InRam(*m, c, source));
+    ReadWholeAndCheck(*m, a);  // From the source again, exact.
+    CHECK(source.BytesOf(a.name) == 20000);
+    // The posix tier counts as full from then on: nothing more is sent there.
+    for (const TestFile* f : {&b, &a}) ReadAndSettle(*m, *f);
+    CHECK(m->GetStats().Tier(1, "write_errors") == 1);
+  }
+  SUBCASE("the RAM copy cannot be read") {
+    auto m = MustCreate(TwoTierLruConfig(ds, nvme, 10000, 2), &source, 0, &faults);
+    REQUIRE(m->AnnounceOrder({a.name, b.name, c.name, c.name, b.name, a.name}).ok());
+    for (const TestFile* f : {&a, &b}) ReadAndSettle(*m, *f);
+    faults.fail_reads = true;
+    ReadAndSettle(*m, c);  // From the source: a miss.
+    faults.fail_reads = false;
+    const Stats stats = m->GetStats();
+    CHECK(stats.Get("demotions") == 0);
+    CHECK(stats.Get("evictions") == 1);
+    CHECK(stats.Tier(1, "write_errors") == 0);  // Not the posix tier's fault.
+    CHECK(stats.Tier(1, "files") == 0);
+    CHECK_FALSE(OnTier(nvme, a));
+    ReadWholeAndCheck(*m, a);
+    CHECK(source.BytesOf(a.name) == 20000);
+  }
+}
+
+TEST_CASE("lru with an announced order and two tiers: concurrent readers read exact bytes while copies move down") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const auto files = testing::MakeDataset(ds, 24, {30000});
+  Config config = TwoTierLruConfig(ds, nvme, 30000, 6);  // Half the dataset fits.
+  config.placement.chunk_bytes = 16 << 10;                // Several chunks per file.
+  config.prefetch.streams = 2;
+  auto m = MustCreate(config);
+  // Four epochs in shuffled orders, announced at once; four readers take
+  // them in turn, reading each file in pieces.
+  std::mt19937 rng(7);
+  std::vector<std::string> order;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    std::vector<size_t> ids(files.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (size_t i : ids) order.push_back(files[i].name);
+  }
+  REQUIRE(m->AnnounceOrder(order).ok());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      std::vector<char> buffer(9000);
+      for (size_t i; (i = next.fetch_add(1)) < order.size() && !failed;) {
+        const TestFile& f = *std::find_if(files.begin(), files.end(),
+                                          [&](const TestFile& x) { return x.name == order[i]; });
+        for (uint64_t offset = 0; offset < f.size; offset += buffer.size()) {
+          absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), buffer.size(), offset);
+          const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), f.size - offset));
+          if (!n.ok() || *n != want || !testing::BytesMatch(f, buffer.data(), offset, *n)) {
+            MESSAGE(f.name, " at ", offset, ": ",
+                    n.ok() ? std::to_string(*n) : n.status().ToString(), " want ", want);
+            failed = true;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  CHECK_FALSE(failed.load());
+  m->WaitForPlacement();
+  const Stats stats = m->GetStats();
+  CHECK(stats.Get("demotions") > 0);
+  for (int t = 0; t < 2; ++t) {
+    CHECK(stats.Tier(t, "read_errors") == 0);
+    CHECK(stats.Tier(t, "write_errors") == 0);
+    CHECK(stats.Tier(t, "bytes_used") <= stats.Tier(t, "capacity"));
+  }
+  // The posix tier's accounting matches its directory.
+  uint64_t on_disk = 0;
+  for (const TestFile& f : files) on_disk += OnTier(nvme, f) ? 1 : 0;
+  CHECK(stats.Tier(1, "files") == on_disk);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Every copy left reads back.
 }
 
 TEST_CASE("lru: concurrent readers over twice the tier read exact bytes, accounting stays true") {

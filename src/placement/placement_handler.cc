@@ -64,6 +64,8 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       first_origin_(static_cast<int>(
           std::find_if(tiers->begin(), tiers->end(), [](const auto& t) { return !t->is_cache(); }) -
           tiers->begin())),
+      cache_tiers_(static_cast<int>(
+          std::count_if(tiers->begin(), tiers->end(), [](const auto& t) { return t->is_cache(); }))),
       policy_(std::move(policy)),
       chunk_bytes_(config.chunk_bytes),
       placement_threads_(config.threads > 0 ? static_cast<size_t>(config.threads)
@@ -91,6 +93,12 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   std::shared_ptr<Promotion> promotion;
   bool own_miss = true;  // Not a read of a promotion someone else started.
   for (bool room_made = false;;) {
+    if (!room_made && WantsFasterTier(entry)) {
+      // Whatever room this made (none, if every copy is read sooner), the
+      // policy then picks among the tiers as they are.
+      MakeRoom(entry.ref.id, entry.ref.size);
+      room_made = true;
+    }
     bool need_room = false;
     {
       Shard& shard = ShardOf(entry.ref.id);
@@ -147,6 +155,10 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
   std::shared_ptr<Promotion> promotion;
   for (bool room_made = false;;) {
+    if (!room_made && WantsFasterTier(entry)) {
+      MakeRoom(entry.ref.id, entry.ref.size);
+      room_made = true;
+    }
     {
       Shard& shard = ShardOf(entry.ref.id);
       MutexLock lock(&shard.mu);
@@ -285,6 +297,22 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
 }
 
 bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
+  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
+  if (future != nullptr && future->known()) {
+    // The fastest tier whose last-read copy is read later than this file.
+    const uint64_t wanted_next = future->NextUse(id_wanted);
+    MutexLock lock(&evict_mu_);
+    for (int t = 0; t < first_origin_; ++t) {
+      const Tier& tier = *(*tiers_)[t];
+      const uint64_t need = tier.Footprint(file_bytes);
+      if (!tier.is_cache() || tier.config().capacity_bytes < need) continue;
+      if (MakeRoomByNextUseLocked(t, need, wanted_next, *future)) return true;
+    }
+    // Every copy is read again before this file: keep them, and read this
+    // one from the source this time.
+    admissions_declined_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   // The fastest cache tier that can hold the file at all.
   int target = -1;
   for (int t = 0; t < first_origin_ && target < 0; ++t) {
@@ -295,11 +323,7 @@ bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
   const uint32_t files = namespace_->file_count();
-  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
   MutexLock lock(&evict_mu_);
-  if (future != nullptr && future->known()) {
-    return MakeRoomByNextUse(id_wanted, target, need, *future);
-  }
   // Two turns of the hand: the first may only clear reference bits.
   for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
        ++scanned) {
@@ -316,15 +340,29 @@ bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   return false;
 }
 
-bool PlacementHandler::MakeRoomByNextUse(uint32_t id_wanted, int target, uint64_t need,
-                                         const NextUseOracle& future) {
+bool PlacementHandler::WantsFasterTier(const FileEntry& entry) const {
+  if (!evicts_ || cache_tiers_ < 2 || !policy_->MakesRoomFor(entry.ref.id) ||
+      entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
+    return false;
+  }
+  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
+  if (future == nullptr || !future->known()) return false;
+  for (int t = 0; t < first_origin_; ++t) {
+    const Tier& tier = *(*tiers_)[t];
+    const uint64_t need = tier.Footprint(entry.ref.size);
+    if (tier.is_cache() && tier.config().capacity_bytes >= need) return tier.free_bytes() < need;
+  }
+  return false;
+}
+
+bool PlacementHandler::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_use,
+                                               const NextUseOracle& future) {
   // Candidates per eviction: a sample from the hand's walk, not every copy
   // (which would cost a pass over the namespace per miss).
   constexpr int kCandidates = 32;
   Tier& tier = *(*tiers_)[target];
   const uint32_t files = namespace_->file_count();
-  const uint64_t wanted_next = future.NextUse(id_wanted);
-  // Bounded: a victim that changed meanwhile is not evicted and is sampled
+  // Bounded: a victim that changed meanwhile is not moved and is sampled
   // again; a file needs a few evictions at most.
   for (int round = 0; tier.free_bytes() < need; ++round) {
     if (round == 64) {
@@ -346,14 +384,109 @@ bool PlacementHandler::MakeRoomByNextUse(uint32_t id_wanted, int target, uint64_
         victim_next = next;
       }
     }
-    // Every candidate is read again before the wanted file: keep them, and
-    // read this one from the source this time.
-    if (victim < 0 || victim_next <= wanted_next) {
-      admissions_declined_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    EvictLocked(namespace_->entry(static_cast<uint32_t>(victim)), target);
+    if (victim < 0 || victim_next <= next_use) return false;
+    MoveDownLocked(namespace_->entry(static_cast<uint32_t>(victim)), target, victim_next, future);
   }
+  return true;
+}
+
+void PlacementHandler::MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use,
+                                      const NextUseOracle& future) {
+  // A copy never read again, or read after everything a tier below holds,
+  // is not worth the copying: MakeRoomByNextUseLocked says no to it there.
+  for (int t = tier + 1; t < first_origin_; ++t) {
+    const Tier& lower = *(*tiers_)[t];
+    const uint64_t need = lower.Footprint(entry.ref.size);
+    if (!lower.is_cache() || lower.config().capacity_bytes < need) continue;
+    if (!MakeRoomByNextUseLocked(t, need, next_use, future)) continue;
+    if (DemoteLocked(entry, tier, t)) return;
+    break;
+  }
+  EvictLocked(entry, tier);
+}
+
+bool PlacementHandler::DemoteLocked(FileEntry& entry, int from, int to) {
+  const uint32_t id = entry.ref.id;
+  if (entry.tier->load(std::memory_order_acquire) != from ||
+      entry.state.load(std::memory_order_acquire) != PlacementState::kInTier) {
+    return false;
+  }
+  if (!(*tiers_)[to]->TryReserve(entry.ref.size)) return false;
+  // Pinned as a reader's copy is, which keeps it from being picked for
+  // eviction or another move while evict_mu_ is released.
+  tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
+  evict_mu_.Unlock();
+  const bool moved = CopyDown(entry, from, to);
+  tier_readers_[id].fetch_sub(1, std::memory_order_release);
+  evict_mu_.Lock();
+  return moved;
+}
+
+bool PlacementHandler::CopyDown(FileEntry& entry, int from, int to) {
+  const uint32_t id = entry.ref.id;
+  Tier& upper = *(*tiers_)[from];
+  Tier& lower = *(*tiers_)[to];
+  // Readers go on reading the upper copy meanwhile. One that finds it
+  // damaged drops it, which the switch below notices.
+  bool upper_failed = false;  // Else the lower tier's writer failed, if anything did.
+  absl::Status copied = [&]() -> absl::Status {
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<CopyWriter> writer,
+                             lower.driver().NewWriter(entry.ref));
+    const size_t buffer_bytes =
+        static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry.ref.size));
+    char* buffer = chunk_pool_.Acquire(buffer_bytes, ChunkPool::Share::kReaders);
+    absl::Cleanup release = [&] { chunk_pool_.Release(buffer, buffer_bytes); };
+    for (uint64_t offset = 0; offset < entry.ref.size; offset += chunk_bytes_) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry.ref.size - offset));
+      absl::StatusOr<size_t> got = upper.driver().Read(entry.ref, offset, buffer, n);
+      if (!got.ok() || *got != n) {
+        upper_failed = true;
+        return got.ok() ? absl::DataLossError(absl::StrCat("short read of the copy at ", offset))
+                        : got.status();
+      }
+      MONARCH_RETURN_IF_ERROR(writer->Write(offset, buffer, n));
+    }
+    return writer->Commit(namespace_->identity(id));
+  }();
+  bool switched = false;
+  if (copied.ok()) {
+    Shard& shard = ShardOf(id);
+    MutexLock lock(&shard.mu);
+    int expected = from;
+    switched = entry.state.load(std::memory_order_relaxed) == PlacementState::kInTier &&
+               entry.tier->compare_exchange_strong(expected, to, std::memory_order_seq_cst);
+  }
+  if (!switched) {
+    if (copied.ok()) {
+      (void)lower.driver().Remove(entry.ref);  // The upper copy was dropped meanwhile.
+    } else {
+      MONARCH_LOG(kWarning, "moving ", entry.ref.name, " from tier '", upper.config().name,
+                  "' to '", lower.config().name, "' failed; it is evicted instead: ",
+                  copied.ToString());
+    }
+    lower.Release(entry.ref.size);
+    if (!copied.ok() && !upper_failed) {
+      lower.CountWriteError();
+      // The device filled up before the configured capacity: no more copies
+      // are sent there (marked after the release, so that its room is not
+      // counted as free).
+      if (absl::IsResourceExhausted(copied)) lower.MarkFull();
+    }
+    return false;
+  }
+  lower.Commit(entry.ref.size);
+  // Readers already inside the upper copy finish first (BeginTierRead); the
+  // one left is this thread's pin.
+  while (tier_readers_[id].load(std::memory_order_seq_cst) > 1) std::this_thread::yield();
+  absl::Status removed = upper.driver().Remove(entry.ref);
+  if (!removed.ok() && !absl::IsNotFound(removed)) {
+    MONARCH_LOG(kWarning, "removing ", entry.ref.name, " from tier '", upper.config().name,
+                "' after moving it down: ", removed.ToString());
+  }
+  upper.Drop(entry.ref.size);
+  demotions_.fetch_add(1, std::memory_order_relaxed);
+  demoted_bytes_.fetch_add(entry.ref.size, std::memory_order_relaxed);
   return true;
 }
 
@@ -429,6 +562,10 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
     sink.Counter("evicted_bytes", evicted_bytes_.load(), "Bytes of the copies evicted.");
     sink.Counter("eviction_failures", eviction_failures_.load(),
                  "Times no room could be made: every candidate in use or read since the hand passed.");
+    sink.Counter("demotions", demotions_.load(),
+                 "Copies moved down a tier, tier to tier, to make room for files read sooner "
+                 "(announced order).");
+    sink.Counter("demoted_bytes", demoted_bytes_.load(), "Bytes of the copies moved down.");
     sink.Counter("admissions_declined", admissions_declined_.load(),
                  "Files not placed because every copy they would evict is read again sooner "
                  "(announced order).");

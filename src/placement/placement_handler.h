@@ -103,7 +103,13 @@ class PlacementHandler final : public PromotionHost {
   // With a known future, eviction goes by next use instead (Belady's
   // choice, over a sample of candidates): the copy read again last is
   // evicted, and a file read again later than every candidate is not
-  // admitted (it is read from the source this time). Set once, before reads.
+  // admitted (it is read from the source this time). With several cache
+  // tiers, files read sooner take the faster ones: a file read sooner than
+  // the last-read copy of a full faster tier takes its place, even when a
+  // slower tier has room, and the copy it displaces moves down a tier (its
+  // bytes copied tier to tier, not read from the source again) where it is
+  // read sooner than that tier's last-read copy, and is evicted otherwise.
+  // Set once, before reads.
   void SetNextUseOracle(const NextUseOracle* oracle) {
     oracle_.store(oracle, std::memory_order_release);
   }
@@ -158,8 +164,29 @@ class PlacementHandler final : public PromotionHost {
   // Evicts copies until a cache tier has room for a `file_bytes` file;
   // false if none could be made (every candidate in use or just read).
   bool MakeRoom(uint32_t id, uint64_t file_bytes);
-  bool MakeRoomByNextUse(uint32_t id, int tier, uint64_t need, const NextUseOracle& future)
+  // With a known order and several cache tiers, whether a file on the
+  // source should make room in a faster tier before the policy picks one
+  // (which would pick the first tier with room).
+  bool WantsFasterTier(const FileEntry& entry) const;
+  // Next-use placement: makes `need` bytes of room in cache tier `tier` for
+  // a file read again `next_use` reads from now, moving down (or out) the
+  // copies there read again later than that. False if every sampled copy is
+  // read sooner, or too many are in use.
+  bool MakeRoomByNextUseLocked(int tier, uint64_t need, uint64_t next_use,
+                               const NextUseOracle& future)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // Moves `entry`'s copy out of tier `tier` to the fastest slower cache tier
+  // that takes it by next use; evicts it if none does.
+  void MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use, const NextUseOracle& future)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // Copies `entry`'s copy from tier `from` into tier `to` (which has room),
+  // points the file at it and removes the old one; false (nothing changed)
+  // if the copy is no longer in `from` or cannot be copied. Releases
+  // evict_mu_ while it copies (CopyDown), so that other threads make room
+  // meanwhile: on a disk tier, creating a file alone can take a millisecond.
+  bool DemoteLocked(FileEntry& entry, int from, int to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // DemoteLocked's work once room is reserved in `to` and the copy pinned.
+  bool CopyDown(FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(evict_mu_);
   // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
   bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   // Every in-flight promotion, for shutdown.
@@ -169,6 +196,7 @@ class PlacementHandler final : public PromotionHost {
   const Namespace* const namespace_;
   const int source_index_;
   const int first_origin_;  // The first read-only tier.
+  const int cache_tiers_;
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const size_t placement_threads_;
@@ -208,6 +236,8 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> evicted_bytes_{0};
   std::atomic<uint64_t> eviction_failures_{0};
   std::atomic<uint64_t> admissions_declined_{0};
+  std::atomic<uint64_t> demotions_{0};
+  std::atomic<uint64_t> demoted_bytes_{0};
   std::atomic<const NextUseOracle*> oracle_{nullptr};
 
   ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
