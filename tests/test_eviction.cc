@@ -389,10 +389,10 @@ TEST_CASE("lru: concurrent readers over twice the tier read exact bytes, account
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Every copy left reads back.
 }
 
-TEST_CASE("lru: through the node service, clients read exact bytes while copies are evicted") {
-  ScratchDir dir;
-  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {30000});
-  Config config = LruConfig(dir.path() + "/data", 4 * 30000);
+// Clients of the node service read while the service evicts copies (and,
+// with two tiers and an announced order, moves them down) under them.
+void ClientsReadWhileCopiesGo(const ScratchDir& dir, Config config,
+                              const std::vector<TestFile>& files, bool announce) {
   config.node.shared = true;
   config.node.runtime_dir = dir.Sub("run");
   config.node.autostart = false;
@@ -405,16 +405,26 @@ TEST_CASE("lru: through the node service, clients read exact bytes while copies 
     REQUIRE(client.ok());
     clients.push_back(std::move(*client));
   }
+  // Each client reads its own random sequence, announced first when asked.
+  std::vector<std::vector<const TestFile*>> orders(3);
+  for (int c = 0; c < 3; ++c) {
+    std::mt19937 rng(c);
+    std::vector<std::string> names;
+    for (int i = 0; i < 300; ++i) {
+      orders[c].push_back(&files[rng() % files.size()]);
+      names.push_back(orders[c].back()->name);
+    }
+    if (announce) REQUIRE(clients[c]->AnnounceOrder(names).ok());
+  }
   std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
   for (int c = 0; c < 3; ++c) {
     threads.emplace_back([&, c] {
-      std::mt19937 rng(c);
       std::vector<char> buffer(30000);
-      for (int i = 0; i < 300 && !failed; ++i) {
-        const TestFile& f = files[rng() % files.size()];
-        absl::StatusOr<size_t> n = clients[c]->Read(f.name, buffer.data(), buffer.size(), 0);
-        if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, *n)) {
+      for (const TestFile* f : orders[c]) {
+        if (failed) break;
+        absl::StatusOr<size_t> n = clients[c]->Read(f->name, buffer.data(), buffer.size(), 0);
+        if (!n.ok() || *n != f->size || !testing::BytesMatch(*f, buffer.data(), 0, *n)) {
           failed = true;
         }
       }
@@ -424,7 +434,23 @@ TEST_CASE("lru: through the node service, clients read exact bytes while copies 
   CHECK_FALSE(failed.load());
   const Stats stats = clients[0]->GetStats();
   CHECK(stats.Get("evictions") > 0);
-  CHECK(stats.Tier(0, "bytes_used") <= 4 * 30000);
+  for (int t = 0; t + 1 < static_cast<int>(config.tiers.size()); ++t) {
+    CHECK(stats.Tier(t, "bytes_used") <= stats.Tier(t, "capacity"));
+  }
+  if (announce) CHECK(stats.Get("demotions") > 0);
+}
+
+TEST_CASE("lru: through the node service, clients read exact bytes while copies are evicted") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {30000});
+  ClientsReadWhileCopiesGo(dir, LruConfig(dir.path() + "/data", 4 * 30000), files, false);
+}
+
+TEST_CASE("lru with an announced order and two tiers: through the node service, clients read exact bytes while copies move down") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {30000});
+  ClientsReadWhileCopiesGo(dir, TwoTierLruConfig(dir.path() + "/data", dir.Sub("nvme"), 30000, 2),
+                           files, true);
 }
 
 }  // namespace
