@@ -28,6 +28,9 @@
 //
 // usage: bench_client_hit [--files N=64] [--file-mib M=4] [--threads T=1]
 //                         [--reps R=7] [--monarch PATH] [--in-process-service]
+//                         [--huge-pages]
+// --huge-pages gives the RAM tier `huge_pages: true`; it takes effect only
+// where /sys/kernel/mm/transparent_hugepage/shmem_enabled allows (printed).
 
 #include <fcntl.h>
 #include <signal.h>
@@ -98,7 +101,7 @@ void Consume(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
 
 int main(int argc, char** argv) {
   int files = 64, file_mib = 4, threads = 1, reps = 7;
-  bool in_process_service = false;
+  bool in_process_service = false, huge_pages = false;
   std::string monarch_binary = DefaultMonarchBinary();
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -112,8 +115,9 @@ int main(int argc, char** argv) {
     else if (flag == "--reps") reps = std::atoi(value());
     else if (flag == "--monarch") monarch_binary = value();
     else if (flag == "--in-process-service") in_process_service = true;
+    else if (flag == "--huge-pages") huge_pages = true;
     else Die("usage: bench_client_hit [--files N] [--file-mib M] [--threads T] [--reps R] "
-             "[--monarch PATH] [--in-process-service]");
+             "[--monarch PATH] [--in-process-service] [--huge-pages]");
   }
   if (files < 1 || file_mib < 1 || threads < 1 || reps < 1) Die("bad arguments");
   const size_t file_bytes = static_cast<size_t>(file_mib) << 20;
@@ -146,7 +150,14 @@ int main(int argc, char** argv) {
   const uint64_t capacity = uint64_t{2} * files * file_bytes;
   const std::string embedded_yaml =
       absl::StrCat("dataset: {path: ", root, "}\ntiers:\n  - {name: ram, kind: ram, capacity: ",
-                   capacity, "}\n  - {name: source, kind: source}\n");
+                   capacity, huge_pages ? ", huge_pages: true" : "",
+                   "}\n  - {name: source, kind: source}\n");
+  if (huge_pages) {
+    std::string shmem;
+    std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/shmem_enabled"), shmem);
+    std::printf("RAM tier huge_pages: true; transparent_hugepage/shmem_enabled: %s\n",
+                shmem.c_str());
+  }
   const std::string node_yaml = absl::StrCat(
       embedded_yaml, "node: {shared: true, runtime_dir: ", runtime_dir,
       ", autostart: false, idle_exit: 0}\n");

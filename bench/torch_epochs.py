@@ -12,6 +12,9 @@ decoding, so the ratio is about I/O). Prints each arm's epoch times, the
 epoch-1 ratio (a)/(b) and the later epochs' ratio (a)/(c) (target <= 1.05).
 With --settle, the Monarch arms wait (untimed) between epochs for the node
 to finish writing the copies epoch 1 started, so the later epochs are hits.
+With --huge-pages, the RAM tier has `huge_pages: true`, and the run sets
+/sys/kernel/mm/transparent_hugepage/shmem_enabled to "advise" (root),
+putting back what it was at the end.
 With --interleave, each Monarch arm runs its epochs in turns with epochs of
 the local arm (c), which epoch goes first alternating, and its later epochs
 are compared with those: the page cache and the machine drift between arms
@@ -114,6 +117,8 @@ def main():
     ap.add_argument("--interleave", action="store_true",
                     help="run each Monarch arm's epochs in turns with the local arm's and "
                          "compare with those")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="the RAM tier with huge_pages: true, shmem_enabled set to advise")
     ap.add_argument("--settle", action="store_true",
                     help="between epochs, wait (untimed) until the node has written the copies "
                          "the epoch started, so later epochs measure hits alone")
@@ -152,7 +157,8 @@ def main():
     config = os.path.join(a.work, "job.yaml")
     with open(config, "w") as f:
         f.write(f"dataset: {{path: {mount}}}\n"
-                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
+                f"tiers: [{{kind: ram, capacity: {2 * total}"
+                f"{', huge_pages: true' if a.huge_pages else ''}}}, {{kind: source}}]\n"
                 f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
     results = {arm: [] for arm in ("pfs", "local", "monarch", "announced",
                                    "local|monarch", "local|announced")}
@@ -177,10 +183,18 @@ def main():
             subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
         return times
 
+    shmem = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+    shmem_before = None
+    if a.huge_pages:
+        with open(shmem) as f:
+            shmem_before = f.read().split("[")[1].split("]")[0]
+        with open(shmem, "w") as f:
+            f.write("advise")
     try:
         print(f"dataset: {len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers, "
               f"{a.epochs} epochs{', persistent workers' if PERSISTENT else ''}"
-              f"{', placement settled between epochs' if a.settle else ''}; "
+              f"{', placement settled between epochs' if a.settle else ''}"
+              f"{', RAM tier huge_pages (shmem_enabled advise)' if a.huge_pages else ''}; "
               f"PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
               flush=True)
         for rep in range(a.reps):
@@ -202,6 +216,9 @@ def main():
     finally:
         subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
         subprocess.run([script, "stop", mount], capture_output=True, env=env)
+        if shmem_before is not None:
+            with open(shmem, "w") as f:
+                f.write(shmem_before)
 
     def median_ratio(arm, base, first, last):
         ratios = [sum(x[first:last]) / sum(y[first:last])

@@ -147,7 +147,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       // A home's RAM copies keep their block CRCs: peers are sent them
       // without a checksum pass (StorageDriver::InMemoryBytes).
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(),
-                          /*keep_block_sums=*/config.remote.enabled);
+                          /*keep_block_sums=*/config.remote.enabled, tier.huge_pages);
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open, ParseVerifyPolicy(config.placement.verify));
     case TierKind::kPosix: {

@@ -44,7 +44,7 @@ dataset:
   file_regex: '.*\.jpg'
   scan_threads: 16
 tiers:
-  - {name: mem, kind: ram, capacity: 1GiB}
+  - {name: mem, kind: ram, capacity: 1GiB, huge_pages: true}
   - {name: pm, kind: pmem, path: )",
                                                                  d.pmem, R"(, capacity: 64MiB}
   - {name: nvme, kind: posix, path: )",
@@ -66,6 +66,8 @@ logging:
   REQUIRE(config->tiers.size() == 4);
   CHECK(config->tiers[0].kind == TierKind::kRam);
   CHECK(config->tiers[0].capacity_bytes == (1ull << 30));
+  CHECK(config->tiers[0].huge_pages);
+  CHECK_FALSE(config->tiers[1].huge_pages);
   CHECK(config->tiers[1].kind == TierKind::kPmem);
   CHECK(config->tiers[1].path == d.pmem);
   CHECK(config->tiers[2].capacity_bytes == 100000000);
@@ -372,6 +374,13 @@ TEST_CASE("bad configs are refused with the key named") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, write_mode: direct}\n" +
                             src);
     CHECK(absl::StrContains(e, "tiers[0].write_mode: only a posix tier has a write mode"));
+  }
+  SUBCASE("huge pages on a tier that is not ram, or not a boolean") {
+    std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, path: " + d.nvme +
+                            ", capacity: 1MiB, huge_pages: true}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].huge_pages: only a ram tier has huge pages"));
+    e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, huge_pages: lots}\n" + src);
+    CHECK(absl::StrContains(e, "tiers[0].huge_pages"));
   }
   SUBCASE("bad log level") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");

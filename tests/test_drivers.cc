@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/handle_cache.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
@@ -430,6 +431,82 @@ TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do 
   std::unique_ptr<StorageDriver> direct = NewPosixDriver(dir.Sub("d"), 8, options);
   REQUIRE(Store(*direct, first, 1).ok());
   CHECK(ResidentPages(dir.path() + "/d/first.bin") == 1);
+}
+
+// ShmemPmdMapped of this process: its shared-memory bytes mapped as whole
+// 2 MiB pages.
+uint64_t ShmemPmdMappedBytes() {
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  std::string key;
+  uint64_t kib = 0;
+  while (rollup >> key) {
+    if (key == "ShmemPmdMapped:" && rollup >> kib) return kib << 10;
+  }
+  return 0;
+}
+
+// Sets /sys/kernel/mm/transparent_hugepage/shmem_enabled for the test's
+// life: "advise" makes the kernel honour MADV_HUGEPAGE on memfds, and only
+// memory so advised is affected, so tests running alongside are not.
+class ShmemHugePagesAdvised {
+ public:
+  ShmemHugePagesAdvised() {
+    std::ifstream in(kPath);
+    std::string line;
+    std::getline(in, line);
+    const size_t open = line.find('['), close = line.find(']');
+    if (open == std::string::npos || close == std::string::npos) return;
+    previous_ = line.substr(open + 1, close - open - 1);
+    std::ofstream out(kPath);
+    ok_ = static_cast<bool>(out << "advise" << std::flush);
+  }
+  ~ShmemHugePagesAdvised() {
+    if (ok_) std::ofstream(kPath) << previous_ << std::flush;
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  static constexpr const char* kPath = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+  std::string previous_;
+  bool ok_ = false;
+};
+
+TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB pages whole, bytes exact") {
+  ShmemHugePagesAdvised advised;
+  if (!advised.ok()) {
+    MESSAGE("cannot set transparent_hugepage/shmem_enabled (not root, or no THP): skipped");
+    return;
+  }
+  for (const bool huge : {false, true}) {
+    CAPTURE(huge);
+    constexpr uint32_t kFiles = 40;
+    constexpr uint64_t kSize = 200000;  // 8 MB in all: whole 2 MiB pages in every stripe.
+    absl::StatusOr<std::unique_ptr<StorageDriver>> ram =
+        NewRamDriver("huge", kFiles * kSize, kFiles, /*keep_block_sums=*/false, huge);
+    REQUIRE(ram.ok());
+    std::vector<std::string> names;
+    for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("f", i));
+    for (uint32_t i = 0; i < kFiles; ++i) REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
+    std::vector<ScopedFd> fds;
+    for (int fd : (*ram)->SharedMemoryDescriptors()) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    absl::StatusOr<std::unique_ptr<StorageDriver>> reader = NewRamReader(std::move(fds), kFiles);
+    REQUIRE(reader.ok());
+    const uint64_t before = ShmemPmdMappedBytes();
+    std::vector<char> buffer(kSize);
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      absl::StatusOr<size_t> n = (*reader)->Read(Ref(i, names[i], kSize), 0, buffer.data(), kSize);
+      REQUIRE(n.ok());
+      REQUIRE(*n == kSize);
+      REQUIRE(testing::BytesMatch(testing::TestFile{names[i], i + 1, kSize}, buffer.data(), 0,
+                                  kSize));
+    }
+    const uint64_t mapped = ShmemPmdMappedBytes() - before;
+    if (huge) {
+      CHECK(mapped >= (4u << 20));  // Most of the 8 MB, 2 MiB at a time.
+    } else {
+      CHECK(mapped == 0);
+    }
+  }
 }
 
 TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read back") {

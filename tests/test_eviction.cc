@@ -301,7 +301,12 @@ TEST_CASE("lru with an announced order and two tiers: concurrent readers read ex
   Config config = TwoTierLruConfig(ds, nvme, 30000, 6);  // Half the dataset fits.
   config.placement.chunk_bytes = 16 << 10;                // Several chunks per file.
   config.prefetch.streams = 2;
-  auto m = MustCreate(config);
+  // A source as slow as a PFS: from page-cached files the readers would
+  // finish the epochs before the placement thread had written the first
+  // copies, and nothing would be left to move.
+  FaultInjectingDriver::Faults source;
+  source.read_delay_us = 500;
+  auto m = MustCreate(config, &source);
   // Four epochs in shuffled orders, announced at once; four readers take
   // them in turn, reading each file in pieces.
   std::mt19937 rng(7);
@@ -338,6 +343,7 @@ TEST_CASE("lru with an announced order and two tiers: concurrent readers read ex
   CHECK_FALSE(failed.load());
   m->WaitForPlacement();
   const Stats stats = m->GetStats();
+  INFO(stats.ToJson());
   CHECK(stats.Get("demotions") > 0);
   for (int t = 0; t < 2; ++t) {
     CHECK(stats.Tier(t, "read_errors") == 0);
@@ -358,7 +364,12 @@ TEST_CASE("lru: concurrent readers over twice the tier read exact bytes, account
   const uint64_t total = testing::TotalBytes(files);
   Config config = LruConfig(ds, total / 2);
   config.placement.chunk_bytes = 16 << 10;  // Several chunks per file.
-  auto m = MustCreate(config);
+  // A source as slow as a PFS: from page-cached files, on a busy machine,
+  // the readers could finish before placement wrote enough copies to fill
+  // the tier, and nothing would be evicted.
+  FaultInjectingDriver::Faults source;
+  source.read_delay_us = 200;
+  auto m = MustCreate(config, &source);
   std::atomic<bool> failed{false};
   std::vector<std::thread> readers;
   for (int t = 0; t < 4; ++t) {
@@ -416,23 +427,32 @@ void ClientsReadWhileCopiesGo(const ScratchDir& dir, Config config,
     }
     if (announce) REQUIRE(clients[c]->AnnounceOrder(names).ok());
   }
+  // Three rounds of 100 reads per client, the clients concurrent within a
+  // round; between rounds the service finishes writing the copies the
+  // round started, so that the next round's misses must make room (on a
+  // busy machine the readers could otherwise outrun placement throughout,
+  // and nothing would be evicted or moved).
   std::atomic<bool> failed{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < 3; ++c) {
-    threads.emplace_back([&, c] {
-      std::vector<char> buffer(30000);
-      for (const TestFile* f : orders[c]) {
-        if (failed) break;
-        absl::StatusOr<size_t> n = clients[c]->Read(f->name, buffer.data(), buffer.size(), 0);
-        if (!n.ok() || *n != f->size || !testing::BytesMatch(*f, buffer.data(), 0, *n)) {
-          failed = true;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> threads;
+    for (int c = 0; c < 3; ++c) {
+      threads.emplace_back([&, c] {
+        std::vector<char> buffer(30000);
+        for (int i = round * 100; i < (round + 1) * 100 && !failed; ++i) {
+          const TestFile& f = *orders[c][i];
+          absl::StatusOr<size_t> n = clients[c]->Read(f.name, buffer.data(), buffer.size(), 0);
+          if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, *n)) {
+            failed = true;
+          }
         }
-      }
-    });
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    clients[0]->WaitForPlacement();
   }
-  for (std::thread& t : threads) t.join();
   CHECK_FALSE(failed.load());
   const Stats stats = clients[0]->GetStats();
+  INFO(stats.ToJson());
   CHECK(stats.Get("evictions") > 0);
   for (int t = 0; t + 1 < static_cast<int>(config.tiers.size()); ++t) {
     CHECK(stats.Tier(t, "bytes_used") <= stats.Tier(t, "capacity"));

@@ -50,6 +50,12 @@ struct TierConfig {
   std::string path;             // pmem/posix: directory holding the copies. Unused otherwise.
   uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold. Unused for source.
   WriteMode write_mode = WriteMode::kAuto;  // posix only.
+  // ram only: back the tier with 2 MiB pages where the kernel allows it
+  // (transparent_hugepage/shmem_enabled "advise"), so that a process mapping
+  // it afresh (a node service's client, a DataLoader worker) takes a page
+  // fault per 2 MiB instead of per 4 KiB. Costs the cold epoch: see
+  // config/README.md.
+  bool huge_pages = false;
 };
 
 struct DatasetConfig {

@@ -355,7 +355,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity", "write_mode"}));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity", "write_mode", "huge_pages"}));
     TierConfig tier;
     if (!t["kind"])
       return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
@@ -387,6 +387,14 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       } else {
         return KeyError(key, absl::StrCat("expected auto, buffered or direct, got ", Quote(text)));
       }
+    }
+    if (const YAML::Node huge = t["huge_pages"]) {
+      const std::string key = absl::StrCat(where, ".huge_pages");
+      if (tier.kind != TierKind::kRam) {
+        return KeyError(key, absl::StrCat("only a ram tier has huge pages, not a ",
+                                          TierKindName(tier.kind), " tier; remove this key"));
+      }
+      MONARCH_ASSIGN_OR_RETURN(tier.huge_pages, GetBool(huge, key));
     }
     if (tier.kind == TierKind::kSource && t["path"]) {
       return KeyError(absl::StrCat(where, ".path"),

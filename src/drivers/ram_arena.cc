@@ -24,10 +24,25 @@ constexpr uint64_t kPage = 4096;
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
+// Asks for 2 MiB pages in a mapping of the arena. A process that maps the
+// arena afresh (a node service's client, a DataLoader worker forked for
+// each epoch) takes a page fault per 4 KiB page it touches, which costs
+// more than copying the bytes: on the 2-core VM a fresh client reads at
+// 0.35x a warm one's speed (bench_client_hit), and populating the pages in
+// bulk (MADV_POPULATE_READ) costs as much. With 2 MiB pages it is one fault
+// per 2 MiB: 0.96x. Advised on the
+// writer's mapping, the pages are allocated as 2 MiB ones; on a reader's,
+// such pages are mapped whole (advising a reader of 4 KiB pages changes
+// nothing). The kernel honours this for memfds only where
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise" (or
+// "always", "within_size"); at its default, "never", it does nothing.
+void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUGEPAGE); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
-                                                           const std::string& name) {
+                                                           const std::string& name,
+                                                           bool huge_pages) {
   const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
   std::unique_ptr<RamArena> arena(new RamArena(size));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
@@ -43,6 +58,10 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     void* base = os::Mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
     s.base = static_cast<char*>(base);
+    if (huge_pages) {
+      AdviseHugePages(s.writable.data(), size);  // Where the pages are allocated.
+      AdviseHugePages(s.base, size);
+    }
   }
   return arena;
 }
@@ -60,6 +79,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<Scop
     stripe->fd = fd.release();
     stripe->mapping = std::move(region);
     stripe->base = stripe->mapping.data();
+    AdviseHugePages(stripe->base, arena->size_);
     arena->stripes_.push_back(std::move(stripe));
   }
   return arena;

@@ -54,12 +54,15 @@ class RamArena {
   };
 
   // `stripes` memfds of `bytes` of address space each; `name` shows in
-  // /proc/<pid>/maps.
+  // /proc/<pid>/maps. With `huge_pages`, the pages are allocated as 2 MiB
+  // ones where the kernel allows it (TierConfig::huge_pages).
   static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t bytes, int stripes,
-                                                          const std::string& name);
+                                                          const std::string& name,
+                                                          bool huge_pages = false);
   // The arena of another process (the node service), from its stripes'
   // descriptors, mapped read-only: data() works, Allocate() and Write() must
-  // not be called.
+  // not be called. Mapped so that 2 MiB pages, if the arena has them, are
+  // mapped whole.
   static absl::StatusOr<std::unique_ptr<RamArena>> MapReadOnly(std::vector<ScopedFd> stripe_fds);
   ~RamArena();
   RamArena(const RamArena&) = delete;

@@ -283,7 +283,8 @@ class RamReader final : public StorageDriver {
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity,
                                                             uint32_t file_count,
-                                                            bool keep_block_sums) {
+                                                            bool keep_block_sums,
+                                                            bool huge_pages) {
   // Each stripe has room for the capacity plus each file's rounding to a
   // 64-byte extent. Writers are the placement threads plus, when staging is
   // over budget, every reader: 8 stripes keep them from queueing on one
@@ -291,7 +292,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   constexpr int kStripes = 8;
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
-                                            absl::StrCat("monarch-ram:", name)));
+                                            absl::StrCat("monarch-ram:", name), huge_pages));
   MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
                            CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
                                                    SlotTableBytes(file_count)));

@@ -193,10 +193,12 @@ class StorageDriver {
 // between reads.
 // A RAM tier named `name` of `capacity` bytes for a namespace of
 // `file_count` files (ids 0..file_count-1). With `keep_block_sums` (a home
-// of peers), VisitInMemory gives whole-block ranges' CRC32C.
+// of peers), VisitInMemory gives whole-block ranges' CRC32C. `huge_pages`:
+// TierConfig::huge_pages.
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity, uint32_t file_count,
-                                                            bool keep_block_sums = false);
+                                                            bool keep_block_sums = false,
+                                                            bool huge_pages = false);
 // A read-only view, in a client of the node service, of the service's RAM
 // tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
 // NewWriter and Remove fail with PermissionDenied.
