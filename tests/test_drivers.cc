@@ -486,9 +486,13 @@ TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB page
     REQUIRE(ram.ok());
     std::vector<std::string> names;
     for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("f", i));
-    for (uint32_t i = 0; i < kFiles; ++i) REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
+    }
     std::vector<ScopedFd> fds;
-    for (int fd : (*ram)->SharedMemoryDescriptors()) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    for (int fd : (*ram)->SharedMemoryDescriptors()) {
+      fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    }
     absl::StatusOr<std::unique_ptr<StorageDriver>> reader = NewRamReader(std::move(fds), kFiles);
     REQUIRE(reader.ok());
     const uint64_t before = ShmemPmdMappedBytes();

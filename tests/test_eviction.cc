@@ -329,7 +329,8 @@ TEST_CASE("lru with an announced order and two tiers: concurrent readers read ex
                                           [&](const TestFile& x) { return x.name == order[i]; });
         for (uint64_t offset = 0; offset < f.size; offset += buffer.size()) {
           absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), buffer.size(), offset);
-          const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), f.size - offset));
+          const size_t want =
+              static_cast<size_t>(std::min<uint64_t>(buffer.size(), f.size - offset));
           if (!n.ok() || *n != want || !testing::BytesMatch(f, buffer.data(), offset, *n)) {
             MESSAGE(f.name, " at ", offset, ": ",
                     n.ok() ? std::to_string(*n) : n.status().ToString(), " want ", want);

@@ -355,7 +355,8 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, {"name", "kind", "path", "capacity", "write_mode", "huge_pages"}));
+    MONARCH_RETURN_IF_ERROR(CheckKeys(
+        t, where, {"name", "kind", "path", "capacity", "write_mode", "huge_pages"}));
     TierConfig tier;
     if (!t["kind"])
       return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");

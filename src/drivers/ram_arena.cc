@@ -30,12 +30,12 @@ uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 // more than copying the bytes: on the 2-core VM a fresh client reads at
 // 0.35x a warm one's speed (bench_client_hit), and populating the pages in
 // bulk (MADV_POPULATE_READ) costs as much. With 2 MiB pages it is one fault
-// per 2 MiB: 0.96x. Advised on the
-// writer's mapping, the pages are allocated as 2 MiB ones; on a reader's,
-// such pages are mapped whole (advising a reader of 4 KiB pages changes
-// nothing). The kernel honours this for memfds only where
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise" (or
-// "always", "within_size"); at its default, "never", it does nothing.
+// per 2 MiB: 0.96x. Advised on the writer's mapping, the pages are
+// allocated as 2 MiB ones; on a reader's, such pages are mapped whole
+// (advising a reader of 4 KiB pages changes nothing). The kernel honours
+// this for memfds only where /sys/kernel/mm/transparent_hugepage/
+// shmem_enabled is "advise" (or "always", "within_size"); at its default,
+// "never", it does nothing.
 void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUGEPAGE); }
 
 }  // namespace
