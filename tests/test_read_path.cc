@@ -395,9 +395,13 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   auto m = MustCreate(testing::MakeConfig(ds, {testing::RamTier(1 << 30)}), &source);
   std::vector<std::thread> readers;
   std::atomic<int> bad{0};
+  std::atomic<int> waiting{8};
   for (int t = 0; t < 8; ++t) {
     readers.emplace_back([&, t] {
       std::vector<char> buffer(3 << 20);
+      // All start together, so they meet the one promotion.
+      waiting.fetch_sub(1);
+      while (waiting.load() > 0) std::this_thread::yield();
       uint64_t offset = static_cast<uint64_t>(t) * (1 << 20);
       size_t n = t % 2 ? (3 << 20) : 4096;
       absl::StatusOr<size_t> got = m->Read(files[0].name, buffer.data(), n, offset);
@@ -414,8 +418,11 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   Stats stats = m->GetStats();
   CHECK(stats.Get("promotions_started") == 1);
   CHECK(stats.Get("promotions_completed") == 1);
-  CHECK(stats.Get("staging_reads") == 8);           // Every reader was served by the one promotion...
-  CHECK(stats.Get("staging_fallbacks") == 0);       // ...none had to go around it.
+  // Every reader was served by the one promotion (or, on a slow machine, by
+  // the copy it had already published)...
+  CHECK(stats.Get("staging_reads") + stats.Tier(0, "reads") == 8);
+  CHECK(stats.Get("staging_reads") >= 1);
+  CHECK(stats.Get("staging_fallbacks") == 0);  // ...none had to go around it.
   CHECK(source.bytes.load() == (8u << 20));  // One PFS read of each byte.
   CHECK(stats.Source("bytes_read") == (8u << 20));
 }
