@@ -232,11 +232,8 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard
     skipped_.fetch_add(1, std::memory_order_relaxed);
     // No tier has room, and without eviction none will: stop asking. With
     // eviction, only a file larger than every cache tier stops asking.
-    bool may_fit = false;
-    const bool makes_room = evicts_ && policy_->MakesRoomFor(entry.ref.id);
-    for (const auto& t : *tiers_) {
-      may_fit |= makes_room && t->is_cache() && t->config().capacity_bytes >= t->Footprint(entry.ref.size);
-    }
+    const bool may_fit = evicts_ && policy_->MakesRoomFor(entry.ref.id) &&
+                         FastestTierFor(entry.ref.size) >= 0;
     if (!may_fit) entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
     return nullptr;
   }
@@ -313,12 +310,7 @@ bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     admissions_declined_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  // The fastest cache tier that can hold the file at all.
-  int target = -1;
-  for (int t = 0; t < first_origin_ && target < 0; ++t) {
-    const Tier& tier = *(*tiers_)[t];
-    if (tier.is_cache() && tier.config().capacity_bytes >= tier.Footprint(file_bytes)) target = t;
-  }
+  const int target = FastestTierFor(file_bytes);
   if (target < 0) return false;
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
@@ -347,12 +339,18 @@ bool PlacementHandler::WantsFasterTier(const FileEntry& entry) const {
   }
   const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
   if (future == nullptr || !future->known()) return false;
+  const int fastest = FastestTierFor(entry.ref.size);
+  if (fastest < 0) return false;
+  const Tier& tier = *(*tiers_)[fastest];
+  return tier.free_bytes() < tier.Footprint(entry.ref.size);
+}
+
+int PlacementHandler::FastestTierFor(uint64_t file_bytes) const {
   for (int t = 0; t < first_origin_; ++t) {
     const Tier& tier = *(*tiers_)[t];
-    const uint64_t need = tier.Footprint(entry.ref.size);
-    if (tier.is_cache() && tier.config().capacity_bytes >= need) return tier.free_bytes() < need;
+    if (tier.is_cache() && tier.config().capacity_bytes >= tier.Footprint(file_bytes)) return t;
   }
-  return false;
+  return -1;
 }
 
 bool PlacementHandler::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_use,

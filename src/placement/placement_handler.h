@@ -168,6 +168,9 @@ class PlacementHandler final : public PromotionHost {
   // source should make room in a faster tier before the policy picks one
   // (which would pick the first tier with room).
   bool WantsFasterTier(const FileEntry& entry) const;
+  // The fastest cache tier large enough to hold a `file_bytes` file at all
+  // (empty), or -1.
+  int FastestTierFor(uint64_t file_bytes) const;
   // Next-use placement: makes `need` bytes of room in cache tier `tier` for
   // a file read again `next_use` reads from now, moving down (or out) the
   // copies there read again later than that. False if every sampled copy is
