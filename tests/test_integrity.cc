@@ -593,6 +593,43 @@ TEST_CASE("a promotion whose source changes mid-copy is not committed") {
   ReadWholeAndCheck(*m, files[0]);
 }
 
+TEST_CASE("lru: a file copied again after its eviction is checked by its bytes, not a stat; a change is caught") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 2, {100000});
+  Config config = testing::MakeConfig(ds, {testing::RamTier(150000)});  // One copy fits.
+  config.placement.policy = "lru";
+  config.placement.chunk_bytes = 16 << 10;  // 7 chunks, the last one short.
+  FaultInjectingDriver::Faults source;
+  auto m = MustCreate(config, &source);
+
+  // Each read of the other file evicts the one copy and copies this again.
+  for (int round = 0; round < 5; ++round) {
+    ReadWholeAndCheck(*m, files[round % 2]);
+    m->WaitForPlacement();
+  }
+  Stats stats = m->GetStats();
+  REQUIRE(stats.Get("promotions_completed") == 5);
+  CHECK(stats.Get("evictions") == 4);
+  CHECK(source.identifies.load() == 2);  // Each file's first copy only.
+  CHECK(stats.Get("promotions_identified_by_content") == 3);
+  CHECK(stats.Get("promotions_source_changed") == 0);
+
+  // File 1 (evicted) changes in place, its size and mtime kept: the copy
+  // made of its new bytes is refused by them, with no stat asked.
+  RewriteKeepingMtime(ds + "/" + files[1].name, 77, files[1].size);
+  files[1].seed = 77;
+  ReadWholeAndCheck(*m, files[1]);  // Read from the source: the new bytes.
+  m->WaitForPlacement();
+  stats = m->GetStats();
+  CHECK(stats.Get("promotions_source_changed") == 1);
+  CHECK(stats.Get("promotions_completed") == 5);
+  CHECK(stats.Get("promotions_identified_by_content") == 3);
+  CHECK(source.identifies.load() == 2);
+  ReadWholeAndCheck(*m, files[1]);
+  CHECK(m->GetStats().Tier(0, "files") == 0);
+}
+
 TEST_CASE("dataset.symlinks: follow, inside, skip") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");

@@ -146,7 +146,8 @@ class FaultInjectingDriver final : public ForwardingDriver {
     std::atomic<int> write_delay_us{0};  // Before every chunk written to a copy.
     std::atomic<uint64_t> reads{0};
     std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> stores{0};  // Copies started.
+    std::atomic<uint64_t> stores{0};      // Copies started.
+    std::atomic<uint64_t> identifies{0};  // Identify() calls: a stat of the source file.
     Mutex mu;
     absl::flat_hash_map<std::string, uint64_t> bytes_per_file ABSL_GUARDED_BY(mu);
     uint64_t BytesOf(const std::string& name) {
@@ -170,6 +171,11 @@ class FaultInjectingDriver final : public ForwardingDriver {
       faults_->bytes_per_file[std::string(file.name.data(), file.name.size())] += *r;
     }
     return r;
+  }
+
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+    faults_->identifies.fetch_add(1);
+    return ForwardingDriver::Identify(file);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {

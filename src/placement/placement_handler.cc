@@ -78,6 +78,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
     const uint32_t files = std::max<uint32_t>(ns->file_count(), 1);
     tier_readers_.reset(new std::atomic<uint32_t>[files]());
     referenced_.reset(new std::atomic<uint8_t>[files]());
+    content_crcs_.reset(new std::atomic<uint64_t>[files]());
   }
 }
 
@@ -212,17 +213,38 @@ absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_
   }
 }
 
-absl::StatusOr<SourceIdentity> PlacementHandler::IdentityToCommit(const FileEntry& entry,
-                                                                  bool read_source) {
+absl::StatusOr<SourceIdentity> PlacementHandler::IdentityToCommit(
+    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
   const SourceIdentity identity = namespace_->identity(entry.ref.id);
-  if (!read_source) return identity;  // The home peer checked its own copy's source.
-  MONARCH_ASSIGN_OR_RETURN(SourceIdentity now,
-                           (*tiers_)[source_index_]->driver().Identify(entry.ref));
-  if (now != identity) {
-    source_changed_.fetch_add(1, std::memory_order_relaxed);
-    return absl::AbortedError(absl::StrCat(
-        entry.ref.name, " changed on the source since the namespace walk; not copied"));
+  std::atomic<uint64_t>* known =
+      content_crc.has_value() && content_crcs_ != nullptr ? &content_crcs_[entry.ref.id] : nullptr;
+  if (read_source && known != nullptr) {
+    // Copied before: the same bytes are the same version, which the first
+    // copy's check found to be the walk's. Any change to the file since,
+    // before or during this copy, shows as other bytes (a CRC32C misses a
+    // change with odds of 2^-32).
+    const uint64_t first = known->load(std::memory_order_acquire);
+    if ((first & kContentKnown) != 0) {
+      if (static_cast<uint32_t>(first) != *content_crc) {
+        source_changed_.fetch_add(1, std::memory_order_relaxed);
+        return absl::AbortedError(absl::StrCat(
+            entry.ref.name, " changed on the source since it was first copied; not copied"));
+      }
+      identified_by_content_.fetch_add(1, std::memory_order_relaxed);
+      return identity;
+    }
   }
+  // Without `read_source` the home peer checked its own copy's source.
+  if (read_source) {
+    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now,
+                             (*tiers_)[source_index_]->driver().Identify(entry.ref));
+    if (now != identity) {
+      source_changed_.fetch_add(1, std::memory_order_relaxed);
+      return absl::AbortedError(absl::StrCat(
+          entry.ref.name, " changed on the source since the namespace walk; not copied"));
+    }
+  }
+  if (known != nullptr) known->store(kContentKnown | *content_crc, std::memory_order_release);
   return identity;
 }
 
@@ -238,7 +260,8 @@ std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard
     return nullptr;
   }
   auto promotion =
-      std::make_shared<Promotion>(this, &entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_);
+      std::make_shared<Promotion>(this, &entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_,
+                                  /*checksum=*/evicts_);
   entry.state.store(PlacementState::kPromoting, std::memory_order_relaxed);
   shard.in_flight.emplace(entry.ref.id, promotion);
   started_.fetch_add(1, std::memory_order_relaxed);
@@ -576,6 +599,11 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
   sink.Counter("promotions_source_changed", source_changed_.load(),
                "Copies not committed: the source file changed since the namespace walk.");
+  if (evicts_) {
+    sink.Counter("promotions_identified_by_content", identified_by_content_.load(),
+                 "Copies of files copied before, found to be the same version by their bytes' "
+                 "CRC32C instead of a stat of the source.");
+  }
   sink.Counter("staging_reads", staging_reads_.load(),
                "Reads of files being promoted, served from the promotion's chunks.");
   sink.Counter("staging_bytes_read", staging_bytes_read_.load(),

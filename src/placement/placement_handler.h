@@ -141,8 +141,8 @@ class PlacementHandler final : public PromotionHost {
   // PromotionHost.
   absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst, size_t n,
                                     bool* from_source = nullptr) override;
-  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry,
-                                                  bool read_source) override;
+  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
+                                                  std::optional<uint32_t> content_crc) override;
   ChunkPool& chunk_pool() override { return chunk_pool_; }
   bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
   void ChunkWritten(bool by_reader) override {
@@ -221,6 +221,7 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> cancelled_{0};
   std::atomic<uint64_t> source_changed_{0};
+  std::atomic<uint64_t> identified_by_content_{0};
   std::atomic<uint64_t> staging_reads_{0};
   std::atomic<uint64_t> staging_bytes_read_{0};
   std::atomic<uint64_t> staging_hits_{0};
@@ -233,6 +234,13 @@ class PlacementHandler final : public PromotionHost {
   const bool evicts_;
   std::unique_ptr<std::atomic<uint32_t>[]> tier_readers_;
   std::unique_ptr<std::atomic<uint8_t>[]> referenced_;
+  // The CRC32C of each file's bytes as its first committed copy had them,
+  // with kContentKnown set; 0 until then. With eviction a file is promoted
+  // again each time its copy was evicted, and comparing the bytes with
+  // these spares the source a metadata operation per promotion (an fstat
+  // is a getattr on the PFS's metadata server).
+  static constexpr uint64_t kContentKnown = uint64_t{1} << 32;
+  std::unique_ptr<std::atomic<uint64_t>[]> content_crcs_;
   Mutex evict_mu_;  // Taken before a shard's mutex, never after.
   uint32_t hand_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> evictions_{0};

@@ -7,18 +7,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 
 namespace monarch {
 
 Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
-                     uint64_t chunk_bytes)
+                     uint64_t chunk_bytes, bool checksum)
     : host_(host),
       entry_(entry),
       tier_(tier),
       tier_index_(tier_index),
       chunk_bytes_(chunk_bytes),
       chunk_count_((entry->ref.size + chunk_bytes - 1) / chunk_bytes),
-      chunks_(chunk_count_) {}
+      checksum_(checksum),
+      chunks_(chunk_count_),
+      chunk_crcs_(checksum ? chunk_count_ : 0) {}
 
 Promotion::~Promotion() {
   MutexLock lock(&mu_);
@@ -70,12 +73,15 @@ void Promotion::Load(size_t c) {
   bool from_source = false;
   absl::StatusOr<size_t> got =
       host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length, &from_source);
+  const bool complete = got.ok() && *got == length;
+  const uint32_t crc = checksum_ && complete ? Crc32c(buffer, length) : 0;
   bool failed_here = false;
   {
     MutexLock lock(&mu_);
     if (from_source) read_source_ = true;
-    if (got.ok() && *got == length && !failed_) {
+    if (complete && !failed_) {
       chunks_[c].state = ChunkState::kStaged;
+      if (checksum_) chunk_crcs_[c] = crc;
     } else {
       // A short read means the file changed on the source; either way the
       // chunk cannot be trusted, and without it there is no copy.
@@ -146,14 +152,22 @@ void Promotion::Write(size_t c, bool by_reader) {
 void Promotion::Commit() {
   std::shared_ptr<CopyWriter> writer;
   bool read_source;
+  std::optional<uint32_t> content_crc;
   {
     MutexLock lock(&mu_);
     writer = writer_;
     read_source = read_source_;
+    if (checksum_) {
+      content_crc = 0;
+      for (size_t c = 0; c < chunk_count_; ++c) {
+        content_crc = Crc32cConcat(*content_crc, chunk_crcs_[c], ChunkLength(c));
+      }
+    }
   }
   // After the last chunk was read: a change to the source file at any time
   // since the walk, during the copy included, shows here.
-  absl::StatusOr<SourceIdentity> source = host_->IdentityToCommit(*entry_, read_source);
+  absl::StatusOr<SourceIdentity> source =
+      host_->IdentityToCommit(*entry_, read_source, content_crc);
   const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
   // A source that changed is no failure of the tier.
   const bool tier_failed = source.ok() && !status.ok();

@@ -30,9 +30,10 @@
 // Whoever writes the last chunk commits the copy and reports the outcome to
 // the handler (PromotionHost::PromotionDone), once. The copy is committed
 // only if the source file is still the one the namespace walk found
-// (PromotionHost::IdentityToCommit), so a copy never mixes two versions. A failure (the source,
-// the tier, or cancellation) abandons the copy: readers are then served
-// from the source, and the temporary copy is deleted.
+// (PromotionHost::IdentityToCommit), so a copy never mixes two versions.
+// A failure (the source, the tier, or cancellation) abandons the copy:
+// readers are then served from the source, and the temporary copy is
+// deleted.
 //
 // Thread-safe. Shared (std::shared_ptr) by the handler's in-flight table,
 // the placement task and the readers inside it.
@@ -43,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,11 +70,12 @@ class PromotionHost {
                                             size_t n, bool* from_source = nullptr) = 0;
   // What the copy about to be committed is a copy of: the source file as
   // the namespace walk found it. When `read_source` (some chunk came from
-  // the source rather than a peer), the source file is asked again, and a
-  // file changed since the walk (size, times, or replaced) is Aborted: its
-  // chunks may mix versions, or be of a version the namespace never saw.
-  virtual absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry,
-                                                          bool read_source) = 0;
+  // the source rather than a peer), a file changed since the walk (size,
+  // times, or replaced) is Aborted: its chunks may mix versions, or be of
+  // a version the namespace never saw. `content_crc` is the CRC32C of the
+  // bytes copied, when the promotion was asked to compute it.
+  virtual absl::StatusOr<SourceIdentity> IdentityToCommit(
+      const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) = 0;
   // Staging buffers, within the staging budget.
   virtual ChunkPool& chunk_pool() = 0;
   virtual bool cancelled() const = 0;
@@ -87,8 +90,10 @@ class PromotionHost {
 
 class Promotion {
  public:
+  // `checksum`: compute the CRC32C of the file's bytes as its chunks load,
+  // for IdentityToCommit.
   Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
-            uint64_t chunk_bytes);
+            uint64_t chunk_bytes, bool checksum);
   ~Promotion();
   Promotion(const Promotion&) = delete;
   Promotion& operator=(const Promotion&) = delete;
@@ -175,12 +180,14 @@ class Promotion {
   const int tier_index_;
   const uint64_t chunk_bytes_;
   const size_t chunk_count_;
+  const bool checksum_;
 
   Mutex writer_mu_;  // Serializes creating the writer; taken before mu_, never inside it.
 
   Mutex mu_;
   CondVar chunk_settled_;  // A chunk left kLoading.
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> chunk_crcs_ ABSL_GUARDED_BY(mu_);  // With checksum_, per loaded chunk.
   size_t written_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<CopyWriter> writer_ ABSL_GUARDED_BY(mu_);
   bool background_claimed_ ABSL_GUARDED_BY(mu_) = false;
