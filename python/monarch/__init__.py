@@ -84,6 +84,11 @@ _IO_CODES = {
 _STRERROR = {os.strerror(number): number for number in sorted(_errno.errorcode, reverse=True)}
 
 
+def _c_name_array(names):
+    """(a char* array of `names`, dataset names as bytes; their count)."""
+    return (ctypes.c_char_p * max(len(names), 1))(*names), len(names)
+
+
 class MonarchError(RuntimeError):
     """A Monarch failure that is neither a missing file, a bad config nor
     failed I/O (e.g. a node service that refused the client). `code` is the
@@ -582,7 +587,11 @@ class Monarch:
         reads profit (DataLoader workers are other processes: use the node
         service). FileNotFoundError names a path outside the dataset, and
         nothing is announced then."""
-        array, count = self._name_array(paths)
+        self._announce_names(self._name_array(paths))
+
+    def _announce_names(self, name_array):
+        """announce_order() of a _name_array()."""
+        array, count = name_array
         error = ctypes.c_void_p()
         code = _lib.lib().monarch_announce_order(self._h(), array, count, ctypes.byref(error))
         message = _lib.take_string(error.value)
@@ -607,8 +616,7 @@ class Monarch:
         """(a char* array of the dataset names of `paths`, their count): what
         the announce calls take, kept by monarch.torch.SeededSampler so that
         each epoch's announcement does not convert every path again."""
-        names = [self._name(p) for p in paths]
-        return (ctypes.c_char_p * max(len(names), 1))(*names), len(names)
+        return _c_name_array([self._name(p) for p in paths])
 
     def _announce_sampled(self, name_array, how):
         array, count = name_array

@@ -108,6 +108,37 @@ def test_announcing_sampler_passes_indices_through_and_checks_paths(m, dataset):
         list(mt.AnnouncingSampler(data.SequentialSampler(bad), bad))
 
 
+def test_announcing_sampler_announces_each_epochs_order_from_names_made_once(m, dataset):
+    files = ["blob.bin", "image.png", "sub/hello.txt"]
+    ds = mt.FileListDataset(files, monarch=m)
+    announced, named = [], []
+
+    class Recording:
+        """The real handle, with what the sampler hands it written down."""
+        def _name(self, path):
+            named.append(path)
+            return m._name(path)
+
+        def _announce_names(self, name_array):
+            array, count = name_array
+            announced.append([array[i].decode() for i in range(count)])
+            m._announce_names(name_array)
+
+    class Epochs:
+        orders = iter([[2, 0, 1], [1, 2, 2, 0]])
+
+        def __iter__(self):
+            return iter(next(self.orders))
+
+    sampler = mt.AnnouncingSampler(Epochs(), ds, monarch=Recording())
+    assert list(sampler) == [2, 0, 1]
+    assert list(sampler) == [1, 2, 2, 0]
+    assert announced == [[files[2], files[0], files[1]],
+                         [files[1], files[2], files[2], files[0]]]
+    assert sorted(named) == sorted(files)  # Each path turned into a name once.
+    assert m.stats()["prefetch_announced_files"] == 7
+
+
 _FILES = ["blob.bin", "image.png", "sub/hello.txt", "array.npy", "data.h5", "sub/deeper/x.bin"]
 
 
