@@ -620,6 +620,47 @@ TEST_CASE("peers: a peer that comes back rejoins without a restart of the others
   CHECK(PeersTier(cluster.peers[0]->GetStats(), "bytes_read") > from_peers_alone);
 }
 
+TEST_CASE("peers: rank 0 killed and started again rejoins with the job's secret") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  const std::string rdv = dir.Sub("rdv");
+  auto files = testing::MakeDataset(dataset, 24, {64 << 10, 300 << 10});
+  std::vector<Config> configs;
+  for (int r = 0; r < 2; ++r) {
+    configs.push_back(PeerConfig(dataset, rdv, r, 2, 1 << 30));
+    configs.back().placement.policy = "none";  // Every read asks a peer or the source.
+    configs.back().remote.retry_after_seconds = 0.2;
+  }
+  CrashablePeer crashing(configs[0], files, 0, 2);  // Rank 0, in a child process.
+  Cluster cluster({configs[1]});
+  Monarch& rank1 = *cluster.peers[0];
+  CHECK(ReadShare(rank1, files, 1, 2) == 0);
+  REQUIRE(crashing.SourceBytes() >= 0);
+  absl::StatusOr<std::string> secret = ReadSmallFile(rdv + "/job.secret");
+  REQUIRE(secret.ok());
+  crashing.Kill();  // No shutdown: the secret stays where the launcher's restart finds it.
+  WaitUntilDown(cluster, 1);
+  const uint64_t served_by_1 = rank1.GetStats().Get("remote.bytes_served");
+
+  absl::StatusOr<std::unique_ptr<Monarch>> back = Monarch::Create(configs[0]);
+  REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+  Monarch& rank0 = **back;
+  CHECK(ReadSmallFile(rdv + "/job.secret").value() == *secret);
+  // Rank 1 tries rank 0 again after retry_after, then is served by it.
+  bool rejoined = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!rejoined && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(ReadShare(rank1, files, 0, 1) == 0);
+    rejoined = rank0.GetStats().Get("remote.bytes_served") > 0;
+  }
+  CHECK(rejoined);
+  CHECK(ReadShare(rank0, files, 0, 1) == 0);  // And rank 0 is served by rank 1.
+  CHECK(rank1.GetStats().Get("remote.bytes_served") > served_by_1);
+  CHECK(rank0.GetStats().Get("remote.requests_unauthenticated") == 0);
+  CHECK(rank1.GetStats().Get("remote.requests_unauthenticated") == 0);
+}
+
 TEST_CASE("peers: a peer that never arrives is a clear start-up error, not a hang") {
   ScratchDir dir;
   const std::string dataset = dir.Sub("dataset");
@@ -959,6 +1000,33 @@ TEST_CASE("job secret: 32 random bytes, 0600 in a directory created 0700, no tem
   absl::StatusOr<std::string> gone = ReadJobSecret(rdv, JobSecretFingerprint(next), 0.1);
   CHECK(absl::IsFailedPrecondition(gone.status()));
   CHECK(gone.status().message().find("remote.rendezvous_timeout") != std::string::npos);
+}
+
+TEST_CASE("job secret: a restarted rank 0 takes only a secret this user left, 0600") {
+  ScratchDir dir;
+  const std::string rdv = dir.Sub("rdv");
+  const std::string path = rdv + "/job.secret";
+  CHECK(absl::IsNotFound(ReadLeftJobSecret(rdv).status()));  // None left.
+  const std::string secret = SecretOrDie();
+  REQUIRE(PublishJobSecret(rdv, secret).ok());
+  absl::StatusOr<std::string> left = ReadLeftJobSecret(rdv);
+  REQUIRE_MESSAGE(left.ok(), left.status().ToString());
+  CHECK(*left == secret);
+
+  REQUIRE(::chmod(path.c_str(), 0640) == 0);  // Readable by the group: not taken.
+  CHECK(absl::IsNotFound(ReadLeftJobSecret(rdv).status()));
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  REQUIRE(::truncate(path.c_str(), kJobSecretBytes - 1) == 0);  // Cut short.
+  CHECK(absl::IsNotFound(ReadLeftJobSecret(rdv).status()));
+  REQUIRE(PublishJobSecret(rdv, secret).ok());
+  if (::geteuid() == 0) {  // Root can give it to another user.
+    REQUIRE(::chown(path.c_str(), 65534, 65534) == 0);
+    CHECK(absl::IsNotFound(ReadLeftJobSecret(rdv).status()));
+  }
+  REQUIRE(::unlink(path.c_str()) == 0);
+  REQUIRE(PublishJobSecret(dir.Sub("elsewhere"), secret).ok());
+  REQUIRE(::symlink((dir.path() + "/elsewhere/job.secret").c_str(), path.c_str()) == 0);
+  CHECK(!ReadLeftJobSecret(rdv).ok());  // A symbolic link is not followed.
 }
 
 TEST_CASE("job secret: a stale secret left by an earlier job is never adopted") {

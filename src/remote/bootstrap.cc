@@ -348,6 +348,25 @@ absl::StatusOr<std::string> ReadJobSecret(const std::string& dir, absl::string_v
   }
 }
 
+absl::StatusOr<std::string> ReadLeftJobSecret(const std::string& dir) {
+  const std::string path = SecretFile(dir);
+  int fd;
+  do {
+    fd = os::Open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  const ScopedFd file(fd);
+  struct stat st;
+  if (os::Fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 077) != 0 || st.st_size != static_cast<off_t>(kJobSecretBytes)) {
+    return absl::NotFoundError(absl::StrCat(path, " is no job secret this user left"));
+  }
+  std::string secret(kJobSecretBytes, '\0');
+  MONARCH_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, secret.data(), secret.size(), 0, path));
+  if (got != secret.size()) return absl::NotFoundError(absl::StrCat(path, " came back short"));
+  return secret;
+}
+
 void RemoveJobSecret(const std::string& dir) { os::Unlink(SecretFile(dir).c_str()); }
 
 #ifdef MONARCH_WITH_MPI

@@ -79,6 +79,13 @@ std::string JobSecretFingerprint(absl::string_view secret);
 // find the secret that goes with it.
 absl::Status PublishJobSecret(const std::string& dir, absl::string_view secret);
 
+// Rank 0 at start-up: the secret an earlier rank 0 of this job left in
+// `dir` when it was killed (a shutdown removes it), which the other ranks
+// still hold: taking it again lets a restarted rank 0 rejoin them. NotFound
+// unless `dir`/job.secret is a regular file of this user, not a symbolic
+// link, with no permission for group or others, of kJobSecretBytes.
+absl::StatusOr<std::string> ReadLeftJobSecret(const std::string& dir);
+
 // Ranks other than 0, after the exchange: the secret in `dir` whose
 // fingerprint is `fingerprint` (from rank 0's address file). A secret that
 // does not match (left by an earlier job, or not yet visible through a

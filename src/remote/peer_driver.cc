@@ -146,7 +146,16 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
     std::string fingerprint;  // Rank 0's, published with its address.
     auto rank0_fingerprint = std::make_shared<std::string>();
     if (rank_ == 0) {
-      absl::StatusOr<std::string> secret = NewJobSecret();
+      // A rank 0 started again in a running job (it was killed) takes the
+      // secret it left: the other ranks hold that one, and would refuse a
+      // new one until the whole job restarted.
+      absl::StatusOr<std::string> secret = ReadLeftJobSecret(rendezvous_dir_);
+      if (secret.ok()) {
+        MONARCH_LOG(kInfo, "remote: rank 0 rejoins with the job secret left in ",
+                    rendezvous_dir_);
+      } else {
+        secret = NewJobSecret();
+      }
       if (!secret.ok()) return secret.status();
       if (absl::Status s = PublishJobSecret(rendezvous_dir_, *secret); !s.ok()) return s;
       fingerprint = JobSecretFingerprint(*secret);
