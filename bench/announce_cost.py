@@ -15,11 +15,15 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import monarch
 import monarch.torch as mt
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from emulated_dataset import imagenet_like  # noqa: E402
 
 
 def main():
@@ -30,12 +34,7 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     a = ap.parse_args()
     dataset = os.path.join(a.work, f"dataset-{a.files}")
-    if not os.path.isdir(dataset):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", dataset,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, stdout=subprocess.DEVNULL)
-    names = sorted(os.path.relpath(os.path.join(d, f), dataset)
-                   for d, _, fs in os.walk(dataset) for f in fs)
+    names = imagenet_like(a.build, dataset, a.files)
     config = os.path.join(a.work, "job.yaml")
     with open(config, "w") as f:
         f.write(f"dataset: {{path: {dataset}}}\n"

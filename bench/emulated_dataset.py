@@ -1,6 +1,7 @@
 """What the emulated-PFS epoch benchmarks share (prefetch_epochs.py,
 eviction_epochs.py): their common flags, and an ImageNet-like dataset
-generated once behind a PFS emulator mount."""
+generated once behind a PFS emulator mount. imagenet_like() also serves the
+benchmarks that read a generated dataset directly."""
 
 import argparse
 import os
@@ -27,18 +28,26 @@ def parser(reps, out):
     return ap
 
 
+def imagenet_like(build, path, files):
+    """Generates `files` ImageNet-like files at `path` (once, with
+    monarch-epochs from `build`); returns their dataset-relative names,
+    sorted."""
+    if not os.path.isdir(path):
+        subprocess.run([os.path.join(build, "monarch-epochs"), "--dataset", path,
+                        "--generate", str(files), "--profile", "imagenet", "--epochs", "0"],
+                       check=True, capture_output=True)
+    return sorted(os.path.relpath(os.path.join(d, n), path)
+                  for d, _, names in os.walk(path) for n in names)
+
+
 def mounted_dataset(a):
     """Generates --files ImageNet-like files under --dir (once) and mounts
     them through the PFS emulator. Returns (pfs, files, total_bytes); exits
     when FUSE is unavailable."""
     backing, mount = os.path.join(a.dir, "backing"), os.path.join(a.dir, "pfs")
     os.makedirs(a.dir, exist_ok=True)
-    if not os.path.isdir(backing):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, capture_output=True)
-    sizes = [os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(backing)
-             for n in names]
+    sizes = [os.path.getsize(os.path.join(backing, n))
+             for n in imagenet_like(a.build, backing, a.files)]
     pfs = Pfs(a, backing, mount)
     if not pfs.ok:
         sys.exit("PFS emulator unavailable: " + pfs.why)

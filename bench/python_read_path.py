@@ -26,6 +26,9 @@ import time
 
 import monarch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from emulated_dataset import imagenet_like  # noqa: E402
+
 
 def per_file_us(read_all, count):
     """Microseconds per file of read_all(), first in a fresh child, then again there."""
@@ -58,12 +61,7 @@ def main():
         sys.exit("monarch._read_bytes did not load: set MONARCH_READ_BYTES_MODULE "
                  "(build/python/_read_bytes.abi3.so) or install the package")
     dataset = os.path.join(a.work, f"ds-{a.files}")
-    if not os.path.isdir(dataset):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", dataset,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, stdout=subprocess.DEVNULL)
-    names = sorted(os.path.relpath(os.path.join(d, f), dataset)
-                   for d, _, fs in os.walk(dataset) for f in fs)
+    names = imagenet_like(a.build, dataset, a.files)
     random.Random(7).shuffle(names)
     paths = [os.path.join(dataset, n) for n in names]
     runtime = os.path.join(a.work, "rt")
