@@ -911,13 +911,17 @@ std::string SecretOrDie() {
   return *secret;
 }
 
-// A bare PeerNetwork of a 2-rank job meeting through `rendezvous`, whose
-// requests carry `secret`; `serve` fills with a byte pattern and counts.
+// A bare PeerNetwork of a `size`-rank job (2 unless set) meeting through
+// `rendezvous`, whose requests carry `secret`; `serve` fills with a byte
+// pattern and counts.
 struct BareRank {
   std::atomic<int> served{0};
   std::unique_ptr<PeerNetwork> network;
   absl::Status status;
   size_t buffer_bytes = 64 << 10;
+  int size = 2;
+  double retry_after_seconds = 60;
+  std::function<absl::StatusOr<std::string>(int rank)> lookup_address;
   // Set: requests are served from these bytes "in memory", with their
   // CRC given (as a RAM copy's block sums give it), XORed with `crc_error`.
   std::vector<char> memory;
@@ -927,11 +931,12 @@ struct BareRank {
              const std::string& fingerprint, bool serve_now = true) {
     PeerNetwork::Options options;
     options.rank = rank;
-    options.size = 2;
+    options.size = size;
     options.buffer_bytes = buffer_bytes;
     options.chunk_bytes = buffer_bytes;
     options.request_timeout_seconds = 5;
-    options.retry_after_seconds = 60;
+    options.retry_after_seconds = retry_after_seconds;
+    options.lookup_address = lookup_address;
     options.secret = [secret] { return absl::StatusOr<std::string>(secret); };
     auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
                         PeerNetwork::TakeFn take) -> absl::Status {
@@ -950,7 +955,7 @@ struct BareRank {
     absl::StatusOr<std::unique_ptr<PeerNetwork>> made = PeerNetwork::Start(
         options,
         [&](const std::string& mine) {
-          return ExchangeThroughDirectory(rendezvous, rank, 2, mine, 30, fingerprint);
+          return ExchangeThroughDirectory(rendezvous, rank, size, mine, 30, fingerprint);
         },
         serve);
     status = made.status();
@@ -1151,6 +1156,70 @@ TEST_CASE("peer network: served with the job's secret, refused and counted with 
       }
     }
   }
+}
+
+TEST_CASE("peer network: a lost peer's address is looked up by the fetching thread, never the progress thread") {
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/rdv";
+  const std::string secret = SecretOrDie();
+  BareRank ranks[3];
+  // Rank 0 looks rank 2 up again on a file system that hangs until told.
+  Mutex mu;
+  bool looking = false, released = false;
+  CondVar changed;
+  ranks[0].lookup_address = [&](int rank) -> absl::StatusOr<std::string> {
+    MutexLock lock(&mu);
+    looking = true;
+    changed.SignalAll();
+    while (!released) changed.Wait(&mu);
+    return absl::NotFoundError(absl::StrCat("no address for rank ", rank));
+  };
+  ranks[0].retry_after_seconds = 0.1;
+  std::vector<std::thread> starting;
+  for (int r = 0; r < 3; ++r) {
+    ranks[r].size = 3;
+    starting.emplace_back([&, r] {
+      ranks[r].Start(r, rdv, secret, r == 0 ? JobSecretFingerprint(secret) : "");
+    });
+  }
+  for (std::thread& t : starting) t.join();
+  for (BareRank& r : ranks) REQUIRE_MESSAGE(r.status.ok(), r.status.ToString());
+  std::vector<char> buffer(60000);
+  const FileRef file{0, "train/a.jpg", buffer.size(), 1};
+  REQUIRE(ranks[0].network->Fetch(2, file, 0, buffer.data(), buffer.size()).ok());
+
+  ranks[2].network->Shutdown();  // Rank 2 leaves: rank 0 marks it down.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ranks[0].network->IsUp(2) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(!ranks[0].network->IsUp(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // Past retry_after.
+  absl::StatusOr<size_t> retried;
+  std::thread retrying([&] {
+    retried = ranks[0].network->Fetch(2, file, 0, buffer.data(), buffer.size());
+  });
+  {
+    MutexLock lock(&mu);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!looking && changed.WaitUntil(&mu, give_up)) {
+    }
+    CHECK(looking);
+  }
+  // While that lookup hangs, rank 1 still answers rank 0 at once.
+  std::vector<char> other(60000);
+  absl::StatusOr<size_t> fetched = ranks[0].network->Fetch(1, file, 0, other.data(), other.size());
+  {
+    MutexLock lock(&mu);
+    released = true;
+    changed.SignalAll();
+  }
+  retrying.join();
+  CHECK(ranks[1].served.load() == 1);
+  for (BareRank& r : ranks) r.network->Shutdown();
+  CHECK_MESSAGE(fetched.ok(), fetched.status().ToString());
+  CHECK(other[5] == static_cast<char>(5));
+  CHECK(!retried.ok());  // No address: rank 2 stays down, and the reader reads the source.
 }
 
 TEST_CASE("peer network: a request that comes before its peer serves waits, then gets its bytes") {

@@ -206,6 +206,21 @@ class PeerNetwork::Impl {
                                size_t n) {
     if (n == 0) return 0;
     const auto timeout = Seconds(options_.request_timeout_seconds);
+    // A peer tried again after a failure may have restarted elsewhere: its
+    // address is looked up here, not on the progress thread, which every
+    // peer's transfers wait on while it reads the rendezvous directory.
+    std::string address;
+    if (options_.lookup_address) {
+      bool retry;
+      {
+        MutexLock lock(&mu_);
+        retry = peers_[rank].lost && UpLocked(rank);
+      }
+      if (retry) {
+        absl::StatusOr<std::string> found = options_.lookup_address(rank);
+        if (found.ok()) address = *std::move(found);
+      }
+    }
     int slot;
     {
       MutexLock lock(&mu_);
@@ -243,6 +258,7 @@ class PeerNetwork::Impl {
       request->destination = dst + k * piece;
       request->length = std::min(piece, n - k * piece);
       request->name = std::string(file.name);
+      request->address = address;
       request->header =
           RequestHeader{kProtocol, options_.rank, 0, offset + k * piece, request->length,
                         file.size, file.mtime_ns, {}};
@@ -403,6 +419,7 @@ class PeerNetwork::Impl {
     char* destination = nullptr;  // The caller's bytes for this piece.
     size_t length = 0;
     std::string name;  // Kept alive until the request message is sent.
+    std::string address;  // The peer's, looked up again: it is being retried.
     RequestHeader header;
     Clock::time_point deadline;
     // Guarded by mu_:
@@ -618,11 +635,8 @@ class PeerNetwork::Impl {
       if (request->state != Request::kSent || request->abandoned) return;
     }
     if (peer.ep == nullptr) {  // Closed after a failure: this is the retry.
-      if (options_.lookup_address) {
-        // A peer that restarted has published a new address.
-        absl::StatusOr<std::string> address = options_.lookup_address(request->rank);
-        if (address.ok()) peer.address = std::move(*address);
-      }
+      // A peer that restarted has published a new address.
+      if (!request->address.empty()) peer.address = request->address;
       if (absl::Status s = Connect(peer); !s.ok()) {
         MutexLock lock(&mu_);
         MarkDownLocked(request->rank, s.message());

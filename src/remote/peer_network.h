@@ -64,7 +64,8 @@ class PeerNetwork {
     double retry_after_seconds = 30;
     // Where a peer's current address is looked up before it is tried again
     // after a failure (a restarted peer has a new one); empty: the address
-    // from the exchange is kept.
+    // from the exchange is kept. Called by the fetching thread, never the
+    // progress thread: it may read a slow shared file system.
     std::function<absl::StatusOr<std::string>(int rank)> lookup_address;
     // The job's secret (peer_wire::kSecretBytes): every request carries it
     // and a request without it is refused. Called once, after the address
