@@ -317,6 +317,20 @@ int ReadShare(Monarch& peer, const std::vector<TestFile>& files, size_t r, size_
   return bad;
 }
 
+// `reader` reads every file (each read exact) every 100 ms until `home`, a
+// peer that came back, has served some of them; false if it has not within
+// 20 s. A first try may meet the old endpoint and wait out one more
+// retry_after.
+bool ReadUntilServedBy(Monarch& reader, Monarch& home, const std::vector<TestFile>& files) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(ReadShare(reader, files, 0, 1) == 0);
+    if (home.GetStats().Get("remote.bytes_served") > 0) return true;
+  }
+  return false;
+}
+
 // Waits until every live peer of the cluster has marked `down` peers down
 // (a goodbye reaches each asynchronously).
 void WaitUntilDown(Cluster& cluster, uint64_t down) {
@@ -607,16 +621,8 @@ TEST_CASE("peers: a peer that comes back rejoins without a restart of the others
   absl::StatusOr<std::unique_ptr<Monarch>> back = Monarch::Create(configs[1]);
   REQUIRE_MESSAGE(back.ok(), back.status().ToString());
   cluster.peers[1] = std::move(*back);
-  // Rank 0 tries it again after retry_after (a first try may meet the old
-  // endpoint and wait out one more).
-  bool rejoined = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!rejoined && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    CHECK(ReadShare(*cluster.peers[0], files, 0, 1) == 0);
-    rejoined = cluster.peers[1]->GetStats().Get("remote.bytes_served") > 0;
-  }
-  CHECK(rejoined);
+  // Rank 0 tries it again after retry_after.
+  CHECK(ReadUntilServedBy(*cluster.peers[0], *cluster.peers[1], files));
   CHECK(PeersTier(cluster.peers[0]->GetStats(), "bytes_read") > from_peers_alone);
 }
 
@@ -647,14 +653,7 @@ TEST_CASE("peers: rank 0 killed and started again rejoins with the job's secret"
   Monarch& rank0 = **back;
   CHECK(ReadSmallFile(rdv + "/job.secret").value() == *secret);
   // Rank 1 tries rank 0 again after retry_after, then is served by it.
-  bool rejoined = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!rejoined && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    CHECK(ReadShare(rank1, files, 0, 1) == 0);
-    rejoined = rank0.GetStats().Get("remote.bytes_served") > 0;
-  }
-  CHECK(rejoined);
+  CHECK(ReadUntilServedBy(rank1, rank0, files));
   CHECK(ReadShare(rank0, files, 0, 1) == 0);  // And rank 0 is served by rank 1.
   CHECK(rank1.GetStats().Get("remote.bytes_served") > served_by_1);
   CHECK(rank0.GetStats().Get("remote.requests_unauthenticated") == 0);

@@ -53,8 +53,8 @@ struct TierConfig {
   // ram only: back the tier with 2 MiB pages where the kernel allows it
   // (transparent_hugepage/shmem_enabled "advise"), so that a process mapping
   // it afresh (a node service's client, a DataLoader worker) takes a page
-  // fault per 2 MiB instead of per 4 KiB. Costs the cold epoch: see
-  // config/README.md.
+  // fault per 2 MiB instead of per 4 KiB. A process that keeps its mapping
+  // reads it slower: see config/README.md.
   bool huge_pages = false;
 };
 
