@@ -5,10 +5,11 @@ the builtin open().read() of a page-cached local copy, in one run.
 
 Each arm reads every file of an ImageNet-like dataset once, in a shuffled
 order, in a freshly forked process (as a DataLoader worker started for the
-epoch does: the RAM tier's pages are not mapped in it yet) and then again in
-the same process (mapped: a persistent worker). Arms run in turns, --reps
-times; reported: the median microseconds per file, and each Monarch arm over
-the plain read.
+epoch does: the RAM tier's pages are not mapped in it yet), and then twice
+more in the same process (a persistent worker's later epochs: a client's
+second read of a copy maps its pages, the third finds them mapped). Arms run
+in turns, --reps times; reported: the median microseconds per file of each
+pass, and each Monarch arm over the plain read.
 
   MONARCH_C_LIBRARY=build/libmonarch_c.so MONARCH_BINARY=build/monarch PYTHONPATH=python \\
     MONARCH_READ_BYTES_MODULE=build/python/_read_bytes.abi3.so \\
@@ -30,24 +31,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emulated_dataset import imagenet_like  # noqa: E402
 
 
+PASSES = 3
+
+
 def per_file_us(read_all, count):
-    """Microseconds per file of read_all(), first in a fresh child, then again there."""
+    """Microseconds per file of each of PASSES calls of read_all() in a fresh child."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         times = []
-        for _ in range(2):
+        for _ in range(PASSES):
             start = time.perf_counter()
             read_all()
             times.append((time.perf_counter() - start) / count * 1e6)
-        os.write(w, f"{times[0]} {times[1]}".encode())
+        os.write(w, " ".join(map(str, times)).encode())
         os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
-        fresh, again = map(float, f.read().split())
+        times = [float(t) for t in f.read().split()]
     os.waitpid(pid, 0)
-    return fresh, again
+    return times
 
 
 def main():
@@ -106,15 +110,15 @@ def main():
     base = results["plain open().read()"]
     print(f"{len(names)} files, {sum(os.path.getsize(p) for p in paths) / 2**20:.1f} MiB; "
           f"{a.reps} reps; load {os.getloadavg()[0]:.2f}")
-    print("| arm | fresh process (us/file) | same process again (us/file) | fresh / plain | "
-          "again / plain |")
-    print("|---|---|---|---|---|")
+    passes = ("fresh process", "second pass", "third pass")
+    print("| arm | " + " | ".join(f"{p} (us/file)" for p in passes) + " | " +
+          " | ".join(f"{p} / plain" for p in passes) + " |")
+    print("|---" * (1 + 2 * PASSES) + "|")
     for arm, runs in results.items():
-        fresh = statistics.median(r[0] for r in runs)
-        again = statistics.median(r[1] for r in runs)
-        ratio_fresh = statistics.median(r[0] / b[0] for r, b in zip(runs, base))
-        ratio_again = statistics.median(r[1] / b[1] for r, b in zip(runs, base))
-        print(f"| {arm} | {fresh:.2f} | {again:.2f} | {ratio_fresh:.3f} | {ratio_again:.3f} |")
+        us = [statistics.median(r[i] for r in runs) for i in range(PASSES)]
+        ratios = [statistics.median(r[i] / b[i] for r, b in zip(runs, base)) for i in range(PASSES)]
+        print(f"| {arm} | " + " | ".join(f"{u:.2f}" for u in us) + " | " +
+              " | ".join(f"{x:.3f}" for x in ratios) + " |")
     shutil.rmtree(runtime, ignore_errors=True)
 
 

@@ -15,6 +15,8 @@ to finish writing the copies epoch 1 started, so the later epochs are hits.
 With --huge-pages, the RAM tier has `huge_pages: true`, and the run sets
 /sys/kernel/mm/transparent_hugepage/shmem_enabled to "advise" (root),
 putting back what it was at the end.
+With --arms, only the arms named run (for an A/B of two builds, which needs no
+PFS arm: `--arms monarch,announced`).
 With --interleave, each Monarch arm runs its epochs in turns with epochs of
 the local arm (c), which epoch goes first alternating, and its later epochs
 are compared with those: the page cache and the machine drift between arms
@@ -119,10 +121,15 @@ def main():
                          "compare with those")
     ap.add_argument("--huge-pages", action="store_true",
                     help="the RAM tier with huge_pages: true, shmem_enabled set to advise")
+    ap.add_argument("--arms", default="pfs,local,monarch,announced",
+                    help="the arms to run, comma-separated (an A/B of two builds needs no pfs arm)")
     ap.add_argument("--settle", action="store_true",
                     help="between epochs, wait (untimed) until the node has written the copies "
                          "the epoch started, so later epochs measure hits alone")
     a = ap.parse_args()
+    unknown = set(a.arms.split(",")) - {"pfs", "local", "monarch", "announced"}
+    if unknown:
+        ap.error(f"--arms: unknown arm(s) {sorted(unknown)}; expected pfs, local, monarch, announced")
     global PERSISTENT
     PERSISTENT = a.persistent_workers
     import monarch
@@ -198,7 +205,7 @@ def main():
               f"PFS emulator {' '.join(flags)}; load {os.getloadavg()[0]:.2f}",
               flush=True)
         for rep in range(a.reps):
-            for arm in ("pfs", "local", "monarch", "announced"):
+            for arm in a.arms.split(","):
                 if arm == "pfs":
                     times = run_epochs(PlainFiles(mount, names), a.epochs, a.workers, total)
                 elif arm == "local":
@@ -226,11 +233,15 @@ def main():
         return statistics.median(ratios), min(ratios), max(ratios)
 
     for arm in ("monarch", "announced"):
+        if not results[arm] or not results["pfs"]:
+            continue
         med, lo, hi = median_ratio(arm, "pfs", 0, 1)
         print(f"epoch 1: {arm}/pfs = {med:.3f} (min {lo:.3f}, max {hi:.3f})")
     if a.epochs > 1:
         for arm in ("monarch", "announced"):
             local = "local|" + arm if a.interleave else "local"
+            if not results[arm] or not results[local]:
+                continue
             med, lo, hi = median_ratio(arm, local, 1, a.epochs)
             print(f"epochs 2-{a.epochs}: {arm}/{local} = {med:.3f} (min {lo:.3f}, max {hi:.3f}) "
                   f"(target <= 1.05)")

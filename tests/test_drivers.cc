@@ -22,6 +22,7 @@
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
 #include "drivers/tier.h"
+#include "fault_env.h"
 #include "placement/placement_policy.h"
 #include "test_util.h"
 
@@ -493,7 +494,8 @@ TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB page
     for (int fd : (*ram)->SharedMemoryDescriptors()) {
       fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     }
-    absl::StatusOr<std::unique_ptr<StorageDriver>> reader = NewRamReader(std::move(fds), kFiles);
+    absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
+        NewRamReader(std::move(fds), kFiles, /*map_from_start=*/huge);
     REQUIRE(reader.ok());
     const uint64_t before = ShmemPmdMappedBytes();
     std::vector<char> buffer(kSize);
@@ -510,6 +512,81 @@ TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB page
     } else {
       CHECK(mapped == 0);
     }
+  }
+}
+
+TEST_CASE("RAM reader: copies are read without mapping them until the process reads a file "
+          "again and then through the mapping with bytes exact both ways and when pread fails "
+          "or falls short") {
+  constexpr uint32_t kFiles = 24;
+  constexpr uint64_t kSize = 200000;
+  absl::StatusOr<std::unique_ptr<StorageDriver>> ram = NewRamDriver("first", kFiles * kSize, kFiles);
+  REQUIRE(ram.ok());
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("f", i));
+  for (uint32_t i = 0; i < kFiles; ++i) REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
+  auto new_reader = [&] {
+    std::vector<ScopedFd> fds;
+    for (int fd : (*ram)->SharedMemoryDescriptors()) {
+      fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    }
+    absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
+        NewRamReader(std::move(fds), kFiles, /*map_from_start=*/false);
+    REQUIRE(reader.ok());
+    return std::move(*reader);
+  };
+  std::vector<char> buffer(kSize, 1);  // Touched: its own pages take no fault below.
+  // Reads file i in `pieces` sequential reads; returns the page faults taken.
+  auto read_file = [&](StorageDriver& reader, uint32_t i, int pieces = 1) {
+    uint64_t faults = 0;
+    const uint64_t piece = kSize / pieces;
+    for (uint64_t offset = 0; offset < kSize; offset += piece) {
+      const uint64_t before = testing::ThreadMinorFaults();
+      absl::StatusOr<size_t> n =
+          reader.Read(Ref(i, names[i], kSize), offset, buffer.data() + offset, piece);
+      faults += testing::ThreadMinorFaults() - before;
+      REQUIRE(n.ok());
+      REQUIRE(*n == piece);
+    }
+    REQUIRE(testing::BytesMatch(testing::TestFile{names[i], i + 1, kSize}, buffer.data(), 0,
+                                kSize));
+    std::fill(buffer.begin(), buffer.end(), 0);
+    return faults;
+  };
+
+  SUBCASE("page faults: none while each file is read once, in pieces or whole; then the copies'") {
+    std::unique_ptr<StorageDriver> reader = new_reader();
+    uint64_t first_faults = 0;
+    for (uint32_t i = 0; i < kFiles / 2; ++i) first_faults += read_file(*reader, i, 4);
+    for (uint32_t i = kFiles / 2; i < kFiles - 1; ++i) first_faults += read_file(*reader, i);
+    // Read again: from here on every read maps, also a first one.
+    uint64_t second_faults = 0;
+    for (uint32_t i = 0; i < kFiles - 1; ++i) second_faults += read_file(*reader, i);
+    const uint64_t last_faults = read_file(*reader, kFiles - 1);
+    CAPTURE(first_faults);
+    CAPTURE(second_faults);
+    CAPTURE(last_faults);
+    // Mapping a 200 KB copy takes at least 3 faults (the kernel maps up to
+    // 16 pages per fault); sanitizers' shadow memory may add a few anywhere.
+    CHECK(second_faults >= 3 * (kFiles - 1));
+    CHECK(first_faults * 4 < second_faults);
+    CHECK(last_faults >= 3);
+  }
+  SUBCASE("a pread that fails is served from the mapping") {
+    testing::FaultInjectingEnv env;
+    env.Fail(testing::FaultInjectingEnv::Op::kRead, "monarch-ram:first", EIO);
+    os::ScopedEnvForTesting installed(&env);
+    std::unique_ptr<StorageDriver> reader = new_reader();
+    for (uint32_t i = 0; i < kFiles; ++i) read_file(*reader, i);
+    CHECK(env.injected(testing::FaultInjectingEnv::Op::kRead) == kFiles);
+  }
+  SUBCASE("a pread that falls short is finished") {
+    testing::FaultInjectingEnv env;
+    env.ShortenReads("monarch-ram:first", 4096 + 17);
+    os::ScopedEnvForTesting installed(&env);
+    std::unique_ptr<StorageDriver> reader = new_reader();
+    for (uint32_t i = 0; i < kFiles; ++i) read_file(*reader, i);
+    CHECK(env.injected(testing::FaultInjectingEnv::Op::kRead) >= kFiles * (kSize / (4096 + 17)));
   }
 }
 

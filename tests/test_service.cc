@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -111,6 +112,75 @@ TEST_CASE("service: a client reads every byte exactly, the source once, then hit
   CHECK(*n == 10);
   CHECK(testing::BytesMatch(big, piece, big.size - 10, 10));
   CHECK(*(*client)->Read(big.name, piece, sizeof(piece), big.size + 5) == 0);
+}
+
+// Page faults taken reading every file whole through `monarch`, bytes checked.
+uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) {
+  std::string buffer(files.front().size, '\1');  // Touched before the reads.
+  uint64_t faults = 0;
+  for (const TestFile& f : files) {
+    const uint64_t before = testing::ThreadMinorFaults();
+    absl::StatusOr<size_t> n = monarch.Read(f.name, buffer.data(), f.size, 0);
+    faults += testing::ThreadMinorFaults() - before;
+    if (!n.ok() || *n != f.size || !testing::BytesMatch(f, buffer.data(), 0, f.size)) {
+      return ~uint64_t{0};
+    }
+  }
+  return faults;
+}
+
+TEST_CASE("service: a forked client copies RAM hits with pread until it reads a file again; the "
+          "client it was forked from maps them") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 17, {1 << 20});
+  const std::vector<TestFile> measured(files.begin() + 1, files.end());
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(config, service::ServeOptions{});
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);  // Misses, through the service.
+  (*client)->WaitForPlacement();
+  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+
+  // The child reads the measured files twice: faults on the first pass, then
+  // on the second (a first read of another file has set up what a fresh
+  // process maps once). Sent back through a pipe; the child leaves with _exit.
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const bool warm = FaultsReadingAll(**client, {files[0]}) != ~uint64_t{0};
+    uint64_t faults[2] = {FaultsReadingAll(**client, measured),
+                          FaultsReadingAll(**client, measured)};
+    if (!warm) faults[0] = ~uint64_t{0};
+    const bool sent = ::write(pipe_fds[1], faults, sizeof(faults)) == sizeof(faults);
+    ::_exit(sent ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  uint64_t child[2] = {0, 0};
+  const bool received = ::read(pipe_fds[0], child, sizeof(child)) == sizeof(child);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(received);
+  const uint64_t parent = FaultsReadingAll(**client, measured);  // Its first hits.
+  CAPTURE(child[0]);
+  CAPTURE(child[1]);
+  CAPTURE(parent);
+  REQUIRE(child[0] != ~uint64_t{0});
+  REQUIRE(child[1] != ~uint64_t{0});
+  REQUIRE(parent != ~uint64_t{0});
+  // Mapping a 1 MiB copy takes at least 16 faults (the kernel maps up to 16
+  // pages per fault); sanitizers' shadow memory may add a few anywhere.
+  const uint64_t mapping = 16 * measured.size();
+  CHECK(child[1] >= mapping);
+  CHECK(child[0] * 4 < child[1]);
+  CHECK(parent >= mapping);
 }
 
 // The RAM tier's copies, its slot table, the tier slots and the namespace

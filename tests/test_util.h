@@ -6,6 +6,7 @@
 #define MONARCH_TESTS_TEST_UTIL_H_
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,6 +100,13 @@ inline bool BytesMatch(const TestFile& f, const char* data, uint64_t offset, siz
     if (data[i] != ExpectedByte(f.seed, offset + i)) return false;
   }
   return true;
+}
+
+// Minor page faults the calling thread has taken so far.
+inline uint64_t ThreadMinorFaults() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_THREAD, &usage);
+  return static_cast<uint64_t>(usage.ru_minflt);
 }
 
 inline TierConfig RamTier(uint64_t capacity, const std::string& name = "ram") {

@@ -85,6 +85,12 @@ class RamArena {
   // The bytes of an extent, in the read-only mapping of its stripe.
   const char* data(Extent extent) const { return stripes_[extent.stripe]->base + extent.offset; }
 
+  // Copies `n` bytes at `at` (an extent, or a position inside one) to `dst`
+  // with pread() of the stripe's memfd: the kernel copies from its pages,
+  // and nothing is mapped into this process. The rest of a pread that falls
+  // short is copied through the mapping.
+  void CopyWithoutMapping(Extent at, char* dst, size_t n) const;
+
   uint64_t stripe_bytes() const { return size_; }
   int stripe_count() const { return static_cast<int>(stripes_.size()); }
   // The memfd behind a stripe (its size is sealed), for sharing it.

@@ -55,9 +55,10 @@ RamArena::Extent Unpack(uint64_t location) {
 }
 
 // The read of a copy, for the driver and for readers in other processes.
-// Calls `visit(bytes, count)` with [offset, offset + n) of the RAM copy of
-// `file`, clipped to the file, under the slot's seqlock: the count, or
-// NotFound if the copy was removed before `visit` was done with it.
+// Calls `visit(at, count)` with [offset, offset + n) of the RAM copy of
+// `file`, clipped to the file (`at`: where its first byte lies in the
+// arena), under the slot's seqlock: the count, or NotFound if the copy was
+// removed before `visit` was done with it.
 template <typename Visit>
 absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
                                  const FileRef& file, uint64_t offset, size_t n, Visit visit) {
@@ -75,7 +76,7 @@ absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const R
   }
   if (offset >= file.size) return 0;
   const size_t count = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
-  visit(arena.data(extent) + offset, count);
+  visit(RamArena::Extent{extent.stripe, extent.offset + offset}, count);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (slot.sequence.load(std::memory_order_relaxed) != sequence) {
     return absl::NotFoundError("RAM copy removed during the read");
@@ -86,7 +87,9 @@ absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const R
 absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
                                 const FileRef& file, uint64_t offset, char* dst, size_t n) {
   return VisitCopy(slots, file_count, arena, file, offset, n,
-                   [dst](const char* bytes, size_t count) { std::memcpy(dst, bytes, count); });
+                   [&](RamArena::Extent at, size_t count) {
+                     std::memcpy(dst, arena.data(at), count);
+                   });
 }
 
 uint64_t SlotTableBytes(uint32_t file_count) { return uint64_t{file_count} * sizeof(Slot); }
@@ -116,11 +119,11 @@ class RamDriver final : public StorageDriver {
                              absl::FunctionRef<void(const InMemoryBytes&)> visit) override {
     absl::StatusOr<size_t> visited =
         VisitCopy(slots_, file_count_, *arena_, file, offset, n,
-                  [&](const char* bytes, size_t count) {
+                  [&](RamArena::Extent at, size_t count) {
                     // Looked up inside the seqlock's window: if the copy was
                     // removed meanwhile (and its sums with it), the visit
                     // fails below, whatever was found.
-                    InMemoryBytes shown{bytes, std::nullopt};
+                    InMemoryBytes shown{arena_->data(at), std::nullopt};
                     if (keep_block_sums_ && count == n) shown.crc32c = RangeCrc(file, offset, n);
                     visit(shown);
                   });
@@ -256,14 +259,45 @@ class RamDriver final : public StorageDriver {
 };
 
 // The service's RAM tier seen from a client: reads only.
+//
+// Unless told to map from the start, reads copy with pread() of the arena's
+// memfds until this process reads a file again, and from its mapping from
+// then on. Copying from a mapping is 2-3x faster once its pages are mapped,
+// but mapping them (a page fault per 16 pages, and unmapping them at exit)
+// costs more than pread's copy when several processes map at once. A
+// process that reads each file once, as a DataLoader worker started for one
+// epoch does, would pay the faults and never use the pages again; one that
+// reads files again (a persistent worker) earns them back
+// (bench/results/python.md). A read again is a read of a file this process
+// has read to its end: one bit per file.
 class RamReader final : public StorageDriver {
  public:
-  RamReader(std::unique_ptr<RamArena> arena, uint32_t file_count, MappedRegion slots)
-      : arena_(std::move(arena)), file_count_(file_count), slots_region_(std::move(slots)) {}
+  RamReader(std::unique_ptr<RamArena> arena, uint32_t file_count, MappedRegion slots,
+            bool map_from_start)
+      : arena_(std::move(arena)),
+        file_count_(file_count),
+        slots_region_(std::move(slots)),
+        read_to_end_(map_from_start ? nullptr
+                                    : new std::atomic<uint64_t>[(file_count + 63) / 64]()),
+        maps_(map_from_start) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    return ReadCopy(reinterpret_cast<const Slot*>(slots_region_.data()), file_count_, *arena_,
-                    file, offset, dst, n);
+    const Slot* slots = reinterpret_cast<const Slot*>(slots_region_.data());
+    if (maps_.load(std::memory_order_relaxed) || file.id >= file_count_) {
+      return ReadCopy(slots, file_count_, *arena_, file, offset, dst, n);
+    }
+    std::atomic<uint64_t>& word = read_to_end_[file.id / 64];
+    const uint64_t bit = uint64_t{1} << (file.id % 64);
+    if ((word.load(std::memory_order_relaxed) & bit) != 0) {
+      maps_.store(true, std::memory_order_relaxed);
+      return ReadCopy(slots, file_count_, *arena_, file, offset, dst, n);
+    }
+    absl::StatusOr<size_t> read = VisitCopy(slots, file_count_, *arena_, file, offset, n,
+                                            [&](RamArena::Extent at, size_t count) {
+                                              arena_->CopyWithoutMapping(at, dst, count);
+                                            });
+    if (read.ok() && offset + *read >= file.size) word.fetch_or(bit, std::memory_order_relaxed);
+    return read;
   }
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef&) override {
     return absl::PermissionDeniedError("the node service's RAM tier is read-only in a client");
@@ -276,6 +310,10 @@ class RamReader final : public StorageDriver {
   const std::unique_ptr<RamArena> arena_;
   const uint32_t file_count_;
   const MappedRegion slots_region_;
+  // Bit `id`: this process has read file `id`'s copy up to its end. Null
+  // when mapping from the start.
+  const std::unique_ptr<std::atomic<uint64_t>[]> read_to_end_;
+  std::atomic<bool> maps_;  // Reads copy from the mapping; never goes back.
 };
 
 }  // namespace
@@ -302,7 +340,8 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,
-                                                            uint32_t file_count) {
+                                                            uint32_t file_count,
+                                                            bool map_from_start) {
   if (fds.size() < 2) return absl::InvalidArgumentError("a RAM reader needs slots and stripes");
   MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(fds[0].get(), false));
   if (slots.size() < SlotTableBytes(file_count)) {
@@ -312,7 +351,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd
   for (size_t i = 1; i < fds.size(); ++i) stripes.push_back(std::move(fds[i]));
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena, RamArena::MapReadOnly(std::move(stripes)));
   return std::unique_ptr<StorageDriver>(
-      new RamReader(std::move(arena), file_count, std::move(slots)));
+      new RamReader(std::move(arena), file_count, std::move(slots), map_from_start));
 }
 
 }  // namespace monarch

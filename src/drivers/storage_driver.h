@@ -201,9 +201,12 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             bool huge_pages = false);
 // A read-only view, in a client of the node service, of the service's RAM
 // tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
-// NewWriter and Remove fail with PermissionDenied.
+// Without `map_from_start`, it copies with pread() until this process reads
+// a file again (ram_driver.cc says why). NewWriter and Remove fail with
+// PermissionDenied.
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,
-                                                            uint32_t file_count);
+                                                            uint32_t file_count,
+                                                            bool map_from_start);
 // How a posix tier writes copies. Buffered copies stay in the page cache, so
 // the epoch after a copy was written reads it from memory, as fast as the
 // source it came from; direct (O_DIRECT) copies bypass the cache, for data

@@ -118,7 +118,14 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
     std::unique_ptr<StorageDriver> reader;
     switch (static_cast<TierKind>(tier.kind)) {
       case TierKind::kRam: {
-        MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), reply.file_count));
+        // A process forked from a client is most likely one of the job's
+        // workers (a DataLoader's, which PyTorch starts for each epoch): it
+        // copies with pread() until it reads a file again (RamReader). The
+        // process that was not forked maps from the start.
+        const bool map_from_start =
+            tier.huge_pages || fork_generation.load(std::memory_order_relaxed) == 0;
+        MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), reply.file_count,
+                                                      map_from_start));
         break;
       }
       case TierKind::kPosix: {

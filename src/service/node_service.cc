@@ -400,7 +400,8 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
   std::vector<int> fds = {owned[0].get(), owned[1].get(), buffer_fd.get()};
   for (int t = 0; t < core_->tier_count(); ++t) {
     const TierConfig& tier = core_->tier_config(t);
-    TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0};
+    TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0,
+                                tier.huge_pages};
     for (int fd : core_->SharedMemoryDescriptors(t)) {
       MONARCH_ASSIGN_OR_RETURN(ScopedFd reopened, ReopenReadOnly(fd));
       fds.push_back(reopened.get());

@@ -137,7 +137,8 @@ std::string Encode(const HelloReply& m) {
   w.Put(m.instance_id).Put(m.service_pid).Put(m.file_count).Put(m.max_open_files).Put(m.buffer_bytes);
   w.PutString(m.dataset_root).Put(static_cast<uint32_t>(m.tiers.size()));
   for (const TierDescription& t : m.tiers) {
-    w.Put(t.kind).PutString(t.name).PutString(t.path).Put(t.descriptors);
+    w.Put(t.kind).PutString(t.name).PutString(t.path).Put(t.descriptors).Put(
+        static_cast<uint8_t>(t.huge_pages));
   }
   return w.Take();
 }
@@ -159,6 +160,7 @@ absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view payload) {
     t.name = r.GetString(4096);
     t.path = r.GetString(4096);
     t.descriptors = r.Get<uint32_t>();
+    t.huge_pages = r.Get<uint8_t>() != 0;
     m.tiers.push_back(std::move(t));
   }
   if (absl::Status s = r.Finish("hello reply"); !s.ok()) return s;

@@ -29,7 +29,7 @@
 namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
-constexpr uint32_t kProtocolVersion = 2;  // 2: kAnnounce, kConsumed.
+constexpr uint32_t kProtocolVersion = 3;  // 2: kAnnounce, kConsumed. 3: huge_pages.
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -87,6 +87,7 @@ struct TierDescription {
   std::string name;
   std::string path;
   uint32_t descriptors = 0;
+  bool huge_pages = false;  // A RAM tier's TierConfig::huge_pages.
 };
 
 struct HelloReply {
