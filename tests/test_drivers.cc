@@ -472,6 +472,26 @@ class ShmemHugePagesAdvised {
   bool ok_ = false;
 };
 
+// Stores files "f0".."f<count-1>" of `size` bytes (file i with seed i + 1)
+// in `ram`; returns their names.
+std::vector<std::string> StoreNumberedFiles(StorageDriver& ram, uint32_t count, uint64_t size) {
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < count; ++i) names.push_back(absl::StrCat("f", i));
+  for (uint32_t i = 0; i < count; ++i) REQUIRE(Store(ram, Ref(i, names[i], size), i + 1).ok());
+  return names;
+}
+
+// A client's view of the RAM tier `ram`, made from its shared descriptors.
+std::unique_ptr<StorageDriver> ReaderOf(const StorageDriver& ram, uint32_t file_count,
+                                        bool map_from_start) {
+  std::vector<ScopedFd> fds;
+  for (int fd : ram.SharedMemoryDescriptors()) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
+      NewRamReader(std::move(fds), file_count, map_from_start);
+  REQUIRE(reader.ok());
+  return std::move(*reader);
+}
+
 TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB pages whole, bytes exact") {
   ShmemHugePagesAdvised advised;
   if (!advised.ok()) {
@@ -485,22 +505,12 @@ TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB page
     absl::StatusOr<std::unique_ptr<StorageDriver>> ram =
         NewRamDriver("huge", kFiles * kSize, kFiles, /*keep_block_sums=*/false, huge);
     REQUIRE(ram.ok());
-    std::vector<std::string> names;
-    for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("f", i));
-    for (uint32_t i = 0; i < kFiles; ++i) {
-      REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
-    }
-    std::vector<ScopedFd> fds;
-    for (int fd : (*ram)->SharedMemoryDescriptors()) {
-      fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    }
-    absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
-        NewRamReader(std::move(fds), kFiles, /*map_from_start=*/huge);
-    REQUIRE(reader.ok());
+    const std::vector<std::string> names = StoreNumberedFiles(**ram, kFiles, kSize);
+    std::unique_ptr<StorageDriver> reader = ReaderOf(**ram, kFiles, /*map_from_start=*/huge);
     const uint64_t before = ShmemPmdMappedBytes();
     std::vector<char> buffer(kSize);
     for (uint32_t i = 0; i < kFiles; ++i) {
-      absl::StatusOr<size_t> n = (*reader)->Read(Ref(i, names[i], kSize), 0, buffer.data(), kSize);
+      absl::StatusOr<size_t> n = reader->Read(Ref(i, names[i], kSize), 0, buffer.data(), kSize);
       REQUIRE(n.ok());
       REQUIRE(*n == kSize);
       REQUIRE(testing::BytesMatch(testing::TestFile{names[i], i + 1, kSize}, buffer.data(), 0,
@@ -522,19 +532,8 @@ TEST_CASE("RAM reader: copies are read without mapping them until the process re
   constexpr uint64_t kSize = 200000;
   absl::StatusOr<std::unique_ptr<StorageDriver>> ram = NewRamDriver("first", kFiles * kSize, kFiles);
   REQUIRE(ram.ok());
-  std::vector<std::string> names;
-  for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("f", i));
-  for (uint32_t i = 0; i < kFiles; ++i) REQUIRE(Store(**ram, Ref(i, names[i], kSize), i + 1).ok());
-  auto new_reader = [&] {
-    std::vector<ScopedFd> fds;
-    for (int fd : (*ram)->SharedMemoryDescriptors()) {
-      fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    }
-    absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
-        NewRamReader(std::move(fds), kFiles, /*map_from_start=*/false);
-    REQUIRE(reader.ok());
-    return std::move(*reader);
-  };
+  const std::vector<std::string> names = StoreNumberedFiles(**ram, kFiles, kSize);
+  auto new_reader = [&] { return ReaderOf(**ram, kFiles, /*map_from_start=*/false); };
   std::vector<char> buffer(kSize, 1);  // Touched: its own pages take no fault below.
   // Reads file i in `pieces` sequential reads; returns the page faults taken.
   auto read_file = [&](StorageDriver& reader, uint32_t i, int pieces = 1) {

@@ -593,7 +593,7 @@ TEST_CASE("a promotion whose source changes mid-copy is not committed") {
   ReadWholeAndCheck(*m, files[0]);
 }
 
-TEST_CASE("lru: a file copied again after its eviction is checked by its bytes, not a stat; a change is caught") {
+TEST_CASE("lru: a file copied again after its eviction is checked by its bytes, not a stat, and a change is caught") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 2, {100000});

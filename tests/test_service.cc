@@ -129,7 +129,7 @@ uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) 
   return faults;
 }
 
-TEST_CASE("service: a forked client copies RAM hits with pread until it reads a file again; the "
+TEST_CASE("service: a forked client copies RAM hits with pread until it reads a file again and the "
           "client it was forked from maps them") {
   ScratchDir dir;
   const auto files = testing::MakeDataset(dir.Sub("data"), 17, {1 << 20});
