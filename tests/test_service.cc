@@ -419,7 +419,7 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   HelloReply hello;
   hello.instance_id = 7;
   hello.dataset_root = "/data";
-  hello.tiers = {{0, "ram", "", 9}, {3, "source", "/data", 0}};
+  hello.tiers = {{0, "ram", "", 9, /*huge_pages=*/true}, {3, "source", "/data", 0}};
   StatsReply stats;
   stats.node.metrics.push_back(Metric{"reads", Metric::Kind::kCounter, 5, "h", "ram", "ram"});
   stats.clients.push_back(ClientStats{1, 2, 3, 4, 5, 6});
@@ -448,6 +448,18 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   };
   // Each valid message round-trips through its own decoder.
   CHECK(DecodeHelloReply(valid[1])->tiers.size() == 2);
+  CHECK(DecodeHelloReply(valid[1])->tiers[0].huge_pages);
+  CHECK_FALSE(DecodeHelloReply(valid[1])->tiers[1].huge_pages);
+  {
+    // The first tier's huge_pages byte comes just before the last tier's 28
+    // bytes (kind, name, path, descriptors, huge_pages). Only 0 and 1
+    // re-encode as sent.
+    std::string two = valid[1];
+    const size_t at = valid[1].size() - (4 + 4 + 6 + 4 + 5 + 4 + 1) - 1;
+    REQUIRE(two[at] == 1);
+    two[at] = 2;
+    CHECK(absl::StartsWith(DecodeHelloReply(two).status().message(), "malformed hello reply"));
+  }
   CHECK(DecodeStatsReply(valid[5])->clients[0].miss_bytes == 6);
   CHECK(DecodeStageRequest(valid[6])->globs[1] == "b");
   CHECK(DecodeAnnounceRequest(valid[9])->file_ids[2] == 3);

@@ -160,7 +160,11 @@ absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view payload) {
     t.name = r.GetString(4096);
     t.path = r.GetString(4096);
     t.descriptors = r.Get<uint32_t>();
-    t.huge_pages = r.Get<uint8_t>() != 0;
+    const uint8_t huge_pages = r.Get<uint8_t>();
+    if (huge_pages > 1) {
+      return absl::InvalidArgumentError("malformed hello reply: huge_pages neither 0 nor 1");
+    }
+    t.huge_pages = huge_pages == 1;
     m.tiers.push_back(std::move(t));
   }
   if (absl::Status s = r.Finish("hello reply"); !s.ok()) return s;
