@@ -9,8 +9,8 @@
 // --monarch PATH; --in-process-service starts a NodeService in this process
 // instead), plus a client of it (`node.shared: true`). Both are fully warm:
 // every file read once, WaitForPlacement(), every file in the RAM tier
-// (checked), and every file read twice more, so the client reads through
-// its read-only mapping of the service's arena and has touched it.
+// (checked), and every file read once more, so the client has touched its
+// read-only mapping of the service's arena.
 //
 // Each repetition measures, in a rotating order so no variant always goes
 // first:
@@ -19,10 +19,9 @@
 //      included), in-process, client and memcpy from plain buffers;
 //   2. throughput of 256 KiB reads (`threads` readers), same op list:
 //      memcpy from plain buffers, in-process, client (GiB/s);
-//   3. first touch: a fresh client (new mappings of the service's arena; its
-//      first hits copy with pread(), as it has read no file before) reads
-//      the whole dataset once in 256 KiB pieces, then the warm client reads
-//      the same (GiB/s, ratio).
+//   3. first touch: a fresh client (new mappings of the service's arena, so
+//      its first hits take page faults) reads the whole dataset once in
+//      256 KiB pieces, then the warm client reads the same (GiB/s, ratio).
 // It prints each repetition, then min/median/max over the repetitions of
 // every figure and of the ratios, with the targets:
 //   client 4 KiB p50 <= 1000 ns; client 256 KiB throughput / memcpy >= 0.8.
@@ -205,10 +204,8 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
-  // Warm both: every file promoted to RAM, then read twice more. A client's
-  // first hit of a file copies it with pread(); its second maps the copy
-  // (the client faults its mapping of the service's arena in), and so do all
-  // its reads after that (RamReader in src/drivers/ram_driver.cc).
+  // Warm both: every file promoted to RAM, then read once more (the client
+  // faults its mapping of the service's arena in).
   std::vector<char> scratch(file_bytes);
   for (monarch::Monarch* m : {embedded.get(), client.get()}) {
     for (const std::string& name : names) (void)m->Read(name, scratch.data(), file_bytes, 0);
@@ -217,13 +214,11 @@ int main(int argc, char** argv) {
     if (in_ram != static_cast<uint64_t>(files)) {
       Die(absl::StrCat("only ", in_ram, " of ", files, " files promoted to RAM"));
     }
-    for (int pass = 0; pass < 2; ++pass) {
-      for (const std::string& name : names) {
-        auto got = m->Read(name, scratch.data(), file_bytes, 0);
-        if (!got.ok() || *got != file_bytes) Die("warm read failed");
-        if (std::memcmp(scratch.data(), plain[&name - names.data()].data(), file_bytes) != 0) {
-          Die("warm read returned wrong bytes");
-        }
+    for (const std::string& name : names) {
+      auto got = m->Read(name, scratch.data(), file_bytes, 0);
+      if (!got.ok() || *got != file_bytes) Die("warm read failed");
+      if (std::memcmp(scratch.data(), plain[&name - names.data()].data(), file_bytes) != 0) {
+        Die("warm read returned wrong bytes");
       }
     }
   }
@@ -280,10 +275,10 @@ int main(int argc, char** argv) {
   };
   for (int v = 0; v < 3; ++v) throughput(v);  // Warm every path once.
 
-  // A fresh client (new mappings) reads the whole dataset once in 256 KiB
-  // pieces, then the warm client reads the same sequence. The fresh one
-  // copies with pread(); had it mapped, each page would take a fault (the
-  // service populates only its own page tables).
+  // A client's first hits on a copy fault its read-only mapping of the
+  // service's arena in (the service populates only its own page tables). A
+  // fresh client (new mappings) reads the whole dataset once in 256 KiB
+  // pieces, then the warm client reads the same sequence.
   auto sequential = [&](monarch::Monarch* m) {
     std::vector<char> buffer(kLarge);
     const auto start = Clock::now();
