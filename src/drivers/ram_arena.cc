@@ -150,18 +150,10 @@ void RamArena::PrepareForReading(Extent extent, uint64_t n) const {
 }
 
 void RamArena::CopyWithoutMapping(Extent at, char* dst, size_t n) const {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t got = os::Pread(stripes_[at.stripe]->fd, dst + done, n - done,
-                                static_cast<off_t>(at.offset + done));
-    if (got > 0) {
-      done += static_cast<size_t>(got);
-    } else if (got < 0 && errno == EINTR) {
-      continue;
-    } else {
-      break;  // Not expected of a memfd inside its size; the mapping has the bytes.
-    }
-  }
+  absl::StatusOr<size_t> got = PreadFull(stripes_[at.stripe]->fd, dst, n, at.offset, "RAM arena");
+  // A failed or short read is not expected of a memfd inside its size; the
+  // mapping has the bytes.
+  const size_t done = got.ok() ? *got : 0;
   if (done < n) std::memcpy(dst + done, data(at) + done, n - done);
 }
 
