@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/os.h"
+#include "common/shutdown.h"
 #include "common/status_macros.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
@@ -167,6 +168,101 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
   return absl::InternalError("unknown tier kind");
 }
 
+// The read path of an instance: name -> entry -> the tier its entry names,
+// the promotion detour for files on the source, and dropping a bad copy.
+// Apart from the instance so that the threads that read through it (the
+// application's, the placement pool's, the peers' serve pool) need nothing
+// else of the instance: one stuck in a read that never returns keeps only
+// this, the tiers and placement alive when the instance is abandoned.
+class ReadPath {
+ public:
+  // All must outlive the read path. `tiers`: the cache tiers, the peers
+  // tier (if any), then the source.
+  ReadPath(std::vector<std::unique_ptr<Tier>>* tiers, PlacementHandler* placement)
+      : tiers_(*tiers), source_index_(static_cast<int>(tiers->size()) - 1), placement_(placement) {}
+
+  absl::StatusOr<size_t> ReadEntry(FileEntry& entry, char* dst, size_t n, uint64_t offset) {
+    const uint64_t size = entry.ref.size;
+    if (offset >= size || n == 0) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+    for (;;) {
+      if (placement_->evicts()) {
+        // Pinned while it is read: an eviction waits for this reader.
+        const int tier = placement_->BeginTierRead(entry);
+        if (tier != source_index_) {
+          absl::StatusOr<size_t> result = ReadFromTier(entry, tier, offset, dst, n);
+          placement_->EndTierRead(entry.ref.id);
+          return result;
+        }
+        placement_->EndTierRead(entry.ref.id);
+      } else {
+        const int tier = entry.tier->load(std::memory_order_acquire);
+        if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
+      }
+      if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
+      // Published to a tier meanwhile: go around once more and read it there.
+    }
+  }
+
+  // Calls `visit` with the bytes where they rest if the file's copy is in
+  // memory (the RAM tier), as a read of it; false if it is not (or was
+  // removed meanwhile: the caller reads it the usual way).
+  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
+    const bool pin = placement_->evicts();
+    const int tier =
+        pin ? placement_->BeginTierRead(entry) : entry.tier->load(std::memory_order_acquire);
+    const bool visited = tier != source_index_ &&
+                         tiers_[tier]
+                             ->VisitInMemory(entry.ref, offset, n,
+                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
+                                               visit(bytes.data, bytes.crc32c);
+                                             })
+                             .ok();
+    if (pin) placement_->EndTierRead(entry.ref.id);
+    return visited;
+  }
+
+ private:
+  Tier& source() { return *tiers_.back(); }
+
+  // A copy that cannot be read (deleted behind our back, EIO) is dropped
+  // from the namespace and the read is served from the source: a read never
+  // fails or returns wrong bytes because a cache copy went bad.
+  absl::StatusOr<size_t> ReadFromTier(FileEntry& entry, int tier, uint64_t offset, char* dst,
+                                      size_t n) {
+    absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
+    if (result.ok() && *result == n) return result;
+    int expected = tier;
+    if (entry.tier->compare_exchange_strong(expected, source_index_)) {
+      // This thread dropped it (readers racing on the same bad copy count
+      // and log it once): give its room back and delete what is left (a RAM
+      // copy's memory, a damaged file). Readers already inside the driver
+      // are safe: drivers allow Remove concurrent with Read.
+      Tier& dropped = *tiers_[tier];
+      dropped.CountReadError();
+      if (absl::IsDataLoss(result.status())) dropped.CountDamagedCopy();
+      MONARCH_LOG(kWarning, "tier '", dropped.config().name, "' failed to read ", entry.ref.name,
+                  " (",
+                  result.ok() ? absl::StrCat("short read of ", *result, " bytes")
+                              : result.status().ToString(),
+                  "); serving it from the source from now on");
+      entry.state.store(PlacementState::kStaysOnSource);
+      absl::Status removed = dropped.driver().Remove(entry.ref);
+      if (!removed.ok() && !absl::IsNotFound(removed)) {
+        MONARCH_LOG(kWarning, "cannot remove the bad copy: ", removed.ToString());
+      }
+      dropped.Drop(entry.ref.size);
+    }
+    result = source().Read(entry.ref, offset, dst, n);
+    if (!result.ok()) source().CountReadError();
+    return result;
+  }
+
+  std::vector<std::unique_ptr<Tier>>& tiers_;
+  const int source_index_;
+  PlacementHandler* const placement_;
+};
+
 class MonarchImpl final : public MonarchCore {
  public:
   // `tiers`: the cache tiers, then the peers tier if `peers` is set (and
@@ -174,12 +270,22 @@ class MonarchImpl final : public MonarchCore {
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
-        tiers_(std::move(tiers)),
+        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr}),
+        tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
-        namespace_(std::move(ns)),
+        namespace_(parts_->ns.get()),
         peers_(peers) {}
 
-  ~MonarchImpl() override { Shutdown(ShutdownMode::kCancel); }
+  ~MonarchImpl() override {
+    Shutdown(ShutdownMode::kCancel);
+    MutexLock lock(&shutdown_mu_);
+    if (!shutdown_clean_) {
+      // A thread is still inside a read that has not returned: what it uses
+      // stays alive, and this instance goes without joining it.
+      MONARCH_LOG(kWarning, "leaving the instance's tiers and threads behind at exit");
+      Abandon(std::move(parts_));
+    }
+  }
 
   absl::Status Start() {
     source().SetDatasetSize(namespace_->file_count(), namespace_->total_bytes());
@@ -188,8 +294,11 @@ class MonarchImpl final : public MonarchCore {
         std::unique_ptr<PlacementPolicy> policy,
         NewPlacementPolicy(config_.placement.policy,
                            peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
-    placement_ = std::make_unique<PlacementHandler>(&tiers_, namespace_.get(), std::move(policy),
-                                                    config_.placement);
+    parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
+                                                           config_.placement);
+    placement_ = parts_->placement.get();
+    parts_->read_path = std::make_unique<ReadPath>(&tiers_, placement_);
+    read_path_ = parts_->read_path.get();
     PrefetchConfig prefetch = config_.prefetch;
     if (placement_->evicts()) {
       // Fetching further ahead than half the cache tiers hold would evict
@@ -201,21 +310,26 @@ class MonarchImpl final : public MonarchCore {
       prefetch.lookahead_bytes = std::max<uint64_t>(
           1, std::min(prefetch.lookahead_bytes, cache_bytes / 2));
     }
-    prefetcher_ = std::make_unique<Prefetcher>(prefetch, namespace_.get(), placement_.get());
+    parts_->prefetcher = std::make_unique<Prefetcher>(prefetch, namespace_, placement_);
+    prefetcher_ = parts_->prefetcher.get();
     // An announced order also tells eviction what is read next.
-    placement_->SetNextUseOracle(prefetcher_.get());
+    placement_->SetNextUseOracle(prefetcher_);
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's
       // request is not one of this process's reads.
-      auto serve = [this](const PeerNetwork::FileRequest& request, char* staging,
-                          PeerNetwork::TakeFn take) -> absl::Status {
-        FileEntry* entry = namespace_->Find(request.name);
-        MONARCH_RETURN_IF_ERROR(peers_->CheckServable(entry, request));
-        if (VisitInMemory(*entry, request.offset, request.length, take)) return absl::OkStatus();
+      // Both callbacks use only what an abandoned instance keeps (Parts).
+      auto serve = [ns = namespace_, peers = peers_, path = read_path_](
+                       const PeerNetwork::FileRequest& request, char* staging,
+                       PeerNetwork::TakeFn take) -> absl::Status {
+        FileEntry* entry = ns->Find(request.name);
+        MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry, request));
+        if (path->VisitInMemory(*entry, request.offset, request.length, take)) {
+          return absl::OkStatus();
+        }
         if (staging == nullptr) return absl::UnavailableError("not in memory");
         MONARCH_ASSIGN_OR_RETURN(size_t read,
-                                 ReadEntry(*entry, staging, request.length, request.offset));
+                                 path->ReadEntry(*entry, staging, request.length, request.offset));
         if (read != request.length) {
           return absl::DataLossError(absl::StrCat("short read of ", request.name));
         }
@@ -223,10 +337,10 @@ class MonarchImpl final : public MonarchCore {
         return absl::OkStatus();
       };
       // Replicas and a lost peer's files are promoted like prefetched ones.
-      auto fill = [this](uint32_t id) {
-        FileEntry& entry = namespace_->entry(id);
-        placement_->Reconsider(entry);  // Declined as someone else's file before.
-        placement_->Prefetch(entry);
+      auto fill = [ns = namespace_, placement = placement_](uint32_t id) {
+        FileEntry& entry = ns->entry(id);
+        placement->Reconsider(entry);  // Declined as someone else's file before.
+        placement->Prefetch(entry);
       };
       MONARCH_RETURN_IF_ERROR(peers_->Connect(std::move(serve), std::move(fill)));
     }
@@ -240,7 +354,7 @@ class MonarchImpl final : public MonarchCore {
       return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     // A reader's first read of a file frees the prefetch lookahead it took.
     if (offset == 0 && prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &entry->ref.id, 1);
-    return ReadEntry(*entry, static_cast<char*>(buffer), n, offset);
+    return read_path_->ReadEntry(*entry, static_cast<char*>(buffer), n, offset);
   }
 
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
@@ -294,17 +408,29 @@ class MonarchImpl final : public MonarchCore {
     return stats;
   }
 
+  // Bounded (placement.shutdown_timeout, then kCancelGraceSeconds): see
+  // Monarch::Shutdown and common/shutdown.h.
   void Shutdown(ShutdownMode mode) override {
-    // The prefetch streams start no more files; cancelling placement cuts
-    // short the ones they are fetching (draining finishes them), then they
-    // are joined.
-    if (prefetcher_ != nullptr) prefetcher_->Stop();
-    if (peers_ != nullptr) peers_->StopFilling();  // Likewise the replica and re-homing fills.
-    if (placement_ != nullptr) placement_->Shutdown(mode == ShutdownMode::kDrain);
-    if (prefetcher_ != nullptr) prefetcher_->Shutdown();
-    // After the placement handler: draining promotions may still fetch from
-    // peers, and peers' requests are served (from the source) until here.
-    if (peers_ != nullptr) peers_->Shutdown();
+    MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    if (placement_ == nullptr) return;  // Start() failed before placement existed.
+    // The prefetch streams and the peers' keeper start no more files.
+    prefetcher_->Stop();
+    if (peers_ != nullptr) peers_->StopFilling();
+    if (mode == ShutdownMode::kDrain &&
+        !placement_->Drain(DeadlineIn(config_.placement.shutdown_timeout_seconds))) {
+      MONARCH_LOG(kWarning, "shutdown: promotions still in flight after placement.shutdown_timeout (",
+                  config_.placement.shutdown_timeout_seconds, " s); cancelling them");
+    }
+    // Nothing waits for a peer from here on; peers' requests are still
+    // served (from the source, at worst) until the network shuts down.
+    if (peers_ != nullptr) peers_->CancelFetches();
+    const Deadline grace = DeadlineIn(kCancelGraceSeconds);
+    bool clean = placement_->Cancel(grace);
+    clean &= prefetcher_->Shutdown(grace);
+    if (peers_ != nullptr) clean &= peers_->Shutdown(grace);
+    shutdown_clean_ = clean;
     // Kept while this rank runs, for a peer that restarts; then removed, so
     // that a later job in the same directory finds only its own rank 0's.
     if (!published_manifest_.empty()) {
@@ -316,6 +442,8 @@ class MonarchImpl final : public MonarchCore {
   // The manifest this instance published for its peers, removed at Shutdown.
   void RemoveAtShutdown(std::string manifest) { published_manifest_ = std::move(manifest); }
 
+  // Each wait ends: fills and promotions are bounded by their reads (and
+  // the peers' request timeout), and the tiers' readying by its opens.
   void WaitForPlacement() override {
     if (peers_ != nullptr) peers_->WaitForFills();
     placement_->WaitIdle();
@@ -342,7 +470,7 @@ class MonarchImpl final : public MonarchCore {
   const Namespace& name_space() const override { return *namespace_; }
   absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
     if (id >= namespace_->file_count()) return absl::NotFoundError("no such file id");
-    return ReadEntry(namespace_->entry(id), dst, n, offset);
+    return read_path_->ReadEntry(namespace_->entry(id), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
   const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
@@ -364,80 +492,6 @@ class MonarchImpl final : public MonarchCore {
 
  private:
   Tier& source() { return *tiers_.back(); }
-
-  absl::StatusOr<size_t> ReadEntry(FileEntry& entry, char* dst, size_t n, uint64_t offset) {
-    const uint64_t size = entry.ref.size;
-    if (offset >= size || n == 0) return 0;
-    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
-    for (;;) {
-      if (placement_->evicts()) {
-        // Pinned while it is read: an eviction waits for this reader.
-        const int tier = placement_->BeginTierRead(entry);
-        if (tier != source_index_) {
-          absl::StatusOr<size_t> result = ReadFromTier(entry, tier, offset, dst, n);
-          placement_->EndTierRead(entry.ref.id);
-          return result;
-        }
-        placement_->EndTierRead(entry.ref.id);
-      } else {
-        const int tier = entry.tier->load(std::memory_order_acquire);
-        if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
-      }
-      if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
-      // Published to a tier meanwhile: go around once more and read it there.
-    }
-  }
-
-  // Calls `visit` with the bytes where they rest if the file's copy is in
-  // memory (the RAM tier), as a read of it; false if it is not (or was
-  // removed meanwhile: the caller reads it the usual way).
-  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
-    const bool pin = placement_->evicts();
-    const int tier =
-        pin ? placement_->BeginTierRead(entry) : entry.tier->load(std::memory_order_acquire);
-    const bool visited = tier != source_index_ &&
-                         tiers_[tier]
-                             ->VisitInMemory(entry.ref, offset, n,
-                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
-                                               visit(bytes.data, bytes.crc32c);
-                                             })
-                             .ok();
-    if (pin) placement_->EndTierRead(entry.ref.id);
-    return visited;
-  }
-
-  // A copy that cannot be read (deleted behind our back, EIO) is dropped
-  // from the namespace and the read is served from the source: a read never
-  // fails or returns wrong bytes because a cache copy went bad.
-  absl::StatusOr<size_t> ReadFromTier(FileEntry& entry, int tier, uint64_t offset, char* dst,
-                                      size_t n) {
-    absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
-    if (result.ok() && *result == n) return result;
-    int expected = tier;
-    if (entry.tier->compare_exchange_strong(expected, source_index_)) {
-      // This thread dropped it (readers racing on the same bad copy count
-      // and log it once): give its room back and delete what is left (a RAM
-      // copy's memory, a damaged file). Readers already inside the driver
-      // are safe: drivers allow Remove concurrent with Read.
-      Tier& dropped = *tiers_[tier];
-      dropped.CountReadError();
-      if (absl::IsDataLoss(result.status())) dropped.CountDamagedCopy();
-      MONARCH_LOG(kWarning, "tier '", dropped.config().name, "' failed to read ", entry.ref.name,
-                  " (",
-                  result.ok() ? absl::StrCat("short read of ", *result, " bytes")
-                              : result.status().ToString(),
-                  "); serving it from the source from now on");
-      entry.state.store(PlacementState::kStaysOnSource);
-      absl::Status removed = dropped.driver().Remove(entry.ref);
-      if (!removed.ok() && !absl::IsNotFound(removed)) {
-        MONARCH_LOG(kWarning, "cannot remove the bad copy: ", removed.ToString());
-      }
-      dropped.Drop(entry.ref.size);
-    }
-    result = source().Read(entry.ref, offset, dst, n);
-    if (!result.ok()) source().CountReadError();
-    return result;
-  }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
   // when they are copies of the source files as the walk found them (the
@@ -475,15 +529,32 @@ class MonarchImpl final : public MonarchCore {
     return absl::OkStatus();
   }
 
+  // What readers and background threads use, kept apart so that it can be
+  // abandoned whole when a shutdown gives up on a thread. Destroyed in
+  // reverse order: the read path and the prefetcher, then placement (its
+  // pool), then the namespace and the tiers.
+  struct Parts {
+    std::vector<std::unique_ptr<Tier>> tiers;  // Cache tiers, the peers tier if any, the source.
+    std::unique_ptr<Namespace> ns;
+    std::unique_ptr<PlacementHandler> placement;
+    std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
+    std::unique_ptr<ReadPath> read_path;
+  };
+
   const Config config_;
-  std::vector<std::unique_ptr<Tier>> tiers_;
+  std::unique_ptr<Parts> parts_;
+  // Parts', by their roles (stable: Parts is never moved).
+  std::vector<std::unique_ptr<Tier>>& tiers_;
   const int source_index_;
-  const std::unique_ptr<Namespace> namespace_;
+  Namespace* const namespace_;
   PeerDriver* const peers_;                      // The peers tier's driver, or null.
-  std::unique_ptr<PlacementHandler> placement_;
-  // Declared after placement_: destroyed before it (its streams drive
-  // promotions).
-  std::unique_ptr<Prefetcher> prefetcher_;
+  PlacementHandler* placement_ = nullptr;        // Set by Start().
+  Prefetcher* prefetcher_ = nullptr;             // Set by Start().
+  ReadPath* read_path_ = nullptr;                // Set by Start().
+  Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  // False when Shutdown() left a thread behind: the destructor abandons Parts.
+  bool shutdown_clean_ ABSL_GUARDED_BY(shutdown_mu_) = true;
   // The reader id of this process's own reads (the node service numbers its
   // clients from 1).
   static constexpr uint64_t kThisProcess = 0;

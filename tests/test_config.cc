@@ -526,7 +526,7 @@ TEST_CASE("bad node values are refused with the key named") {
   SUBCASE("unknown node key") {
     CHECK(absl::StrContains(ErrorOf(base + "node: {sharde: true}\n"),
                             "node.sharde: unknown key; expected one of: shared, runtime_dir, "
-                            "autostart, idle_exit, metrics_port"));
+                            "autostart, idle_exit, request_timeout, start_timeout, metrics_port"));
   }
   SUBCASE("node that is not a mapping") {
     CHECK(absl::StrContains(ErrorOf(base + "node: shared\n"),
@@ -550,44 +550,84 @@ TEST_CASE("bad node values are refused with the key named") {
 }
 
 TEST_CASE("NodeRuntimeDirectory applies the default and expands variables") {
-  NodeConfig node;
-  SUBCASE("default under XDG_RUNTIME_DIR when it is set") {
+  ScratchDir scratch;
+  Config config;
+  config.dataset.path = scratch.Sub("imagenet");
+  NodeConfig& node = config.node;
+  const std::string key = DatasetKey(config.dataset);
+  ScopedEnv slurm("SLURM_JOB_ID", std::nullopt);
+  ScopedEnv pbs("PBS_JOBID", std::nullopt);
+  ScopedEnv lsf("LSB_JOBID", std::nullopt);
+  ScopedEnv flux("FLUX_JOB_ID", std::nullopt);
+  SUBCASE("default under XDG_RUNTIME_DIR when it is set, one per dataset") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
-    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-    CHECK(*dir == "/run/user/4242/monarch");
+    CHECK(*dir == "/run/user/4242/monarch/" + key);
   }
   SUBCASE("default in /tmp per user when XDG_RUNTIME_DIR is unset") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", std::nullopt);
-    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-    CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid()));
+    CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", key));
   }
   SUBCASE("an empty or relative XDG_RUNTIME_DIR is ignored") {
     for (const char* value : {"", "run/user/1"}) {
       ScopedEnv xdg("XDG_RUNTIME_DIR", std::string(value));
-      absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+      absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
       REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-      CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid()));
+      CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", key));
     }
+  }
+  SUBCASE("a batch job's id makes its own directory") {
+    ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
+    {
+      ScopedEnv job("SLURM_JOB_ID", "81234");
+      CHECK(NodeRuntimeDirectory(config).value_or("") ==
+            "/run/user/4242/monarch/slurm-81234-" + key);
+      CHECK(BatchJobTag() == "slurm-81234");
+    }
+    ScopedEnv job("PBS_JOBID", "77.head node/../x");  // Made a safe name.
+    CHECK(BatchJobTag() == "pbs-77.head_node_.._x");
+    CHECK(NodeRuntimeDirectory(config).value_or("") ==
+          "/run/user/4242/monarch/pbs-77.head_node_.._x-" + key);
+  }
+  SUBCASE("the dataset key tells datasets apart, not spellings of one path") {
+    DatasetConfig same = config.dataset;
+    same.path += "/";
+    CHECK(DatasetKey(same) == key);
+    same.path = absl::StrCat("/", config.dataset.path, "/./");
+    CHECK(DatasetKey(same) == key);
+    DatasetConfig other = config.dataset;
+    other.path = scratch.Sub("other");
+    CHECK(DatasetKey(other) != key);
+    other = config.dataset;
+    other.file_regex = "train/.*";
+    CHECK(DatasetKey(other) != key);
+    other = config.dataset;
+    other.symlinks = "skip";
+    CHECK(DatasetKey(other) != key);
+    CHECK(key.size() == 16);
+    CHECK(key.find_first_not_of("0123456789abcdef") == std::string::npos);
   }
   SUBCASE("an explicit directory expands ${VAR} and $VAR") {
     ScopedEnv home("HOME", "/home/monarch-test");
     node.runtime_dir = "${HOME}/x";
-    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
     CHECK(*dir == "/home/monarch-test/x");
     node.runtime_dir = "$HOME/y";
-    CHECK(NodeRuntimeDirectory(node).value_or("") == "/home/monarch-test/y");
+    CHECK(NodeRuntimeDirectory(config).value_or("") == "/home/monarch-test/y");
   }
-  SUBCASE("an explicit directory ignores XDG_RUNTIME_DIR") {
+  SUBCASE("an explicit directory ignores XDG_RUNTIME_DIR and the job") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
+    ScopedEnv job("SLURM_JOB_ID", "81234");
     node.runtime_dir = "/scratch/monarch";
-    CHECK(NodeRuntimeDirectory(node).value_or("") == "/scratch/monarch");
+    CHECK(NodeRuntimeDirectory(config).value_or("") == "/scratch/monarch");
   }
   SUBCASE("a relative result is InvalidArgument naming node.runtime_dir") {
     node.runtime_dir = "monarch";
-    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_FALSE(dir.ok());
     CHECK(dir.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(absl::StrContains(dir.status().message(), "node.runtime_dir"));
@@ -595,7 +635,7 @@ TEST_CASE("NodeRuntimeDirectory applies the default and expands variables") {
   SUBCASE("an unset variable is InvalidArgument naming node.runtime_dir") {
     ScopedEnv var("MONARCH_TEST_UNSET", std::nullopt);
     node.runtime_dir = "/run/$MONARCH_TEST_UNSET";
-    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(node);
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_FALSE(dir.ok());
     CHECK(dir.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(absl::StrContains(dir.status().message(), "node.runtime_dir"));

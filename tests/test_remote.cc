@@ -1145,7 +1145,7 @@ TEST_CASE("peer network: served with the job's secret, refused and counted with 
     CHECK(ranks[0].Counter("remote.requests_unauthenticated") == 0);
     // Statuses made on a progress thread are read once it has stopped:
     // Abseil's (uninstrumented) reference count is invisible to TSan.
-    for (BareRank& r : ranks) r.network->Shutdown();
+    for (BareRank& r : ranks) r.network->Shutdown(DeadlineIn(10));
     for (const absl::StatusOr<size_t>& got : fetched) {
       if (same) {
         CHECK_MESSAGE(got.ok(), got.status().ToString());
@@ -1187,7 +1187,7 @@ TEST_CASE("peer network: a lost peer's address is looked up by the fetching thre
   const FileRef file{0, "train/a.jpg", buffer.size(), 1};
   REQUIRE(ranks[0].network->Fetch(2, file, 0, buffer.data(), buffer.size()).ok());
 
-  ranks[2].network->Shutdown();  // Rank 2 leaves: rank 0 marks it down.
+  ranks[2].network->Shutdown(DeadlineIn(10));  // Rank 2 leaves: rank 0 marks it down.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (ranks[0].network->IsUp(2) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -1215,7 +1215,7 @@ TEST_CASE("peer network: a lost peer's address is looked up by the fetching thre
   }
   retrying.join();
   CHECK(ranks[1].served.load() == 1);
-  for (BareRank& r : ranks) r.network->Shutdown();
+  for (BareRank& r : ranks) r.network->Shutdown(DeadlineIn(10));
   CHECK_MESSAGE(fetched.ok(), fetched.status().ToString());
   CHECK(other[5] == static_cast<char>(5));
   CHECK(!retried.ok());  // No address: rank 2 stays down, and the reader reads the source.
@@ -1247,7 +1247,7 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
   CHECK(ranks[1].served.load() == 1);
   CHECK(buffer[5] == static_cast<char>(1005));
   CHECK(ranks[0].network->IsUp(1));
-  for (BareRank& r : ranks) r.network->Shutdown();
+  for (BareRank& r : ranks) r.network->Shutdown(DeadlineIn(10));
   CHECK_MESSAGE(got.ok(), got.status().ToString());
 
   // Held when it shuts down instead: refused, so the reader goes to the source.
@@ -1263,11 +1263,55 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
     got = again[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  again[1].network->Shutdown();
+  again[1].network->Shutdown(DeadlineIn(10));
   refused.join();
-  again[0].network->Shutdown();
+  again[0].network->Shutdown(DeadlineIn(10));
   CHECK(again[1].served.load() == 0);
   CHECK(absl::IsUnavailable(got.status()));
+}
+
+TEST_CASE("peer network: shutting down cuts short a fetch waiting on a peer that does not answer") {
+  // Rank 1 holds every request (it never starts serving): a peer that is up
+  // but silent. Rank 0's fetch would wait for the request timeout (5 s
+  // here, 10 s by default); shutdown must not.
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/rdv";
+  const std::string secret = SecretOrDie();
+  BareRank ranks[2];
+  std::thread rank1([&] { ranks[1].Start(1, rdv, secret, "", /*serve_now=*/false); });
+  ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
+  rank1.join();
+  REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
+  REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+  std::vector<char> buffer(60000);
+  const FileRef file{0, "train/a.jpg", buffer.size() + 1000, 1};
+  std::atomic<bool> fetched{false};
+  absl::StatusOr<size_t> got;
+  std::thread reader([&] {
+    got = ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
+    fetched.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE_FALSE(fetched.load());
+  const auto start = std::chrono::steady_clock::now();
+  ranks[0].network->CancelFetches();
+  while (!fetched.load() && std::chrono::steady_clock::now() - start < std::chrono::seconds(4)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_MESSAGE(fetched.load(), "the fetch still waits ", seconds, " s after CancelFetches");
+  reader.join();
+  CHECK(seconds < 1);
+  // Later fetches fail at once; the peer is not marked down for it.
+  const auto again = std::chrono::steady_clock::now();
+  absl::StatusOr<size_t> later = ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
+  CHECK(std::chrono::steady_clock::now() - again < std::chrono::seconds(1));
+  CHECK(ranks[0].network->IsUp(1));
+  CHECK(ranks[0].Counter("remote.timeouts") == 0);
+  for (BareRank& r : ranks) CHECK(r.network->Shutdown(DeadlineIn(10)));
+  CHECK(absl::IsUnavailable(got.status()));
+  CHECK(absl::IsUnavailable(later.status()));
 }
 
 TEST_CASE("peer network: bytes sent with a known CRC arrive exact, a wrong CRC is refused and counted") {
@@ -1297,7 +1341,7 @@ TEST_CASE("peer network: bytes sent with a known CRC arrive exact, a wrong CRC i
     absl::StatusOr<size_t> bad = ranks[0].network->Fetch(1, file, 0, buffer.data(), piece);
     CHECK(ranks[0].Counter("remote.checksum_failures") == 1);
     CHECK(ranks[0].network->IsUp(1));
-    for (BareRank& r : ranks) r.network->Shutdown();
+    for (BareRank& r : ranks) r.network->Shutdown(DeadlineIn(10));
     CHECK_MESSAGE(good.ok(), good.status().ToString());
     CHECK(exact);
     CHECK(absl::IsDataLoss(bad.status()));
@@ -1384,7 +1428,7 @@ TEST_CASE("peers: requests without the job secret are refused and counted, reads
   CHECK(s.ToPrometheus().find("monarch_remote_requests_unauthenticated_total " + counted) !=
         std::string::npos);
   rank0->reset();
-  rank1.network->Shutdown();  // Before reading statuses its progress thread made (TSan).
+  rank1.network->Shutdown(DeadlineIn(10));  // Before reading statuses its progress thread made (TSan).
   for (const absl::StatusOr<size_t>& got : fetched) CHECK(absl::IsUnavailable(got.status()));
 }
 

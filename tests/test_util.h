@@ -6,11 +6,16 @@
 #define MONARCH_TESTS_TEST_UTIL_H_
 
 #include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -107,6 +112,54 @@ inline uint64_t ThreadMinorFaults() {
   struct rusage usage {};
   ::getrusage(RUSAGE_THREAD, &usage);
   return static_cast<uint64_t>(usage.ru_minflt);
+}
+
+// Runs the commands at once (stdout to /dev/null) and waits for them all, at
+// most `timeout_seconds`: their exit codes (128 + the signal for one killed
+// by a signal), -1 for one still running then (it is killed).
+inline std::vector<int> RunAll(const std::vector<std::vector<std::string>>& commands,
+                               double timeout_seconds) {
+  std::vector<pid_t> pids;
+  for (const std::vector<std::string>& command : commands) {
+    std::vector<char*> argv;
+    for (const std::string& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), ::environ) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(pids.size(), -1);
+  std::vector<bool> done(pids.size(), false);
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  for (size_t left = pids.size(); left > 0;) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      if (pids[i] < 0 || ::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        done[i] = true;
+        --left;
+        if (pids[i] >= 0) {
+          codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (done[i]) continue;
+        ::kill(pids[i], SIGKILL);
+        ::waitpid(pids[i], nullptr, 0);
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return codes;
 }
 
 inline TierConfig RamTier(uint64_t capacity, const std::string& name = "ram") {

@@ -116,6 +116,12 @@ struct PlacementConfig {
   // time a process reads it, plus an fstat per read that catches a copy
   // modified since), "every-read", or "off" (start-up identity check only).
   std::string verify = "first-read";
+  // How long Shutdown(kDrain) lets the promotions in flight finish before
+  // it cancels the rest. Whatever mode, a shutdown then waits at most a few
+  // seconds more for threads inside a read or write (each a chunk long);
+  // one blocked in a file system that stopped answering is logged and left
+  // behind, so a process always exits (common/shutdown.h).
+  double shutdown_timeout_seconds = 30;
 };
 
 // Peers: other Monarch processes of the same job, each with its own tiers,
@@ -161,9 +167,9 @@ struct RemoteConfig {
 // peers. Off (or no `node:` section): each process runs Monarch in process.
 struct NodeConfig {
   bool shared = false;
-  // Holds the service's socket, lock and log. Created 0700. Empty = the
-  // per-user default: $XDG_RUNTIME_DIR/monarch, or /tmp/monarch-<uid> when
-  // XDG_RUNTIME_DIR is unset. "${VAR}" and "$VAR" are expanded.
+  // Holds the service's socket, lock and log. Created 0700. Empty = one
+  // service per job and dataset (NodeRuntimeDirectory). "${VAR}" and "$VAR"
+  // are expanded.
   std::string runtime_dir;
   // A client that finds no service running starts one ("monarch serve"),
   // detached, and connects to it.
@@ -171,14 +177,17 @@ struct NodeConfig {
   // The service exits this long after its last client disconnected; 0 =
   // never (a service started by hand or by a Slurm prolog).
   double idle_exit_seconds = 300;
+  // A client whose request the service has not answered within this time
+  // (a service stopped or stuck) reads the source itself and treats the
+  // service as gone until it answers again. A miss is one source read of at
+  // most 8 MiB, so the default leaves a PFS under heavy load ample time.
+  double request_timeout_seconds = 60;
+  // How long a client waits for a service that is starting (walking the
+  // dataset, which on a large one over a PFS takes minutes) before it fails.
+  double start_timeout_seconds = 600;
   // Prometheus text at http://127.0.0.1:<port>/metrics; 0 = no endpoint.
   int metrics_port = 0;
 };
-
-// The runtime directory `node` names, with the default applied and
-// variables expanded (not created). InvalidArgument naming node.runtime_dir
-// for an unset variable or a relative result.
-absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node);
 
 // The path dataset.manifest names, variables expanded (not checked for
 // existence). InvalidArgument naming dataset.manifest for an unset
@@ -211,6 +220,25 @@ struct Config {
   NodeConfig node;
   LoggingConfig logging;
 };
+
+// The runtime directory of `config`'s node service (not created): the
+// expanded node.runtime_dir, or by default <base>/[<job>-]<dataset key>,
+// where <base> is $XDG_RUNTIME_DIR/monarch (or /tmp/monarch-<uid> without
+// it), <job> is BatchJobTag() and <dataset key> DatasetKey(): so two jobs on
+// one node, or two datasets of one user, each get their own service with no
+// key to set. InvalidArgument naming node.runtime_dir for an unset
+// variable or a relative result.
+absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config);
+
+// What tells datasets apart: 16 hex digits hashed from the dataset
+// directory's real path, file_regex, symlinks and manifest. Stable across
+// processes and builds.
+std::string DatasetKey(const DatasetConfig& dataset);
+
+// The batch job this process belongs to, as part of a directory name:
+// "slurm-<SLURM_JOB_ID>" (or pbs-, lsf-, flux- from PBS_JOBID, LSB_JOBID,
+// FLUX_JOB_ID); empty outside a job.
+std::string BatchJobTag();
 
 // Parses YAML text / a YAML file into a Config and validates it. Errors are
 // InvalidArgument (or NotFound for a missing config file) with one message

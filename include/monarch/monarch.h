@@ -97,12 +97,19 @@ class Monarch {
   virtual Stats GetStats() const = 0;
 
   enum class ShutdownMode {
-    kDrain,   // Finish every queued and running promotion.
+    kDrain,   // Finish the queued and running promotions, for at most
+              // placement.shutdown_timeout; then cancel the rest.
     kCancel,  // Drop queued promotions, let running ones stop at a safe point.
   };
-  // Stops background placement. Nothing half-written ever becomes visible and
-  // counters stay consistent. Reads keep working afterwards (from wherever
-  // each file already is); they just no longer start promotions. Idempotent.
+  // Stops background placement, prefetch and the peers. Nothing half-written
+  // ever becomes visible and counters stay consistent. Reads keep working
+  // afterwards (from wherever each file already is); they just no longer
+  // start promotions. Idempotent.
+  //
+  // Always returns: after the drain (if any), it waits a few seconds for
+  // the threads still inside a read or write to notice the cancellation. A
+  // thread blocked in a file system that stopped answering is logged and
+  // left behind, with what it uses, so that the process can still exit.
   virtual void Shutdown(ShutdownMode mode) = 0;
 
   // Blocks until no promotion is queued or running, and the file tiers have

@@ -25,7 +25,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "metadata/file_regex.h"
@@ -212,7 +214,7 @@ absl::Status ParseNodeSection(const YAML::Node& node, NodeConfig* out) {
     return KeyError("node", absl::StrCat("expected a mapping, got ", Describe(node)));
   MONARCH_RETURN_IF_ERROR(CheckKeys(node, "node",
                                     {"shared", "runtime_dir", "autostart", "idle_exit",
-                                     "metrics_port"}));
+                                     "request_timeout", "start_timeout", "metrics_port"}));
   if (node["shared"]) {
     MONARCH_ASSIGN_OR_RETURN(out->shared, GetBool(node["shared"], "node.shared"));
   }
@@ -230,6 +232,14 @@ absl::Status ParseNodeSection(const YAML::Node& node, NodeConfig* out) {
                                    Describe(idle)));
     }
     out->idle_exit_seconds = *seconds;
+  }
+  if (node["request_timeout"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->request_timeout_seconds,
+                             GetDuration(node["request_timeout"], "node.request_timeout"));
+  }
+  if (node["start_timeout"]) {
+    MONARCH_ASSIGN_OR_RETURN(out->start_timeout_seconds,
+                             GetDuration(node["start_timeout"], "node.start_timeout"));
   }
   if (node["metrics_port"]) {
     MONARCH_ASSIGN_OR_RETURN(int64_t port, GetInt(node["metrics_port"], "node.metrics_port"));
@@ -433,7 +443,7 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     }
     MONARCH_RETURN_IF_ERROR(CheckKeys(placement, "placement",
                                       {"threads", "policy", "max_staging_bytes", "chunk_bytes",
-                                       "max_open_files", "verify"}));
+                                       "max_open_files", "verify", "shutdown_timeout"}));
     if (placement["threads"]) {
       MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
       if (threads < 0 || threads > 1024) {
@@ -464,6 +474,12 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
       }
       config.placement.max_open_files = static_cast<int>(value);
       max_open_files_given = true;
+    }
+    if (placement["shutdown_timeout"]) {
+      MONARCH_ASSIGN_OR_RETURN(
+          config.placement.shutdown_timeout_seconds,
+          GetDuration(placement["shutdown_timeout"], "placement.shutdown_timeout",
+                      /*allow_zero=*/true));
     }
     if (placement["verify"]) {
       MONARCH_ASSIGN_OR_RETURN(config.placement.verify,
@@ -650,23 +666,32 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
 
 // Checked whether or not `shared` is on: the keys mean the same either way,
 // and a mistake should not wait until someone turns sharing on.
-static absl::Status ValidateNode(const NodeConfig& n) {
+static absl::Status ValidateNode(const Config& config) {
+  const NodeConfig& n = config.node;
   if (!std::isfinite(n.idle_exit_seconds) || n.idle_exit_seconds < 0) {
     return KeyError("node.idle_exit", "expected a finite duration, or 0 for never");
+  }
+  if (!std::isfinite(n.request_timeout_seconds) || n.request_timeout_seconds < 0.001 ||
+      n.request_timeout_seconds > 86400) {
+    return KeyError("node.request_timeout", "expected a duration from 1ms to 24h");
+  }
+  if (!std::isfinite(n.start_timeout_seconds) || n.start_timeout_seconds < 0.001 ||
+      n.start_timeout_seconds > 86400) {
+    return KeyError("node.start_timeout", "expected a duration from 1ms to 24h");
   }
   if (n.metrics_port < 0 || n.metrics_port > 65535) {
     return KeyError("node.metrics_port",
                     absl::StrCat("expected 0 (no endpoint) to 65535, got ", n.metrics_port));
   }
-  if (!n.runtime_dir.empty()) {
-    MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(n));
-    if (dir.size() > kMaxRuntimeDirChars) {
-      return KeyError("node.runtime_dir",
-                      absl::StrCat(Quote(dir), " is ", dir.size(), " characters after expansion; ",
-                                   "at most ", kMaxRuntimeDirChars,
-                                   " fit, because the service's socket <dir>/monarch.sock must "
-                                   "fit in a Unix socket address (108 bytes)"));
-    }
+  MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(config));
+  if (dir.size() > kMaxRuntimeDirChars) {
+    return KeyError("node.runtime_dir",
+                    absl::StrCat(Quote(dir), " is ", dir.size(), " characters",
+                                 n.runtime_dir.empty() ? " (the default: set node.runtime_dir)"
+                                                       : " after expansion",
+                                 "; at most ", kMaxRuntimeDirChars,
+                                 " fit, because the service's socket <dir>/monarch.sock must "
+                                 "fit in a Unix socket address (108 bytes)"));
   }
   return absl::OkStatus();
 }
@@ -684,17 +709,62 @@ absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset) {
   return path;
 }
 
-absl::StatusOr<std::string> NodeRuntimeDirectory(const NodeConfig& node) {
+std::string DatasetKey(const DatasetConfig& dataset) {
+  // The path as written, less empty and "." components and trailing
+  // slashes. Not resolved: on a PFS each component would cost every
+  // client process a metadata operation (a symlinked spelling of a dataset
+  // gets a service of its own instead).
+  std::string root;
+  for (absl::string_view part : absl::StrSplit(dataset.path, '/', absl::SkipEmpty())) {
+    if (part != ".") absl::StrAppend(&root, "/", part);
+  }
+  if (root.empty()) root = "/";
+  // FNV-1a: stable across processes and builds, unlike absl::Hash.
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::string* part : std::initializer_list<const std::string*>{
+           &root, &dataset.file_regex, &dataset.symlinks, &dataset.manifest}) {
+    for (char c : *part) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    hash = (hash ^ 0xffu) * 0x100000001b3ull;  // Separator: ("ab","c") != ("a","bc").
+  }
+  return absl::StrFormat("%016x", hash);
+}
+
+std::string BatchJobTag() {
+  static constexpr std::pair<const char*, const char*> kSchedulers[] = {
+      {"SLURM_JOB_ID", "slurm"}, {"PBS_JOBID", "pbs"}, {"LSB_JOBID", "lsf"},
+      {"FLUX_JOB_ID", "flux"}};
+  for (const auto& [variable, scheduler] : kSchedulers) {
+    const char* id = std::getenv(variable);
+    if (id == nullptr || id[0] == '\0') continue;
+    std::string tag = absl::StrCat(scheduler, "-");
+    // A directory name: PBS ids carry the server name ("123.head"), Flux's
+    // may be anything.
+    for (const char* c = id; *c != '\0' && tag.size() < 40; ++c) {
+      tag += absl::ascii_isalnum(static_cast<unsigned char>(*c)) || *c == '.' || *c == '-'
+                 ? *c
+                 : '_';
+    }
+    return tag;
+  }
+  return "";
+}
+
+absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
+  const NodeConfig& node = config.node;
   if (node.runtime_dir.empty()) {
     // XDG_RUNTIME_DIR is per user, 0700 and removed when the user's last
     // session ends: the right home for a socket. Batch jobs often lack it.
     const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    std::string base = absl::StrCat("/tmp/monarch-", ::getuid());
     if (xdg != nullptr && xdg[0] == '/') {
-      std::string dir = xdg;
-      while (!dir.empty() && dir.back() == '/') dir.pop_back();
-      return absl::StrCat(dir, "/monarch");
+      base = xdg;
+      while (!base.empty() && base.back() == '/') base.pop_back();
+      absl::StrAppend(&base, "/monarch");
     }
-    return absl::StrCat("/tmp/monarch-", ::getuid());
+    // One service per job and dataset: two jobs on a node, or two datasets
+    // of one user, never share (or stop) each other's service.
+    const std::string job = BatchJobTag();
+    return absl::StrCat(base, "/", job, job.empty() ? "" : "-", DatasetKey(config.dataset));
   }
   MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(node.runtime_dir, "node.runtime_dir"));
   if (dir.empty() || dir[0] != '/') {
@@ -820,6 +890,10 @@ absl::Status ValidateConfig(const Config& config) {
   if (p.policy == "lru" && config.remote.enabled) {
     return KeyError("placement.policy", "'lru' is not supported with remote.enabled (peers)");
   }
+  if (!std::isfinite(p.shutdown_timeout_seconds) || p.shutdown_timeout_seconds < 0 ||
+      p.shutdown_timeout_seconds > 86400) {
+    return KeyError("placement.shutdown_timeout", "expected a duration from 0 to 24h");
+  }
   if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
     return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
   }
@@ -858,7 +932,7 @@ absl::Status ValidateConfig(const Config& config) {
     MONARCH_RETURN_IF_ERROR(DatasetManifestPath(config.dataset).status());
   }
   MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
-  MONARCH_RETURN_IF_ERROR(ValidateNode(config.node));
+  MONARCH_RETURN_IF_ERROR(ValidateNode(config));
   const std::string& level = config.logging.level;
   if (level != "debug" && level != "info" && level != "warning" && level != "error") {
     return KeyError("logging.level",

@@ -116,6 +116,8 @@ void OpenCopies::ReadyAheadLoop() {
   }
 }
 
+// Each copy queued is one open and one read of it (and at most a 100 ms
+// wait for its ctime to settle); the queue is bounded (kMaxQueued).
 void OpenCopies::WaitForReadying() {
   MutexLock lock(&ahead_mu_);
   while (!stopping_ && (readying_ || !ahead_.empty())) ahead_idle_.Wait(&ahead_mu_);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/shutdown.h"
 
 namespace monarch::frontend {
 
@@ -80,13 +81,22 @@ ProcessInstance::Use::~Use() {
 }
 
 // Refuses new uses first, then waits for the running ones, so a steady
-// stream of reads from a framework's threads cannot hold up the exit.
+// stream of reads from a framework's threads cannot hold up the exit. A read
+// that does not end (a file system that stopped answering) does not either:
+// after a few seconds the instance shuts down under it (reads stay safe
+// during and after a shutdown) and the process goes on exiting.
 void ProcessInstance::CloseAtExit() {
   ProcessInstance& holder = Get();
   {
     MutexLock lock(&holder.mu_);
     holder.closed_ = true;
-    while (holder.active_ > 0) holder.idle_.Wait(&holder.mu_);
+    const Deadline give_up = DeadlineIn(kCancelGraceSeconds);
+    while (holder.active_ > 0) {
+      if (!holder.idle_.WaitUntil(&holder.mu_, give_up) && holder.active_ > 0) {
+        std::fprintf(stderr, "monarch: exiting with %d reads still in progress\n", holder.active_);
+        break;
+      }
+    }
   }
   holder.monarch_->Shutdown(Monarch::ShutdownMode::kCancel);
 }

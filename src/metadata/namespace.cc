@@ -81,6 +81,8 @@ class ParallelWalk {
       std::string relative;
       {
         MutexLock lock(&mu_);
+        // Ends when a busy worker queues a directory or finishes its own
+        // (one readdir and its stats).
         while (queue_.empty() && busy_ > 0) changed_.Wait(&mu_);
         if (queue_.empty()) return;  // Nothing queued and nobody can queue more.
         index = queue_.front();

@@ -79,6 +79,9 @@ char* ChunkPool::Acquire(size_t bytes, Share share) {
     waits_.fetch_add(1, std::memory_order_relaxed);
     MutexLock lock(&mu_);
     ++waiters_;
+    // Ends when a thread loading or writing a chunk right now finishes it:
+    // parked chunks never fill a share (see the banner), and a failed or
+    // cancelled promotion returns its parked ones at once.
     while (!TryReserve(capacity, limit)) room_.Wait(&mu_);
     --waiters_;
   }

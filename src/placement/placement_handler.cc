@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -82,7 +83,9 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
   }
 }
 
-PlacementHandler::~PlacementHandler() { Shutdown(/*drain=*/false); }
+// An owner whose Cancel() gave up must abandon the handler instead of
+// destroying it (see Cancel()): the pool's destructor joins its threads.
+PlacementHandler::~PlacementHandler() { Cancel(DeadlineIn(kCancelGraceSeconds)); }
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
                                                                        uint64_t offset, char* dst,
@@ -498,7 +501,7 @@ bool PlacementHandler::CopyDown(FileEntry& entry, int from, int to) {
   }
   lower.Commit(entry.ref.size);
   // Readers already inside the upper copy finish first (BeginTierRead); the
-  // one left is this thread's pin.
+  // one left is this thread's pin. Each is one read of the tier away.
   while (tier_readers_[id].load(std::memory_order_seq_cst) > 1) std::this_thread::yield();
   absl::Status removed = upper.driver().Remove(entry.ref);
   if (!removed.ok() && !absl::IsNotFound(removed)) {
@@ -526,7 +529,8 @@ bool PlacementHandler::EvictLocked(FileEntry& entry, int tier_index) {
     entry.tier->store(source_index_, std::memory_order_seq_cst);
     entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
   }
-  // Readers already inside the copy finish first (BeginTierRead).
+  // Readers already inside the copy finish first (BeginTierRead); each is
+  // one read of the tier away, and new ones go to the source.
   while (tier_readers_[id].load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
   Tier& tier = *(*tiers_)[tier_index];
   absl::Status removed = tier.driver().Remove(entry.ref);
@@ -559,21 +563,61 @@ void PlacementHandler::WaitIdle() {
   while (in_flight_count_ > 0) idle_.Wait(&idle_mu_);
 }
 
-void PlacementHandler::Shutdown(bool drain) {
+bool PlacementHandler::WaitIdleUntil(Deadline deadline) {
+  MutexLock lock(&idle_mu_);
+  while (in_flight_count_ > 0) {
+    if (!idle_.WaitUntil(&idle_mu_, deadline)) return in_flight_count_ == 0;
+  }
+  return true;
+}
+
+bool PlacementHandler::Drain(Deadline deadline) {
   accepting_.store(false);
-  if (!drain) cancel_.store(true);
-  // Promotions whose readers left chunks behind get a placement task (drain)
-  // or are abandoned (cancel). One a reader is still inside asks for its
-  // task itself when that reader is done.
+  // Promotions whose readers left chunks behind get a placement task. One a
+  // reader is still inside asks for its task itself when that reader is
+  // done.
   for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
-    if (!drain) {
-      promotion->Cancel();
-    } else if (promotion->ClaimBackgroundTask()) {
+    if (promotion->ClaimBackgroundTask()) {
       pool_.detach_task([promotion] { promotion->RunToCompletion(); });
     }
   }
-  WaitIdle();
-  pool_.wait();
+  return WaitIdleUntil(deadline);
+}
+
+bool PlacementHandler::Cancel(Deadline deadline) {
+  accepting_.store(false);
+  cancel_.store(true);
+  {
+    // Cancelling reports each promotion done at once (a thread still
+    // loading or writing one of its chunks lets go of it at its next chunk
+    // boundary), so placement is idle right after, but for a copy being
+    // committed.
+    std::vector<std::shared_ptr<Promotion>> in_flight = InFlight();
+    MutexLock lock(&cancelled_mu_);
+    for (const std::shared_ptr<Promotion>& promotion : in_flight) {
+      promotion->Cancel();
+      cancelled_promotions_.push_back(promotion);
+    }
+  }
+  // The pool's queued tasks run and return at once (a cancelled promotion
+  // has nothing left to do); a running one returns after its chunk.
+  if (WaitIdleUntil(deadline) && pool_.wait_until(deadline)) return true;
+  std::vector<std::string> stuck;
+  {
+    MutexLock lock(&cancelled_mu_);
+    for (const std::weak_ptr<Promotion>& weak : cancelled_promotions_) {
+      if (std::shared_ptr<Promotion> promotion = weak.lock()) stuck.push_back(promotion->Describe());
+    }
+  }
+  for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
+    stuck.push_back(promotion->Describe());
+  }
+  MONARCH_LOG(kWarning, "placement: gave up waiting at shutdown for ",
+              pool_.get_tasks_running(), " placement threads and ", stuck.size(),
+              " promotions still in a read or write that has not returned (a file system that "
+              "stopped answering?); leaving them behind: ",
+              absl::StrJoin(stuck, "; "));
+  return false;
 }
 
 void PlacementHandler::ReportCounters(CounterSink& sink) const {

@@ -13,8 +13,8 @@
 // A file that stays on the source (no tier had room, policy "none", a failed
 // copy) is read without taking any lock here.
 //
-// Start: the constructor starts the pool. Stop: Shutdown(), explicit and
-// idempotent; the destructor cancels. Thread-safe.
+// Start: the constructor starts the pool. Stop: Drain() and/or Cancel(),
+// explicit, bounded and idempotent; the destructor cancels. Thread-safe.
 
 #ifndef MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
 #define MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/counters.h"
 #include "common/mutex.h"
+#include "common/shutdown.h"
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
@@ -129,11 +130,24 @@ class PlacementHandler final : public PromotionHost {
     if (id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
   }
 
-  // Stops starting promotions; `drain` finishes the ones in flight, else
-  // they are abandoned at the next chunk boundary. Returns when none is
-  // left. Idempotent.
-  void Shutdown(bool drain);
-  // Returns when no promotion is in flight.
+  // Shutdown, in two steps, each bounded by a deadline (the instance's
+  // placement.shutdown_timeout). Both stop starting promotions, and are
+  // idempotent.
+  //
+  // Drain(): lets the promotions in flight finish (each has a placement
+  // task) until `deadline`. True if none is left.
+  bool Drain(Deadline deadline);
+  // Cancel(): abandons the promotions in flight at their next chunk boundary
+  // (a reader inside one reads the source instead), then waits until
+  // `deadline` for the threads still working on one. True when none is
+  // left. False when a thread is blocked in a read or write that has not
+  // returned (a file system that stopped answering): what it is doing is
+  // logged, and the handler must then be abandoned (common/shutdown.h), not
+  // destroyed, since destroying it joins that thread.
+  bool Cancel(Deadline deadline);
+  // Returns when no promotion is in flight. Each ends within its chunks'
+  // reads and writes (peer fetches time out, see remote.request_timeout),
+  // and at once when Cancel() is called.
   void WaitIdle();
 
   void ReportCounters(CounterSink& sink) const;
@@ -194,6 +208,8 @@ class PlacementHandler final : public PromotionHost {
   bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   // Every in-flight promotion, for shutdown.
   std::vector<std::shared_ptr<Promotion>> InFlight();
+  // As WaitIdle(), giving up at `deadline`; true if idle.
+  bool WaitIdleUntil(Deadline deadline);
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
   const Namespace* const namespace_;
@@ -210,6 +226,11 @@ class PlacementHandler final : public PromotionHost {
   std::array<Shard, kShards> shards_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> cancel_{false};
+
+  // Promotions Cancel() abandoned; those still referenced are in some
+  // thread's hands, for the log of a shutdown that gave up on them.
+  Mutex cancelled_mu_;
+  std::vector<std::weak_ptr<Promotion>> cancelled_promotions_ ABSL_GUARDED_BY(cancelled_mu_);
 
   Mutex idle_mu_;  // Taken after a shard's mutex, never before.
   CondVar idle_;   // Signalled when in_flight_count_ drops to 0.

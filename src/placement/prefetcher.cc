@@ -23,7 +23,8 @@ Prefetcher::Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHan
       namespace_(ns),
       placement_(placement) {}
 
-Prefetcher::~Prefetcher() { Shutdown(); }
+// An owner whose Shutdown() gave up must abandon the prefetcher instead.
+Prefetcher::~Prefetcher() { Shutdown(DeadlineIn(kCancelGraceSeconds)); }
 
 void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order) {
   const size_t files = order.size();
@@ -43,10 +44,10 @@ void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order) {
   announced_files_.fetch_add(files, std::memory_order_relaxed);
   // The streams start with the first announcement: an instance nobody
   // announces to has no prefetch threads.
-  if (threads_.empty() && !orders_.empty()) {
-    threads_.reserve(streams_);
+  if (!started_ && !orders_.empty()) {
+    started_ = true;
     for (int i = 0; i < streams_; ++i) {
-      threads_.emplace_back([this] {
+      threads_.Start([this] {
         ::pthread_setname_np(::pthread_self(), "monarch-prefetch");
         StreamLoop();
       });
@@ -133,6 +134,7 @@ void Prefetcher::StreamLoop() {
       for (;;) {
         if (stopping_) return;
         if (next_ >= merged_.size()) {
+          // Until an announcement, or Stop() (every wait here ends there).
           changed_.Wait(&mu_);
           continue;
         }
@@ -192,14 +194,9 @@ void Prefetcher::Stop() {
   changed_.SignalAll();
 }
 
-void Prefetcher::Shutdown() {
+bool Prefetcher::Shutdown(Deadline deadline) {
   Stop();
-  std::vector<std::thread> threads;
-  {
-    MutexLock lock(&mu_);
-    threads.swap(threads_);
-  }
-  for (std::thread& thread : threads) thread.join();
+  return threads_.JoinUntil(deadline);
 }
 
 void Prefetcher::ReportCounters(CounterSink& sink) const {

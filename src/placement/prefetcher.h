@@ -32,12 +32,12 @@
 #define MONARCH_PLACEMENT_PREFETCHER_H_
 
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/counters.h"
 #include "common/mutex.h"
+#include "common/shutdown.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
 #include "placement/placement_handler.h"
@@ -71,10 +71,12 @@ class Prefetcher final : public NextUseOracle {
   bool known() const override { return active(); }
 
   // Stop(): no stream starts another file. Shutdown(): Stop(), then waits
-  // for the files the streams are fetching (cancel the placement handler in
-  // between to cut those short). Both idempotent.
+  // until `deadline` for the files the streams are fetching (cancel the
+  // placement handler in between to cut those short). False if a stream is
+  // still inside one then (a read that does not return): the prefetcher
+  // must be abandoned, not destroyed. Both idempotent.
   void Stop();
-  void Shutdown();
+  bool Shutdown(Deadline deadline);
 
   void ReportCounters(CounterSink& sink) const;
 
@@ -99,6 +101,7 @@ class Prefetcher final : public NextUseOracle {
   mutable Mutex mu_;
   CondVar changed_;  // An order, the lookahead room, or the streams in flight changed.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // The streams, at the first announcement.
   absl::flat_hash_map<uint64_t, Order> orders_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> merged_ ABSL_GUARDED_BY(mu_);
   // Where each file occurs in merged_: its positions, ascending, are
@@ -126,7 +129,7 @@ class Prefetcher final : public NextUseOracle {
   std::atomic<uint64_t> hits_{0};  // Read after a stream had started them.
   std::atomic<uint64_t> yields_{0};
 
-  std::vector<std::thread> threads_;  // Last: they stop before the state above goes.
+  ThreadGroup threads_;  // Last: they stop before the state above goes.
 };
 
 }  // namespace monarch

@@ -165,9 +165,11 @@ void Promotion::Commit() {
     }
   }
   // After the last chunk was read: a change to the source file at any time
-  // since the walk, during the copy included, shows here.
+  // since the walk, during the copy included, shows here. A shutdown that
+  // cancelled placement meanwhile asks the source nothing more.
   absl::StatusOr<SourceIdentity> source =
-      host_->IdentityToCommit(*entry_, read_source, content_crc);
+      host_->cancelled() ? absl::StatusOr<SourceIdentity>(absl::CancelledError("shutting down"))
+                         : host_->IdentityToCommit(*entry_, read_source, content_crc);
   const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
   // A source that changed is no failure of the tier.
   const bool tier_failed = source.ok() && !status.ok();
@@ -209,6 +211,25 @@ void Promotion::Fail(const absl::Status& status, bool tier_failed) {
 }
 
 void Promotion::Cancel() { Fail(absl::CancelledError("shutting down"), /*tier_failed=*/false); }
+
+std::string Promotion::Describe() {
+  int loading = 0, writing = 0;
+  bool committing;
+  {
+    MutexLock lock(&mu_);
+    for (const Chunk& chunk : chunks_) {
+      loading += chunk.state == ChunkState::kLoading;
+      writing += chunk.state == ChunkState::kWriting;
+    }
+    committing = committing_;
+  }
+  return absl::StrCat(entry_->ref.name, " to tier '", tier_->config().name, "' (",
+                      committing ? "committing the copy"
+                                 : absl::StrCat(loading, " of ", chunk_count_,
+                                                " chunks being read from the source, ", writing,
+                                                " being written"),
+                      ")");
+}
 
 absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
                                        ReadOutcome* outcome) {
@@ -279,6 +300,8 @@ bool Promotion::CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_
   {
     MutexLock lock(&mu_);
     for (size_t c = from; c < end; ++c) {
+      // Ends when the loading thread's read returns (it signals, loaded or
+      // failed); a failed or cancelled promotion signals too.
       while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
       if (failed_) return false;
       const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
@@ -373,6 +396,7 @@ void Promotion::RunToCompletion() {
         ClaimLoadLocked(c, buffer);
         load = true;
       } else {
+        // As in CopyOut(): ends with the loading thread's read.
         while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
         write = ClaimWriteLocked(c);
       }

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -126,8 +127,14 @@ class Promotion {
   void RunToCompletion();
 
   // Abandons the promotion (shutdown): Cancelled is reported to the host
-  // unless it has already finished.
+  // unless it has already finished. Threads loading or writing a chunk
+  // notice at their next chunk boundary; threads waiting for a chunk are
+  // woken and read the source instead.
   void Cancel();
+
+  // What the promotion is doing, for a shutdown that gave up waiting on it:
+  // the file and how many chunks are being loaded and written now.
+  std::string Describe();
 
  private:
   enum class ChunkState : uint8_t {

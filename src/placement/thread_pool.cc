@@ -33,9 +33,19 @@ void ThreadPool::Enqueue(std::function<void()> task) {
   work_available_.Signal();
 }
 
+// As long as the tasks take: an owner whose tasks may block in a read that
+// never returns uses wait_until() instead.
 void ThreadPool::wait() {
   MutexLock lock(&mu_);
   while (!queue_.empty() || running_ > 0) idle_.Wait(&mu_);
+}
+
+bool ThreadPool::wait_until(std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(&mu_);
+  while (!queue_.empty() || running_ > 0) {
+    if (!idle_.WaitUntil(&mu_, deadline)) return queue_.empty() && running_ == 0;
+  }
+  return true;
 }
 
 size_t ThreadPool::purge() {

@@ -9,6 +9,7 @@
 #ifndef MONARCH_PLACEMENT_THREAD_POOL_H_
 #define MONARCH_PLACEMENT_THREAD_POOL_H_
 
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -51,6 +52,9 @@ class ThreadPool {
 
   // Blocks until no task is queued or running. Must not be called from a task.
   void wait();
+  // As wait(), but gives up at `deadline`: false if a task is still queued
+  // or running then (one blocked in a system call that does not return).
+  bool wait_until(std::chrono::steady_clock::time_point deadline);
   // Drops the queued (not yet running) tasks; returns how many.
   size_t purge();
 

@@ -109,7 +109,8 @@ bool PeerDriver::KeptGiven(uint32_t id, AliveFn alive) const {
   return false;
 }
 
-PeerDriver::~PeerDriver() { Shutdown(); }
+// An owner whose Shutdown() gave up must abandon the driver instead.
+PeerDriver::~PeerDriver() { Shutdown(DeadlineIn(kCancelGraceSeconds)); }
 
 absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
   if (size_ == 1) return absl::OkStatus();  // Alone: every file is ours.
@@ -201,7 +202,7 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
     MutexLock lock(&keeper_mu_);
     keeper_started_ = true;
   }
-  keeper_ = std::thread([this] { KeeperLoop(); });
+  keeper_.Start([this] { KeeperLoop(); });
   // Only now: serving a request reads network_ (and a faster peer may have
   // asked already; its request waited).
   network_->StartServing();
@@ -296,16 +297,23 @@ void PeerDriver::StopFilling() {
   keeper_wake_.Signal();
 }
 
-void PeerDriver::Shutdown() {
+void PeerDriver::CancelFetches() {
+  if (network_ != nullptr) network_->CancelFetches();
+}
+
+bool PeerDriver::Shutdown(Deadline deadline) {
   StopFilling();
-  if (keeper_.joinable()) keeper_.join();  // After a fill it may be in.
-  if (network_ == nullptr) return;
-  network_->Shutdown();
+  // A fill in progress is a promotion: cancelled with placement, or done.
+  bool clean = keeper_.JoinUntil(deadline);
+  if (!clean) MONARCH_LOG(kWarning, "remote: gave up waiting at shutdown for a fill in progress");
+  if (network_ == nullptr) return clean;
+  clean &= network_->Shutdown(deadline);
   if (!rendezvous_dir_.empty()) {
     WithdrawFromDirectory(rendezvous_dir_, rank_);
     if (rank_ == 0) RemoveJobSecret(rendezvous_dir_);  // A later job must not find it either.
   }
   rendezvous_dir_.clear();
+  return clean;
 }
 
 absl::StatusOr<size_t> PeerDriver::Read(const FileRef& file, uint64_t offset, char* dst,

@@ -59,10 +59,18 @@ class PeerDriver final : public StorageDriver {
   // out), serves their requests with `serve` from then on, and starts the
   // keeper, which calls `fill` for the files to keep.
   absl::Status Connect(PeerNetwork::ServeFn serve, FillFn fill);
-  void Shutdown();
+  // Peer fetches fail from now on, and those waiting give up at once (reads
+  // go to the source): shutdown has started. Peers are still served.
+  void CancelFetches();
+  // Stops the keeper (waiting until `deadline` for a fill it is in) and the
+  // network (PeerNetwork::Shutdown), and withdraws from the rendezvous
+  // directory. False if a thread was still inside a read then: the driver
+  // must be abandoned, not destroyed. Idempotent.
+  bool Shutdown(Deadline deadline);
 
   // Blocks until the keeper has no file left to fill (part of
-  // WaitForPlacement: replicas and re-homed files are placement work).
+  // WaitForPlacement: replicas and re-homed files are placement work), or
+  // StopFilling() was called. Each fill is a promotion, which ends.
   void WaitForFills();
   // The keeper starts no more fills (first thing at shutdown; Shutdown()
   // waits for one in progress). Idempotent.
@@ -130,7 +138,7 @@ class PeerDriver final : public StorageDriver {
   std::string rendezvous_dir_;            // Expanded; empty with MPI.
 
   FillFn fill_;
-  std::thread keeper_;
+  ThreadGroup keeper_;  // The keeper thread, once connected.
   Mutex keeper_mu_;
   CondVar keeper_wake_;
   CondVar keeper_idle_;

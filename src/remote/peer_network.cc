@@ -29,8 +29,6 @@
 namespace monarch {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr unsigned kRequestAm = 1;
 constexpr unsigned kReplyAm = 2;
 constexpr unsigned kGoodbyeAm = 3;  // "I am shutting down": header = the sender's rank.
@@ -94,8 +92,9 @@ class PeerNetwork::Impl {
         peers_(options.size),
         serve_pool_(options.serve_threads) {}
 
+  // An owner whose Shutdown() gave up must abandon the network instead.
   ~Impl() {
-    Shutdown();
+    Shutdown(DeadlineIn(kCancelGraceSeconds));
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     receive_region_.Release();
     send_region_.Release();
@@ -224,10 +223,11 @@ class PeerNetwork::Impl {
     int slot;
     {
       MutexLock lock(&mu_);
-      if (stopping_) return absl::UnavailableError("remote: shutting down");
+      if (stopping_ || fetches_cancelled_) return absl::UnavailableError("remote: shutting down");
       if (!UpLocked(rank)) return PeerDown(rank);
       const Clock::time_point give_up = Clock::now() + timeout;
       while (free_slots_.empty()) {
+        if (fetches_cancelled_) return absl::UnavailableError("remote: shutting down");
         if (!slot_freed_.WaitUntil(&mu_, give_up) && free_slots_.empty()) {
           return absl::UnavailableError("remote: no receive buffer became free");
         }
@@ -280,7 +280,9 @@ class PeerNetwork::Impl {
       std::shared_ptr<Request> request = ring[k % depth];
       {
         MutexLock lock(&mu_);
-        while (request->state != Request::kDone) {
+        // Ends when the reply is in, at the request's deadline, or when
+        // shutdown cancels the fetches (CancelFetches signals `done`).
+        while (request->state != Request::kDone && !fetches_cancelled_) {
           if (!request->done.WaitUntil(&mu_, request->deadline) &&
               request->state != Request::kDone) {
             timeouts_.fetch_add(1, std::memory_order_relaxed);
@@ -289,9 +291,11 @@ class PeerNetwork::Impl {
           }
         }
         if (request->state != Request::kDone) {
-          status = absl::DeadlineExceededError(
-              absl::StrCat("remote: peer ", rank, " did not answer within ",
-                           options_.request_timeout_seconds, " s"));
+          status = fetches_cancelled_
+                       ? absl::UnavailableError("remote: shutting down")
+                       : absl::DeadlineExceededError(
+                             absl::StrCat("remote: peer ", rank, " did not answer within ",
+                                          options_.request_timeout_seconds, " s"));
         } else {
           // Taken, not copied: a refusal's message was made on the progress
           // thread, which may drop the Request last; this way the caller
@@ -363,12 +367,28 @@ class PeerNetwork::Impl {
     held_.clear();
   }
 
-  void Shutdown() {
+  void CancelFetches() {
+    MutexLock lock(&mu_);
+    fetches_cancelled_ = true;
+    for (auto& [id, request] : pending_) {
+      // A request whose data is arriving completes when it is in (its
+      // fetch no longer waits for it); the others complete now.
+      if (request->state == Request::kSent) {
+        Complete(*request, absl::UnavailableError("remote: shutting down"));
+      } else {
+        request->done.SignalAll();
+      }
+    }
+    slot_freed_.SignalAll();
+  }
+
+  bool Shutdown(Deadline deadline) {
+    CancelFetches();
     {
       MutexLock lock(&mu_);
       if (stopping_ || !progress_thread_.joinable()) {
         stopping_ = true;
-        return;
+        return serve_pool_.wait_until(deadline);
       }
       serving_ = Serving::kOff;
       for (const auto& [request, name] : held_) {
@@ -376,20 +396,28 @@ class PeerNetwork::Impl {
       }
       held_.clear();
     }
-    // Requests already accepted are answered; new ones are refused.
-    serve_pool_.wait();
+    // Requests already accepted are answered; new ones are refused. Each
+    // ends within its read (a Serve waiting for a send buffer gives up at
+    // the request timeout).
+    const bool served = serve_pool_.wait_until(deadline);
+    if (!served) {
+      MONARCH_LOG(kWarning, "remote: gave up waiting at shutdown for ",
+                  serve_pool_.get_tasks_running(),
+                  " peer requests still being read (a file system that stopped answering?)");
+    }
     {
       MutexLock lock(&mu_);
       stopping_ = true;
-      for (auto& [id, request] : pending_) {
-        if (request->state == Request::kSent) {
-          Complete(*request, absl::UnavailableError("remote: shutting down"));
-        }
-      }
+      // Replies still being sent get until the deadline (a peer that died
+      // mid-transfer may never complete them); then the endpoints close.
+      stop_deadline_ = deadline;
     }
     slot_freed_.SignalAll();
     Wake();
+    // Bounded: the progress loop ends at the deadline, then says goodbye
+    // (at most 1 s) and closes the endpoints (at most 5 s).
     progress_thread_.join();
+    return served;
   }
 
   void ReportCounters(CounterSink& sink) const {
@@ -540,7 +568,10 @@ class PeerNetwork::Impl {
       }
       {
         MutexLock lock(&mu_);
-        if (stopping_ && commands_.empty() && replies_in_flight_ == 0) break;
+        if (stopping_ && commands_.empty() &&
+            (replies_in_flight_ == 0 || Clock::now() >= stop_deadline_)) {
+          break;
+        }
         if (!commands_.empty()) continue;
       }
       if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
@@ -762,7 +793,17 @@ class PeerNetwork::Impl {
     int buffer_index;
     {
       MutexLock lock(&mu_);
-      while (free_send_buffers_.empty()) send_buffer_freed_.Wait(&mu_);
+      // Send buffers come back as replies complete; a requester that died
+      // mid-transfer may hold one until its endpoint fails. The requester
+      // gives up at the request timeout, and so does this wait: it is then
+      // refused (and reads the source).
+      const Clock::time_point give_up = Clock::now() + Seconds(options_.request_timeout_seconds);
+      while (free_send_buffers_.empty()) {
+        if (!send_buffer_freed_.WaitUntil(&mu_, give_up) && free_send_buffers_.empty()) {
+          QueueReplyLocked(request, absl::StatusCode::kUnavailable, nullptr, -1, 0);
+          return;
+        }
+      }
       buffer_index = free_send_buffers_.back();
       free_send_buffers_.pop_back();
     }
@@ -965,6 +1006,9 @@ class PeerNetwork::Impl {
   Serving serving_ ABSL_GUARDED_BY(mu_) = Serving::kHeld;
   std::vector<std::pair<RequestHeader, std::string>> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by CancelFetches(): Fetch() fails at once, and waiting fetches give up.
+  bool fetches_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point stop_deadline_ ABSL_GUARDED_BY(mu_){};  // Set with stopping_.
 
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> bytes_served_{0};
@@ -1073,7 +1117,8 @@ bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
 bool PeerNetwork::IsLost(int rank) const { return impl_->IsLost(rank); }
 bool PeerNetwork::HasLeft(int rank) const { return impl_->HasLeft(rank); }
 void PeerNetwork::StartServing() { impl_->StartServing(); }
-void PeerNetwork::Shutdown() { impl_->Shutdown(); }
+void PeerNetwork::CancelFetches() { impl_->CancelFetches(); }
+bool PeerNetwork::Shutdown(Deadline deadline) { return impl_->Shutdown(deadline); }
 void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }
 
 }  // namespace monarch

@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
+#include "common/shutdown.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -127,9 +128,17 @@ class PeerNetwork {
   // owner's state that `serve` reads is complete.
   void StartServing();
 
-  // Refuses new requests, finishes the ones being served, closes the
-  // endpoints and stops the progress thread. Idempotent.
-  void Shutdown();
+  // Fetches fail from now on, and those waiting for a reply give up at
+  // once (Unavailable): the caller reads the source. Requests from peers
+  // are still served. The first step of a shutdown. Idempotent.
+  void CancelFetches();
+  // Cancels the fetches, refuses new requests, finishes the ones being
+  // served until `deadline`, closes the endpoints and stops the progress
+  // thread (bounded: a goodbye of at most 1 s and an endpoint close of at
+  // most 5 s after the deadline). False if a request was still being read
+  // then (a file system that stopped answering): the network must then be
+  // abandoned (common/shutdown.h), not destroyed. Idempotent.
+  bool Shutdown(Deadline deadline);
 
   void ReportCounters(CounterSink& sink) const;
 

@@ -51,10 +51,14 @@ struct Hello {
   std::vector<ScopedFd> fds;
 };
 
-absl::StatusOr<Hello> SayHello(const std::string& socket_path, const std::string& dataset_root) {
-  MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(socket_path));
+// `timeout`: how long this connection waits for any reply (node.request_timeout);
+// a receive that times out fails, and the caller drops the connection.
+absl::StatusOr<Hello> SayHello(const std::string& socket_path, const DatasetConfig& dataset,
+                               double timeout) {
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(socket_path, timeout));
   service::Hello hello;
-  hello.dataset_root = dataset_root;
+  hello.dataset_root = dataset.path;
+  hello.dataset_key = DatasetKey(dataset);
   MONARCH_RETURN_IF_ERROR(SendFrame(socket.get(), MessageType::kHello, Encode(hello)));
   MONARCH_ASSIGN_OR_RETURN(Frame frame, ReceiveFrame(socket.get(), kMaxDescriptors));
   if (frame.type == MessageType::kError) {
@@ -379,7 +383,7 @@ class ServiceClient final : public Monarch {
     // A child whose inherited session could not be mapped: connect now.
     MutexLock lock(&state.mu);
     if (Session* current = state.session.load()) return current;
-    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    absl::StatusOr<Hello> hello = SayHelloToService();
     if (hello.ok() && AdoptLocked(state, std::move(*hello)).ok()) return state.session.load();
     return nullptr;
   }
@@ -429,7 +433,7 @@ class ServiceClient final : public Monarch {
     }
     const Clock::time_point now = Clock::now();
     if (!session->alive.load() && now < state.next_connect) return std::unique_ptr<Channel>();
-    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    absl::StatusOr<Hello> hello = SayHelloToService();
     if (!hello.ok()) {
       if (session->alive.exchange(false)) {
         MONARCH_LOG(kWarning, "the Monarch service at ", paths_.socket, " is gone (",
@@ -557,7 +561,9 @@ class ServiceClient final : public Monarch {
     ConsumedNotice notice;
     notice.file_ids.swap(state.consumed);
     if (!state.notice_socket.valid()) {
-      absl::StatusOr<ScopedFd> socket = ConnectUnix(paths_.socket);
+      // A second at most: a live service accepts at once, and a hit must
+      // not wait on one that stopped accepting.
+      absl::StatusOr<ScopedFd> socket = ConnectUnix(paths_.socket, /*timeout_seconds=*/1);
       if (!socket.ok()) return;  // No service: no prefetch to tell.
       // Non-blocking: a service that stopped reading (hung, stopped) must
       // not stall this process's hits, which never wait for it otherwise.
@@ -585,9 +591,19 @@ class ServiceClient final : public Monarch {
     return source->Read(ref, offset, dst, n);
   }
 
-  // A request that needs no handshake, on a connection of its own.
+  // A new connection to this config's service, past its handshake.
+  absl::StatusOr<Hello> SayHelloToService() const {
+    return SayHello(paths_.socket, config_.dataset, config_.node.request_timeout_seconds);
+  }
+
+  // A request that needs no handshake, on a connection of its own. Its
+  // reply comes within node.request_timeout, but for WaitForPlacement's,
+  // which comes once placement is idle: every promotion ends (its reads
+  // do), and a stop cancels them; a service that dies closes the socket.
   absl::StatusOr<Frame> AdminCall(MessageType type) const {
-    MONARCH_ASSIGN_OR_RETURN(ScopedFd socket, ConnectUnix(paths_.socket));
+    MONARCH_ASSIGN_OR_RETURN(ScopedFd socket,
+                             ConnectUnix(paths_.socket, config_.node.request_timeout_seconds));
+    if (type == MessageType::kWaitForPlacement) MONARCH_RETURN_IF_ERROR(SetIoTimeout(socket.get(), 0));
     return Call(socket.get(), type, "");
   }
 
@@ -622,7 +638,7 @@ class ServiceClient final : public Monarch {
   // Connects; when no service runs, starts one (node.autostart) and waits
   // while one is starting (it holds the lock from its first moment).
   absl::StatusOr<Hello> ConnectOrStart() const {
-    absl::StatusOr<Hello> hello = SayHello(paths_.socket, config_.dataset.path);
+    absl::StatusOr<Hello> hello = SayHelloToService();
     if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
       return hello;
     }
@@ -639,7 +655,7 @@ class ServiceClient final : public Monarch {
     for (;;) {
       std::this_thread::sleep_for(wait);
       wait = std::min(wait * 2, std::chrono::milliseconds(100));
-      hello = SayHello(paths_.socket, config_.dataset.path);
+      hello = SayHelloToService();
       if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
         return hello;
       }
@@ -649,6 +665,13 @@ class ServiceClient final : public Monarch {
       if (now - lock_last_seen > std::chrono::seconds(5)) {
         return absl::UnavailableError(absl::StrCat("the Monarch service did not start (",
                                                    paths_.log, ": ", LogTail(paths_), ")"));
+      }
+      // Still starting (walking the dataset) after all this time: its file
+      // system may have stopped answering.
+      if (now - began > std::chrono::duration<double>(config_.node.start_timeout_seconds)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the Monarch service at ", paths_.socket, " is still starting after node.start_timeout (",
+            config_.node.start_timeout_seconds, " s); ", paths_.log, ": ", LogTail(paths_)));
       }
     }
   }
@@ -671,7 +694,7 @@ bool IsServiceClient(const Monarch& monarch) {
 absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
                                                              const ConfigSource& source) {
   MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
-  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config.node));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config));
   auto client = std::make_unique<ServiceClient>(config, source, std::move(paths));
   MONARCH_RETURN_IF_ERROR(client->Start());
   return std::unique_ptr<Monarch>(std::move(client));

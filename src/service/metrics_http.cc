@@ -253,6 +253,7 @@ void MetricsHttpServer::Run() {
   bool starved = false;  // accept() is failing for lack of resources.
   for (;;) {
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
+    // No timeout needed: the destructor writes stop_fd_.
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       MONARCH_LOG(kError, "metrics endpoint on 127.0.0.1:", port_,

@@ -35,11 +35,6 @@ std::string StripTrailingSlashes(std::string path) {
   return path;
 }
 
-void SetReceiveTimeout(int fd, int seconds) {
-  timeval tv{seconds, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
-
 absl::Status SendError(int socket, const absl::Status& status) {
   return SendFrame(socket, MessageType::kError, Encode(ErrorReply::From(status)));
 }
@@ -94,7 +89,7 @@ absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const Config& co
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: '", config.dataset.path, "' is not an existing directory"));
   }
-  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config.node));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config));
   MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths));
   // First of all: of two services started at once, one goes on.
   MONARCH_ASSIGN_OR_RETURN(ScopedFd lock, TakeServiceLock(paths));
@@ -109,6 +104,7 @@ absl::Status NodeService::Init(ScopedFd lock) {
   if (!stop_event_.valid()) return ErrnoToStatus(errno, "eventfd");
   instance_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
                  static_cast<uint64_t>(::getpid());
+  dataset_key_ = DatasetKey(config_.dataset);
 
   // The tier slots go into shared memory: clients read where each file is.
   absl::Status slots_status;
@@ -165,6 +161,15 @@ absl::Status NodeService::Init(ScopedFd lock) {
 NodeService::~NodeService() {
   RequestStop();
   if (accept_thread_.joinable()) accept_thread_.join();
+  // Connections the stop gave up on (stopped_cleanly() false): joined here,
+  // so this blocks until their reads return; an owner that cannot wait
+  // abandons the service instead. Joined without mu_, which they take last.
+  std::list<std::unique_ptr<Connection>> left;
+  {
+    MutexLock lock(&mu_);
+    left.swap(connections_);
+  }
+  for (auto& c : left) c->thread.join();
 }
 
 int NodeService::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
@@ -259,30 +264,49 @@ void NodeService::Shutdown() {
     // of a read finishes it first.
     for (auto& c : connections_) ::shutdown(c->socket.get(), SHUT_RDWR);
   }
+  // The instance first (bounded): a connection waiting on placement (a
+  // stage, WaitForPlacement) returns once promotions are cancelled, and a
+  // read in progress finishes from the source if its promotion goes.
+  core_->Shutdown(Monarch::ShutdownMode::kCancel);
+  // Then the connections, each a read away from noticing at most.
+  const Deadline give_up = DeadlineIn(kCancelGraceSeconds);
   for (;;) {
     {
       MutexLock lock(&mu_);
       ReapFinished();
       if (connections_.empty()) break;
+      if (Clock::now() >= give_up) {
+        std::string pids;
+        for (const auto& c : connections_) absl::StrAppend(&pids, pids.empty() ? "" : ", ", c->peer.pid);
+        MONARCH_LOG(kWarning, "monarch service: gave up waiting at stop for ", connections_.size(),
+                    " connections still in a read that has not returned (client pids ", pids,
+                    "); leaving them behind");
+        left_behind_ = true;
+        break;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   metrics_.reset();
-  core_->Shutdown(Monarch::ShutdownMode::kCancel);
   MONARCH_LOG(kInfo, "monarch service ", ::getpid(), " stopped");
   MutexLock lock(&mu_);
   stopped_ = true;
   stopped_cv_.SignalAll();
 }
 
+bool NodeService::stopped_cleanly() {
+  MutexLock lock(&mu_);
+  return stopped_ && !left_behind_;
+}
+
 void NodeService::Serve(Connection* c) {
   // A client that connects and says nothing must not hold a thread forever.
-  SetReceiveTimeout(c->socket.get(), 10);
+  SetIoTimeout(c->socket.get(), 10).IgnoreError();
   bool first = true;
   absl::Status status;
   while (status.ok() && !stopping_.load(std::memory_order_relaxed)) {
     absl::StatusOr<Frame> frame = ReceiveFrame(c->socket.get());
-    if (first) SetReceiveTimeout(c->socket.get(), 0);
+    if (first) SetIoTimeout(c->socket.get(), 0).IgnoreError();
     if (!frame.ok()) {
       // A malformed message gets its reason, then the connection closes:
       // after a bad frame the stream cannot be trusted to be in step.
@@ -360,10 +384,14 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
     refused = absl::FailedPreconditionError(
         absl::StrCat("protocol version ", hello->version, " is not this service's (",
                      kProtocolVersion, "): client and service come from different builds"));
-  } else if (StripTrailingSlashes(hello->dataset_root) != core_->dataset_root()) {
+  } else if (StripTrailingSlashes(hello->dataset_root) != core_->dataset_root() ||
+             hello->dataset_key != dataset_key_) {
     refused = absl::FailedPreconditionError(absl::StrCat(
         "the Monarch service at ", paths_.socket, " serves dataset '", core_->dataset_root(),
-        "', not '", hello->dataset_root, "': give this job its own node.runtime_dir"));
+        "' (key ", dataset_key_, "), not this config's '", hello->dataset_root, "' (key ",
+        hello->dataset_key,
+        "): both configs name this node.runtime_dir; leave it unset (one service per job "
+        "and dataset) or give each config its own"));
   }
   if (!refused.ok()) {
     MONARCH_LOG(kWarning, "monarch service: refused client pid ", c->peer.pid, ": ",
@@ -519,6 +547,7 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
   auto last_report = std::chrono::steady_clock::now();
   char scratch[1];
   for (uint32_t id : ids) {
+    if (stopping_.load(std::memory_order_relaxed)) return absl::CancelledError("stopping");
     // One byte is enough: the first read of a file starts its promotion,
     // and placement completes it whatever part was read.
     const FileEntry& entry = ns.entry(id);
@@ -533,7 +562,8 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
           SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress)));
     }
   }
-  // Then until every promotion has landed, still reporting.
+  // Then until every promotion has landed, still reporting. The wait ends
+  // when placement is idle, which a stop brings about at once (it cancels).
   std::atomic<bool> idle{false};
   std::thread waiter([&] {
     core_->WaitForPlacement();
@@ -609,6 +639,7 @@ StatusReply NodeService::Status() {
   status.uptime_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   status.dataset_root = core_->dataset_root();
+  status.dataset_key = dataset_key_;
   const Namespace& ns = core_->name_space();
   status.files = ns.file_count();
   status.dataset_bytes = ns.total_bytes();

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "common/file_util.h"
 #include "common/mutex.h"
+#include "common/shutdown.h"
 #include "common/shared_memory.h"
 #include "monarch/config.h"
 #include "monarch_internal.h"
@@ -67,11 +68,19 @@ class NodeService {
   // already runs there.
   static absl::StatusOr<std::unique_ptr<NodeService>> Start(const Config& config,
                                                             const ServeOptions& options = {});
-  ~NodeService();  // Stops if Stop() was not called.
+  // Stops if Stop() was not called. A service that did not stop cleanly
+  // (stopped_cleanly()) must be abandoned (common/shutdown.h) instead:
+  // destroying it would join a thread that may never return.
+  ~NodeService();
 
   // Returns once the service was asked to stop (a Stop message, Stop(), or
-  // node.idle_exit after the last client) and has stopped.
+  // node.idle_exit after the last client) and has stopped. Bounded: the
+  // instance's shutdown (Monarch::Shutdown), then a few seconds for the
+  // connections' threads; one still inside a read that has not returned is
+  // logged and left behind.
   void Wait();
+  // Whether the service has stopped with no thread left behind.
+  bool stopped_cleanly();
   // Asks the service to stop; async-signal-safe (a write to an eventfd).
   void RequestStop();
 
@@ -103,6 +112,7 @@ class NodeService {
   const ServicePaths paths_;
   const std::chrono::steady_clock::time_point started_;
   uint64_t instance_id_ = 0;
+  std::string dataset_key_;  // DatasetKey() of config_: what clients must have.
 
   ScopedFd lock_;
   ScopedFd listen_;
@@ -125,6 +135,7 @@ class NodeService {
   uint64_t departed_tier_bytes_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
   uint64_t departed_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_behind_ ABSL_GUARDED_BY(mu_) = false;  // A connection's thread did not end.
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> refused_{0};
   std::thread accept_thread_;

@@ -120,7 +120,10 @@ ErrorReply ErrorReply::From(const absl::Status& status) {
 }
 
 std::string Encode(const Hello& m) {
-  return PayloadWriter().Put(m.version).PutString(m.dataset_root).Take();
+  PayloadWriter w;
+  w.Put(m.version).PutString(m.dataset_root);
+  if (m.version >= 4) w.PutString(m.dataset_key);
+  return w.Take();
 }
 
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
@@ -128,6 +131,7 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
   Hello m;
   m.version = r.Get<uint32_t>();
   m.dataset_root = r.GetString(4096);
+  if (m.version >= 4) m.dataset_key = r.GetString(64);
   if (absl::Status s = r.Finish("hello"); !s.ok()) return s;
   return m;
 }
@@ -343,7 +347,8 @@ absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload) {
 std::string Encode(const StatusReply& m) {
   return PayloadWriter()
       .Put(m.service_pid).Put(m.uptime_seconds).PutString(m.dataset_root).Put(m.clients)
-      .Put(m.files).Put(m.dataset_bytes).Put(m.files_in_tiers).Put(m.bytes_in_tiers).Take();
+      .Put(m.files).Put(m.dataset_bytes).Put(m.files_in_tiers).Put(m.bytes_in_tiers)
+      .PutString(m.dataset_key).Take();
 }
 
 absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload) {
@@ -357,6 +362,7 @@ absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload) {
   m.dataset_bytes = r.Get<uint64_t>();
   m.files_in_tiers = r.Get<uint64_t>();
   m.bytes_in_tiers = r.Get<uint64_t>();
+  m.dataset_key = r.GetString(64);
   if (absl::Status s = r.Finish("status reply"); !s.ok()) return s;
   return m;
 }

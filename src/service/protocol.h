@@ -29,7 +29,8 @@
 namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
-constexpr uint32_t kProtocolVersion = 3;  // 2: kAnnounce, kConsumed. 3: huge_pages.
+// 2: kAnnounce, kConsumed. 3: huge_pages. 4: the dataset key in Hello and StatusReply.
+constexpr uint32_t kProtocolVersion = 4;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -78,6 +79,9 @@ static_assert(sizeof(ClientCounters) <= kCountersPageBytes);
 struct Hello {
   uint32_t version = kProtocolVersion;
   std::string dataset_root;  // The client's dataset; must match the service's.
+  // DatasetKey() of the client's config (version 4 on; encoded only then, so
+  // that an older client is answered with the version mismatch).
+  std::string dataset_key;
 };
 
 // One tier as the service has it. `descriptors` of them follow in the
@@ -169,6 +173,7 @@ struct StatusReply {
   uint64_t dataset_bytes = 0;
   uint64_t files_in_tiers = 0;
   uint64_t bytes_in_tiers = 0;
+  std::string dataset_key;  // DatasetKey() of the config the service runs.
 };
 
 std::string Encode(const Hello& m);

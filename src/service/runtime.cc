@@ -24,35 +24,54 @@
 
 namespace monarch::service {
 
-absl::StatusOr<ServicePaths> ServicePathsFor(const NodeConfig& node) {
-  MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(node));
-  return ServicePaths{dir, JoinPath(dir, "monarch.sock"), JoinPath(dir, "monarch.lock"),
+absl::StatusOr<ServicePaths> ServicePathsFor(const Config& config) {
+  MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(config));
+  ServicePaths paths = ServicePathsIn(dir);
+  // The default's parent is this user's too, and must stay so: whoever can
+  // write it could swap the service's directory for their own.
+  if (config.node.runtime_dir.empty()) paths.base = dir.substr(0, dir.rfind('/'));
+  return paths;
+}
+
+ServicePaths ServicePathsIn(const std::string& dir) {
+  return ServicePaths{"", dir, JoinPath(dir, "monarch.sock"), JoinPath(dir, "monarch.lock"),
                       JoinPath(dir, "monarch.log")};
 }
 
-absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
-  if (::mkdir(paths.dir.c_str(), 0700) != 0 && errno != EEXIST) {
+namespace {
+
+// Creates `dir` 0700 if needed and checks that it is a real directory owned
+// by this user and closed to others.
+absl::Status PrepareOwnDirectory(const std::string& dir) {
+  if (os::Mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     // A parent may be missing too (a node.runtime_dir of several levels).
-    MONARCH_RETURN_IF_ERROR(MakeDirectories(paths.dir));
-    ::chmod(paths.dir.c_str(), 0700);
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(dir));
+    ::chmod(dir.c_str(), 0700);
   }
   struct stat st;
-  if (os::Lstat(paths.dir.c_str(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: ", paths.dir));
+  if (os::Lstat(dir.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: ", dir));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("node.runtime_dir: '", paths.dir, "' is not a directory (or is a symlink)"));
+        absl::StrCat("node.runtime_dir: '", dir, "' is not a directory (or is a symlink)"));
   }
   if (st.st_uid != ::geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat("node.runtime_dir: '", paths.dir,
+    return absl::PermissionDeniedError(absl::StrCat("node.runtime_dir: '", dir,
                                                     "' belongs to uid ", st.st_uid,
                                                     ", not to this user (uid ", ::geteuid(), ")"));
   }
-  if ((st.st_mode & 077) != 0 && ::chmod(paths.dir.c_str(), 0700) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: chmod 0700 ", paths.dir));
+  if ((st.st_mode & 077) != 0 && ::chmod(dir.c_str(), 0700) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: chmod 0700 ", dir));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
+  if (!paths.base.empty()) MONARCH_RETURN_IF_ERROR(PrepareOwnDirectory(paths.base));
+  return PrepareOwnDirectory(paths.dir);
 }
 
 absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
@@ -69,8 +88,8 @@ absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
   }
   // The holder's pid, for the message above and for `monarch status`.
   const std::string pid = absl::StrCat(::getpid(), "\n");
-  if (::ftruncate(fd.get(), 0) != 0 ||
-      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (os::Ftruncate(fd.get(), 0) != 0 ||
+      os::Pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     return ErrnoToStatus(errno, absl::StrCat("write ", paths.lock));
   }
   return fd;
@@ -154,6 +173,7 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     ::_exit(127);
   }
   os::Close(log);
+  // The child only forks the service and exits.
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }

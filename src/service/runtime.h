@@ -25,14 +25,21 @@
 namespace monarch::service {
 
 struct ServicePaths {
+  // The per-user directory holding the default runtime directories (one
+  // per job and dataset), checked like `dir` itself; empty when
+  // node.runtime_dir names `dir`.
+  std::string base;
   std::string dir;
   std::string socket;  // dir/monarch.sock
   std::string lock;    // dir/monarch.lock
   std::string log;     // dir/monarch.log: an auto-started service's output.
 };
 
-// The paths for `node`; does not touch the file system.
-absl::StatusOr<ServicePaths> ServicePathsFor(const NodeConfig& node);
+// The paths of `config`'s service (NodeRuntimeDirectory); does not touch
+// the file system.
+absl::StatusOr<ServicePaths> ServicePathsFor(const Config& config);
+// The paths in runtime directory `dir`.
+ServicePaths ServicePathsIn(const std::string& dir);
 // Creates the directory (0700) if needed and checks that it is a real
 // directory owned by this user and closed to others.
 absl::Status PrepareRuntimeDirectory(const ServicePaths& paths);

@@ -88,10 +88,11 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog) {
   return fd;
 }
 
-absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path) {
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, double timeout_seconds) {
   MONARCH_ASSIGN_OR_RETURN(sockaddr_un address, SocketAddress(path));
   ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
+  if (timeout_seconds > 0) MONARCH_RETURN_IF_ERROR(SetIoTimeout(fd.get(), timeout_seconds));
   for (;;) {
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
       return fd;
@@ -100,6 +101,11 @@ absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no Monarch service at ", path));
     if (errno == ECONNREFUSED) {
       return absl::UnavailableError(absl::StrCat("no Monarch service listening at ", path));
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS) {
+      return absl::UnavailableError(absl::StrCat("the Monarch service at ", path,
+                                                 " did not accept a connection within ",
+                                                 timeout_seconds, " s"));
     }
     return ErrnoToStatus(errno, absl::StrCat("connect to ", path));
   }
@@ -132,6 +138,11 @@ absl::Status SendFrame(int socket, MessageType type, absl::string_view payload,
     const ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // SO_SNDTIMEO passed (or a non-blocking socket is full): the frame
+        // may be cut short, so the connection is of no further use.
+        return absl::DeadlineExceededError("timed out sending to the Monarch service socket");
+      }
       return ErrnoToStatus(errno, "send to the Monarch service socket");
     }
     sent += static_cast<size_t>(n);
@@ -176,6 +187,18 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket) {
     return ErrnoToStatus(errno, "SO_PEERCRED");
   }
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+absl::Status SetIoTimeout(int socket, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
+  for (int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+    if (::setsockopt(socket, SOL_SOCKET, option, &tv, sizeof(tv)) != 0) {
+      return ErrnoToStatus(errno, "setsockopt SO_RCVTIMEO/SO_SNDTIMEO");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Frame> Call(int socket, MessageType type, absl::string_view payload,

@@ -25,8 +25,10 @@ struct Frame {
 
 // A listening socket at `path` (replacing a stale one), mode 0600.
 absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog = 128);
-// NotFound/Unavailable when nothing listens at `path`.
-absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path);
+// NotFound/Unavailable when nothing listens at `path`. With `timeout_seconds`,
+// the socket has that I/O timeout (SetIoTimeout), the connect included: a
+// service that stopped accepting (its backlog full) cannot hold it up.
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, double timeout_seconds = 0);
 
 // Sends one frame (and `fds`, which stay the caller's). Never raises SIGPIPE.
 absl::Status SendFrame(int socket, MessageType type, absl::string_view payload,
@@ -35,6 +37,11 @@ absl::Status SendFrame(int socket, MessageType type, absl::string_view payload,
 // before a frame began; InvalidArgument for a malformed header, more than
 // `max_fds` descriptors, or a frame cut short.
 absl::StatusOr<Frame> ReceiveFrame(int socket, size_t max_fds = 0);
+
+// A receive, send or connect on `socket` that waits longer than `seconds`
+// fails with DeadlineExceeded (SO_RCVTIMEO, SO_SNDTIMEO); 0: they wait for
+// ever.
+absl::Status SetIoTimeout(int socket, double seconds);
 
 struct PeerCredentials {
   pid_t pid = 0;

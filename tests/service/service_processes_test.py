@@ -34,6 +34,11 @@ and service, always stopped at the end:
                        second service.
   busy-cpus            every core busy with a CPU hog: promotions still finish
                        by the end of epoch 2 and staging stays in its budget.
+  two-jobs             two jobs of one user, datasets with the same file names,
+                       no node.runtime_dir: a service each, at once and one
+                       after the other (and per Slurm job); stopping one leaves
+                       the other; a config naming the other's directory is
+                       refused by stop, status, stats, stage and its clients.
 
 usage: service_processes_test.py --build-dir BUILD SCENARIO
 Exit code: 0 pass, 1 fail, 77 skip (the machine cannot run the scenario).
@@ -1344,6 +1349,117 @@ def scenario_bad_config(env):
     no_service("a killed service's socket left")
 
 
+def scenario_two_jobs(env):
+    """Two jobs of one user on one node, over datasets A and B with the same
+    file names, and no node.runtime_dir: each job gets its own service, at
+    once and one after the other, and every command reaches only its
+    config's service."""
+    # The per-user default lives under XDG_RUNTIME_DIR: the test's own.
+    xdg = os.path.join(env.work, "xdg")
+    os.makedirs(xdg, mode=0o700)
+    os.environ["XDG_RUNTIME_DIR"] = xdg
+    for variable in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID"):
+        os.environ.pop(variable, None)
+    datasets = {}
+    for name, seed in (("A", 1), ("B", 7)):
+        root = os.path.join(env.work, name)
+        r = env.run([env.epochs_bin, "--dataset", root, "--generate", "60", "--seed", str(seed),
+                     "--epochs", "0"])
+        check(r.returncode == 0, r.stdout + r.stderr)
+        datasets[name] = root
+    names = lambda root: sorted(os.path.relpath(os.path.join(d, f), root)
+                                for d, _, fs in os.walk(root) for f in fs)
+    check(names(datasets["A"]) == names(datasets["B"]), "the datasets' names differ")
+    check(open(os.path.join(datasets["A"], names(datasets["A"])[0]), "rb").read() !=
+          open(os.path.join(datasets["B"], names(datasets["A"])[0]), "rb").read(),
+          "the datasets' bytes do not differ")
+
+    def config(name, dataset, runtime_dir=None):
+        path = os.path.join(env.work, "%s.yaml" % name)
+        with open(path, "w") as f:
+            f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: 64MiB}, {kind: source}]\n"
+                    "node:\n  shared: true\n  autostart: true\n  idle_exit: 60s\n" % dataset)
+            if runtime_dir:
+                f.write("  runtime_dir: %s\n" % runtime_dir)
+        return path
+
+    configs = {name: config(name, root) for name, root in datasets.items()}
+
+    def job(name, env_extra=None):
+        environ = dict(os.environ, **(env_extra or {}))
+        return env.popen([env.epochs_bin, "--config", configs[name], "--epochs", "2",
+                          "--threads", "2", "--verify"], env=environ)
+
+    def finish(proc, what):
+        out, err = proc.communicate(timeout=300)
+        check(proc.returncode == 0, "%s exited %d:\n%s%s" % (what, proc.returncode, out, err))
+        check(" 0 mismatches" in out and "1 mismatches" not in out, "%s: %s" % (what, out))
+
+    def service_of(name, env_extra=None):
+        """(pid, dataset) of the service `monarch status --config` reports."""
+        environ = dict(os.environ, **(env_extra or {}))
+        r = env.run([env.monarch, "status", "--config", configs[name]], timeout=30, env=environ)
+        match = re.search(r"Monarch service pid (\d+) at (\S+)\n\s+dataset\s+(\S+)", r.stdout)
+        check(r.returncode == 0 and match, "status of %s: exit %d: %s%s" % (
+            name, r.returncode, r.stdout, r.stderr))
+        env.runtime_dirs.append(os.path.dirname(match.group(2)))  # Stopped at cleanup.
+        return int(match.group(1)), match.group(3)
+
+    # At once: two services, each serving its own dataset with exact bytes.
+    a, b = job("A"), job("B")
+    finish(a, "job A")
+    finish(b, "job B")
+    pid_a, served_a = service_of("A")
+    pid_b, served_b = service_of("B")
+    log("at once: services %d (%s) and %d (%s)" % (pid_a, served_a, pid_b, served_b))
+    check(pid_a != pid_b, "one service for two datasets")
+    check(served_a == datasets["A"] and served_b == datasets["B"], (served_a, served_b))
+
+    # Stopping A leaves B running.
+    r = env.run([env.monarch, "stop", "--config", configs["A"]], timeout=90)
+    check(r.returncode == 0, "stop A: %s%s" % (r.stdout, r.stderr))
+    check(service_of("B")[0] == pid_b, "stopping A touched B's service")
+    r = env.run([env.monarch, "status", "--config", configs["A"]], timeout=30)
+    check(r.returncode == 3, "A's service still answers: %s" % r.stdout)
+
+    # One after the other: A again while B's service idles; a new A service.
+    finish(job("A"), "job A, again")
+    pid_a2, _ = service_of("A")
+    check(pid_a2 not in (pid_a, pid_b), "job A reused a service: %d" % pid_a2)
+    check(service_of("B")[0] == pid_b, "job A touched B's service")
+
+    # The same dataset in another batch job: a service of its own.
+    finish(job("A", {"SLURM_JOB_ID": "7001"}), "job A in Slurm job 7001")
+    pid_slurm, _ = service_of("A", {"SLURM_JOB_ID": "7001"})
+    check(pid_slurm not in (pid_a2, pid_b), "two batch jobs share a service")
+    r = env.run([env.monarch, "stop", "--config", configs["A"]], timeout=90,
+                env=dict(os.environ, SLURM_JOB_ID="7001"))
+    check(r.returncode == 0 and service_of("A")[0] == pid_a2, "stopping job 7001's service")
+
+    # A config of dataset B naming A's runtime directory: every command
+    # refuses A's service rather than act on it, and A runs on.
+    a_dir = [d for d in env.runtime_dirs if os.path.exists(os.path.join(d, "monarch.sock"))
+             and service_of_dir_pid(env, d) == pid_a2][0]
+    configs["C"] = config("C", datasets["B"], runtime_dir=a_dir)
+    for command, verb in (("stop", "refusing to stop"), ("status", "refusing to report on"),
+                          ("stats", "refusing to report on"), ("stage", "refusing to stage into")):
+        r = env.run([env.monarch, command, "--config", configs["C"]], timeout=60)
+        log("%s --config C (B's dataset in A's directory): exit %d: %s" % (
+            command, r.returncode, r.stderr.strip()))
+        check(r.returncode == 1 and verb in r.stderr and datasets["A"] in r.stderr and
+              datasets["B"] in r.stderr, "%s: exit %d: %s%s" % (command, r.returncode, r.stdout,
+                                                               r.stderr))
+    r = env.run([env.epochs_bin, "--config", configs["C"], "--epochs", "1"], timeout=60)
+    check(r.returncode != 0 and "node.runtime_dir" in r.stderr, "a client of C: %s" % r.stderr)
+    check(service_of("A")[0] == pid_a2 and service_of("B")[0] == pid_b, "a service went away")
+
+
+def service_of_dir_pid(env, rt):
+    code, text = status_text(env, rt)
+    match = re.search(r"Monarch service pid (\d+)", text)
+    return int(match.group(1)) if code == 0 and match else None
+
+
 def scenario_busy_cpus(env):
     dataset = os.path.join(env.work, "ds")
     sizes = generate_dataset(env, dataset, 300)
@@ -1408,6 +1524,7 @@ SCENARIOS = {
     "autostart-race": scenario_autostart_race,
     "bad-config": scenario_bad_config,
     "busy-cpus": scenario_busy_cpus,
+    "two-jobs": scenario_two_jobs,
 }
 
 

@@ -8,9 +8,12 @@
 //   monarch manifest --config FILE [--output PATH]   walk the dataset once, write its manifest
 //   monarch epochs ...                 replay a training job's reads (see --help)
 //
-// Without --config or --runtime-dir the commands look for the service in
-// the directory MONARCH_CONFIG's node section names, else in the default
-// runtime directory ($XDG_RUNTIME_DIR/monarch, or /tmp/monarch-<uid>).
+// Each command talks to the service of the config it is given (--config,
+// else MONARCH_CONFIG): the one in its runtime directory, which by default
+// is the job's and the dataset's own (NodeRuntimeDirectory). A service found
+// there that serves another dataset (two configs naming one
+// node.runtime_dir) is refused, not stopped, staged into or reported on.
+// --runtime-dir names a directory instead, whatever it serves.
 //
 // Exit codes: 0 success, 1 failure, 2 bad arguments, 3 no service running.
 
@@ -28,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/shutdown.h"
 #include "metadata/manifest.h"
 #include "service/node_service.h"
 #include "service/protocol.h"
@@ -106,25 +110,48 @@ absl::StatusOr<monarch::Config> LoadConfig(const std::string& file) {
   return monarch::ParseConfigFile(file);
 }
 
-// The service's paths from --runtime-dir, --config, MONARCH_CONFIG, or the default.
-absl::StatusOr<ServicePaths> FindService(const Args& args) {
-  monarch::NodeConfig node;
+// The service a command is about: in --runtime-dir, or the one of the
+// config (--config, else MONARCH_CONFIG), which must serve that config's
+// dataset (`dataset_key`).
+struct Target {
+  ServicePaths paths;
+  std::string config_file;  // Empty with --runtime-dir.
+  std::string dataset;      // The config's dataset directory.
+  std::string dataset_key;  // monarch::DatasetKey of the config's dataset.
+};
+
+absl::StatusOr<Target> FindService(const Args& args) {
+  Target target;
   if (!args.runtime_dir.empty()) {
-    node.runtime_dir = args.runtime_dir;
-  } else {
-    std::string file = args.config;
-    if (file.empty() && std::getenv("MONARCH_CONFIG") != nullptr) file = std::getenv("MONARCH_CONFIG");
-    if (!file.empty()) {
-      absl::StatusOr<monarch::Config> config = LoadConfig(file);
-      if (!config.ok()) return config.status();
-      node = config->node;
-    }
+    target.paths = monarch::service::ServicePathsIn(args.runtime_dir);
+    return target;
   }
-  return monarch::service::ServicePathsFor(node);
+  std::string file = args.config;
+  if (file.empty() && std::getenv("MONARCH_CONFIG") != nullptr) file = std::getenv("MONARCH_CONFIG");
+  if (file.empty()) {
+    return absl::InvalidArgumentError(
+        "which service? Give --config FILE (the service of that config) or --runtime-dir DIR");
+  }
+  absl::StatusOr<monarch::Config> config = LoadConfig(file);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<ServicePaths> paths = monarch::service::ServicePathsFor(*config);
+  if (!paths.ok()) return paths.status();
+  target.paths = *std::move(paths);
+  target.config_file = file;
+  target.dataset = config->dataset.path;
+  target.dataset_key = monarch::DatasetKey(config->dataset);
+  return target;
+}
+
+// A connection for an administrative command. A service answers those at
+// once (a stage reports its progress several times a second), so a minute
+// without a message means it is stopped or stuck: the command fails.
+absl::StatusOr<monarch::ScopedFd> ConnectToService(const ServicePaths& paths) {
+  return monarch::service::ConnectUnix(paths.socket, /*timeout_seconds=*/60);
 }
 
 absl::StatusOr<Frame> Ask(const ServicePaths& paths, MessageType type, const std::string& payload = "") {
-  absl::StatusOr<monarch::ScopedFd> socket = monarch::service::ConnectUnix(paths.socket);
+  absl::StatusOr<monarch::ScopedFd> socket = ConnectToService(paths);
   if (!socket.ok()) return socket.status();
   return monarch::service::Call(socket->get(), type, payload);
 }
@@ -180,17 +207,52 @@ int Serve(const Args& args) {
                    : "");
   (*service)->Wait();
   serving = nullptr;
+  // A thread left in a read that never returned keeps what it uses: the
+  // process exits without joining it.
+  if (!(*service)->stopped_cleanly()) monarch::Abandon(std::move(*service));
   service->reset();
   return 0;
 }
 
+// The target's status, once it is known to serve the config's dataset:
+// FailedPrecondition (saying it refuses to `verb` it) when it serves another.
+absl::StatusOr<monarch::service::StatusReply> StatusOfTarget(const Target& target,
+                                                             const char* verb) {
+  absl::StatusOr<Frame> reply = Ask(target.paths, MessageType::kStatus);
+  if (!reply.ok()) return reply.status();
+  absl::StatusOr<monarch::service::StatusReply> status =
+      monarch::service::DecodeStatusReply(reply->payload);
+  if (!status.ok()) return status.status();
+  if (!target.dataset_key.empty() && status->dataset_key != target.dataset_key) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the Monarch service at ", target.paths.socket, " serves dataset '",
+        status->dataset_root, "', not '", target.dataset, "' (", target.config_file,
+        "'s): refusing to ", verb,
+        " it. Both configs name this node.runtime_dir: leave it unset (one service per job "
+        "and dataset) or give each config its own"));
+  }
+  return status;
+}
+
 int Stop(const Args& args) {
-  absl::StatusOr<ServicePaths> paths = FindService(args);
-  if (!paths.ok()) return Failed(paths.status());
+  absl::StatusOr<Target> target = FindService(args);
+  if (!target.ok()) return Failed(target.status());
+  const ServicePaths* paths = &target->paths;
+  if (absl::StatusOr<monarch::service::StatusReply> status = StatusOfTarget(*target, "stop");
+      !status.ok()) {
+    return Failed(status.status());
+  }
   absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStop);
   if (!reply.ok()) return Failed(reply.status());
   // Stopped when the lock is free (the service holds it to its last moment).
-  for (int i = 0; i < 600 && monarch::service::ServiceLockHeld(*paths); ++i) {
+  // A service's stop is bounded (NodeService::Wait): well within a minute.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (monarch::service::ServiceLockHeld(*paths)) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      return Failed(absl::DeadlineExceededError(absl::StrCat(
+          "the Monarch service at ", paths->socket,
+          " was asked to stop and still holds its lock after 60 s; see ", paths->log)));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf("stopped the Monarch service at %s\n", paths->socket.c_str());
@@ -198,10 +260,11 @@ int Stop(const Args& args) {
 }
 
 int Status(const Args& args) {
-  absl::StatusOr<ServicePaths> paths = FindService(args);
-  if (!paths.ok()) return Failed(paths.status());
-  absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStatus);
-  if (!reply.ok()) {
+  absl::StatusOr<Target> target = FindService(args);
+  if (!target.ok()) return Failed(target.status());
+  const ServicePaths* paths = &target->paths;
+  absl::StatusOr<monarch::service::StatusReply> status = StatusOfTarget(*target, "report on");
+  if (absl::IsNotFound(status.status()) || absl::IsUnavailable(status.status())) {
     if (monarch::service::ServiceLockHeld(*paths)) {
       std::printf("a Monarch service is starting at %s\n", paths->socket.c_str());
       return 0;
@@ -209,8 +272,6 @@ int Status(const Args& args) {
     std::printf("no Monarch service at %s\n", paths->socket.c_str());
     return kNoService;
   }
-  absl::StatusOr<monarch::service::StatusReply> status =
-      monarch::service::DecodeStatusReply(reply->payload);
   if (!status.ok()) return Failed(status.status());
   std::printf(
       "Monarch service pid %u at %s\n  dataset   %s\n  uptime    %.0f s\n  clients   %u\n"
@@ -271,8 +332,13 @@ void PrintStats(const monarch::service::StatsReply& stats, bool json) {
 }
 
 int StatsCommand(const Args& args) {
-  absl::StatusOr<ServicePaths> paths = FindService(args);
-  if (!paths.ok()) return Failed(paths.status());
+  absl::StatusOr<Target> target = FindService(args);
+  if (!target.ok()) return Failed(target.status());
+  if (absl::StatusOr<monarch::service::StatusReply> status = StatusOfTarget(*target, "report on");
+      !status.ok()) {
+    return Failed(status.status());
+  }
+  const ServicePaths* paths = &target->paths;
   for (;;) {
     absl::StatusOr<Frame> reply = Ask(*paths, MessageType::kStats);
     if (!reply.ok()) return Failed(reply.status());
@@ -288,9 +354,14 @@ int StatsCommand(const Args& args) {
 }
 
 int Stage(const Args& args) {
-  absl::StatusOr<ServicePaths> paths = FindService(args);
-  if (!paths.ok()) return Failed(paths.status());
-  absl::StatusOr<monarch::ScopedFd> socket = monarch::service::ConnectUnix(paths->socket);
+  absl::StatusOr<Target> target = FindService(args);
+  if (!target.ok()) return Failed(target.status());
+  if (absl::StatusOr<monarch::service::StatusReply> status = StatusOfTarget(*target, "stage into");
+      !status.ok()) {
+    return Failed(status.status());
+  }
+  const ServicePaths* paths = &target->paths;
+  absl::StatusOr<monarch::ScopedFd> socket = ConnectToService(*paths);
   if (!socket.ok()) return Failed(socket.status());
   monarch::service::StageRequest request;
   request.globs = args.rest;
