@@ -134,7 +134,7 @@ TEST_CASE("random reads stay byte-exact when readers and placement threads both 
   RandomReadsStayExact(/*staging_budget=*/1);
 }
 
-TEST_CASE("over the staging budget, a reader writes and publishes its file before returning") {
+TEST_CASE("over the staging budget, a reader writes its file's chunks before returning") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 40, {100000});
@@ -144,9 +144,12 @@ TEST_CASE("over the staging budget, a reader writes and publishes its file befor
   auto m = MustCreate(config);
   for (size_t i = 0; i < files.size(); ++i) {
     ReadWholeAndCheck(*m, files[i]);
-    // No waiting: the read itself wrote and committed the copy.
-    REQUIRE(m->GetStats().Tier(0, "files") == i + 1);
+    // No waiting: the read itself wrote the copy (its commit, a stat of the
+    // source, is the commit threads' job).
+    REQUIRE(m->GetStats().Get("chunks_written_by_readers") == i + 1);
   }
+  m->WaitForPlacement();
+  CHECK(m->GetStats().Tier(0, "files") == files.size());
   Stats stats = m->GetStats();
   CHECK(stats.Get("chunks_written_by_readers") == 40);
   CHECK(stats.Get("chunks_written_by_placement") == 0);
@@ -154,6 +157,69 @@ TEST_CASE("over the staging budget, a reader writes and publishes its file befor
   CHECK(stats.Get("staging_peak_bytes") == 131072);  // One reader held one 100 kB chunk at a time.
   CHECK(stats.Get("staging_budget_bytes") == (1 << 20));  // Raised to one (default) chunk.
   CHECK(stats.Source("bytes_read") == testing::TotalBytes(files));
+}
+
+// A source whose Identify() (the stat a commit makes, one metadata round
+// trip to a PFS) of one file blocks until released.
+class SlowStatSource final : public ForwardingDriver {
+ public:
+  SlowStatSource(std::unique_ptr<StorageDriver> target, std::string slow_name)
+      : ForwardingDriver(std::move(target)), slow_name_(std::move(slow_name)) {}
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+    if (file.name == slow_name_) {
+      MutexLock lock(&mu_);
+      waiting_ = true;
+      while (!released_) released_cv_.Wait(&mu_);
+    }
+    return ForwardingDriver::Identify(file);
+  }
+  bool waiting() {
+    MutexLock lock(&mu_);
+    return waiting_;
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    released_ = true;
+    released_cv_.SignalAll();
+  }
+
+ private:
+  const std::string slow_name_;
+  Mutex mu_;
+  CondVar released_cv_;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_CASE("a commit waiting on the source holds up no other copy") {
+  // One placement thread, and the source's stat of the first file never
+  // answers: the other files' copies are still committed (commits run on
+  // their own threads, not on the placement thread that copies).
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 12, {300000});
+  Config config = testing::MakeConfig(ds, {testing::RamTier(64 << 20)});
+  config.placement.threads = 1;
+  config.placement.chunk_bytes = 64 << 10;  // Several chunks a file: the placement thread writes.
+  SlowStatSource* source = nullptr;
+  auto m = testing::MustCreateWrappingSource(config, [&](std::unique_ptr<StorageDriver> d) {
+    auto wrapped = std::make_unique<SlowStatSource>(std::move(d), files[0].name);
+    source = wrapped.get();
+    return std::unique_ptr<StorageDriver>(std::move(wrapped));
+  });
+  char b[100];
+  for (const TestFile& f : files) REQUIRE(m->Read(f.name, b, sizeof(b), 0).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (m->GetStats().Tier(0, "files") < files.size() - 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(source->waiting());
+  CHECK(m->GetStats().Tier(0, "files") == files.size() - 1);
+  source->Release();
+  m->WaitForPlacement();
+  CHECK(m->GetStats().Tier(0, "files") == files.size());
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
 }
 
 TEST_CASE("staging memory stays within its budget while placement falls behind") {

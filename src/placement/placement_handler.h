@@ -163,6 +163,7 @@ class PlacementHandler final : public PromotionHost {
     (by_reader ? written_by_readers_ : written_by_placement_)
         .fetch_add(1, std::memory_order_relaxed);
   }
+  void CommitLater(std::shared_ptr<Promotion> promotion) override;
   void PromotionDone(Promotion& promotion, const absl::Status& status, bool tier_failed) override;
 
  private:
@@ -272,7 +273,12 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> demoted_bytes_{0};
   std::atomic<const NextUseOracle*> oracle_{nullptr};
 
-  ThreadPool pool_;  // Last member: its threads stop before the state above goes away.
+  // Commits (a stat of the source file each, then the tier's commit): apart
+  // from the placement threads, which copy while these wait on the PFS.
+  ThreadPool commit_pool_;
+  // Last member: its threads stop before the state above goes away, and
+  // before the commit pool, which its tasks feed.
+  ThreadPool pool_;
 };
 
 }  // namespace monarch

@@ -146,7 +146,7 @@ void Promotion::Write(size_t c, bool by_reader) {
   }
   if (failed_here) Fail(status, /*tier_failed=*/!absl::IsCancelled(status));
   if (status.ok()) host_->ChunkWritten(by_reader);
-  if (last) Commit();
+  if (last) host_->CommitLater(shared_from_this());
 }
 
 void Promotion::Commit() {

@@ -27,9 +27,10 @@
 // buffers, never from a caller's memory (in the node service that is a
 // buffer the client can write to).
 //
-// Whoever writes the last chunk commits the copy and reports the outcome to
-// the handler (PromotionHost::PromotionDone), once. The copy is committed
-// only if the source file is still the one the namespace walk found
+// Whoever writes the last chunk hands the copy to the host to commit
+// (PromotionHost::CommitLater), and the commit reports the outcome
+// (PromotionHost::PromotionDone), once. The copy is committed only if the
+// source file is still the one the namespace walk found
 // (PromotionHost::IdentityToCommit), so a copy never mixes two versions.
 // A failure (the source, the tier, or cancellation) abandons the copy:
 // readers are then served from the source, and the temporary copy is
@@ -82,6 +83,11 @@ class PromotionHost {
   virtual bool cancelled() const = 0;
   // A chunk went into the tier, written by a reader or a placement thread.
   virtual void ChunkWritten(bool by_reader) = 0;
+  // Every chunk is written: the copy is to be committed (Promotion::Commit),
+  // on a thread of the host's choosing. Committing checks the source file
+  // (a metadata round trip to the PFS), so neither the reader nor the
+  // placement thread that wrote the last chunk waits for it.
+  virtual void CommitLater(std::shared_ptr<Promotion> promotion) = 0;
   // The copy was committed (ok) or abandoned. Called once per promotion, by
   // the thread that finished it, with no promotion lock held.
   // `tier_failed`: the error came from the tier, not the source.
@@ -89,7 +95,7 @@ class PromotionHost {
                              bool tier_failed) = 0;
 };
 
-class Promotion {
+class Promotion : public std::enable_shared_from_this<Promotion> {
  public:
   // `checksum`: compute the CRC32C of the file's bytes as its chunks load,
   // for IdentityToCommit.
@@ -125,6 +131,12 @@ class Promotion {
   // every staged chunk, in file order. Returns when nothing is left to do
   // (the last chunk may still be finishing in a reader's thread).
   void RunToCompletion();
+
+  // Commits the copy once every chunk is written (PromotionHost::CommitLater
+  // calls it): checks the source file (IdentityToCommit) and publishes it, or
+  // abandons it when the source changed or the host is shutting down.
+  // Reports the outcome (PromotionHost::PromotionDone).
+  void Commit();
 
   // Abandons the promotion (shutdown): Cancelled is reported to the host
   // unless it has already finished. Threads loading or writing a chunk
@@ -178,7 +190,6 @@ class Promotion {
   // Releases the buffer of a chunk leaving kLoading/kWriting after a
   // failure, or of any chunk when the promotion fails: kFailed.
   void ReleaseLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Commit();
   void Fail(const absl::Status& status, bool tier_failed);
 
   PromotionHost* const host_;
