@@ -10,11 +10,14 @@ repo=$(pwd)
 scripts/install_deps.sh
 jobs=$(nproc)
 
-# Every option named: scripts/demo.sh configures the same build/ without
-# TensorFlow, and the cache would otherwise keep that.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMONARCH_BUILD_TENSORFLOW=ON \
-  -DMONARCH_REQUIRE_TENSORFLOW=ON \
-  -DMONARCH_BUILD_TESTS=ON -DMONARCH_BUILD_BENCHMARKS=ON -DMONARCH_BUILD_PFS_EMULATOR=ON >/dev/null
+# Every cache entry this build depends on is named, whatever configured
+# build/ before (scripts/demo.sh configures it without the tests and
+# TensorFlow, and a cached MONARCH_PYTHON would otherwise keep a Python
+# without TensorFlow): the venv's Python, which install_deps.sh just made.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMONARCH_SANITIZE= -DMONARCH_FUZZ=OFF \
+  -DMONARCH_WITH_MPI=OFF -DMONARCH_BUILD_TENSORFLOW=ON -DMONARCH_REQUIRE_TENSORFLOW=ON \
+  -DMONARCH_PYTHON="$repo/.venv/bin/python" -DMONARCH_BUILD_TESTS=ON \
+  -DMONARCH_BUILD_BENCHMARKS=ON -DMONARCH_BUILD_PFS_EMULATOR=ON >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure)
 
