@@ -1,13 +1,19 @@
-// doctest's main, shared by every test binary, with one addition: a run
-// filtered to named test cases (ctest runs each case with --test-case=NAME)
-// that matches none fails. Otherwise a name ctest cannot pass through whole
-// (a ';' splits it into two entries, neither of which matches anything)
-// would show as two passing tests that ran nothing.
+// doctest's main, shared by every test binary, with two additions:
+// - A run filtered to named test cases (ctest runs each case with
+//   --test-case=NAME) that matches none fails. Otherwise a name ctest cannot
+//   pass through whole (a ';' splits it into two entries, neither of which
+//   matches anything) would show as two passing tests that ran nothing.
+// - A test case that cannot run on this machine says so with
+//   MONARCH_SKIP(reason) (skip.h): a run in which nothing failed and
+//   something skipped exits 77, which ctest reports as skipped
+//   (SKIP_RETURN_CODE, tests/CMakeLists.txt), not passed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <cstring>
+
+#include "skip.h"
 
 namespace {
 
@@ -54,6 +60,11 @@ int main(int argc, char** argv) {
                  "no test case matched --test-case (a ';' in a test case's name splits it in "
                  "ctest: leave it out)\n");
     return 1;
+  }
+  if (monarch::testing::SkippedCount() > 0) {
+    std::fprintf(stderr, "%d test case(s) skipped: this machine cannot run them\n",
+                 monarch::testing::SkippedCount());
+    return monarch::testing::kSkipExitCode;
   }
   return result;
 }

@@ -25,11 +25,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "skip.h"
 #include "common/mutex.h"
 #include "drivers/forwarding_driver.h"
 #include "monarch/config.h"
 
 namespace monarch::testing {
+
 
 // A directory under $TMPDIR (or /tmp), removed with its contents on destruction.
 class ScratchDir {
