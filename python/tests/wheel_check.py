@@ -33,6 +33,8 @@ import tempfile
 import time
 import zipfile
 
+from install_check import service_pids  # This directory is sys.path[0].
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SKIP = 77
 
@@ -132,19 +134,6 @@ def make_dataset(root):
         for i, size in enumerate(sizes):
             with open(os.path.join(root, cls, f"f{i}.bin"), "wb") as f:
                 f.write(os.urandom(size))
-
-
-def service_pids(marker):
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in args and any(marker.encode() in a for a in args):
-            pids.append(int(entry))
-    return pids
 
 
 def skip_reason():

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+from install_check import service_pids  # This directory is sys.path[0]; stdlib only.
+
 
 def mapped_files(pid="self"):
     """The files mapped into a process (its loaded libraries among them)."""
@@ -22,19 +24,6 @@ def mapped_files(pid="self"):
             if len(fields) == 6 and fields[5].startswith("/"):
                 paths.add(fields[5].strip())
     return paths
-
-
-def service_pid(config):
-    """The `monarch serve` process started for `config`."""
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in args and config.encode() in args:
-            return int(entry)
-    return None
 
 
 def bundled(paths, bundle_dir):
@@ -94,8 +83,9 @@ def main():
             assert m.read(name) == expected[name], name
         stats = m.stats()
         assert stats["service"]["clients"] >= 1, stats["service"]
-    pid = service_pid(shared_config)
-    assert pid is not None, "no node service was started"
+    pids = service_pids(shared_config)
+    assert len(pids) == 1, f"node services started: {pids}"
+    pid = pids[0]
     assert os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(out["binary"])
     loaded = bundled(mapped_files(pid), bundle_dir)
     assert all(loaded.values()), f"the service did not load from {bundle_dir}: {loaded}"

@@ -30,20 +30,20 @@ absl::Status UcxMissing(const std::string& what) {
 }
 
 absl::StatusOr<const UcxApi*> Load() {
-  // RTLD_LOCAL: UCX's symbols are for this table only, never for the
-  // interposition of another library's. RTLD_NOW: a UCX that lacks a symbol
-  // fails here, not at its first call.
+  // RTLD_LOCAL: UCX's symbols stay out of the global scope, where they could
+  // interpose on another library's. RTLD_NOW: a UCX with an unresolvable
+  // symbol of its own fails here, not at its first call.
   void* library = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* error = ::dlerror();
-    return UcxMissing(absl::StrCat("it cannot be loaded (", error != nullptr ? error : kLibrary,
-                                    ")"));
+    return UcxMissing(
+        absl::StrCat("it cannot be loaded (", error != nullptr ? error : kLibrary, ")"));
   }
   // A UCX older than the headers Monarch was built with may lack one.
   auto missing_symbol = [](const char* name) {
     return UcxMissing(absl::StrCat("the ", kLibrary, " found has no ", name,
-                                    " (Monarch was built with UCX ", UCP_API_MAJOR, ".",
-                                    UCP_API_MINOR, ")"));
+                                   " (Monarch was built with UCX ", UCP_API_MAJOR, ".",
+                                   UCP_API_MINOR, ")"));
   };
   auto api = std::make_unique<UcxApi>();
   // dlsym searches the library and its dependencies, so ucs_status_string
