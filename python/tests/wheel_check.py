@@ -18,7 +18,8 @@ MONARCH_WHEEL_WORK_DIR/raw. Then:
 Run by ctest as python_wheel with MONARCH_PYTHON (whose base interpreter
 makes the venvs, and whose torch the venv borrows). Exits 77 (ctest's
 SKIP_RETURN_CODE) where libraries cannot be hidden: not root, no
-`unshare`, or mount namespaces refused.
+`unshare`, or bind mounts in a mount namespace refused (a container
+without CAP_SYS_ADMIN).
 """
 
 import glob
@@ -141,9 +142,17 @@ def skip_reason():
         return "not root: cannot make a mount namespace to hide libraries"
     if shutil.which("unshare") is None:
         return "no unshare(1)"
-    r = run(["unshare", "--mount", "--propagation", "private", "true"])
+    # What run_hidden does, on two empty directories.
+    probe = tempfile.mkdtemp(prefix="mwhlprobe", dir="/tmp")
+    try:
+        os.mkdir(os.path.join(probe, "a"))
+        os.mkdir(os.path.join(probe, "b"))
+        r = run(["unshare", "--mount", "--propagation", "private", "mount", "--bind",
+                 os.path.join(probe, "a"), os.path.join(probe, "b")])
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
     if r.returncode != 0:
-        return f"mount namespaces refused: {r.stderr.strip()}"
+        return f"bind mounts in a mount namespace refused: {r.stderr.strip()}"
     return None
 
 
