@@ -28,6 +28,7 @@
 #include "placement/prefetcher.h"
 #include "remote/bootstrap.h"
 #include "remote/peer_driver.h"
+#include "remote/ucx_loader.h"
 #include "service/client.h"
 
 namespace monarch {
@@ -578,6 +579,9 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& con
   const DriverWrapper& wrap = options.wrap;
   MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
   SetLogLevel(ParseLogLevel(config.logging.level));
+  // Peers need UCX, which is opened at run time: without it, fail here,
+  // before the dataset is walked or a peer waited for.
+  if (config.remote.enabled) MONARCH_RETURN_IF_ERROR(LoadUcx().status());
   // The tiers from the config, with the peers tier before the source when
   // peers are enabled.
   const int source_index = static_cast<int>(config.tiers.size()) - (config.remote.enabled ? 0 : 1);

@@ -1,21 +1,21 @@
-"""`pip install ./python` into a throwaway venv, then use the installed
-package only: its bundled libmonarch_c.so reads a file byte-exact, and its
-bundled `monarch` binary is what a shared config autostarts.
+"""What `pip install ./python` installs, into a throwaway venv, then use the
+installed package only: its bundled libmonarch_c.so reads a file
+byte-exact, and its bundled `monarch` binary is what a shared config
+autostarts.
 
-Run by ctest as python_install (label python_install; several minutes: the
-wheel build compiles the core). Needs PyPI for the build backend
-(scikit-build-core) under pip's build isolation.
+The wheel is the one scikit-build-core built for scripts/build_wheel.sh
+before auditwheel repaired it (MONARCH_WHEEL_WORK_DIR/raw): the same build
+backend and CMake targets `pip install ./python` uses, so the core is
+compiled once for this test and python_wheel (ctest's python_wheel_build).
 """
 
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-
-REPO = os.environ.get("MONARCH_REPO") or os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHECK = r"""
 import json, os, subprocess, sys
@@ -62,9 +62,12 @@ def test_pip_install_and_use():
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "MONARCH_C_LIBRARY", "MONARCH_BINARY",
                             "MONARCH_CONFIG", "MONARCH_DATASET")}
-        r = subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check",
-                            os.path.join(REPO, "python")],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=2200)
+        wheels = glob.glob(os.path.join(os.environ["MONARCH_WHEEL_WORK_DIR"], "raw",
+                                        "monarch-*.whl"))
+        assert len(wheels) == 1, wheels
+        r = subprocess.run([python, "-m", "pip", "install", "--no-index",
+                            "--disable-pip-version-check", wheels[0]],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
 
         dataset = os.path.join(work, "ds")

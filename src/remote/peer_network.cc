@@ -1,4 +1,5 @@
 // PeerNetwork over UCP active messages. See peer_network.h and DESIGN.md.
+// UCX is called only through the table LoadUcx() opens (ucx_loader.h).
 //
 // Threads: the progress thread owns the UCP worker and is the only thread
 // that calls into UCX after start-up. Callers of Fetch and the serve pool
@@ -10,7 +11,6 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,7 +24,9 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/status_macros.h"
 #include "placement/thread_pool.h"
+#include "remote/ucx_loader.h"
 
 namespace monarch {
 namespace {
@@ -48,7 +50,8 @@ class RegisteredRegion {
   RegisteredRegion() = default;
   ~RegisteredRegion() { Release(); }
 
-  absl::Status Init(ucp_context_h context, size_t buffers, size_t buffer_bytes) {
+  absl::Status Init(const UcxApi& ucx, ucp_context_h context, size_t buffers, size_t buffer_bytes) {
+    ucx_ = &ucx;
     context_ = context;
     buffer_bytes_ = buffer_bytes;
     bytes_ = buffers * buffer_bytes;
@@ -58,15 +61,15 @@ class RegisteredRegion {
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = base_;
     params.length = bytes_;
-    const ucs_status_t status = ucp_mem_map(context, &params, &memh_);
+    const ucs_status_t status = ucx_->ucp_mem_map(context, &params, &memh_);
     if (status != UCS_OK) {
-      return absl::UnavailableError(
-          absl::StrCat("remote: ucp_mem_map of ", bytes_, " bytes: ", ucs_status_string(status)));
+      return absl::UnavailableError(absl::StrCat("remote: ucp_mem_map of ", bytes_,
+                                                 " bytes: ", ucx_->ucs_status_string(status)));
     }
     return absl::OkStatus();
   }
   void Release() {
-    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    if (memh_ != nullptr) ucx_->ucp_mem_unmap(context_, memh_);
     memh_ = nullptr;
     std::free(base_);
     base_ = nullptr;
@@ -75,6 +78,7 @@ class RegisteredRegion {
   ucp_mem_h memh() const { return memh_; }
 
  private:
+  const UcxApi* ucx_ = nullptr;
   ucp_context_h context_ = nullptr;
   char* base_ = nullptr;
   size_t bytes_ = 0;
@@ -86,8 +90,9 @@ class RegisteredRegion {
 
 class PeerNetwork::Impl {
  public:
-  Impl(const Options& options, ServeFn serve)
-      : options_(options),
+  Impl(const UcxApi& ucx, const Options& options, ServeFn serve)
+      : ucx_(ucx),
+        options_(options),
         serve_(std::move(serve)),
         peers_(options.size),
         serve_pool_(options.serve_threads) {}
@@ -95,45 +100,45 @@ class PeerNetwork::Impl {
   // An owner whose Shutdown() gave up must abandon the network instead.
   ~Impl() {
     Shutdown(DeadlineIn(kCancelGraceSeconds));
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (worker_ != nullptr) ucx_.ucp_worker_destroy(worker_);
     receive_region_.Release();
     send_region_.Release();
-    if (context_ != nullptr) ucp_cleanup(context_);
+    if (context_ != nullptr) ucx_.ucp_cleanup(context_);
     if (wake_fd_ >= 0) os::Close(wake_fd_);
   }
 
   absl::Status Init(const AddressExchange& exchange) {
     ucp_config_t* config;
-    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    ucs_status_t status = ucx_.ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) return UcxError("ucp_config_read", status);
     // Replies up to a few hundred KiB (ImageNet-sized files) go eagerly, in
     // one trip: a rendezvous's extra round trip costs them a fifth of their
     // throughput (bench/results/remote_fetch.md). An explicit UCX_RNDV_THRESH wins.
     if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
-      (void)ucp_config_modify(config, "RNDV_THRESH", "256k");
+      (void)ucx_.ucp_config_modify(config, "RNDV_THRESH", "256k");
     }
     if (options_.transports != "all") {
-      status = ucp_config_modify(config, "TLS", options_.transports.c_str());
+      status = ucx_.ucp_config_modify(config, "TLS", options_.transports.c_str());
       if (status != UCS_OK) {
-        ucp_config_release(config);
+        ucx_.ucp_config_release(config);
         return absl::InvalidArgumentError(absl::StrCat("remote.transports: UCX refused '",
                                                        options_.transports,
-                                                       "': ", ucs_status_string(status)));
+                                                       "': ", ucx_.ucs_status_string(status)));
       }
     }
     ucp_params_t params = {};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    status = ucp_init(&params, config, &context_);
-    ucp_config_release(config);
+    status = ucx_.Init(&params, config, &context_);
+    ucx_.ucp_config_release(config);
     if (status != UCS_OK) return UcxError("ucp_init", status);
 
     ucp_worker_params_t worker_params = {};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // Only the progress thread uses it.
-    status = ucp_worker_create(context_, &worker_params, &worker_);
+    status = ucx_.ucp_worker_create(context_, &worker_params, &worker_);
     if (status != UCS_OK) return UcxError("ucp_worker_create", status);
-    status = ucp_worker_get_efd(worker_, &worker_fd_);
+    status = ucx_.ucp_worker_get_efd(worker_, &worker_fd_);
     if (status != UCS_OK) return UcxError("ucp_worker_get_efd", status);
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return absl::InternalError("remote: eventfd failed");
@@ -147,7 +152,7 @@ class PeerNetwork::Impl {
       handler.id = id;
       handler.cb = callback;
       handler.arg = this;
-      status = ucp_worker_set_am_recv_handler(worker_, &handler);
+      status = ucx_.ucp_worker_set_am_recv_handler(worker_, &handler);
       if (status != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", status);
     }
 
@@ -155,11 +160,13 @@ class PeerNetwork::Impl {
     send_bytes_ = std::max(options_.buffer_bytes, options_.chunk_bytes);
     const size_t send_buffers = 2 * static_cast<size_t>(options_.serve_threads);
     if (absl::Status s =
-            receive_region_.Init(context_, options_.receive_buffers, options_.buffer_bytes);
+            receive_region_.Init(ucx_, context_, options_.receive_buffers, options_.buffer_bytes);
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = send_region_.Init(context_, send_buffers, send_bytes_); !s.ok()) return s;
+    if (absl::Status s = send_region_.Init(ucx_, context_, send_buffers, send_bytes_); !s.ok()) {
+      return s;
+    }
     {
       MutexLock lock(&mu_);
       slots_.resize(options_.receive_buffers);
@@ -169,10 +176,10 @@ class PeerNetwork::Impl {
 
     ucp_address_t* address;
     size_t address_length;
-    status = ucp_worker_get_address(worker_, &address, &address_length);
+    status = ucx_.ucp_worker_get_address(worker_, &address, &address_length);
     if (status != UCS_OK) return UcxError("ucp_worker_get_address", status);
     const std::string mine(reinterpret_cast<const char*>(address), address_length);
-    ucp_worker_release_address(worker_, address);
+    ucx_.ucp_worker_release_address(worker_, address);
 
     absl::StatusOr<std::vector<std::string>> addresses = exchange(mine);
     if (!addresses.ok()) return addresses.status();
@@ -482,8 +489,9 @@ class PeerNetwork::Impl {
     const char* data = nullptr;   // The bytes of an OK reply.
   };
 
-  static absl::Status UcxError(const char* what, ucs_status_t status) {
-    return absl::UnavailableError(absl::StrCat("remote: ", what, ": ", ucs_status_string(status)));
+  absl::Status UcxError(const char* what, ucs_status_t status) const {
+    return absl::UnavailableError(
+        absl::StrCat("remote: ", what, ": ", ucx_.ucs_status_string(status)));
   }
 
   absl::Status PeerDown(int rank) const {
@@ -544,12 +552,12 @@ class PeerNetwork::Impl {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = OnEndpointError;
     params.err_handler.arg = &peer;
-    const ucs_status_t status = ucp_ep_create(worker_, &params, &peer.ep);
+    const ucs_status_t status = ucx_.ucp_ep_create(worker_, &params, &peer.ep);
     if (status != UCS_OK) {
       peer.ep = nullptr;
       return absl::UnavailableError(absl::StrCat("remote: cannot reach peer ", peer.rank, " over '",
                                                  options_.transports,
-                                                 "': ", ucs_status_string(status)));
+                                                 "': ", ucx_.ucs_status_string(status)));
     }
     return absl::OkStatus();
   }
@@ -564,7 +572,7 @@ class PeerNetwork::Impl {
     }
     for (;;) {
       RunCommands();
-      while (ucp_worker_progress(worker_) != 0) {
+      while (ucx_.ucp_worker_progress(worker_) != 0) {
       }
       {
         MutexLock lock(&mu_);
@@ -574,7 +582,7 @@ class PeerNetwork::Impl {
         }
         if (!commands_.empty()) continue;
       }
-      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      if (ucx_.ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
       epoll_event events[2];
       const int ready = ::epoll_wait(epoll_fd, events, 2, 100);
       for (int i = 0; i < ready; ++i) {
@@ -598,15 +606,16 @@ class PeerNetwork::Impl {
     for (Peer& peer : peers_) {
       if (peer.ep == nullptr) continue;
       ucp_request_param_t param = {};
-      void* request = ucp_am_send_nbx(peer.ep, kGoodbyeAm, &me, sizeof(me), nullptr, 0, &param);
+      void* request =
+          ucx_.ucp_am_send_nbx(peer.ep, kGoodbyeAm, &me, sizeof(me), nullptr, 0, &param);
       if (request != nullptr && !UCS_PTR_IS_ERR(request)) sending.push_back(request);
     }
     const Clock::time_point give_up = Clock::now() + std::chrono::seconds(1);
     for (void* request : sending) {
-      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
-        ucp_worker_progress(worker_);
+      while (ucx_.ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
+        ucx_.ucp_worker_progress(worker_);
       }
-      ucp_request_free(request);
+      ucx_.ucp_request_free(request);
     }
   }
 
@@ -646,16 +655,16 @@ class PeerNetwork::Impl {
       ucp_request_param_t param = {};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* request = ucp_ep_close_nbx(peer.ep, &param);
+      void* request = ucx_.ucp_ep_close_nbx(peer.ep, &param);
       if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
       peer.ep = nullptr;
     }
     const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
     for (void* request : closing) {
-      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
-        ucp_worker_progress(worker_);
+      while (ucx_.ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
+        ucx_.ucp_worker_progress(worker_);
       }
-      ucp_request_free(request);
+      ucx_.ucp_request_free(request);
     }
   }
 
@@ -679,14 +688,15 @@ class PeerNetwork::Impl {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = OnRequestSent;
     param.user_data = keep;
-    void* status = ucp_am_send_nbx(peer.ep, kRequestAm, &request->header, sizeof(RequestHeader),
-                                   request->name.data(), request->name.size(), &param);
+    void* status =
+        ucx_.ucp_am_send_nbx(peer.ep, kRequestAm, &request->header, sizeof(RequestHeader),
+                             request->name.data(), request->name.size(), &param);
     if (status == nullptr) {
       delete keep;
     } else if (UCS_PTR_IS_ERR(status)) {
       delete keep;
       MutexLock lock(&mu_);
-      MarkDownLocked(request->rank, ucs_status_string(UCS_PTR_STATUS(status)));
+      MarkDownLocked(request->rank, ucx_.ucs_status_string(UCS_PTR_STATUS(status)));
     }
   }
 
@@ -694,8 +704,10 @@ class PeerNetwork::Impl {
     // A failed send needs no handling here: the endpoint's error callback
     // marks the peer down and fails its requests.
     (void)status;
-    delete static_cast<std::shared_ptr<Request>*>(user_data);
-    ucp_request_free(ucx_request);
+    auto* keep = static_cast<std::shared_ptr<Request>*>(user_data);
+    const UcxApi& ucx = (*keep)->owner->ucx_;
+    delete keep;
+    ucx.ucp_request_free(ucx_request);
   }
 
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -703,15 +715,16 @@ class PeerNetwork::Impl {
     Impl* self = peer->owner;
     {
       MutexLock lock(&self->mu_);
-      self->MarkDownLocked(peer->rank, absl::StrCat("failed (", ucs_status_string(status), ")"));
-      self->commands_.push_back([peer, ep] {
+      self->MarkDownLocked(peer->rank,
+                           absl::StrCat("failed (", self->ucx_.ucs_status_string(status), ")"));
+      self->commands_.push_back([self, peer, ep] {
         // Close outside the callback; reconnect on the next request after retry_after.
         if (peer->ep == ep) peer->ep = nullptr;
         ucp_request_param_t param = {};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        void* request = ucp_ep_close_nbx(ep, &param);
-        if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);
+        void* request = self->ucx_.ucp_ep_close_nbx(ep, &param);
+        if (request != nullptr && !UCS_PTR_IS_ERR(request)) self->ucx_.ucp_request_free(request);
       });
     }
     self->Wake();
@@ -868,8 +881,8 @@ class PeerNetwork::Impl {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       param.memh = send_region_.memh();
     }
-    void* status = ucp_am_send_nbx(peer.ep, kReplyAm, &reply->header, sizeof(ReplyHeader),
-                                   reply->data, reply->header.length, &param);
+    void* status = ucx_.ucp_am_send_nbx(peer.ep, kReplyAm, &reply->header, sizeof(ReplyHeader),
+                                        reply->data, reply->header.length, &param);
     if (status == nullptr) {
       FinishReply(reply, true);
     } else if (UCS_PTR_IS_ERR(status)) {
@@ -879,8 +892,9 @@ class PeerNetwork::Impl {
 
   static void OnReplySent(void* ucx_request, ucs_status_t status, void* user_data) {
     Reply* reply = static_cast<Reply*>(user_data);
-    reply->impl->FinishReply(reply, status == UCS_OK);
-    ucp_request_free(ucx_request);
+    Impl* self = reply->impl;
+    self->FinishReply(reply, status == UCS_OK);  // Deletes the reply.
+    self->ucx_.ucp_request_free(ucx_request);
   }
 
   void FinishReply(Reply* reply, bool sent) {
@@ -943,7 +957,8 @@ class PeerNetwork::Impl {
     recv.cb.recv_am = OnReplyData;
     recv.user_data = keep;
     recv.memh = self->receive_region_.memh();
-    void* status = ucp_am_recv_data_nbx(self->worker_, data, request->buffer, length, &recv);
+    void* status =
+        self->ucx_.ucp_am_recv_data_nbx(self->worker_, data, request->buffer, length, &recv);
     if (status == nullptr) {
       self->FinishReceive(keep, UCS_OK);
     } else if (UCS_PTR_IS_ERR(status)) {
@@ -956,7 +971,7 @@ class PeerNetwork::Impl {
     auto* keep = static_cast<std::shared_ptr<Request>*>(user_data);
     Impl* self = (*keep)->owner;
     self->FinishReceive(keep, status);
-    ucp_request_free(ucx_request);
+    self->ucx_.ucp_request_free(ucx_request);
   }
 
   void FinishReceive(std::shared_ptr<Request>* keep, ucs_status_t status) {
@@ -972,11 +987,12 @@ class PeerNetwork::Impl {
         Complete(*request, status == UCS_OK ? absl::OkStatus()
                                             : absl::UnavailableError(absl::StrCat(
                                                   "remote: transfer from peer ", request->rank,
-                                                  " failed: ", ucs_status_string(status))));
+                                                  " failed: ", ucx_.ucs_status_string(status))));
       }
     }
   }
 
+  const UcxApi& ucx_;  // Every call into UCX goes through it (ucx_loader.h).
   const Options options_;
   const ServeFn serve_;
   std::string secret_;  // Set by Init before the progress thread starts; read-only after.
@@ -1104,7 +1120,8 @@ PeerNetwork::~PeerNetwork() = default;
 absl::StatusOr<std::unique_ptr<PeerNetwork>> PeerNetwork::Start(const Options& options,
                                                                 const AddressExchange& exchange,
                                                                 ServeFn serve) {
-  auto impl = std::make_unique<Impl>(options, std::move(serve));
+  MONARCH_ASSIGN_OR_RETURN(const UcxApi* ucx, LoadUcx());
+  auto impl = std::make_unique<Impl>(*ucx, options, std::move(serve));
   if (absl::Status s = impl->Init(exchange); !s.ok()) return s;
   return std::unique_ptr<PeerNetwork>(new PeerNetwork(std::move(impl)));
 }
