@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   const std::string config_file = work + "/node.yaml";
   std::ofstream(config_file) << node_yaml;
   if (in_process_service) {
-    auto config = monarch::ParseConfigString(node_yaml);
+    auto config = monarch::ParseValidConfigString(node_yaml);
     if (!config.ok()) Die(config.status().ToString());
     auto started = monarch::service::NodeService::Start(*config);
     if (!started.ok()) Die(started.status().ToString());

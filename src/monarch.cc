@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/os.h"
 #include "common/shutdown.h"
+#include "config/valid_config.h"
 #include "common/status_macros.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
@@ -37,13 +38,6 @@ namespace {
 // Debian's Abseil has its own string_view type; the public API uses std's.
 absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-LogLevel ParseLogLevel(const std::string& level) {
-  if (level == "debug") return LogLevel::kDebug;
-  if (level == "info") return LogLevel::kInfo;
-  if (level == "error") return LogLevel::kError;
-  return LogLevel::kWarning;
-}
-
 // Memory the page cache may spend on buffered posix-tier copies ("auto"
 // write mode): half of what is available at start-up, less the RAM tiers.
 uint64_t BufferedCopyBudget(const Config& config) {
@@ -56,12 +50,6 @@ uint64_t BufferedCopyBudget(const Config& config) {
 }
 
 }  // namespace
-
-VerifyPolicy ParseVerifyPolicy(const std::string& verify) {
-  if (verify == "every-read") return VerifyPolicy::kEveryRead;
-  if (verify == "off") return VerifyPolicy::kOff;
-  return VerifyPolicy::kFirstRead;
-}
 
 namespace {
 
@@ -102,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
   }
   std::string shared;  // The rendezvous directory's manifest, with peers to share it.
   int rank = 0;
-  if (config.remote.enabled && config.remote.bootstrap == "directory") {
+  if (config.remote.enabled && config.remote.bootstrap == BootstrapKind::kDirectory) {
     MONARCH_ASSIGN_OR_RETURN(JobRank job, ResolveJobRank(config.remote));
     if (job.size > 1) {
       MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(config.remote.rendezvous_dir,
@@ -151,14 +139,14 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(),
                           /*keep_block_sums=*/config.remote.enabled, tier.huge_pages);
     case TierKind::kPmem:
-      return NewPmemDriver(tier.path, max_open, ParseVerifyPolicy(config.placement.verify));
+      return NewPmemDriver(tier.path, max_open, config.placement.verify);
     case TierKind::kPosix: {
       PosixWriteOptions options;
       options.mode = tier.write_mode == WriteMode::kBuffered ? PosixWriteOptions::Mode::kBuffered
                      : tier.write_mode == WriteMode::kDirect ? PosixWriteOptions::Mode::kDirect
                                                              : PosixWriteOptions::Mode::kAuto;
       options.buffered_budget_bytes = BufferedCopyBudget(config);
-      options.verify = ParseVerifyPolicy(config.placement.verify);
+      options.verify = config.placement.verify;
       return NewPosixDriver(tier.path, max_open, options);
     }
     case TierKind::kSource:
@@ -291,10 +279,8 @@ class MonarchImpl final : public MonarchCore {
   absl::Status Start() {
     source().SetDatasetSize(namespace_->file_count(), namespace_->total_bytes());
     MONARCH_RETURN_IF_ERROR(ReuseEarlierCopies());
-    MONARCH_ASSIGN_OR_RETURN(
-        std::unique_ptr<PlacementPolicy> policy,
-        NewPlacementPolicy(config_.placement.policy,
-                           peers_ != nullptr ? peers_->HomeShare() : KeptShare{}));
+    std::unique_ptr<PlacementPolicy> policy = NewPlacementPolicy(
+        config_.placement.policy, peers_ != nullptr ? peers_->HomeShare() : KeptShare{});
     parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
                                                            config_.placement);
     placement_ = parts_->placement.get();
@@ -568,17 +554,18 @@ class MonarchImpl final : public MonarchCore {
 
 absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
                                                                         const DriverWrapper& wrap) {
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Validate(config));
   CoreOptions options;
   options.wrap = wrap;
-  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(config, options));
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(valid, options));
   return std::unique_ptr<Monarch>(std::move(core));
 }
 
-absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& config,
+absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig& valid,
                                                                const CoreOptions& options) {
+  const Config& config = *valid;
   const DriverWrapper& wrap = options.wrap;
-  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
-  SetLogLevel(ParseLogLevel(config.logging.level));
+  SetLogLevel(config.logging.level);
   // Peers need UCX, which is opened at run time: without it, fail here,
   // before the dataset is walked or a peer waited for.
   if (config.remote.enabled) MONARCH_RETURN_IF_ERROR(LoadUcx().status());
@@ -620,28 +607,34 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& con
   return std::unique_ptr<MonarchCore>(std::move(monarch));
 }
 
+namespace {
+
 // With node.shared, a process is a client of its node's service
 // (src/service/client.h); the service needs the config as YAML to be
 // started on demand, which only the YAML entry points have.
+absl::StatusOr<std::unique_ptr<Monarch>> CreateValid(const ValidConfig& config,
+                                                     const service::ConfigSource& source) {
+  if (config->node.shared) return service::ConnectToNodeService(config, source);
+  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(config, {}));
+  return std::unique_ptr<Monarch>(std::move(core));
+}
+
+}  // namespace
+
+// Each entry point validates once; what it builds takes the ValidConfig.
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::Create(const Config& config) {
-  if (config.node.shared) return service::ConnectToNodeService(config, service::ConfigSource{});
-  return CreateMonarchWithDriverWrapper(config, nullptr);
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Validate(config));
+  return CreateValid(valid, service::ConfigSource{});
 }
 
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path) {
-  MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigFile(path));
-  if (config.node.shared) {
-    return service::ConnectToNodeService(config, service::ConfigSource{path, ""});
-  }
-  return Create(config);
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigFile(path));
+  return CreateValid(valid, service::ConfigSource{path, ""});
 }
 
 absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml) {
-  MONARCH_ASSIGN_OR_RETURN(Config config, ParseConfigString(yaml));
-  if (config.node.shared) {
-    return service::ConnectToNodeService(config, service::ConfigSource{"", std::string(yaml)});
-  }
-  return Create(config);
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigString(yaml));
+  return CreateValid(valid, service::ConfigSource{"", std::string(yaml)});
 }
 
 }  // namespace monarch

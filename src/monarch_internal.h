@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "config/valid_config.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
 #include "monarch/monarch.h"
@@ -23,9 +24,8 @@ namespace monarch {
 using DriverWrapper =
     std::function<std::unique_ptr<StorageDriver>(int tier, std::unique_ptr<StorageDriver>)>;
 
-// placement.verify as a policy (validated by ValidateConfig).
-VerifyPolicy ParseVerifyPolicy(const std::string& verify);
-
+// Validates `config` (tests build theirs in code) and builds an instance in
+// this process.
 absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Config& config,
                                                                         const DriverWrapper& wrap);
 
@@ -57,7 +57,7 @@ struct CoreOptions {
 
 // Builds an instance in this process whatever config.node says (the service
 // itself, and the embedded mode).
-absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const Config& config,
+absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig& config,
                                                                const CoreOptions& options);
 
 }  // namespace monarch

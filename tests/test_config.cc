@@ -6,12 +6,15 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "config/config_keys.h"
 #include "monarch/config.h"
 #include "test_util.h"
 
@@ -79,7 +82,7 @@ logging:
   CHECK(config->placement.max_staging_bytes == (256ull << 20));
   CHECK(config->placement.chunk_bytes == (512ull << 10));
   CHECK(config->placement.max_open_files == 64);
-  CHECK(config->logging.level == "info");
+  CHECK(config->logging.level == LogLevel::kInfo);
 }
 
 // The descriptor budget: derived from RLIMIT_NOFILE unless given, and an
@@ -252,8 +255,8 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("missing tiers") { CHECK(absl::StrContains(ErrorOf(ds), "tiers: required")); }
   SUBCASE("unknown kind") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: tape, capacity: 1MiB}\n" + src);
-    CHECK(absl::StrContains(e,
-                            "tiers[0].kind: expected one of ram, pmem, posix, source; got 'tape'"));
+    CHECK(absl::StrContains(
+        e, "tiers[0].kind: expected 'ram', 'pmem', 'posix' or 'source', got 'tape'"));
   }
   SUBCASE("wrong type for capacity") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: [1, 2]}\n" + src);
@@ -347,7 +350,7 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(e, "placement.policy: expected 'first-fit', 'lru' or 'none', got 'lfu'"));
     absl::StatusOr<Config> lru = ParseConfigString(ds + "tiers:\n" + src + "placement: {policy: lru}\n");
     REQUIRE(lru.ok());
-    CHECK(lru->placement.policy == "lru");
+    CHECK(lru->placement.policy == PlacementPolicyKind::kLru);
   }
   SUBCASE("eviction with peers") {
     std::string e = ErrorOf(ds + "tiers:\n" + src +
@@ -367,8 +370,8 @@ TEST_CASE("bad configs are refused with the key named") {
   SUBCASE("a write mode that is not auto, buffered or direct") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: posix, path: " + d.nvme +
                             ", capacity: 1MiB, write_mode: sometimes}\n" + src);
-    CHECK(absl::StrContains(e, "tiers[0].write_mode: expected auto, buffered or direct, got "
-                               "'sometimes'"));
+    CHECK(absl::StrContains(e, "tiers[0].write_mode: expected 'auto', 'buffered' or 'direct', "
+                               "got 'sometimes'"));
   }
   SUBCASE("a write mode on a tier that is not posix") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, write_mode: direct}\n" +
@@ -384,8 +387,8 @@ TEST_CASE("bad configs are refused with the key named") {
   }
   SUBCASE("bad log level") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "logging: {level: loud}\n");
-    CHECK(
-        absl::StrContains(e, "logging.level: expected debug, info, warning or error; got 'loud'"));
+    CHECK(absl::StrContains(
+        e, "logging.level: expected 'debug', 'info', 'warning' or 'error', got 'loud'"));
   }
 }
 
@@ -605,7 +608,7 @@ TEST_CASE("NodeRuntimeDirectory applies the default and expands variables") {
     other.file_regex = "train/.*";
     CHECK(DatasetKey(other) != key);
     other = config.dataset;
-    other.symlinks = "skip";
+    other.symlinks = SymlinkPolicy::kSkip;
     CHECK(DatasetKey(other) != key);
     CHECK(key.size() == 16);
     CHECK(key.find_first_not_of("0123456789abcdef") == std::string::npos);
@@ -769,6 +772,94 @@ TEST_CASE("dataset.manifest: an absolute path, variables expanded, checked when 
     const absl::Status status = ValidateConfig(config);
     CHECK(absl::StartsWith(status.message(), "dataset.manifest: "));
   }
+}
+
+}  // namespace
+}  // namespace monarch
+
+namespace monarch {
+namespace {
+
+TEST_CASE("config/README.md holds the reference the table of keys makes") {
+  absl::StatusOr<std::string> readme = ReadSmallFile(MONARCH_SOURCE_DIR "/config/README.md");
+  REQUIRE_MESSAGE(readme.ok(), readme.status().ToString());
+  absl::StatusOr<std::string> checked_in = config_keys::ReferenceIn(*readme);
+  REQUIRE_MESSAGE(checked_in.ok(), checked_in.status().ToString());
+  CHECK_MESSAGE(*checked_in == config_keys::ConfigReference(),
+                "config/README.md's reference differs from the table of keys "
+                "(src/config/config_keys.cc): run `build/monarch config-reference --update "
+                "config/README.md`");
+}
+
+TEST_CASE("every key of the table is read by the parser and named in its errors") {
+  ScratchDir scratch;
+  const std::string dataset = scratch.Sub("ds");
+  const std::string head = "dataset: {path: " + dataset + "}\n";
+  const std::string source = "  - {kind: source}\n";
+  int keys = 0;
+  for (const config_keys::Key<Config>& key : config_keys::SectionKeys()) {
+    const std::string path = key.section + "." + key.name;
+    std::string yaml = key.section == "dataset"
+                           ? absl::StrCat("dataset: {path: ", dataset, ", ", key.name, ": [1, 2]}\n")
+                           : absl::StrCat(head, key.section, ": {", key.name, ": [1, 2]}\n");
+    absl::StrAppend(&yaml, "tiers:\n", source);
+    // A list suits no key: every one refuses it, by its full name.
+    absl::StatusOr<Config> parsed = ParseConfigString(yaml);
+    REQUIRE_FALSE_MESSAGE(parsed.ok(), path);
+    CHECK_MESSAGE(absl::StartsWith(parsed.status().message(), path + ": "),
+                  parsed.status().message());
+    ++keys;
+  }
+  for (const config_keys::Key<TierConfig>& key : config_keys::TierKeys()) {
+    const std::string yaml = absl::StrCat(head, "tiers:\n  - {kind: ram, capacity: 1MiB, ",
+                                          key.name, ": [1, 2]}\n", source);
+    absl::StatusOr<Config> parsed = ParseConfigString(yaml);
+    REQUIRE_FALSE_MESSAGE(parsed.ok(), key.name);
+    CHECK_MESSAGE(absl::StartsWith(parsed.status().message(), "tiers[0]." + key.name + ": "),
+                  parsed.status().message());
+    ++keys;
+  }
+  CHECK(keys >= 40);
+}
+
+TEST_CASE("a Config built in code is held to the table's ranges") {
+  ScratchDir scratch;
+  Config base = DefaultConfig(scratch.Sub("ds"));
+  REQUIRE(ValidateConfig(base).ok());
+  struct Case {
+    std::function<void(Config&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](Config& c) { c.placement.chunk_bytes = 100; },
+       "placement.chunk_bytes: expected a multiple of 4KiB"},
+      {[](Config& c) { c.placement.threads = 5000; },
+       "placement.threads: expected 0 (half the cores) to 1024, got 5000"},
+      {[](Config& c) { c.prefetch.streams = -1; }, "prefetch.streams: expected 0 to 256, got -1"},
+      {[](Config& c) { c.dataset.scan_threads = 0; }, "dataset.scan_threads: expected 1 to 256"},
+      {[](Config& c) { c.placement.shutdown_timeout_seconds = -1; },
+       "placement.shutdown_timeout: expected a duration from 0 to 24h"},
+      {[](Config& c) { c.node.metrics_port = 70000; }, "node.metrics_port: expected 0"},
+      {[](Config& c) { c.logging.level = static_cast<LogLevel>(9); }, "logging.level: expected"},
+      {[](Config& c) { c.tiers[0].write_mode = static_cast<WriteMode>(9); },
+       "tiers[0].write_mode: expected 'auto', 'buffered' or 'direct'"},
+      // remote.* are checked only with peers enabled.
+      {[](Config& c) {
+         c.remote.enabled = true;
+         c.remote.rendezvous_dir = "/tmp/rdv";
+         c.remote.replicas = 0;
+       },
+       "remote.replicas: expected 1 to 8"},
+  };
+  for (const Case& c : cases) {
+    Config config = base;
+    c.change(config);
+    const absl::Status status = ValidateConfig(config);
+    CHECK_MESSAGE(absl::StrContains(status.message(), c.message), status.ToString());
+  }
+  Config off = base;
+  off.remote.replicas = 0;  // Peers off: the key means nothing, and is not checked.
+  CHECK(ValidateConfig(off).ok());
 }
 
 }  // namespace

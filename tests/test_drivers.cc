@@ -354,8 +354,8 @@ TEST_CASE("placement: the kept share budgets checksum trailers on file-backed ti
   KeptShare share;
   share.is_kept = [&](uint32_t id) { return id < kept_sizes.size(); };
   share.pending_bytes = kept_room;
-  auto policy = NewPlacementPolicy("first-fit", std::move(share));
-  REQUIRE(policy.ok());
+  auto policy = NewPlacementPolicy(PlacementPolicyKind::kFirstFit, std::move(share));
+  REQUIRE(policy != nullptr);
   // Counting data bytes alone, `other` would fit next to the kept files.
   REQUIRE(capacity >= other + [&] {
     uint64_t data = 0;
@@ -368,10 +368,10 @@ TEST_CASE("placement: the kept share budgets checksum trailers on file-backed ti
     file.size = size;
     return file;
   };
-  CHECK_FALSE((*policy)->ChooseTier(ref(kept_sizes.size(), other), tiers).has_value());
+  CHECK_FALSE(policy->ChooseTier(ref(kept_sizes.size(), other), tiers).has_value());
   for (uint32_t id = 0; id < kept_sizes.size(); ++id) {
     CAPTURE(id);
-    CHECK((*policy)->ChooseTier(ref(id, kept_sizes[id]), tiers) == std::optional<int>(0));
+    CHECK(policy->ChooseTier(ref(id, kept_sizes[id]), tiers) == std::optional<int>(0));
   }
 }
 

@@ -30,7 +30,7 @@ using testing::TestFile;
 
 Config LruConfig(const std::string& ds, uint64_t ram_bytes) {
   Config config = testing::MakeConfig(ds, {testing::RamTier(ram_bytes)});
-  config.placement.policy = "lru";
+  config.placement.policy = PlacementPolicyKind::kLru;
   return config;
 }
 
@@ -55,7 +55,7 @@ TEST_CASE("lru: a full tier evicts a copy not read since the hand passed, never 
   FaultInjectingDriver::Faults source;
   Config config = testing::MakeConfig(
       ds, {testing::FileTier(TierKind::kPosix, nvme, 3 * testing::OnDisk(10000), "nvme")});
-  config.placement.policy = "lru";
+  config.placement.policy = PlacementPolicyKind::kLru;
   auto m = MustCreate(config, &source);  // Three copies fit.
 
   for (int i = 0; i < 3; ++i) ReadAndSettle(*m, files[i]);
@@ -171,7 +171,7 @@ Config TwoTierLruConfig(const std::string& ds, const std::string& nvme, uint64_t
       ds, {testing::RamTier(copies_per_tier * file_bytes),
            testing::FileTier(TierKind::kPosix, nvme, copies_per_tier * testing::OnDisk(file_bytes),
                              "nvme")});
-  config.placement.policy = "lru";
+  config.placement.policy = PlacementPolicyKind::kLru;
   config.prefetch.streams = 0;  // The order informs placement only: no read-ahead.
   return config;
 }
@@ -409,7 +409,7 @@ void ClientsReadWhileCopiesGo(const ScratchDir& dir, Config config,
   config.node.runtime_dir = dir.Sub("run");
   config.node.autostart = false;
   config.node.idle_exit_seconds = 0;
-  auto node = service::NodeService::Start(config);
+  auto node = service::NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   std::vector<std::unique_ptr<Monarch>> clients;
   for (int c = 0; c < 3; ++c) {

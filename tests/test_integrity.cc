@@ -148,7 +148,7 @@ TEST_CASE("a copy's trailer: written with it, damaged trailers and wrong sizes r
 // The first-read and every-read policies on posix and pmem, against a
 // byte flipped in a copy (size and mtime kept) while the instance runs and
 // while none does.
-void FlippedBytesAreNeverServed(TierKind kind, const std::string& verify) {
+void FlippedBytesAreNeverServed(TierKind kind, VerifyPolicy verify) {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
   const std::string tier_dir = dir.Sub("tier");
@@ -191,16 +191,16 @@ void FlippedBytesAreNeverServed(TierKind kind, const std::string& verify) {
 }
 
 TEST_CASE("flipped bytes are never served: posix, first-read") {
-  FlippedBytesAreNeverServed(TierKind::kPosix, "first-read");
+  FlippedBytesAreNeverServed(TierKind::kPosix, VerifyPolicy::kFirstRead);
 }
 TEST_CASE("flipped bytes are never served: posix, every-read") {
-  FlippedBytesAreNeverServed(TierKind::kPosix, "every-read");
+  FlippedBytesAreNeverServed(TierKind::kPosix, VerifyPolicy::kEveryRead);
 }
 TEST_CASE("flipped bytes are never served: pmem, first-read") {
-  FlippedBytesAreNeverServed(TierKind::kPmem, "first-read");
+  FlippedBytesAreNeverServed(TierKind::kPmem, VerifyPolicy::kFirstRead);
 }
 TEST_CASE("flipped bytes are never served: pmem, every-read") {
-  FlippedBytesAreNeverServed(TierKind::kPmem, "every-read");
+  FlippedBytesAreNeverServed(TierKind::kPmem, VerifyPolicy::kEveryRead);
 }
 
 // Two processes sharing a tier (no node service) both promote a file: the
@@ -246,7 +246,7 @@ TEST_CASE("a copy replaced by another process's identical copy is not damage") {
 // and an fstat, not a trailer read and a check of its blocks. The one
 // trailer read and check per copy happen ahead of its first read, when the
 // tier readies each new copy.
-void ReopenedCopiesAreNotCheckedAgain(TierKind kind, const std::string& verify) {
+void ReopenedCopiesAreNotCheckedAgain(TierKind kind, VerifyPolicy verify) {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
   const std::string tier_dir = dir.Sub("tier");
@@ -265,7 +265,7 @@ void ReopenedCopiesAreNotCheckedAgain(TierKind kind, const std::string& verify) 
   // Each copy's trailer was read once, by the tier or by a reader that
   // came after the copy's publication, and first-read checked every block.
   CHECK(readied.Tier(0, "trailer_reads") == files.size());
-  if (verify == "first-read") CHECK(readied.Tier(0, "blocks_verified") >= blocks);
+  if (verify == VerifyPolicy::kFirstRead) CHECK(readied.Tier(0, "blocks_verified") >= blocks);
   CHECK(readied.Tier(0, "verified_state_bytes") > 0);
   const uint64_t source_reads = source.reads.load();
   // Which copies the readying left open varies; after one pass in order,
@@ -279,7 +279,7 @@ void ReopenedCopiesAreNotCheckedAgain(TierKind kind, const std::string& verify) 
   CHECK(later.Tier(0, "copy_opens") - first.Tier(0, "copy_opens") == 3 * files.size());
   CHECK(later.Tier(0, "trailer_reads") == readied.Tier(0, "trailer_reads"));
   CHECK(later.Tier(0, "blocks_verified") - readied.Tier(0, "blocks_verified") ==
-        (verify == "every-read" ? 4 * blocks : 0));
+        (verify == VerifyPolicy::kEveryRead ? 4 * blocks : 0));
   CHECK(later.Tier(0, "damaged_copies") == 0);
   CHECK(source.reads.load() == source_reads);  // All from the tier.
 }
@@ -359,16 +359,16 @@ TEST_CASE("a copy written is opened and checked ahead of its first read: pmem") 
 }
 
 TEST_CASE("a copy reopened unchanged is not read nor checked again: posix, first-read") {
-  ReopenedCopiesAreNotCheckedAgain(TierKind::kPosix, "first-read");
+  ReopenedCopiesAreNotCheckedAgain(TierKind::kPosix, VerifyPolicy::kFirstRead);
 }
 TEST_CASE("a copy reopened unchanged is not read nor checked again: pmem, first-read") {
-  ReopenedCopiesAreNotCheckedAgain(TierKind::kPmem, "first-read");
+  ReopenedCopiesAreNotCheckedAgain(TierKind::kPmem, VerifyPolicy::kFirstRead);
 }
 TEST_CASE("a copy reopened unchanged is not read nor checked again: posix, every-read") {
-  ReopenedCopiesAreNotCheckedAgain(TierKind::kPosix, "every-read");
+  ReopenedCopiesAreNotCheckedAgain(TierKind::kPosix, VerifyPolicy::kEveryRead);
 }
 TEST_CASE("a copy reopened unchanged is not read nor checked again: pmem, off") {
-  ReopenedCopiesAreNotCheckedAgain(TierKind::kPmem, "off");
+  ReopenedCopiesAreNotCheckedAgain(TierKind::kPmem, VerifyPolicy::kOff);
 }
 
 // The other side of the above: a copy altered after its blocks were all
@@ -549,7 +549,7 @@ TEST_CASE("with verification off, a restart still refuses copies of another sour
   auto files = testing::MakeDataset(ds, 3, {50000});
   Config config =
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
-  config.placement.verify = "off";
+  config.placement.verify = VerifyPolicy::kOff;
   {
     auto m = MustCreate(config);
     for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
@@ -598,7 +598,7 @@ TEST_CASE("lru: a file copied again after its eviction is checked by its bytes, 
   const std::string ds = dir.Sub("ds");
   auto files = testing::MakeDataset(ds, 2, {100000});
   Config config = testing::MakeConfig(ds, {testing::RamTier(150000)});  // One copy fits.
-  config.placement.policy = "lru";
+  config.placement.policy = PlacementPolicyKind::kLru;
   config.placement.chunk_bytes = 16 << 10;  // 7 chunks, the last one short.
   FaultInjectingDriver::Faults source;
   auto m = MustCreate(config, &source);
@@ -640,22 +640,25 @@ TEST_CASE("dataset.symlinks: follow, inside, skip") {
                     (ds + "/absolute_out.bin").c_str()) == 0);
   REQUIRE(::symlink("../outside/secret.bin", (ds + "/relative_out.bin").c_str()) == 0);
   REQUIRE(::symlink("/nonexistent/x", (ds + "/dangling.bin").c_str()) == 0);
-  auto names = [&](const std::string& policy) {
+  auto names = [&](SymlinkPolicy policy) {
     Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
     config.dataset.symlinks = policy;
     return MustCreate(config)->ListFiles();
   };
-  CHECK(names("follow") == std::vector<std::string>{"absolute_out.bin", "inside_link.bin",
-                                                    "real.bin", "relative_out.bin"});
-  CHECK(names("inside") == std::vector<std::string>{"inside_link.bin", "real.bin"});
-  CHECK(names("skip") == std::vector<std::string>{"real.bin"});
+  CHECK(names(SymlinkPolicy::kFollow) == std::vector<std::string>{"absolute_out.bin",
+                                                                  "inside_link.bin", "real.bin",
+                                                                  "relative_out.bin"});
+  CHECK(names(SymlinkPolicy::kInside) == std::vector<std::string>{"inside_link.bin", "real.bin"});
+  CHECK(names(SymlinkPolicy::kSkip) == std::vector<std::string>{"real.bin"});
+  // A value outside the enum (a Config built in code can only get one by a
+  // cast) is refused by name, as a bad YAML value is.
   Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
-  config.dataset.symlinks = "sometimes";
+  config.dataset.symlinks = static_cast<SymlinkPolicy>(7);
   absl::StatusOr<std::unique_ptr<Monarch>> bad = Monarch::Create(config);
   REQUIRE_FALSE(bad.ok());
   CHECK(absl::StrContains(bad.status().message(), "dataset.symlinks"));
-  config.dataset.symlinks = "follow";
-  config.placement.verify = "always";
+  config.dataset.symlinks = SymlinkPolicy::kFollow;
+  config.placement.verify = static_cast<VerifyPolicy>(7);
   bad = Monarch::Create(config);
   REQUIRE_FALSE(bad.ok());
   CHECK(absl::StrContains(bad.status().message(), "placement.verify"));

@@ -417,7 +417,7 @@ TEST_CASE("a manifest of another root, file_regex or symlink policy is refused")
   CHECK(absl::StrContains(refusal(other), "file_regex 'dir[0-3]/.*', expected '.*' "
                                           "(dataset.file_regex)"));
   other = config;
-  other.dataset.symlinks = "skip";
+  other.dataset.symlinks = SymlinkPolicy::kSkip;
   CHECK(absl::StrContains(refusal(other), "symlinks 'follow', expected 'skip' (dataset.symlinks)"));
   other = config;
   other.dataset.path = dir.Sub("elsewhere");
@@ -439,9 +439,11 @@ Config PeerConfig(const std::string& dataset, const std::string& rendezvous, int
 // Starts the instances together (each waits at the rendezvous for the others).
 std::vector<std::unique_ptr<MonarchCore>> StartPeers(const std::vector<Config>& configs) {
   std::vector<absl::StatusOr<std::unique_ptr<MonarchCore>>> made(configs.size());
+  std::vector<ValidConfig> valid;
+  for (const Config& config : configs) valid.push_back(testing::Valid(config));
   std::vector<std::thread> threads;
   for (size_t r = 0; r < configs.size(); ++r) {
-    threads.emplace_back([&, r] { made[r] = CreateMonarchCore(configs[r], CoreOptions{}); });
+    threads.emplace_back([&, r] { made[r] = CreateMonarchCore(valid[r], CoreOptions{}); });
   }
   for (auto& t : threads) t.join();
   std::vector<std::unique_ptr<MonarchCore>> peers;
@@ -553,7 +555,8 @@ TEST_CASE("a rank waiting for rank 0's manifest: a stale one is used only if it 
     // Rank 1 of 2, alone: rank 0 never comes. Past its own walk, it is the
     // address exchange that waits for rank 0, not the manifest.
     Config config = PeerConfig(dataset, rendezvous, 1, 2, /*timeout_seconds=*/1);
-    absl::StatusOr<std::unique_ptr<MonarchCore>> m = CreateMonarchCore(config, CoreOptions{});
+    absl::StatusOr<std::unique_ptr<MonarchCore>> m =
+        CreateMonarchCore(testing::Valid(config), CoreOptions{});
     REQUIRE_FALSE(m.ok());
     CHECK_FALSE(absl::StrContains(m.status().message(), "manifest"));
     CHECK(absl::StrContains(m.status().message(), "rank 0 never arrived"));

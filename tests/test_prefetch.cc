@@ -376,7 +376,7 @@ TEST_CASE("prefetch: eviction sees the epochs of a sampled order beyond the comi
     CAPTURE(epochs);
     testing::FaultInjectingDriver::Faults source;
     Config config = testing::MakeConfig(ds, {testing::RamTier(20000)});  // Two copies fit.
-    config.placement.policy = "lru";
+    config.placement.policy = PlacementPolicyKind::kLru;
     config.prefetch.streams = 0;  // The order informs eviction only.
     auto m = testing::MustCreate(config, &source);
     how.epochs = epochs;

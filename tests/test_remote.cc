@@ -283,7 +283,7 @@ TEST_CASE("peers: a peer that shuts down: the others serve every read from the s
   auto files = testing::MakeDataset(dataset, 30, {100 << 10, 2 << 20});
   std::vector<Config> configs;
   for (int r = 0; r < 2; ++r) configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, 1 << 30));
-  for (auto& c : configs) c.placement.policy = "none";  // Every read goes to a peer or the source.
+  for (auto& c : configs) c.placement.policy = PlacementPolicyKind::kNone;  // Every read goes to a peer or the source.
   Cluster cluster(configs);
   std::vector<char> buffer(2 << 20);
   CHECK(cluster.peers[0]->Read(files[0].name, buffer.data(), buffer.size(), 0).ok());
@@ -602,7 +602,7 @@ TEST_CASE("peers: a peer that comes back rejoins without a restart of the others
   std::vector<Config> configs;
   for (int r = 0; r < 2; ++r) {
     configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, 2, 1 << 30));
-    configs.back().placement.policy = "none";  // Every read asks a peer or the source.
+    configs.back().placement.policy = PlacementPolicyKind::kNone;  // Every read asks a peer or the source.
     configs.back().remote.retry_after_seconds = 0.2;
   }
   Cluster cluster(configs);
@@ -634,7 +634,7 @@ TEST_CASE("peers: rank 0 killed and started again rejoins with the job's secret"
   std::vector<Config> configs;
   for (int r = 0; r < 2; ++r) {
     configs.push_back(PeerConfig(dataset, rdv, r, 2, 1 << 30));
-    configs.back().placement.policy = "none";  // Every read asks a peer or the source.
+    configs.back().placement.policy = PlacementPolicyKind::kNone;  // Every read asks a peer or the source.
     configs.back().remote.retry_after_seconds = 0.2;
   }
   CrashablePeer crashing(configs[0], files, 0, 2);  // Rank 0, in a child process.
@@ -1382,7 +1382,7 @@ TEST_CASE("peers: requests without the job secret are refused and counted, reads
   BareRank rank1;
   std::thread starter([&] { rank1.Start(1, rdv, SecretOrDie(), ""); });
   Config c = PeerConfig(dataset, rdv, 0, 2, 64 << 20);
-  c.placement.policy = "none";  // Every read asks the home (or the source) again.
+  c.placement.policy = PlacementPolicyKind::kNone;  // Every read asks the home (or the source) again.
   absl::StatusOr<std::unique_ptr<Monarch>> rank0 = Monarch::Create(c);
   starter.join();
   REQUIRE_MESSAGE(rank0.ok(), rank0.status().ToString());

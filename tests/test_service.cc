@@ -68,7 +68,7 @@ TEST_CASE("service: a client reads every byte exactly, the source once, then hit
       SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
   service::ServeOptions options;
   options.buffer_bytes = 64 * 1024;  // Smaller than the largest file: misses come in pieces.
-  auto node = NodeService::Start(config, options);
+  auto node = NodeService::Start(testing::Valid(config), options);
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -136,7 +136,7 @@ TEST_CASE("service: a forked client copies RAM hits with pread until it reads a 
   const std::vector<TestFile> measured(files.begin() + 1, files.end());
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config, service::ServeOptions{});
+  auto node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -193,7 +193,7 @@ TEST_CASE("service: the shared RAM copies and tables cannot be written by any ot
   const auto files = testing::MakeDataset(dir.Sub("data"), 12, {5000, 200000});
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -242,7 +242,7 @@ TEST_CASE("service: concurrent clients share one promotion per file") {
   const auto files = testing::MakeDataset(dir.Sub("data"), 64, {200000});
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   std::vector<std::unique_ptr<Monarch>> clients;
   for (int i = 0; i < 3; ++i) {
@@ -280,7 +280,7 @@ TEST_CASE("service: a client reads posix copies itself") {
   const Config config = SharedConfig(
       dir.path() + "/data",
       {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -298,7 +298,7 @@ TEST_CASE("service: a dead service costs no read, and a new one is picked up") {
   const auto files = testing::MakeDataset(dir.Sub("data"), 30, {50000, 3000});
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -310,7 +310,7 @@ TEST_CASE("service: a dead service costs no read, and a new one is picked up") {
   ReadAllExact(**client, files);  // RAM copies of the dead service, the rest from the source.
   ReadAllExact(**client, files);
 
-  auto again = NodeService::Start(config);
+  auto again = NodeService::Start(testing::Valid(config));
   REQUIRE(again.ok());
   // The client reconnects at most once a second.
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
@@ -324,7 +324,7 @@ TEST_CASE("service: a source I/O error reaches the client as the same status, an
   ScratchDir dir;
   const auto files = testing::MakeDataset(dir.Sub("data"), 6, {20000});
   Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(8 << 20)}, dir.Sub("run"));
-  config.placement.policy = "none";  // Every read goes to the source.
+  config.placement.policy = PlacementPolicyKind::kNone;  // Every read goes to the source.
   testing::FaultInjectingDriver::Faults faults;
   service::ServeOptions options;
   options.wrap = [&](int tier, std::unique_ptr<StorageDriver> driver) {
@@ -332,7 +332,7 @@ TEST_CASE("service: a source I/O error reaches the client as the same status, an
     return std::unique_ptr<StorageDriver>(
         new testing::FaultInjectingDriver(std::move(driver), &faults));
   };
-  auto node = NodeService::Start(config, options);
+  auto node = NodeService::Start(testing::Valid(config), options);
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -357,9 +357,9 @@ TEST_CASE("service: refusals name the problem") {
   CHECK(absl::IsFailedPrecondition(none.status()));
   CHECK(absl::StrContains(none.status().message(), "monarch serve"));
 
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
-  auto second = NodeService::Start(config);  // One service per runtime directory.
+  auto second = NodeService::Start(testing::Valid(config));  // One service per runtime directory.
   REQUIRE_FALSE(second.ok());
   CHECK(absl::StrContains(second.status().message(), "already running"));
 
@@ -510,7 +510,7 @@ TEST_CASE("service: hostile connections get an error or a closed socket, and it 
   const auto files = testing::MakeDataset(dir.Sub("data"), 4, {5000});
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(1 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   const std::string socket_path = (*node)->paths().socket;
   std::mt19937 rng(99);
@@ -550,7 +550,7 @@ TEST_CASE("service: an announced order is prefetched for the node, clients' read
   const auto files = testing::MakeDataset(dir.Sub("data"), 150, {3000, 9000});
   Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
   config.prefetch.lookahead_bytes = 70 * 9000;  // About half the dataset.
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
@@ -613,7 +613,7 @@ TEST_CASE("service: hostile announcements are refused with a reason, and it goes
   const auto files = testing::MakeDataset(dir.Sub("data"), 4, {5000});
   const Config config =
       SharedConfig(dir.path() + "/data", {testing::RamTier(1 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(config);
+  auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto hello = [&]() {
     auto socket = service::ConnectUnix((*node)->paths().socket);

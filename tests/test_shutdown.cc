@@ -261,7 +261,7 @@ struct StuckService {
       return std::unique_ptr<StorageDriver>(new HungSource(std::move(driver), &gate));
     };
     absl::StatusOr<std::unique_ptr<service::NodeService>> started =
-        service::NodeService::Start(config, options);
+        service::NodeService::Start(testing::Valid(config), options);
     REQUIRE_MESSAGE(started.ok(), started.status().ToString());
     node = std::move(*started);
   }

@@ -27,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "skip.h"
 #include "common/mutex.h"
+#include "config/valid_config.h"
 #include "drivers/forwarding_driver.h"
 #include "monarch/config.h"
 
@@ -162,6 +163,14 @@ inline std::vector<int> RunAll(const std::vector<std::vector<std::string>>& comm
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return codes;
+}
+
+// `config` validated, for what takes a ValidConfig (tests build theirs in
+// code); fails the test case if it is not valid.
+inline ValidConfig Valid(const Config& config) {
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Validate(config);
+  REQUIRE_MESSAGE(valid.ok(), valid.status().ToString());
+  return *std::move(valid);
 }
 
 inline TierConfig RamTier(uint64_t capacity, const std::string& name = "ram") {

@@ -5,8 +5,12 @@
 // functions of their input plus a few read-only file-system checks (paths
 // exist, capacities fit the device); they are safe to call from any thread.
 //
-// The YAML schema is documented in config/README.md; every key below maps to
-// one YAML key of the same name.
+// Every field maps to the YAML key of the same name (sizes and durations
+// carry a unit suffix in the name here: `chunk_bytes`, `..._seconds`). What
+// each key does, its values and its default: config/README.md, generated
+// from the table of keys (src/config/config_keys.cc), which also drives the
+// parser and the range checks. The comments below only say what a field
+// holds.
 
 #ifndef MONARCH_CONFIG_H_
 #define MONARCH_CONFIG_H_
@@ -32,50 +36,70 @@ enum class TierKind {
             // added by the `remote:` section, never listed under `tiers:`.
 };
 
-const char* TierKindName(TierKind kind);
-
-// How a posix tier writes its copies.
+// tiers[i].write_mode: how a posix tier writes its copies.
 enum class WriteMode {
-  // Through the page cache while the copies written so far fit in half the
-  // memory that was available at start-up (less the RAM tiers); after that,
-  // files of 1 MiB and more with O_DIRECT.
-  kAuto,
+  kAuto,      // Buffered while the copies fit in the page cache's share, then direct.
   kBuffered,  // Always through the page cache.
   kDirect,    // O_DIRECT for files of 1 MiB and more (smaller ones are buffered).
 };
 
+// dataset.symlinks: what the walk does with symlinks to files.
+enum class SymlinkPolicy {
+  kFollow,  // Serve them, wherever they point.
+  kInside,  // Serve those whose target lies inside the root; skip the others.
+  kSkip,    // Serve none.
+};
+
+// placement.policy: which copies are made, and which go when tiers are full.
+enum class PlacementPolicyKind {
+  kFirstFit,  // Top-down into the first tier with room; no eviction.
+  kLru,       // First-fit, then eviction (CLOCK, or next use with an announced order).
+  kNone,      // Never promote.
+};
+
+// placement.verify: how file-backed tiers check their copies against the
+// checksums written with them (src/drivers/copy_integrity.h).
+enum class VerifyPolicy {
+  kOff,        // Never: the copy's identity is still checked at start-up.
+  kFirstRead,  // Each 4 KiB block the first time this process reads it, and
+               // every read checks that the copy was not modified since.
+  kEveryRead,  // Every block of every read.
+};
+
+// remote.bootstrap: how peers exchange their UCX addresses.
+enum class BootstrapKind {
+  kDirectory,  // Files in remote.rendezvous_dir.
+  kMpi,        // An MPI allgather (builds with MONARCH_WITH_MPI).
+};
+
+// logging.level.
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+// The YAML names of the values above ("ram", "first-fit", "warning", ...).
+const char* TierKindName(TierKind kind);
+const char* NameOf(TierKind value);
+const char* NameOf(WriteMode value);
+const char* NameOf(SymlinkPolicy value);
+const char* NameOf(PlacementPolicyKind value);
+const char* NameOf(VerifyPolicy value);
+const char* NameOf(BootstrapKind value);
+const char* NameOf(LogLevel value);
+
 struct TierConfig {
   std::string name;  // Unique; shows up in stats. Defaults to the kind.
   TierKind kind = TierKind::kRam;
-  std::string path;             // pmem/posix: directory holding the copies. Unused otherwise.
-  uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold. Unused for source.
+  std::string path;             // pmem/posix: the directory holding the copies.
+  uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold.
   WriteMode write_mode = WriteMode::kAuto;  // posix only.
-  // ram only: back the tier with 2 MiB pages where the kernel allows it
-  // (transparent_hugepage/shmem_enabled "advise"), so that a process mapping
-  // it afresh (a node service's client, a DataLoader worker) takes a page
-  // fault per 2 MiB instead of per 4 KiB. A process that keeps its mapping
-  // reads it slower: see config/README.md.
-  bool huge_pages = false;
+  bool huge_pages = false;                  // ram only: 2 MiB pages where allowed.
 };
 
 struct DatasetConfig {
   std::string path;        // The dataset directory on the source (required).
-  std::string file_regex;  // Optional: only dataset-relative names fully matching it are served.
-  // Threads that walk the dataset at start-up. Each readdir and stat on a
-  // PFS is a metadata round trip, so the walk is latency-bound, not CPU-bound.
-  int scan_threads = 8;
-  // Symlinks to files found by the walk: "follow" serves them wherever they
-  // point, as reading the directory directly would; "inside" serves only
-  // those whose target lies inside the dataset directory (checked at the
-  // walk) and skips the others; "skip" serves none. Symlinked directories
-  // are never entered (a link cycle cannot trap the walk).
-  std::string symlinks = "follow";
-  // Optional: a manifest of the dataset (`monarch manifest` writes one),
-  // absolute; "${VAR}" and "$VAR" are expanded. The namespace is then built
-  // from it instead of walking the dataset, after checking that it was
-  // written for this path, file_regex and symlinks, and that the root and
-  // top-level directories have not changed since (one stat each).
-  std::string manifest;
+  std::string file_regex;  // Only dataset-relative names fully matching it; empty: all.
+  int scan_threads = 8;    // Threads that walk the dataset at start-up.
+  SymlinkPolicy symlinks = SymlinkPolicy::kFollow;
+  std::string manifest;  // A manifest to build the namespace from instead of a walk.
 };
 
 // The default of PlacementConfig::max_open_files, for a process whose file
@@ -89,126 +113,56 @@ struct DatasetConfig {
 int DefaultMaxOpenFiles(int descriptor_caches = 4);
 
 struct PlacementConfig {
-  int threads = 0;                   // Placement threads; 0 = half the cores (at least 1).
-  std::string policy = "first-fit";  // "first-fit" (top-down, no eviction) or "none".
-  // Staging memory: chunks read from the source and not yet written to a
-  // tier. Never exceeded: buffers are reserved against it before a chunk is
-  // loaded, and readers write their chunks into the tier themselves once the
-  // ones left to the placement threads fill 3/4 of it. 0 = 256 MiB, or 1/16
-  // of physical memory if that is less; at least one chunk.
-  uint64_t max_staging_bytes = 0;
-  // Granularity at which reads share the bytes a promotion is fetching, and
-  // at which it streams them into the tier. A multiple of 4 KiB.
+  int threads = 0;  // Placement threads; 0: half the cores (at least 1).
+  PlacementPolicyKind policy = PlacementPolicyKind::kFirstFit;
+  uint64_t max_staging_bytes = 0;  // 0: 256 MiB, or 1/16 of physical memory if less.
   uint64_t chunk_bytes = 1 << 20;
-  // Upper bound on file descriptors (and pmem mappings) each file-backed tier
-  // and the source keep open between reads; the total stays bounded whatever
-  // the number of files and readers. A copy whose descriptor was closed
-  // costs an open and an fstat to read again (its checksums and checked
-  // blocks are kept apart, src/drivers/copy_integrity.h), so the budget
-  // should hold the files read in an epoch when the limit allows. Default:
-  // derived from RLIMIT_NOFILE; built in code, for up to four caches (the
-  // source and three file tiers); ParseConfigString and DefaultConfig count
-  // the config's own. At most the soft RLIMIT_NOFILE; pmem tiers also keep
-  // at most a quarter of vm.max_map_count mappings.
+  // Descriptors (or pmem mappings) each file tier, and the source, keep.
+  // Built in code, the default assumes four caches; the parser derives it
+  // from the config's own.
   int max_open_files = DefaultMaxOpenFiles();
-  // When pmem and posix tiers check their copies' block checksums
-  // (src/drivers/copy_integrity.h): "first-read" (each 4 KiB block the first
-  // time a process reads it, plus an fstat per read that catches a copy
-  // modified since), "every-read", or "off" (start-up identity check only).
-  std::string verify = "first-read";
-  // How long Shutdown(kDrain) lets the promotions in flight finish before
-  // it cancels the rest. Whatever mode, a shutdown then waits at most a few
-  // seconds more for threads inside a read or write (each a chunk long);
-  // one blocked in a file system that stopped answering is logged and left
-  // behind, so a process always exits (common/shutdown.h).
-  double shutdown_timeout_seconds = 30;
+  VerifyPolicy verify = VerifyPolicy::kFirstRead;
+  double shutdown_timeout_seconds = 30;  // How long Shutdown(kDrain) drains.
 };
 
-// Peers: other Monarch processes of the same job, each with its own tiers,
-// that serve each other's misses over UCX (src/remote/DESIGN.md). Every file
-// has a home peer; a file no local tier holds is asked of its home before
-// the source.
-struct RemoteConfig {
-  bool enabled = false;
-  // This process's rank (0..size-1) and the number of peers: an integer,
-  // "env:NAME" (read that variable), or "auto" (the launcher's variables:
-  // Slurm, Flux, Open MPI, PMI, PMIx, or MONARCH_RANK / MONARCH_SIZE).
-  std::string rank = "auto";
-  std::string size = "auto";
-  // How peers exchange their UCX addresses: "directory" (files in
-  // rendezvous_dir, on a file system every peer sees) or "mpi" (an
-  // allgather; only in builds with MONARCH_WITH_MPI).
-  std::string bootstrap = "directory";
-  // Absolute; "${VAR}" and "$VAR" are expanded, e.g. /scratch/rdv/${SLURM_JOB_ID}.
-  // Use one directory per job: files of earlier jobs are not told apart.
-  std::string rendezvous_dir;
-  double rendezvous_timeout_seconds = 60;
-  // UCX transports (UCX_TLS syntax), e.g. "tcp", "rc,ud,sm", "all".
-  std::string transports = "tcp";
-  // Bytes of each pre-registered receive buffer; 0 = "auto", from the
-  // dataset's 95th-percentile file size. Larger transfers stream through a
-  // buffer in chunk_bytes pieces.
-  uint64_t buffer_bytes = 0;
-  uint64_t chunk_bytes = 1 << 20;
-  // A peer that has not answered within this time is marked down and the
-  // read goes to the source; it is tried again after retry_after_seconds.
-  double request_timeout_seconds = 10;
-  double retry_after_seconds = 30;
-  // How many peers keep each file: its home and the next replicas - 1 ranks
-  // of its rendezvous order. With 2, losing one peer costs no source reads:
-  // the second copy is fetched from the home in the background.
-  static constexpr int kMaxReplicas = 8;
-  int replicas = 1;
-};
-
-// One Monarch service per node (src/service/DESIGN.md): with `shared` on,
-// every process of the node that opens this config becomes a thin client of
-// the node's service, which owns the namespace, the tiers, placement and the
-// peers. Off (or no `node:` section): each process runs Monarch in process.
-struct NodeConfig {
-  bool shared = false;
-  // Holds the service's socket, lock and log. Created 0700. Empty = one
-  // service per job and dataset (NodeRuntimeDirectory). "${VAR}" and "$VAR"
-  // are expanded.
-  std::string runtime_dir;
-  // A client that finds no service running starts one ("monarch serve"),
-  // detached, and connects to it.
-  bool autostart = true;
-  // The service exits this long after its last client disconnected; 0 =
-  // never (a service started by hand or by a Slurm prolog).
-  double idle_exit_seconds = 300;
-  // A client whose request the service has not answered within this time
-  // (a service stopped or stuck) reads the source itself and treats the
-  // service as gone until it answers again. A miss is one source read of at
-  // most 8 MiB, so the default leaves a PFS under heavy load ample time.
-  double request_timeout_seconds = 60;
-  // How long a client waits for a service that is starting (walking the
-  // dataset, which on a large one over a PFS takes minutes) before it fails.
-  double start_timeout_seconds = 600;
-  // Prometheus text at http://127.0.0.1:<port>/metrics; 0 = no endpoint.
-  int metrics_port = 0;
-};
-
-// The path dataset.manifest names, variables expanded (not checked for
-// existence). InvalidArgument naming dataset.manifest for an unset
-// variable or a relative result.
-absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
-
-// Clairvoyant prefetch: when a front end announces the order in which files
-// will be read (Monarch::AnnounceOrder), background streams read ahead of
-// the readers in that order and promote the files as they go.
+// Clairvoyant prefetch from announced read orders (Monarch::AnnounceOrder).
 struct PrefetchConfig {
-  // Files fetched at once. A reader's own miss takes one of them while it
-  // lasts (at least one stream keeps going). 8 matches Lustre's default
-  // max_rpcs_in_flight. 0: no read-ahead; an announced order then only
-  // tells eviction what is read next (placement.policy lru).
-  int streams = 8;
-  // How far ahead of the readers, in bytes of files fetched and not yet read.
+  int streams = 8;  // Files fetched at once; 0: no read-ahead.
   uint64_t lookahead_bytes = 1ull << 30;
 };
 
+// Peers: other Monarch processes of the same job, each with its own tiers,
+// that serve each other's misses over UCX (src/remote/DESIGN.md).
+struct RemoteConfig {
+  bool enabled = false;
+  // An integer, "env:NAME" (that variable) or "auto" (the launcher's).
+  std::string rank = "auto";
+  std::string size = "auto";
+  BootstrapKind bootstrap = BootstrapKind::kDirectory;
+  std::string rendezvous_dir;  // Absolute; "$VAR" and "${VAR}" are expanded.
+  double rendezvous_timeout_seconds = 60;
+  std::string transports = "tcp";  // UCX_TLS syntax.
+  uint64_t buffer_bytes = 0;       // Each receive buffer; 0: "auto".
+  uint64_t chunk_bytes = 1 << 20;
+  double request_timeout_seconds = 10;
+  double retry_after_seconds = 30;
+  static constexpr int kMaxReplicas = 8;
+  int replicas = 1;  // Peers that keep each file.
+};
+
+// One Monarch service per node (src/service/DESIGN.md).
+struct NodeConfig {
+  bool shared = false;
+  std::string runtime_dir;  // Empty: one per job and dataset (NodeRuntimeDirectory).
+  bool autostart = true;
+  double idle_exit_seconds = 300;  // 0: never.
+  double request_timeout_seconds = 60;
+  double start_timeout_seconds = 600;
+  int metrics_port = 0;  // 0: no endpoint.
+};
+
 struct LoggingConfig {
-  std::string level = "warning";  // "debug", "info", "warning" or "error".
+  LogLevel level = LogLevel::kWarning;
 };
 
 struct Config {
@@ -221,6 +175,11 @@ struct Config {
   LoggingConfig logging;
 };
 
+// The path dataset.manifest names, variables expanded (not checked for
+// existence). InvalidArgument naming dataset.manifest for an unset
+// variable or a relative result.
+absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
+
 // The runtime directory of `config`'s node service (not created): the
 // expanded node.runtime_dir, or by default <base>/[<job>-]<dataset key>,
 // where <base> is $XDG_RUNTIME_DIR/monarch (or /tmp/monarch-<uid> without
@@ -231,8 +190,8 @@ struct Config {
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config);
 
 // What tells datasets apart: 16 hex digits hashed from the dataset
-// directory's real path, file_regex, symlinks and manifest. Stable across
-// processes and builds.
+// directory's path (as written, less empty and "." components),
+// file_regex, symlinks and manifest. Stable across processes and builds.
 std::string DatasetKey(const DatasetConfig& dataset);
 
 // The batch job this process belongs to, as part of a directory name:
@@ -247,9 +206,10 @@ std::string BatchJobTag();
 absl::StatusOr<Config> ParseConfigString(std::string_view yaml);
 absl::StatusOr<Config> ParseConfigFile(const std::string& path);
 
-// Checks a Config built in code the same way the parser does: paths exist,
-// exactly one source and it is last, names unique, capacities non-zero and no
-// larger than the device (or physical memory for ram).
+// Checks a Config built in code the same way the parser does: every key's
+// range, paths exist, exactly one source and it is last, names unique,
+// capacities non-zero and no larger than the device (or physical memory
+// for ram).
 absl::Status ValidateConfig(const Config& config);
 
 // The embedded default: a RAM tier sized to half of the memory currently

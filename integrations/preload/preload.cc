@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "config/valid_config.h"
 #include "frontend/dataset_paths.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
@@ -79,7 +80,8 @@ StreamTable g_streams;
 // ---------------------------------------------------------------------------
 // Configuration, read once by the constructor.
 struct Settings {
-  Config config;
+  explicit Settings(ValidConfig valid) : config(std::move(valid)) {}
+  const ValidConfig config;
   std::string config_file;
   std::string root;  // Absolute, clean, no trailing slash.
   std::unique_ptr<frontend::DatasetPaths> paths;  // Over `root`.
@@ -176,21 +178,17 @@ __attribute__((constructor)) void Configure() {
     GiveUp("not configured: set MONARCH_CONFIG to the job's YAML config", strict);
     return;
   }
-  absl::StatusOr<Config> config = ParseConfigFile(file);
-  absl::Status status = config.status();
-  if (config.ok()) {
-    config->node.shared = true;  // The preload library is always a client of the node service.
-    status = ValidateConfig(*config);
-  }
-  if (!status.ok()) {
-    GiveUp(status.message(), strict);
+  // The preload library is always a client of the node service.
+  absl::StatusOr<ValidConfig> config =
+      ParseValidConfigFile(file, [](Config& parsed) { parsed.node.shared = true; });
+  if (!config.ok()) {
+    GiveUp(config.status().message(), strict);
     return;
   }
-  auto* settings = new Settings;  // Never freed: hooks may run during exit.
-  settings->config = std::move(*config);
+  auto* settings = new Settings(*std::move(config));  // Never freed: hooks may run during exit.
   settings->config_file = file;
   settings->strict = strict;
-  std::string root = settings->config.dataset.path;
+  std::string root = settings->config->dataset.path;
   if (root.empty() || root[0] != '/') {
     char cwd[PATH_MAX];
     if (::getcwd(cwd, sizeof(cwd)) == nullptr) {

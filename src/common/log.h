@@ -9,10 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "monarch/config.h"  // LogLevel: logging.level's values.
 
 namespace monarch {
-
-enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
 void SetLogLevel(LogLevel level);
 bool LogEnabled(LogLevel level);

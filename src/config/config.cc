@@ -30,11 +30,17 @@
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "config/config_keys.h"
+#include "config/valid_config.h"
 #include "metadata/file_regex.h"
 #include "remote/bootstrap.h"
 #include "yaml-cpp/yaml.h"
 
 namespace monarch {
+
+using config_keys::Describe;
+using config_keys::KeyError;
+
 namespace {
 
 // Limits that keep a hostile or broken config from costing minutes and GiBs.
@@ -50,36 +56,19 @@ constexpr size_t kMaxRuntimeDirChars = 80;
 
 std::string Quote(absl::string_view value) { return QuoteForError(value); }
 
-absl::Status KeyError(absl::string_view key, absl::string_view what) {
-  // Keys come from the config too: an unknown one is quoted as a value is.
-  const std::string shown =
-      key.size() <= kMaxQuotedChars ? std::string(key) : Quote(key);
-  return absl::InvalidArgumentError(absl::StrCat(shown, ": ", what));
-}
-
-std::string Describe(const YAML::Node& node) {
-  if (node.IsScalar()) return Quote(node.Scalar());
-  if (node.IsSequence()) return "a list";
-  if (node.IsMap()) return "a mapping";
-  return "nothing";
-}
-
-// Refuses keys outside `allowed`, so a typo never silently means "default".
+// Refuses keys outside `allowed`, so a typo never silently means "default",
+// and a key given twice (yaml-cpp keeps both and answers with the first).
 absl::Status CheckKeys(const YAML::Node& map, absl::string_view where,
-                       std::initializer_list<absl::string_view> allowed) {
+                       const std::vector<absl::string_view>& allowed) {
   std::vector<std::string> seen;
   for (const auto& item : map) {
     const std::string key = item.first.as<std::string>();
     std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
-    // yaml-cpp keeps every duplicate and answers lookups with the first: a
-    // second value would be silently ignored.
     if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
       return KeyError(path, "given more than once; keep one");
     }
     seen.push_back(key);
-    bool known = false;
-    for (absl::string_view a : allowed) known = known || key == a;
-    if (!known) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
       return KeyError(path,
                       absl::StrCat("unknown key; expected one of: ", absl::StrJoin(allowed, ", ")));
     }
@@ -87,186 +76,15 @@ absl::Status CheckKeys(const YAML::Node& map, absl::string_view where,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> GetString(const YAML::Node& node, absl::string_view key) {
-  if (!node.IsScalar())
-    return KeyError(key, absl::StrCat("expected a string, got ", Describe(node)));
-  return node.Scalar();
-}
-
-absl::StatusOr<uint64_t> GetSize(const YAML::Node& node, absl::string_view key) {
-  if (!node.IsScalar()) {
-    return KeyError(key,
-                    absl::StrCat("expected a size such as 64GiB or 1048576, got ", Describe(node)));
-  }
-  absl::StatusOr<uint64_t> size = ParseByteSize(node.Scalar());
-  if (!size.ok()) return KeyError(key, size.status().message());
-  return *size;
-}
-
-absl::StatusOr<int64_t> GetInt(const YAML::Node& node, absl::string_view key) {
-  int64_t value;
-  if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
-    return KeyError(key, absl::StrCat("expected an integer, got ", Describe(node)));
-  }
-  return value;
-}
-
-absl::StatusOr<bool> GetBool(const YAML::Node& node, absl::string_view key) {
-  if (!node.IsScalar() || (node.Scalar() != "true" && node.Scalar() != "false")) {
-    return KeyError(key, absl::StrCat("expected true or false, got ", Describe(node)));
-  }
-  return node.Scalar() == "true";
-}
-
-// "30s", "500ms", "2m", or a bare number of seconds. Zero only where
-// `allow_zero` says it means something (e.g. node.idle_exit: never).
-absl::StatusOr<double> GetDuration(const YAML::Node& node, absl::string_view key,
-                                   bool allow_zero = false) {
-  const std::string expected = "expected a duration such as 30s, 500ms or 2m";
-  if (!node.IsScalar()) return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
-  std::string text(absl::StripAsciiWhitespace(node.Scalar()));
-  double scale = 1;
-  for (auto [suffix, factor] : {std::pair<const char*, double>{"ms", 1e-3}, {"s", 1}, {"m", 60}}) {
-    if (absl::EndsWith(text, suffix)) {
-      text.resize(text.size() - strlen(suffix));
-      scale = factor;
-      break;
+// Reads every key of `section` present in `map` through the table.
+absl::Status ParseSection(const YAML::Node& map, const std::string& section, Config* config) {
+  for (const config_keys::Key<Config>& key : config_keys::SectionKeys()) {
+    if (key.section != section) continue;
+    if (const YAML::Node value = map[key.name]) {
+      MONARCH_RETURN_IF_ERROR(key.parse(value, absl::StrCat(section, ".", key.name), config));
     }
-  }
-  double value;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &value) || !std::isfinite(value) ||
-      value < 0 || (value == 0 && !allow_zero)) {
-    return KeyError(key, absl::StrCat(expected, ", got ", Describe(node)));
-  }
-  return value * scale;
-}
-
-absl::Status ParseRemote(const YAML::Node& remote, RemoteConfig* out) {
-  if (!remote.IsMap())
-    return KeyError("remote", absl::StrCat("expected a mapping, got ", Describe(remote)));
-  MONARCH_RETURN_IF_ERROR(
-      CheckKeys(remote, "remote",
-                {"enabled", "rank", "size", "bootstrap", "rendezvous_dir", "rendezvous_timeout",
-                 "transports", "buffer_size", "chunk_size", "request_timeout", "retry_after",
-                 "replicas"}));
-  if (remote["enabled"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->enabled, GetBool(remote["enabled"], "remote.enabled"));
-  }
-  if (remote["rank"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->rank, GetString(remote["rank"], "remote.rank"));
-  }
-  if (remote["size"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->size, GetString(remote["size"], "remote.size"));
-  }
-  if (remote["bootstrap"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->bootstrap, GetString(remote["bootstrap"], "remote.bootstrap"));
-  }
-  if (remote["rendezvous_dir"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->rendezvous_dir,
-                             GetString(remote["rendezvous_dir"], "remote.rendezvous_dir"));
-  }
-  if (remote["rendezvous_timeout"]) {
-    MONARCH_ASSIGN_OR_RETURN(
-        out->rendezvous_timeout_seconds,
-        GetDuration(remote["rendezvous_timeout"], "remote.rendezvous_timeout"));
-  }
-  if (remote["transports"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->transports, GetString(remote["transports"], "remote.transports"));
-  }
-  if (const YAML::Node buffer = remote["buffer_size"]) {
-    if (buffer.IsScalar() && buffer.Scalar() == "auto") {
-      out->buffer_bytes = 0;
-    } else {
-      absl::StatusOr<uint64_t> bytes = GetSize(buffer, "remote.buffer_size");
-      if (!bytes.ok()) {
-        return KeyError(
-            "remote.buffer_size",
-            absl::StrCat("expected 'auto' or a size such as 4MiB, got ", Describe(buffer)));
-      }
-      if (*bytes == 0) return KeyError("remote.buffer_size", "expected 'auto' or a non-zero size");
-      out->buffer_bytes = *bytes;
-    }
-  }
-  if (remote["chunk_size"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->chunk_bytes, GetSize(remote["chunk_size"], "remote.chunk_size"));
-  }
-  if (remote["request_timeout"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->request_timeout_seconds,
-                             GetDuration(remote["request_timeout"], "remote.request_timeout"));
-  }
-  if (remote["retry_after"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->retry_after_seconds,
-                             GetDuration(remote["retry_after"], "remote.retry_after"));
-  }
-  if (remote["replicas"]) {
-    MONARCH_ASSIGN_OR_RETURN(int64_t replicas, GetInt(remote["replicas"], "remote.replicas"));
-    if (replicas < 1 || replicas > RemoteConfig::kMaxReplicas) {
-      return KeyError("remote.replicas", absl::StrCat("expected 1 to ", RemoteConfig::kMaxReplicas,
-                                                      ", got ", replicas));
-    }
-    out->replicas = static_cast<int>(replicas);
   }
   return absl::OkStatus();
-}
-
-absl::Status ParseNodeSection(const YAML::Node& node, NodeConfig* out) {
-  if (!node.IsMap())
-    return KeyError("node", absl::StrCat("expected a mapping, got ", Describe(node)));
-  MONARCH_RETURN_IF_ERROR(CheckKeys(node, "node",
-                                    {"shared", "runtime_dir", "autostart", "idle_exit",
-                                     "request_timeout", "start_timeout", "metrics_port"}));
-  if (node["shared"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->shared, GetBool(node["shared"], "node.shared"));
-  }
-  if (node["runtime_dir"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->runtime_dir, GetString(node["runtime_dir"], "node.runtime_dir"));
-  }
-  if (node["autostart"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->autostart, GetBool(node["autostart"], "node.autostart"));
-  }
-  if (const YAML::Node idle = node["idle_exit"]) {
-    absl::StatusOr<double> seconds = GetDuration(idle, "node.idle_exit", /*allow_zero=*/true);
-    if (!seconds.ok()) {
-      return KeyError("node.idle_exit",
-                      absl::StrCat("expected a duration such as 300s or 10m, or 0 for never; got ",
-                                   Describe(idle)));
-    }
-    out->idle_exit_seconds = *seconds;
-  }
-  if (node["request_timeout"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->request_timeout_seconds,
-                             GetDuration(node["request_timeout"], "node.request_timeout"));
-  }
-  if (node["start_timeout"]) {
-    MONARCH_ASSIGN_OR_RETURN(out->start_timeout_seconds,
-                             GetDuration(node["start_timeout"], "node.start_timeout"));
-  }
-  if (node["metrics_port"]) {
-    MONARCH_ASSIGN_OR_RETURN(int64_t port, GetInt(node["metrics_port"], "node.metrics_port"));
-    if (port < 0 || port > 65535) {
-      return KeyError("node.metrics_port",
-                      absl::StrCat("expected 0 (no endpoint) to 65535, got ", port));
-    }
-    out->metrics_port = static_cast<int>(port);
-  }
-  return absl::OkStatus();
-}
-
-// "auto", "env:NAME" or a non-negative integer.
-bool IsRankSpec(const std::string& spec) {
-  int64_t value;
-  if (spec == "auto") return true;
-  if (absl::StartsWith(spec, "env:")) return spec.size() > 4;
-  return absl::SimpleAtoi(spec, &value) && value >= 0;
-}
-
-absl::StatusOr<TierKind> ParseTierKind(const YAML::Node& node, absl::string_view key) {
-  MONARCH_ASSIGN_OR_RETURN(std::string kind, GetString(node, key));
-  if (kind == "ram") return TierKind::kRam;
-  if (kind == "pmem") return TierKind::kPmem;
-  if (kind == "posix") return TierKind::kPosix;
-  if (kind == "source") return TierKind::kSource;
-  return KeyError(key, absl::StrCat("expected one of ram, pmem, posix, source; got ", Quote(kind)));
 }
 
 // The soft RLIMIT_NOFILE, raised to the hard limit the first time. A hard
@@ -311,48 +129,9 @@ int DescriptorCaches(const Config& config) {
   return std::max(caches, 1);
 }
 
-absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
-  Config config;
-  if (!root.IsMap()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: expected a mapping with keys dataset, tiers, placement, prefetch, "
-                     "remote, node, logging; got ",
-                     Describe(root)));
-  }
-  MONARCH_RETURN_IF_ERROR(
-      CheckKeys(root, "", {"dataset", "tiers", "placement", "prefetch", "remote", "node", "logging"}));
-
-  const YAML::Node dataset = root["dataset"];
-  if (!dataset) return KeyError("dataset", "required (a mapping with 'path')");
-  if (!dataset.IsMap())
-    return KeyError("dataset", absl::StrCat("expected a mapping, got ", Describe(dataset)));
-  MONARCH_RETURN_IF_ERROR(
-      CheckKeys(dataset, "dataset", {"path", "file_regex", "scan_threads", "symlinks", "manifest"}));
-  if (!dataset["path"])
-    return KeyError("dataset.path", "required: the dataset directory on the source");
-  MONARCH_ASSIGN_OR_RETURN(config.dataset.path, GetString(dataset["path"], "dataset.path"));
-  if (dataset["file_regex"]) {
-    MONARCH_ASSIGN_OR_RETURN(config.dataset.file_regex,
-                             GetString(dataset["file_regex"], "dataset.file_regex"));
-  }
-  if (dataset["scan_threads"]) {
-    MONARCH_ASSIGN_OR_RETURN(int64_t threads,
-                             GetInt(dataset["scan_threads"], "dataset.scan_threads"));
-    if (threads < 1 || threads > 256) {
-      return KeyError("dataset.scan_threads", absl::StrCat("expected 1 to 256, got ", threads));
-    }
-    config.dataset.scan_threads = static_cast<int>(threads);
-  }
-  if (dataset["symlinks"]) {
-    MONARCH_ASSIGN_OR_RETURN(config.dataset.symlinks,
-                             GetString(dataset["symlinks"], "dataset.symlinks"));
-  }
-  if (dataset["manifest"]) {
-    MONARCH_ASSIGN_OR_RETURN(config.dataset.manifest,
-                             GetString(dataset["manifest"], "dataset.manifest"));
-  }
-
-  const YAML::Node tiers = root["tiers"];
+// Reads `tiers`: a list of mappings of the tier keys, with the keys each
+// kind takes and needs.
+absl::Status ParseTiers(const YAML::Node& tiers, Config* config) {
   if (!tiers)
     return KeyError("tiers", "required: a list of tiers, fastest first, ending with the source");
   if (!tiers.IsSequence())
@@ -365,48 +144,27 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
     const std::string where = absl::StrCat("tiers[", i, "]");
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(
-        t, where, {"name", "kind", "path", "capacity", "write_mode", "huge_pages"}));
-    TierConfig tier;
+    MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, config_keys::KeyNames("tiers[i]")));
     if (!t["kind"])
       return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
-    MONARCH_ASSIGN_OR_RETURN(tier.kind, ParseTierKind(t["kind"], absl::StrCat(where, ".kind")));
-    tier.name = TierKindName(tier.kind);
-    if (t["name"]) {
-      MONARCH_ASSIGN_OR_RETURN(tier.name, GetString(t["name"], absl::StrCat(where, ".name")));
-    }
-    if (t["path"]) {
-      MONARCH_ASSIGN_OR_RETURN(tier.path, GetString(t["path"], absl::StrCat(where, ".path")));
-    }
-    if (t["capacity"]) {
-      MONARCH_ASSIGN_OR_RETURN(tier.capacity_bytes,
-                               GetSize(t["capacity"], absl::StrCat(where, ".capacity")));
-    }
-    if (const YAML::Node mode = t["write_mode"]) {
-      const std::string key = absl::StrCat(where, ".write_mode");
-      if (tier.kind != TierKind::kPosix) {
-        return KeyError(key, absl::StrCat("only a posix tier has a write mode, not a ",
-                                          TierKindName(tier.kind), " tier; remove this key"));
-      }
-      MONARCH_ASSIGN_OR_RETURN(std::string text, GetString(mode, key));
-      if (text == "auto") {
-        tier.write_mode = WriteMode::kAuto;
-      } else if (text == "buffered") {
-        tier.write_mode = WriteMode::kBuffered;
-      } else if (text == "direct") {
-        tier.write_mode = WriteMode::kDirect;
-      } else {
-        return KeyError(key, absl::StrCat("expected auto, buffered or direct, got ", Quote(text)));
+    TierConfig tier;
+    for (const config_keys::Key<TierConfig>& key : config_keys::TierKeys()) {
+      if (const YAML::Node value = t[key.name]) {
+        MONARCH_RETURN_IF_ERROR(key.parse(value, absl::StrCat(where, ".", key.name), &tier));
       }
     }
-    if (const YAML::Node huge = t["huge_pages"]) {
-      const std::string key = absl::StrCat(where, ".huge_pages");
-      if (tier.kind != TierKind::kRam) {
-        return KeyError(key, absl::StrCat("only a ram tier has huge pages, not a ",
-                                          TierKindName(tier.kind), " tier; remove this key"));
+    if (!t["name"]) tier.name = TierKindName(tier.kind);
+    // Keys that only some kinds take, and those each kind needs.
+    auto only = [&](const char* key, TierKind kind, const char* what) -> absl::Status {
+      if (t[key] && tier.kind != kind) {
+        return KeyError(absl::StrCat(where, ".", key),
+                        absl::StrCat("only a ", TierKindName(kind), " tier has ", what, ", not a ",
+                                     TierKindName(tier.kind), " tier; remove this key"));
       }
-      MONARCH_ASSIGN_OR_RETURN(tier.huge_pages, GetBool(huge, key));
-    }
+      return absl::OkStatus();
+    };
+    MONARCH_RETURN_IF_ERROR(only("write_mode", TierKind::kPosix, "a write mode"));
+    MONARCH_RETURN_IF_ERROR(only("huge_pages", TierKind::kRam, "huge pages"));
     if (tier.kind == TierKind::kSource && t["path"]) {
       return KeyError(absl::StrCat(where, ".path"),
                       "a source tier reads dataset.path; remove this key");
@@ -428,98 +186,55 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
                       absl::StrCat("required for a ", TierKindName(tier.kind),
                                    " tier: the directory that holds its copies"));
     }
-    config.tiers.push_back(std::move(tier));
+    config->tiers.push_back(std::move(tier));
   }
+  return absl::OkStatus();
+}
 
-  bool max_open_files_given = false;
-  if (const YAML::Node placement = root["placement"]) {
-    if (!placement.IsMap())
-      return KeyError("placement", absl::StrCat("expected a mapping, got ", Describe(placement)));
-    if (placement["idle_priority"]) {
+absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
+  Config config;
+  const std::vector<std::string>& sections = config_keys::Sections();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: expected a mapping with keys ", absl::StrJoin(sections, ", "),
+                     "; got ", Describe(root)));
+  }
+  MONARCH_RETURN_IF_ERROR(
+      CheckKeys(root, "", std::vector<absl::string_view>(sections.begin(), sections.end())));
+  for (const std::string& section : sections) {
+    if (section == "tiers") {
+      MONARCH_RETURN_IF_ERROR(ParseTiers(root["tiers"], &config));
+      continue;
+    }
+    // The other sections: mappings of the table's keys.
+    const YAML::Node map = root[section];
+    if (!map) {
+      if (section == "dataset") return KeyError("dataset", "required (a mapping with 'path')");
+      continue;
+    }
+    if (!map.IsMap()) {
+      return KeyError(section, absl::StrCat("expected a mapping, got ", Describe(map)));
+    }
+    if (section == "placement" && map["idle_priority"]) {
       return KeyError("placement.idle_priority",
                       "no longer supported: placement threads run at normal priority, and "
                       "readers write the chunks they loaded themselves when staging memory is "
                       "over placement.max_staging_bytes; remove this key");
     }
-    MONARCH_RETURN_IF_ERROR(CheckKeys(placement, "placement",
-                                      {"threads", "policy", "max_staging_bytes", "chunk_bytes",
-                                       "max_open_files", "verify", "shutdown_timeout"}));
-    if (placement["threads"]) {
-      MONARCH_ASSIGN_OR_RETURN(int64_t threads, GetInt(placement["threads"], "placement.threads"));
-      if (threads < 0 || threads > 1024) {
-        return KeyError("placement.threads",
-                        absl::StrCat("expected 0 (half the cores) to 1024, got ", threads));
-      }
-      config.placement.threads = static_cast<int>(threads);
+    MONARCH_RETURN_IF_ERROR(CheckKeys(map, section, config_keys::KeyNames(section)));
+    if (section == "dataset" && !map["path"]) {
+      return KeyError("dataset.path", "required: the dataset directory on the source");
     }
-    if (placement["policy"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.placement.policy,
-                               GetString(placement["policy"], "placement.policy"));
-    }
-    if (placement["max_staging_bytes"]) {
-      MONARCH_ASSIGN_OR_RETURN(
-          config.placement.max_staging_bytes,
-          GetSize(placement["max_staging_bytes"], "placement.max_staging_bytes"));
-    }
-    if (placement["chunk_bytes"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.placement.chunk_bytes,
-                               GetSize(placement["chunk_bytes"], "placement.chunk_bytes"));
-    }
-    if (const YAML::Node files = placement["max_open_files"];
-        files && !(files.IsScalar() && files.Scalar() == "auto")) {
-      MONARCH_ASSIGN_OR_RETURN(int64_t value, GetInt(files, "placement.max_open_files"));
-      if (value < 4 || value > kMaxOpenFilesLimit) {
-        return KeyError("placement.max_open_files",
-                        absl::StrCat("expected auto or 4 to ", kMaxOpenFilesLimit, ", got ", value));
-      }
-      config.placement.max_open_files = static_cast<int>(value);
-      max_open_files_given = true;
-    }
-    if (placement["shutdown_timeout"]) {
-      MONARCH_ASSIGN_OR_RETURN(
-          config.placement.shutdown_timeout_seconds,
-          GetDuration(placement["shutdown_timeout"], "placement.shutdown_timeout",
-                      /*allow_zero=*/true));
-    }
-    if (placement["verify"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.placement.verify,
-                               GetString(placement["verify"], "placement.verify"));
-    }
+    MONARCH_RETURN_IF_ERROR(ParseSection(map, section, &config));
   }
-  // Derived for this config's caches: the struct's default assumes four.
-  if (!max_open_files_given) {
+  // Derived for this config's caches (the struct's default assumes four),
+  // unless given.
+  const YAML::Node placement = root["placement"];
+  const YAML::Node files = placement ? placement["max_open_files"] : placement;
+  if (!placement || !files || (files.IsScalar() && files.Scalar() == "auto")) {
     config.placement.max_open_files = DefaultMaxOpenFiles(DescriptorCaches(config));
   }
-  if (const YAML::Node prefetch = root["prefetch"]) {
-    if (!prefetch.IsMap())
-      return KeyError("prefetch", absl::StrCat("expected a mapping, got ", Describe(prefetch)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(prefetch, "prefetch", {"streams", "lookahead"}));
-    if (prefetch["streams"]) {
-      MONARCH_ASSIGN_OR_RETURN(int64_t streams, GetInt(prefetch["streams"], "prefetch.streams"));
-      if (streams < 0 || streams > 256) return KeyError("prefetch.streams", "expected 0 to 256");
-      config.prefetch.streams = static_cast<int>(streams);
-    }
-    if (prefetch["lookahead"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.prefetch.lookahead_bytes,
-                               GetSize(prefetch["lookahead"], "prefetch.lookahead"));
-    }
-  }
-  if (const YAML::Node remote = root["remote"]) {
-    MONARCH_RETURN_IF_ERROR(ParseRemote(remote, &config.remote));
-  }
-  if (const YAML::Node node = root["node"]) {
-    MONARCH_RETURN_IF_ERROR(ParseNodeSection(node, &config.node));
-  }
-  if (const YAML::Node logging = root["logging"]) {
-    if (!logging.IsMap())
-      return KeyError("logging", absl::StrCat("expected a mapping, got ", Describe(logging)));
-    MONARCH_RETURN_IF_ERROR(CheckKeys(logging, "logging", {"level"}));
-    if (logging["level"]) {
-      MONARCH_ASSIGN_OR_RETURN(config.logging.level, GetString(logging["level"], "logging.level"));
-    }
-  }
-  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
-  return config;
+  return config;  // Validated by the caller, after any adjustment.
 }
 
 bool IsDirectory(const std::string& path) {
@@ -543,6 +258,74 @@ std::string RealPath(const std::string& path) {
 }
 
 }  // namespace
+
+const char* NameOf(TierKind value) { return TierKindName(value); }
+
+const char* NameOf(WriteMode value) {
+  switch (value) {
+    case WriteMode::kAuto:
+      return "auto";
+    case WriteMode::kBuffered:
+      return "buffered";
+    case WriteMode::kDirect:
+      return "direct";
+  }
+  return "unknown";
+}
+
+const char* NameOf(SymlinkPolicy value) {
+  switch (value) {
+    case SymlinkPolicy::kFollow:
+      return "follow";
+    case SymlinkPolicy::kInside:
+      return "inside";
+    case SymlinkPolicy::kSkip:
+      return "skip";
+  }
+  return "unknown";
+}
+
+const char* NameOf(PlacementPolicyKind value) {
+  switch (value) {
+    case PlacementPolicyKind::kFirstFit:
+      return "first-fit";
+    case PlacementPolicyKind::kLru:
+      return "lru";
+    case PlacementPolicyKind::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+const char* NameOf(VerifyPolicy value) {
+  switch (value) {
+    case VerifyPolicy::kOff:
+      return "off";
+    case VerifyPolicy::kFirstRead:
+      return "first-read";
+    case VerifyPolicy::kEveryRead:
+      return "every-read";
+  }
+  return "unknown";
+}
+
+const char* NameOf(BootstrapKind value) {
+  return value == BootstrapKind::kMpi ? "mpi" : "directory";
+}
+
+const char* NameOf(LogLevel value) {
+  switch (value) {
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarning:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+  }
+  return "unknown";
+}
 
 const char* TierKindName(TierKind kind) {
   switch (kind) {
@@ -613,54 +396,19 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
       Quote(text)));
 }
 
+// What the table cannot check key by key: a rendezvous directory is needed
+// by the directory bootstrap, and must be absolute.
 static absl::Status ValidateRemote(const RemoteConfig& r) {
-  if (!r.enabled) return absl::OkStatus();
-  for (auto [key, spec] : {std::pair<const char*, const std::string*>{"remote.rank", &r.rank},
-                           {"remote.size", &r.size}}) {
-    if (!IsRankSpec(*spec)) {
-      return KeyError(
-          key, absl::StrCat("expected an integer, 'auto' or 'env:VARIABLE', got ", Quote(*spec)));
-    }
+  if (!r.enabled || r.bootstrap != BootstrapKind::kDirectory) return absl::OkStatus();
+  if (r.rendezvous_dir.empty()) {
+    return KeyError("remote.rendezvous_dir",
+                    "required with bootstrap 'directory': a directory on a file system every "
+                    "peer sees, one per job");
   }
-  int64_t size;
-  if (absl::SimpleAtoi(r.size, &size) && size < 1)
-    return KeyError("remote.size", "expected at least 1");
-  if (r.bootstrap != "directory" && r.bootstrap != "mpi") {
-    return KeyError("remote.bootstrap",
-                    absl::StrCat("expected 'directory' or 'mpi', got ", Quote(r.bootstrap)));
+  if (r.rendezvous_dir[0] != '/') {
+    return KeyError("remote.rendezvous_dir",
+                    absl::StrCat("expected an absolute path, got ", Quote(r.rendezvous_dir)));
   }
-  if (r.bootstrap == "directory") {
-    if (r.rendezvous_dir.empty()) {
-      return KeyError("remote.rendezvous_dir",
-                      "required with bootstrap 'directory': a directory on a file system every "
-                      "peer sees, one per job");
-    }
-    if (r.rendezvous_dir[0] != '/') {
-      return KeyError("remote.rendezvous_dir",
-                      absl::StrCat("expected an absolute path, got ", Quote(r.rendezvous_dir)));
-    }
-  }
-  if (r.transports.empty() || r.transports.find_first_not_of(
-                                  "abcdefghijklmnopqrstuvwxyz0123456789_,^") != std::string::npos) {
-    return KeyError("remote.transports",
-                    absl::StrCat("expected a UCX transport list such as 'tcp' or 'rc,ud,sm', got ",
-                                 Quote(r.transports)));
-  }
-  if (r.chunk_bytes < 4096 || r.chunk_bytes > (1ull << 30) || r.chunk_bytes % 4096 != 0) {
-    return KeyError("remote.chunk_size", "expected a multiple of 4KiB from 4KiB to 1GiB");
-  }
-  if (r.buffer_bytes != 0 && (r.buffer_bytes < 4096 || r.buffer_bytes > (1ull << 30))) {
-    return KeyError("remote.buffer_size", "expected 'auto' or a size from 4KiB to 1GiB");
-  }
-  if (!(r.rendezvous_timeout_seconds > 0))
-    return KeyError("remote.rendezvous_timeout", "expected a positive duration");
-  if (!(r.request_timeout_seconds > 0))
-    return KeyError("remote.request_timeout", "expected a positive duration");
-  if (!(r.retry_after_seconds > 0))
-    return KeyError("remote.retry_after", "expected a positive duration");
-  if (r.replicas < 1 || r.replicas > RemoteConfig::kMaxReplicas)
-    return KeyError("remote.replicas",
-                    absl::StrCat("expected 1 to ", RemoteConfig::kMaxReplicas));
   return absl::OkStatus();
 }
 
@@ -668,21 +416,6 @@ static absl::Status ValidateRemote(const RemoteConfig& r) {
 // and a mistake should not wait until someone turns sharing on.
 static absl::Status ValidateNode(const Config& config) {
   const NodeConfig& n = config.node;
-  if (!std::isfinite(n.idle_exit_seconds) || n.idle_exit_seconds < 0) {
-    return KeyError("node.idle_exit", "expected a finite duration, or 0 for never");
-  }
-  if (!std::isfinite(n.request_timeout_seconds) || n.request_timeout_seconds < 0.001 ||
-      n.request_timeout_seconds > 86400) {
-    return KeyError("node.request_timeout", "expected a duration from 1ms to 24h");
-  }
-  if (!std::isfinite(n.start_timeout_seconds) || n.start_timeout_seconds < 0.001 ||
-      n.start_timeout_seconds > 86400) {
-    return KeyError("node.start_timeout", "expected a duration from 1ms to 24h");
-  }
-  if (n.metrics_port < 0 || n.metrics_port > 65535) {
-    return KeyError("node.metrics_port",
-                    absl::StrCat("expected 0 (no endpoint) to 65535, got ", n.metrics_port));
-  }
   MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(config));
   if (dir.size() > kMaxRuntimeDirChars) {
     return KeyError("node.runtime_dir",
@@ -721,8 +454,9 @@ std::string DatasetKey(const DatasetConfig& dataset) {
   if (root.empty()) root = "/";
   // FNV-1a: stable across processes and builds, unlike absl::Hash.
   uint64_t hash = 0xcbf29ce484222325ull;
+  const std::string symlinks = NameOf(dataset.symlinks);
   for (const std::string* part : std::initializer_list<const std::string*>{
-           &root, &dataset.file_regex, &dataset.symlinks, &dataset.manifest}) {
+           &root, &dataset.file_regex, &symlinks, &dataset.manifest}) {
     for (char c : *part) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
     hash = (hash ^ 0xffu) * 0x100000001b3ull;  // Separator: ("ab","c") != ("a","bc").
   }
@@ -780,8 +514,9 @@ absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
 absl::Status ValidateConfig(const Config& config) {
   if (config.dataset.path.empty())
     return KeyError("dataset.path", "required: the dataset directory on the source");
-  if (config.dataset.scan_threads < 1 || config.dataset.scan_threads > 256) {
-    return KeyError("dataset.scan_threads", "expected 1 to 256");
+  // Every key's own range (a Config built in code was never parsed).
+  for (const config_keys::Key<Config>& key : config_keys::SectionKeys()) {
+    MONARCH_RETURN_IF_ERROR(key.check(config, absl::StrCat(key.section, ".", key.name)));
   }
   if (config.dataset.path[0] != '/') {
     return KeyError("dataset.path",
@@ -809,6 +544,13 @@ absl::Status ValidateConfig(const Config& config) {
   for (size_t i = 0; i < config.tiers.size(); ++i) {
     const TierConfig& tier = config.tiers[i];
     const std::string where = absl::StrCat("tiers[", i, "]");
+    if (tier.kind == TierKind::kPeers) {
+      return KeyError(absl::StrCat(where, ".kind"),
+                      "peers are not a tier to list: enable them with the remote section");
+    }
+    for (const config_keys::Key<TierConfig>& key : config_keys::TierKeys()) {
+      MONARCH_RETURN_IF_ERROR(key.check(tier, absl::StrCat(where, ".", key.name)));
+    }
     if (tier.name.empty()) return KeyError(absl::StrCat(where, ".name"), "must not be empty");
     if (!names.insert(tier.name).second) {
       return KeyError(
@@ -880,26 +622,9 @@ absl::Status ValidateConfig(const Config& config) {
     return KeyError("tiers", "expected a last tier of kind 'source' (the dataset on the PFS)");
 
   const PlacementConfig& p = config.placement;
-  if (p.threads < 0 || p.threads > 1024)
-    return KeyError("placement.threads", "expected 0 (half the cores) to 1024");
-  if (p.policy != "first-fit" && p.policy != "lru" && p.policy != "none") {
-    return KeyError("placement.policy",
-                    absl::StrCat("expected 'first-fit', 'lru' or 'none', got ", Quote(p.policy)));
-  }
   // Each peer keeps the files it is home of for the others: never evicted.
-  if (p.policy == "lru" && config.remote.enabled) {
+  if (p.policy == PlacementPolicyKind::kLru && config.remote.enabled) {
     return KeyError("placement.policy", "'lru' is not supported with remote.enabled (peers)");
-  }
-  if (!std::isfinite(p.shutdown_timeout_seconds) || p.shutdown_timeout_seconds < 0 ||
-      p.shutdown_timeout_seconds > 86400) {
-    return KeyError("placement.shutdown_timeout", "expected a duration from 0 to 24h");
-  }
-  if (p.chunk_bytes < 4096 || p.chunk_bytes > (1ull << 30) || p.chunk_bytes % 4096 != 0) {
-    return KeyError("placement.chunk_bytes", "expected a multiple of 4KiB from 4KiB to 1GiB");
-  }
-  if (p.max_open_files < 4 || p.max_open_files > kMaxOpenFilesLimit) {
-    return KeyError("placement.max_open_files",
-                    absl::StrCat("expected 4 to ", kMaxOpenFilesLimit, ", got ", p.max_open_files));
   }
   // More descriptors than the process may open: reads past the limit would
   // fail with EMFILE, on the source too.
@@ -911,20 +636,6 @@ absl::Status ValidateConfig(const Config& config) {
                                  " descriptors this process may open (RLIMIT_NOFILE, ulimit -n); "
                                  "leave the key out to derive it from the limit"));
   }
-  if (config.prefetch.streams < 0 || config.prefetch.streams > 256)
-    return KeyError("prefetch.streams", "expected 0 to 256");
-  if (config.prefetch.lookahead_bytes == 0)
-    return KeyError("prefetch.lookahead", "expected a size of at least one byte, such as 1GiB");
-  if (p.verify != "first-read" && p.verify != "every-read" && p.verify != "off") {
-    return KeyError("placement.verify", absl::StrCat("expected 'first-read', 'every-read' or "
-                                                     "'off', got ",
-                                                     Quote(p.verify)));
-  }
-  const std::string& symlinks = config.dataset.symlinks;
-  if (symlinks != "follow" && symlinks != "inside" && symlinks != "skip") {
-    return KeyError("dataset.symlinks",
-                    absl::StrCat("expected 'follow', 'inside' or 'skip', got ", Quote(symlinks)));
-  }
   // Only the path here: whether the file exists and matches the dataset is
   // checked when the namespace is built from it (`monarch manifest` writes
   // it from a config that already names it).
@@ -933,43 +644,57 @@ absl::Status ValidateConfig(const Config& config) {
   }
   MONARCH_RETURN_IF_ERROR(ValidateRemote(config.remote));
   MONARCH_RETURN_IF_ERROR(ValidateNode(config));
-  const std::string& level = config.logging.level;
-  if (level != "debug" && level != "info" && level != "warning" && level != "error") {
-    return KeyError("logging.level",
-                    absl::StrCat("expected debug, info, warning or error; got ", Quote(level)));
-  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
+absl::StatusOr<ValidConfig> ValidConfig::Validate(Config config) {
+  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
+  return ValidConfig(std::move(config));
+}
+
+absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
+                                                   const ConfigAdjustment& adjust) {
   if (yaml.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", yaml.size(),
                                                    " bytes; a config larger than ",
                                                    kMaxConfigBytes, " bytes is refused"));
   }
-  YAML::Node root;
+  absl::StatusOr<Config> config;
   try {
-    root = YAML::Load(std::string(yaml));
-    return ParseNode(root);
+    config = ParseNode(YAML::Load(std::string(yaml)));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: malformed YAML at line ",
                                                    e.mark.line + 1, ", column ", e.mark.column + 1,
                                                    ": ", e.msg));
   }
+  if (!config.ok()) return config.status();
+  if (adjust) adjust(*config);
+  return ValidConfig::Validate(*std::move(config));
 }
 
-absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
+absl::StatusOr<ValidConfig> ParseValidConfigFile(const std::string& path,
+                                                 const ConfigAdjustment& adjust) {
   absl::StatusOr<std::string> text = ReadSmallFile(path);
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("config file ", Quote(path), " cannot be read: ",
                                             text.status().message()));
   }
-  absl::StatusOr<Config> config = ParseConfigString(*text);
+  absl::StatusOr<ValidConfig> config = ParseValidConfigString(*text, adjust);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));
   }
   return config;
+}
+
+absl::StatusOr<Config> ParseConfigString(std::string_view yaml) {
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig config, ParseValidConfigString(yaml));
+  return *config;
+}
+
+absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig config, ParseValidConfigFile(path));
+  return *config;
 }
 
 int DefaultMaxOpenFiles(int descriptor_caches) {

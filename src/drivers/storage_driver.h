@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
 #include "common/file_util.h"
+#include "monarch/config.h"  // VerifyPolicy: placement.verify's values.
 
 namespace monarch {
 
@@ -66,14 +67,6 @@ struct SourceIdentity {
   bool operator!=(const SourceIdentity& o) const { return !(*this == o); }
 };
 
-// How file-backed tiers check their copies against the checksums written
-// with them (src/drivers/copy_integrity.h).
-enum class VerifyPolicy {
-  kOff,        // Never: the copy's identity is still checked at start-up.
-  kFirstRead,  // Each 4 KiB block the first time this process reads it, and
-               // every read checks that the copy was not modified since.
-  kEveryRead,  // Every block of every read.
-};
 
 // A copy of one file being written into a tier. The placement handler
 // streams the file through it chunk by chunk, so a promotion never needs the

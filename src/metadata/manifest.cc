@@ -143,10 +143,7 @@ ManifestOrigin ManifestOriginOf(const std::string& root, const std::string& file
 }
 
 ManifestOrigin ManifestOriginOf(const DatasetConfig& dataset) {
-  const SymlinkPolicy symlinks = dataset.symlinks == "inside" ? SymlinkPolicy::kInside
-                                 : dataset.symlinks == "skip" ? SymlinkPolicy::kSkip
-                                                              : SymlinkPolicy::kFollow;
-  return ManifestOriginOf(dataset.path, dataset.file_regex, symlinks);
+  return ManifestOriginOf(dataset.path, dataset.file_regex, dataset.symlinks);
 }
 
 std::string EncodeManifest(const Namespace& ns, const ManifestOrigin& origin) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "monarch/config.h"  // SymlinkPolicy: dataset.symlinks' values.
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
@@ -115,12 +116,6 @@ struct NamespaceListing {
   uint64_t root_device = 0;  // st_dev of the root when it was walked.
 };
 
-// What the walk does with symlinks to files (config: dataset.symlinks).
-enum class SymlinkPolicy {
-  kFollow,  // Serve them, wherever they point.
-  kInside,  // Serve those whose target lies inside the root; skip the others.
-  kSkip,    // Serve none.
-};
 
 class Namespace {
  public:

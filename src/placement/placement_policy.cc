@@ -61,19 +61,18 @@ class NoPlacementPolicy final : public PlacementPolicy {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
-                                                                    KeptShare kept) {
-  if (name == "first-fit") return std::make_unique<FirstFitPolicy>(std::move(kept), false);
-  if (name == "lru") {
-    // Peers promise their home files to each other: they must not be evicted.
-    if (kept.is_kept) {
-      return absl::InvalidArgumentError("placement.policy: 'lru' is not supported with peers");
-    }
-    return std::make_unique<FirstFitPolicy>(std::move(kept), true);
+std::unique_ptr<PlacementPolicy> NewPlacementPolicy(PlacementPolicyKind kind, KeptShare kept) {
+  switch (kind) {
+    case PlacementPolicyKind::kFirstFit:
+      return std::make_unique<FirstFitPolicy>(std::move(kept), false);
+    case PlacementPolicyKind::kLru:
+      // Not with peers (ValidateConfig refuses it): they promise their home
+      // files to each other, which must not be evicted.
+      return std::make_unique<FirstFitPolicy>(std::move(kept), true);
+    case PlacementPolicyKind::kNone:
+      break;
   }
-  if (name == "none") return std::make_unique<NoPlacementPolicy>();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "placement.policy: expected 'first-fit', 'lru' or 'none', got '", name, "'"));
+  return std::make_unique<NoPlacementPolicy>();
 }
 
 }  // namespace monarch

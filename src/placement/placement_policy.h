@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "drivers/tier.h"
+#include "monarch/config.h"
 
 namespace monarch {
 
@@ -52,13 +53,13 @@ struct KeptShare {
   uint64_t pending_bytes = 0;
 };
 
-// "first-fit": the MONARCH paper's policy. Top-down, the first tier with
-// room for the whole file; no eviction (but for a kept share, above), so
-// when every tier is full files stay on the source. "lru": first-fit, and when no tier has room, copies
-// are evicted in least-recently-used order (PlacementHandler::MakeRoom).
-// "none": never promote (a pass-through baseline).
-absl::StatusOr<std::unique_ptr<PlacementPolicy>> NewPlacementPolicy(const std::string& name,
-                                                                    KeptShare kept = {});
+// kFirstFit: the MONARCH paper's policy. Top-down, the first tier with room
+// for the whole file; no eviction (but for a kept share, above), so when
+// every tier is full files stay on the source. kLru: first-fit, and when no
+// tier has room, copies are evicted in least-recently-used order
+// (PlacementHandler::MakeRoom); never with a kept share (ValidateConfig
+// refuses lru with peers). kNone: never promote (a pass-through baseline).
+std::unique_ptr<PlacementPolicy> NewPlacementPolicy(PlacementPolicyKind kind, KeptShare kept = {});
 
 }  // namespace monarch
 

@@ -128,7 +128,7 @@ absl::StatusOr<int> ResolveRankSpec(const std::string& spec, absl::string_view k
 
 absl::StatusOr<JobRank> ResolveJobRank(const RemoteConfig& config) {
   JobRank job;
-  if (config.bootstrap == "mpi") {
+  if (config.bootstrap == BootstrapKind::kMpi) {
     absl::StatusOr<std::pair<int, int>> mpi = MpiRankAndSize();
     if (!mpi.ok()) return mpi.status();
     std::tie(job.rank, job.size) = *mpi;

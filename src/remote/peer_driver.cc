@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<PeerDriver>> PeerDriver::Create(const RemoteConfi
   if (!job.ok()) return job.status();
   const int rank = job->rank, size = job->size;
   auto fetch = std::unique_ptr<PeerDriver>(new PeerDriver(config, ns, rank, size));
-  if (config.bootstrap == "directory") {
+  if (config.bootstrap == BootstrapKind::kDirectory) {
     absl::StatusOr<std::string> dir =
         ExpandEnvironment(config.rendezvous_dir, "remote.rendezvous_dir");
     if (!dir.ok()) return dir.status();
@@ -128,7 +128,7 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
   // them rank 0's address file, which names the secret by its fingerprint.
   static_assert(kJobSecretBytes == peer_wire::kSecretBytes, "one secret size");
   PeerNetwork::AddressExchange exchange;
-  if (config_.bootstrap == "mpi") {
+  if (config_.bootstrap == BootstrapKind::kMpi) {
     std::string secret;
     absl::Status made = absl::OkStatus();
     if (rank_ == 0) {

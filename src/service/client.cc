@@ -375,7 +375,7 @@ class ServiceClient final : public Monarch {
   }
 
   // How this process checks the file tiers' copies it reads itself.
-  VerifyPolicy verify() const { return ParseVerifyPolicy(config_.placement.verify); }
+  VerifyPolicy verify() const { return config_.placement.verify; }
 
   Session* CurrentSession(ProcessState& state) const {
     Session* session = state.session.load(std::memory_order_acquire);
@@ -691,11 +691,10 @@ bool IsServiceClient(const Monarch& monarch) {
   return dynamic_cast<const ServiceClient*>(&monarch) != nullptr;
 }
 
-absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
+absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const ValidConfig& config,
                                                              const ConfigSource& source) {
-  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
-  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config));
-  auto client = std::make_unique<ServiceClient>(config, source, std::move(paths));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(*config));
+  auto client = std::make_unique<ServiceClient>(*config, source, std::move(paths));
   MONARCH_RETURN_IF_ERROR(client->Start());
   return std::unique_ptr<Monarch>(std::move(client));
 }

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "config/valid_config.h"
 #include "monarch/config.h"
 #include "monarch/monarch.h"
 
@@ -43,7 +44,7 @@ struct ConfigSource {
 // Connects to the node's service (starting it if node.autostart says so and
 // none is running). Errors: FailedPrecondition when no service runs and none
 // may be started, or when the running one serves another dataset.
-absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const Config& config,
+absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const ValidConfig& config,
                                                              const ConfigSource& source);
 
 // Whether `monarch` is a node-service client. Such a handle keeps working in

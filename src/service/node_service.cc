@@ -73,23 +73,23 @@ struct NodeService::Connection {
   char* transfer() const { return buffer.data() + kCountersPageBytes; }
 };
 
-NodeService::NodeService(const Config& config, const ServeOptions& options, ServicePaths paths)
+NodeService::NodeService(const ValidConfig& config, const ServeOptions& options,
+                         ServicePaths paths)
     : config_(config),
       options_(options),
       paths_(std::move(paths)),
       started_(std::chrono::steady_clock::now()) {}
 
-absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const Config& config,
+absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const ValidConfig& config,
                                                                 const ServeOptions& options) {
-  MONARCH_RETURN_IF_ERROR(ValidateConfig(config));
   // ValidateConfig spares the dataset for shared configs (clients must not
   // touch the PFS); the service is the one that reads it.
   struct stat st;
-  if (os::Stat(config.dataset.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (os::Stat(config->dataset.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: '", config.dataset.path, "' is not an existing directory"));
+        absl::StrCat("dataset.path: '", config->dataset.path, "' is not an existing directory"));
   }
-  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(config));
+  MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(*config));
   MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths));
   // First of all: of two services started at once, one goes on.
   MONARCH_ASSIGN_OR_RETURN(ScopedFd lock, TakeServiceLock(paths));
@@ -104,7 +104,7 @@ absl::Status NodeService::Init(ScopedFd lock) {
   if (!stop_event_.valid()) return ErrnoToStatus(errno, "eventfd");
   instance_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
                  static_cast<uint64_t>(::getpid());
-  dataset_key_ = DatasetKey(config_.dataset);
+  dataset_key_ = DatasetKey(config_->dataset);
 
   // The tier slots go into shared memory: clients read where each file is.
   absl::Status slots_status;
@@ -129,9 +129,9 @@ absl::Status NodeService::Init(ScopedFd lock) {
         absl::StrCat("tiers: a node service shares at most ", kMaxSharedTiers, " tiers"));
   }
   MONARCH_ASSIGN_OR_RETURN(image_fd_, WriteNamespaceImage(core_->name_space()));
-  if (config_.node.metrics_port > 0) {
+  if (config_->node.metrics_port > 0) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics = MetricsHttpServer::Start(
-        config_.node.metrics_port, [this] {
+        config_->node.metrics_port, [this] {
           StatsReply stats = NodeStats();
           std::string text = stats.node.ToPrometheus();
           absl::StrAppend(&text,
@@ -206,7 +206,7 @@ void NodeService::ReapFinished() {
 }
 
 void NodeService::AcceptLoop() {
-  const double idle_exit = config_.node.idle_exit_seconds;
+  const double idle_exit = config_->node.idle_exit_seconds;
   auto idle_since = std::chrono::steady_clock::now();
   while (!stopping_.load(std::memory_order_relaxed)) {
     pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};

@@ -66,7 +66,7 @@ class NodeService {
   // Takes the runtime directory's lock, builds the instance, publishes the
   // shared regions and starts listening. FailedPrecondition if a service
   // already runs there.
-  static absl::StatusOr<std::unique_ptr<NodeService>> Start(const Config& config,
+  static absl::StatusOr<std::unique_ptr<NodeService>> Start(const ValidConfig& config,
                                                             const ServeOptions& options = {});
   // Stops if Stop() was not called. A service that did not stop cleanly
   // (stopped_cleanly()) must be abandoned (common/shutdown.h) instead:
@@ -92,7 +92,7 @@ class NodeService {
  private:
   struct Connection;
 
-  NodeService(const Config& config, const ServeOptions& options, ServicePaths paths);
+  NodeService(const ValidConfig& config, const ServeOptions& options, ServicePaths paths);
   absl::Status Init(ScopedFd lock);
   void AcceptLoop();
   void Serve(Connection* connection);
@@ -107,7 +107,7 @@ class NodeService {
   void Shutdown();
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const Config config_;
+  const ValidConfig config_;
   const ServeOptions options_;
   const ServicePaths paths_;
   const std::chrono::steady_clock::time_point started_;

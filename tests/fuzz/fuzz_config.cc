@@ -79,14 +79,18 @@ void CheckConfig(const Config& config) {
   }
   const PlacementConfig& p = config.placement;
   FUZZ_CHECK(p.threads >= 0 && p.threads <= 1024, absl::StrCat(p.threads));
-  FUZZ_CHECK(p.policy == "first-fit" || p.policy == "none", p.policy);
+  FUZZ_CHECK(p.policy == PlacementPolicyKind::kFirstFit || p.policy == PlacementPolicyKind::kLru ||
+                 p.policy == PlacementPolicyKind::kNone,
+             NameOf(p.policy));
   FUZZ_CHECK(p.chunk_bytes >= 4096 && p.chunk_bytes <= (1ull << 30) && p.chunk_bytes % 4096 == 0,
              absl::StrCat(p.chunk_bytes));
   FUZZ_CHECK(p.max_open_files >= 4, absl::StrCat(p.max_open_files));
   const RemoteConfig& r = config.remote;
   if (r.enabled) {
-    FUZZ_CHECK(r.bootstrap == "directory" || r.bootstrap == "mpi", r.bootstrap);
-    FUZZ_CHECK(r.bootstrap != "directory" || Absolute(r.rendezvous_dir), r.rendezvous_dir);
+    FUZZ_CHECK(r.bootstrap == BootstrapKind::kDirectory || r.bootstrap == BootstrapKind::kMpi,
+               NameOf(r.bootstrap));
+    FUZZ_CHECK(r.bootstrap != BootstrapKind::kDirectory || Absolute(r.rendezvous_dir),
+               r.rendezvous_dir);
     FUZZ_CHECK(!r.transports.empty(), "no transports");
     FUZZ_CHECK(r.chunk_bytes >= 4096 && r.chunk_bytes <= (1ull << 30) && r.chunk_bytes % 4096 == 0,
                absl::StrCat(r.chunk_bytes));
@@ -100,7 +104,7 @@ void CheckConfig(const Config& config) {
              absl::StrCat(config.node.idle_exit_seconds));
   FUZZ_CHECK(config.node.metrics_port >= 0 && config.node.metrics_port <= 65535,
              absl::StrCat(config.node.metrics_port));
-  const std::string& level = config.logging.level;
+  const std::string level = NameOf(config.logging.level);
   FUZZ_CHECK(level == "debug" || level == "info" || level == "warning" || level == "error", level);
   // Parsing validated it; validating the result again must agree.
   const absl::Status again = ValidateConfig(config);

@@ -359,10 +359,15 @@ def test_bandwidth_cap(h):
     h.reset(capped)
     t_capped = timed(lambda: read_big(capped))
     check(h.counters(capped)["bytes_read"] == BIG_SIZE, "bytes_read for 64 MiB")
-    # Relative to the ideal, not a fixed 0.5 s: on a loaded machine the
-    # uncapped read slows down too (0.29 s for 64 MiB was seen in CI).
-    check(t_capped - t_fast >= 0.5 * ideal, f"64 MiB: capped {t_capped:.3f}s vs {t_fast:.3f}s")
+    # The cap holds: never faster than 100 MB/s allows.
     check(t_capped >= 0.9 * ideal, f"64 MiB at 100 MB/s took {t_capped:.3f}s < {ideal:.3f}s")
+    # And it is the cap that costs the time, not the machine: when the
+    # uncapped read is fast enough to tell, the capped one is slower by
+    # about the cap's share. (On a loaded machine the uncapped read can take
+    # longer than the cap's 0.67 s itself, 1.36 s was seen: then only the
+    # bound above tells anything.)
+    if t_fast < 0.5 * ideal:
+        check(t_capped - t_fast >= 0.5 * ideal, f"64 MiB: capped {t_capped:.3f}s vs {t_fast:.3f}s")
 
     # The cap is aggregate: two parallel readers share it. Waiting readers
     # must sleep, not spin: the emulator's CPU time stays far below wall time.

@@ -6,6 +6,7 @@
 //   monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir DIR]
 //   monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]
 //   monarch manifest --config FILE [--output PATH]   walk the dataset once, write its manifest
+//   monarch config-reference [--update FILE]   the config keys' reference (config/README.md)
 //   monarch epochs ...                 replay a training job's reads (see --help)
 //
 // Each command talks to the service of the config it is given (--config,
@@ -31,7 +32,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/shutdown.h"
+#include "config/config_keys.h"
+#include "config/valid_config.h"
 #include "metadata/manifest.h"
 #include "service/node_service.h"
 #include "service/protocol.h"
@@ -58,6 +62,7 @@ int Usage(const char* problem) {
                "DIR]\n"
                "       monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]\n"
                "       monarch manifest --config FILE [--output PATH]\n"
+               "       monarch config-reference [--update config/README.md]\n"
                "       monarch epochs --help\n");
   return 2;
 }
@@ -66,6 +71,7 @@ struct Args {
   std::string config;
   std::string runtime_dir;
   std::string output;  // manifest: where to write it.
+  std::string update;  // config-reference: the file to update.
   bool json = false;
   double watch = 0;  // Seconds between refreshes; 0 = once.
   bool autostarted = false;
@@ -86,6 +92,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!value(&args->runtime_dir)) return false;
     } else if (flag == "--output") {
       if (!value(&args->output)) return false;
+    } else if (flag == "--update") {
+      if (!value(&args->update)) return false;
     } else if (flag == "--json") {
       args->json = true;
     } else if (flag == "--watch") {
@@ -106,8 +114,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
   return true;
 }
 
-absl::StatusOr<monarch::Config> LoadConfig(const std::string& file) {
-  return monarch::ParseConfigFile(file);
+absl::StatusOr<monarch::ValidConfig> LoadConfig(const std::string& file) {
+  return monarch::ParseValidConfigFile(file);
 }
 
 // The service a command is about: in --runtime-dir, or the one of the
@@ -132,14 +140,14 @@ absl::StatusOr<Target> FindService(const Args& args) {
     return absl::InvalidArgumentError(
         "which service? Give --config FILE (the service of that config) or --runtime-dir DIR");
   }
-  absl::StatusOr<monarch::Config> config = LoadConfig(file);
+  absl::StatusOr<monarch::ValidConfig> config = LoadConfig(file);
   if (!config.ok()) return config.status();
-  absl::StatusOr<ServicePaths> paths = monarch::service::ServicePathsFor(*config);
+  absl::StatusOr<ServicePaths> paths = monarch::service::ServicePathsFor(**config);
   if (!paths.ok()) return paths.status();
   target.paths = *std::move(paths);
   target.config_file = file;
-  target.dataset = config->dataset.path;
-  target.dataset_key = monarch::DatasetKey(config->dataset);
+  target.dataset = (*config)->dataset.path;
+  target.dataset_key = monarch::DatasetKey((*config)->dataset);
   return target;
 }
 
@@ -179,7 +187,7 @@ void OnSignal(int) {
 
 int Serve(const Args& args) {
   if (args.config.empty()) return Usage("serve needs --config FILE");
-  absl::StatusOr<monarch::Config> config = LoadConfig(args.config);
+  absl::StatusOr<monarch::ValidConfig> config = LoadConfig(args.config);
   if (!config.ok()) return Failed(config.status());
   absl::StatusOr<std::unique_ptr<monarch::service::NodeService>> service =
       monarch::service::NodeService::Start(*config);
@@ -198,7 +206,7 @@ int Serve(const Args& args) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  std::fprintf(stderr, "monarch: serving %s at %s (pid %d)%s\n", config->dataset.path.c_str(),
+  std::fprintf(stderr, "monarch: serving %s at %s (pid %d)%s\n", (*config)->dataset.path.c_str(),
                (*service)->paths().socket.c_str(), static_cast<int>(::getpid()),
                (*service)->metrics_port() > 0
                    ? absl::StrCat(", metrics at http://127.0.0.1:", (*service)->metrics_port(),
@@ -420,21 +428,21 @@ int ManifestCommand(const Args& args) {
     std::fprintf(stderr, "monarch: %s\n", std::string(status.message()).c_str());
     return 1;
   };
-  absl::StatusOr<monarch::Config> config = LoadConfig(args.config);
+  absl::StatusOr<monarch::ValidConfig> config = LoadConfig(args.config);
   if (!config.ok()) return fail(config.status());
   std::string output = args.output;
   if (output.empty()) {
-    if (config->dataset.manifest.empty()) {
+    if ((*config)->dataset.manifest.empty()) {
       return Usage("manifest needs --output PATH, or dataset.manifest in the config");
     }
-    absl::StatusOr<std::string> path = monarch::DatasetManifestPath(config->dataset);
+    absl::StatusOr<std::string> path = monarch::DatasetManifestPath((*config)->dataset);
     if (!path.ok()) return fail(path.status());
     output = *path;
   }
-  const monarch::ManifestOrigin origin = monarch::ManifestOriginOf(config->dataset);
+  const monarch::ManifestOrigin origin = monarch::ManifestOriginOf((*config)->dataset);
   const auto began = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<monarch::Namespace>> ns =
-      monarch::Namespace::Build(origin.root, origin.file_regex, 0, config->dataset.scan_threads,
+      monarch::Namespace::Build(origin.root, origin.file_regex, 0, (*config)->dataset.scan_threads,
                                 {}, origin.symlinks);
   if (!ns.ok()) return fail(ns.status());
   const double walked =
@@ -446,6 +454,30 @@ int ManifestCommand(const Args& args) {
               Bytes(static_cast<double>((*ns)->total_bytes())).c_str(),
               static_cast<unsigned long long>((*ns)->total_bytes()), (*ns)->directory_count(),
               origin.root.c_str(), walked);
+  return 0;
+}
+
+// Prints the reference of every config key, made from the table that also
+// drives the parser; --update FILE writes it between the markers in FILE.
+int ConfigReferenceCommand(const Args& args) {
+  const std::string reference = monarch::config_keys::ConfigReference();
+  if (args.output.empty() && args.update.empty()) {
+    std::printf("%s", reference.c_str());
+    return 0;
+  }
+  const std::string& file = args.update;
+  absl::StatusOr<std::string> text = monarch::ReadSmallFile(file, 16 << 20);
+  if (!text.ok()) return Failed(text.status());
+  absl::StatusOr<std::string> updated =
+      monarch::config_keys::WithReference(*text, reference);
+  if (!updated.ok()) return Failed(updated.status());
+  std::FILE* out = std::fopen(file.c_str(), "w");
+  if (out == nullptr || std::fwrite(updated->data(), 1, updated->size(), out) != updated->size() ||
+      std::fclose(out) != 0) {
+    std::fprintf(stderr, "monarch: cannot write %s\n", file.c_str());
+    return 1;
+  }
+  std::printf("updated the config reference in %s\n", file.c_str());
   return 0;
 }
 
@@ -481,5 +513,6 @@ int main(int argc, char** argv) {
   if (command == "stats") return StatsCommand(args);
   if (command == "stage") return Stage(args);
   if (command == "manifest") return ManifestCommand(args);
+  if (command == "config-reference") return ConfigReferenceCommand(args);
   return Usage(absl::StrCat("unknown command '", command, "'").c_str());
 }

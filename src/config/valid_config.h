@@ -1,0 +1,50 @@
+// ValidConfig: a Config that has passed ValidateConfig().
+//
+// Only the parser and Validate() make one, so a constructor that takes it
+// (the instance, the node service, a node-service client) knows the config
+// is whole and in range without checking it again, and cannot be handed an
+// unchecked one. Validation runs once, at the entry point: Monarch::Create*,
+// `monarch serve`, the preload library.
+//
+// A value type; immutable; thread-safe to share.
+
+#ifndef MONARCH_CONFIG_VALID_CONFIG_H_
+#define MONARCH_CONFIG_VALID_CONFIG_H_
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "monarch/config.h"
+
+namespace monarch {
+
+class ValidConfig {
+ public:
+  // `config` if ValidateConfig() accepts it; its error otherwise.
+  static absl::StatusOr<ValidConfig> Validate(Config config);
+
+  const Config& get() const { return config_; }
+  const Config& operator*() const { return config_; }
+  const Config* operator->() const { return &config_; }
+
+ private:
+  explicit ValidConfig(Config config) : config_(std::move(config)) {}
+  Config config_;
+};
+
+// Changes a parsed config before it is validated (the preload library makes
+// every config a node-service client's).
+using ConfigAdjustment = std::function<void(Config&)>;
+
+// ParseConfigString / ParseConfigFile, validated once (after `adjust`).
+absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
+                                                   const ConfigAdjustment& adjust = nullptr);
+absl::StatusOr<ValidConfig> ParseValidConfigFile(const std::string& path,
+                                                 const ConfigAdjustment& adjust = nullptr);
+
+}  // namespace monarch
+
+#endif  // MONARCH_CONFIG_VALID_CONFIG_H_
