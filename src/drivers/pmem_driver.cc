@@ -100,7 +100,7 @@ class PmemDriver final : public StorageDriver {
                               &length, &is_pmem);
       if (address == nullptr) {
         absl::Status status = PmemError("create", temporary);
-        ::unlink(temporary.c_str());
+        os::Unlink(temporary.c_str());
         return status;
       }
     }

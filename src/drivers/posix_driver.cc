@@ -70,10 +70,10 @@ class PosixDriver final : public StorageDriver {
       // would interleave their blocks and read back slower. Allocating the
       // whole file first keeps it contiguous, and a full device fails here,
       // before any byte is copied.
-      int error = ::posix_fallocate(fd, 0, static_cast<off_t>(file.size));
+      int error = os::PosixFallocate(fd, 0, static_cast<off_t>(file.size));
       if (error != 0 && error != EOPNOTSUPP && error != EINVAL) {
         os::Close(fd);
-        ::unlink(temporary.c_str());
+        os::Unlink(temporary.c_str());
         return ErrnoToStatus(error, absl::StrCat("allocate ", temporary));
       }
     } else {
@@ -159,7 +159,7 @@ class PosixDriver final : public StorageDriver {
 
     absl::Status Commit(const SourceIdentity& source) override {
       if (padded_.load(std::memory_order_relaxed) &&
-          ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
+          os::Ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
       // The trailer goes through a buffered descriptor: it is neither
