@@ -1,13 +1,14 @@
 // FaultInjectingEnv: an os::Env (common/os.h) that passes every call to the
 // direct system calls except the ones a test chose to fail or shorten.
 //
-// A rule names a kind of call (open, read, stat, opendir, rename, ...), the
-// paths it applies to (a substring, or any predicate), and what happens: the
-// call fails with an errno, or, for reads, returns fewer bytes than asked.
-// Paths are what the call names: for *at calls relative to a directory
-// descriptor, and for calls on a descriptor (read, pread, fstat), the path
-// is rebuilt from /proc/self/fd, so "file3.bin" matches however the file was
-// reached. A rename matches on either of its paths.
+// A rule names a kind of call (open, read, stat, opendir, rename, chmod,
+// ...), the paths it applies to (a substring, or any predicate), and what
+// happens: the call fails with an errno, or, for reads, returns fewer bytes
+// than asked. Paths are what the call names: for *at calls relative to a
+// directory descriptor, and for calls on a descriptor (read, pread, fstat,
+// ftruncate, fallocate), the path is rebuilt from /proc/self/fd, so
+// "file3.bin" matches however the file was reached. A rename matches on
+// either of its paths.
 //
 // Thread-safe: rules may be added while Monarch's threads call in. The Env
 // itself must be installed before, and removed after, the code under test
@@ -41,15 +42,18 @@ namespace monarch::testing {
 class FaultInjectingEnv final : public os::Env {
  public:
   enum class Op {
-    kOpen,     // open, openat
-    kRead,     // read, pread
-    kWrite,    // write, pwrite
-    kStat,     // stat, lstat, fstat, fstatat
-    kOpenDir,  // opendir
-    kRename,   // rename (either path)
-    kUnlink,   // unlink, unlinkat
-    kMkdir,    // mkdir
-    kUtimens,  // utimensat
+    kOpen,      // open, openat
+    kRead,      // read, pread
+    kWrite,     // write, pwrite
+    kStat,      // stat, lstat, fstat, fstatat
+    kOpenDir,   // opendir
+    kRename,    // rename (either path)
+    kUnlink,    // unlink, unlinkat
+    kMkdir,     // mkdir
+    kUtimens,   // utimensat
+    kTruncate,  // ftruncate
+    kAllocate,  // fallocate, posix_fallocate
+    kChmod,     // chmod
     kCount,
   };
   using PathMatcher = std::function<bool(const std::string& path)>;
@@ -134,6 +138,23 @@ class FaultInjectingEnv final : public os::Env {
                 int flags) override {
     if (int e = Check(Op::kUtimens, [&] { return AtPath(dir_fd, path); }); e != 0) return Fail(e);
     return os::Env::UtimensAt(dir_fd, path, times, flags);
+  }
+  int Ftruncate(int fd, off_t length) override {
+    if (int e = Check(Op::kTruncate, [&] { return FdPath(fd); }); e != 0) return Fail(e);
+    return os::Env::Ftruncate(fd, length);
+  }
+  int Fallocate(int fd, int mode, off_t offset, off_t length) override {
+    if (int e = Check(Op::kAllocate, [&] { return FdPath(fd); }); e != 0) return Fail(e);
+    return os::Env::Fallocate(fd, mode, offset, length);
+  }
+  int PosixFallocate(int fd, off_t offset, off_t length) override {
+    // Returns the error number, as posix_fallocate does.
+    if (int e = Check(Op::kAllocate, [&] { return FdPath(fd); }); e != 0) return e;
+    return os::Env::PosixFallocate(fd, offset, length);
+  }
+  int Chmod(const char* path, mode_t mode) override {
+    if (int e = Check(Op::kChmod, [&] { return std::string(path); }); e != 0) return Fail(e);
+    return os::Env::Chmod(path, mode);
   }
 
  private:

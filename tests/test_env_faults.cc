@@ -1,9 +1,10 @@
 // Failures of Monarch's own file calls, injected through the OS seam
 // (common/os.h, tests/fault_env.h): the namespace walk, the warm-start scan
 // of tier directories, temporaries and the rename that publishes a copy,
-// short reads of the source, and the rendezvous directory. Whatever fails,
-// reads return the source's bytes or a clear error, never wrong bytes, and
-// capacity is given back.
+// short reads of the source, the rendezvous directory, the posix tier's
+// direct writes and the node service's runtime directory, socket and config
+// file. Whatever fails, reads return the source's bytes or a clear error,
+// never wrong bytes, and capacity is given back.
 //
 // Each test installs its FaultInjectingEnv before creating the instance and
 // removes it after the instance is destroyed (the ScopedEnvForTesting is
@@ -16,7 +17,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,11 +28,14 @@
 #include "absl/strings/str_join.h"
 #include "common/os.h"
 #include "drivers/copy_integrity.h"
+#include "drivers/storage_driver.h"
 #include "fault_env.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "monarch_internal.h"
 #include "remote/bootstrap.h"
+#include "service/runtime.h"
+#include "service/unix_socket.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -425,6 +431,123 @@ TEST_CASE("rendezvous directory: failures to create, write or publish are clear 
   CHECK(FilesUnder(rendezvous) == std::vector<std::string>{"rank-0.addr"});
   WithdrawFromDirectory(rendezvous, 0);
   CHECK(FilesUnder(rendezvous) == std::vector<std::string>{});
+}
+
+// The calls below once bypassed the seam (plain libc calls): each test fails
+// a call of its kind through the FaultInjectingEnv and checks that the caller
+// saw the failure, so a call that goes around the seam again fails here.
+
+TEST_CASE("posix tier: a direct copy's allocation, truncation and clean-up go through the seam") {
+  ScratchDir dir;
+  {
+    // Only direct writes allocate ahead and cut their padding off at commit.
+    int probe = ::open((dir.path() + "/probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+    if (probe < 0) {
+      MESSAGE("no O_DIRECT on " << dir.path() << "; set TMPDIR to a disk to run this test");
+      return;
+    }
+    ::close(probe);
+    ::unlink((dir.path() + "/probe").c_str());
+  }
+  const std::string tier = dir.Sub("nvme");
+  const TestFile source{"big.bin", 7, (2 << 20) + 100};  // Not whole pages: padded, then cut.
+  const uint64_t rounded = (source.size + 4095) / 4096 * 4096;
+  std::unique_ptr<char, decltype(&std::free)> image(
+      static_cast<char*>(std::aligned_alloc(4096, rounded)), &std::free);
+  REQUIRE(image != nullptr);
+  for (uint64_t i = 0; i < source.size; ++i) image.get()[i] = testing::ExpectedByte(source.seed, i);
+  FileRef file;
+  file.id = 1;
+  file.name = source.name;
+  file.size = source.size;
+  file.mtime_ns = 1234567890123456789;
+
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  PosixWriteOptions options;
+  options.mode = PosixWriteOptions::Mode::kDirect;
+  std::unique_ptr<StorageDriver> driver = NewPosixDriver(tier, 8, options);
+
+  // A full device fails the new copy at once, and its temporary is unlinked.
+  env.Fail(Op::kAllocate, "/.monarch/tmp/", ENOSPC, /*times=*/1);
+  const uint64_t unlinks = env.calls(Op::kUnlink);
+  absl::StatusOr<std::unique_ptr<CopyWriter>> writer = driver->NewWriter(file);
+  REQUIRE_FALSE(writer.ok());
+  CHECK(absl::IsResourceExhausted(writer.status()));
+  CHECK_MESSAGE(absl::StrContains(writer.status().message(), "allocate "), writer.status());
+  CHECK(env.injected(Op::kAllocate) == 1);
+  CHECK(env.calls(Op::kUnlink) == unlinks + 1);
+  CHECK(FilesUnder(tier) == std::vector<std::string>{});
+
+  // Cutting the padding off fails the commit; nothing is published.
+  env.Fail(Op::kTruncate, "/.monarch/tmp/", EIO, /*times=*/1);
+  absl::Status stored = StoreCopy(*driver, file, image.get(), file.size);
+  CHECK(absl::IsDataLoss(stored));
+  CHECK_MESSAGE(absl::StrContains(stored.message(), "truncate "), stored);
+  CHECK(env.injected(Op::kTruncate) == 1);
+  CHECK(FilesUnder(tier) == std::vector<std::string>{});
+  char byte;
+  CHECK(absl::IsNotFound(driver->Read(file, 0, &byte, 1).status()));
+
+  // Without faults the same copy is stored and reads back exactly.
+  REQUIRE(StoreCopy(*driver, file, image.get(), file.size).ok());
+  std::vector<char> whole(source.size + 1);
+  absl::StatusOr<size_t> n = driver->Read(file, 0, whole.data(), whole.size());
+  REQUIRE(n.ok());
+  CHECK(*n == source.size);
+  CHECK(testing::BytesMatch(source, whole.data(), 0, source.size));
+  CHECK(env.calls(Op::kAllocate) == 3);  // One per copy begun.
+  CHECK(env.calls(Op::kTruncate) == 2);  // One per copy committed.
+}
+
+TEST_CASE("node service: the runtime directory, socket and config file go through the seam") {
+  ScratchDir dir;
+  // A runtime directory open to others is closed (chmod 0700), or refused.
+  const std::string run = dir.Sub("run");  // 0755: mkdir -p under the usual umask.
+  {
+    FaultInjectingEnv env;
+    os::ScopedEnvForTesting installed(&env);
+    env.Fail(Op::kChmod, run, EPERM);
+    absl::Status prepared = service::PrepareRuntimeDirectory(service::ServicePathsIn(run));
+    CHECK(absl::IsPermissionDenied(prepared));
+    CHECK_MESSAGE(absl::StrContains(prepared.message(), "chmod 0700 " + run), prepared);
+    CHECK(env.injected(Op::kChmod) == 1);
+
+    // The socket is made the user's own the same way.
+    const std::string socket = run + "/test.sock";
+    absl::StatusOr<ScopedFd> listening = service::ListenUnix(socket, 4);
+    REQUIRE_FALSE(listening.ok());
+    CHECK_MESSAGE(absl::StrContains(listening.status().message(), "chmod " + socket),
+                  listening.status());
+    CHECK(env.injected(Op::kChmod) == 2);
+
+    env.Clear();
+    REQUIRE(service::PrepareRuntimeDirectory(service::ServicePathsIn(run)).ok());
+    struct stat st;
+    REQUIRE(::stat(run.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+  }
+
+  // A client about to start the service writes the config it was given as
+  // YAML into the runtime directory, and renames it into place: a failed
+  // rename fails the client, and no service is started.
+  const std::string ds = dir.Sub("ds");
+  testing::MakeDataset(ds, 2, {1000});
+  const std::string yaml = "dataset: {path: " + ds +
+                           "}\ntiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"
+                           "node: {shared: true, autostart: true, idle_exit: 1s, runtime_dir: " +
+                           run + "}\n";
+  FaultInjectingEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  env.Fail(Op::kRename, run + "/config-", EIO);
+  absl::StatusOr<std::unique_ptr<Monarch>> client = Monarch::CreateFromYamlString(yaml);
+  REQUIRE_FALSE(client.ok());
+  CHECK(absl::IsDataLoss(client.status()));
+  CHECK_MESSAGE(absl::StrContains(client.status().message(), "rename " + run + "/config-"),
+                client.status());
+  CHECK(absl::StrContains(client.status().message(), std::strerror(EIO)));
+  CHECK(env.injected(Op::kRename) == 1);
+  CHECK_FALSE(service::ServiceLockHeld(service::ServicePathsIn(run)));
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 #include "common/os.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>  // rename
+#include <cstdio>   // rename
+#include <cstdlib>  // realpath
 
 #include "absl/base/optimization.h"
 
@@ -110,8 +113,13 @@ int RawFallocate(int fd, int mode, off_t offset, off_t length) {
   return static_cast<int>(::syscall(SYS_fallocate, fd, mode, offset, length));
 }
 
+int RawFlock(int fd, int operation) {
+  if (MONARCH_OS_VIA_LIBC) return ::flock(fd, operation);
+  return static_cast<int>(::syscall(SYS_flock, fd, operation));
+}
+
 // The *at forms: the only ones every Linux architecture has (aarch64 has no
-// rename, unlink or mkdir).
+// rename, unlink, mkdir, chmod or access).
 int RawRename(const char* from, const char* to) {
   if (MONARCH_OS_VIA_LIBC) return ::rename(from, to);
 #ifdef SYS_renameat
@@ -134,6 +142,16 @@ int RawMkdir(const char* path, mode_t mode) {
 int RawUtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
   if (MONARCH_OS_VIA_LIBC) return ::utimensat(dir_fd, path, times, flags);
   return static_cast<int>(::syscall(SYS_utimensat, dir_fd, path, times, flags));
+}
+
+int RawChmod(const char* path, mode_t mode) {
+  if (MONARCH_OS_VIA_LIBC) return ::chmod(path, mode);
+  return static_cast<int>(::syscall(SYS_fchmodat, AT_FDCWD, path, mode));
+}
+
+int RawAccess(const char* path, int mode) {
+  if (MONARCH_OS_VIA_LIBC) return ::access(path, mode);
+  return static_cast<int>(::syscall(SYS_faccessat, AT_FDCWD, path, mode));
 }
 
 }  // namespace
@@ -168,6 +186,13 @@ int Env::Ftruncate(int fd, off_t length) { return RawFtruncate(fd, length); }
 int Env::Fallocate(int fd, int mode, off_t offset, off_t length) {
   return RawFallocate(fd, mode, offset, length);
 }
+// libc in every build, as are Statvfs and RealPath below: each is several
+// system calls and some logic (posix_fallocate writes the blocks itself where
+// the file system cannot allocate), and the preload library interposes none.
+int Env::PosixFallocate(int fd, off_t offset, off_t length) {
+  return ::posix_fallocate(fd, offset, length);
+}
+int Env::Flock(int fd, int operation) { return RawFlock(fd, operation); }
 // libc's directory streams in every build: getdents64 needs a buffer and
 // entry parsing that opendir already does, and the preload library does not
 // interpose them (integrations/preload/README.md).
@@ -182,6 +207,10 @@ int Env::Mkdir(const char* path, mode_t mode) { return RawMkdir(path, mode); }
 int Env::UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
   return RawUtimensAt(dir_fd, path, times, flags);
 }
+int Env::Chmod(const char* path, mode_t mode) { return RawChmod(path, mode); }
+int Env::Access(const char* path, int mode) { return RawAccess(path, mode); }
+int Env::Statvfs(const char* path, struct statvfs* fs) { return ::statvfs(path, fs); }
+char* Env::RealPath(const char* path, char* resolved) { return ::realpath(path, resolved); }
 
 Env* SetEnvForTesting(Env* env) {
   Env* previous = installed.exchange(env, std::memory_order_acq_rel);
@@ -233,6 +262,10 @@ int Ftruncate(int fd, off_t length) { MONARCH_OS_DISPATCH(Ftruncate, RawFtruncat
 int Fallocate(int fd, int mode, off_t offset, off_t length) {
   MONARCH_OS_DISPATCH(Fallocate, RawFallocate, fd, mode, offset, length);
 }
+int PosixFallocate(int fd, off_t offset, off_t length) {
+  MONARCH_OS_DISPATCH(PosixFallocate, ::posix_fallocate, fd, offset, length);
+}
+int Flock(int fd, int operation) { MONARCH_OS_DISPATCH(Flock, RawFlock, fd, operation); }
 DIR* OpenDir(const char* path) { MONARCH_OS_DISPATCH(OpenDir, ::opendir, path); }
 struct dirent* ReadDir(DIR* dir) { MONARCH_OS_DISPATCH(ReadDir, ::readdir, dir); }
 int CloseDir(DIR* dir) { MONARCH_OS_DISPATCH(CloseDir, ::closedir, dir); }
@@ -244,6 +277,14 @@ int UnlinkAt(int dir_fd, const char* path, int flags) {
 int Mkdir(const char* path, mode_t mode) { MONARCH_OS_DISPATCH(Mkdir, RawMkdir, path, mode); }
 int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags) {
   MONARCH_OS_DISPATCH(UtimensAt, RawUtimensAt, dir_fd, path, times, flags);
+}
+int Chmod(const char* path, mode_t mode) { MONARCH_OS_DISPATCH(Chmod, RawChmod, path, mode); }
+int Access(const char* path, int mode) { MONARCH_OS_DISPATCH(Access, RawAccess, path, mode); }
+int Statvfs(const char* path, struct statvfs* fs) {
+  MONARCH_OS_DISPATCH(Statvfs, ::statvfs, path, fs);
+}
+char* RealPath(const char* path, char* resolved) {
+  MONARCH_OS_DISPATCH(RealPath, ::realpath, path, resolved);
 }
 
 #undef MONARCH_OS_DISPATCH

@@ -1,16 +1,24 @@
 // The one seam between Monarch and the kernel for file calls.
 //
-// Every open, read, stat, mmap, close, directory listing, rename, unlink and
-// mkdir Monarch makes on a file outside its storage drivers' own libraries
-// goes through here, as a direct system call rather than through the C
-// library's wrapper. The reason is the preload library (integrations/preload):
-// it defines open(), read(), stat(), ... for the whole process, so a libc call
-// made by Monarch itself would come back into its own hooks (a read of a
-// dataset file through the hooks, from inside the hooks). A direct system
-// call reaches the kernel whatever is interposed: ours, Darshan's, or any
-// other tool's. (Sanitizer builds use the wrappers after all: see os.cc.
-// Directory streams always use libc's opendir/readdir, which the preload
-// library does not interpose.)
+// Every open, read, stat, mmap, close, directory listing, rename, unlink,
+// mkdir, chmod, lock and path resolution Monarch makes on a file outside its
+// storage drivers' own libraries (libpmem) goes through here, as a direct
+// system call rather than through the C library's wrapper. The reason is
+// the preload library (integrations/preload): it defines open(), read(),
+// stat(), flock(), ... for the whole process, so a libc call made by
+// Monarch itself would come back into its own hooks (a read of a dataset
+// file through the hooks, from inside the hooks). A direct system call
+// reaches the kernel whatever is interposed: ours, Darshan's, or any other
+// tool's. (Sanitizer builds use the wrappers after all: see os.cc.
+// Directory streams, realpath, statvfs and posix_fallocate always use libc,
+// which does more than one system call for each; the preload library
+// interposes none of them, and libc's own calls inside them never reach
+// an interposer.)
+//
+// Not here: calls that name no file: sockets, eventfds, epoll, memfds
+// (anonymous memory, sized with Ftruncate here but created and sealed with
+// memfd_create and fcntl), madvise, and the dup2 and close_range by which a
+// forked child sets up its descriptors before exec.
 //
 // Same contracts as the POSIX calls they stand for: -1 (or MAP_FAILED, or a
 // null DIR*) and errno on failure, EINTR not retried (callers do that).
@@ -37,6 +45,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -44,11 +53,11 @@
 
 namespace monarch::os {
 
-// Each method is one system call (or libc call, for directory streams) with
-// its POSIX contract. The free functions that are only a different spelling
-// of one call reach the Env through that call: Open() is OpenAt(AT_FDCWD),
-// Stat/Lstat/Fstat are FstatAt, so a test overriding OpenAt or FstatAt sees
-// every open or stat.
+// Each method is one system call (or libc call: directory streams,
+// PosixFallocate, Statvfs, RealPath) with its POSIX contract. The free
+// functions that are only a different spelling of one call reach the Env
+// through that call: Open() is OpenAt(AT_FDCWD), Stat/Lstat/Fstat are
+// FstatAt, so a test overriding OpenAt or FstatAt sees every open or stat.
 class Env {
  public:
   Env() = default;
@@ -73,6 +82,11 @@ class Env {
   virtual int Munmap(void* address, size_t length);
   virtual int Ftruncate(int fd, off_t length);
   virtual int Fallocate(int fd, int mode, off_t offset, off_t length);
+  // posix_fallocate's contract: returns 0 or an error number, errno unset;
+  // libc falls back to writing the blocks where the file system cannot
+  // allocate them.
+  virtual int PosixFallocate(int fd, off_t offset, off_t length);
+  virtual int Flock(int fd, int operation);
 
   // Directory streams. ReadDir returns null at the end, or on an error with
   // errno set (callers here treat both as the end, as readdir's do).
@@ -85,6 +99,14 @@ class Env {
   virtual int UnlinkAt(int dir_fd, const char* path, int flags);
   virtual int Mkdir(const char* path, mode_t mode);
   virtual int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
+  virtual int Chmod(const char* path, mode_t mode);
+
+  // Lookups by path.
+  virtual int Access(const char* path, int mode);
+  virtual int Statvfs(const char* path, struct statvfs* fs);
+  // realpath's contract: `resolved` is PATH_MAX bytes, or null for a
+  // malloc'ed result the caller frees; null and errno on failure.
+  virtual char* RealPath(const char* path, char* resolved);
 };
 
 // Installs `env` process-wide (null: the direct calls again) and returns the
@@ -120,6 +142,8 @@ void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_
 int Munmap(void* address, size_t length);
 int Ftruncate(int fd, off_t length);
 int Fallocate(int fd, int mode, off_t offset, off_t length);
+int PosixFallocate(int fd, off_t offset, off_t length);  // 0 or an error number.
+int Flock(int fd, int operation);
 DIR* OpenDir(const char* path);
 struct dirent* ReadDir(DIR* dir);
 int CloseDir(DIR* dir);
@@ -128,6 +152,10 @@ int Unlink(const char* path);  // UnlinkAt(AT_FDCWD, path, 0).
 int UnlinkAt(int dir_fd, const char* path, int flags);
 int Mkdir(const char* path, mode_t mode);
 int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
+int Chmod(const char* path, mode_t mode);
+int Access(const char* path, int mode);
+int Statvfs(const char* path, struct statvfs* fs);
+char* RealPath(const char* path, char* resolved);
 
 }  // namespace monarch::os
 

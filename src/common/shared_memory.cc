@@ -20,11 +20,14 @@ constexpr uint64_t kPage = 4096;
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 }  // namespace
 
+// memfd_create and the seals (fcntl) name no file, so they stay outside the
+// seam of common/os.h; sizing and mapping go through it.
+
 absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
   const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
   ScopedFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+  if (os::Ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
   }
   if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
@@ -39,7 +42,7 @@ absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& nam
   WriteSealedRegion region;
   region.fd = ScopedFd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!region.fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
-  if (::ftruncate(region.fd.get(), static_cast<off_t>(size)) != 0) {
+  if (os::Ftruncate(region.fd.get(), static_cast<off_t>(size)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
   }
   if (::fcntl(region.fd.get(), F_ADD_SEALS, kSizeSeals) != 0) {

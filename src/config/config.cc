@@ -250,7 +250,7 @@ bool IsWithin(const std::string& inner, const std::string& outer) {
 }
 
 std::string RealPath(const std::string& path) {
-  char* resolved = ::realpath(path.c_str(), nullptr);
+  char* resolved = os::RealPath(path.c_str(), nullptr);
   if (resolved == nullptr) return path;
   std::string result(resolved);
   ::free(resolved);
@@ -609,7 +609,7 @@ absl::Status ValidateConfig(const Config& config) {
     }
     tier_paths.emplace_back(path_key, real);
     struct statvfs fs;
-    if (::statvfs(real.c_str(), &fs) == 0) {
+    if (os::Statvfs(real.c_str(), &fs) == 0) {
       const uint64_t device = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
       if (tier.capacity_bytes > device) {
         return KeyError(absl::StrCat(where, ".capacity"),

@@ -27,6 +27,7 @@
 #include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
+#include "drivers/file_tier_driver.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -73,19 +74,14 @@ absl::Status PmemError(absl::string_view what, const std::string& path) {
   return absl::Status(status.code(), absl::StrCat(status.message(), " (", pmem_errormsg(), ")"));
 }
 
-class PmemDriver final : public StorageDriver {
+class PmemDriver final : public FileTierDriver {
  public:
   PmemDriver(const std::string& root, int max_open_files, VerifyPolicy verify)
-      : tree_(root),
-        copies_(&tree_, std::min(max_open_files, MappingBudget()), /*map=*/true, verify) {}
-
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    // Damaged, or truncated behind our back: the mapping is dropped there.
-    return copies_.Read(file, offset, dst, n);
-  }
+      : FileTierDriver(root, std::min(max_open_files, MappingBudget()), /*map=*/true, verify,
+                       /*check_adopted=*/true) {}
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
-    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
+    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree().NewTemporary(file.name));
     void* address = nullptr;
     size_t length = 0;
     int is_pmem = 0;
@@ -100,28 +96,13 @@ class PmemDriver final : public StorageDriver {
                               &length, &is_pmem);
       if (address == nullptr) {
         absl::Status status = PmemError("create", temporary);
-        ::unlink(temporary.c_str());
+        os::Unlink(temporary.c_str());
         return status;
       }
     }
     return std::unique_ptr<CopyWriter>(
         new Writer(this, file, std::move(temporary), Mapping(address, length), is_pmem != 0));
   }
-
-  absl::Status Remove(const FileRef& file) override {
-    // Unlinked before its handle is forgotten (OpenCopies::Ready).
-    absl::Status removed = tree_.Remove(file.name);
-    copies_.Forget(file.id);
-    return removed;
-  }
-
-  absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
-
-  void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
-
-  void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
-
-  void CopyAdopted(const FileRef& file) override { copies_.ReadyAhead(file, /*check=*/true); }
 
  private:
   // Copies chunks into a mapping of the temporary file: with the persistent
@@ -132,7 +113,7 @@ class PmemDriver final : public StorageDriver {
     Writer(PmemDriver* driver, const FileRef& file, std::string temporary, Mapping mapping,
            bool is_pmem)
         : driver_(driver),
-          copy_(&driver->tree_, file, std::move(temporary)),
+          copy_(&driver->tree(), file, std::move(temporary)),
           mapping_(std::move(mapping)),
           is_pmem_(is_pmem) {}
 
@@ -180,7 +161,7 @@ class PmemDriver final : public StorageDriver {
       MONARCH_RETURN_IF_ERROR(copy_.Publish());
       // Neither a mapping of an older copy nor what was checked of it may be
       // reused.
-      driver_->copies_.Published(copy_.file(), /*check=*/true);
+      driver_->copies().Published(copy_.file(), /*check=*/true);
       return absl::OkStatus();
     }
 
@@ -190,9 +171,6 @@ class PmemDriver final : public StorageDriver {
     Mapping mapping_;
     const bool is_pmem_;
   };
-
-  CopyTree tree_;
-  OpenCopies copies_;
 };
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
+#include "drivers/file_tier_driver.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -41,20 +42,18 @@ constexpr size_t kPage = 4096;
 // shards they took less.
 constexpr uint64_t kDirectMinBytes = 1 << 20;
 
-class PosixDriver final : public StorageDriver {
+class PosixDriver final : public FileTierDriver {
  public:
+  // Adopted copies are opened ahead but not checked: after a restart their
+  // bytes may be on the device only, and checking them ahead would read
+  // them from there once more than their readers do.
   PosixDriver(const std::string& root, int max_open_files, const PosixWriteOptions& options)
-      : tree_(root),
-        copies_(&tree_, max_open_files, /*map=*/false, options.verify),
+      : FileTierDriver(root, max_open_files, /*map=*/false, options.verify,
+                       /*check_adopted=*/false),
         options_(options) {}
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
-    // A damaged copy is dropped by the caller; a fresh one may take its name.
-    return copies_.Read(file, offset, dst, n);
-  }
-
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
-    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree_.NewTemporary(file.name));
+    MONARCH_ASSIGN_OR_RETURN(std::string temporary, tree().NewTemporary(file.name));
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
     int fd = -1;
     if (WantDirect(file.size)) {
@@ -70,10 +69,10 @@ class PosixDriver final : public StorageDriver {
       // would interleave their blocks and read back slower. Allocating the
       // whole file first keeps it contiguous, and a full device fails here,
       // before any byte is copied.
-      int error = ::posix_fallocate(fd, 0, static_cast<off_t>(file.size));
+      int error = os::PosixFallocate(fd, 0, static_cast<off_t>(file.size));
       if (error != 0 && error != EOPNOTSUPP && error != EINVAL) {
         os::Close(fd);
-        ::unlink(temporary.c_str());
+        os::Unlink(temporary.c_str());
         return ErrnoToStatus(error, absl::StrCat("allocate ", temporary));
       }
     } else {
@@ -82,24 +81,6 @@ class PosixDriver final : public StorageDriver {
     return std::unique_ptr<CopyWriter>(
         new Writer(this, file, std::move(temporary), ScopedFd(fd), direct));
   }
-
-  absl::Status Remove(const FileRef& file) override {
-    // Unlinked before its handle is forgotten (OpenCopies::Ready).
-    absl::Status removed = tree_.Remove(file.name);
-    copies_.Forget(file.id);
-    return removed;
-  }
-
-  absl::Status ScanCopies(CopyVisitor visit) override { return tree_.Scan(visit); }
-
-  void ReportTierCounters(CounterSink& sink) const override { copies_.ReportCounters(sink); }
-
-  void WaitForBackgroundWork() override { copies_.WaitForReadying(); }
-
-  // Adopted copies are opened ahead but not checked: after a restart their
-  // bytes may be on the device only, and checking them ahead would read
-  // them from there once more than their readers do.
-  void CopyAdopted(const FileRef& file) override { copies_.ReadyAhead(file, /*check=*/false); }
 
  private:
   bool WantDirect(uint64_t size) const {
@@ -125,7 +106,7 @@ class PosixDriver final : public StorageDriver {
     Writer(PosixDriver* driver, const FileRef& file, std::string temporary, ScopedFd fd,
            bool direct)
         : driver_(driver),
-          copy_(&driver->tree_, file, std::move(temporary)),
+          copy_(&driver->tree(), file, std::move(temporary)),
           fd_(std::move(fd)),
           direct_(direct) {}
 
@@ -159,7 +140,7 @@ class PosixDriver final : public StorageDriver {
 
     absl::Status Commit(const SourceIdentity& source) override {
       if (padded_.load(std::memory_order_relaxed) &&
-          ::ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
+          os::Ftruncate(fd_.get(), static_cast<off_t>(copy_.file().size)) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("truncate ", copy_.temporary()));
       }
       // The trailer goes through a buffered descriptor: it is neither
@@ -175,7 +156,7 @@ class PosixDriver final : public StorageDriver {
       // Neither a handle on an older copy nor what was checked of it may be
       // reused. A direct-written copy is not in the page cache: checking it
       // ahead would read it from the device once more than its readers do.
-      driver_->copies_.Published(copy_.file(), /*check=*/!direct_);
+      driver_->copies().Published(copy_.file(), /*check=*/!direct_);
       return absl::OkStatus();
     }
 
@@ -208,8 +189,6 @@ class PosixDriver final : public StorageDriver {
     absl::StatusOr<ScopedFd> reader_ = absl::UnknownError("not opened");
   };
 
-  CopyTree tree_;
-  OpenCopies copies_;
   const PosixWriteOptions options_;
   std::atomic<uint64_t> buffered_bytes_{0};  // Of copies started with buffered writes.
 };

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "common/os.h"
+
 namespace monarch::frontend {
 namespace {
 
@@ -30,7 +32,7 @@ DatasetPaths::DatasetPaths(std::string root)
 
 const std::string& DatasetPaths::real_root() const {
   absl::call_once(real_root_->once, [this] {
-    if (char* real = ::realpath(root_.c_str(), nullptr)) {
+    if (char* real = os::RealPath(root_.c_str(), nullptr)) {
       if (root_ != real) real_root_->path = real;
       std::free(real);
     }

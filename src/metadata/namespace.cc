@@ -181,7 +181,7 @@ class ParallelWalk {
   bool KeepSymlink(const std::string& path, const char* base, const std::string& name) const {
     if (symlinks_ == SymlinkPolicy::kFollow) return true;
     if (symlinks_ == SymlinkPolicy::kInside) {
-      char* target = ::realpath(absl::StrCat(path, "/", base).c_str(), nullptr);
+      char* target = os::RealPath(absl::StrCat(path, "/", base).c_str(), nullptr);
       const bool inside = target != nullptr && absl::StartsWith(target, real_root_) &&
                           target[real_root_.size()] == '/';
       std::free(target);
@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
   os::CloseDir(top);
 
   std::string real_root = top_path;
-  if (char* real = ::realpath(top_path.c_str(), nullptr)) {
+  if (char* real = os::RealPath(top_path.c_str(), nullptr)) {
     real_root = real;
     std::free(real);
   }

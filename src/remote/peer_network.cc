@@ -504,6 +504,7 @@ class PeerNetwork::Impl {
 
   void Wake() {
     const uint64_t one = 1;
+    // An eventfd, no file: outside the seam of common/os.h.
     ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
     (void)ignored;
   }

@@ -361,6 +361,7 @@ class ServiceClient final : public Monarch {
     fresh->counters.store(state->counters.load());
     if (const Session* inherited = state->session.load()) {
       std::vector<ScopedFd> fds;
+      // The RAM tier's memfds, no file: outside the seam of common/os.h.
       for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
       absl::StatusOr<std::unique_ptr<Session>> session = MapSession(inherited->reply, std::move(fds), verify());
       if (session.ok()) {
@@ -611,7 +612,7 @@ class ServiceClient final : public Monarch {
   absl::StatusOr<std::string> AutostartConfigFile() const {
     if (!source_.file.empty()) {
       char resolved[PATH_MAX];
-      if (::realpath(source_.file.c_str(), resolved) == nullptr) {
+      if (os::RealPath(source_.file.c_str(), resolved) == nullptr) {
         return ErrnoToStatus(errno, absl::StrCat("config file ", source_.file));
       }
       return std::string(resolved);
@@ -629,7 +630,7 @@ class ServiceClient final : public Monarch {
     ScopedFd fd(os::Open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("write ", temp));
     MONARCH_RETURN_IF_ERROR(PwriteFull(fd.get(), source_.yaml.data(), source_.yaml.size(), 0, temp));
-    if (::rename(temp.c_str(), file.c_str()) != 0) {
+    if (os::Rename(temp.c_str(), file.c_str()) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("rename ", temp));
     }
     return file;

@@ -242,7 +242,7 @@ MetricsHttpServer::MetricsHttpServer(ScopedFd listen_fd, ScopedFd stop_fd, int p
 MetricsHttpServer::~MetricsHttpServer() {
   const uint64_t one = 1;
   // Cannot fail short of a counter overflow; the thread sees it whatever
-  // it is waiting on.
+  // it is waiting on. An eventfd, no file: outside the seam of common/os.h.
   while (::write(stop_fd_.get(), &one, sizeof(one)) < 0 && errno == EINTR) {
   }
   thread_.join();

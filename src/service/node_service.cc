@@ -177,6 +177,7 @@ int NodeService::metrics_port() const { return metrics_ == nullptr ? 0 : metrics
 void NodeService::RequestStop() {
   stopping_.store(true, std::memory_order_relaxed);
   const uint64_t one = 1;
+  // An eventfd, no file: outside the seam of common/os.h.
   ssize_t ignored = ::write(stop_event_.get(), &one, sizeof(one));
   (void)ignored;
 }
@@ -256,7 +257,7 @@ void NodeService::Shutdown() {
   stopping_.store(true, std::memory_order_relaxed);
   // No new clients: the socket goes first (we still hold the lock, so the
   // name is ours to remove).
-  ::unlink(paths_.socket.c_str());
+  os::Unlink(paths_.socket.c_str());
   listen_ = ScopedFd();
   {
     MutexLock lock(&mu_);

@@ -46,7 +46,7 @@ absl::Status PrepareOwnDirectory(const std::string& dir) {
   if (os::Mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     // A parent may be missing too (a node.runtime_dir of several levels).
     MONARCH_RETURN_IF_ERROR(MakeDirectories(dir));
-    ::chmod(dir.c_str(), 0700);
+    os::Chmod(dir.c_str(), 0700);
   }
   struct stat st;
   if (os::Lstat(dir.c_str(), &st) != 0) {
@@ -61,7 +61,7 @@ absl::Status PrepareOwnDirectory(const std::string& dir) {
                                                     "' belongs to uid ", st.st_uid,
                                                     ", not to this user (uid ", ::geteuid(), ")"));
   }
-  if ((st.st_mode & 077) != 0 && ::chmod(dir.c_str(), 0700) != 0) {
+  if ((st.st_mode & 077) != 0 && os::Chmod(dir.c_str(), 0700) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: chmod 0700 ", dir));
   }
   return absl::OkStatus();
@@ -77,7 +77,7 @@ absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
 absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
   ScopedFd fd(os::Open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.lock));
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (os::Flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) return ErrnoToStatus(errno, absl::StrCat("flock ", paths.lock));
     char pid[32] = {};
     ssize_t n = os::Pread(fd.get(), pid, sizeof(pid) - 1, 0);
@@ -98,8 +98,8 @@ absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
 bool ServiceLockHeld(const ServicePaths& paths) {
   ScopedFd fd(os::Open(paths.lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return false;
-  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) {
-    ::flock(fd.get(), LOCK_UN);
+  if (os::Flock(fd.get(), LOCK_SH | LOCK_NB) == 0) {
+    os::Flock(fd.get(), LOCK_UN);
     return false;
   }
   return errno == EWOULDBLOCK;
@@ -112,7 +112,7 @@ std::string ServiceBinary() {
     return env;
   }
   for (const char* candidate : {MONARCH_BUILD_BINARY, MONARCH_INSTALLED_BINARY}) {
-    if (::access(candidate, X_OK) == 0) return candidate;
+    if (os::Access(candidate, X_OK) == 0) return candidate;
   }
   return "monarch";  // execvp searches PATH.
 }
@@ -161,6 +161,7 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     // the job (no zombie, no SIGHUP from the client's terminal).
     ::setsid();
     if (::fork() != 0) ::_exit(0);
+    // dup2 and close_range only arrange descriptors: outside the seam.
     const int null = os::Open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     ::dup2(log, 1);
@@ -168,7 +169,7 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     ::close_range(3, ~0U, 0);
     ::execvpe(argv[0], argv.data(), envp.data());
     const char message[] = "monarch: cannot execute the service binary\n";
-    ssize_t ignored = ::write(2, message, sizeof(message) - 1);
+    ssize_t ignored = os::Write(2, message, sizeof(message) - 1);
     (void)ignored;
     ::_exit(127);
   }

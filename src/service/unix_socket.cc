@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/os.h"
 #include "common/status_macros.h"
 
 namespace monarch::service {
@@ -79,11 +80,11 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog) {
   MONARCH_ASSIGN_OR_RETURN(sockaddr_un address, SocketAddress(path));
   ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  ::unlink(path.c_str());  // A stale socket of a dead service; the caller holds the lock.
+  os::Unlink(path.c_str());  // A stale socket of a dead service; the caller holds the lock.
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("bind ", path));
   }
-  if (::chmod(path.c_str(), 0600) != 0) return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
+  if (os::Chmod(path.c_str(), 0600) != 0) return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
   if (::listen(fd.get(), backlog) != 0) return ErrnoToStatus(errno, absl::StrCat("listen ", path));
   return fd;
 }
