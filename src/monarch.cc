@@ -19,6 +19,7 @@
 #include "common/os.h"
 #include "common/shutdown.h"
 #include "config/valid_config.h"
+#include "core/read_path.h"
 #include "common/status_macros.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
@@ -157,70 +158,53 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
   return absl::InternalError("unknown tier kind");
 }
 
-// The read path of an instance: name -> entry -> the tier its entry names,
-// the promotion detour for files on the source, and dropping a bad copy.
-// Apart from the instance so that the threads that read through it (the
-// application's, the placement pool's, the peers' serve pool) need nothing
-// else of the instance: one stuck in a read that never returns keeps only
-// this, the tiers and placement alive when the instance is abandoned.
-class ReadPath {
+// The in-process instance's side of the read path (core/read_path.h):
+// where files live (the namespace, its tier slots, the pins that keep
+// eviction off a copy being read) and what a miss or a bad copy does (the
+// placement handler; dropping the copy). Apart from the instance so that
+// the threads that read through it (the application's, the placement
+// pool's, the peers' serve pool) need nothing else of it: one stuck in a
+// read that never returns keeps only this, the tiers and placement alive
+// when the instance is abandoned.
+class LocalFiles {
  public:
-  // All must outlive the read path. `tiers`: the cache tiers, the peers
-  // tier (if any), then the source.
-  ReadPath(std::vector<std::unique_ptr<Tier>>* tiers, PlacementHandler* placement)
-      : tiers_(*tiers), source_index_(static_cast<int>(tiers->size()) - 1), placement_(placement) {}
+  using Handle = FileEntry*;
 
-  absl::StatusOr<size_t> ReadEntry(FileEntry& entry, char* dst, size_t n, uint64_t offset) {
-    const uint64_t size = entry.ref.size;
-    if (offset >= size || n == 0) return 0;
-    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
-    for (;;) {
-      if (placement_->evicts()) {
-        // Pinned while it is read: an eviction waits for this reader.
-        const int tier = placement_->BeginTierRead(entry);
-        if (tier != source_index_) {
-          absl::StatusOr<size_t> result = ReadFromTier(entry, tier, offset, dst, n);
-          placement_->EndTierRead(entry.ref.id);
-          return result;
-        }
-        placement_->EndTierRead(entry.ref.id);
-      } else {
-        const int tier = entry.tier->load(std::memory_order_acquire);
-        if (tier != source_index_) return ReadFromTier(entry, tier, offset, dst, n);
-      }
-      if (auto result = placement_->ReadIfOnSource(entry, offset, dst, n)) return *result;
-      // Published to a tier meanwhile: go around once more and read it there.
-    }
+  // All must outlive this. `tiers`: the cache tiers, the peers tier (if
+  // any), then the source.
+  LocalFiles(std::vector<std::unique_ptr<Tier>>* tiers, Namespace* ns, PlacementHandler* placement,
+             Prefetcher* prefetcher)
+      : tiers_(*tiers),
+        source_index_(static_cast<int>(tiers->size()) - 1),
+        namespace_(ns),
+        placement_(placement),
+        prefetcher_(prefetcher),
+        pins_(placement->evicts()) {}
+
+  Handle Find(absl::string_view name) { return namespace_->Find(name); }
+  const FileRef& Ref(Handle file) const { return file->ref; }
+  void FirstRead(Handle file) {
+    // A reader's first read of a file frees the prefetch lookahead it took.
+    if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
   }
-
-  // Calls `visit` with the bytes where they rest if the file's copy is in
-  // memory (the RAM tier), as a read of it; false if it is not (or was
-  // removed meanwhile: the caller reads it the usual way).
-  bool VisitInMemory(FileEntry& entry, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
-    const bool pin = placement_->evicts();
-    const int tier =
-        pin ? placement_->BeginTierRead(entry) : entry.tier->load(std::memory_order_acquire);
-    const bool visited = tier != source_index_ &&
-                         tiers_[tier]
-                             ->VisitInMemory(entry.ref, offset, n,
-                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
-                                               visit(bytes.data, bytes.crc32c);
-                                             })
-                             .ok();
-    if (pin) placement_->EndTierRead(entry.ref.id);
-    return visited;
+  // Pinned only where copies are evicted: an eviction waits for its readers.
+  int Pin(Handle file) {
+    return pins_ ? placement_->BeginTierRead(*file) : file->tier->load(std::memory_order_acquire);
   }
+  void Unpin(Handle file) {
+    if (pins_) placement_->EndTierRead(file->ref.id);
+  }
+  int source_tier() const { return source_index_; }
+  StorageDriver* Reader(int tier) { return &tiers_[tier]->driver(); }
+  TierReads& Counted(int tier) { return tiers_[tier]->reads(); }
 
- private:
-  Tier& source() { return *tiers_.back(); }
-
-  // A copy that cannot be read (deleted behind our back, EIO) is dropped
-  // from the namespace and the read is served from the source: a read never
-  // fails or returns wrong bytes because a cache copy went bad.
-  absl::StatusOr<size_t> ReadFromTier(FileEntry& entry, int tier, uint64_t offset, char* dst,
-                                      size_t n) {
-    absl::StatusOr<size_t> result = tiers_[tier]->Read(entry.ref, offset, dst, n);
-    if (result.ok() && *result == n) return result;
+  // A copy that cannot be read (deleted behind our back, EIO, damaged) is
+  // dropped from the namespace and the read is served from the source: a
+  // read never fails or returns wrong bytes because a cache copy went bad.
+  std::optional<absl::StatusOr<size_t>> CopyFailed(Handle file, int tier,
+                                                   const absl::StatusOr<size_t>& result,
+                                                   uint64_t offset, char* dst, size_t n) {
+    FileEntry& entry = *file;
     int expected = tier;
     if (entry.tier->compare_exchange_strong(expected, source_index_)) {
       // This thread dropped it (readers racing on the same bad copy count
@@ -242,14 +226,44 @@ class ReadPath {
       }
       dropped.Drop(entry.ref.size);
     }
-    result = source().Read(entry.ref, offset, dst, n);
-    if (!result.ok()) source().CountReadError();
-    return result;
+    Tier& source = *tiers_[source_index_];
+    absl::StatusOr<size_t> read = source.Read(entry.ref, offset, dst, n);
+    if (!read.ok()) source.CountReadError();
+    return read;
   }
 
+  std::optional<absl::StatusOr<size_t>> Miss(Handle file, uint64_t offset, char* dst, size_t n) {
+    return placement_->ReadIfOnSource(*file, offset, dst, n);
+  }
+
+  // Calls `visit` with the bytes where they rest if the file's copy is in
+  // memory (the RAM tier), as a read of it; false if it is not (or was
+  // removed meanwhile: the caller reads it the usual way). For the peers,
+  // who are sent a RAM copy's bytes without a staging copy.
+  bool VisitInMemory(Handle file, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
+    const int tier = Pin(file);
+    const bool visited = tier != source_index_ &&
+                         tiers_[tier]
+                             ->VisitInMemory(file->ref, offset, n,
+                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
+                                               visit(bytes.data, bytes.crc32c);
+                                             })
+                             .ok();
+    Unpin(file);
+    return visited;
+  }
+
+  // The reader id of this process's own reads (the node service numbers its
+  // clients from 1).
+  static constexpr uint64_t kThisProcess = 0;
+
+ private:
   std::vector<std::unique_ptr<Tier>>& tiers_;
   const int source_index_;
+  Namespace* const namespace_;
   PlacementHandler* const placement_;
+  Prefetcher* const prefetcher_;
+  const bool pins_;
 };
 
 class MonarchImpl final : public MonarchCore {
@@ -284,8 +298,6 @@ class MonarchImpl final : public MonarchCore {
     parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
                                                            config_.placement);
     placement_ = parts_->placement.get();
-    parts_->read_path = std::make_unique<ReadPath>(&tiers_, placement_);
-    read_path_ = parts_->read_path.get();
     PrefetchConfig prefetch = config_.prefetch;
     if (placement_->evicts()) {
       // Fetching further ahead than half the cache tiers hold would evict
@@ -299,6 +311,8 @@ class MonarchImpl final : public MonarchCore {
     }
     parts_->prefetcher = std::make_unique<Prefetcher>(prefetch, namespace_, placement_);
     prefetcher_ = parts_->prefetcher.get();
+    parts_->files = std::make_unique<LocalFiles>(&tiers_, namespace_, placement_, prefetcher_);
+    files_ = parts_->files.get();
     // An announced order also tells eviction what is read next.
     placement_->SetNextUseOracle(prefetcher_);
     if (peers_ != nullptr) {
@@ -306,17 +320,17 @@ class MonarchImpl final : public MonarchCore {
       // Served through the internal read path, not the public Read: a peer's
       // request is not one of this process's reads.
       // Both callbacks use only what an abandoned instance keeps (Parts).
-      auto serve = [ns = namespace_, peers = peers_, path = read_path_](
+      auto serve = [ns = namespace_, peers = peers_, files = files_](
                        const PeerNetwork::FileRequest& request, char* staging,
                        PeerNetwork::TakeFn take) -> absl::Status {
         FileEntry* entry = ns->Find(request.name);
         MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry, request));
-        if (path->VisitInMemory(*entry, request.offset, request.length, take)) {
+        if (files->VisitInMemory(entry, request.offset, request.length, take)) {
           return absl::OkStatus();
         }
         if (staging == nullptr) return absl::UnavailableError("not in memory");
         MONARCH_ASSIGN_OR_RETURN(size_t read,
-                                 path->ReadEntry(*entry, staging, request.length, request.offset));
+                                 ReadFound(*files, entry, staging, request.length, request.offset));
         if (read != request.length) {
           return absl::DataLossError(absl::StrCat("short read of ", request.name));
         }
@@ -336,12 +350,7 @@ class MonarchImpl final : public MonarchCore {
 
   absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
                               uint64_t offset) override {
-    FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr)
-      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    // A reader's first read of a file frees the prefetch lookahead it took.
-    if (offset == 0 && prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &entry->ref.id, 1);
-    return read_path_->ReadEntry(*entry, static_cast<char*>(buffer), n, offset);
+    return ReadNamed(*files_, ToAbsl(name), static_cast<char*>(buffer), n, offset);
   }
 
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
@@ -381,7 +390,9 @@ class MonarchImpl final : public MonarchCore {
 
   const std::string& dataset_root() const override { return namespace_->root(); }
 
-  Stats GetStats() const override {
+  Stats GetStats() const override { return GetStatsWith({}); }
+
+  Stats GetStatsWith(const std::vector<TierReadTotals>& elsewhere) const override {
     Stats stats;
     CounterSink sink(&stats);
     placement_->ReportCounters(sink);
@@ -391,7 +402,9 @@ class MonarchImpl final : public MonarchCore {
     sink.Counter("warm_files_discarded", warm_discarded_,
                  "Copies removed at start-up: of another version of the source file, or damaged.");
     if (peers_ != nullptr) peers_->ReportCounters(sink);
-    for (const auto& tier : tiers_) tier->ReportCounters(sink);
+    for (size_t t = 0; t < tiers_.size(); ++t) {
+      tiers_[t]->ReportCounters(sink, t < elsewhere.size() ? elsewhere[t] : TierReadTotals{});
+    }
     return stats;
   }
 
@@ -457,7 +470,7 @@ class MonarchImpl final : public MonarchCore {
   const Namespace& name_space() const override { return *namespace_; }
   absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
     if (id >= namespace_->file_count()) return absl::NotFoundError("no such file id");
-    return read_path_->ReadEntry(namespace_->entry(id), dst, n, offset);
+    return ReadFound(*files_, &namespace_->entry(id), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
   const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
@@ -525,7 +538,7 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<Namespace> ns;
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
-    std::unique_ptr<ReadPath> read_path;
+    std::unique_ptr<LocalFiles> files;  // The read path's view of them.
   };
 
   const Config config_;
@@ -537,14 +550,12 @@ class MonarchImpl final : public MonarchCore {
   PeerDriver* const peers_;                      // The peers tier's driver, or null.
   PlacementHandler* placement_ = nullptr;        // Set by Start().
   Prefetcher* prefetcher_ = nullptr;             // Set by Start().
-  ReadPath* read_path_ = nullptr;                // Set by Start().
+  LocalFiles* files_ = nullptr;                  // Set by Start().
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   // False when Shutdown() left a thread behind: the destructor abandons Parts.
   bool shutdown_clean_ ABSL_GUARDED_BY(shutdown_mu_) = true;
-  // The reader id of this process's own reads (the node service numbers its
-  // clients from 1).
-  static constexpr uint64_t kThisProcess = 0;
+  static constexpr uint64_t kThisProcess = LocalFiles::kThisProcess;
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
   std::string published_manifest_;               // Rank 0's, or empty.

@@ -33,6 +33,9 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
 // the service hands its clients and serves them.
 class MonarchCore : public Monarch {
  public:
+  // GetStats(), with reads of each tier served by other processes (the
+  // node service's clients, by tier index) added to the tier's own.
+  virtual Stats GetStatsWith(const std::vector<TierReadTotals>& elsewhere) const = 0;
   virtual const Namespace& name_space() const = 0;
   // Reads file `id` through the internal read path (tier copies,
   // promotions, dropping a bad copy), as Read() does by name.

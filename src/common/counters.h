@@ -11,6 +11,7 @@
 #ifndef MONARCH_COMMON_COUNTERS_H_
 #define MONARCH_COMMON_COUNTERS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -18,6 +19,28 @@
 #include "monarch/stats.h"
 
 namespace monarch {
+
+// The reads one tier served, counted where they are served: by an
+// in-process instance's Tier, and by each node-service client in the page
+// it shares with the service, which sums them by tier index. Lock-free
+// atomics only, so that it can live in shared memory; each on its own cache
+// line, as reader threads bump both on every hit.
+struct TierReads {
+  alignas(64) std::atomic<uint64_t> reads{0};
+  alignas(64) std::atomic<uint64_t> bytes{0};
+
+  void Count(uint64_t n) {
+    reads.fetch_add(1, std::memory_order_relaxed);
+    bytes.fetch_add(n, std::memory_order_relaxed);
+  }
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "TierReads lives in shared memory");
+
+// Reads served elsewhere (node-service clients), to add to a tier's own.
+struct TierReadTotals {
+  uint64_t reads = 0;
+  uint64_t bytes = 0;
+};
 
 class CounterSink {
  public:

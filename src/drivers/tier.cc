@@ -11,20 +11,14 @@ Tier::Tier(TierConfig config, std::unique_ptr<StorageDriver> driver)
 
 absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* dst, size_t n) {
   absl::StatusOr<size_t> result = driver_->Read(file, offset, dst, n);
-  if (result.ok()) {
-    reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_read_.fetch_add(*result, std::memory_order_relaxed);
-  }
+  if (result.ok()) reads_.Count(*result);
   return result;
 }
 
 absl::Status Tier::VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
                                  absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit) {
   absl::Status status = driver_->VisitInMemory(file, offset, n, visit);
-  if (status.ok()) {
-    reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_read_.fetch_add(n, std::memory_order_relaxed);
-  }
+  if (status.ok()) reads_.Count(n);
   return status;
 }
 
@@ -68,11 +62,11 @@ void Tier::SetDatasetSize(uint64_t files, uint64_t bytes) {
   committed_.store(bytes);
 }
 
-void Tier::ReportCounters(CounterSink& out) const {
+void Tier::ReportCounters(CounterSink& out, TierReadTotals elsewhere) const {
   CounterSink sink = out.ForTier(config_.name, TierKindName(config_.kind));
-  sink.Counter("reads", reads_.load(std::memory_order_relaxed),
+  sink.Counter("reads", reads_.reads.load(std::memory_order_relaxed) + elsewhere.reads,
                "Read calls served, fully or partly, from this tier.");
-  sink.Counter("bytes_read", bytes_read_.load(std::memory_order_relaxed),
+  sink.Counter("bytes_read", reads_.bytes.load(std::memory_order_relaxed) + elsewhere.bytes,
                "Bytes served from this tier.");
   sink.Gauge("files", files_.load(std::memory_order_relaxed),
              "Complete copies held (for the source: dataset files).");

@@ -39,6 +39,9 @@ class Tier {
   // one is an error: NotFound from the peers tier only means "not from a
   // peer this time", and the read goes on to the source.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
+  // Where reads of this tier are counted (the read path counts its hits
+  // here itself).
+  TierReads& reads() { return reads_; }
   // The same for StorageDriver::VisitInMemory: a success is a read of `n` bytes.
   absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
                              absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit);
@@ -76,7 +79,9 @@ class Tier {
   void SetDatasetSize(uint64_t files, uint64_t bytes);
 
   // Reads, bytes read, files, bytes used, capacity, read and write errors.
-  void ReportCounters(CounterSink& sink) const;
+  // `elsewhere`: reads of this tier served by other processes (a node
+  // service's clients), added to this process's.
+  void ReportCounters(CounterSink& sink, TierReadTotals elsewhere = {}) const;
 
  private:
   const TierConfig config_;
@@ -88,8 +93,7 @@ class Tier {
   std::atomic<uint64_t> files_{0};
 
   // Counters, each on its own cache line: reader threads bump them on every call.
-  alignas(64) std::atomic<uint64_t> reads_{0};
-  alignas(64) std::atomic<uint64_t> bytes_read_{0};
+  TierReads reads_;
   alignas(64) std::atomic<uint64_t> read_errors_{0};
   std::atomic<uint64_t> write_errors_{0};
   std::atomic<uint64_t> damaged_{0};

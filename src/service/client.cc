@@ -24,6 +24,7 @@
 #include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
+#include "core/read_path.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
 #include "monarch_internal.h"
@@ -234,26 +235,9 @@ class ServiceClient final : public Monarch {
     for (int attempt = 0;; ++attempt) {
       Session* session = CurrentSession(state);
       if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
-      if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-      const FileRef ref = session->image->ref(*id);
-      if (offset == 0 && attempt == 0) NoteFirstRead(state, *id);
-      if (offset >= ref.size || n == 0) return 0;
-      n = static_cast<size_t>(std::min<uint64_t>(n, ref.size - offset));
-      char* dst = static_cast<char*>(buffer);
-      // A hit: read the copy where the service put it, no message.
-      const int tier = session->slot(*id).load(std::memory_order_acquire);
-      if (tier >= 0 && tier < session->source_index && session->readers[tier] != nullptr) {
-        absl::StatusOr<size_t> got = session->readers[tier]->Read(ref, offset, dst, n);
-        if (got.ok() && *got == n) {
-          ClientCounters* counters = state.counters.load(std::memory_order_relaxed);
-          counters->tier_reads[tier].fetch_add(1, std::memory_order_relaxed);
-          counters->tier_bytes[tier].fetch_add(n, std::memory_order_relaxed);
-          return n;
-        }
-        // Gone or damaged: the service's read path judges and drops it.
-      }
-      absl::StatusOr<size_t> result = Miss(state, session, ref, dst, n, offset);
+      SessionFiles files(*this, state, session, /*first_attempt=*/attempt == 0);
+      absl::StatusOr<size_t> result =
+          ReadNamed(files, ToAbsl(name), static_cast<char*>(buffer), n, offset);
       // The service was replaced under us: ids may differ, look up again.
       if (absl::IsAborted(result.status()) && attempt < 3) continue;
       return result;
@@ -420,6 +404,59 @@ class ServiceClient final : public Monarch {
     state.sessions.push_back(std::move(session));
     return absl::OkStatus();
   }
+
+  // A client's side of the read path (core/read_path.h), in one session of
+  // the service: where files live is the service's namespace image and tier
+  // slots, mapped here; hits are read from the copies where the service put
+  // them, with no message, and counted in the page the service sums by tier
+  // index; everything else (a miss, a copy that fails to read, which the
+  // service's read path then judges and drops) is asked of the service.
+  class SessionFiles {
+   public:
+    using Handle = std::optional<FileRef>;
+
+    SessionFiles(const ServiceClient& client, ProcessState& state, Session* session,
+                 bool first_attempt)
+        : client_(client), state_(state), session_(session), first_attempt_(first_attempt) {}
+
+    Handle Find(absl::string_view name) {
+      const std::optional<uint32_t> id = session_->image->Find(name);
+      if (!id) return std::nullopt;
+      return session_->image->ref(*id);
+    }
+    const FileRef& Ref(const Handle& file) const { return *file; }
+    void FirstRead(const Handle& file) {
+      if (first_attempt_) client_.NoteFirstRead(state_, file->id);
+    }
+    // No pin: the service evicts under a client's readers, which then read a
+    // RAM copy under its seqlock, a file copy through a descriptor they
+    // hold: an eviction costs them a miss, never a wrong byte.
+    int Pin(const Handle& file) {
+      const int tier = session_->slot(file->id).load(std::memory_order_acquire);
+      return tier >= 0 && tier < session_->source_index ? tier : session_->source_index;
+    }
+    void Unpin(const Handle&) {}
+    int source_tier() const { return session_->source_index; }
+    StorageDriver* Reader(int tier) { return session_->readers[tier].get(); }
+    TierReads& Counted(int tier) {
+      return state_.counters.load(std::memory_order_relaxed)->tiers[tier];
+    }
+    std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle&, int,
+                                                     const absl::StatusOr<size_t>&, uint64_t,
+                                                     char*, size_t) {
+      return std::nullopt;  // The service's read path judges the copy.
+    }
+    std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset, char* dst,
+                                               size_t n) {
+      return client_.Miss(state_, session_, *file, dst, n, offset);
+    }
+
+   private:
+    const ServiceClient& client_;
+    ProcessState& state_;
+    Session* const session_;
+    const bool first_attempt_;  // A retry (the service was replaced) notes no first read.
+  };
 
   // An idle channel to `session`'s service, or a new connection. Null when
   // the service is unreachable; Aborted when a new service instance

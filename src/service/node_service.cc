@@ -197,8 +197,8 @@ void NodeService::ReapFinished() {
     c.thread.join();
     if (const ClientCounters* counters = c.counters()) {
       for (int t = 0; t < kMaxSharedTiers; ++t) {
-        departed_tier_reads_[t] += counters->tier_reads[t].load(std::memory_order_relaxed);
-        departed_tier_bytes_[t] += counters->tier_bytes[t].load(std::memory_order_relaxed);
+        departed_reads_[t].reads += counters->tiers[t].reads.load(std::memory_order_relaxed);
+        departed_reads_[t].bytes += counters->tiers[t].bytes.load(std::memory_order_relaxed);
       }
       departed_fallbacks_ += counters->source_fallbacks.load(std::memory_order_relaxed);
     }
@@ -585,15 +585,13 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
 
 StatsReply NodeService::NodeStats() {
   StatsReply reply;
-  reply.node = core_->GetStats();
-  uint64_t tier_reads[kMaxSharedTiers];
-  uint64_t tier_bytes[kMaxSharedTiers];
+  // Clients' own hits are reads of the tiers too: summed by tier index.
+  std::vector<TierReadTotals> elsewhere(core_->tier_count());
   uint64_t fallbacks;
   std::map<uint32_t, ClientStats> clients;
   {
     MutexLock lock(&mu_);
-    std::copy(std::begin(departed_tier_reads_), std::end(departed_tier_reads_), tier_reads);
-    std::copy(std::begin(departed_tier_bytes_), std::end(departed_tier_bytes_), tier_bytes);
+    for (size_t t = 0; t < elsewhere.size(); ++t) elsewhere[t] = departed_reads_[t];
     fallbacks = departed_fallbacks_;
     for (const auto& c : connections_) {
       if (c->counters() == nullptr) continue;  // An administrative command, not a client.
@@ -605,25 +603,17 @@ StatsReply NodeService::NodeStats() {
       const ClientCounters* counters = c->counters();
       if (counters == nullptr || c->finished.load(std::memory_order_acquire)) continue;
       fallbacks += counters->source_fallbacks.load(std::memory_order_relaxed);
-      for (int t = 0; t < kMaxSharedTiers; ++t) {
-        const uint64_t reads = counters->tier_reads[t].load(std::memory_order_relaxed);
-        const uint64_t bytes = counters->tier_bytes[t].load(std::memory_order_relaxed);
-        tier_reads[t] += reads;
-        tier_bytes[t] += bytes;
+      for (size_t t = 0; t < elsewhere.size(); ++t) {
+        const uint64_t reads = counters->tiers[t].reads.load(std::memory_order_relaxed);
+        const uint64_t bytes = counters->tiers[t].bytes.load(std::memory_order_relaxed);
+        elsewhere[t].reads += reads;
+        elsewhere[t].bytes += bytes;
         client.hits += reads;
         client.hit_bytes += bytes;
       }
     }
   }
-  // Clients' own hits are reads of the tiers too.
-  for (Metric& m : reply.node.metrics) {
-    if (m.tier.empty()) continue;
-    for (int t = 0; t < core_->tier_count(); ++t) {
-      if (core_->tier_config(t).name != m.tier) continue;
-      if (m.name == "reads") m.value += tier_reads[t];
-      if (m.name == "bytes_read") m.value += tier_bytes[t];
-    }
-  }
+  reply.node = core_->GetStatsWith(elsewhere);
   CounterSink sink(&reply.node);
   sink.Counter("service.client_source_fallbacks", fallbacks,
                "Reads clients served from the source themselves while no service answered.");

@@ -131,8 +131,7 @@ class NodeService {
   absl::flat_hash_map<pid_t, int> connections_per_pid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<pid_t> announced_pids_ ABSL_GUARDED_BY(mu_);
   // Counters of clients gone, per tier, so node totals never go down.
-  uint64_t departed_tier_reads_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
-  uint64_t departed_tier_bytes_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_) = {};
+  TierReadTotals departed_reads_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_);
   uint64_t departed_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool left_behind_ ABSL_GUARDED_BY(mu_) = false;  // A connection's thread did not end.

@@ -24,13 +24,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/counters.h"
 #include "monarch/stats.h"
 
 namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // 2: kAnnounce, kConsumed. 3: huge_pages. 4: the dataset key in Hello and StatusReply.
-constexpr uint32_t kProtocolVersion = 4;
+// 5: ClientCounters holds a TierReads per tier.
+constexpr uint32_t kProtocolVersion = 5;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -68,8 +70,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]);
 constexpr int kMaxSharedTiers = 20;  // 16 configured + peers + source, rounded up.
 struct ClientCounters {
   std::atomic<uint64_t> source_fallbacks;  // Reads served from the source while the service was down.
-  std::atomic<uint64_t> tier_reads[kMaxSharedTiers];
-  std::atomic<uint64_t> tier_bytes[kMaxSharedTiers];
+  TierReads tiers[kMaxSharedTiers];        // Hits, by tier index.
 };
 constexpr uint64_t kCountersPageBytes = 4096;
 static_assert(sizeof(ClientCounters) <= kCountersPageBytes);

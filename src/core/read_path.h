@@ -1,0 +1,94 @@
+// ReadPath: how a read is served, once, for an in-process instance and a
+// node-service client alike.
+//
+// name -> the file -> the tier holding it -> that tier's reader; a copy that
+// fails to read is reported and the read goes on; bytes no readable copy
+// has are a miss (a promotion and the source in process; the service, for
+// a client). What differs between the two lives behind a small adapter, the
+// `Files` type, in the manner of the VFS's address_space_operations: the
+// adapter knows where files live and how to read them, this code knows the
+// order of the steps and the promise that a read never returns bytes that
+// differ from the source's (only a complete read of a copy is taken; any
+// other outcome goes to the adapter, then to the miss path, which ends at
+// the source).
+//
+// A template, not an interface: a hit costs no call that is not inlined
+// (bench_ram_hit, bench_client_hit). `Files` provides:
+//
+//   using Handle = ...;                 // What Find() returns: a file to read.
+//   Handle Find(absl::string_view name);     // Null/empty: not a dataset file.
+//   const FileRef& Ref(const Handle& file);
+//   void FirstRead(const Handle& file);      // A reader starts the file (offset 0).
+//   int Pin(const Handle& file);             // The tier holding it now, kept until
+//   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
+//   int source_tier() const;                 // What Pin() says when no copy holds it.
+//   StorageDriver* Reader(int tier);         // Reads `tier`'s copies here; null: a miss.
+//   TierReads& Counted(int tier);            // Where a hit on `tier` is counted.
+//   // The copy in `tier` did not give `n` bytes (gone, damaged): the adapter
+//   // may answer the read itself (from the source, after dropping the copy);
+//   // nullopt sends it to Miss().
+//   std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle& file, int tier,
+//       const absl::StatusOr<size_t>& result, uint64_t offset, char* dst, size_t n);
+//   // Bytes no readable copy has. Nullopt: the file was published to a tier
+//   // meanwhile, and the read goes round again.
+//   std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset,
+//       char* dst, size_t n);
+//
+// Thread-safe as far as the adapter is: both adapters are.
+
+#ifndef MONARCH_CORE_READ_PATH_H_
+#define MONARCH_CORE_READ_PATH_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/counters.h"
+#include "drivers/storage_driver.h"
+
+namespace monarch {
+
+// pread semantics on a file already found: up to `n` bytes at `offset`,
+// short at the end of the file, 0 at or past it.
+template <typename Files>
+absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& file, char* dst,
+                                 size_t n, uint64_t offset) {
+  const uint64_t size = files.Ref(file).size;
+  if (offset >= size || n == 0) return 0;
+  n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+  for (;;) {
+    const int tier = files.Pin(file);
+    StorageDriver* reader = tier != files.source_tier() ? files.Reader(tier) : nullptr;
+    if (reader != nullptr) {
+      absl::StatusOr<size_t> got = reader->Read(files.Ref(file), offset, dst, n);
+      files.Unpin(file);
+      if (got.ok() && *got == n) {
+        files.Counted(tier).Count(n);
+        return got;
+      }
+      if (auto answered = files.CopyFailed(file, tier, got, offset, dst, n)) return *answered;
+    } else {
+      files.Unpin(file);
+    }
+    if (auto result = files.Miss(file, offset, dst, n)) return *result;
+    // Published to a tier meanwhile: go round once more and read it there.
+  }
+}
+
+// The whole read by name: NotFound for a name outside the dataset.
+template <typename Files>
+absl::StatusOr<size_t> ReadNamed(Files& files, absl::string_view name, char* dst, size_t n,
+                                 uint64_t offset) {
+  const typename Files::Handle file = files.Find(name);
+  if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", name));
+  // A reader's first read of a file: prefetch counts it as consumed.
+  if (offset == 0) files.FirstRead(file);
+  return ReadFound(files, file, dst, n, offset);
+}
+
+}  // namespace monarch
+
+#endif  // MONARCH_CORE_READ_PATH_H_
