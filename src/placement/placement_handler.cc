@@ -82,13 +82,12 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       chunk_pool_(StagingPool(config, placement_threads_)),
       // Named, so that top and profiles tell copying from reading.
       evicts_(policy_->evicts()),
+      pins_(evicts_ ? ns->file_count() : 0),
       commit_pool_(kCommitThreads,
                    [] { ::pthread_setname_np(::pthread_self(), "monarch-commit"); }),
       pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {
   if (evicts_) {
     const uint32_t files = std::max<uint32_t>(ns->file_count(), 1);
-    tier_readers_.reset(new std::atomic<uint32_t>[files]());
-    referenced_.reset(new std::atomic<uint8_t>[files]());
     content_crcs_.reset(new std::atomic<uint64_t>[files]());
   }
 }
@@ -133,7 +132,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
       // can be committed, published and then evicted while it does: pinned
       // like a reader of the tier, before the promotion can publish.
       if (promotion != nullptr && evicts_) {
-        tier_readers_[entry.ref.id].fetch_add(1, std::memory_order_seq_cst);
+        pins_.Pin(entry.ref.id);
       }
     }
     // Eviction happens outside the file's shard lock: it takes the victims'.
@@ -146,7 +145,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   };
   if (promotion == nullptr) return ReadOrigin(entry.ref, offset, dst, n);
   absl::Cleanup unpin = [&] {
-    if (evicts_) tier_readers_[entry.ref.id].fetch_sub(1, std::memory_order_release);
+    if (evicts_) pins_.Unpin(entry.ref.id);
   };
   Promotion::ReadOutcome outcome;
   absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
@@ -295,7 +294,7 @@ void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& s
     tier.Commit(entry.ref.size);
     // A new copy starts as recently used (the CLOCK passes it over once),
     // marked before it is published.
-    if (evicts_) referenced_[entry.ref.id].store(1, std::memory_order_relaxed);
+    if (evicts_) pins_.MarkReferenced(entry.ref.id);
   } else {
     tier.Release(entry.ref.size);
     if (tier_failed) {
@@ -363,8 +362,8 @@ bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
     FileEntry& victim = namespace_->entry(id);
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
-    if (referenced_[id].exchange(0, std::memory_order_relaxed) != 0) continue;  // Second chance.
-    if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
+    if (pins_.TakeReference(id)) continue;  // Second chance.
+    if (pins_.IsPinned(id) || !policy_->MayEvict(id)) continue;
     EvictLocked(victim, target);
   }
   if (tier.free_bytes() >= need) return true;
@@ -414,7 +413,7 @@ bool PlacementHandler::MakeRoomByNextUseLocked(int target, uint64_t need, uint64
       const uint32_t id = hand_;
       hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
       if (namespace_->entry(id).tier->load(std::memory_order_acquire) != target) continue;
-      if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
+      if (pins_.IsPinned(id) || !policy_->MayEvict(id)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {
@@ -452,10 +451,10 @@ bool PlacementHandler::DemoteLocked(FileEntry& entry, int from, int to) {
   if (!(*tiers_)[to]->TryReserve(entry.ref.size)) return false;
   // Pinned as a reader's copy is, which keeps it from being picked for
   // eviction or another move while evict_mu_ is released.
-  tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
+  pins_.Pin(id);
   evict_mu_.Unlock();
   const bool moved = CopyDown(entry, from, to);
-  tier_readers_[id].fetch_sub(1, std::memory_order_release);
+  pins_.Unpin(id);
   evict_mu_.Lock();
   return moved;
 }
@@ -514,9 +513,9 @@ bool PlacementHandler::CopyDown(FileEntry& entry, int from, int to) {
     return false;
   }
   lower.Commit(entry.ref.size);
-  // Readers already inside the upper copy finish first (BeginTierRead); the
-  // one left is this thread's pin. Each is one read of the tier away.
-  while (tier_readers_[id].load(std::memory_order_seq_cst) > 1) std::this_thread::yield();
+  // Readers already inside the upper copy finish first (ReadPins); the one
+  // left is this thread's pin. Each is one read of the tier away.
+  pins_.WaitForReaders(id, /*own=*/1);
   absl::Status removed = upper.driver().Remove(entry.ref);
   if (!removed.ok() && !absl::IsNotFound(removed)) {
     MONARCH_LOG(kWarning, "removing ", entry.ref.name, " from tier '", upper.config().name,
@@ -543,9 +542,9 @@ bool PlacementHandler::EvictLocked(FileEntry& entry, int tier_index) {
     entry.tier->store(source_index_, std::memory_order_seq_cst);
     entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
   }
-  // Readers already inside the copy finish first (BeginTierRead); each is
-  // one read of the tier away, and new ones go to the source.
-  while (tier_readers_[id].load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
+  // Readers already inside the copy finish first (ReadPins); each is one
+  // read of the tier away, and new ones go to the source.
+  pins_.WaitForReaders(id, /*own=*/0);
   Tier& tier = *(*tiers_)[tier_index];
   absl::Status removed = tier.driver().Remove(entry.ref);
   if (!removed.ok() && !absl::IsNotFound(removed)) {

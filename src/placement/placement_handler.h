@@ -38,6 +38,7 @@
 #include "placement/chunk_pool.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
+#include "placement/read_pins.h"
 #include "placement/thread_pool.h"
 
 namespace monarch {
@@ -114,21 +115,10 @@ class PlacementHandler final : public PromotionHost {
   void SetNextUseOracle(const NextUseOracle* oracle) {
     oracle_.store(oracle, std::memory_order_release);
   }
-  // Returns the tier to read `entry` from now; EndTierRead() afterwards.
-  int BeginTierRead(FileEntry& entry) {
-    const uint32_t id = entry.ref.id;
-    tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
-    if (referenced_[id].load(std::memory_order_relaxed) == 0) {
-      referenced_[id].store(1, std::memory_order_relaxed);
-    }
-    return entry.tier->load(std::memory_order_seq_cst);
-  }
-  void EndTierRead(uint32_t id) { tier_readers_[id].fetch_sub(1, std::memory_order_release); }
-  // A read this process did not serve itself (a node-service client's hit,
-  // reported afterwards): counts as a use for the CLOCK. Only with eviction.
-  void Touch(uint32_t id) {
-    if (id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
-  }
+  // With eviction only: ReadPins::BeginTierRead, EndTierRead, Touch.
+  int BeginTierRead(FileEntry& entry) { return pins_.BeginTierRead(entry); }
+  void EndTierRead(uint32_t id) { pins_.EndTierRead(id); }
+  void Touch(uint32_t id) { pins_.Touch(id); }
 
   // Shutdown, in two steps, each bounded by a deadline (the instance's
   // placement.shutdown_timeout). Both stop starting promotions, and are
@@ -254,8 +244,7 @@ class PlacementHandler final : public PromotionHost {
 
   // Eviction state, per file (allocated only with eviction).
   const bool evicts_;
-  std::unique_ptr<std::atomic<uint32_t>[]> tier_readers_;
-  std::unique_ptr<std::atomic<uint8_t>[]> referenced_;
+  ReadPins pins_;
   // The CRC32C of each file's bytes as its first committed copy had them,
   // with kContentKnown set; 0 until then. With eviction a file is promoted
   // again each time its copy was evicted, and comparing the bytes with
