@@ -13,6 +13,11 @@
 // A file that stays on the source (no tier had room, policy "none", a failed
 // copy) is read without taking any lock here.
 //
+// Making room (placement.policy "lru") is the Evictor's (evictor.h), and the
+// pins readers hold on the copies they read are ReadPins (read_pins.h). The
+// in-flight table's shard mutexes are the files' locks (FileLocks), taken
+// after the Evictor's mutex, never before.
+//
 // Start: the constructor starts the pool. Stop: Drain() and/or Cancel(),
 // explicit, bounded and idempotent; the destructor cancels. Thread-safe.
 
@@ -36,6 +41,7 @@
 #include "monarch/config.h"
 #include "monarch/stats.h"
 #include "placement/chunk_pool.h"
+#include "placement/evictor.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/read_pins.h"
@@ -43,18 +49,7 @@
 
 namespace monarch {
 
-// What eviction may know of the future (the Prefetcher, from announced read
-// orders): how many reads from now a file is next read.
-class NextUseOracle {
- public:
-  virtual ~NextUseOracle() = default;
-  // Whether an order is known at all; without one, eviction goes by recency.
-  virtual bool known() const = 0;
-  // Reads from now until `id` is read again; ~0 if not in the known order.
-  virtual uint64_t NextUse(uint32_t id) const = 0;
-};
-
-class PlacementHandler final : public PromotionHost {
+class PlacementHandler final : public PromotionHost, public FileLocks {
  public:
   // `tiers` must outlive the handler: the cache tiers, then the read-only
   // ones (the peers, if any, then the source, last). Files no cache tier
@@ -83,7 +78,7 @@ class PlacementHandler final : public PromotionHost {
   PrefetchOutcome Prefetch(FileEntry& entry);
   // Lets a file that found no room earlier be placed again: the policy now
   // wants it (a peer's file this node took over).
-  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evict_mu_);
+  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());
   // Readers loading bytes from the origin themselves right now (their own
   // misses, not reads sharing a promotion someone else drives). Prefetch
   // gives way to them.
@@ -91,30 +86,13 @@ class PlacementHandler final : public PromotionHost {
     return reader_misses_in_flight_.load(std::memory_order_relaxed);
   }
 
-  // Eviction (placement.policy "lru"): when no cache tier has room for a
-  // file, copies are evicted from the fastest tier large enough for it, in
-  // CLOCK order (an approximation of least recently used: a copy read since
-  // the hand last passed gets a second chance). A copy with a reader inside
-  // it is never evicted: readers bracket tier reads with BeginTierRead and
-  // EndTierRead, and an eviction first points the file at the source, then
-  // waits for the readers already inside to leave before it deletes the
-  // copy. Readers in other processes (the node service's clients) read RAM
-  // copies under a seqlock and posix copies through descriptors they hold,
-  // so an eviction under them costs a miss, never a wrong byte.
+  // Whether copies are evicted to make room (Evictor): then readers bracket
+  // tier reads with BeginTierRead and EndTierRead, and the eviction of a
+  // copy waits for the readers inside it (ReadPins).
   bool evicts() const { return evicts_; }
-  // With a known future, eviction goes by next use instead (Belady's
-  // choice, over a sample of candidates): the copy read again last is
-  // evicted, and a file read again later than every candidate is not
-  // admitted (it is read from the source this time). With several cache
-  // tiers, files read sooner take the faster ones: a file read sooner than
-  // the last-read copy of a full faster tier takes its place, even when a
-  // slower tier has room, and the copy it displaces moves down a tier (its
-  // bytes copied tier to tier, not read from the source again) where it is
-  // read sooner than that tier's last-read copy, and is evicted otherwise.
-  // Set once, before reads.
-  void SetNextUseOracle(const NextUseOracle* oracle) {
-    oracle_.store(oracle, std::memory_order_release);
-  }
+  // The future to evict by (Evictor::SetNextUseOracle). Set once, before
+  // reads.
+  void SetNextUseOracle(const NextUseOracle* oracle) { evictor_.SetNextUseOracle(oracle); }
   // With eviction only: ReadPins::BeginTierRead, EndTierRead, Touch.
   int BeginTierRead(FileEntry& entry) { return pins_.BeginTierRead(entry); }
   void EndTierRead(uint32_t id) { pins_.EndTierRead(id); }
@@ -156,6 +134,9 @@ class PlacementHandler final : public PromotionHost {
   void CommitLater(std::shared_ptr<Promotion> promotion) override;
   void PromotionDone(Promotion& promotion, const absl::Status& status, bool tier_failed) override;
 
+  // FileLocks: the mutex of the file's shard of the in-flight table.
+  Mutex& LockOf(uint32_t id) override { return ShardOf(id).mu; }
+
  private:
   static constexpr size_t kShards = 64;
   struct alignas(64) Shard {
@@ -166,37 +147,11 @@ class PlacementHandler final : public PromotionHost {
 
   std::shared_ptr<Promotion> StartLocked(FileEntry& entry, Shard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Evicts copies until a cache tier has room for a `file_bytes` file;
-  // false if none could be made (every candidate in use or just read).
-  bool MakeRoom(uint32_t id, uint64_t file_bytes);
-  // With a known order and several cache tiers, whether a file on the
-  // source should make room in a faster tier before the policy picks one
-  // (which would pick the first tier with room).
-  bool WantsFasterTier(const FileEntry& entry) const;
-  // The fastest cache tier large enough to hold a `file_bytes` file at all
-  // (empty), or -1.
-  int FastestTierFor(uint64_t file_bytes) const;
-  // Next-use placement: makes `need` bytes of room in cache tier `tier` for
-  // a file read again `next_use` reads from now, moving down (or out) the
-  // copies there read again later than that. False if every sampled copy is
-  // read sooner, or too many are in use.
-  bool MakeRoomByNextUseLocked(int tier, uint64_t need, uint64_t next_use,
-                               const NextUseOracle& future)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // Moves `entry`'s copy out of tier `tier` to the fastest slower cache tier
-  // that takes it by next use; evicts it if none does.
-  void MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use, const NextUseOracle& future)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // Copies `entry`'s copy from tier `from` into tier `to` (which has room),
-  // points the file at it and removes the old one; false (nothing changed)
-  // if the copy is no longer in `from` or cannot be copied. Releases
-  // evict_mu_ while it copies (CopyDown), so that other threads make room
-  // meanwhile: on a disk tier, creating a file alone can take a millisecond.
-  bool DemoteLocked(FileEntry& entry, int from, int to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // DemoteLocked's work once room is reserved in `to` and the copy pinned.
-  bool CopyDown(FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(evict_mu_);
-  // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
-  bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // Whether `entry` should make room in a faster tier before the policy
+  // picks one (Evictor::WantsFasterTier), with eviction.
+  bool WantsFasterTier(const FileEntry& entry) const {
+    return evicts_ && evictor_.WantsFasterTier(entry);
+  }
   // Every in-flight promotion, for shutdown.
   std::vector<std::shared_ptr<Promotion>> InFlight();
   // As WaitIdle(), giving up at `deadline`; true if idle.
@@ -206,7 +161,6 @@ class PlacementHandler final : public PromotionHost {
   const Namespace* const namespace_;
   const int source_index_;
   const int first_origin_;  // The first read-only tier.
-  const int cache_tiers_;
   const std::unique_ptr<PlacementPolicy> policy_;
   const uint64_t chunk_bytes_;
   const size_t placement_threads_;
@@ -242,9 +196,11 @@ class PlacementHandler final : public PromotionHost {
   std::atomic<uint64_t> written_by_placement_{0};
   std::atomic<int> reader_misses_in_flight_{0};
 
-  // Eviction state, per file (allocated only with eviction).
+  // Eviction, and the pins it waits for (slots only with eviction).
   const bool evicts_;
   ReadPins pins_;
+  Evictor evictor_;
+
   // The CRC32C of each file's bytes as its first committed copy had them,
   // with kContentKnown set; 0 until then. With eviction a file is promoted
   // again each time its copy was evicted, and comparing the bytes with
@@ -252,15 +208,6 @@ class PlacementHandler final : public PromotionHost {
   // is a getattr on the PFS's metadata server).
   static constexpr uint64_t kContentKnown = uint64_t{1} << 32;
   std::unique_ptr<std::atomic<uint64_t>[]> content_crcs_;
-  Mutex evict_mu_;  // Taken before a shard's mutex, never after.
-  uint32_t hand_ ABSL_GUARDED_BY(evict_mu_) = 0;
-  std::atomic<uint64_t> evictions_{0};
-  std::atomic<uint64_t> evicted_bytes_{0};
-  std::atomic<uint64_t> eviction_failures_{0};
-  std::atomic<uint64_t> admissions_declined_{0};
-  std::atomic<uint64_t> demotions_{0};
-  std::atomic<uint64_t> demoted_bytes_{0};
-  std::atomic<const NextUseOracle*> oracle_{nullptr};
 
   // Commits (a stat of the source file each, then the tier's commit): apart
   // from the placement threads, which copy while these wait on the PFS.
