@@ -24,21 +24,8 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
     return promoter_.ReadOrigin(entry.ref, offset, dst, n);
   }
-  Promoter::Admission admission;
-  for (bool room_made = false;;) {
-    if (!room_made && WantsFasterTier(entry)) {
-      // Whatever room this made (none, if every copy is read sooner), the
-      // policy then picks among the tiers as they are.
-      evictor_.MakeRoom(entry.ref.id, entry.ref.size);
-      room_made = true;
-    }
-    admission = promoter_.StartOrJoin(entry, /*pin=*/true);
-    if (admission.found == Promoter::Found::kPublished) return std::nullopt;
-    const bool need_room = admission.found == Promoter::Found::kNoTier && MayMakeRoomFor(entry);
-    // Eviction happens outside the file's lock: it takes the victims'.
-    if (!need_room || room_made || !evictor_.MakeRoom(entry.ref.id, entry.ref.size)) break;
-    room_made = true;
-  }
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/true);
+  if (admission.found == Promoter::Found::kPublished) return std::nullopt;
   // Not a read of a promotion someone else started.
   const bool own_miss = admission.found != Promoter::Found::kInFlight;
   if (own_miss) reader_misses_in_flight_.fetch_add(1, std::memory_order_relaxed);
@@ -50,34 +37,40 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 }
 
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
-  Promoter::Admission admission;
-  for (bool room_made = false;;) {
-    if (!room_made && WantsFasterTier(entry)) {
-      evictor_.MakeRoom(entry.ref.id, entry.ref.size);
-      room_made = true;
-    }
-    admission = promoter_.StartOrJoin(entry, /*pin=*/false);
-    switch (admission.found) {
-      case Promoter::Found::kPublished:
-      case Promoter::Found::kInFlight:
-        return PrefetchOutcome::kNotNeeded;
-      case Promoter::Found::kNotPlaceable:
-        return PrefetchOutcome::kNoRoom;
-      case Promoter::Found::kStarted:
-      case Promoter::Found::kNoTier:
-        break;
-    }
-    if (admission.promotion != nullptr || !MayMakeRoomFor(entry) || room_made ||
-        !evictor_.MakeRoom(entry.ref.id, entry.ref.size)) {
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/false);
+  switch (admission.found) {
+    case Promoter::Found::kPublished:
+    case Promoter::Found::kInFlight:
+      return PrefetchOutcome::kNotNeeded;
+    case Promoter::Found::kNoTier:
+    case Promoter::Found::kNotPlaceable:
+      return PrefetchOutcome::kNoRoom;
+    case Promoter::Found::kStarted:
       break;
-    }
-    room_made = true;
   }
-  if (admission.promotion == nullptr) return PrefetchOutcome::kNoRoom;
   // This thread is the promotion's placement task: no pool thread is queued
   // for it, and readers that join only load the chunks they need first.
   if (admission.promotion->ClaimBackgroundTask()) admission.promotion->RunToCompletion();
   return PrefetchOutcome::kFetched;
+}
+
+Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(FileEntry& entry, bool pin) {
+  bool room_made = false;
+  if (WantsFasterTier(entry)) {
+    // Whatever room this made (none, if every copy is read sooner), the
+    // policy then picks among the tiers as they are.
+    evictor_.MakeRoom(entry.ref.id, entry.ref.size);
+    room_made = true;
+  }
+  for (;;) {
+    Promoter::Admission admission = promoter_.StartOrJoin(entry, pin);
+    // Eviction happens outside the file's lock: it takes the victims'.
+    if (admission.found != Promoter::Found::kNoTier || !MayMakeRoomFor(entry) || room_made ||
+        !evictor_.MakeRoom(entry.ref.id, entry.ref.size)) {
+      return admission;
+    }
+    room_made = true;
+  }
 }
 
 void PlacementHandler::Reconsider(FileEntry& entry) {

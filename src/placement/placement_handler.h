@@ -115,6 +115,11 @@ class PlacementHandler final {
   void ReportCounters(CounterSink& sink) const;
 
  private:
+  // Promoter::StartOrJoin, making room for `entry` with eviction, at most
+  // once: first, in a faster tier, if its next use says it belongs there
+  // (WantsFasterTier); else, if the policy finds no tier for it, before one
+  // more try. Room is made outside the file's lock.
+  Promoter::Admission StartOrJoinMakingRoom(FileEntry& entry, bool pin);
   // Whether `entry` should make room in a faster tier before the policy
   // picks one (Evictor::WantsFasterTier), with eviction.
   bool WantsFasterTier(const FileEntry& entry) const {
