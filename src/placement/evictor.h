@@ -74,7 +74,7 @@ class FileLocks {
   virtual Mutex& LockOf(uint32_t id) = 0;
 };
 
-class Evictor {
+class Evictor final {
  public:
   // `tiers`: the cache tiers, then the read-only ones (the peers, if any,
   // then the source, last). `staging` lends the buffer a demotion copies

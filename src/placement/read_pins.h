@@ -44,7 +44,7 @@
 
 namespace monarch {
 
-class ReadPins {
+class ReadPins final {
  public:
   // Slots for file ids [0, `files`); none if 0.
   explicit ReadPins(uint32_t files)
