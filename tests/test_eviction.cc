@@ -1,4 +1,4 @@
-// Eviction (placement.policy "lru", PlacementHandler::MakeRoom): a full tier
+// Eviction (placement.policy "lru", Evictor::MakeRoom): a full tier
 // gives up its least recently used copy for a new file; a copy with a reader
 // inside is never evicted; and under concurrent readers every byte stays
 // exact and the tier's accounting stays true. The same through the node

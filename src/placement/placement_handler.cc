@@ -1,693 +1,91 @@
-// PlacementHandler: background promotion of whole files.
+// PlacementHandler: the read-through of files on the source, prefetch, and
+// the wiring of the Promoter, the Evictor and the ReadPins.
 
 #include "placement/placement_handler.h"
 
-#include <pthread.h>
-
-#include <algorithm>
-#include <thread>
-
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/log.h"
-#include "common/status_macros.h"
 
 namespace monarch {
-namespace {
-
-// Staging memory holds chunks read from the source and not yet written to a
-// tier. A backlog lets readers go on while placement catches up in the time
-// they spend waiting for a slow source; past it, readers write their chunks
-// themselves. Measured on 2 cores (bench/results/placement_ab.md): 256 MiB
-// made epoch 1 faster than 32 MiB with a posix tier and four readers (by 18%
-// over a page-cached source, 17% over a dropped one), slower for four readers
-// into a RAM tier over a page-cached source (by 27%), and no different with
-// one reader.
-uint64_t DefaultStagingBudget() {
-  return std::min<uint64_t>(256ull << 20, PhysicalMemoryBytes() / 16);
-}
-
-// Copying into a tier is CPU work (memory or page cache) that competes with
-// the readers; a second writer on a 2-core node only takes CPU from the
-// reader. Measured on 2 cores: bench/results/placement_ab.md.
-size_t DefaultPlacementThreads() {
-  return std::max(1u, std::thread::hardware_concurrency() / 2);
-}
-
-// A commit is one stat of the source file (a metadata round trip to the
-// PFS, milliseconds on a busy one) and the tier's commit: waiting, not CPU
-// work. With the commits on the one placement thread of a 2-core node, a
-// PFS at 3 ms a stat held it to ~330 copies a second while readers read
-// 1,000 files a second, and half the demo's copies had not landed after
-// three epochs. 8 at once, as Lustre's mdc max_rpcs_in_flight.
-constexpr size_t kCommitThreads = 8;
-
-// How the staging budget is shared out (see chunk_pool.h):
-// - A chunk per placement thread is kept from the readers: a placement
-//   thread holds one at a time, and it should not have to wait for readers
-//   to load the chunks nobody asked for.
-// - The chunks readers park for the placement threads (the backlog) may fill
-//   3/4 of the readers' share. The rest is for chunks being loaded and
-//   written right now: a reader that finds no room waits only for those,
-//   never for a placement thread to get round to the backlog. A quarter of
-//   the default budget is about 64 concurrent loads of 1 MiB chunks; of
-//   16 MiB (the busy-cpus scenario), 30 of 128 KiB files.
-ChunkPool StagingPool(const PlacementConfig& config, size_t placement_threads) {
-  const uint64_t budget =
-      config.max_staging_bytes != 0 ? config.max_staging_bytes : DefaultStagingBudget();
-  const uint64_t reserved = placement_threads * config.chunk_bytes;
-  const uint64_t readers = budget > reserved ? budget - reserved : 0;
-  return ChunkPool(config.chunk_bytes, budget, reserved, readers / 4 * 3);
-}
-
-}  // namespace
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    const Namespace* ns, std::unique_ptr<PlacementPolicy> policy,
                                    const PlacementConfig& config)
-    : tiers_(tiers),
-      namespace_(ns),
-      source_index_(static_cast<int>(tiers->size()) - 1),
-      first_origin_(static_cast<int>(
-          std::find_if(tiers->begin(), tiers->end(), [](const auto& t) { return !t->is_cache(); }) -
-          tiers->begin())),
-      cache_tiers_(static_cast<int>(
-          std::count_if(tiers->begin(), tiers->end(), [](const auto& t) { return t->is_cache(); }))),
-      policy_(std::move(policy)),
-      chunk_bytes_(config.chunk_bytes),
-      placement_threads_(config.threads > 0 ? static_cast<size_t>(config.threads)
-                                            : DefaultPlacementThreads()),
-      chunk_pool_(StagingPool(config, placement_threads_)),
-      // Named, so that top and profiles tell copying from reading.
+    : policy_(std::move(policy)),
       evicts_(policy_->evicts()),
-      commit_pool_(kCommitThreads,
-                   [] { ::pthread_setname_np(::pthread_self(), "monarch-commit"); }),
-      pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {
-  if (evicts_) {
-    const uint32_t files = std::max<uint32_t>(ns->file_count(), 1);
-    tier_readers_.reset(new std::atomic<uint32_t>[files]());
-    referenced_.reset(new std::atomic<uint8_t>[files]());
-    content_crcs_.reset(new std::atomic<uint64_t>[files]());
-  }
-}
-
-// An owner whose Cancel() gave up must abandon the handler instead of
-// destroying it (see Cancel()): the pool's destructor joins its threads.
-PlacementHandler::~PlacementHandler() { Cancel(DeadlineIn(kCancelGraceSeconds)); }
+      pins_(evicts_ ? ns->file_count() : 0),
+      promoter_(tiers, ns, policy_.get(), &pins_, config),
+      evictor_(tiers, ns, policy_.get(), &pins_, &promoter_, &promoter_.chunk_pool(),
+               config.chunk_bytes) {}
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
                                                                        uint64_t offset, char* dst,
                                                                        size_t n) {
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
-    return ReadOrigin(entry.ref, offset, dst, n);
+    return promoter_.ReadOrigin(entry.ref, offset, dst, n);
   }
-  std::shared_ptr<Promotion> promotion;
-  bool own_miss = true;  // Not a read of a promotion someone else started.
-  for (bool room_made = false;;) {
-    if (!room_made && WantsFasterTier(entry)) {
-      // Whatever room this made (none, if every copy is read sooner), the
-      // policy then picks among the tiers as they are.
-      MakeRoom(entry.ref.id, entry.ref.size);
-      room_made = true;
-    }
-    bool need_room = false;
-    {
-      Shard& shard = ShardOf(entry.ref.id);
-      MutexLock lock(&shard.mu);
-      // Publication changes `tier` under this lock, so this check and the
-      // lookup below see either the promotion or its published copy.
-      if (entry.tier->load(std::memory_order_acquire) != source_index_) return std::nullopt;
-      auto it = shard.in_flight.find(entry.ref.id);
-      if (it != shard.in_flight.end()) {
-        promotion = it->second;
-        own_miss = false;
-      } else if (accepting_.load(std::memory_order_relaxed) &&
-                 entry.state.load(std::memory_order_relaxed) == PlacementState::kOnSource) {
-        promotion = StartLocked(entry, shard);
-        need_room = promotion == nullptr && evicts_ && policy_->MakesRoomFor(entry.ref.id);
-      }
-      // A reader of a promotion may read chunks back from the copy, which
-      // can be committed, published and then evicted while it does: pinned
-      // like a reader of the tier, before the promotion can publish.
-      if (promotion != nullptr && evicts_) {
-        tier_readers_[entry.ref.id].fetch_add(1, std::memory_order_seq_cst);
-      }
-    }
-    // Eviction happens outside the file's shard lock: it takes the victims'.
-    if (!need_room || room_made || !MakeRoom(entry.ref.id, entry.ref.size)) break;
-    room_made = true;
-  }
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/true);
+  if (admission.found == Promoter::Found::kPublished) return std::nullopt;
+  // Not a read of a promotion someone else started.
+  const bool own_miss = admission.found != Promoter::Found::kInFlight;
   if (own_miss) reader_misses_in_flight_.fetch_add(1, std::memory_order_relaxed);
   absl::Cleanup count_miss_done = [&] {
     if (own_miss) reader_misses_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   };
-  if (promotion == nullptr) return ReadOrigin(entry.ref, offset, dst, n);
-  absl::Cleanup unpin = [&] {
-    if (evicts_) tier_readers_[entry.ref.id].fetch_sub(1, std::memory_order_release);
-  };
-  Promotion::ReadOutcome outcome;
-  absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
-  if (outcome == Promotion::ReadOutcome::kFellBack) {
-    staging_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-  } else if (result.ok()) {
-    staging_reads_.fetch_add(1, std::memory_order_relaxed);
-    staging_bytes_read_.fetch_add(*result, std::memory_order_relaxed);
-    if (outcome == Promotion::ReadOutcome::kShared)
-      staging_hits_.fetch_add(1, std::memory_order_relaxed);
-  }
-  // Queued after this reader's own chunks are loaded, so the placement
-  // thread never holds a chunk the reader is waiting for.
-  if (promotion->ClaimBackgroundTask()) {
-    pool_.detach_task([promotion] { promotion->RunToCompletion(); });
-  }
-  return result;
+  if (admission.promotion == nullptr) return promoter_.ReadOrigin(entry.ref, offset, dst, n);
+  return promoter_.ReadThrough(admission.promotion, offset, dst, n);
 }
 
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
-  std::shared_ptr<Promotion> promotion;
-  for (bool room_made = false;;) {
-    if (!room_made && WantsFasterTier(entry)) {
-      MakeRoom(entry.ref.id, entry.ref.size);
-      room_made = true;
-    }
-    {
-      Shard& shard = ShardOf(entry.ref.id);
-      MutexLock lock(&shard.mu);
-      if (entry.tier->load(std::memory_order_acquire) != source_index_ ||
-          shard.in_flight.contains(entry.ref.id)) {
-        return PrefetchOutcome::kNotNeeded;
-      }
-      if (!accepting_.load(std::memory_order_relaxed) ||
-          entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
-        return PrefetchOutcome::kNoRoom;
-      }
-      promotion = StartLocked(entry, shard);
-    }
-    if (promotion != nullptr || !evicts_ || !policy_->MakesRoomFor(entry.ref.id) || room_made ||
-        !MakeRoom(entry.ref.id, entry.ref.size)) {
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/false);
+  switch (admission.found) {
+    case Promoter::Found::kPublished:
+    case Promoter::Found::kInFlight:
+      return PrefetchOutcome::kNotNeeded;
+    case Promoter::Found::kNoTier:
+    case Promoter::Found::kNotPlaceable:
+      return PrefetchOutcome::kNoRoom;
+    case Promoter::Found::kStarted:
       break;
+  }
+  // This thread is the promotion's placement task: no pool thread is queued
+  // for it, and readers that join only load the chunks they need first.
+  if (admission.promotion->ClaimBackgroundTask()) admission.promotion->RunToCompletion();
+  return PrefetchOutcome::kFetched;
+}
+
+Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(FileEntry& entry, bool pin) {
+  bool room_made = false;
+  if (WantsFasterTier(entry)) {
+    // Whatever room this made (none, if every copy is read sooner), the
+    // policy then picks among the tiers as they are.
+    evictor_.MakeRoom(entry.ref.id, entry.ref.size);
+    room_made = true;
+  }
+  for (;;) {
+    Promoter::Admission admission = promoter_.StartOrJoin(entry, pin);
+    // Eviction happens outside the file's lock: it takes the victims'.
+    if (admission.found != Promoter::Found::kNoTier || !MayMakeRoomFor(entry) || room_made ||
+        !evictor_.MakeRoom(entry.ref.id, entry.ref.size)) {
+      return admission;
     }
     room_made = true;
   }
-  if (promotion == nullptr) return PrefetchOutcome::kNoRoom;
-  // This thread is the promotion's placement task: no pool thread is queued
-  // for it, and readers that join only load the chunks they need first.
-  if (promotion->ClaimBackgroundTask()) promotion->RunToCompletion();
-  return PrefetchOutcome::kFetched;
 }
 
 void PlacementHandler::Reconsider(FileEntry& entry) {
   // No eviction is under way meanwhile: one marks its file as staying on the
   // source until the copy is deleted.
-  MutexLock no_eviction(&evict_mu_);
-  Shard& shard = ShardOf(entry.ref.id);
-  MutexLock lock(&shard.mu);
-  if (entry.tier->load(std::memory_order_acquire) == source_index_ &&
-      !shard.in_flight.contains(entry.ref.id) &&
-      entry.state.load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
-    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
-  }
-}
-
-absl::StatusOr<size_t> PlacementHandler::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                                     size_t n, bool* from_source) {
-  for (int t = first_origin_;; ++t) {
-    Tier& tier = *(*tiers_)[t];
-    if (from_source != nullptr) *from_source = t == source_index_;
-    absl::StatusOr<size_t> result = tier.Read(file, offset, dst, n);
-    if (result.ok()) return result;
-    // The source has the last word; a peer that does not have the file
-    // (NotFound: this node is its home, or the home is down) is no error.
-    if (t == source_index_ || !absl::IsNotFound(result.status())) tier.CountReadError();
-    if (t == source_index_) return result;
-  }
-}
-
-absl::StatusOr<SourceIdentity> PlacementHandler::IdentityToCommit(
-    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
-  const SourceIdentity identity = namespace_->identity(entry.ref.id);
-  std::atomic<uint64_t>* known =
-      content_crc.has_value() && content_crcs_ != nullptr ? &content_crcs_[entry.ref.id] : nullptr;
-  if (read_source && known != nullptr) {
-    // Copied before: the same bytes are the same version, which the first
-    // copy's check found to be the walk's. Any change to the file since,
-    // before or during this copy, shows as other bytes (a CRC32C misses a
-    // change with odds of 2^-32).
-    const uint64_t first = known->load(std::memory_order_acquire);
-    if ((first & kContentKnown) != 0) {
-      if (static_cast<uint32_t>(first) != *content_crc) {
-        source_changed_.fetch_add(1, std::memory_order_relaxed);
-        return absl::AbortedError(absl::StrCat(
-            entry.ref.name, " changed on the source since it was first copied; not copied"));
-      }
-      identified_by_content_.fetch_add(1, std::memory_order_relaxed);
-      return identity;
-    }
-  }
-  // Without `read_source` the home peer checked its own copy's source.
-  if (read_source) {
-    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now,
-                             (*tiers_)[source_index_]->driver().Identify(entry.ref));
-    if (now != identity) {
-      source_changed_.fetch_add(1, std::memory_order_relaxed);
-      return absl::AbortedError(absl::StrCat(
-          entry.ref.name, " changed on the source since the namespace walk; not copied"));
-    }
-  }
-  if (known != nullptr) known->store(kContentKnown | *content_crc, std::memory_order_release);
-  return identity;
-}
-
-std::shared_ptr<Promotion> PlacementHandler::StartLocked(FileEntry& entry, Shard& shard) {
-  std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
-  if (!tier.has_value()) {
-    skipped_.fetch_add(1, std::memory_order_relaxed);
-    // No tier has room, and without eviction none will: stop asking. With
-    // eviction, only a file larger than every cache tier stops asking.
-    const bool may_fit = evicts_ && policy_->MakesRoomFor(entry.ref.id) &&
-                         FastestTierFor(entry.ref.size) >= 0;
-    if (!may_fit) entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
-    return nullptr;
-  }
-  auto promotion =
-      std::make_shared<Promotion>(this, &entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_,
-                                  /*checksum=*/evicts_);
-  entry.state.store(PlacementState::kPromoting, std::memory_order_relaxed);
-  shard.in_flight.emplace(entry.ref.id, promotion);
-  started_.fetch_add(1, std::memory_order_relaxed);
-  MutexLock lock(&idle_mu_);
-  ++in_flight_count_;
-  return promotion;
-}
-
-void PlacementHandler::CommitLater(std::shared_ptr<Promotion> promotion) {
-  commit_pool_.detach_task([promotion = std::move(promotion)] { promotion->Commit(); });
-}
-
-void PlacementHandler::PromotionDone(Promotion& promotion, const absl::Status& status,
-                                     bool tier_failed) {
-  FileEntry& entry = promotion.entry();
-  Tier& tier = *(*tiers_)[promotion.target_tier()];
-  if (status.ok()) {
-    tier.Commit(entry.ref.size);
-    // A new copy starts as recently used (the CLOCK passes it over once),
-    // marked before it is published.
-    if (evicts_) referenced_[entry.ref.id].store(1, std::memory_order_relaxed);
-  } else {
-    tier.Release(entry.ref.size);
-    if (tier_failed) {
-      tier.CountWriteError();
-      // The device filled up before the configured capacity: stop sending
-      // it copies rather than failing every one of them.
-      if (absl::IsResourceExhausted(status)) tier.MarkFull();
-    }
-  }
-  const bool cancelled = absl::IsCancelled(status);
-  {
-    Shard& shard = ShardOf(entry.ref.id);
-    MutexLock lock(&shard.mu);
-    if (status.ok()) {
-      entry.tier->store(promotion.target_tier(), std::memory_order_release);
-      entry.state.store(PlacementState::kInTier, std::memory_order_release);
-    } else {
-      // A cancelled file may be promoted by a later instance; a failed one
-      // stays on the source for this run rather than failing again.
-      entry.state.store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource,
-                        std::memory_order_release);
-    }
-    shard.in_flight.erase(entry.ref.id);
-  }
-  if (status.ok()) {
-    completed_.fetch_add(1, std::memory_order_relaxed);
-  } else if (cancelled) {
-    cancelled_.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    failed_.fetch_add(1, std::memory_order_relaxed);
-    MONARCH_LOG(kWarning, "promotion of ", entry.ref.name, " to tier '", tier.config().name,
-                "' failed; it stays on the source: ", status.ToString());
-  }
-  MutexLock lock(&idle_mu_);
-  if (--in_flight_count_ == 0) idle_.SignalAll();
-}
-
-bool PlacementHandler::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
-  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
-  if (future != nullptr && future->known()) {
-    // The fastest tier whose last-read copy is read later than this file.
-    const uint64_t wanted_next = future->NextUse(id_wanted);
-    MutexLock lock(&evict_mu_);
-    for (int t = 0; t < first_origin_; ++t) {
-      const Tier& tier = *(*tiers_)[t];
-      const uint64_t need = tier.Footprint(file_bytes);
-      if (!tier.is_cache() || tier.config().capacity_bytes < need) continue;
-      if (MakeRoomByNextUseLocked(t, need, wanted_next, *future)) return true;
-    }
-    // Every copy is read again before this file: keep them, and read this
-    // one from the source this time.
-    admissions_declined_.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  const int target = FastestTierFor(file_bytes);
-  if (target < 0) return false;
-  Tier& tier = *(*tiers_)[target];
-  const uint64_t need = tier.Footprint(file_bytes);
-  const uint32_t files = namespace_->file_count();
-  MutexLock lock(&evict_mu_);
-  // Two turns of the hand: the first may only clear reference bits.
-  for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
-       ++scanned) {
-    const uint32_t id = hand_;
-    hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-    FileEntry& victim = namespace_->entry(id);
-    if (victim.tier->load(std::memory_order_acquire) != target) continue;
-    if (referenced_[id].exchange(0, std::memory_order_relaxed) != 0) continue;  // Second chance.
-    if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
-    EvictLocked(victim, target);
-  }
-  if (tier.free_bytes() >= need) return true;
-  eviction_failures_.fetch_add(1, std::memory_order_relaxed);
-  return false;
-}
-
-bool PlacementHandler::WantsFasterTier(const FileEntry& entry) const {
-  if (!evicts_ || cache_tiers_ < 2 || !policy_->MakesRoomFor(entry.ref.id) ||
-      entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
-    return false;
-  }
-  const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
-  if (future == nullptr || !future->known()) return false;
-  const int fastest = FastestTierFor(entry.ref.size);
-  if (fastest < 0) return false;
-  const Tier& tier = *(*tiers_)[fastest];
-  return tier.free_bytes() < tier.Footprint(entry.ref.size);
-}
-
-int PlacementHandler::FastestTierFor(uint64_t file_bytes) const {
-  for (int t = 0; t < first_origin_; ++t) {
-    const Tier& tier = *(*tiers_)[t];
-    if (tier.is_cache() && tier.config().capacity_bytes >= tier.Footprint(file_bytes)) return t;
-  }
-  return -1;
-}
-
-bool PlacementHandler::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_use,
-                                               const NextUseOracle& future) {
-  // Candidates per eviction: a sample from the hand's walk, not every copy
-  // (which would cost a pass over the namespace per miss).
-  constexpr int kCandidates = 32;
-  Tier& tier = *(*tiers_)[target];
-  const uint32_t files = namespace_->file_count();
-  // Bounded: a victim that changed meanwhile is not moved and is sampled
-  // again; a file needs a few evictions at most.
-  for (int round = 0; tier.free_bytes() < need; ++round) {
-    if (round == 64) {
-      eviction_failures_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    int64_t victim = -1;
-    uint64_t victim_next = 0;
-    int found = 0;
-    for (uint32_t scanned = 0; scanned < files && found < kCandidates; ++scanned) {
-      const uint32_t id = hand_;
-      hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-      if (namespace_->entry(id).tier->load(std::memory_order_acquire) != target) continue;
-      if (tier_readers_[id].load(std::memory_order_acquire) > 0 || !policy_->MayEvict(id)) continue;
-      ++found;
-      const uint64_t next = future.NextUse(id);
-      if (victim < 0 || next > victim_next) {
-        victim = id;
-        victim_next = next;
-      }
-    }
-    if (victim < 0 || victim_next <= next_use) return false;
-    MoveDownLocked(namespace_->entry(static_cast<uint32_t>(victim)), target, victim_next, future);
-  }
-  return true;
-}
-
-void PlacementHandler::MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use,
-                                      const NextUseOracle& future) {
-  // A copy never read again, or read after everything a tier below holds,
-  // is not worth the copying: MakeRoomByNextUseLocked says no to it there.
-  for (int t = tier + 1; t < first_origin_; ++t) {
-    const Tier& lower = *(*tiers_)[t];
-    const uint64_t need = lower.Footprint(entry.ref.size);
-    if (!lower.is_cache() || lower.config().capacity_bytes < need) continue;
-    if (!MakeRoomByNextUseLocked(t, need, next_use, future)) continue;
-    if (DemoteLocked(entry, tier, t)) return;
-    break;
-  }
-  EvictLocked(entry, tier);
-}
-
-bool PlacementHandler::DemoteLocked(FileEntry& entry, int from, int to) {
-  const uint32_t id = entry.ref.id;
-  if (entry.tier->load(std::memory_order_acquire) != from ||
-      entry.state.load(std::memory_order_acquire) != PlacementState::kInTier) {
-    return false;
-  }
-  if (!(*tiers_)[to]->TryReserve(entry.ref.size)) return false;
-  // Pinned as a reader's copy is, which keeps it from being picked for
-  // eviction or another move while evict_mu_ is released.
-  tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
-  evict_mu_.Unlock();
-  const bool moved = CopyDown(entry, from, to);
-  tier_readers_[id].fetch_sub(1, std::memory_order_release);
-  evict_mu_.Lock();
-  return moved;
-}
-
-bool PlacementHandler::CopyDown(FileEntry& entry, int from, int to) {
-  const uint32_t id = entry.ref.id;
-  Tier& upper = *(*tiers_)[from];
-  Tier& lower = *(*tiers_)[to];
-  // Readers go on reading the upper copy meanwhile. One that finds it
-  // damaged drops it, which the switch below notices.
-  bool upper_failed = false;  // Else the lower tier's writer failed, if anything did.
-  absl::Status copied = [&]() -> absl::Status {
-    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<CopyWriter> writer,
-                             lower.driver().NewWriter(entry.ref));
-    const size_t buffer_bytes =
-        static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry.ref.size));
-    char* buffer = chunk_pool_.Acquire(buffer_bytes, ChunkPool::Share::kReaders);
-    absl::Cleanup release = [&] { chunk_pool_.Release(buffer, buffer_bytes); };
-    for (uint64_t offset = 0; offset < entry.ref.size; offset += chunk_bytes_) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry.ref.size - offset));
-      absl::StatusOr<size_t> got = upper.driver().Read(entry.ref, offset, buffer, n);
-      if (!got.ok() || *got != n) {
-        upper_failed = true;
-        return got.ok() ? absl::DataLossError(absl::StrCat("short read of the copy at ", offset))
-                        : got.status();
-      }
-      MONARCH_RETURN_IF_ERROR(writer->Write(offset, buffer, n));
-    }
-    return writer->Commit(namespace_->identity(id));
-  }();
-  bool switched = false;
-  if (copied.ok()) {
-    Shard& shard = ShardOf(id);
-    MutexLock lock(&shard.mu);
-    int expected = from;
-    switched = entry.state.load(std::memory_order_relaxed) == PlacementState::kInTier &&
-               entry.tier->compare_exchange_strong(expected, to, std::memory_order_seq_cst);
-  }
-  if (!switched) {
-    if (copied.ok()) {
-      (void)lower.driver().Remove(entry.ref);  // The upper copy was dropped meanwhile.
-    } else {
-      MONARCH_LOG(kWarning, "moving ", entry.ref.name, " from tier '", upper.config().name,
-                  "' to '", lower.config().name, "' failed; it is evicted instead: ",
-                  copied.ToString());
-    }
-    lower.Release(entry.ref.size);
-    if (!copied.ok() && !upper_failed) {
-      lower.CountWriteError();
-      // The device filled up before the configured capacity: no more copies
-      // are sent there (marked after the release, so that its room is not
-      // counted as free).
-      if (absl::IsResourceExhausted(copied)) lower.MarkFull();
-    }
-    return false;
-  }
-  lower.Commit(entry.ref.size);
-  // Readers already inside the upper copy finish first (BeginTierRead); the
-  // one left is this thread's pin. Each is one read of the tier away.
-  while (tier_readers_[id].load(std::memory_order_seq_cst) > 1) std::this_thread::yield();
-  absl::Status removed = upper.driver().Remove(entry.ref);
-  if (!removed.ok() && !absl::IsNotFound(removed)) {
-    MONARCH_LOG(kWarning, "removing ", entry.ref.name, " from tier '", upper.config().name,
-                "' after moving it down: ", removed.ToString());
-  }
-  upper.Drop(entry.ref.size);
-  demotions_.fetch_add(1, std::memory_order_relaxed);
-  demoted_bytes_.fetch_add(entry.ref.size, std::memory_order_relaxed);
-  return true;
-}
-
-bool PlacementHandler::EvictLocked(FileEntry& entry, int tier_index) {
-  const uint32_t id = entry.ref.id;
-  {
-    Shard& shard = ShardOf(id);
-    MutexLock lock(&shard.mu);
-    if (entry.tier->load(std::memory_order_relaxed) != tier_index ||
-        entry.state.load(std::memory_order_relaxed) != PlacementState::kInTier) {
-      return false;
-    }
-    // New readers go to the source from here on; while the copy is being
-    // deleted no promotion may start (a new copy could be deleted with it),
-    // so the file reads as staying on the source until then.
-    entry.tier->store(source_index_, std::memory_order_seq_cst);
-    entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
-  }
-  // Readers already inside the copy finish first (BeginTierRead); each is
-  // one read of the tier away, and new ones go to the source.
-  while (tier_readers_[id].load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
-  Tier& tier = *(*tiers_)[tier_index];
-  absl::Status removed = tier.driver().Remove(entry.ref);
-  if (!removed.ok() && !absl::IsNotFound(removed)) {
-    MONARCH_LOG(kWarning, "evicting ", entry.ref.name, " from tier '", tier.config().name,
-                "': ", removed.ToString());
-  }
-  tier.Drop(entry.ref.size);
-  {
-    Shard& shard = ShardOf(id);
-    MutexLock lock(&shard.mu);
-    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
-  }
-  evictions_.fetch_add(1, std::memory_order_relaxed);
-  evicted_bytes_.fetch_add(entry.ref.size, std::memory_order_relaxed);
-  return true;
-}
-
-std::vector<std::shared_ptr<Promotion>> PlacementHandler::InFlight() {
-  std::vector<std::shared_ptr<Promotion>> all;
-  for (Shard& shard : shards_) {
-    MutexLock lock(&shard.mu);
-    for (const auto& [id, promotion] : shard.in_flight) all.push_back(promotion);
-  }
-  return all;
-}
-
-void PlacementHandler::WaitIdle() {
-  MutexLock lock(&idle_mu_);
-  while (in_flight_count_ > 0) idle_.Wait(&idle_mu_);
-}
-
-bool PlacementHandler::WaitIdleUntil(Deadline deadline) {
-  MutexLock lock(&idle_mu_);
-  while (in_flight_count_ > 0) {
-    if (!idle_.WaitUntil(&idle_mu_, deadline)) return in_flight_count_ == 0;
-  }
-  return true;
-}
-
-bool PlacementHandler::Drain(Deadline deadline) {
-  accepting_.store(false);
-  // Promotions whose readers left chunks behind get a placement task. One a
-  // reader is still inside asks for its task itself when that reader is
-  // done.
-  for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
-    if (promotion->ClaimBackgroundTask()) {
-      pool_.detach_task([promotion] { promotion->RunToCompletion(); });
-    }
-  }
-  return WaitIdleUntil(deadline);
-}
-
-bool PlacementHandler::Cancel(Deadline deadline) {
-  accepting_.store(false);
-  cancel_.store(true);
-  {
-    // Cancelling reports each promotion done at once (a thread still
-    // loading or writing one of its chunks lets go of it at its next chunk
-    // boundary), so placement is idle right after, but for a copy being
-    // committed.
-    std::vector<std::shared_ptr<Promotion>> in_flight = InFlight();
-    MutexLock lock(&cancelled_mu_);
-    for (const std::shared_ptr<Promotion>& promotion : in_flight) {
-      promotion->Cancel();
-      cancelled_promotions_.push_back(promotion);
-    }
-  }
-  // The pool's queued tasks run and return at once (a cancelled promotion
-  // has nothing left to do); a running one returns after its chunk. A
-  // queued commit abandons its copy without asking the source.
-  if (WaitIdleUntil(deadline) && pool_.wait_until(deadline) && commit_pool_.wait_until(deadline)) {
-    return true;
-  }
-  std::vector<std::string> stuck;
-  {
-    MutexLock lock(&cancelled_mu_);
-    for (const std::weak_ptr<Promotion>& weak : cancelled_promotions_) {
-      if (std::shared_ptr<Promotion> promotion = weak.lock()) stuck.push_back(promotion->Describe());
-    }
-  }
-  for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
-    stuck.push_back(promotion->Describe());
-  }
-  MONARCH_LOG(kWarning, "placement: gave up waiting at shutdown for ",
-              pool_.get_tasks_running() + commit_pool_.get_tasks_running(),
-              " placement threads and ", stuck.size(),
-              " promotions still in a read or write that has not returned (a file system that "
-              "stopped answering?); leaving them behind: ",
-              absl::StrJoin(stuck, "; "));
-  return false;
+  MutexLock no_eviction(&evictor_.mutex());
+  promoter_.Reconsider(entry);
 }
 
 void PlacementHandler::ReportCounters(CounterSink& sink) const {
-  sink.Counter("promotions_started", started_.load(), "Promotions started.");
-  if (evicts_) {
-    sink.Counter("evictions", evictions_.load(), "Copies evicted to make room (placement.policy lru).");
-    sink.Counter("evicted_bytes", evicted_bytes_.load(), "Bytes of the copies evicted.");
-    sink.Counter("eviction_failures", eviction_failures_.load(),
-                 "Times no room could be made: every candidate in use or read since the hand passed.");
-    sink.Counter("demotions", demotions_.load(),
-                 "Copies moved down a tier, tier to tier, to make room for files read sooner "
-                 "(announced order).");
-    sink.Counter("demoted_bytes", demoted_bytes_.load(), "Bytes of the copies moved down.");
-    sink.Counter("admissions_declined", admissions_declined_.load(),
-                 "Files not placed because every copy they would evict is read again sooner "
-                 "(announced order).");
-  }
-  sink.Counter("promotions_completed", completed_.load(), "Copies published to a tier.");
-  sink.Counter("promotions_failed", failed_.load(),
-               "Promotions abandoned on a source or tier error; the file stays on the source.");
-  sink.Counter("promotions_skipped", skipped_.load(),
-               "Files left on the source because no tier had room.");
-  sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
-  sink.Counter("promotions_source_changed", source_changed_.load(),
-               "Copies not committed: the source file changed since the namespace walk.");
-  if (evicts_) {
-    sink.Counter("promotions_identified_by_content", identified_by_content_.load(),
-                 "Copies of files copied before, found to be the same version by their bytes' "
-                 "CRC32C instead of a stat of the source.");
-  }
-  sink.Counter("staging_reads", staging_reads_.load(),
-               "Reads of files being promoted, served from the promotion's chunks.");
-  sink.Counter("staging_bytes_read", staging_bytes_read_.load(),
-               "Bytes of those reads.");
-  sink.Counter("staging_hits", staging_hits_.load(),
-               "Reads of files being promoted whose bytes other threads had already loaded.");
-  sink.Counter("staging_fallbacks", staging_fallbacks_.load(),
-               "Reads of files being promoted that went to the source instead.");
-  sink.Gauge("staging_bytes", chunk_pool_.bytes_in_use(),
-             "Staging memory now: chunks read from the source, not yet written to a tier.");
-  sink.Gauge("staging_peak_bytes", chunk_pool_.peak_bytes_in_use(),
-             "The most staging memory held at any time; never over its budget.");
-  sink.Counter("chunks_written_by_placement", written_by_placement_.load(),
-               "Chunks placement threads wrote into tiers.");
-  sink.Counter("chunks_written_by_readers", written_by_readers_.load(),
-               "Chunks readers wrote into tiers themselves, placement being behind.");
-  sink.Counter("staging_waits", chunk_pool_.waits(),
-               "Times a reader or placement thread waited for staging memory, the budget "
-               "being taken by chunks in flight.");
-  sink.Gauge("staging_budget_bytes", chunk_pool_.budget_bytes(),
-             "The staging budget in force: placement.max_staging_bytes (or its default), "
-             "at least one chunk.");
+  // In the order the stats have always listed them: promotions_started, then
+  // eviction's, then the rest of the promotions' and the staging's.
+  promoter_.ReportStartedCounter(sink);
+  if (evicts_) evictor_.ReportCounters(sink);
+  promoter_.ReportCounters(sink);
 }
 
 }  // namespace monarch

@@ -1,32 +1,45 @@
-// PlacementHandler: promotes files from the source into faster tiers, off
-// the reader's critical path.
+// PlacementHandler: placement's face to the read path and the Prefetcher.
+// It promotes files from the source into faster tiers, off the reader's
+// critical path, and wires the three parts that do the work:
+// - Promoter (promoter.h): the promotions' lifecycle: starts them, keeps
+//   the ones in flight, commits and publishes their copies, shuts them down;
+// - Evictor (evictor.h): makes room by evicting copies or moving them down
+//   a tier (placement.policy "lru", and a node's kept share with peers);
+// - ReadPins (read_pins.h): the pins readers hold on the copies they read,
+//   which eviction waits for, and the CLOCK's reference bits.
+// What is left here is the read-through itself (ReadIfOnSource), Prefetch
+// and Reconsider: the decisions that go through more than one part.
 //
 // It sits beside the read path, not in it: Monarch::Read asks it only for
 // files that live on the source. The first such read of a file starts (at
-// most) one Promotion, keyed by file id in a sharded in-flight table; the
-// reader loads the bytes it needs itself and is answered from them, and a
-// placement thread writes the copy. Later reads of the file share the
-// promotion's chunks until the copy is published, after which they go
-// straight to the tier. The policy picks the tier; the handler updates the
-// namespace and capacity counters once the copy is complete.
+// most) one Promotion; the reader loads the bytes it needs itself and is
+// answered from them, and a placement thread writes the copy. Later reads
+// of the file share the promotion's chunks until the copy is published,
+// after which they go straight to the tier. The policy picks the tier; the
+// Promoter updates the namespace and capacity counters once the copy is
+// complete.
 //
 // A file that stays on the source (no tier had room, policy "none", a failed
 // copy) is read without taking any lock here.
 //
-// Start: the constructor starts the pool. Stop: Drain() and/or Cancel(),
-// explicit, bounded and idempotent; the destructor cancels. Thread-safe.
+// Locking order (each part's header says more): the Evictor's mutex (the
+// "evict_mu_"), then a file's lock (its shard of the Promoter's in-flight
+// table), then the Promoter's idle_mu_. Readers of a tier copy take none:
+// they pin it.
+//
+// Start: the constructor starts the Promoter's pools. Stop: Drain() and/or
+// Cancel(), explicit, bounded and idempotent; the destructor cancels.
+// Thread-safe.
 
 #ifndef MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
 #define MONARCH_PLACEMENT_PLACEMENT_HANDLER_H_
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/counters.h"
 #include "common/mutex.h"
@@ -34,26 +47,14 @@
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
-#include "monarch/stats.h"
-#include "placement/chunk_pool.h"
+#include "placement/evictor.h"
 #include "placement/placement_policy.h"
-#include "placement/promotion.h"
-#include "placement/thread_pool.h"
+#include "placement/promoter.h"
+#include "placement/read_pins.h"
 
 namespace monarch {
 
-// What eviction may know of the future (the Prefetcher, from announced read
-// orders): how many reads from now a file is next read.
-class NextUseOracle {
- public:
-  virtual ~NextUseOracle() = default;
-  // Whether an order is known at all; without one, eviction goes by recency.
-  virtual bool known() const = 0;
-  // Reads from now until `id` is read again; ~0 if not in the known order.
-  virtual uint64_t NextUse(uint32_t id) const = 0;
-};
-
-class PlacementHandler final : public PromotionHost {
+class PlacementHandler final {
  public:
   // `tiers` must outlive the handler: the cache tiers, then the read-only
   // ones (the peers, if any, then the source, last). Files no cache tier
@@ -61,7 +62,11 @@ class PlacementHandler final : public PromotionHost {
   // `ns` (the files' identities as the walk found them) must outlive it too.
   PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
-  ~PlacementHandler() override;
+  // Cancels (the Promoter's destructor). An owner whose Cancel() gave up
+  // must abandon the handler instead of destroying it (see Cancel()).
+  ~PlacementHandler() = default;
+  PlacementHandler(const PlacementHandler&) = delete;
+  PlacementHandler& operator=(const PlacementHandler&) = delete;
 
   // Serves a read of `entry`, which the caller saw on the source: from an
   // in-flight promotion (starting one if the policy finds a tier), or from
@@ -82,7 +87,7 @@ class PlacementHandler final : public PromotionHost {
   PrefetchOutcome Prefetch(FileEntry& entry);
   // Lets a file that found no room earlier be placed again: the policy now
   // wants it (a peer's file this node took over).
-  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evict_mu_);
+  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());
   // Readers loading bytes from the origin themselves right now (their own
   // misses, not reads sharing a promotion someone else drives). Prefetch
   // gives way to them.
@@ -90,195 +95,50 @@ class PlacementHandler final : public PromotionHost {
     return reader_misses_in_flight_.load(std::memory_order_relaxed);
   }
 
-  // Eviction (placement.policy "lru"): when no cache tier has room for a
-  // file, copies are evicted from the fastest tier large enough for it, in
-  // CLOCK order (an approximation of least recently used: a copy read since
-  // the hand last passed gets a second chance). A copy with a reader inside
-  // it is never evicted: readers bracket tier reads with BeginTierRead and
-  // EndTierRead, and an eviction first points the file at the source, then
-  // waits for the readers already inside to leave before it deletes the
-  // copy. Readers in other processes (the node service's clients) read RAM
-  // copies under a seqlock and posix copies through descriptors they hold,
-  // so an eviction under them costs a miss, never a wrong byte.
+  // Whether copies are evicted to make room (Evictor): then readers bracket
+  // tier reads with BeginTierRead and EndTierRead, and the eviction of a
+  // copy waits for the readers inside it (ReadPins).
   bool evicts() const { return evicts_; }
-  // With a known future, eviction goes by next use instead (Belady's
-  // choice, over a sample of candidates): the copy read again last is
-  // evicted, and a file read again later than every candidate is not
-  // admitted (it is read from the source this time). With several cache
-  // tiers, files read sooner take the faster ones: a file read sooner than
-  // the last-read copy of a full faster tier takes its place, even when a
-  // slower tier has room, and the copy it displaces moves down a tier (its
-  // bytes copied tier to tier, not read from the source again) where it is
-  // read sooner than that tier's last-read copy, and is evicted otherwise.
-  // Set once, before reads.
-  void SetNextUseOracle(const NextUseOracle* oracle) {
-    oracle_.store(oracle, std::memory_order_release);
-  }
-  // Returns the tier to read `entry` from now; EndTierRead() afterwards.
-  int BeginTierRead(FileEntry& entry) {
-    const uint32_t id = entry.ref.id;
-    tier_readers_[id].fetch_add(1, std::memory_order_seq_cst);
-    if (referenced_[id].load(std::memory_order_relaxed) == 0) {
-      referenced_[id].store(1, std::memory_order_relaxed);
-    }
-    return entry.tier->load(std::memory_order_seq_cst);
-  }
-  void EndTierRead(uint32_t id) { tier_readers_[id].fetch_sub(1, std::memory_order_release); }
-  // A read this process did not serve itself (a node-service client's hit,
-  // reported afterwards): counts as a use for the CLOCK. Only with eviction.
-  void Touch(uint32_t id) {
-    if (id < namespace_->file_count()) referenced_[id].store(1, std::memory_order_relaxed);
-  }
+  // The future to evict by (Evictor::SetNextUseOracle). Set once, before
+  // reads.
+  void SetNextUseOracle(const NextUseOracle* oracle) { evictor_.SetNextUseOracle(oracle); }
+  // With eviction only: ReadPins::BeginTierRead, EndTierRead, Touch.
+  int BeginTierRead(FileEntry& entry) { return pins_.BeginTierRead(entry); }
+  void EndTierRead(uint32_t id) { pins_.EndTierRead(id); }
+  void Touch(uint32_t id) { pins_.Touch(id); }
 
-  // Shutdown, in two steps, each bounded by a deadline (the instance's
-  // placement.shutdown_timeout). Both stop starting promotions, and are
-  // idempotent.
-  //
-  // Drain(): lets the promotions in flight finish (each has a placement
-  // task) until `deadline`. True if none is left.
-  bool Drain(Deadline deadline);
-  // Cancel(): abandons the promotions in flight at their next chunk boundary
-  // (a reader inside one reads the source instead), then waits until
-  // `deadline` for the threads still working on one. True when none is
-  // left. False when a thread is blocked in a read or write that has not
-  // returned (a file system that stopped answering): what it is doing is
-  // logged, and the handler must then be abandoned (common/shutdown.h), not
-  // destroyed, since destroying it joins that thread.
-  bool Cancel(Deadline deadline);
-  // Returns when no promotion is in flight. Each ends within its chunks'
-  // reads and writes (peer fetches time out, see remote.request_timeout),
-  // and at once when Cancel() is called.
-  void WaitIdle();
+  // Shutdown: Promoter::Drain, Cancel and WaitIdle (bounded; see there).
+  bool Drain(Deadline deadline) { return promoter_.Drain(deadline); }
+  bool Cancel(Deadline deadline) { return promoter_.Cancel(deadline); }
+  void WaitIdle() { promoter_.WaitIdle(); }
 
   void ReportCounters(CounterSink& sink) const;
 
-  // PromotionHost.
-  absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst, size_t n,
-                                    bool* from_source = nullptr) override;
-  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
-                                                  std::optional<uint32_t> content_crc) override;
-  ChunkPool& chunk_pool() override { return chunk_pool_; }
-  bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
-  void ChunkWritten(bool by_reader) override {
-    (by_reader ? written_by_readers_ : written_by_placement_)
-        .fetch_add(1, std::memory_order_relaxed);
-  }
-  void CommitLater(std::shared_ptr<Promotion> promotion) override;
-  void PromotionDone(Promotion& promotion, const absl::Status& status, bool tier_failed) override;
-
  private:
-  static constexpr size_t kShards = 64;
-  struct alignas(64) Shard {
-    Mutex mu;
-    absl::flat_hash_map<uint32_t, std::shared_ptr<Promotion>> in_flight ABSL_GUARDED_BY(mu);
-  };
-  Shard& ShardOf(uint32_t id) { return shards_[id % kShards]; }
+  // Promoter::StartOrJoin, making room for `entry` with eviction, at most
+  // once: first, in a faster tier, if its next use says it belongs there
+  // (WantsFasterTier); else, if the policy finds no tier for it, before one
+  // more try. Room is made outside the file's lock.
+  Promoter::Admission StartOrJoinMakingRoom(FileEntry& entry, bool pin);
+  // Whether `entry` should make room in a faster tier before the policy
+  // picks one (Evictor::WantsFasterTier), with eviction.
+  bool WantsFasterTier(const FileEntry& entry) const {
+    return evicts_ && evictor_.WantsFasterTier(entry);
+  }
+  // Whether eviction may make room for a file the policy found no tier for.
+  bool MayMakeRoomFor(const FileEntry& entry) const {
+    return evicts_ && policy_->MakesRoomFor(entry.ref.id);
+  }
 
-  std::shared_ptr<Promotion> StartLocked(FileEntry& entry, Shard& shard)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Evicts copies until a cache tier has room for a `file_bytes` file;
-  // false if none could be made (every candidate in use or just read).
-  bool MakeRoom(uint32_t id, uint64_t file_bytes);
-  // With a known order and several cache tiers, whether a file on the
-  // source should make room in a faster tier before the policy picks one
-  // (which would pick the first tier with room).
-  bool WantsFasterTier(const FileEntry& entry) const;
-  // The fastest cache tier large enough to hold a `file_bytes` file at all
-  // (empty), or -1.
-  int FastestTierFor(uint64_t file_bytes) const;
-  // Next-use placement: makes `need` bytes of room in cache tier `tier` for
-  // a file read again `next_use` reads from now, moving down (or out) the
-  // copies there read again later than that. False if every sampled copy is
-  // read sooner, or too many are in use.
-  bool MakeRoomByNextUseLocked(int tier, uint64_t need, uint64_t next_use,
-                               const NextUseOracle& future)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // Moves `entry`'s copy out of tier `tier` to the fastest slower cache tier
-  // that takes it by next use; evicts it if none does.
-  void MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use, const NextUseOracle& future)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // Copies `entry`'s copy from tier `from` into tier `to` (which has room),
-  // points the file at it and removes the old one; false (nothing changed)
-  // if the copy is no longer in `from` or cannot be copied. Releases
-  // evict_mu_ while it copies (CopyDown), so that other threads make room
-  // meanwhile: on a disk tier, creating a file alone can take a millisecond.
-  bool DemoteLocked(FileEntry& entry, int from, int to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // DemoteLocked's work once room is reserved in `to` and the copy pinned.
-  bool CopyDown(FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(evict_mu_);
-  // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
-  bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
-  // Every in-flight promotion, for shutdown.
-  std::vector<std::shared_ptr<Promotion>> InFlight();
-  // As WaitIdle(), giving up at `deadline`; true if idle.
-  bool WaitIdleUntil(Deadline deadline);
-
-  const std::vector<std::unique_ptr<Tier>>* const tiers_;
-  const Namespace* const namespace_;
-  const int source_index_;
-  const int first_origin_;  // The first read-only tier.
-  const int cache_tiers_;
   const std::unique_ptr<PlacementPolicy> policy_;
-  const uint64_t chunk_bytes_;
-  const size_t placement_threads_;
-
-  // Staging memory, within placement.max_staging_bytes. Before the shards:
-  // promotions return buffers to it.
-  ChunkPool chunk_pool_;
-  std::array<Shard, kShards> shards_;
-  std::atomic<bool> accepting_{true};
-  std::atomic<bool> cancel_{false};
-
-  // Promotions Cancel() abandoned; those still referenced are in some
-  // thread's hands, for the log of a shutdown that gave up on them.
-  Mutex cancelled_mu_;
-  std::vector<std::weak_ptr<Promotion>> cancelled_promotions_ ABSL_GUARDED_BY(cancelled_mu_);
-
-  Mutex idle_mu_;  // Taken after a shard's mutex, never before.
-  CondVar idle_;   // Signalled when in_flight_count_ drops to 0.
-  uint64_t in_flight_count_ ABSL_GUARDED_BY(idle_mu_) = 0;
-
-  std::atomic<uint64_t> started_{0};
-  std::atomic<uint64_t> completed_{0};
-  std::atomic<uint64_t> failed_{0};
-  std::atomic<uint64_t> skipped_{0};
-  std::atomic<uint64_t> cancelled_{0};
-  std::atomic<uint64_t> source_changed_{0};
-  std::atomic<uint64_t> identified_by_content_{0};
-  std::atomic<uint64_t> staging_reads_{0};
-  std::atomic<uint64_t> staging_bytes_read_{0};
-  std::atomic<uint64_t> staging_hits_{0};
-  std::atomic<uint64_t> staging_fallbacks_{0};
-  std::atomic<uint64_t> written_by_readers_{0};
-  std::atomic<uint64_t> written_by_placement_{0};
-  std::atomic<int> reader_misses_in_flight_{0};
-
-  // Eviction state, per file (allocated only with eviction).
   const bool evicts_;
-  std::unique_ptr<std::atomic<uint32_t>[]> tier_readers_;
-  std::unique_ptr<std::atomic<uint8_t>[]> referenced_;
-  // The CRC32C of each file's bytes as its first committed copy had them,
-  // with kContentKnown set; 0 until then. With eviction a file is promoted
-  // again each time its copy was evicted, and comparing the bytes with
-  // these spares the source a metadata operation per promotion (an fstat
-  // is a getattr on the PFS's metadata server).
-  static constexpr uint64_t kContentKnown = uint64_t{1} << 32;
-  std::unique_ptr<std::atomic<uint64_t>[]> content_crcs_;
-  Mutex evict_mu_;  // Taken before a shard's mutex, never after.
-  uint32_t hand_ ABSL_GUARDED_BY(evict_mu_) = 0;
-  std::atomic<uint64_t> evictions_{0};
-  std::atomic<uint64_t> evicted_bytes_{0};
-  std::atomic<uint64_t> eviction_failures_{0};
-  std::atomic<uint64_t> admissions_declined_{0};
-  std::atomic<uint64_t> demotions_{0};
-  std::atomic<uint64_t> demoted_bytes_{0};
-  std::atomic<const NextUseOracle*> oracle_{nullptr};
-
-  // Commits (a stat of the source file each, then the tier's commit): apart
-  // from the placement threads, which copy while these wait on the PFS.
-  ThreadPool commit_pool_;
-  // Last member: its threads stop before the state above goes away, and
-  // before the commit pool, which its tasks feed.
-  ThreadPool pool_;
+  std::atomic<int> reader_misses_in_flight_{0};
+  // Slots only with eviction. Before the Promoter, whose threads use them.
+  ReadPins pins_;
+  Promoter promoter_;
+  // After the Promoter, whose staging pool and file locks it uses; none of
+  // the Promoter's threads use it.
+  Evictor evictor_;
 };
 
 }  // namespace monarch

@@ -75,4 +75,18 @@ std::unique_ptr<PlacementPolicy> NewPlacementPolicy(PlacementPolicyKind kind, Ke
   return std::make_unique<NoPlacementPolicy>();
 }
 
+int FirstReadOnlyTier(const std::vector<std::unique_ptr<Tier>>& tiers) {
+  return static_cast<int>(
+      std::find_if(tiers.begin(), tiers.end(), [](const auto& t) { return !t->is_cache(); }) -
+      tiers.begin());
+}
+
+int FastestCacheTierFor(const std::vector<std::unique_ptr<Tier>>& tiers, uint64_t file_bytes) {
+  for (int t = 0; t < static_cast<int>(tiers.size()) && tiers[t]->is_cache(); ++t) {
+    const Tier& tier = *tiers[t];
+    if (tier.config().capacity_bytes >= tier.Footprint(file_bytes)) return t;
+  }
+  return -1;
+}
+
 }  // namespace monarch

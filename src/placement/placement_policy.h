@@ -7,6 +7,7 @@
 #ifndef MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
 #define MONARCH_PLACEMENT_PLACEMENT_POLICY_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,8 +31,8 @@ class PlacementPolicy {
   virtual std::optional<int> ChooseTier(const FileRef& file,
                                         const std::vector<std::unique_ptr<Tier>>& tiers) = 0;
   // Whether copies may ever be evicted to make room when ChooseTier finds
-  // none (the placement handler does the evicting: it knows who reads what,
-  // and pins the copies being read).
+  // none (the Evictor does the evicting: it knows who reads what, through
+  // the pins on the copies being read).
   virtual bool evicts() const { return false; }
   // Whether copies are evicted to make room for `file_id`, and whether the
   // copy of `file_id` may go to make room for another.
@@ -57,9 +58,17 @@ struct KeptShare {
 // for the whole file; no eviction (but for a kept share, above), so when
 // every tier is full files stay on the source. kLru: first-fit, and when no
 // tier has room, copies are evicted in least-recently-used order
-// (PlacementHandler::MakeRoom); never with a kept share (ValidateConfig
-// refuses lru with peers). kNone: never promote (a pass-through baseline).
+// (Evictor::MakeRoom); never with a kept share (ValidateConfig refuses lru
+// with peers). kNone: never promote (a pass-through baseline).
 std::unique_ptr<PlacementPolicy> NewPlacementPolicy(PlacementPolicyKind kind, KeptShare kept = {});
+
+// Where things are in `tiers` (fastest first: the cache tiers, then the
+// read-only ones, the source last).
+// The index of the first read-only tier (the peers, if any, else the source).
+int FirstReadOnlyTier(const std::vector<std::unique_ptr<Tier>>& tiers);
+// The fastest cache tier large enough to hold a `file_bytes` file at all
+// (when empty), or -1: where eviction makes room for it.
+int FastestCacheTierFor(const std::vector<std::unique_ptr<Tier>>& tiers, uint64_t file_bytes);
 
 }  // namespace monarch
 
