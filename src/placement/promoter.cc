@@ -43,6 +43,11 @@ size_t DefaultPlacementThreads() {
 // 1,000 files a second, and half the demo's copies had not landed after
 // three epochs. 8 at once, as Lustre's mdc max_rpcs_in_flight.
 constexpr size_t kCommitThreads = 8;
+// Commits queued or running, at most: each holds its copy open (a temporary
+// file's descriptor, in a file tier), so they count against
+// placement.max_open_files too. Past the bound, the writer of the last chunk
+// commits the copy itself rather than queue one more.
+constexpr size_t kMaxPendingCommits = 4 * kCommitThreads;
 
 // How the staging budget is shared out (see chunk_pool.h):
 // - A chunk per placement thread is kept from the readers: a placement
@@ -77,6 +82,8 @@ Promoter::Promoter(const std::vector<std::unique_ptr<Tier>>* tiers, const Namesp
                                             : DefaultPlacementThreads()),
       evicts_(policy->evicts()),
       chunk_pool_(StagingPool(config, placement_threads_)),
+      max_pending_commits_(std::clamp<size_t>(static_cast<size_t>(std::max(config.max_open_files, 1)),
+                                              1, kMaxPendingCommits)),
       // Named, so that top and profiles tell copying from reading.
       commit_pool_(kCommitThreads,
                    [] { ::pthread_setname_np(::pthread_self(), "monarch-commit"); }),
@@ -218,7 +225,16 @@ std::shared_ptr<Promotion> Promoter::StartLocked(FileEntry& entry, Shard& shard)
 }
 
 void Promoter::CommitLater(std::shared_ptr<Promotion> promotion) {
-  commit_pool_.detach_task([promotion = std::move(promotion)] { promotion->Commit(); });
+  if (commits_pending_.fetch_add(1, std::memory_order_relaxed) >= max_pending_commits_) {
+    commits_pending_.fetch_sub(1, std::memory_order_relaxed);
+    commits_inline_.fetch_add(1, std::memory_order_relaxed);
+    promotion->Commit();
+    return;
+  }
+  commit_pool_.detach_task([this, promotion = std::move(promotion)] {
+    promotion->Commit();
+    commits_pending_.fetch_sub(1, std::memory_order_relaxed);
+  });
 }
 
 void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
@@ -376,6 +392,9 @@ void Promoter::ReportCounters(CounterSink& sink) const {
                "Chunks placement threads wrote into tiers.");
   sink.Counter("chunks_written_by_readers", written_by_readers_.load(),
                "Chunks readers wrote into tiers themselves, placement being behind.");
+  sink.Counter("commits_inline", commits_inline_.load(),
+               "Copies committed by the thread that wrote their last chunk, the commit threads "
+               "having too many waiting.");
   sink.Counter("staging_waits", chunk_pool_.waits(),
                "Times a reader or placement thread waited for staging memory, the budget "
                "being taken by chunks in flight.");

@@ -203,6 +203,10 @@ class Promoter final : public PromotionHost, public FileLocks {
 
   // Commits (a stat of the source file each, then the tier's commit): apart
   // from the placement threads, which copy while these wait on the PFS.
+  // Those queued or running are counted, and bounded (CommitLater).
+  const size_t max_pending_commits_;
+  std::atomic<size_t> commits_pending_{0};
+  std::atomic<uint64_t> commits_inline_{0};
   ThreadPool commit_pool_;
   // Last member: its threads stop before the state above goes away, and
   // before the commit pool, which its tasks feed.
