@@ -46,7 +46,6 @@ namespace {
 // Limits that keep a hostile or broken config from costing minutes and GiBs.
 constexpr size_t kMaxConfigBytes = 1 << 20;
 constexpr size_t kMaxTiers = 16;
-constexpr size_t kMaxQuotedChars = 200;
 constexpr int64_t kMaxOpenFilesLimit = 1000000;
 
 // node.runtime_dir holds the service's socket, "<dir>/monarch.sock", and a
