@@ -25,7 +25,7 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
-#include "placement/thread_pool.h"
+#include "common/thread_pool.h"
 #include "remote/ucx_loader.h"
 
 namespace monarch {
