@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "drivers/copy_integrity.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "test_util.h"
 
 namespace monarch::testing {

@@ -32,7 +32,7 @@
 #include "fault_env.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "remote/bootstrap.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"

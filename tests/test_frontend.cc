@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
-#include "frontend/process_instance.h"
+#include "api/process_instance.h"
 #include "monarch/monarch.h"
 #include "test_util.h"
 

@@ -27,7 +27,7 @@
 #include "drivers/copy_integrity.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "test_util.h"
 
 namespace monarch {

@@ -26,7 +26,7 @@
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "test_util.h"
 
 namespace monarch {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "metadata/file_regex.h"
+#include "config/file_regex.h"
 #include "metadata/namespace.h"
 #include "test_util.h"
 

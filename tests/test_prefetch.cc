@@ -18,7 +18,7 @@
 #include "drivers/forwarding_driver.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "test_util.h"
 
 namespace monarch {

@@ -20,7 +20,7 @@
 #include "drivers/copy_integrity.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "placement/chunk_pool.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "placement/thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace monarch {
 namespace {

@@ -28,12 +28,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/environment.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "config/config_keys.h"
+#include "config/file_regex.h"
 #include "config/valid_config.h"
-#include "metadata/file_regex.h"
-#include "remote/bootstrap.h"
 #include "yaml-cpp/yaml.h"
 
 namespace monarch {

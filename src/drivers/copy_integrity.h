@@ -30,7 +30,7 @@
 // - every-read: every block of every read, whatever the timestamps say.
 // - off: no checksums at read; the identity is still checked at start-up.
 // A mismatch is DataLoss: the read path drops the copy and serves the
-// source (src/monarch.cc).
+// source (src/core/monarch_core.cc).
 //
 // What was checked outlives the descriptor (CopyState, CopyStates). A tier
 // keeps a bounded number of copies open, and with many small files nearly

@@ -22,7 +22,7 @@
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/status_macros.h"
-#include "metadata/file_regex.h"
+#include "config/file_regex.h"
 
 namespace monarch {
 namespace {

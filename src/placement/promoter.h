@@ -42,7 +42,7 @@
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/read_pins.h"
-#include "placement/thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace monarch {
 

@@ -35,10 +35,6 @@ struct JobRank {
 };
 absl::StatusOr<JobRank> ResolveJobRank(const RemoteConfig& config);
 
-// Expands $NAME and ${NAME} from the environment; an unset variable is an
-// error naming `key`.
-absl::StatusOr<std::string> ExpandEnvironment(const std::string& text, absl::string_view key);
-
 // Publishes `mine` for `rank` in `dir` (created 0700 if missing) and
 // returns all `size` addresses indexed by rank, or DeadlineExceeded naming
 // the ranks that never arrived within `timeout_seconds`. Rank 0 passes its

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/environment.h"
 #include "common/log.h"
 #include "remote/bootstrap.h"
 #include "remote/rendezvous_hash.h"

@@ -35,7 +35,7 @@
 #include "absl/status/status.h"
 #include "common/mutex.h"
 #include "common/shutdown.h"
-#include "placement/thread_pool.h"
+#include "common/thread_pool.h"
 #include "remote/peer_network.h"
 #include "remote/ucx_worker.h"
 

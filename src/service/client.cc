@@ -27,7 +27,7 @@
 #include "core/read_path.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "service/namespace_image.h"
 #include "service/protocol.h"
 #include "service/runtime.h"

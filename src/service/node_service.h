@@ -42,7 +42,7 @@
 #include "common/shutdown.h"
 #include "common/shared_memory.h"
 #include "monarch/config.h"
-#include "monarch_internal.h"
+#include "core/monarch_internal.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"

@@ -18,7 +18,7 @@ out=$("$work/build/c_consumer" "$work/data" sub/hello.txt)
 # c_api.cc is compiled once, into an object library both libraries use.
 # (Counted in the Makefiles' rules: stale objects of older layouts may linger.)
 if ls "$build_dir"/CMakeFiles/*.dir/build.make >/dev/null 2>&1; then
-  compiles=$(grep -l 'src/c_api.cc.o:' "$build_dir"/CMakeFiles/*.dir/build.make | wc -l)
+  compiles=$(grep -l '/c_api.cc.o:' "$build_dir"/CMakeFiles/*.dir/build.make | wc -l)
   [ "$compiles" = 1 ] || { echo "c_api.cc is compiled by $compiles targets"; exit 1; }
 fi
 test -f "$work/prefix/include/monarch/monarch.h"

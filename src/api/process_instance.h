@@ -15,8 +15,8 @@
 //
 // Thread-safe: any number of threads may hold a Use at once.
 
-#ifndef MONARCH_FRONTEND_PROCESS_INSTANCE_H_
-#define MONARCH_FRONTEND_PROCESS_INSTANCE_H_
+#ifndef MONARCH_API_PROCESS_INSTANCE_H_
+#define MONARCH_API_PROCESS_INSTANCE_H_
 
 #include <memory>
 #include <string>
@@ -89,4 +89,4 @@ class ProcessInstance {
 
 }  // namespace monarch::frontend
 
-#endif  // MONARCH_FRONTEND_PROCESS_INSTANCE_H_
+#endif  // MONARCH_API_PROCESS_INSTANCE_H_

@@ -6,8 +6,8 @@
 // and running tasks, then joins. No thread is ever detached.
 // Thread-safe: every method may be called from any thread, including tasks.
 
-#ifndef MONARCH_PLACEMENT_THREAD_POOL_H_
-#define MONARCH_PLACEMENT_THREAD_POOL_H_
+#ifndef MONARCH_COMMON_THREAD_POOL_H_
+#define MONARCH_COMMON_THREAD_POOL_H_
 
 #include <chrono>
 #include <cstddef>
@@ -77,4 +77,4 @@ class ThreadPool {
 
 }  // namespace monarch
 
-#endif  // MONARCH_PLACEMENT_THREAD_POOL_H_
+#endif  // MONARCH_COMMON_THREAD_POOL_H_

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
-#include "frontend/process_instance.h"
+#include "api/process_instance.h"
 #include "monarch/monarch.h"
 #include "monarch/monarch_c.h"
 #include "monarch/sampled_order.h"

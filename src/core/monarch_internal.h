@@ -3,8 +3,8 @@
 // Lets a caller wrap each tier's driver (for example in a fault-injecting
 // driver) before the instance starts. Not part of the public API.
 
-#ifndef MONARCH_MONARCH_INTERNAL_H_
-#define MONARCH_MONARCH_INTERNAL_H_
+#ifndef MONARCH_CORE_MONARCH_INTERNAL_H_
+#define MONARCH_CORE_MONARCH_INTERNAL_H_
 
 #include <functional>
 #include <memory>
@@ -65,4 +65,4 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
 
 }  // namespace monarch
 
-#endif  // MONARCH_MONARCH_INTERNAL_H_
+#endif  // MONARCH_CORE_MONARCH_INTERNAL_H_

@@ -1,4 +1,4 @@
-#include "metadata/file_regex.h"
+#include "config/file_regex.h"
 
 #include <cstdlib>
 #include <limits>

@@ -1,6 +1,6 @@
 // ProcessInstance implementation.
 
-#include "frontend/process_instance.h"
+#include "api/process_instance.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -6,7 +6,7 @@
 // bytes of such files come from the read-only tiers at the end of the list:
 // with peers enabled the peers tier (the file's home), then the source.
 
-#include "monarch/monarch.h"
+#include "core/monarch_internal.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,24 +14,23 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/counters.h"
+#include "common/environment.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/os.h"
 #include "common/shutdown.h"
+#include "common/status_macros.h"
 #include "config/valid_config.h"
 #include "core/read_path.h"
-#include "common/status_macros.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
-#include "monarch_internal.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "placement/prefetcher.h"
 #include "remote/bootstrap.h"
 #include "remote/peer_driver.h"
 #include "remote/ucx_loader.h"
-#include "service/client.h"
 
 namespace monarch {
 namespace {
@@ -616,36 +615,6 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   std::move(unpublish).Cancel();  // The instance removes it from here on, failed Start() included.
   MONARCH_RETURN_IF_ERROR(monarch->Start());
   return std::unique_ptr<MonarchCore>(std::move(monarch));
-}
-
-namespace {
-
-// With node.shared, a process is a client of its node's service
-// (src/service/client.h); the service needs the config as YAML to be
-// started on demand, which only the YAML entry points have.
-absl::StatusOr<std::unique_ptr<Monarch>> CreateValid(const ValidConfig& config,
-                                                     const service::ConfigSource& source) {
-  if (config->node.shared) return service::ConnectToNodeService(config, source);
-  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(config, {}));
-  return std::unique_ptr<Monarch>(std::move(core));
-}
-
-}  // namespace
-
-// Each entry point validates once; what it builds takes the ValidConfig.
-absl::StatusOr<std::unique_ptr<Monarch>> Monarch::Create(const Config& config) {
-  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Validate(config));
-  return CreateValid(valid, service::ConfigSource{});
-}
-
-absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path) {
-  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigFile(path));
-  return CreateValid(valid, service::ConfigSource{path, ""});
-}
-
-absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml) {
-  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigString(yaml));
-  return CreateValid(valid, service::ConfigSource{"", std::string(yaml)});
 }
 
 }  // namespace monarch

@@ -1,6 +1,6 @@
 // ThreadPool implementation.
 
-#include "placement/thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace monarch {
 

@@ -11,8 +11,8 @@
 // cost grows with the square of the positions.
 // Unbounded *, + and ? cost nothing extra and cover long runs.
 
-#ifndef MONARCH_METADATA_FILE_REGEX_H_
-#define MONARCH_METADATA_FILE_REGEX_H_
+#ifndef MONARCH_CONFIG_FILE_REGEX_H_
+#define MONARCH_CONFIG_FILE_REGEX_H_
 
 #include <regex.h>
 
@@ -53,4 +53,4 @@ uint64_t RegexExpandedPositions(absl::string_view pattern);
 
 }  // namespace monarch
 
-#endif  // MONARCH_METADATA_FILE_REGEX_H_
+#endif  // MONARCH_CONFIG_FILE_REGEX_H_
