@@ -1222,16 +1222,23 @@ TEST_CASE("peer network: a lost peer's address is looked up by the fetching thre
   CHECK(!retried.ok());  // No address: rank 2 stays down, and the reader reads the source.
 }
 
-TEST_CASE("peer network: a request that comes before its peer serves waits, then gets its bytes") {
-  ScratchDir dir;
-  const std::string rdv = dir.path() + "/rdv";
-  const std::string secret = SecretOrDie();
-  BareRank ranks[2];
+// Ranks 0 and 1 meet in `rdv`; rank 1 holds every request it gets until its
+// StartServing() (a peer still starting, or up but silent).
+void StartPairHoldingRequests(BareRank (&ranks)[2], const std::string& rdv,
+                              const std::string& secret) {
   std::thread rank1([&] { ranks[1].Start(1, rdv, secret, "", /*serve_now=*/false); });
   ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
   rank1.join();
   REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
   REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+}
+
+TEST_CASE("peer network: a request that comes before its peer serves waits, then gets its bytes") {
+  ScratchDir dir;
+  const std::string rdv = dir.path() + "/rdv";
+  const std::string secret = SecretOrDie();
+  BareRank ranks[2];
+  StartPairHoldingRequests(ranks, rdv, secret);
   std::vector<char> buffer(60000);
   const FileRef file{0, "train/a.jpg", buffer.size() + 1000, 1};
   std::atomic<bool> fetched{false};
@@ -1255,11 +1262,7 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
   ScratchDir dir2;
   const std::string rdv2 = dir2.path() + "/rdv";
   BareRank again[2];
-  std::thread late([&] { again[1].Start(1, rdv2, secret, "", /*serve_now=*/false); });
-  again[0].Start(0, rdv2, secret, JobSecretFingerprint(secret));
-  late.join();
-  REQUIRE(again[0].status.ok());
-  REQUIRE(again[1].status.ok());
+  StartPairHoldingRequests(again, rdv2, secret);
   std::thread refused([&] {
     got = again[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
   });
@@ -1279,11 +1282,7 @@ TEST_CASE("peer network: shutting down cuts short a fetch waiting on a peer that
   const std::string rdv = dir.path() + "/rdv";
   const std::string secret = SecretOrDie();
   BareRank ranks[2];
-  std::thread rank1([&] { ranks[1].Start(1, rdv, secret, "", /*serve_now=*/false); });
-  ranks[0].Start(0, rdv, secret, JobSecretFingerprint(secret));
-  rank1.join();
-  REQUIRE_MESSAGE(ranks[0].status.ok(), ranks[0].status.ToString());
-  REQUIRE_MESSAGE(ranks[1].status.ok(), ranks[1].status.ToString());
+  StartPairHoldingRequests(ranks, rdv, secret);
   std::vector<char> buffer(60000);
   const FileRef file{0, "train/a.jpg", buffer.size() + 1000, 1};
   std::atomic<bool> fetched{false};
