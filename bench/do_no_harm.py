@@ -110,6 +110,11 @@ def measure(tiers_made):
     ap.add_argument("--dir", default="/var/tmp/monarch-dnh")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated cells, e.g. small-cached-1-ram")
+    ap.add_argument("--read-size", default="256KiB",
+                    help="bytes per read call (monarch-epochs --read-size; 0: whole files)")
+    ap.add_argument("--buffer-offset", type=int, default=0,
+                    help="where each reader's buffer starts in its page, in both modes "
+                         "(16: where malloc() puts a buffer above 128 KiB)")
     ap.add_argument("--out", default="bench/results/do_no_harm")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite OUT.md and OUT.png from OUT.json without measuring")
@@ -118,6 +123,9 @@ def measure(tiers_made):
         with open(a.out + ".json") as f:
             saved = json.load(f)
         a.repeat = saved.get("repeat", a.repeat)
+        a.read_size = saved.get("read_size", "256KiB")
+        a.buffer_offset = saved.get("buffer_offset", 0)
+        a.commit = saved.get("commit", "unknown")
         bounds = {tuple(k.split("-", 1)): v for k, v in saved["bounds"].items()}
         if saved["device"]:
             add_device_bounds(saved["cells"], saved["device"])
@@ -125,6 +133,8 @@ def measure(tiers_made):
                      saved.get("cores", os.cpu_count()), saved.get("load_after"))
         return 0
     binary = os.path.join(a.build, "monarch-epochs")
+    a.commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                              text=True).stdout.strip() or "unknown"
     writer = os.path.join(a.build, "bench", "bench_tier_write")
     os.makedirs(a.dir, exist_ok=True)
     cores = os.cpu_count()
@@ -162,7 +172,8 @@ def measure(tiers_made):
                     cell = f"{name}-{state}-{readers}-{tier}"
                     if only and cell not in only:
                         continue
-                    common = ["--threads", str(readers), "--read-size", "256KiB",
+                    common = ["--threads", str(readers), "--read-size", a.read_size,
+                              "--buffer-offset", str(a.buffer_offset),
                               "--epochs", str(EPOCHS), "--seed", "7"]
                     if state == "dropped":
                         common.append("--drop-source-cache")
@@ -246,15 +257,21 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
     with open(a.out + ".json", "w") as f:
         json.dump({"cells": cells, "device": device, "load_before": load_before,
                    "load_after": load_after, "cores": cores, "repeat": a.repeat,
+                   "read_size": a.read_size, "buffer_offset": a.buffer_offset,
+                   "commit": a.commit,
                    "bounds": {f"{k[0]}-{k[1]}": v for k, v in bounds.items()}}, f, indent=1)
-    cmd = f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" + (f" --only {a.only}" if a.only else "")
+    cmd = (f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" +
+           (f" --read-size {a.read_size}" if a.read_size != "256KiB" else "") +
+           (f" --buffer-offset {a.buffer_offset}" if a.buffer_offset else "") +
+           (f" --only {a.only}" if a.only else "") +
+           (f" --out {a.out}" if a.out != "bench/results/do_no_harm" else ""))
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
              f"Command: `{cmd}` (needs a Release build: `cmake -S . -B build "
              "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2`). "
-             f"{cores} cores; load average {load_before:.2f} before, {load_after or 0:.2f} after. "
+             f"Measured at {a.commit}. {cores} cores; load average {load_before:.2f} before, {load_after or 0:.2f} after. "
              "Each figure is the median over repetitions of Monarch's epoch time divided by the "
-             "plain epoch time of the same repetition (`monarch-epochs --read-size 256KiB`, "
-             "3 epochs, a fresh tier each run).", "",
+             f"plain epoch time of the same repetition (`monarch-epochs --read-size {a.read_size} "
+             f"--buffer-offset {a.buffer_offset}`, 3 epochs, a fresh tier each run).", "",
              "| cell | plain e1/e2/e3 (s) | monarch e1/e2/e3 (s) | e1 ratio (target) | "
              "e2, e3 ratio (<= 1.05) | copies published after e2 | memcpy bound e1 | "
              "e1 / memcpy bound | tier-write bound e1 | e1 / tier-write bound | device bound e1 (plain reads + tier writes) |",

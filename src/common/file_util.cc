@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/copy_bytes.h"
 #include "common/os.h"
 #include "common/status_macros.h"
 
@@ -153,7 +154,7 @@ absl::StatusOr<size_t> PreadFull(int fd, char* buffer, size_t n, uint64_t offset
                                  absl::string_view path) {
   size_t done = 0;
   while (done < n) {
-    ssize_t r = os::Pread(fd, buffer + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = PreadAroundAliasing(fd, buffer + done, n - done, offset + done);
     if (r < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("read ", path));

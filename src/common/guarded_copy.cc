@@ -11,6 +11,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/copy_bytes.h"
+
 namespace monarch {
 namespace {
 
@@ -65,7 +67,7 @@ bool GuardedCopy(void* dst, const void* src, size_t n) {
   if (sigsetjmp(recovery, 0) == 0) {
     t_recovery = &recovery;
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    std::memcpy(dst, src, n);
+    CopyBytes(dst, src, n);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   } else {
     faulted = true;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/copy_bytes.h"
 #include "common/file_util.h"
 #include "common/guarded_copy.h"
 #include "common/os.h"
@@ -154,7 +155,7 @@ void RamArena::CopyWithoutMapping(Extent at, char* dst, size_t n) const {
   // A failed or short read is not expected of a memfd inside its size; the
   // mapping has the bytes.
   const size_t done = got.ok() ? *got : 0;
-  if (done < n) std::memcpy(dst + done, data(at) + done, n - done);
+  if (done < n) CopyBytes(dst + done, data(at) + done, n - done);
 }
 
 absl::Status RamArena::Write(Extent extent, uint64_t offset, const char* data, size_t n) {

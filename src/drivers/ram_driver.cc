@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/copy_bytes.h"
 #include "common/crc32c.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
@@ -88,7 +89,7 @@ absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const Ra
                                 const FileRef& file, uint64_t offset, char* dst, size_t n) {
   return VisitCopy(slots, file_count, arena, file, offset, n,
                    [&](RamArena::Extent at, size_t count) {
-                     std::memcpy(dst, arena.data(at), count);
+                     CopyBytes(dst, arena.data(at), count);
                    });
 }
 
@@ -211,7 +212,7 @@ class RamDriver final : public StorageDriver {
     absl::StatusOr<size_t> ReadBack(uint64_t offset, char* dst, size_t n) override {
       if (offset >= size_) return 0;
       const size_t count = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
-      std::memcpy(dst, driver_->arena_->data(extent_) + offset, count);
+      CopyBytes(dst, driver_->arena_->data(extent_) + offset, count);
       return count;
     }
     absl::Status Commit(const SourceIdentity&) override {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/copy_bytes.h"
 #include "common/crc32c.h"
 
 namespace monarch {
@@ -309,7 +310,7 @@ bool Promotion::CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_
       switch (chunks_[c].state) {
         case ChunkState::kStaged:
         case ChunkState::kWriting:
-          std::memcpy(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
+          CopyBytes(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
                       stop - begin);
           break;
         case ChunkState::kWritten:

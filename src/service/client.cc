@@ -17,6 +17,7 @@
 #include "absl/base/call_once.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "common/copy_bytes.h"
 #include "common/counters.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -547,7 +548,7 @@ class ServiceClient final : public Monarch {
         session->alive.store(false);
         break;
       }
-      std::memcpy(dst + done, channel->transfer(), got->bytes);
+      CopyBytes(dst + done, channel->transfer(), got->bytes);
       done += got->bytes;
       if (got->bytes < piece) break;  // End of file (the source shrank).
     }
