@@ -24,6 +24,7 @@
 #include "common/counters.h"
 #include "common/crc32c.h"
 #include "common/mutex.h"
+#include "common/os.h"
 #include "drivers/copy_integrity.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
@@ -201,6 +202,96 @@ TEST_CASE("flipped bytes are never served: pmem, first-read") {
 }
 TEST_CASE("flipped bytes are never served: pmem, every-read") {
   FlippedBytesAreNeverServed(TierKind::kPmem, VerifyPolicy::kEveryRead);
+}
+
+// Counts the stat and lease calls Monarch makes, and refuses leases when
+// told to (as a file system without them, or a copy owned by another user,
+// would).
+class LeaseCountingEnv final : public os::Env {
+ public:
+  explicit LeaseCountingEnv(bool refuse_leases) : refuse_leases_(refuse_leases) {}
+  int FstatAt(int dir_fd, const char* path, struct stat* st, int flags) override {
+    stats.fetch_add(1);
+    return os::Env::FstatAt(dir_fd, path, st, flags);
+  }
+  int SetLease(int fd, int signal, int type) override {
+    if (refuse_leases_) {
+      errno = EAGAIN;
+      return -1;
+    }
+    return os::Env::SetLease(fd, signal, type);
+  }
+  std::atomic<int> stats{0};
+
+ private:
+  const bool refuse_leases_;
+};
+
+// Under a read lease a hit asks the kernel nothing but its pread, and a copy
+// another process rewrites in place (same size, mtime put back) is still
+// never served: the writer's open waits for this process to mark the copy.
+// Without a lease, each hit pays an fstat and the same holds.
+void RewrittenByAnotherProcess(TierKind kind, bool refuse_leases) {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string tier_dir = dir.Sub("tier");
+  auto files = testing::MakeDataset(ds, 3, {200000, 9000, 70000});
+  Config config = testing::MakeConfig(ds, {testing::FileTier(kind, tier_dir, 1 << 30, "tier")});
+  LeaseCountingEnv env(refuse_leases);
+  os::ScopedEnvForTesting scoped(&env);
+  auto m = MustCreate(config);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  REQUIRE(m->GetStats().Tier(0, "files") == 3);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);  // Opened, checked.
+  const int before = env.stats.load();
+  for (int round = 0; round < 5; ++round) {
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 65536);
+  }
+  const int hits = 5 * (4 + 1 + 2);  // 64 KiB reads of each file, 5 rounds.
+  if (refuse_leases) {
+    CHECK(m->GetStats().Tier(0, "copy_leases") == 0);
+    CHECK(env.stats.load() - before == hits);
+  } else {
+    CHECK(m->GetStats().Tier(0, "copy_leases") == 3);
+    CHECK(env.stats.load() - before == 0);
+  }
+  // Another process rewrites copy 0 in place with other bytes, keeping its
+  // size and mtime: only a checksum can tell.
+  const std::string copy = tier_dir + "/" + files[0].name;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    struct stat st;
+    if (::stat(copy.c_str(), &st) != 0) ::_exit(2);
+    const int fd = ::open(copy.c_str(), O_WRONLY);  // Waits for the lease to go.
+    if (fd < 0) ::_exit(3);
+    std::string other(files[0].size, '\0');
+    for (uint64_t i = 0; i < other.size(); ++i) other[i] = testing::ExpectedByte(99, i);
+    if (::pwrite(fd, other.data(), other.size(), 0) != static_cast<ssize_t>(other.size()))
+      ::_exit(4);
+    ::close(fd);
+    struct timespec times[2] = {{0, UTIME_OMIT}, st.st_mtim};
+    ::_exit(::utimensat(AT_FDCWD, copy.c_str(), times, 0) == 0 ? 0 : 5);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  ReadWholeAndCheck(*m, files[0], 65536);
+  ReadWholeAndCheck(*m, files[0]);
+  CHECK(m->GetStats().Tier(0, "damaged_copies") == 1);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m.reset();
+}
+
+TEST_CASE("hits under a read lease make no fstat, and a copy rewritten by another process is never served") {
+  RewrittenByAnotherProcess(TierKind::kPosix, /*refuse_leases=*/false);
+  RewrittenByAnotherProcess(TierKind::kPmem, /*refuse_leases=*/false);
+}
+TEST_CASE("without a lease every hit checks the copy with an fstat, and rewrites are never served") {
+  RewrittenByAnotherProcess(TierKind::kPosix, /*refuse_leases=*/true);
+  RewrittenByAnotherProcess(TierKind::kPmem, /*refuse_leases=*/true);
 }
 
 // Two processes sharing a tier (no node service) both promote a file: the

@@ -118,6 +118,16 @@ int RawFlock(int fd, int operation) {
   return static_cast<int>(::syscall(SYS_flock, fd, operation));
 }
 
+// Two fcntl calls; the preload library interposes fcntl, so not libc's.
+int RawSetLease(int fd, int signal, int type) {
+  if (MONARCH_OS_VIA_LIBC) {
+    if (::fcntl(fd, F_SETSIG, signal) != 0) return -1;
+    return ::fcntl(fd, F_SETLEASE, type);
+  }
+  if (::syscall(SYS_fcntl, fd, F_SETSIG, signal) != 0) return -1;
+  return static_cast<int>(::syscall(SYS_fcntl, fd, F_SETLEASE, type));
+}
+
 // The *at forms: the only ones every Linux architecture has (aarch64 has no
 // rename, unlink, mkdir, chmod or access).
 int RawRename(const char* from, const char* to) {
@@ -193,6 +203,7 @@ int Env::PosixFallocate(int fd, off_t offset, off_t length) {
   return ::posix_fallocate(fd, offset, length);
 }
 int Env::Flock(int fd, int operation) { return RawFlock(fd, operation); }
+int Env::SetLease(int fd, int signal, int type) { return RawSetLease(fd, signal, type); }
 // libc's directory streams in every build: getdents64 needs a buffer and
 // entry parsing that opendir already does, and the preload library does not
 // interpose them (integrations/preload/README.md).
@@ -266,6 +277,9 @@ int PosixFallocate(int fd, off_t offset, off_t length) {
   MONARCH_OS_DISPATCH(PosixFallocate, ::posix_fallocate, fd, offset, length);
 }
 int Flock(int fd, int operation) { MONARCH_OS_DISPATCH(Flock, RawFlock, fd, operation); }
+int SetLease(int fd, int signal, int type) {
+  MONARCH_OS_DISPATCH(SetLease, RawSetLease, fd, signal, type);
+}
 DIR* OpenDir(const char* path) { MONARCH_OS_DISPATCH(OpenDir, ::opendir, path); }
 struct dirent* ReadDir(DIR* dir) { MONARCH_OS_DISPATCH(ReadDir, ::readdir, dir); }
 int CloseDir(DIR* dir) { MONARCH_OS_DISPATCH(CloseDir, ::closedir, dir); }

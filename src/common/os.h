@@ -87,6 +87,9 @@ class Env {
   // allocate them.
   virtual int PosixFallocate(int fd, off_t offset, off_t length);
   virtual int Flock(int fd, int operation);
+  // fcntl(F_SETSIG, signal) then fcntl(F_SETLEASE, type): a lease (F_RDLCK)
+  // whose break is announced with `signal`, or its release (F_UNLCK).
+  virtual int SetLease(int fd, int signal, int type);
 
   // Directory streams. ReadDir returns null at the end, or on an error with
   // errno set (callers here treat both as the end, as readdir's do).
@@ -144,6 +147,7 @@ int Ftruncate(int fd, off_t length);
 int Fallocate(int fd, int mode, off_t offset, off_t length);
 int PosixFallocate(int fd, off_t offset, off_t length);  // 0 or an error number.
 int Flock(int fd, int operation);
+int SetLease(int fd, int signal, int type);
 DIR* OpenDir(const char* path);
 struct dirent* ReadDir(DIR* dir);
 int CloseDir(DIR* dir);

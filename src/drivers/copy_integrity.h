@@ -20,9 +20,12 @@
 // the policy says:
 // - first-read (the default): each block the first time this process reads
 //   it (the tier that wrote a copy reads it once ahead of its readers, in
-//   the background: OpenCopies in copy_tree.h), then an fstat() after every
-//   read: a copy written or truncated in place since it was opened changed
-//   its ctime or size (the kernel updates ctime before the bytes). From
+//   the background: OpenCopies in copy_tree.h), then, after every read, a
+//   look at whether the copy was written or truncated in place since it was
+//   opened: under a read lease, a mark the kernel's notice left before the
+//   writer could go on (copy_lease.h; no system call), else an fstat(),
+//   whose ctime or size changed (the kernel updates ctime before the
+//   bytes). From
 //   then on the handle checks every block of every read, this one
 //   included, so altered bytes are caught by their checksums. (A ctime change alone is no proof: a copy that another
 //   process sharing the tier replaced by its own was unlinked, and that
@@ -193,6 +196,7 @@ class CopyStates {
 
   void CountOpen() { opens_.fetch_add(1, std::memory_order_relaxed); }
   void CountTrailerRead() { trailer_reads_.fetch_add(1, std::memory_order_relaxed); }
+  void CountLeased() { leased_.fetch_add(1, std::memory_order_relaxed); }
   void CountVerified(uint64_t blocks) {
     blocks_verified_.fetch_add(blocks, std::memory_order_relaxed);
   }
@@ -211,6 +215,7 @@ class CopyStates {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   alignas(64) std::atomic<uint64_t> opens_{0};
   std::atomic<uint64_t> trailer_reads_{0};
+  std::atomic<uint64_t> leased_{0};
   alignas(64) std::atomic<uint64_t> blocks_verified_{0};
 };
 
@@ -251,8 +256,8 @@ class CheckedCopy {
   // `first`'s offset) against their CRCs; with `remember`, marks them as
   // verified in the copy's state.
   absl::Status Verify(uint64_t first, uint64_t count, const char* data, bool remember);
-  // Whether fstat() still gives the ctime and size seen at Open() (the
-  // state's stamp).
+  // Whether the copy is as Open() found it: its read lease unbroken, or
+  // without one, fstat() giving the ctime and size of the state's stamp.
   bool Unchanged() const;
 
   const std::shared_ptr<ScopedFd> fd_;
@@ -262,6 +267,7 @@ class CheckedCopy {
   CopyStates* const states_;
   std::shared_ptr<CopyState> state_;
   const char* mapping_ = nullptr;  // With `map`: the bytes.
+  bool leased_ = false;  // Under a read lease (copy_lease.h), set by Open().
   // The inode changed since Open(): first-read checks every block from now on.
   std::atomic<bool> distrusted_{false};
 };
