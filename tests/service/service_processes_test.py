@@ -34,6 +34,14 @@ and service, always stopped at the end:
                        second service.
   busy-cpus            every core busy with a CPU hog: promotions still finish
                        by the end of epoch 2 and staging stays in its budget.
+  purge                `monarch purge` after runs that filled a RAM and a posix
+                       tier: refused (exit 1) while the service runs; after it
+                       stopped, or was killed (its runtime directory left), every
+                       copy goes, the user's files, a symlink's target and the
+                       dataset stay, no memory stays mapped and nothing is left in
+                       /dev/shm; --dry-run removes nothing; a missing tier is named
+                       (exit 1) and the others are still purged; the next run
+                       reads exact bytes, all from the source again.
   two-jobs             two jobs of one user, datasets with the same file names,
                        no node.runtime_dir: a service each, at once and one
                        after the other (and per Slurm job); stopping one leaves
@@ -1454,6 +1462,187 @@ def scenario_two_jobs(env):
     check(service_of("A")[0] == pid_a2 and service_of("B")[0] == pid_b, "a service went away")
 
 
+def file_digests(root):
+    """{relative path: (sha256, size, mtime_ns, inode)} of every file under root."""
+    import hashlib
+    digests = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            st = os.lstat(path)
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            digests[os.path.relpath(path, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
+    return digests
+
+
+def tier_files(root):
+    """{relative path: size} of the regular files under a tier directory, .monarch included."""
+    files = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                files[os.path.relpath(path, root)] = st.st_size
+    return files
+
+
+def memfd_holders(name):
+    """Pids whose mappings include the RAM tier `name`'s memfds (ram_driver.cc names them)."""
+    wanted = ("/memfd:monarch-ram:%s (deleted)" % name,
+              "/memfd:monarch-ram-slots:%s (deleted)" % name)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/maps" % entry) as f:
+                if any(line.rstrip("\n").endswith(wanted) for line in f):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def purge(env, config, *flags):
+    r = env.run([env.monarch, "purge", "--config", config] + list(flags), timeout=120)
+    log("monarch purge %s -> %d\n%s%s" % (" ".join(flags), r.returncode, r.stdout, r.stderr))
+    return r
+
+
+def scenario_purge(env):
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 200)
+    total = sum(sizes.values())
+    tier_dir = os.path.join(env.var_dir(), "tier")
+    os.makedirs(tier_dir)
+    # The user's own files in the tier directory, one beside the copies of a
+    # dataset directory, and a symlink to a directory outside that holds a
+    # genuine copy (put there below): none of it is Monarch's to remove.
+    mine = {"notes.txt": b"my notes\n", "keep/mine.bin": os.urandom(50000)}
+    first_dir = sorted(sizes)[0].split("/")[0]
+    mine[first_dir + "/README.mine"] = b"mine, among copies\n"
+    for name, data in mine.items():
+        os.makedirs(os.path.dirname(os.path.join(tier_dir, name)), exist_ok=True)
+        with open(os.path.join(tier_dir, name), "wb") as f:
+            f.write(data)
+    outside = os.path.join(env.var_dir(), "outside")
+    os.makedirs(outside)
+    os.symlink(outside, os.path.join(tier_dir, "link"))
+    ram_name = "ram-purge-%d" % os.getpid()  # Its memfds' name tells them apart.
+    rt = env.runtime_dir()
+    tiers = ["{kind: ram, name: %s, capacity: 8MiB}" % ram_name,
+             "{kind: posix, name: nvme, path: %s, capacity: 1GiB}" % tier_dir]
+    config = write_config(os.path.join(env.work, "purge.yaml"), dataset, tiers, rt,
+                          autostart=False)
+    gone = os.path.join(env.work, "gone")  # Never created.
+    config_gone = write_config(os.path.join(env.work, "purge-gone.yaml"), dataset,
+                               tiers + ["{kind: posix, name: gone, path: %s, capacity: 1GiB}" % gone],
+                               rt, autostart=False)
+    dataset_before = file_digests(dataset)
+    shm_before = set(os.listdir("/dev/shm"))
+
+    def copies():
+        files = tier_files(tier_dir)
+        return {n: b for n, b in files.items() if n not in mine}
+
+    # A run fills both tiers.
+    service = Service(env, config, rt)
+    clients = Clients(env, config, 2, "run1", epochs=2)
+    clients.wait()
+    clients.check_ok()
+    node = node_stats(env, rt)["node"]
+    ram, nvme = tier(node, ram_name), tier(node, "nvme")
+    log("after run 1: ram %d files %d bytes, nvme %d files %d bytes" % (
+        ram["files"], ram["bytes_used"], nvme["files"], nvme["bytes_used"]))
+    check(ram["files"] > 0 and nvme["files"] > 0, "a tier stayed empty: ram %d, nvme %d files" % (
+        ram["files"], nvme["files"]))
+    check(service.pid in memfd_holders(ram_name),
+          "the service %d maps no memfd monarch-ram:%s: the RAM tier's naming changed, and "
+          "purge's report of it with it" % (service.pid, ram_name))
+    held = copies()
+    check(len(held) == nvme["files"], "the tier directory holds %d files, the stats say %d" % (
+        len(held), nvme["files"]))
+    some_copy = sorted(held)[0]
+    shutil.copy2(os.path.join(tier_dir, some_copy), os.path.join(outside, "a-copy"))
+
+    # Refused while the service runs: exit 1, why, and nothing removed.
+    r = purge(env, config)
+    check(r.returncode == 1, "purge under a running service exited %d" % r.returncode)
+    check("refusing to purge while the node service" in r.stderr and
+          "pid %d" % service.pid in r.stderr and "monarch stop" in r.stderr,
+          "purge under a running service said: %s" % r.stderr)
+    check(copies() == held, "purge under a running service removed copies")
+    service.stop()
+    check(not lock_held(rt), "the service still holds its lock after stop")
+    check(memfd_holders(ram_name) == [], "the RAM tier is still mapped after the service stopped: "
+          "pids %s" % memfd_holders(ram_name))
+
+    # A dry run lists every copy and removes nothing.
+    r = purge(env, config, "--dry-run")
+    check(r.returncode == 0, "purge --dry-run exited %d" % r.returncode)
+    listed = set(re.findall(r"would remove (\S+) \(\d+ bytes\)", r.stdout))
+    check(listed == {os.path.join(tier_dir, n) for n in held},
+          "purge --dry-run listed %d paths, the tier holds %d copies" % (len(listed), len(held)))
+    check(copies() == held, "purge --dry-run removed copies")
+
+    # The purge: every copy, and the bytes with them; nothing else.
+    r = purge(env, config)
+    check(r.returncode == 0, "purge exited %d: %s" % (r.returncode, r.stderr))
+    held_bytes = sum(held.values())
+    check("tier 'nvme' (posix) %s: removed %d copies" % (tier_dir, len(held)) in r.stdout and
+          "%d bytes)" % held_bytes in r.stdout,
+          "purge did not report %d copies of %d bytes" % (len(held), held_bytes))
+    check("tier '%s' (ram): nothing on disk" % ram_name in r.stdout and
+          "no process holds them now" in r.stdout, "purge's RAM tier line: %s" % r.stdout)
+    check(copies() == {}, "copies left after purge: %s" % sorted(copies())[:5])
+    check(not os.path.exists(os.path.join(tier_dir, ".monarch")), ".monarch left after purge")
+    for name, data in mine.items():
+        with open(os.path.join(tier_dir, name), "rb") as f:
+            check(f.read() == data, "purge changed the user's %s" % name)
+    check(sorted(os.listdir(tier_dir)) == sorted(["notes.txt", "keep", first_dir, "link"]),
+          "the tier directory after purge: %s" % sorted(os.listdir(tier_dir)))
+    check(os.listdir(os.path.join(tier_dir, first_dir)) == ["README.mine"],
+          "a directory of copies holding the user's file: %s" % os.listdir(
+              os.path.join(tier_dir, first_dir)))
+    check(os.path.islink(os.path.join(tier_dir, "link")) and
+          os.listdir(outside) == ["a-copy"], "purge followed the symlink")
+    check(posix_dir_bytes(tier_dir) == sum(len(d) for d in mine.values()),
+          "the tier directory holds %d bytes after purge" % posix_dir_bytes(tier_dir))
+    check(file_digests(dataset) == dataset_before, "purge changed the dataset")
+    check(set(os.listdir("/dev/shm")) == shm_before, "/dev/shm changed: %s" % sorted(
+        set(os.listdir("/dev/shm")) ^ shm_before))
+
+    # The next run reads exact bytes, every one from the source again, and
+    # fills the tiers again.
+    service = Service(env, config, rt, name="serve2")
+    clients = Clients(env, config, 1, "run2", epochs=1)
+    clients.wait()
+    clients.check_ok()
+    source = served_per_epoch(clients, "source")
+    check(source == [total], "after purge, epoch 1 read %s bytes from the source, not %d" % (
+        source, total))
+    node = node_stats(env, rt)["node"]
+    check(tier(node, "nvme")["files"] > 0 and len(copies()) == tier(node, "nvme")["files"],
+          "the posix tier was not filled again")
+
+    # A service killed (its socket and lock file left) does not block the
+    # purge; a tier directory that is missing is named, exit 1, and the
+    # others are still purged.
+    service.proc.kill()
+    service.proc.wait()
+    check(os.path.exists(os.path.join(rt, "monarch.sock")), "no socket left by the killed service")
+    r = purge(env, config_gone)
+    check(r.returncode == 1, "purge with a missing tier exited %d" % r.returncode)
+    check("tier 'gone' (posix): directory '%s'" % gone in r.stderr and
+          "No such file or directory" in r.stderr, "the missing tier's error: %s" % r.stderr)
+    check(copies() == {}, "the posix tier was not purged beside a missing one")
+    check("the dead service's socket" in r.stdout and
+          not os.path.exists(os.path.join(rt, "monarch.sock")), "the dead service's socket stayed")
+    check(file_digests(dataset) == dataset_before, "purge changed the dataset")
+
+
 def service_of_dir_pid(env, rt):
     code, text = status_text(env, rt)
     match = re.search(r"Monarch service pid (\d+)", text)
@@ -1525,6 +1714,7 @@ SCENARIOS = {
     "bad-config": scenario_bad_config,
     "busy-cpus": scenario_busy_cpus,
     "two-jobs": scenario_two_jobs,
+    "purge": scenario_purge,
 }
 
 

@@ -6,6 +6,7 @@
 //   monarch stats  [--json] [--watch [SECONDS]] [--config FILE | --runtime-dir DIR]
 //   monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]
 //   monarch manifest --config FILE [--output PATH]   walk the dataset once, write its manifest
+//   monarch purge --config FILE [--dry-run]   remove the config's copies from its tiers (no service)
 //   monarch config-reference [--update FILE]   the config keys' reference (config/README.md)
 //   monarch epochs ...                 replay a training job's reads (see --help)
 //
@@ -39,6 +40,7 @@
 #include "metadata/manifest.h"
 #include "service/node_service.h"
 #include "service/protocol.h"
+#include "service/purge.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"
 
@@ -62,6 +64,8 @@ int Usage(const char* problem) {
                "DIR]\n"
                "       monarch stage  [--config FILE | --runtime-dir DIR] [GLOB...]\n"
                "       monarch manifest --config FILE [--output PATH]\n"
+               "       monarch purge  [--dry-run] --config FILE   remove the job's copies from "
+               "every tier\n"
                "       monarch config-reference [--update config/README.md]\n"
                "       monarch epochs --help\n");
   return 2;
@@ -75,6 +79,7 @@ struct Args {
   bool json = false;
   double watch = 0;  // Seconds between refreshes; 0 = once.
   bool autostarted = false;
+  bool dry_run = false;  // purge: list, remove nothing.
   std::vector<std::string> rest;
 };
 
@@ -105,6 +110,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       }
     } else if (flag == "--autostarted") {
       args->autostarted = true;
+    } else if (flag == "--dry-run") {
+      args->dry_run = true;
     } else if (flag.rfind("--", 0) == 0) {
       return false;
     } else {
@@ -457,6 +464,106 @@ int ManifestCommand(const Args& args) {
   return 0;
 }
 
+// Removes the copies of the config's job from every tier of it, at the end
+// of a job (service/purge.h): never while its service runs, never a file
+// Monarch did not write, never the dataset. Prints per tier what went.
+int PurgeCommand(const Args& args) {
+  std::string file = args.config;
+  if (file.empty() && std::getenv("MONARCH_CONFIG") != nullptr) file = std::getenv("MONARCH_CONFIG");
+  if (file.empty()) return Usage("purge needs --config FILE (or MONARCH_CONFIG)");
+  if (!args.runtime_dir.empty()) {
+    return Usage("purge takes --config FILE, not --runtime-dir: the tiers are the config's");
+  }
+  if (!args.rest.empty()) return Usage(absl::StrCat("purge: unexpected '", args.rest[0], "'").c_str());
+  monarch::PurgeOptions options;
+  options.dry_run = args.dry_run;
+  if (args.dry_run) {
+    options.on_file = [](const std::string& path, uint64_t bytes) {
+      std::printf("  would remove %s (%llu bytes)\n", path.c_str(),
+                  static_cast<unsigned long long>(bytes));
+    };
+  }
+  absl::StatusOr<monarch::service::ConfigPurge> purge =
+      monarch::service::PurgeConfigFile(file, options);
+  if (!purge.ok()) {
+    std::fprintf(stderr, "monarch: %s\n", std::string(purge.status().message()).c_str());
+    return 1;
+  }
+  const char* verb = args.dry_run ? "would remove" : "removed";
+  uint64_t files = 0, bytes = 0;
+  for (const monarch::service::TierPurge& tier : purge->tiers) {
+    const std::string label =
+        absl::StrCat("tier '", tier.name, "' (", monarch::TierKindName(tier.kind), ")");
+    if (!tier.status.ok()) {
+      std::fprintf(stderr, "monarch: %s\n", std::string(tier.status.message()).c_str());
+      continue;
+    }
+    switch (tier.kind) {
+      case monarch::TierKind::kSource:
+        std::printf("%s: the dataset, %s: never touched\n", label.c_str(), purge->dataset.c_str());
+        break;
+      case monarch::TierKind::kPeers:
+        break;
+      case monarch::TierKind::kRam: {
+        std::string holders;
+        for (pid_t pid : tier.holders) absl::StrAppend(&holders, holders.empty() ? "" : " ", pid);
+        std::printf("%s: nothing on disk: its copies live in the service's memory (memfds "
+                    "monarch-ram:%s), freed when the service and its clients exited%s%s\n",
+                    label.c_str(), tier.name.c_str(),
+                    tier.holders.empty()
+                        ? "; no process holds them now"
+                        : absl::StrCat("; processes of this user map a RAM tier of this name "
+                                       "now (a memfd names no job: this job's clients, or "
+                                       "another job's tier): pid ")
+                              .c_str(),
+                    holders.c_str());
+        break;
+      }
+      case monarch::TierKind::kPosix:
+      case monarch::TierKind::kPmem: {
+        const monarch::PurgeReport& r = tier.report;
+        files += r.copies + r.temporaries;
+        bytes += r.copy_bytes + r.temporary_bytes;
+        std::printf("%s %s: %s %llu copies (%s, %llu bytes), %llu temporaries (%llu bytes), "
+                    "%llu directories; kept %llu files Monarch did not write, %llu symlinks "
+                    "(not followed)%s\n",
+                    label.c_str(), tier.path.c_str(), verb,
+                    static_cast<unsigned long long>(r.copies),
+                    Bytes(static_cast<double>(r.copy_bytes)).c_str(),
+                    static_cast<unsigned long long>(r.copy_bytes),
+                    static_cast<unsigned long long>(r.temporaries),
+                    static_cast<unsigned long long>(r.temporary_bytes),
+                    static_cast<unsigned long long>(r.directories),
+                    static_cast<unsigned long long>(r.foreign_files),
+                    static_cast<unsigned long long>(r.symlinks),
+                    absl::StrCat(r.mount_points > 0
+                                     ? absl::StrCat(", ", r.mount_points,
+                                                    " mount points (not entered)")
+                                     : "",
+                                 r.live_temporaries > 0
+                                     ? absl::StrCat(", ", r.live_temporaries,
+                                                    " temporaries of a running writer")
+                                     : "")
+                        .c_str());
+        for (const std::string& error : r.errors) {
+          std::fprintf(stderr, "monarch: %s: %s\n", label.c_str(), error.c_str());
+        }
+        break;
+      }
+    }
+  }
+  if (purge->removed_socket) {
+    std::printf("runtime directory %s: %s the dead service's socket\n", purge->paths.dir.c_str(),
+                verb);
+  }
+  const absl::Status overall = purge->Overall();
+  std::printf("%s %s: %llu files, %s (%llu bytes)%s\n", args.dry_run ? "dry run of" : "purged",
+              file.c_str(), static_cast<unsigned long long>(files),
+              Bytes(static_cast<double>(bytes)).c_str(), static_cast<unsigned long long>(bytes),
+              overall.ok() ? "" : "; some tiers failed (above)");
+  return overall.ok() ? 0 : 1;
+}
+
 // Prints the reference of every config key, made from the table that also
 // drives the parser; --update FILE writes it between the markers in FILE.
 int ConfigReferenceCommand(const Args& args) {
@@ -513,6 +620,7 @@ int main(int argc, char** argv) {
   if (command == "stats") return StatsCommand(args);
   if (command == "stage") return Stage(args);
   if (command == "manifest") return ManifestCommand(args);
+  if (command == "purge") return PurgeCommand(args);
   if (command == "config-reference") return ConfigReferenceCommand(args);
   return Usage(absl::StrCat("unknown command '", command, "'").c_str());
 }

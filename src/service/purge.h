@@ -1,0 +1,88 @@
+// Purging a config's tiers at the end of a job (`monarch purge`).
+//
+// Removes every copy Monarch made for the config, from each of its tiers,
+// and nothing else (drivers/copy_purge.h says how a copy is told from a
+// user's file). The dataset is never read, let alone written.
+//
+// Never under a running service: the purge takes the node service's own
+// lock (runtime.h, TakeServiceLock) for its whole length, before it touches
+// anything. A service running or starting holds it, so the purge refuses
+// (FailedPrecondition); a dead service's lock is free (the kernel drops a
+// flock with its holder), so a stale runtime directory does not block it;
+// and a service started during the purge finds the lock taken and exits,
+// instead of adopting copies that are being removed under it.
+//
+// Tiers:
+// - posix, pmem: their directories, purged by PurgeCopyTree.
+// - ram: nothing on disk. Its copies live in memfds ("monarch-ram:<tier>",
+//   "monarch-ram-slots:<tier>"; not in /dev/shm) that the kernel frees when
+//   the last process holding them exits: the service, and clients of a
+//   service that died. Reported: the processes of this user that still map
+//   memfds of that name (a memfd names no job, so they may be another
+//   job's tier of the same name).
+// - source: never touched.
+// A posix or pmem directory that is missing or unreadable is that tier's
+// error; the other tiers are still purged.
+//
+// Runtime directory: a dead service's socket is removed (the lock says no
+// service owns it). Its log and lock file stay: the log is the job's
+// record, and a lock file removed while a service may open it would let two
+// services lock two different files.
+//
+// Not thread-safe with itself; one call per process at a time.
+
+#ifndef MONARCH_SERVICE_PURGE_H_
+#define MONARCH_SERVICE_PURGE_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "drivers/copy_purge.h"
+#include "monarch/config.h"
+#include "service/runtime.h"
+
+namespace monarch::service {
+
+struct TierPurge {
+  std::string name;
+  TierKind kind = TierKind::kRam;
+  std::string path;  // posix/pmem.
+  // This tier's failure (its directory missing or unreadable), naming it.
+  absl::Status status;
+  PurgeReport report;          // posix/pmem.
+  std::vector<pid_t> holders;  // ram: processes still mapping its memfds.
+};
+
+struct ConfigPurge {
+  ServicePaths paths;
+  std::string dataset;
+  std::vector<TierPurge> tiers;  // Every tier of the config, in its order.
+  bool removed_socket = false;   // A dead service's socket was removed.
+
+  // OK, or the first tier's failure (the others are in `tiers`): its
+  // directory's error, or Internal naming the first path below it that
+  // could not be read or removed.
+  absl::Status Overall() const;
+};
+
+// Purges the tiers of the config in `config_file` (see above). With
+// options.dry_run, reports what would go and removes nothing (it still takes
+// the lock: a dry run under a running service would list copies the service
+// is about to change). Errors before any tier is touched: the config's own
+// (a tier directory that does not exist is not one of them, but that tier's
+// failure), and FailedPrecondition while a service runs.
+absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
+                                            const PurgeOptions& options);
+
+// Processes of this user, other than this one, that map a RAM tier named
+// `tier` (its memfds), in pid order.
+std::vector<pid_t> RamTierHolders(const std::string& tier);
+
+}  // namespace monarch::service
+
+#endif  // MONARCH_SERVICE_PURGE_H_
