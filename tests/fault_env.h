@@ -98,6 +98,12 @@ class FaultInjectingEnv final : public os::Env {
     if (int e = Check(Op::kRead, [&] { return FdPath(fd); }, &limit); e != 0) return Fail(e);
     return os::Env::Pread(fd, buffer, std::min(n, limit), offset);
   }
+  // A read of bytes in memory is a read like any other to the faults.
+  ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
+    size_t limit = SIZE_MAX;
+    if (int e = Check(Op::kRead, [&] { return FdPath(fd); }, &limit); e != 0) return Fail(e);
+    return os::Env::PreadNoWait(fd, buffer, std::min(n, limit), offset);
+  }
   ssize_t Write(int fd, const void* buffer, size_t n) override {
     if (int e = Check(Op::kWrite, [&] { return FdPath(fd); }); e != 0) return Fail(e);
     return os::Env::Write(fd, buffer, n);

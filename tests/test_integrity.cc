@@ -857,6 +857,9 @@ TEST_CASE("chaos: random reads against damaged tiers and changing sources stay b
                                testing::FileTier(TierKind::kPosix, nvme, capacity, "nvme")});
   config.placement.chunk_bytes = 64 << 10;
   config.placement.max_open_files = 8;  // Copies are reopened often: damage is met at open too.
+  // Copies made at the miss, so that there are many to damage (a deferred
+  // copy of a page-cached source waits for idle CPU).
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
 
   // Each file's bytes, and for the ones the test changes, the new bytes.
   const int kChanging = 6;  // Files 0, 7, 14, ...: one of each size.

@@ -3,6 +3,7 @@
 // descriptor limit. Every read is checked byte for byte.
 
 #include <doctest/doctest.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/os.h"
 #include "drivers/copy_integrity.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
@@ -141,6 +143,9 @@ TEST_CASE("over the staging budget, a reader writes its file's chunks before ret
   Config config = testing::MakeConfig(
       ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 64 << 20, "nvme")});
   config.placement.max_staging_bytes = 1;  // Any loaded chunk is over it.
+  // The miss path through staging (the dataset is in the page cache, which
+  // `defer` would serve without it).
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
   auto m = MustCreate(config);
   for (size_t i = 0; i < files.size(); ++i) {
     ReadWholeAndCheck(*m, files[i]);
@@ -234,6 +239,7 @@ TEST_CASE("staging memory stays within its budget while placement falls behind")
   config.placement.max_staging_bytes = 1 << 20;
   config.placement.chunk_bytes = 128 << 10;  // Room for readers to park chunks, and to load more.
   config.placement.threads = 1;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;  // Through staging.
   auto m = MustCreate(config, nullptr, 0, &tier);
   std::atomic<int> bad{0};
   std::vector<std::thread> readers;
@@ -491,6 +497,122 @@ TEST_CASE("concurrent first reads of one file start exactly one promotion") {
   CHECK(stats.Get("staging_fallbacks") == 0);  // ...none had to go around it.
   CHECK(source.bytes.load() == (8u << 20));  // One PFS read of each byte.
   CHECK(stats.Source("bytes_read") == (8u << 20));
+}
+
+// placement.cached_source: defer. The test datasets were just written, so
+// the page cache holds them: every miss finds its bytes in memory.
+TEST_CASE("a miss on bytes the source holds in memory is served from there, copied later") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 30, {100000, 5000, 300000});
+  const uint64_t total = testing::TotalBytes(files);
+  auto m = MustCreate(testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}));
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("deferred_copies_queued") == files.size());
+  CHECK(stats.Get("deferred_copies_pending") == 0);
+  CHECK(stats.Get("staging_reads") == 0);  // No reader went through staging.
+  CHECK(stats.Get("promotions_completed") == files.size());
+  CHECK(stats.Tier(0, "files") == files.size());
+  // The readers read the source once; the copies took the same bytes from
+  // its memory, apart from its reads.
+  CHECK(stats.Source("bytes_read") == total);
+  CHECK(stats.Get("promotion_bytes_from_memory") == total);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 65536);
+  CHECK(m->GetStats().Source("bytes_read") == total);
+  CHECK(m->GetStats().Tier(0, "bytes_read") == total);
+}
+
+// Fails RWF_NOWAIT reads (the bytes "left memory") for the deferred copies'
+// thread, or for everyone; counts the plain reads that thread makes.
+class MemoryLeavesEnv final : public os::Env {
+ public:
+  ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
+    if (everyone_.load() || OnCopiesThread()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) override {
+    if (OnCopiesThread()) copies_thread_reads_.fetch_add(1);
+    return os::Env::Pread(fd, buffer, n, offset);
+  }
+  void ForEveryone() { everyone_.store(true); }
+  int copies_thread_reads() const { return copies_thread_reads_.load(); }
+
+ private:
+  static bool OnCopiesThread() {
+    char name[16] = {};
+    ::pthread_getname_np(::pthread_self(), name, sizeof(name));
+    return std::string(name) == "monarch-later";
+  }
+  std::atomic<bool> everyone_{false};
+  std::atomic<int> copies_thread_reads_{0};
+};
+
+TEST_CASE("a deferred copy whose bytes left memory reads nothing and gives up, and the next miss promotes") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 12, {100000, 300000});
+  const uint64_t total = testing::TotalBytes(files);
+  MemoryLeavesEnv env;
+  os::ScopedEnvForTesting installed(&env);
+  {
+    auto m = MustCreate(testing::MakeConfig(
+        ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}));
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("deferred_copies_queued") == files.size());
+    CHECK(stats.Get("promotions_not_in_memory") == files.size());
+    CHECK(stats.Get("promotions_failed") == 0);
+    CHECK(stats.Tier(0, "files") == 0);
+    CHECK(env.copies_thread_reads() == 0);  // Not a byte from the device.
+    CHECK(stats.Source("bytes_read") == total);
+    // Now nothing is in memory: the misses promote the files as usual.
+    env.ForEveryone();
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    stats = m->GetStats();
+    CHECK(stats.Get("promotions_completed") == files.size());
+    CHECK(stats.Tier(0, "files") == files.size());
+    CHECK(stats.Source("bytes_read") == 2 * total);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    CHECK(m->GetStats().Source("bytes_read") == 2 * total);
+  }
+}
+
+TEST_CASE("cached_source: promote promotes at the miss, and a shutdown drains deferred copies") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 10, {100000});
+  const std::string nvme = dir.Sub("nvme");
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    // Started by the misses themselves, before any wait.
+    CHECK(m->GetStats().Get("promotions_started") == files.size());
+    CHECK(m->GetStats().Get("deferred_copies_queued") == 0);
+  }
+  // Deferred: the instance shuts down right after the reads. Its drain
+  // makes the copies (the readers are gone), so the next run finds them all.
+  const std::string nvme2 = dir.Sub("nvme2");
+  Config deferred =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme2, 1 << 30, "nvme")});
+  {
+    auto m = MustCreate(deferred);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->Shutdown(Monarch::ShutdownMode::kDrain);
+    CHECK(m->GetStats().Get("deferred_copies_queued") == files.size());
+  }
+  auto m = MustCreate(deferred);
+  CHECK(m->GetStats().Get("warm_files_reused") == files.size());
 }
 
 TEST_CASE("when the tiers hold half the dataset, the rest keeps coming from the source") {

@@ -45,6 +45,10 @@ Config SharedConfig(const std::string& dataset, std::vector<TierConfig> tiers,
   config.node.runtime_dir = runtime_dir;
   config.node.autostart = false;  // Tests start their services themselves.
   config.node.idle_exit_seconds = 0;
+  // The dataset stands for a PFS that the node reads once for all its
+  // clients: `promote`, since its local files are in the page cache, which
+  // `defer` would serve from there (test_read_path.cc covers that).
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
   return config;
 }
 

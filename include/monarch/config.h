@@ -59,6 +59,13 @@ enum class PlacementPolicyKind {
 
 // placement.verify: how file-backed tiers check their copies against the
 // checksums written with them (src/drivers/copy_integrity.h).
+// What a miss does when the source holds the bytes in memory already (the
+// page cache of a local file system or of a PFS client).
+enum class CachedSourcePolicy {
+  kDefer,    // Serve them from there; copy the file later, on idle CPU.
+  kPromote,  // As for any miss: promote the file now, through staging.
+};
+
 enum class VerifyPolicy {
   kOff,        // Never: the copy's identity is still checked at start-up.
   kFirstRead,  // Each 4 KiB block the first time this process reads it, and
@@ -82,6 +89,7 @@ const char* NameOf(WriteMode value);
 const char* NameOf(SymlinkPolicy value);
 const char* NameOf(PlacementPolicyKind value);
 const char* NameOf(VerifyPolicy value);
+const char* NameOf(CachedSourcePolicy value);
 const char* NameOf(BootstrapKind value);
 const char* NameOf(LogLevel value);
 
@@ -122,6 +130,7 @@ struct PlacementConfig {
   // from the config's own.
   int max_open_files = DefaultMaxOpenFiles();
   VerifyPolicy verify = VerifyPolicy::kFirstRead;
+  CachedSourcePolicy cached_source = CachedSourcePolicy::kDefer;
   double shutdown_timeout_seconds = 30;  // How long Shutdown(kDrain) drains.
 };
 

@@ -8,9 +8,11 @@
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>   // rename
 #include <cstdlib>  // realpath
 
@@ -57,6 +59,20 @@ ssize_t RawRead(int fd, void* buffer, size_t n) {
 ssize_t RawPread(int fd, void* buffer, size_t n, off_t offset) {
   if (MONARCH_OS_VIA_LIBC) return ::pread(fd, buffer, n, offset);
   return static_cast<ssize_t>(::syscall(SYS_pread64, fd, buffer, n, offset));
+}
+
+// The preload library interposes preadv2, so not libc's. RWF_NOWAIT needs
+// Linux 4.14; older kernels refuse the flag (EOPNOTSUPP), as do file systems
+// that cannot tell (FUSE, most network file systems).
+ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
+#ifndef RWF_NOWAIT
+  constexpr int RWF_NOWAIT = 0x00000008;
+#endif
+  struct iovec vector = {buffer, n};
+  if (MONARCH_OS_VIA_LIBC) return ::preadv2(fd, &vector, 1, offset, RWF_NOWAIT);
+  // The kernel takes the offset as two halves (low, high), whatever the ABI.
+  return ::syscall(SYS_preadv2, fd, &vector, 1, static_cast<unsigned long>(offset),
+                   static_cast<unsigned long>(static_cast<uint64_t>(offset) >> 32), RWF_NOWAIT);
 }
 
 ssize_t RawWrite(int fd, const void* buffer, size_t n) {
@@ -178,6 +194,9 @@ ssize_t Env::Read(int fd, void* buffer, size_t n) { return RawRead(fd, buffer, n
 ssize_t Env::Pread(int fd, void* buffer, size_t n, off_t offset) {
   return RawPread(fd, buffer, n, offset);
 }
+ssize_t Env::PreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
+  return RawPreadNoWait(fd, buffer, n, offset);
+}
 ssize_t Env::Write(int fd, const void* buffer, size_t n) { return RawWrite(fd, buffer, n); }
 ssize_t Env::Pwrite(int fd, const void* buffer, size_t n, off_t offset) {
   return RawPwrite(fd, buffer, n, offset);
@@ -243,6 +262,9 @@ int OpenAt(int dir_fd, const char* path, int flags, mode_t mode) {
 ssize_t Read(int fd, void* buffer, size_t n) { MONARCH_OS_DISPATCH(Read, RawRead, fd, buffer, n); }
 ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) {
   MONARCH_OS_DISPATCH(Pread, RawPread, fd, buffer, n, offset);
+}
+ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
+  MONARCH_OS_DISPATCH(PreadNoWait, RawPreadNoWait, fd, buffer, n, offset);
 }
 ssize_t Write(int fd, const void* buffer, size_t n) {
   MONARCH_OS_DISPATCH(Write, RawWrite, fd, buffer, n);

@@ -71,6 +71,10 @@ class Env {
   virtual int OpenAt(int dir_fd, const char* path, int flags, mode_t mode);
   virtual ssize_t Read(int fd, void* buffer, size_t n);
   virtual ssize_t Pread(int fd, void* buffer, size_t n, off_t offset);
+  // preadv2 with RWF_NOWAIT: only bytes already in memory (the page cache);
+  // -1 with EAGAIN when a read would wait for I/O, EOPNOTSUPP where the file
+  // system cannot tell.
+  virtual ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset);
   virtual ssize_t Write(int fd, const void* buffer, size_t n);
   virtual ssize_t Pwrite(int fd, const void* buffer, size_t n, off_t offset);
   virtual off_t Lseek(int fd, off_t offset, int whence);
@@ -132,6 +136,7 @@ int Open(const char* path, int flags, mode_t mode = 0);
 int OpenAt(int dir_fd, const char* path, int flags, mode_t mode = 0);
 ssize_t Read(int fd, void* buffer, size_t n);
 ssize_t Pread(int fd, void* buffer, size_t n, off_t offset);
+ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset);
 ssize_t Write(int fd, const void* buffer, size_t n);
 ssize_t Pwrite(int fd, const void* buffer, size_t n, off_t offset);
 off_t Lseek(int fd, off_t offset, int whence);

@@ -308,6 +308,16 @@ const char* NameOf(VerifyPolicy value) {
   return "unknown";
 }
 
+const char* NameOf(CachedSourcePolicy value) {
+  switch (value) {
+    case CachedSourcePolicy::kDefer:
+      return "defer";
+    case CachedSourcePolicy::kPromote:
+      return "promote";
+  }
+  return "?";
+}
+
 const char* NameOf(BootstrapKind value) {
   return value == BootstrapKind::kMpi ? "mpi" : "directory";
 }

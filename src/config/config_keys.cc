@@ -449,6 +449,21 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "read; copies are still reused after a restart only when they name the source file as the "
       "walk found it. The cost of each is in "
       "[bench/results/integrity.md](../bench/results/integrity.md)."));
+  keys.push_back(EnumKey<Config, CachedSourcePolicy>(
+      "placement", "cached_source", [](auto& c) -> auto& { return c.placement.cached_source; },
+      {{"defer", CachedSourcePolicy::kDefer}, {"promote", CachedSourcePolicy::kPromote}},
+      "What a miss does when the source holds the bytes asked for in memory already (the page "
+      "cache of a local file system, or of a PFS client), as a read with `RWF_NOWAIT` tells "
+      "without waiting. `defer`: the reader takes them from there, at the cost of a plain "
+      "read, and the file is copied into a tier later by a thread at the lowest CPU priority "
+      "(`SCHED_IDLE`), once a core is free: at once with fewer readers than cores, between "
+      "epochs when every core reads (`deferred_copies_queued`). That copy takes only bytes "
+      "still in memory, so a slow source is still read once per byte; if they were dropped "
+      "meanwhile it gives up (`promotions_not_in_memory`) and the file's next miss promotes it. "
+      "Sources that cannot tell (FUSE, most network file systems) and misses on bytes not all "
+      "in memory are promoted at once, as with `promote`, which does so for every miss. "
+      "`WaitForPlacement` waits for deferred copies too. With peers (`remote.enabled`), "
+      "`promote`."));
   keys.push_back(DurationKey<Config>(
       "placement", "shutdown_timeout",
       [](auto& c) -> auto& { return c.placement.shutdown_timeout_seconds; }, 0, false, kDay,

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cerrno>
 
 #include "absl/container/flat_hash_map.h"
@@ -29,11 +30,44 @@ class SourceDriver final : public StorageDriver {
   SourceDriver(std::string root, int max_open_files)
       : root_(std::move(root)), descriptors_(max_open_files) {}
 
+  SourceDriver(const SourceDriver&) = delete;
+  SourceDriver& operator=(const SourceDriver&) = delete;
+
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
         descriptors_.Get(file.id, [&] { return Open(file.name); });
     if (!fd.ok()) return fd.status();
     return PreadFull((*fd)->get(), dst, n, offset, file.name);
+  }
+
+  absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                        size_t n) override {
+    if (!in_memory_supported_.load(std::memory_order_relaxed)) {
+      return absl::UnimplementedError("the source's file system cannot tell");
+    }
+    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
+        descriptors_.Get(file.id, [&] { return Open(file.name); });
+    if (!fd.ok()) return fd.status();
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = os::PreadNoWait((*fd)->get(), dst + done, n - done,
+                                          static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) {
+          return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
+        }
+        if (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {
+          // Asked once: the answer is the file system's (or the kernel's).
+          in_memory_supported_.store(false, std::memory_order_relaxed);
+          return absl::UnimplementedError("the source's file system cannot tell");
+        }
+        return ErrnoToStatus(errno, absl::StrCat("read ", file.name));
+      }
+      if (got == 0) break;  // End of file.
+      done += static_cast<size_t>(got);
+    }
+    return done;
   }
 
   // The descriptor reads use, so the answer is about the bytes they got
@@ -98,6 +132,8 @@ class SourceDriver final : public StorageDriver {
 
   const DirectoryHandle root_;
   HandleCache<ScopedFd> descriptors_;
+  // Cleared when the file system (or kernel) refuses RWF_NOWAIT.
+  std::atomic<bool> in_memory_supported_{true};
   Mutex directories_mu_;
   absl::flat_hash_map<std::string, ScopedFd> directories_ ABSL_GUARDED_BY(directories_mu_);
 };

@@ -108,6 +108,18 @@ class StorageDriver {
   virtual absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
                                       size_t n) = 0;
 
+  // Read(), if every byte asked for is in memory already (the page cache of
+  // the source's file system): Unavailable if one would have to come from
+  // the device or the network, Unimplemented if the driver or the file
+  // system cannot tell. Never waits for I/O. The source implements it, so
+  // a miss on bytes the source has in memory can be served from there at
+  // the cost of a plain read (placement.cached_source).
+  virtual absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                                size_t n) {
+    (void)file, (void)offset, (void)dst, (void)n;
+    return absl::UnimplementedError("cannot tell what is in memory");
+  }
+
   // Starts a new copy of `file` (its size and mtime are in `file`). File
   // tiers write a temporary name and rename it on Commit(), so a crash or an
   // error never leaves a partial copy under the real name. The source refuses

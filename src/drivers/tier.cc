@@ -15,6 +15,13 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
   return result;
 }
 
+absl::StatusOr<size_t> Tier::ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                            size_t n) {
+  absl::StatusOr<size_t> result = driver_->ReadIfInMemory(file, offset, dst, n);
+  if (result.ok()) reads_.Count(*result);
+  return result;
+}
+
 absl::Status Tier::VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
                                  absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit) {
   absl::Status status = driver_->VisitInMemory(file, offset, n, visit);

@@ -39,6 +39,9 @@ class Tier {
   // one is an error: NotFound from the peers tier only means "not from a
   // peer this time", and the read goes on to the source.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
+  // The same for StorageDriver::ReadIfInMemory.
+  absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                        size_t n);
   // Where reads of this tier are counted (the read path counts its hits
   // here itself).
   TierReads& reads() { return reads_; }

@@ -15,7 +15,30 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       pins_(evicts_ ? ns->file_count() : 0),
       promoter_(tiers, ns, policy_.get(), &pins_, config),
       evictor_(tiers, ns, policy_.get(), &pins_, &promoter_, &promoter_.chunk_pool(),
-               config.chunk_bytes) {}
+               config.chunk_bytes),
+      source_(tiers->back().get()),
+      namespace_(ns) {
+  // Only where the source is the one origin: with peers, a miss goes to the
+  // file's home first, and its copy to the home's share.
+  const bool source_only =
+      FirstReadOnlyTier(*tiers) == static_cast<int>(tiers->size()) - 1;
+  if (config.cached_source == CachedSourcePolicy::kDefer && source_only &&
+      config.policy != PlacementPolicyKind::kNone) {
+    deferred_ = std::make_unique<DeferredCopies>(
+        static_cast<uint32_t>(ns->file_count()), [this](uint32_t id) { CopyFromMemory(id); });
+  }
+}
+
+void PlacementHandler::CopyFromMemory(uint32_t id) {
+  FileEntry& entry = namespace_->entry(id);
+  if (entry.state.load(std::memory_order_acquire) != PlacementState::kOnSource) return;
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/false);
+  if (admission.found != Promoter::Found::kStarted) return;
+  // This thread is the promotion's placement task, as for a prefetch.
+  if (admission.promotion->ClaimBackgroundTask()) {
+    admission.promotion->RunToCompletion(/*memory_only=*/true);
+  }
+}
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
                                                                        uint64_t offset, char* dst,
@@ -23,6 +46,17 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
     return promoter_.ReadOrigin(entry.ref, offset, dst, n);
+  }
+  if (deferred_ != nullptr &&
+      entry.state.load(std::memory_order_acquire) == PlacementState::kOnSource) {
+    // The source has the bytes in memory: a plain read serves them, and the
+    // copy waits for idle CPU (deferred_copies.h). Else (Unavailable: not
+    // all in memory; Unimplemented: cannot tell) promoted as usual.
+    absl::StatusOr<size_t> got = source_->ReadIfInMemory(entry.ref, offset, dst, n);
+    if (got.ok() && *got == n) {
+      deferred_->Add(entry.ref.id);
+      return got;
+    }
   }
   const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/true);
   if (admission.found == Promoter::Found::kPublished) return std::nullopt;
@@ -86,6 +120,7 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
   promoter_.ReportStartedCounter(sink);
   if (evicts_) evictor_.ReportCounters(sink);
   promoter_.ReportCounters(sink);
+  if (deferred_ != nullptr) deferred_->ReportCounters(sink);
 }
 
 }  // namespace monarch

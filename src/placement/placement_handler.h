@@ -47,6 +47,7 @@
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
+#include "placement/deferred_copies.h"
 #include "placement/evictor.h"
 #include "placement/placement_policy.h"
 #include "placement/promoter.h"
@@ -108,9 +109,21 @@ class PlacementHandler final {
   void Touch(uint32_t id) { pins_.Touch(id); }
 
   // Shutdown: Promoter::Drain, Cancel and WaitIdle (bounded; see there).
-  bool Drain(Deadline deadline) { return promoter_.Drain(deadline); }
-  bool Cancel(Deadline deadline) { return promoter_.Cancel(deadline); }
-  void WaitIdle() { promoter_.WaitIdle(); }
+  // Drain makes the deferred copies first (the readers are gone: the CPU
+  // they waited for is free); Cancel drops them.
+  bool Drain(Deadline deadline) {
+    const bool stopped = deferred_ == nullptr || deferred_->Drain(deadline);
+    return promoter_.Drain(deadline) && stopped;
+  }
+  bool Cancel(Deadline deadline) {
+    const bool cancelled = promoter_.Cancel(deadline);
+    return (deferred_ == nullptr || deferred_->Stop(deadline)) && cancelled;
+  }
+  // Also waits for the deferred copies (placement.cached_source).
+  void WaitIdle() {
+    if (deferred_ != nullptr) deferred_->WaitIdle();
+    promoter_.WaitIdle();
+  }
 
   void ReportCounters(CounterSink& sink) const;
 
@@ -120,6 +133,9 @@ class PlacementHandler final {
   // (WantsFasterTier); else, if the policy finds no tier for it, before one
   // more try. Room is made outside the file's lock.
   Promoter::Admission StartOrJoinMakingRoom(FileEntry& entry, bool pin);
+  // DeferredCopies' work: promotes file `id` if it is still on the source,
+  // from bytes the source holds in memory only.
+  void CopyFromMemory(uint32_t id);
   // Whether `entry` should make room in a faster tier before the policy
   // picks one (Evictor::WantsFasterTier), with eviction.
   bool WantsFasterTier(const FileEntry& entry) const {
@@ -139,6 +155,11 @@ class PlacementHandler final {
   // After the Promoter, whose staging pool and file locks it uses; none of
   // the Promoter's threads use it.
   Evictor evictor_;
+  // With placement.cached_source: defer, and a source that is the only
+  // origin (no peers). Last: its thread uses everything above.
+  Tier* const source_;
+  const Namespace* const namespace_;
+  std::unique_ptr<DeferredCopies> deferred_;
 };
 
 }  // namespace monarch

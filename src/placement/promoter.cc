@@ -167,6 +167,21 @@ absl::StatusOr<size_t> Promoter::ReadOrigin(const FileRef& file, uint64_t offset
   }
 }
 
+absl::StatusOr<size_t> Promoter::ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
+                                                       char* dst, size_t n) {
+  // Not counted as the source's reads: those are what readers were served
+  // and what came from its device or network, and these bytes were read
+  // from the source once already, by the reader whose miss queued the copy.
+  Tier& source = *(*tiers_)[source_index_];
+  absl::StatusOr<size_t> result = source.driver().ReadIfInMemory(file, offset, dst, n);
+  if (result.ok()) {
+    bytes_from_memory_.fetch_add(*result, std::memory_order_relaxed);
+  } else if (!absl::IsUnavailable(result.status()) && !absl::IsUnimplemented(result.status())) {
+    source.CountReadError();
+  }
+  return result;
+}
+
 absl::StatusOr<SourceIdentity> Promoter::IdentityToCommit(
     const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
   const SourceIdentity identity = namespace_->identity(entry.ref.id);
@@ -255,7 +270,10 @@ void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
       if (absl::IsResourceExhausted(status)) tier.MarkFull();
     }
   }
-  const bool cancelled = absl::IsCancelled(status);
+  // A deferred copy that found the source's bytes gone from memory gave up
+  // without reading them: the file's next miss promotes it as usual.
+  const bool not_in_memory = !status.ok() && promotion.gave_up_not_in_memory();
+  const bool cancelled = absl::IsCancelled(status) || not_in_memory;
   {
     Shard& shard = ShardOf(entry.ref.id);
     MutexLock lock(&shard.mu);
@@ -272,6 +290,8 @@ void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
   }
   if (status.ok()) {
     completed_.fetch_add(1, std::memory_order_relaxed);
+  } else if (not_in_memory) {
+    gave_up_not_in_memory_.fetch_add(1, std::memory_order_relaxed);
   } else if (cancelled) {
     cancelled_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -369,6 +389,12 @@ void Promoter::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_skipped", skipped_.load(),
                "Files left on the source because no tier had room.");
   sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
+  sink.Counter("promotion_bytes_from_memory", bytes_from_memory_.load(),
+               "Bytes deferred copies took from the source's memory (its page cache), apart "
+               "from the source's reads: readers read them from the source once already.");
+  sink.Counter("promotions_not_in_memory", gave_up_not_in_memory_.load(),
+               "Deferred copies given up: the source no longer held the bytes in memory, and a "
+               "copy reads the device or network only at a miss (placement.cached_source).");
   sink.Counter("promotions_source_changed", source_changed_.load(),
                "Copies not committed: the source file changed since the namespace walk.");
   if (evicts_) {

@@ -123,6 +123,8 @@ class Promoter final : public PromotionHost, public FileLocks {
   // PromotionHost.
   absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst, size_t n,
                                     bool* from_source = nullptr) override;
+  absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                              size_t n) override;
   absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
                                                   std::optional<uint32_t> content_crc) override;
   ChunkPool& chunk_pool() override { return chunk_pool_; }
@@ -183,6 +185,8 @@ class Promoter final : public PromotionHost, public FileLocks {
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> cancelled_{0};
+  std::atomic<uint64_t> gave_up_not_in_memory_{0};
+  std::atomic<uint64_t> bytes_from_memory_{0};
   std::atomic<uint64_t> source_changed_{0};
   std::atomic<uint64_t> identified_by_content_{0};
   std::atomic<uint64_t> staging_reads_{0};

@@ -62,7 +62,7 @@ void Promotion::ReleaseLocked(size_t c) {
   chunks_[c].state = ChunkState::kFailed;
 }
 
-void Promotion::Load(size_t c) {
+void Promotion::Load(size_t c, bool memory_only) {
   // Read without the lock: a slow PFS read must not block readers of other
   // chunks. Nobody else touches a kLoading chunk's buffer.
   char* buffer;
@@ -71,9 +71,14 @@ void Promotion::Load(size_t c) {
     buffer = chunks_[c].buffer;
   }
   const size_t length = ChunkLength(c);
-  bool from_source = false;
+  bool from_source = memory_only;
   absl::StatusOr<size_t> got =
-      host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length, &from_source);
+      memory_only ? host_->ReadSourceIfInMemory(entry_->ref, ChunkOffset(c), buffer, length)
+                  : host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length, &from_source);
+  if (memory_only && (absl::IsUnavailable(got.status()) || absl::IsUnimplemented(got.status()))) {
+    // Before Fail(), which reports the outcome: not a failure of the file.
+    gave_up_not_in_memory_.store(true, std::memory_order_release);
+  }
   const bool complete = got.ok() && *got == length;
   const uint32_t crc = checksum_ && complete ? Crc32c(buffer, length) : 0;
   bool failed_here = false;
@@ -366,7 +371,7 @@ bool Promotion::ClaimBackgroundTask() {
   return false;
 }
 
-void Promotion::RunToCompletion() {
+void Promotion::RunToCompletion(bool memory_only) {
   for (size_t c = 0; c < chunk_count_; ++c) {
     if (host_->cancelled()) {
       Cancel();
@@ -403,7 +408,7 @@ void Promotion::RunToCompletion() {
       }
     }
     if (load) {
-      Load(c);
+      Load(c, memory_only);
       MutexLock lock(&mu_);
       write = ClaimWriteLocked(c);
     }

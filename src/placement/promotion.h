@@ -70,6 +70,10 @@ class PromotionHost {
   // `from_source`, if given, is set when the source answered.
   virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
                                             size_t n, bool* from_source = nullptr) = 0;
+  // The same from the source, if every byte is in its memory already
+  // (StorageDriver::ReadIfInMemory): Unavailable or Unimplemented if not.
+  virtual absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
+                                                      char* dst, size_t n) = 0;
   // What the copy about to be committed is a copy of: the source file as
   // the namespace walk found it. When `read_source` (some chunk came from
   // the source rather than a peer), a file changed since the walk (size,
@@ -130,7 +134,15 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   // The placement thread's part: loads every chunk nobody loaded, writes
   // every staged chunk, in file order. Returns when nothing is left to do
   // (the last chunk may still be finishing in a reader's thread).
-  void RunToCompletion();
+  // `memory_only`: load only bytes the source holds in memory; if one is
+  // not, give the promotion up (gave_up_not_in_memory()) rather than read
+  // the source's device or network (DeferredCopies).
+  void RunToCompletion(bool memory_only = false);
+  // RunToCompletion(memory_only) gave up: the file is still worth promoting
+  // at its next miss.
+  bool gave_up_not_in_memory() const {
+    return gave_up_not_in_memory_.load(std::memory_order_acquire);
+  }
 
   // Commits the copy once every chunk is written (PromotionHost::CommitLater
   // calls it): checks the source file (IdentityToCommit) and publishes it, or
@@ -170,7 +182,7 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   void ClaimLoadLocked(size_t c, char* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads a claimed chunk from the source: kStaged, or kFailed (the
   // promotion then fails).
-  void Load(size_t c);
+  void Load(size_t c, bool memory_only = false);
   // kStaged -> kWriting (no longer parked); false if the chunk was not
   // staged.
   bool ClaimWriteLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +225,7 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   bool done_ ABSL_GUARDED_BY(mu_) = false;        // Committed or failed; reported to the host.
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool read_source_ ABSL_GUARDED_BY(mu_) = false;  // Some chunk came from the source.
+  std::atomic<bool> gave_up_not_in_memory_{false};
 };
 
 }  // namespace monarch

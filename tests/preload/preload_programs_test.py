@@ -328,7 +328,11 @@ def write_config(path, dataset, rt, capacity, autostart=False, tiers=None, extra
     tiers = tiers or ["{kind: ram, capacity: %d}" % capacity]
     lines = ["dataset: {path: %s}" % dataset, "tiers:"]
     lines += ["  - " + t for t in tiers]
-    lines += ["  - {kind: source}", "node:", "  shared: true", "  runtime_dir: %s" % rt,
+    # The dataset stands for a PFS, whose files are read once per node: a
+    # local directory's files are in the page cache, which `defer` would
+    # serve from there (tests/test_read_path.cc covers that).
+    lines += ["  - {kind: source}", "placement: {cached_source: promote}",
+              "node:", "  shared: true", "  runtime_dir: %s" % rt,
               "  autostart: %s" % ("true" if autostart else "false"), "  idle_exit: 0"]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n" + extra)

@@ -235,10 +235,14 @@ def write_config(path, dataset, tiers, rt, autostart=None, idle_exit="0", placem
     for t in tiers:
         lines.append("  - " + t)
     lines.append("  - {kind: source}")
-    if placement:
-        lines.append("placement:")
-        for k, v in placement.items():
-            lines.append("  %s: %s" % (k, v))
+    # The dataset stands for a PFS, whose files the node reads once and then
+    # serves from its tiers: `promote`, since a local directory's files are
+    # in the page cache, which `defer` would serve from there (unless a
+    # scenario asks for it; tests/test_read_path.cc covers it).
+    placement = dict({"cached_source": "promote"}, **(placement or {}))
+    lines.append("placement:")
+    for k, v in placement.items():
+        lines.append("  %s: %s" % (k, v))
     if rt is None:  # Monarch in process.
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -72,7 +72,10 @@ def write_config(path, dataset, tiers, threads=2, node_dir=None):
         if directory:
             os.makedirs(directory, exist_ok=True)
             lines.append(f"    path: {directory}")
-    lines.append(f"  - name: pfs\n    kind: source\nplacement:\n  threads: {threads}\n")
+    # The dataset stands for a PFS, read once: `promote`, as its local files
+    # are in the page cache (tests/test_read_path.cc covers `defer`).
+    lines.append(f"  - name: pfs\n    kind: source\nplacement:\n  threads: {threads}\n"
+                 "  cached_source: promote\n")
     if node_dir:
         lines.append(f"node:\n  shared: true\n  runtime_dir: {node_dir}\n  idle_exit: 3s\n")
     with open(path, "w") as f:
