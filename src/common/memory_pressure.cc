@@ -202,6 +202,7 @@ absl::Status MemoryWatcher::Arm() {
     if (cgroup_.version() == CgroupMemory::Version::kV2 &&
         os::Access(JoinPath(cgroup_.directory(), "memory.pressure").c_str(), W_OK) == 0) {
       psi_path_ = JoinPath(cgroup_.directory(), "memory.pressure");
+      psi_is_cgroups_ = true;
     }
     const uint64_t stall_us = static_cast<uint64_t>(std::llround(options_.psi_stall_seconds * 1e6));
     // A 1 s window; without CAP_SYS_RESOURCE the kernel takes only
@@ -317,7 +318,7 @@ void MemoryWatcher::Run() {
       sample.available_bytes = AvailableMemoryBytes();
       sample.headroom_bytes = sample.available_bytes;
     }
-    sample.psi_fired = fired;
+    sample.psi_fired = fired && (psi_is_cgroups_ || sample.limit_bytes == 0);
     callback_(sample);
   }
 }

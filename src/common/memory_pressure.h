@@ -46,7 +46,11 @@ struct MemorySample {
   // What may still be allocated: the least of the cgroup's limit less its
   // usage, and the system's available memory.
   uint64_t headroom_bytes = 0;
-  bool psi_fired = false;  // A PSI trigger fired (or avg10 was over it) since the last sample.
+  // A PSI trigger fired (or avg10 was over it) since the last sample, on a
+  // PSI source that speaks for this cgroup: its own (v2 memory.pressure),
+  // or the system's when no cgroup limit holds. Under a v1 limit the
+  // system's stalls may be another cgroup's: the limit's headroom decides.
+  bool psi_fired = false;
 };
 
 class CgroupMemory {
@@ -133,6 +137,7 @@ class MemoryWatcher {
   ScopedFd stop_fd_;       // eventfd: Stop() writes it.
   ScopedFd psi_fd_;        // A PSI trigger (POLLPRI), or invalid.
   std::string psi_path_;   // Sampled instead when no trigger could be set.
+  bool psi_is_cgroups_ = false;  // psi_path_ is the cgroup's own memory.pressure.
   ScopedFd event_fd_;      // v1 threshold eventfd (POLLIN), or invalid.
   ScopedFd usage_fd_;      // v1: memory.usage_in_bytes, held for the threshold.
   ScopedFd events_fd_;     // v2: memory.events (POLLPRI on change), or invalid.

@@ -661,8 +661,10 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "Time per second that some task stalled on memory (`some` in `/proc/pressure/memory`) "
       "that counts as pressure: a PSI trigger over a 1 s window (2 s where the process lacks "
       "`CAP_SYS_RESOURCE`, which the kernel demands then), polled with `POLLPRI`. Where "
-      "triggers cannot be set, the `avg10` figure is sampled instead. `0`: PSI is not "
-      "watched."));
+      "triggers cannot be set, the `avg10` figure is sampled instead. The system's PSI shrinks "
+      "the tier only when no cgroup limit holds; under a cgroup v1 limit other cgroups' stalls "
+      "show there too, so it is counted (`memory_psi_events`) and the limit's headroom decides. "
+      "`0`: PSI is not watched."));
   keys.push_back(DurationKey<Config>(
       "memory", "interval", [](auto& c) -> auto& { return c.memory.interval_seconds; }, 0.01,
       false, 60, "duration, 10ms to 60s", "a duration from 10ms to 60s",
