@@ -41,7 +41,7 @@ V1_ROOT = "/sys/fs/cgroup/memory"
 # Half the figures (1,536 MiB limit, 1 GiB tier holding 900 MiB, an
 # 800 MiB job), so that the test stays within ~30 s.
 DEFAULTS = dict(limit_mib=768, tier_mib=512, data_mib=450, job_mib=400, file_mib=2,
-                headroom_mib=128, job_hold_s=2.0)
+                headroom_mib=192, job_hold_s=2.0)
 
 
 # --------------------------------------------------------------------------
