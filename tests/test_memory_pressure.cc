@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -73,6 +74,56 @@ TEST_CASE("this process's memory cgroup reads: a usage, and a headroom no larger
       CgroupMemory::At(cgroup.version(), "/nonexistent/cgroup").Read();
   CHECK_FALSE(gone.ok());
   CHECK(absl::StrContains(gone.status().message(), "/nonexistent/cgroup"));
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+TEST_CASE("cgroup files read into a sample: v1 and v2, inactive page cache not counted") {
+  ScratchDir dir;
+  SUBCASE("v1: the lower of the limit and the hierarchical one") {
+    WriteText(dir.path() + "/memory.limit_in_bytes", "1073741824\n");
+    WriteText(dir.path() + "/memory.usage_in_bytes", "943718400\n");
+    WriteText(dir.path() + "/memory.stat",
+              "cache 1\ninactive_file 5\nhierarchical_memory_limit 805306368\n"
+              "total_inactive_file 104857600\n");
+    absl::StatusOr<MemorySample> sample =
+        CgroupMemory::At(CgroupMemory::Version::kV1, dir.path()).Read();
+    REQUIRE_MESSAGE(sample.ok(), sample.status().ToString());
+    CHECK(sample->limit_bytes == 768ull << 20);
+    CHECK(sample->usage_bytes == 800ull << 20);  // 900 MiB less 100 MiB inactive.
+    CHECK(sample->headroom_bytes == 0);          // Over the parent's limit.
+  }
+  SUBCASE("v1: no limit") {
+    WriteText(dir.path() + "/memory.limit_in_bytes", "9223372036854771712\n");
+    WriteText(dir.path() + "/memory.usage_in_bytes", "1048576\n");
+    WriteText(dir.path() + "/memory.stat", "total_inactive_file 0\n");
+    absl::StatusOr<MemorySample> sample =
+        CgroupMemory::At(CgroupMemory::Version::kV1, dir.path()).Read();
+    REQUIRE(sample.ok());
+    CHECK(sample->limit_bytes == 0);
+    CHECK(sample->headroom_bytes == sample->available_bytes);
+  }
+  SUBCASE("v2: memory.high below memory.max holds") {
+    WriteText(dir.path() + "/memory.max", "max\n");
+    WriteText(dir.path() + "/memory.high", "536870912\n");
+    WriteText(dir.path() + "/memory.current", "419430400\n");
+    WriteText(dir.path() + "/memory.stat", "anon 1\ninactive_file 20971520\nactive_file 3\n");
+    absl::StatusOr<MemorySample> sample =
+        CgroupMemory::At(CgroupMemory::Version::kV2, dir.path()).Read();
+    REQUIRE(sample.ok());
+    CHECK(sample->limit_bytes == 512ull << 20);
+    CHECK(sample->usage_bytes == 380ull << 20);
+    CHECK(sample->headroom_bytes == std::min<uint64_t>(132ull << 20, sample->available_bytes));
+  }
+  SUBCASE("a file that is not a number is an error naming it") {
+    WriteText(dir.path() + "/memory.max", "lots\n");
+    absl::StatusOr<MemorySample> sample =
+        CgroupMemory::At(CgroupMemory::Version::kV2, dir.path()).Read();
+    REQUIRE_FALSE(sample.ok());
+    CHECK(absl::StrContains(sample.status().message(), "memory.max: expected a number, got 'lots'"));
+  }
 }
 
 TEST_CASE("the watcher samples on its interval and stops within a bounded time") {

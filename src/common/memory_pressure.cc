@@ -318,7 +318,12 @@ void MemoryWatcher::Run() {
       sample.available_bytes = AvailableMemoryBytes();
       sample.headroom_bytes = sample.available_bytes;
     }
-    sample.psi_fired = fired && (psi_is_cgroups_ || sample.limit_bytes == 0);
+    // The system's stalls with memory to spare are someone else's (another
+    // cgroup reclaiming at its limit): they count only when this process's
+    // own headroom is getting short too.
+    sample.psi_fired =
+        fired && (psi_is_cgroups_ || (sample.limit_bytes == 0 &&
+                                      sample.headroom_bytes < 4 * options_.headroom_bytes));
     callback_(sample);
   }
 }

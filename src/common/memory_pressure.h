@@ -48,8 +48,9 @@ struct MemorySample {
   uint64_t headroom_bytes = 0;
   // A PSI trigger fired (or avg10 was over it) since the last sample, on a
   // PSI source that speaks for this cgroup: its own (v2 memory.pressure),
-  // or the system's when no cgroup limit holds. Under a v1 limit the
-  // system's stalls may be another cgroup's: the limit's headroom decides.
+  // or the system's when no cgroup limit holds and the system has less than
+  // four times the headroom available. Otherwise the system's stalls may be
+  // another cgroup's, reclaiming at its own limit: the headroom decides.
   bool psi_fired = false;
 };
 

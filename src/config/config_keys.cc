@@ -662,8 +662,9 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "that counts as pressure: a PSI trigger over a 1 s window (2 s where the process lacks "
       "`CAP_SYS_RESOURCE`, which the kernel demands then), polled with `POLLPRI`. Where "
       "triggers cannot be set, the `avg10` figure is sampled instead. The system's PSI shrinks "
-      "the tier only when no cgroup limit holds; under a cgroup v1 limit other cgroups' stalls "
-      "show there too, so it is counted (`memory_psi_events`) and the limit's headroom decides. "
+      "the tier only when no cgroup limit holds and less than four times `memory.headroom` is "
+      "available: other cgroups' stalls (one reclaiming at its own limit) show there too, so "
+      "otherwise it is only counted (`memory_psi_events`) and the headroom decides. "
       "`0`: PSI is not watched."));
   keys.push_back(DurationKey<Config>(
       "memory", "interval", [](auto& c) -> auto& { return c.memory.interval_seconds; }, 0.01,
