@@ -6,7 +6,8 @@
 //    memcpy loop over the same bytes held in plain buffers, same order, same
 //    thread count. Target: at least 70% of memcpy.
 //
-// usage: bench_ram_hit [files=64] [file_mib=4] [threads=1]
+// usage: bench_ram_hit [files=64] [file_mib=4] [threads=1] [memory_watch=1]
+// (memory_watch 0: memory.watch off, so hits do not pin their copy).
 
 #include <algorithm>
 #include <chrono>
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
 
   monarch::Config config = monarch::DefaultConfig(root);
   config.tiers[0].capacity_bytes = uint64_t{2} * files * file_bytes;
+  if (argc > 4) config.memory.watch = std::atoi(argv[4]) != 0;
   auto created = monarch::Monarch::Create(config);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().ToString().c_str());

@@ -182,7 +182,7 @@ TEST_CASE("bad configs are refused with the key named") {
     std::string e = ErrorOf(ds + "tiers:\n" + src + "cache: yes\n");
     CHECK(absl::StrContains(
         e, "cache: unknown key; expected one of: dataset, tiers, placement, prefetch, remote, node, "
-           "logging"));
+           "memory, logging"));
   }
   SUBCASE("unknown tier key") {
     std::string e = ErrorOf(ds + "tiers:\n  - {kind: ram, capacity: 1MiB, size: 2}\n" + src);
@@ -437,6 +437,37 @@ node:
   CHECK_FALSE(config->node.autostart);
   CHECK(config->node.idle_exit_seconds == 120);
   CHECK(config->node.metrics_port == 9100);
+}
+
+TEST_CASE("the memory section parses into MemoryConfig, and bad values name their key") {
+  Dirs d;
+  const std::string base = absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: source}\n");
+  absl::StatusOr<Config> config = ParseConfigString(
+      base + "memory: {watch: false, headroom: 512MiB, psi_stall: 100ms, interval: 50ms, "
+             "grow_after: 1m}\n");
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+  CHECK_FALSE(config->memory.watch);
+  CHECK(config->memory.headroom_bytes == 512ull << 20);
+  CHECK(config->memory.psi_stall_seconds == doctest::Approx(0.1));
+  CHECK(config->memory.interval_seconds == doctest::Approx(0.05));
+  CHECK(config->memory.grow_after_seconds == 60);
+  absl::StatusOr<Config> defaults = ParseConfigString(base);
+  REQUIRE(defaults.ok());
+  CHECK(defaults->memory.watch);
+  CHECK(defaults->memory.headroom_bytes == 256ull << 20);
+  auto error = [&](const std::string& memory) {
+    absl::StatusOr<Config> bad = ParseConfigString(base + "memory: " + memory + "\n");
+    return bad.ok() ? std::string("ok") : std::string(bad.status().message());
+  };
+  CHECK(absl::StrContains(error("{watch: maybe}"), "memory.watch: expected true or false"));
+  CHECK(absl::StrContains(error("{headroom: 1KiB}"),
+                          "memory.headroom: expected a size of at least 1MiB"));
+  CHECK(absl::StrContains(error("{psi_stall: 2s}"),
+                          "memory.psi_stall: expected a duration from 0 to 1s"));
+  CHECK(absl::StrContains(error("{interval: 1ms}"),
+                          "memory.interval: expected a duration from 10ms to 60s"));
+  CHECK(absl::StrContains(error("{grow_after: soon}"), "memory.grow_after: expected a duration"));
+  CHECK(absl::StrContains(error("{limit: 1GiB}"), "memory.limit: unknown key"));
 }
 
 TEST_CASE("node defaults: not shared, autostart, 300 s idle exit, no metrics endpoint") {
@@ -841,6 +872,12 @@ TEST_CASE("a Config built in code is held to the table's ranges") {
        "placement.shutdown_timeout: expected a duration from 0 to 24h"},
       {[](Config& c) { c.node.metrics_port = 70000; }, "node.metrics_port: expected 0"},
       {[](Config& c) { c.logging.level = static_cast<LogLevel>(9); }, "logging.level: expected"},
+      {[](Config& c) { c.memory.headroom_bytes = 4096; },
+       "memory.headroom: expected a size of at least 1MiB"},
+      {[](Config& c) { c.memory.psi_stall_seconds = 2; },
+       "memory.psi_stall: expected a duration from 0 to 1s"},
+      {[](Config& c) { c.memory.interval_seconds = 0; },
+       "memory.interval: expected a duration from 10ms to 60s"},
       {[](Config& c) { c.tiers[0].write_mode = static_cast<WriteMode>(9); },
        "tiers[0].write_mode: expected 'auto', 'buffered' or 'direct'"},
       // remote.* are checked only with peers enabled.

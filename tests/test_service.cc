@@ -192,53 +192,69 @@ TEST_CASE("service: a forked client copies RAM hits with pread until it reads a 
 // read-write through /proc/<pid>/fd. They are sealed against writes: such a
 // reopening can neither write() them nor map them writable, so no process
 // but the service can alter a copy or say a file is elsewhere.
+// With memory.watch (the default) the RAM copies' memory is the one
+// exception: it must stay releasable when the tier shrinks, and a memfd
+// sealed against writes refuses hole punching (shared_memory.h).
 TEST_CASE("service: the shared RAM copies and tables cannot be written by any other process") {
-  ScratchDir dir;
-  const auto files = testing::MakeDataset(dir.Sub("data"), 12, {5000, 200000});
-  const Config config =
-      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  auto node = NodeService::Start(testing::Valid(config));
-  REQUIRE(node.ok());
-  auto client = Monarch::Create(config);
-  REQUIRE(client.ok());
-  ReadAllExact(**client, files);
-  (*client)->WaitForPlacement();
-  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+  for (const bool watch : {false, true}) {
+    CAPTURE(watch);
+    ScratchDir dir;
+    const auto files = testing::MakeDataset(dir.Sub("data"), 12, {5000, 200000});
+    Config config =
+        SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+    config.memory.watch = watch;
+    auto node = NodeService::Start(testing::Valid(config));
+    REQUIRE(node.ok());
+    auto client = Monarch::Create(config);
+    REQUIRE(client.ok());
+    ReadAllExact(**client, files);
+    (*client)->WaitForPlacement();
+    REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
 
-  std::set<std::string> sealed_kinds;
-  int tried = 0;
-  DIR* fds = ::opendir("/proc/self/fd");
-  REQUIRE(fds != nullptr);
-  while (struct dirent* entry = ::readdir(fds)) {
-    const std::string fd_path = absl::StrCat("/proc/self/fd/", entry->d_name);
-    char target[256] = {};
-    if (::readlink(fd_path.c_str(), target, sizeof(target) - 1) <= 0) continue;
-    const std::string name = target;  // "/memfd:monarch-ram:ram (deleted)"
-    if (!absl::StartsWith(name, "/memfd:monarch-")) continue;
-    if (absl::StartsWith(name, "/memfd:monarch-transfer")) continue;  // The client's own channel.
-    CAPTURE(name);
-    const int rw = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);  // What another process would do.
-    REQUIRE(rw >= 0);
-    const char junk = 0x5a;
-    errno = 0;
-    CHECK(::pwrite(rw, &junk, 1, 0) == -1);
-    CHECK(errno == EPERM);
-    errno = 0;
-    void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
-    CHECK(map == MAP_FAILED);
-    CHECK(errno == EPERM);
-    if (map != MAP_FAILED) ::munmap(map, 4096);
-    ::close(rw);
-    sealed_kinds.insert(name.substr(0, name.find_first_of(": ", 7)));
-    ++tried;
+    std::set<std::string> sealed_kinds;
+    int tried = 0;
+    DIR* fds = ::opendir("/proc/self/fd");
+    REQUIRE(fds != nullptr);
+    while (struct dirent* entry = ::readdir(fds)) {
+      const std::string fd_path = absl::StrCat("/proc/self/fd/", entry->d_name);
+      char target[256] = {};
+      if (::readlink(fd_path.c_str(), target, sizeof(target) - 1) <= 0) continue;
+      const std::string name = target;  // "/memfd:monarch-ram:ram (deleted)"
+      if (!absl::StartsWith(name, "/memfd:monarch-")) continue;
+      if (absl::StartsWith(name, "/memfd:monarch-transfer")) continue;  // The client's own channel.
+      CAPTURE(name);
+      const int rw = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);  // What another process would do.
+      REQUIRE(rw >= 0);
+      if (watch && absl::StartsWith(name, "/memfd:monarch-ram:")) {
+        // Releasable: not write-sealed (the cost memory.watch documents).
+        void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        CHECK(map != MAP_FAILED);
+        if (map != MAP_FAILED) ::munmap(map, 4096);
+        ::close(rw);
+        ++tried;
+        continue;
+      }
+      const char junk = 0x5a;
+      errno = 0;
+      CHECK(::pwrite(rw, &junk, 1, 0) == -1);
+      CHECK(errno == EPERM);
+      errno = 0;
+      void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+      CHECK(map == MAP_FAILED);
+      CHECK(errno == EPERM);
+      if (map != MAP_FAILED) ::munmap(map, 4096);
+      ::close(rw);
+      sealed_kinds.insert(name.substr(0, name.find_first_of(": ", 7)));
+      ++tried;
+    }
+    ::closedir(fds);
+    CHECK(tried >= 4);
+    CHECK(sealed_kinds.count("/memfd:monarch-ram") == (watch ? 0 : 1));  // The copies.
+    CHECK(sealed_kinds.count("/memfd:monarch-ram-slots") == 1);  // Where each copy is.
+    CHECK(sealed_kinds.count("/memfd:monarch-tier-slots") == 1);
+    CHECK(sealed_kinds.count("/memfd:monarch-namespace") == 1);
+    ReadAllExact(**client, files);  // And the service still wrote them all.
   }
-  ::closedir(fds);
-  CHECK(tried >= 4);
-  CHECK(sealed_kinds.count("/memfd:monarch-ram") == 1);        // The copies.
-  CHECK(sealed_kinds.count("/memfd:monarch-ram-slots") == 1);  // Where each copy is.
-  CHECK(sealed_kinds.count("/memfd:monarch-tier-slots") == 1);
-  CHECK(sealed_kinds.count("/memfd:monarch-namespace") == 1);
-  ReadAllExact(**client, files);  // And the service still wrote them all.
 }
 
 TEST_CASE("service: concurrent clients share one promotion per file") {

@@ -170,6 +170,18 @@ struct NodeConfig {
   int metrics_port = 0;  // 0: no endpoint.
 };
 
+// A RAM tier that yields to memory pressure (src/placement/memory_governor.h):
+// the memory cgroup's limit and usage (v1 or v2), the system's available
+// memory and the kernel's PSI triggers are watched, and under pressure the
+// RAM tiers shrink, their copies moved down to a file tier or dropped.
+struct MemoryConfig {
+  bool watch = true;
+  uint64_t headroom_bytes = 256ull << 20;  // Kept free below the limit.
+  double psi_stall_seconds = 0.15;         // Stall per second that counts as pressure; 0: none.
+  double interval_seconds = 0.1;           // Sampling period between events.
+  double grow_after_seconds = 30;          // Pressure-free time before growing back.
+};
+
 struct LoggingConfig {
   LogLevel level = LogLevel::kWarning;
 };
@@ -181,6 +193,7 @@ struct Config {
   PrefetchConfig prefetch;
   RemoteConfig remote;
   NodeConfig node;
+  MemoryConfig memory;
   LoggingConfig logging;
 };
 

@@ -37,7 +37,7 @@ absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t byt
 }
 
 absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& name,
-                                                          uint64_t bytes) {
+                                                          uint64_t bytes, bool seal_writes) {
   const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
   WriteSealedRegion region;
   region.fd = ScopedFd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -50,7 +50,10 @@ absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& nam
   }
   // The one writable mapping, made before the write seal forbids new ones.
   MONARCH_ASSIGN_OR_RETURN(region.writable, MappedRegion::Map(region.fd.get(), /*writable=*/true));
-  if (::fcntl(region.fd.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+  // Without the write seal, F_SEAL_SEAL alone: nobody may add one later,
+  // which would make the region's pages impossible to give back.
+  const int seals = seal_writes ? F_SEAL_FUTURE_WRITE | F_SEAL_SEAL : F_SEAL_SEAL;
+  if (::fcntl(region.fd.get(), F_ADD_SEALS, seals) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name, " against writes"));
   }
   return region;

@@ -60,13 +60,22 @@ class MappedRegion {
 // `writable` changes the bytes. For the service's state and the RAM tiers'
 // copies: a client, or any other process of the same user, can read them
 // but never alter them. (Pages freed inside it cannot be given back to the
-// kernel: a write-sealed memfd refuses hole punching.)
+// kernel: a write-sealed memfd refuses hole punching, fallocate and
+// MADV_REMOVE alike, with EPERM.)
+//
+// Without `seal_writes` the region is sealed against new seals only, so that
+// its owner can punch holes in it (fallocate(FALLOC_FL_PUNCH_HOLE)) and give
+// freed pages back: for a RAM tier that shrinks under memory pressure
+// (memory.watch). Clients still get read-only reopenings, which the kernel
+// will not map writable, but a process of the same user could reopen it
+// read-write through /proc/<pid>/fd and write.
 struct WriteSealedRegion {
   ScopedFd fd;
   MappedRegion writable;
 };
 absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& name,
-                                                          uint64_t bytes);
+                                                          uint64_t bytes,
+                                                          bool seal_writes = true);
 
 }  // namespace monarch
 

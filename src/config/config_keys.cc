@@ -642,6 +642,55 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "0 (no endpoint) to 65535",
       "Prometheus text at `http://127.0.0.1:<port>/metrics` (loopback only).",
       "`0` (no endpoint)"));
+  // memory
+  keys.push_back(BoolKey<Config>(
+      "memory", "watch", [](auto& c) -> auto& { return c.memory.watch; },
+      "RAM tiers yield to memory pressure, so that neither the job nor Monarch is OOM-killed: a "
+      "thread watches the memory cgroup this process is in (v1: `memory.limit_in_bytes`, "
+      "`memory.usage_in_bytes` less inactive page cache, and a usage threshold event; v2: "
+      "`memory.max`, `memory.high`, `memory.current`), the memory the system has available "
+      "(`MemAvailable`), and the kernel's pressure stall triggers (`/proc/pressure/memory`, or "
+      "the cgroup's `memory.pressure`). When less than `memory.headroom` is left, or a trigger "
+      "fires, the RAM tiers' capacity in force (`effective_capacity`) is lowered, their copies "
+      "are moved down to the next `pmem`/`posix` tier with room or dropped (read from the "
+      "source again later), a copy a reader is inside is left until it is done, and the freed "
+      "memory is given back to the kernel. The capacity grows back, an eighth at a time, once "
+      "there was no pressure for `memory.grow_after`. Counters `memory_shrinks`, "
+      "`memory_grows`, `memory_shed_bytes`, `memory_demoted_bytes`, `memory_dropped_bytes`, "
+      "`memory_released_bytes`, `memory_headroom_bytes`; each shrink and grow is logged (info). "
+      "The cost: to give memory back, a RAM tier's memory is not sealed against writes from "
+      "other processes (its clients still map it read-only; a process of the same user could "
+      "reopen it writable through `/proc`). `false`: the tier takes the capacity it is given, "
+      "and its memory is sealed. Measured: [bench/results/memory_pressure.md]"
+      "(../bench/results/memory_pressure.md)."));
+  keys.push_back(SizeKey<Config>(
+      "memory", "headroom", [](auto& c) -> auto& { return c.memory.headroom_bytes; }, kMiB,
+      ~uint64_t{0}, 1, "size, at least 1MiB", "a size of at least 1MiB",
+      "Memory kept free: the RAM tiers shrink when less than this is left below the cgroup's "
+      "limit (or available to the system), by enough to leave twice this, and grow back only "
+      "while more than twice this would stay free. Larger leaves the job more room to allocate "
+      "in a burst faster than the tier can shrink."));
+  keys.push_back(DurationKey<Config>(
+      "memory", "psi_stall", [](auto& c) -> auto& { return c.memory.psi_stall_seconds; }, 0,
+      false, 1, "duration, 0 to 1s", "a duration from 0 to 1s, such as 150ms",
+      "Time per second that some task stalled on memory (`some` in `/proc/pressure/memory`) "
+      "that counts as pressure: a PSI trigger over a 1 s window (2 s where the process lacks "
+      "`CAP_SYS_RESOURCE`, which the kernel demands then), polled with `POLLPRI`. Where "
+      "triggers cannot be set, the `avg10` figure is sampled instead. The system's PSI shrinks "
+      "the tier only when no cgroup limit holds and less than four times `memory.headroom` is "
+      "available: other cgroups' stalls (one reclaiming at its own limit) show there too, so "
+      "otherwise it is only counted (`memory_psi_events`) and the headroom decides. "
+      "`0`: PSI is not watched."));
+  keys.push_back(DurationKey<Config>(
+      "memory", "interval", [](auto& c) -> auto& { return c.memory.interval_seconds; }, 0.01,
+      false, 60, "duration, 10ms to 60s", "a duration from 10ms to 60s",
+      "How often the watcher samples the cgroup between events (a v1 usage threshold or a PSI "
+      "trigger wakes it at once)."));
+  keys.push_back(DurationKey<Config>(
+      "memory", "grow_after", [](auto& c) -> auto& { return c.memory.grow_after_seconds; }, 0,
+      false, kDay, "duration", "a duration such as 30s or 2m",
+      "Time without pressure before a shrunk RAM tier grows back; then an eighth of its "
+      "capacity at most once a second, while it leaves twice `memory.headroom` free."));
   // logging
   keys.push_back(EnumKey<Config, LogLevel>(
       "logging", "level", [](auto& c) -> auto& { return c.logging.level; },
@@ -735,7 +784,7 @@ const std::vector<Key<TierConfig>>& TierKeys() {
 
 const std::vector<std::string>& Sections() {
   static const auto* sections = new std::vector<std::string>{
-      "dataset", "tiers", "placement", "prefetch", "remote", "node", "logging"};
+      "dataset", "tiers", "placement", "prefetch", "remote", "node", "memory", "logging"};
   return *sections;
 }
 

@@ -45,7 +45,7 @@ struct Key {
   std::function<absl::Status(const Root& root, absl::string_view key)> check;
 };
 
-// The keys of dataset, placement, prefetch, remote, node and logging, in
+// The keys of dataset, placement, prefetch, remote, node, memory and logging, in
 // that order, each section's in the order of the reference.
 const std::vector<Key<Config>>& SectionKeys();
 // The keys of each entry of `tiers`.

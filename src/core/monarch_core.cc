@@ -25,6 +25,7 @@
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
+#include "placement/memory_governor.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "placement/prefetcher.h"
@@ -136,8 +137,10 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
     case TierKind::kRam:
       // A home's RAM copies keep their block CRCs: peers are sent them
       // without a checksum pass (StorageDriver::InMemoryBytes).
+      // Under memory.watch its memory must be releasable when it shrinks.
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(),
-                          /*keep_block_sums=*/config.remote.enabled, tier.huge_pages);
+                          /*keep_block_sums=*/config.remote.enabled, tier.huge_pages,
+                          /*releasable=*/MemoryGovernor::Wanted(config));
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open, config.placement.verify);
     case TierKind::kPosix: {
@@ -178,7 +181,7 @@ class LocalFiles {
         namespace_(ns),
         placement_(placement),
         prefetcher_(prefetcher),
-        pins_(placement->evicts()) {}
+        pins_(placement->pins_readers()) {}
 
   Handle Find(absl::string_view name) { return namespace_->Find(name); }
   const FileRef& Ref(Handle file) const { return file->ref; }
@@ -186,7 +189,8 @@ class LocalFiles {
     // A reader's first read of a file frees the prefetch lookahead it took.
     if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
   }
-  // Pinned only where copies are evicted: an eviction waits for its readers.
+  // Pinned only where copies are evicted (by the policy, or by memory
+  // pressure): an eviction waits for its readers.
   int Pin(Handle file) {
     return pins_ ? placement_->BeginTierRead(*file) : file->tier->load(std::memory_order_acquire);
   }
@@ -272,7 +276,7 @@ class MonarchImpl final : public MonarchCore {
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
-        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr}),
+        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr}),
         tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(parts_->ns.get()),
@@ -294,8 +298,10 @@ class MonarchImpl final : public MonarchCore {
     MONARCH_RETURN_IF_ERROR(ReuseEarlierCopies());
     std::unique_ptr<PlacementPolicy> policy = NewPlacementPolicy(
         config_.placement.policy, peers_ != nullptr ? peers_->HomeShare() : KeptShare{});
+    const bool governed = MemoryGovernor::Wanted(config_);
     parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
-                                                           config_.placement);
+                                                           config_.placement,
+                                                           /*pin_readers=*/governed);
     placement_ = parts_->placement.get();
     PrefetchConfig prefetch = config_.prefetch;
     if (placement_->evicts()) {
@@ -314,6 +320,12 @@ class MonarchImpl final : public MonarchCore {
     files_ = parts_->files.get();
     // An announced order also tells eviction what is read next.
     placement_->SetNextUseOracle(prefetcher_);
+    if (governed) {
+      // Last: it sheds through the read path's pins, complete from here on.
+      MONARCH_ASSIGN_OR_RETURN(
+          parts_->memory, MemoryGovernor::Start(config_.memory, CgroupMemory::Discover(), &tiers_,
+                                                namespace_, placement_));
+    }
     if (peers_ != nullptr) {
       // From here on peers may ask for files: the read path must be complete.
       // Served through the internal read path, not the public Read: a peer's
@@ -395,6 +407,7 @@ class MonarchImpl final : public MonarchCore {
     Stats stats;
     CounterSink sink(&stats);
     placement_->ReportCounters(sink);
+    if (parts_->memory != nullptr) parts_->memory->ReportCounters(sink);
     prefetcher_->ReportCounters(sink);
     namespace_->ReportCounters(sink);
     sink.Counter("warm_files_reused", warm_reused_, "Valid copies found at start-up.");
@@ -417,6 +430,9 @@ class MonarchImpl final : public MonarchCore {
     // The prefetch streams and the peers' keeper start no more files.
     prefetcher_->Stop();
     if (peers_ != nullptr) peers_->StopFilling();
+    // Shedding stops first: it moves copies through placement's machinery.
+    bool memory_clean = parts_->memory == nullptr ||
+                        parts_->memory->Stop(DeadlineIn(kCancelGraceSeconds));
     if (mode == ShutdownMode::kDrain &&
         !placement_->Drain(DeadlineIn(config_.placement.shutdown_timeout_seconds))) {
       MONARCH_LOG(kWarning, "shutdown: promotions still in flight after placement.shutdown_timeout (",
@@ -426,7 +442,8 @@ class MonarchImpl final : public MonarchCore {
     // served (from the source, at worst) until the network shuts down.
     if (peers_ != nullptr) peers_->CancelFetches();
     const Deadline grace = DeadlineIn(kCancelGraceSeconds);
-    bool clean = placement_->Cancel(grace);
+    bool clean = memory_clean;
+    clean &= placement_->Cancel(grace);
     clean &= prefetcher_->Shutdown(grace);
     if (peers_ != nullptr) clean &= peers_->Shutdown(grace);
     shutdown_clean_ = clean;
@@ -483,7 +500,7 @@ class MonarchImpl final : public MonarchCore {
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for
     // eviction's CLOCK too.
-    if (placement_->evicts()) {
+    if (placement_->pins_readers()) {
       for (size_t i = 0; i < count; ++i) placement_->Touch(ids[i]);
     }
     if (prefetcher_->active()) prefetcher_->Consumed(reader, ids, count);
@@ -538,6 +555,8 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
     std::unique_ptr<LocalFiles> files;  // The read path's view of them.
+    // memory.watch: sheds through placement and the tiers, so it goes first.
+    std::unique_ptr<MemoryGovernor> memory;
   };
 
   const Config config_;

@@ -29,6 +29,7 @@ class ForwardingDriver : public StorageDriver {
     return target_->Identify(file);
   }
   void ReportTierCounters(CounterSink& sink) const override { target_->ReportTierCounters(sink); }
+  uint64_t ReleaseFreeMemory() override { return target_->ReleaseFreeMemory(); }
 
  protected:
   StorageDriver& target() { return *target_; }

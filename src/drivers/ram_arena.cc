@@ -3,7 +3,9 @@
 #include "drivers/ram_arena.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,11 +46,12 @@ void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUG
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
                                                            const std::string& name,
-                                                           bool huge_pages) {
+                                                           bool huge_pages, bool releasable) {
   const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
-  std::unique_ptr<RamArena> arena(new RamArena(size));
+  std::unique_ptr<RamArena> arena(new RamArena(size, releasable));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
-    MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion region, CreateWriteSealedRegion(name, size));
+    MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion region,
+                             CreateWriteSealedRegion(name, size, /*seal_writes=*/!releasable));
     auto stripe = std::make_unique<Stripe>();
     stripe->fd = region.fd.release();
     stripe->writable = std::move(region.writable);
@@ -73,7 +76,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<Scop
   std::unique_ptr<RamArena> arena;
   for (ScopedFd& fd : fds) {
     MONARCH_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd.get(), /*writable=*/false));
-    if (arena == nullptr) arena.reset(new RamArena(region.size()));
+    if (arena == nullptr) arena.reset(new RamArena(region.size(), /*releasable=*/false));
     if (region.size() != arena->size_) {
       return absl::FailedPreconditionError("RAM arena stripes of different sizes");
     }
@@ -139,6 +142,38 @@ void RamArena::Free(Extent extent, uint64_t n) {
   } else {
     stripe.free.emplace(offset, n);
   }
+}
+
+uint64_t RamArena::resident_bytes() const {
+  uint64_t bytes = 0;
+  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
+    struct stat st;
+    if (os::Fstat(stripe->fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+uint64_t RamArena::ReleaseFreePages() {
+  if (!releasable_) return 0;
+  const uint64_t before = resident_bytes();
+  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
+    // Held while punching, so that no extent is handed out of a range being
+    // punched (its writer's pages would vanish under it).
+    MutexLock lock(&stripe->mu);
+    auto punch = [&](uint64_t begin, uint64_t end) {
+      begin = RoundUp(begin, kPage);
+      end = end / kPage * kPage;
+      if (end <= begin) return;
+      // A failure (a kernel without shmem hole punching) leaves the pages
+      // allocated: they are reused by later copies, as without the key.
+      (void)os::Fallocate(stripe->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          static_cast<off_t>(begin), static_cast<off_t>(end - begin));
+    };
+    for (const auto& [offset, length] : stripe->free) punch(offset, offset + length);
+    punch(stripe->end, size_);
+  }
+  const uint64_t after = resident_bytes();
+  return before > after ? before - after : 0;
 }
 
 void RamArena::PrepareForReading(Extent extent, uint64_t n) const {

@@ -20,9 +20,12 @@
 //
 // Space is handed out in extents aligned to 64 bytes (a cache line, so copies
 // never share one), first fit from freed extents, else from the stripe's end.
-// Freed pages stay allocated (a write-sealed memfd refuses hole punching)
-// and are reused by later copies. The arena does not enforce the total: the
-// tier's capacity accounting does.
+// Freed pages stay allocated and are reused by later copies: giving them
+// back and taking them again would zero them twice. A write-sealed memfd
+// refuses hole punching anyway. A releasable arena (memory.watch: a RAM tier
+// that yields under memory pressure) is not write-sealed, and
+// ReleaseFreePages() punches the freed pages out when the tier shrinks.
+// The arena does not enforce the total: the tier's capacity accounting does.
 //
 // Thread-safe. The mapping stays valid for the arena's lifetime.
 
@@ -55,10 +58,14 @@ class RamArena {
 
   // `stripes` memfds of `bytes` of address space each; `name` shows in
   // /proc/<pid>/maps. With `huge_pages`, the pages are allocated as 2 MiB
-  // ones where the kernel allows it (TierConfig::huge_pages).
+  // ones where the kernel allows it (TierConfig::huge_pages). With
+  // `releasable`, the stripes are not sealed against writes, so that
+  // ReleaseFreePages() can give pages back (shared_memory.h says what
+  // that costs).
   static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t bytes, int stripes,
                                                           const std::string& name,
-                                                          bool huge_pages = false);
+                                                          bool huge_pages = false,
+                                                          bool releasable = false);
   // The arena of another process (the node service), from its stripes'
   // descriptors, mapped read-only: data() works, Allocate() and Write() must
   // not be called. Mapped so that 2 MiB pages, if the arena has them, are
@@ -73,6 +80,17 @@ class RamArena {
   absl::StatusOr<Extent> Allocate(uint64_t n);
   // Returns an extent from Allocate(n) with the same `n`.
   void Free(Extent extent, uint64_t n);
+
+  // Gives the pages no extent uses back to the kernel (punches them out of
+  // the stripes' memfds), in a releasable arena; nothing otherwise. Only
+  // whole pages are released: one that a live extent shares stays. A reader
+  // still inside a freed extent (its seqlock check then fails) reads zeros,
+  // never faults: the size does not change. Returns the bytes of memory the
+  // arena held before less those it holds after.
+  uint64_t ReleaseFreePages();
+  // Memory the stripes hold now (their memfds' allocated pages).
+  uint64_t resident_bytes() const;
+  bool releasable() const { return releasable_; }
 
   // Writes bytes at `offset` within `extent`. ResourceExhausted when the
   // kernel refuses memory.
@@ -107,9 +125,10 @@ class RamArena {
     std::map<uint64_t, uint64_t> free ABSL_GUARDED_BY(mu);  // Offset -> length, below end.
   };
 
-  explicit RamArena(uint64_t size) : size_(size) {}
+  RamArena(uint64_t size, bool releasable) : size_(size), releasable_(releasable) {}
 
   const uint64_t size_;  // Of each stripe.
+  const bool releasable_;
   std::vector<std::unique_ptr<Stripe>> stripes_;
   std::atomic<uint32_t> next_stripe_{0};
 };

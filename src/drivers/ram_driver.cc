@@ -133,6 +133,14 @@ class RamDriver final : public StorageDriver {
     return absl::OkStatus();
   }
 
+  uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
+
+  void ReportTierCounters(CounterSink& sink) const override {
+    sink.Gauge("resident_bytes", arena_->resident_bytes(),
+               "Memory the RAM tier's arena holds now: its copies', and freed pages not yet "
+               "given back (they are given back when memory pressure shrinks the tier).");
+  }
+
   std::vector<int> SharedMemoryDescriptors() const override {
     std::vector<int> fds{slots_fd_.get()};
     for (int i = 0; i < arena_->stripe_count(); ++i) fds.push_back(arena_->stripe_fd(i));
@@ -323,7 +331,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             uint64_t capacity,
                                                             uint32_t file_count,
                                                             bool keep_block_sums,
-                                                            bool huge_pages) {
+                                                            bool huge_pages, bool releasable) {
   // Each stripe has room for the capacity plus each file's rounding to a
   // 64-byte extent. Writers are the placement threads plus, when staging is
   // over budget, every reader: 8 stripes keep them from queueing on one
@@ -331,7 +339,8 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   constexpr int kStripes = 8;
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
-                                            absl::StrCat("monarch-ram:", name), huge_pages));
+                                            absl::StrCat("monarch-ram:", name), huge_pages,
+                                            releasable));
   MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
                            CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
                                                    SlotTableBytes(file_count)));

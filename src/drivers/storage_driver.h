@@ -186,6 +186,11 @@ class StorageDriver {
   // far. Others: no such work.
   virtual void WaitForBackgroundWork() {}
 
+  // Gives the memory of removed copies back to the kernel (a RAM tier made
+  // releasable, when memory pressure shrinks it); returns the bytes given
+  // back. Others: 0. May be called concurrently with every other call.
+  virtual uint64_t ReleaseFreeMemory() { return 0; }
+
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {
@@ -199,11 +204,13 @@ class StorageDriver {
 // A RAM tier named `name` of `capacity` bytes for a namespace of
 // `file_count` files (ids 0..file_count-1). With `keep_block_sums` (a home
 // of peers), VisitInMemory gives whole-block ranges' CRC32C. `huge_pages`:
-// TierConfig::huge_pages.
+// TierConfig::huge_pages. `releasable`: its memory is not sealed against
+// writes, so that ReleaseFreeMemory() can give it back (memory.watch).
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity, uint32_t file_count,
                                                             bool keep_block_sums = false,
-                                                            bool huge_pages = false);
+                                                            bool huge_pages = false,
+                                                            bool releasable = false);
 // A read-only view, in a client of the node service, of the service's RAM
 // tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
 // Without `map_from_start`, it copies with pread() until this process reads

@@ -81,6 +81,11 @@ void Tier::ReportCounters(CounterSink& out, TierReadTotals elsewhere) const {
              "Bytes of the complete copies held, with their checksums (for the source: the "
              "dataset's size).");
   sink.Gauge("capacity", config_.capacity_bytes, "Configured capacity in bytes (source: 0).");
+  if (is_cache()) {
+    sink.Gauge("effective_capacity", limit_.load(std::memory_order_relaxed),
+               "The capacity in force: lower than `capacity` while memory pressure shrinks a "
+               "RAM tier (memory.watch), or after the device filled up early.");
+  }
   sink.Counter("read_errors", read_errors_.load(std::memory_order_relaxed),
                "Failed reads; a cache or peer tier's went on to the source.");
   sink.Counter("write_errors", write_errors_.load(std::memory_order_relaxed),

@@ -76,6 +76,13 @@ class Tier {
   // Treats the tier as full from now on (after the device reported ENOSPC
   // before the configured capacity was reached).
   void MarkFull();
+  // The capacity in force: the configured one, lowered by MarkFull(), or
+  // set by SetLimit() (a RAM tier yielding to memory pressure). Copies
+  // already held above it stay until removed; no new one is reserved.
+  uint64_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  void SetLimit(uint64_t bytes) { limit_.store(bytes, std::memory_order_relaxed); }
+  // Complete copies plus in-flight reservations.
+  uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_relaxed); }
   void CountWriteError() { write_errors_.fetch_add(1, std::memory_order_relaxed); }
 
   // For the source: what the dataset holds, reported as its files and bytes.

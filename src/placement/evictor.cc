@@ -65,6 +65,46 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   return false;
 }
 
+Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
+                                      const std::atomic<bool>& stop) {
+  ShedResult result;
+  Tier& tier = *(*tiers_)[tier_index];
+  // Lowered first, so that promotions starting meanwhile do not take back
+  // the room being made.
+  if (target < tier.limit()) tier.SetLimit(target);
+  const uint32_t files = namespace_->file_count();
+  MutexLock lock(&mu_);
+  for (uint64_t scanned = 0; tier.reserved_bytes() > target && scanned < 2 * uint64_t{files} &&
+                             !stop.load(std::memory_order_relaxed);
+       ++scanned) {
+    const uint32_t id = hand_;
+    hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
+    FileEntry& victim = namespace_->entry(id);
+    if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
+    if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
+    if (pins_->IsPinned(id)) continue;
+    const uint64_t size = victim.ref.size;
+    int lower = -1;
+    for (int t = tier_index + 1; t < first_origin_; ++t) {
+      const Tier& candidate = *(*tiers_)[t];
+      // Not into another RAM tier: that memory is under the same pressure.
+      if (candidate.is_cache() && candidate.config().kind != TierKind::kRam &&
+          candidate.free_bytes() >= candidate.Footprint(size)) {
+        lower = t;
+        break;
+      }
+    }
+    if (lower >= 0 && DemoteLocked(victim, tier_index, lower)) {
+      ++result.files;
+      result.demoted_bytes += size;
+    } else if (EvictLocked(victim, tier_index)) {
+      ++result.files;
+      result.dropped_bytes += size;
+    }
+  }
+  return result;
+}
+
 bool Evictor::WantsFasterTier(const FileEntry& entry) const {
   if (cache_tiers_ < 2 || !policy_->MakesRoomFor(entry.ref.id) ||
       entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {

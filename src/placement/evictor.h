@@ -95,6 +95,25 @@ class Evictor final {
   // `id`, of `file_bytes`; false if none could be made (every candidate in
   // use or just read, or, by next use, read sooner than `id`).
   bool MakeRoom(uint32_t id, uint64_t file_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // What ShedTier() moved out of a tier.
+  struct ShedResult {
+    uint64_t files = 0;
+    uint64_t demoted_bytes = 0;  // Moved down to a file tier.
+    uint64_t dropped_bytes = 0;  // Evicted: read from the source again when next read.
+  };
+  // Memory pressure (MemoryGovernor): lowers cache tier `tier`'s capacity
+  // in force to `target` bytes (if it is higher) and moves copies out of it
+  // until what it holds, complete copies and reservations, is no more than
+  // that, in CLOCK order (the first turn of the hand gives copies read since
+  // it last passed a second chance, the second does not). Each goes down to
+  // the fastest slower `pmem`/`posix` tier with room, or is evicted. A copy
+  // a reader is inside is left (ReadPins): the next call may take it. Memory
+  // wins over the policy here: copies a node keeps for its peers go too
+  // (they are read from the source again, or moved down). Stops early once
+  // `stop` is set. Needs the pins' slots (ReadPins::has_slots).
+  ShedResult ShedTier(int tier, uint64_t target, const std::atomic<bool>& stop)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // With a known order and several cache tiers, whether `entry` (on the
   // source, placeable) should make room in a faster tier before the policy
   // picks one (which would pick the first tier with room).

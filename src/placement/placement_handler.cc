@@ -9,10 +9,10 @@ namespace monarch {
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    const Namespace* ns, std::unique_ptr<PlacementPolicy> policy,
-                                   const PlacementConfig& config)
+                                   const PlacementConfig& config, bool pin_readers)
     : policy_(std::move(policy)),
       evicts_(policy_->evicts()),
-      pins_(evicts_ ? ns->file_count() : 0),
+      pins_(evicts_ || pin_readers ? ns->file_count() : 0),
       promoter_(tiers, ns, policy_.get(), &pins_, config),
       evictor_(tiers, ns, policy_.get(), &pins_, &promoter_, &promoter_.chunk_pool(),
                config.chunk_bytes),

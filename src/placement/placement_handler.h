@@ -61,8 +61,12 @@ class PlacementHandler final {
   // ones (the peers, if any, then the source, last). Files no cache tier
   // holds are read from the first read-only tier that has them.
   // `ns` (the files' identities as the walk found them) must outlive it too.
+  // With `pin_readers` (a RAM tier that memory pressure may shrink),
+  // readers pin the copies they read even when the policy does not evict,
+  // so that ShedTier() waits for them.
   PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
-                   std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config);
+                   std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config,
+                   bool pin_readers = false);
   // Cancels (the Promoter's destructor). An owner whose Cancel() gave up
   // must abandon the handler instead of destroying it (see Cancel()).
   ~PlacementHandler() = default;
@@ -103,7 +107,14 @@ class PlacementHandler final {
   // The future to evict by (Evictor::SetNextUseOracle). Set once, before
   // reads.
   void SetNextUseOracle(const NextUseOracle* oracle) { evictor_.SetNextUseOracle(oracle); }
-  // With eviction only: ReadPins::BeginTierRead, EndTierRead, Touch.
+  // Whether readers bracket tier reads with BeginTierRead and EndTierRead:
+  // with eviction, or with `pin_readers`.
+  bool pins_readers() const { return pins_.has_slots(); }
+  // Evictor::ShedTier: memory pressure moves copies out of a RAM tier.
+  Evictor::ShedResult ShedTier(int tier, uint64_t target, const std::atomic<bool>& stop) {
+    return evictor_.ShedTier(tier, target, stop);
+  }
+  // With pins only (pins_readers()): ReadPins::BeginTierRead, EndTierRead, Touch.
   int BeginTierRead(FileEntry& entry) { return pins_.BeginTierRead(entry); }
   void EndTierRead(uint32_t id) { pins_.EndTierRead(id); }
   void Touch(uint32_t id) { pins_.Touch(id); }

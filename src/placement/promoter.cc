@@ -116,14 +116,14 @@ Promoter::Admission Promoter::StartOrJoin(FileEntry& entry, bool pin) {
     admission.found = admission.promotion != nullptr ? Found::kStarted : Found::kNoTier;
   }
   // See the header: pinned before the promotion can publish.
-  if (pin && admission.promotion != nullptr && evicts_) pins_->Pin(entry.ref.id);
+  if (pin && admission.promotion != nullptr && pins_->has_slots()) pins_->Pin(entry.ref.id);
   return admission;
 }
 
 absl::StatusOr<size_t> Promoter::ReadThrough(const std::shared_ptr<Promotion>& promotion,
                                              uint64_t offset, char* dst, size_t n) {
   absl::Cleanup unpin = [&] {
-    if (evicts_) pins_->Unpin(promotion->entry().ref.id);
+    if (pins_->has_slots()) pins_->Unpin(promotion->entry().ref.id);
   };
   Promotion::ReadOutcome outcome;
   absl::StatusOr<size_t> result = promotion->Read(offset, dst, n, &outcome);
@@ -260,7 +260,7 @@ void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
     tier.Commit(entry.ref.size);
     // A new copy starts as recently used (the CLOCK passes it over once),
     // marked before it is published.
-    if (evicts_) pins_->MarkReferenced(entry.ref.id);
+    if (pins_->has_slots()) pins_->MarkReferenced(entry.ref.id);
   } else {
     tier.Release(entry.ref.size);
     if (tier_failed) {

@@ -77,7 +77,8 @@ class Promoter final : public PromotionHost, public FileLocks {
   // Looks `entry` up under its lock and, if no promotion is in flight and
   // the file may be placed, starts one (the policy reserves its room). With
   // `pin` (a reader, which then calls ReadThrough), the file is pinned when
-  // a promotion is returned and the policy evicts: a reader of a promotion
+  // a promotion is returned and readers pin (ReadPins::has_slots: the policy
+  // evicts, or memory pressure may shrink a RAM tier): a reader of a promotion
   // may read chunks back from the copy, which can be committed, published
   // and then evicted while it does, so it is pinned like a reader of the
   // tier, before the promotion can publish. Never waits for I/O.

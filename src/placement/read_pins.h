@@ -28,8 +28,8 @@
 // clear), an atomic subtract to end.
 //
 // Lifetime: one slot per file of the namespace, allocated at construction
-// (none when eviction is off: then nobody pins, and only Touch() may be
-// called). Thread-safe and lock-free: every call may be made from any
+// (none when nothing evicts: no eviction policy and no RAM tier that memory
+// pressure may shrink; then nobody pins, and only Touch() may be called). Thread-safe and lock-free: every call may be made from any
 // thread.
 
 #ifndef MONARCH_PLACEMENT_READ_PINS_H_
@@ -53,6 +53,10 @@ class ReadPins final {
         referenced_(files > 0 ? new std::atomic<uint8_t>[files]() : nullptr) {}
   ReadPins(const ReadPins&) = delete;
   ReadPins& operator=(const ReadPins&) = delete;
+
+  // Whether readers pin at all: slots were allocated (eviction, or a RAM
+  // tier that memory pressure may shrink).
+  bool has_slots() const { return files_ > 0; }
 
   // Reader side.
 

@@ -29,7 +29,8 @@ constexpr size_t kMaxMessageBytes = 1024;
 
 bool StartsWithKey(absl::string_view message) {
   if (absl::StartsWith(message, "config: ")) return true;
-  for (absl::string_view section : {"dataset", "tiers", "placement", "remote", "node", "logging"}) {
+  for (absl::string_view section : {"dataset", "tiers", "placement", "remote", "node", "memory",
+                                    "logging"}) {
     if (absl::StartsWith(message, section) && message.size() > section.size() &&
         (message[section.size()] == '.' || message[section.size()] == '[' ||
          message[section.size()] == ':')) {
