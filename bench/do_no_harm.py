@@ -115,6 +115,8 @@ def measure(tiers_made):
     ap.add_argument("--buffer-offset", type=int, default=0,
                     help="where each reader's buffer starts in its page, in both modes "
                          "(16: where malloc() puts a buffer above 128 KiB)")
+    ap.add_argument("--cached-source", choices=["defer", "promote"], default="defer",
+                    help="placement.cached_source of Monarch's runs")
     ap.add_argument("--out", default="bench/results/do_no_harm")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite OUT.md and OUT.png from OUT.json without measuring")
@@ -125,6 +127,7 @@ def measure(tiers_made):
         a.repeat = saved.get("repeat", a.repeat)
         a.read_size = saved.get("read_size", "256KiB")
         a.buffer_offset = saved.get("buffer_offset", 0)
+        a.cached_source = saved.get("cached_source", "promote")
         a.commit = saved.get("commit", "unknown")
         bounds = {tuple(k.split("-", 1)): v for k, v in saved["bounds"].items()}
         if saved["device"]:
@@ -201,6 +204,7 @@ def measure(tiers_made):
                                 f.write(f"  - {{name: nvme, kind: posix, path: {tier_dir}, "
                                         "capacity: 64GiB}\n")
                             f.write("  - {name: pfs, kind: source}\n")
+                            f.write(f"placement: {{cached_source: {a.cached_source}}}\n")
                         m, _ = epochs(binary, ["--config", config] + common, j)
                         plain_runs.append([e["seconds"] for e in p])
                         monarch_runs.append([e["seconds"] for e in m])
@@ -258,11 +262,13 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
         json.dump({"cells": cells, "device": device, "load_before": load_before,
                    "load_after": load_after, "cores": cores, "repeat": a.repeat,
                    "read_size": a.read_size, "buffer_offset": a.buffer_offset,
+                   "cached_source": a.cached_source,
                    "commit": a.commit,
                    "bounds": {f"{k[0]}-{k[1]}": v for k, v in bounds.items()}}, f, indent=1)
     cmd = (f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" +
            (f" --read-size {a.read_size}" if a.read_size != "256KiB" else "") +
            (f" --buffer-offset {a.buffer_offset}" if a.buffer_offset else "") +
+           (f" --cached-source {a.cached_source}" if a.cached_source != "defer" else "") +
            (f" --only {a.only}" if a.only else "") +
            (f" --out {a.out}" if a.out != "bench/results/do_no_harm" else ""))
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
@@ -271,7 +277,8 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
              f"Measured at {a.commit}. {cores} cores; load average {load_before:.2f} before, {load_after or 0:.2f} after. "
              "Each figure is the median over repetitions of Monarch's epoch time divided by the "
              f"plain epoch time of the same repetition (`monarch-epochs --read-size {a.read_size} "
-             f"--buffer-offset {a.buffer_offset}`, 3 epochs, a fresh tier each run).", "",
+             f"--buffer-offset {a.buffer_offset}`, 3 epochs, a fresh tier each run; "
+             f"`placement.cached_source: {a.cached_source}`).", "",
              "| cell | plain e1/e2/e3 (s) | monarch e1/e2/e3 (s) | e1 ratio (target) | "
              "e2, e3 ratio (<= 1.05) | copies published after e2 | memcpy bound e1 | "
              "e1 / memcpy bound | tier-write bound e1 | e1 / tier-write bound | device bound e1 (plain reads + tier writes) |",
