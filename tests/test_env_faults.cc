@@ -292,6 +292,9 @@ TEST_CASE("publish: a rename failing with ENOSPC or EIO fails the promotion clea
     Config config = testing::MakeConfig(
         ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
     config.placement.threads = 1;
+    // Every byte through the source's reads (counted below): promoted at
+    // the miss, not copied later from its page cache.
+    config.placement.cached_source = CachedSourcePolicy::kPromote;
     auto m = MustCreate(config);
     for (int epoch = 0; epoch < 2; ++epoch) {
       for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 65536);

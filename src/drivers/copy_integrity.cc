@@ -238,9 +238,9 @@ void CopyStates::ReportCounters(CounterSink& sink) const {
                "Checksum trailers read at an open; a copy reopened unchanged since its trailer "
                "was read reuses it, and the blocks checked then.");
   sink.Counter("copy_leases", leased_.load(std::memory_order_relaxed),
-               "Copies opened under a read lease: the kernel tells this process before anyone "
-               "writes to them, so their reads ask it nothing (the others: an fstat after each "
-               "read under placement.verify first-read).");
+               "Copies read under a read lease, taken at their open or a later read: the kernel "
+               "tells this process before anyone writes to them, so their reads ask it nothing "
+               "(the others: an fstat after each read under placement.verify first-read).");
   sink.Counter("blocks_verified", blocks_verified_.load(std::memory_order_relaxed),
                "4 KiB blocks of copies checked against their checksums.");
   uint64_t bytes;
@@ -270,8 +270,10 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
   const int descriptor = copy->fd_->get();
   // Before the fstat below: a write before the lease shows in it, and one
   // after breaks the lease (copy_lease.h).
-  copy->leased_ = copy_lease::Take(descriptor);
-  if (copy->leased_) states->CountLeased();
+  if (copy_lease::Take(descriptor)) {
+    copy->leased_.store(true, std::memory_order_release);
+    states->CountLeased();
+  }
   struct stat opened;
   if (os::Fstat(descriptor, &opened) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("fstat ", copy->path_));
@@ -344,12 +346,23 @@ bool CheckedCopy::Unlinked() const {
   return os::Fstat(fd_->get(), &now) == 0 && now.st_nlink == 0;
 }
 
-bool CheckedCopy::Unchanged() const {
-  if (leased_) return !copy_lease::Broken(fd_->get());
+bool CheckedCopy::Unchanged() {
+  if (leased_.load(std::memory_order_acquire)) return !copy_lease::Broken(fd_->get());
+  // No lease yet: try again at the 1st, 2nd, 4th, ... 1024th read. The
+  // fstat below then covers the time before it, and only once it found the
+  // copy unchanged do reads trust the lease alone.
+  const uint32_t reads = reads_without_lease_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const bool retaken = (reads & (reads - 1)) == 0 && reads <= 1024 && copy_lease::Take(fd_->get());
   struct stat now;
   if (os::Fstat(fd_->get(), &now) != 0) return false;
   // The copy's state was made for this inode as Open() found it.
-  return static_cast<uint64_t>(now.st_size) == state_->stamp().size && TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
+  const bool unchanged = static_cast<uint64_t>(now.st_size) == state_->stamp().size &&
+                         TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
+  if (retaken && unchanged) {
+    leased_.store(true, std::memory_order_release);
+    states_->CountLeased();
+  }
+  return unchanged;
 }
 
 absl::StatusOr<size_t> CheckedCopy::Read(uint64_t offset, char* dst, size_t n,

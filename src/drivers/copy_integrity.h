@@ -258,7 +258,7 @@ class CheckedCopy {
   absl::Status Verify(uint64_t first, uint64_t count, const char* data, bool remember);
   // Whether the copy is as Open() found it: its read lease unbroken, or
   // without one, fstat() giving the ctime and size of the state's stamp.
-  bool Unchanged() const;
+  bool Unchanged();
 
   const std::shared_ptr<ScopedFd> fd_;
   const std::string path_;
@@ -267,7 +267,11 @@ class CheckedCopy {
   CopyStates* const states_;
   std::shared_ptr<CopyState> state_;
   const char* mapping_ = nullptr;  // With `map`: the bytes.
-  bool leased_ = false;  // Under a read lease (copy_lease.h), set by Open().
+  // Under a read lease (copy_lease.h): taken at Open(), or at a later read
+  // if the kernel refused it then (the copy was still open for writing: a
+  // pmem writer keeps its mapping for the promotion's readers).
+  std::atomic<bool> leased_{false};
+  std::atomic<uint32_t> reads_without_lease_{0};
   // The inode changed since Open(): first-read checks every block from now on.
   std::atomic<bool> distrusted_{false};
 };

@@ -48,13 +48,15 @@ bool DeferredCopies::Drain(Deadline deadline) {
 }
 
 bool DeferredCopies::Stop(Deadline deadline) {
-  {
-    MutexLock lock(&mu_);
-    stopping_ = true;
-    queue_.clear();
-    changed_.SignalAll();
-  }
+  RequestStop();
   return thread_.JoinUntil(deadline);
+}
+
+void DeferredCopies::RequestStop() {
+  MutexLock lock(&mu_);
+  stopping_ = true;
+  queue_.clear();
+  changed_.SignalAll();
 }
 
 void DeferredCopies::Loop() {

@@ -58,6 +58,10 @@ class DeferredCopies {
   // Drops the queue and waits until `deadline` for the copy in progress.
   // True if the thread ended. Idempotent.
   bool Stop(Deadline deadline);
+  // Stop() without the wait: what a shutdown calls before it cancels the
+  // promotions (the copy in progress among them), so that the thread is
+  // gone by the time Stop() waits for it.
+  void RequestStop();
 
   // deferred_copies_queued (files queued so far), deferred_copies_pending.
   void ReportCounters(CounterSink& sink) const;

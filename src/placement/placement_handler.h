@@ -127,6 +127,7 @@ class PlacementHandler final {
     return promoter_.Drain(deadline) && stopped;
   }
   bool Cancel(Deadline deadline) {
+    if (deferred_ != nullptr) deferred_->RequestStop();
     const bool cancelled = promoter_.Cancel(deadline);
     return (deferred_ == nullptr || deferred_->Stop(deadline)) && cancelled;
   }
