@@ -36,19 +36,23 @@ def final_stats(output):
     raise Failure("no stats line in:\n" + output)
 
 
-def write_dataset(root, count, big_every=10, classes=5):
-    """ImageNet-like small files, and every `big_every`-th one of a few MiB
-    (so transfers stream); random bytes. Returns {name: size}."""
-    sizes = {}
-    for i in range(count):
-        size = 3 * 1024 * 1024 + 12345 if i % big_every == 0 else 20000 + (i * 7919) % 150000
-        name = "class%d/img%04d.bin" % (i % classes, i)
+def write_random_files(root, sizes):
+    """Writes each {name: size} under `root`, random bytes. Returns `sizes`."""
+    for name, size in sizes.items():
         path = os.path.join(root, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(os.urandom(size))
-        sizes[name] = size
     return sizes
+
+
+def write_dataset(root, count, big_every=10, classes=5):
+    """ImageNet-like small files, and every `big_every`-th one of a few MiB
+    (so transfers stream); random bytes. Returns {name: size}."""
+    return write_random_files(root, {
+        "class%d/img%04d.bin" % (i % classes, i):
+            3 * 1024 * 1024 + 12345 if i % big_every == 0 else 20000 + (i * 7919) % 150000
+        for i in range(count)})
 
 
 class PfsEmulator:

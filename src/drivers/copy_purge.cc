@@ -63,21 +63,6 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(int fd, const std::string
   return names;
 }
 
-// For a temporary "<pid>.<seq>" its writer's pid; 0 if the name is not one
-// (CopyTree::NewTemporary names them so).
-pid_t TemporaryOwner(absl::string_view name) {
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  int pid = 0;
-  uint64_t sequence = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0 ||
-      !absl::SimpleAtoi(parts[1], &sequence)) {
-    return 0;
-  }
-  return pid;
-}
-
-bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
-
 class Purge {
  public:
   Purge(const std::string& root, dev_t device, const PurgeOptions& options)

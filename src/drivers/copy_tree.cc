@@ -26,11 +26,9 @@
 #include "common/status_macros.h"
 
 namespace monarch {
-namespace {
 
-// For a temporary "<pid>.<seq>" returns <pid>; 0 if the name is not one.
-pid_t TemporaryOwner(absl::string_view base) {
-  std::vector<absl::string_view> parts = absl::StrSplit(base, '.');
+pid_t TemporaryOwner(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
   int pid = 0;
   uint64_t sequence = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0 ||
@@ -41,8 +39,6 @@ pid_t TemporaryOwner(absl::string_view base) {
 }
 
 bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<CheckedCopy>> CopyTree::OpenCopy(const FileRef& file, bool map,
                                                                CopyStates* states) const {

@@ -15,6 +15,8 @@
 #ifndef MONARCH_DRIVERS_COPY_TREE_H_
 #define MONARCH_DRIVERS_COPY_TREE_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -32,6 +34,13 @@
 #include "drivers/storage_driver.h"
 
 namespace monarch {
+
+// For a temporary's name "<pid>.<seq>" (CopyTree::NewTemporary) its
+// writer's pid; 0 if the name is not one.
+pid_t TemporaryOwner(absl::string_view name);
+// Whether process `pid` exists (perhaps another user's): its temporaries
+// may still be written.
+bool ProcessAlive(pid_t pid);
 
 class CopyTree {
  public:

@@ -33,7 +33,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from process_util import SKIP, Failure, Skip, check, log  # noqa: E402
+from process_util import SKIP, Failure, Skip, check, log, write_random_files  # noqa: E402
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -154,18 +154,10 @@ class Cgroup:
 def write_dataset(root, data_bytes, file_bytes):
     """Random files adding up to data_bytes; written by this process, so their
     page cache is charged here, not to the test cgroup."""
-    sizes = {}
     count = max(1, data_bytes // file_bytes)
-    for i in range(count):
-        # Sizes that are not whole pages, so that copies share pages.
-        size = file_bytes - (i * 4099) % 65536
-        name = "shard%d/part%04d.bin" % (i % 8, i)
-        path = os.path.join(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(os.urandom(size))
-        sizes[name] = size
-    return sizes
+    # Sizes that are not whole pages, so that copies share pages.
+    return write_random_files(root, {"shard%d/part%04d.bin" % (i % 8, i):
+                                     file_bytes - (i * 4099) % 65536 for i in range(count)})
 
 
 JOB = r"""
