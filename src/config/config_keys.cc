@@ -429,8 +429,9 @@ std::vector<Key<Config>> MakeSectionKeys() {
        {"off", VerifyPolicy::kOff}},
       "When `pmem` and `posix` copies are checked against the CRC32C of each 4 KiB block, stored "
       "with them (see \"Tier copies\" below). `first-read`: each block the first time a process "
-      "reads it, and every read then checks with one `fstat` that the copy was not modified "
-      "since it was opened. The tier itself opens and checks each copy it writes soon after "
+      "reads it, and every read then checks that the copy was not modified since it was opened: "
+      "under a read lease, by a mark the kernel's notice leaves before any writer goes on (no "
+      "system call per read; `copy_leases`), else with one `fstat`. The tier itself opens and checks each copy it writes soon after "
       "writing it (a background thread at the lowest CPU priority, `SCHED_IDLE`, once the copy's "
       "ctime has settled; `copies_readied_ahead`), so the first epoch to read the copies finds "
       "them open and checked; `WaitForPlacement` waits for it. Copies an earlier run left are "
