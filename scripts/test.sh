@@ -50,7 +50,11 @@ if [ "${MONARCH_TEST_SANITIZERS:-1}" != 0 ]; then
     echo "== tests under $sanitizer sanitizer =="
     # UCX's memory hooks (libucm) intercept mmap/madvise as TSan does and
     # crash TSan's runtime when a thread exits; the TCP transport needs none.
-    (cd "$dir" && UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    # intercept_tls_get_addr=0: GCC 12's leak checker keeps the dynamic TLS of
+    # UCX's modules after they are unloaded, and its tracer crashed on that
+    # stale block at exit in about 1 run in 10 of a test that starts a peer
+    # twice (0 in 60 with it). Our own code has no dynamic TLS to scan.
+    (cd "$dir" && UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp ctest -j"$jobs" --output-on-failure)
   done
 fi

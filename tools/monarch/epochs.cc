@@ -340,6 +340,17 @@ struct EpochResult {
 
 }  // namespace
 
+// Replaces `path` with `contents` by a rename, so a reader (or a rank killed
+// mid-write) never leaves half a file.
+void WriteJsonAtomically(const std::string& path, const std::string& contents) {
+  const std::string temporary = path + ".tmp";
+  absl::Status written = monarch::WriteSmallFile(temporary, contents);
+  if (written.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    written = absl::InternalError(absl::StrCat("rename ", temporary, ": ", std::strerror(errno)));
+  }
+  if (!written.ok()) std::fprintf(stderr, "monarch-epochs: --json: %s\n", written.ToString().c_str());
+}
+
 // A file barrier: each of the `o.parts` processes creates `<dir>/<name>.<part>`
 // and waits until all have. False after 10 minutes.
 bool Barrier(const Options& o, const std::string& name) {
@@ -533,6 +544,9 @@ int RunEpochs(int argc, char** argv) {
                     ",\"bytes\":", result.bytes, ",\"errors\":", result.errors,
                     ",\"mismatches\":", result.mismatches, ",\"served\":{",
                     absl::StripSuffix(served_json, ","), "}}");
+    // Rewritten after every epoch, so a rank killed later still leaves the
+    // figures of the epochs it finished (the peer tests account for them).
+    if (!o.json_out.empty()) WriteJsonAtomically(o.json_out, json + "]\n");
     if (result.errors > 0 || result.mismatches > 0) {
       std::fprintf(stderr, "monarch-epochs: epoch %d had %llu errors, %llu mismatches\n", epoch,
                    static_cast<unsigned long long>(result.errors),
@@ -549,11 +563,9 @@ int RunEpochs(int argc, char** argv) {
     previous = monarch->GetStats();
   }
   if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, o.epochs + 1)) return 1;
-  json += "]";
   // Peers may still need our files until they are done too.
   if (!Barrier(o, "done")) return 1;
   monarch->Shutdown(monarch::Monarch::ShutdownMode::kDrain);
   std::printf("stats: %s\n", monarch->GetStats().ToJson().c_str());
-  if (!o.json_out.empty()) std::ofstream(o.json_out) << json << "\n";
   return 0;
 }
