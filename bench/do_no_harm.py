@@ -117,6 +117,8 @@ def measure(tiers_made):
                          "(16: where malloc() puts a buffer above 128 KiB)")
     ap.add_argument("--cached-source", choices=["defer", "promote"], default="defer",
                     help="placement.cached_source of Monarch's runs")
+    ap.add_argument("--back-ahead", default="",
+                    help="tiers[i].back_ahead of the RAM tier (a size such as 256MiB)")
     ap.add_argument("--out", default="bench/results/do_no_harm")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite OUT.md and OUT.png from OUT.json without measuring")
@@ -128,6 +130,7 @@ def measure(tiers_made):
         a.read_size = saved.get("read_size", "256KiB")
         a.buffer_offset = saved.get("buffer_offset", 0)
         a.cached_source = saved.get("cached_source", "promote")
+        a.back_ahead = saved.get("back_ahead", "")
         a.commit = saved.get("commit", "unknown")
         bounds = {tuple(k.split("-", 1)): v for k, v in saved["bounds"].items()}
         if saved["device"]:
@@ -199,7 +202,8 @@ def measure(tiers_made):
                         with open(config, "w") as f:
                             f.write(f"dataset: {{path: {source}}}\ntiers:\n")
                             if tier == "ram":
-                                f.write("  - {name: ram, kind: ram, capacity: 4GiB}\n")
+                                extra = f", back_ahead: {a.back_ahead}" if a.back_ahead else ""
+                                f.write(f"  - {{name: ram, kind: ram, capacity: 4GiB{extra}}}\n")
                             else:
                                 f.write(f"  - {{name: nvme, kind: posix, path: {tier_dir}, "
                                         "capacity: 64GiB}\n")
@@ -262,13 +266,14 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
         json.dump({"cells": cells, "device": device, "load_before": load_before,
                    "load_after": load_after, "cores": cores, "repeat": a.repeat,
                    "read_size": a.read_size, "buffer_offset": a.buffer_offset,
-                   "cached_source": a.cached_source,
+                   "cached_source": a.cached_source, "back_ahead": a.back_ahead,
                    "commit": a.commit,
                    "bounds": {f"{k[0]}-{k[1]}": v for k, v in bounds.items()}}, f, indent=1)
     cmd = (f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" +
            (f" --read-size {a.read_size}" if a.read_size != "256KiB" else "") +
            (f" --buffer-offset {a.buffer_offset}" if a.buffer_offset else "") +
            (f" --cached-source {a.cached_source}" if a.cached_source != "defer" else "") +
+           (f" --back-ahead {a.back_ahead}" if a.back_ahead else "") +
            (f" --only {a.only}" if a.only else "") +
            (f" --out {a.out}" if a.out != "bench/results/do_no_harm" else ""))
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
@@ -278,7 +283,8 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
              "Each figure is the median over repetitions of Monarch's epoch time divided by the "
              f"plain epoch time of the same repetition (`monarch-epochs --read-size {a.read_size} "
              f"--buffer-offset {a.buffer_offset}`, 3 epochs, a fresh tier each run; "
-             f"`placement.cached_source: {a.cached_source}`).", "",
+             f"`placement.cached_source: {a.cached_source}`" +
+             (f", the RAM tier's `back_ahead: {a.back_ahead}`" if a.back_ahead else "") + ").", "",
              "| cell | plain e1/e2/e3 (s) | monarch e1/e2/e3 (s) | e1 ratio (target) | "
              "e2, e3 ratio (<= 1.05) | copies published after e2 | memcpy bound e1 | "
              "e1 / memcpy bound | tier-write bound e1 | e1 / tier-write bound | device bound e1 (plain reads + tier writes) |",

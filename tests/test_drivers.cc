@@ -508,8 +508,10 @@ TEST_CASE("RAM tier with huge pages: a reader in another mapping maps 2 MiB page
     CAPTURE(huge);
     constexpr uint32_t kFiles = 40;
     constexpr uint64_t kSize = 200000;  // 8 MB in all: whole 2 MiB pages in every stripe.
+    RamTierOptions options;
+    options.huge_pages = huge;
     absl::StatusOr<std::unique_ptr<StorageDriver>> ram =
-        NewRamDriver("huge", kFiles * kSize, kFiles, /*keep_block_sums=*/false, huge);
+        NewRamDriver("huge", kFiles * kSize, kFiles, options);
     REQUIRE(ram.ok());
     const std::vector<std::string> names = StoreNumberedFiles(**ram, kFiles, kSize);
     std::unique_ptr<StorageDriver> reader = ReaderOf(**ram, kFiles, /*map_from_start=*/huge);

@@ -157,8 +157,10 @@ TEST_CASE("a releasable RAM arena gives freed pages back, a write-sealed one can
   constexpr uint64_t kBytes = 8 << 20;
   for (bool releasable : {true, false}) {
     CAPTURE(releasable);
+    RamArena::Options options;
+    options.releasable = releasable;
     absl::StatusOr<std::unique_ptr<RamArena>> arena =
-        RamArena::Create(kBytes, 1, "test-release", false, releasable);
+        RamArena::Create(kBytes, 1, "test-release", options);
     REQUIRE(arena.ok());
     std::vector<char> data(kBytes / 4, 'x');
     std::vector<RamArena::Extent> extents;
@@ -211,8 +213,10 @@ struct Tiers {
     ram.name = "ram";
     ram.kind = TierKind::kRam;
     ram.capacity_bytes = ram_bytes;
+    RamTierOptions options;
+    options.releasable = true;
     absl::StatusOr<std::unique_ptr<StorageDriver>> driver =
-        NewRamDriver("ram", ram_bytes, ns->file_count(), false, false, /*releasable=*/true);
+        NewRamDriver("ram", ram_bytes, ns->file_count(), options);
     REQUIRE(driver.ok());
     tiers.push_back(std::make_unique<Tier>(ram, std::move(*driver)));
     if (posix_bytes > 0) {

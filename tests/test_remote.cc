@@ -822,7 +822,9 @@ TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's b
   for (char& c : data) c = static_cast<char>(rng());
   for (const bool keep : {true, false}) {
     CAPTURE(keep);
-    absl::StatusOr<std::unique_ptr<StorageDriver>> made = NewRamDriver("sums", 1 << 20, 2, keep);
+    RamTierOptions options;
+    options.keep_block_sums = keep;
+    absl::StatusOr<std::unique_ptr<StorageDriver>> made = NewRamDriver("sums", 1 << 20, 2, options);
     REQUIRE(made.ok());
     StorageDriver& ram = **made;
     {

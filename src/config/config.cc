@@ -164,6 +164,7 @@ absl::Status ParseTiers(const YAML::Node& tiers, Config* config) {
     };
     MONARCH_RETURN_IF_ERROR(only("write_mode", TierKind::kPosix, "a write mode"));
     MONARCH_RETURN_IF_ERROR(only("huge_pages", TierKind::kRam, "huge pages"));
+    MONARCH_RETURN_IF_ERROR(only("back_ahead", TierKind::kRam, "memory backed ahead"));
     if (tier.kind == TierKind::kSource && t["path"]) {
       return KeyError(absl::StrCat(where, ".path"),
                       "a source tier reads dataset.path; remove this key");

@@ -134,13 +134,17 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
                                                          const Namespace& ns) {
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
-    case TierKind::kRam:
+    case TierKind::kRam: {
+      RamTierOptions options;
       // A home's RAM copies keep their block CRCs: peers are sent them
       // without a checksum pass (StorageDriver::InMemoryBytes).
+      options.keep_block_sums = config.remote.enabled;
+      options.huge_pages = tier.huge_pages;
       // Under memory.watch its memory must be releasable when it shrinks.
-      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(),
-                          /*keep_block_sums=*/config.remote.enabled, tier.huge_pages,
-                          /*releasable=*/MemoryGovernor::Wanted(config));
+      options.releasable = MemoryGovernor::Wanted(config);
+      options.back_ahead = tier.back_ahead_bytes;
+      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(), options);
+    }
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open, config.placement.verify);
     case TierKind::kPosix: {

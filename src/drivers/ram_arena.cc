@@ -8,6 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -46,12 +50,14 @@ void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUG
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
                                                            const std::string& name,
-                                                           bool huge_pages, bool releasable) {
+                                                           const Options& options) {
   const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
-  std::unique_ptr<RamArena> arena(new RamArena(size, releasable));
+  const bool huge_pages = options.huge_pages;
+  std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
-    MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion region,
-                             CreateWriteSealedRegion(name, size, /*seal_writes=*/!releasable));
+    MONARCH_ASSIGN_OR_RETURN(
+        WriteSealedRegion region,
+        CreateWriteSealedRegion(name, size, /*seal_writes=*/!options.releasable));
     auto stripe = std::make_unique<Stripe>();
     stripe->fd = region.fd.release();
     stripe->writable = std::move(region.writable);
@@ -67,6 +73,11 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
       AdviseHugePages(s.writable.data(), size);  // Where the pages are allocated.
       AdviseHugePages(s.base, size);
     }
+  }
+  if (options.back_ahead > 0) {
+    arena->back_ahead_per_stripe_ =
+        RoundUp(std::max<uint64_t>(options.back_ahead / arena->stripes_.size(), kPage), kPage);
+    arena->backer_ = std::thread([a = arena.get()] { a->BackAheadLoop(); });
   }
   return arena;
 }
@@ -91,6 +102,14 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<Scop
 }
 
 RamArena::~RamArena() {
+  if (backer_.joinable()) {
+    {
+      MutexLock lock(&backer_mu_);
+      backer_stop_ = true;
+    }
+    backer_wake_.SignalAll();
+    backer_.join();
+  }
   for (const std::unique_ptr<Stripe>& stripe : stripes_) {
     if (stripe->base != nullptr && stripe->mapping.data() == nullptr) os::Munmap(stripe->base, size_);
     os::Close(stripe->fd);
@@ -101,22 +120,114 @@ absl::StatusOr<RamArena::Extent> RamArena::Allocate(uint64_t n) {
   n = RoundUp(n, kAlign);
   const uint32_t index = next_stripe_.fetch_add(1, std::memory_order_relaxed) % stripes_.size();
   Stripe& stripe = *stripes_[index];
-  MutexLock lock(&stripe.mu);
-  for (auto it = stripe.free.begin(); it != stripe.free.end(); ++it) {
-    if (it->second < n) continue;
-    const uint64_t offset = it->first;
-    const uint64_t rest = it->second - n;
-    stripe.free.erase(it);
-    if (rest > 0) stripe.free.emplace(offset + n, rest);
-    return Extent{index, offset};
+  uint64_t offset = 0;
+  bool wake_backer = false;
+  {
+    MutexLock lock(&stripe.mu);
+    for (auto it = stripe.free.begin(); it != stripe.free.end(); ++it) {
+      if (it->second < n) continue;
+      offset = it->first;
+      const uint64_t rest = it->second - n;
+      stripe.free.erase(it);
+      if (rest > 0) stripe.free.emplace(offset + n, rest);
+      return Extent{index, offset};
+    }
+    if (stripe.end + n > size_ || stripe.end + n < stripe.end) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "RAM tier arena stripe full: ", n, " bytes wanted, ", size_ - stripe.end, " left"));
+    }
+    offset = stripe.end;
+    stripe.end += n;
+    // Half the window used: the backer has work.
+    wake_backer = back_ahead_per_stripe_ > 0 &&
+                  stripe.end + back_ahead_per_stripe_ / 2 > stripe.backed;
   }
-  if (stripe.end + n > size_ || stripe.end + n < stripe.end) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "RAM tier arena stripe full: ", n, " bytes wanted, ", size_ - stripe.end, " left"));
-  }
-  const uint64_t offset = stripe.end;
-  stripe.end += n;
+  // After the stripe's lock is let go: the backer takes stripes' locks,
+  // never the reverse.
+  if (wake_backer) backer_wake_.Signal();
   return Extent{index, offset};
+}
+
+RamArena::Backlog RamArena::NextBacklog() {
+  constexpr uint64_t kStep = 2 << 20;  // Short enough for a release to wait on.
+  Backlog next;
+  uint64_t total_backed = 0, least_ahead = ~uint64_t{0};
+  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
+    MutexLock lock(&stripe->mu);
+    stripe->backed = std::max(stripe->backed, stripe->end);
+    total_backed += stripe->backed;
+    const uint64_t target = std::min(size_, stripe->end + back_ahead_per_stripe_);
+    if (stripe->backed >= target) continue;
+    const uint64_t ahead = stripe->backed - stripe->end;
+    if (ahead < least_ahead) {
+      least_ahead = ahead;
+      next = Backlog{stripe.get(), stripe->backed, std::min(target, stripe->backed + kStep)};
+    }
+  }
+  // Never more than the arena's size in all: what the tier could hold.
+  if (next.stripe != nullptr && total_backed + (next.end - next.begin) > size_) return Backlog{};
+  return next;
+}
+
+bool RamArena::BackOneStep() {
+  constexpr auto kPause = std::chrono::seconds(10);
+  MutexLock step(&step_mu_);
+  {
+    MutexLock lock(&backer_mu_);
+    if (std::chrono::steady_clock::now() < backer_paused_until_) return false;
+  }
+  const Backlog next = NextBacklog();
+  if (next.stripe == nullptr) return false;
+  // Allocates the pages, zeroed, and maps them writable here, so a copy's
+  // stores find them. Pages a copy is writing meanwhile (an extent handed
+  // out past `backed`) are left as they are: this only faults pages in.
+  if (::madvise(next.stripe->writable.data() + next.begin, next.end - next.begin,
+                MADV_POPULATE_WRITE) != 0) {
+    // ENOMEM (a memory cgroup's limit) or a kernel without the advice:
+    // copies allocate their own pages, as without the key.
+    MutexLock lock(&backer_mu_);
+    backer_paused_until_ = std::chrono::steady_clock::now() + kPause;
+    return false;
+  }
+  MutexLock lock(&next.stripe->mu);
+  if (next.stripe->backed == next.begin) next.stripe->backed = next.end;
+  backed_ahead_bytes_.fetch_add(next.end - next.begin, std::memory_order_relaxed);
+  return true;
+}
+
+void RamArena::BackAheadLoop() {
+  ::pthread_setname_np(::pthread_self(), "monarch-backer");
+  // Only CPU time nobody else wants: zeroing pages ahead must not slow the
+  // readers it is meant to spare.
+  struct sched_param idle = {};
+  (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
+  while (true) {
+    {
+      MutexLock lock(&backer_mu_);
+      if (backer_stop_) return;
+    }
+    if (BackOneStep()) continue;
+    MutexLock lock(&backer_mu_);
+    if (backer_stop_) return;
+    // Woken by an allocation; the timeout covers a wake-up that came
+    // between the step and this wait, and the end of a pause.
+    backer_wake_.WaitUntil(&backer_mu_,
+                           std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+  }
+}
+
+bool RamArena::WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout) {
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  while (back_ahead_per_stripe_ > 0) {
+    {
+      MutexLock lock(&backer_mu_);
+      if (std::chrono::steady_clock::now() < backer_paused_until_) return true;
+    }
+    if (NextBacklog().stripe == nullptr) return true;
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 void RamArena::Free(Extent extent, uint64_t n) {
@@ -155,6 +266,14 @@ uint64_t RamArena::resident_bytes() const {
 
 uint64_t RamArena::ReleaseFreePages() {
   if (!releasable_) return 0;
+  // The tier is shrinking: no backing ahead for a while, and none under way
+  // while pages are given back.
+  constexpr auto kPause = std::chrono::seconds(10);
+  MutexLock step(&step_mu_);
+  {
+    MutexLock lock(&backer_mu_);
+    backer_paused_until_ = std::chrono::steady_clock::now() + kPause;
+  }
   const uint64_t before = resident_bytes();
   for (const std::unique_ptr<Stripe>& stripe : stripes_) {
     // Held while punching, so that no extent is handed out of a range being
@@ -171,6 +290,7 @@ uint64_t RamArena::ReleaseFreePages() {
     };
     for (const auto& [offset, length] : stripe->free) punch(offset, offset + length);
     punch(stripe->end, size_);
+    stripe->backed = stripe->end;
   }
   const uint64_t after = resident_bytes();
   return before > after ? before - after : 0;

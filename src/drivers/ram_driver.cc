@@ -139,6 +139,8 @@ class RamDriver final : public StorageDriver {
     sink.Gauge("resident_bytes", arena_->resident_bytes(),
                "Memory the RAM tier's arena holds now: its copies', and freed pages not yet "
                "given back (they are given back when memory pressure shrinks the tier).");
+    sink.Counter("backed_ahead_bytes", arena_->backed_ahead_bytes(),
+                 "Memory allocated ahead of the copies (tiers[i].back_ahead), in all.");
   }
 
   std::vector<int> SharedMemoryDescriptors() const override {
@@ -330,23 +332,25 @@ class RamReader final : public StorageDriver {
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity,
                                                             uint32_t file_count,
-                                                            bool keep_block_sums,
-                                                            bool huge_pages, bool releasable) {
+                                                            const RamTierOptions& options) {
   // Each stripe has room for the capacity plus each file's rounding to a
   // 64-byte extent. Writers are the placement threads plus, when staging is
   // over budget, every reader: 8 stripes keep them from queueing on one
   // memfd's inode lock, for the cost of 8 descriptors and mappings.
   constexpr int kStripes = 8;
+  RamArena::Options arena_options;
+  arena_options.huge_pages = options.huge_pages;
+  arena_options.releasable = options.releasable;
+  arena_options.back_ahead = options.back_ahead;
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
-                                            absl::StrCat("monarch-ram:", name), huge_pages,
-                                            releasable));
+                                            absl::StrCat("monarch-ram:", name), arena_options));
   MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
                            CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
                                                    SlotTableBytes(file_count)));
   return std::unique_ptr<StorageDriver>(
       new RamDriver(std::move(arena), file_count, std::move(slots.fd), std::move(slots.writable),
-                    keep_block_sums));
+                    options.keep_block_sums));
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,

@@ -201,16 +201,20 @@ class StorageDriver {
 
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
 // between reads.
+struct RamTierOptions {
+  // A home of peers: VisitInMemory gives whole-block ranges' CRC32C.
+  bool keep_block_sums = false;
+  bool huge_pages = false;  // TierConfig::huge_pages.
+  // Its memory is not sealed against writes, so that ReleaseFreeMemory()
+  // can give it back (memory.watch).
+  bool releasable = false;
+  uint64_t back_ahead = 0;  // TierConfig::back_ahead.
+};
 // A RAM tier named `name` of `capacity` bytes for a namespace of
-// `file_count` files (ids 0..file_count-1). With `keep_block_sums` (a home
-// of peers), VisitInMemory gives whole-block ranges' CRC32C. `huge_pages`:
-// TierConfig::huge_pages. `releasable`: its memory is not sealed against
-// writes, so that ReleaseFreeMemory() can give it back (memory.watch).
+// `file_count` files (ids 0..file_count-1).
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& name,
                                                             uint64_t capacity, uint32_t file_count,
-                                                            bool keep_block_sums = false,
-                                                            bool huge_pages = false,
-                                                            bool releasable = false);
+                                                            const RamTierOptions& options = {});
 // A read-only view, in a client of the node service, of the service's RAM
 // tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
 // Without `map_from_start`, it copies with pread() until this process reads
