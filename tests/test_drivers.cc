@@ -652,6 +652,107 @@ TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read b
   CHECK(absl::IsResourceExhausted(arena.Allocate(1).status()));
 }
 
+TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any copy, within bounds") {
+  constexpr uint64_t kMiB = 1 << 20;
+  SUBCASE("the window past each stripe's end, and again after allocations move the ends") {
+    RamArena::Options options;
+    options.back_ahead = 4 * kMiB;  // 2 MiB per stripe.
+    absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
+    REQUIRE(made.ok());
+    RamArena& arena = **made;
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
+    CHECK(arena.resident_bytes() == 4 * kMiB);
+    CHECK(arena.backed_ahead_bytes() == 4 * kMiB);
+    // 3 MiB in each stripe: their ends move past what was backed.
+    std::vector<char> bytes(3 * kMiB);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = testing::ExpectedByte(9, i);
+    std::vector<RamArena::Extent> extents;
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<RamArena::Extent> extent = arena.Allocate(bytes.size());
+      REQUIRE(extent.ok());
+      REQUIRE(arena.Write(*extent, 0, bytes.data(), bytes.size()).ok());
+      extents.push_back(*extent);
+    }
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
+    CHECK(arena.resident_bytes() == 2 * (3 * kMiB + 2 * kMiB));
+    for (const RamArena::Extent& e : extents) {
+      CHECK(std::memcmp(arena.data(e), bytes.data(), bytes.size()) == 0);
+    }
+  }
+  SUBCASE("never more than the arena's size in all") {
+    RamArena::Options options;
+    options.back_ahead = 64 * kMiB;
+    absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(6 * kMiB, 4, "test", options);
+    REQUIRE(made.ok());
+    REQUIRE((*made)->WaitUntilBackedAhead(std::chrono::seconds(30)));
+    CHECK((*made)->resident_bytes() <= 6 * kMiB);
+    CHECK((*made)->resident_bytes() >= 4 * kMiB);  // Within a 2 MiB step of it.
+  }
+  SUBCASE("none without the option: no thread, nothing allocated") {
+    absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(8 * kMiB, 2, "test");
+    REQUIRE(made.ok());
+    CHECK((*made)->WaitUntilBackedAhead(std::chrono::seconds(0)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK((*made)->resident_bytes() == 0);
+  }
+  SUBCASE("a release gives the backed pages back and pauses the backing") {
+    RamArena::Options options;
+    options.back_ahead = 4 * kMiB;
+    options.releasable = true;
+    absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
+    REQUIRE(made.ok());
+    RamArena& arena = **made;
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
+    REQUIRE(arena.resident_bytes() == 4 * kMiB);
+    CHECK(arena.ReleaseFreePages() == 4 * kMiB);
+    // An allocation would wake the backer; paused, it leaves the pages out.
+    absl::StatusOr<RamArena::Extent> extent = arena.Allocate(64);
+    REQUIRE(extent.ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(arena.resident_bytes() == 0);
+    CHECK(arena.backed_ahead_bytes() == 4 * kMiB);
+  }
+}
+
+TEST_CASE("RAM arena backing ahead: copies written and freed by several threads meanwhile are exact") {
+  RamArena::Options options;
+  options.back_ahead = 8 << 20;
+  absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(48 << 20, 4, "test", options);
+  REQUIRE(made.ok());
+  RamArena& arena = **made;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 3; ++t) {
+    writers.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      std::vector<char> bytes(400000);
+      std::vector<std::pair<RamArena::Extent, uint64_t>> mine;
+      for (int round = 0; round < 60; ++round) {
+        const uint64_t size = 1 + rng() % bytes.size();
+        absl::StatusOr<RamArena::Extent> extent = arena.Allocate(size);
+        if (!extent.ok()) continue;
+        const uint32_t seed = static_cast<uint32_t>(t * 1000 + round);
+        for (uint64_t i = 0; i < size; ++i) bytes[i] = testing::ExpectedByte(seed, i);
+        if (!arena.Write(*extent, 0, bytes.data(), size).ok()) {
+          wrong.fetch_add(1);
+          continue;
+        }
+        if (!testing::BytesMatch(testing::TestFile{"", seed, size}, arena.data(*extent), 0, size)) {
+          wrong.fetch_add(1);
+        }
+        mine.emplace_back(*extent, size);
+        if (rng() % 2 == 0) {
+          arena.Free(mine.front().first, mine.front().second);
+          mine.erase(mine.begin());
+        }
+      }
+    });
+  }
+  for (std::thread& w : writers) w.join();
+  CHECK(wrong.load() == 0);
+  CHECK(arena.backed_ahead_bytes() > 0);
+}
+
 TEST_CASE("RAM tier: a copy removed while readers read it never yields wrong bytes") {
   std::unique_ptr<StorageDriver> driver = MustRam(16 << 20, 8);
   const FileRef file = Ref(0, "f.bin", 1 << 20);

@@ -100,7 +100,7 @@ struct TierConfig {
   uint64_t capacity_bytes = 0;  // ram/pmem/posix: bytes the tier may hold.
   WriteMode write_mode = WriteMode::kAuto;  // posix only.
   bool huge_pages = false;                  // ram only: 2 MiB pages where allowed.
-  uint64_t back_ahead_bytes = 0;            // ram only: memory allocated ahead of copies.
+  uint64_t back_ahead_bytes = 256ull << 20;  // ram only: memory allocated ahead of copies.
 };
 
 struct DatasetConfig {

@@ -142,7 +142,9 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       options.huge_pages = tier.huge_pages;
       // Under memory.watch its memory must be releasable when it shrinks.
       options.releasable = MemoryGovernor::Wanted(config);
-      options.back_ahead = tier.back_ahead_bytes;
+      // The tier never holds more than the dataset: backing more would only
+      // take memory from the job.
+      options.back_ahead = std::min(tier.back_ahead_bytes, ns.total_bytes());
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(), options);
     }
     case TierKind::kPmem:
