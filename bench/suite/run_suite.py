@@ -18,6 +18,10 @@ it runs 3 epochs per setup, dropping the page cache before every epoch:
   scenario 2, the dataset does not fit: monarch with a tier of 50% of the
     dataset, against scenario 1's vanilla-pfs run (vanilla-pfs does not
     depend on the tier).
+  scenario 3, several processes: a PyTorch DataLoader with 4 worker
+    processes (torch_reader.py, when <repo>/.venv has torch) on the PFS, on
+    the local copy, and through Monarch's node service (scenario 1's tier),
+    plain and with each epoch's order announced; every sample's bytes checked.
 
 The PFS is tools/pfs_emulator (FUSE, default Lustre-like delays) over the
 generated dataset; its exact counters are read and reset at every epoch
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -65,7 +70,9 @@ SCALES = {
 GENERATE_SEED = 42  # monarch-epochs --generate seed: same bytes on every run
 EPOCH_SEED = 7      # shuffle seed: the same per-epoch order for every setup
 TF_SETUPS = ["tf-vanilla-pfs", "tf-vanilla-local", "tf-vanilla-caching", "tf-monarch"]
-SETUP_ORDER = ["vanilla-pfs", "vanilla-local", "monarch"] + TF_SETUPS
+# Scenario 3: a PyTorch DataLoader with worker processes (torch_reader.py).
+MP_SETUPS = ["mp-pfs", "mp-local", "mp-monarch", "mp-monarch-announced"]
+SETUP_ORDER = ["vanilla-pfs", "vanilla-local", "monarch"] + TF_SETUPS + MP_SETUPS
 COUNTER_KEYS = ["metadata_ops", "opens", "reads", "bytes_read", "lookups", "getattrs",
                 "readdirs", "opendirs", "queued_ops", "errors"]
 
@@ -173,7 +180,9 @@ class LoadSampler(threading.Thread):
         for pid in procs:
             p, seen = pid, 0
             while p in procs and seen < 64:
-                if p == me or ("monarch-pfs-emulator" in procs[p][3] and self.work in procs[p][3]):
+                # The emulators and the node services run in sessions of
+                # their own; both name a path under the work directory.
+                if p == me or self.work in procs[p][3]:
                     ours.add(pid)
                     break
                 p, seen = procs[p][1], seen + 1
@@ -205,6 +214,19 @@ class LoadSampler(threading.Thread):
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
+
+
+def git_head():
+    """The short commit of the repository, with "+dirty" when bench/, src/,
+    include/, tools/ or python/ differ from it."""
+    def git(*args):
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True)
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "include",
+                "tools", "python", "bench").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def uptime():
@@ -419,7 +441,11 @@ class Suite:
         self.cleanup.append(path)
         return path
 
-    def write_config(self, ds, source, label, capacity):
+    def write_config(self, ds, source, label, capacity, node=False):
+        """A posix tier of `capacity` on local disk over `source`; with
+        `node`, served by one node service (`node: {shared: true}`) with its
+        runtime directory under the work directory, never exiting on its own
+        (torch_reader.py stops it, and so does the suite)."""
         tier = self.new_tier(label)
         path = os.path.join(self.work, "runs", f"{label}.yaml")
         with open(path, "w") as f:
@@ -429,6 +455,46 @@ class Suite:
                     f"  - name: pfs\n    kind: source\n")
             if self.a.placement_threads:
                 f.write(f"placement:\n  threads: {self.a.placement_threads}\n")
+            if node:
+                runtime = os.path.join(self.work, "runs", label + ".rt")
+                shutil.rmtree(runtime, ignore_errors=True)
+                os.makedirs(runtime)
+                f.write(f"node:\n  shared: true\n  runtime_dir: {runtime}\n  idle_exit: 0\n")
+        return path
+
+    def manifest(self, ds):
+        """[[relative path, offset, length, crc32]] per sample of the
+        multi-process setups, made once from the generated dataset itself
+        (the emulator's backing directory, or --pfs-dir) and kept in the work
+        directory: imagenet, one sample per file; shards, one per --read-size
+        record. torch_reader.py checks every sample's bytes against it."""
+        rs = ds["read_size"]
+        path = os.path.join(self.work, "manifests", f"{ds['tag']}-{rs}.json")
+        if os.path.exists(path):
+            return path
+        log(f"checksumming {ds['backing']} for the multi-process setups")
+        records = []
+        for dirpath, dirs, names in os.walk(ds["backing"]):
+            dirs.sort()
+            for n in sorted(names):
+                full = os.path.join(dirpath, n)
+                rel = os.path.relpath(full, ds["backing"])
+                with open(full, "rb") as f:
+                    if rs == 0:
+                        data = f.read()
+                        records.append([rel, 0, len(data), zlib.crc32(data)])
+                        continue
+                    offset = 0
+                    while True:
+                        data = f.read(rs)
+                        if not data:
+                            break
+                        records.append([rel, offset, len(data), zlib.crc32(data)])
+                        offset += len(data)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(records, f)
+        os.rename(path + ".tmp", path)
         return path
 
     # -- setups ------------------------------------------------------------
@@ -541,6 +607,44 @@ class Suite:
             extra["monarch_stats"] = epochs[-1].pop("monarch_stats")
         return self.record(ds, 1, setup, cmd, phases, epochs, extra)
 
+    def run_mp(self, ds, setup, source, emulator):
+        """Scenario 3: torch_reader.py, a DataLoader with --workers worker
+        processes; the Monarch setups through the node service with scenario
+        1's tier (125% of the dataset, posix on local disk)."""
+        label = f"{ds['name']}-s3-{setup}"
+        json_path = os.path.join(self.work, "runs", label + ".json")
+        log_path = os.path.join(self.work, "runs", label + ".log")
+        data = ds["local"] if setup == "mp-local" else source
+        monarch_binary = os.path.join(self.build, "monarch")
+        cmd = [VENV_PYTHON, os.path.join(HERE, "torch_reader.py"), "--setup", setup,
+               "--data", data, "--manifest", self.manifest(ds), "--epochs", str(self.a.epochs),
+               "--workers", str(self.a.workers), "--seed", str(EPOCH_SEED), "--json", json_path]
+        cmd += [] if self.a.no_drop_caches else ["--drop-caches"]
+        extra = {"workers": self.a.workers}
+        config = None
+        if setup.startswith("mp-monarch"):
+            capacity = ds["bytes"] * 5 // 4
+            config = self.write_config(ds, source, label, capacity, node=True)
+            cmd += ["--config", config, "--monarch-binary", monarch_binary]
+            extra["tier_capacity"] = capacity
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"),
+                   MONARCH_C_LIBRARY=os.path.join(self.build, "libmonarch_c.so"),
+                   MONARCH_BINARY=monarch_binary)
+        log(f"{label}: {shlex.join(cmd)}")
+        extra["load_before"], t0 = loadavg(), time.time()
+        try:
+            phases = run_hooked(cmd, env, emulator, log_path)
+        finally:
+            if config:  # a service left by a failed run
+                subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
+        extra["load_after"] = loadavg()
+        extra["other_cores"] = self.sampler.others_between(t0, time.time())
+        with open(json_path) as f:
+            epochs = json.load(f)
+        if epochs and "monarch_stats" in epochs[-1]:
+            extra["monarch_stats"] = epochs[-1].pop("monarch_stats")
+        return self.record(ds, 3, setup, cmd, phases, epochs, extra)
+
     def run_dataset(self, ds):
         emulator = None
         source = ds["backing"]
@@ -572,6 +676,14 @@ class Suite:
                 for setup in TF_SETUPS:
                     if setup in setups or "tf" in setups:
                         self.run_tf(ds, setup, source, emulator)
+            for setup in MP_SETUPS if self.mp else []:
+                # Announcing is about files: the shards' records would
+                # announce each shard once per record.
+                if setup == "mp-monarch-announced" and ds["profile"] != "imagenet" \
+                        and setup not in setups:
+                    continue
+                if setup in setups or "mp" in setups:
+                    self.run_mp(ds, setup, source, emulator)
         finally:
             if emulator:
                 emulator.stop()
@@ -595,6 +707,14 @@ class Suite:
         self.check_binaries()
         tf_status = self.detect_tf()
         log(f"TensorFlow setups: {tf_status}")
+        self.mp = False
+        if any(s == "mp" or s.startswith("mp-") for s in a.setups):
+            r = subprocess.run([VENV_PYTHON, "-c", "import torch"], capture_output=True, text=True)
+            if r.returncode == 0:
+                self.mp = True
+            else:
+                log(f"skipping the DataLoader setups (scenario 3): {VENV_PYTHON} cannot import "
+                    f"torch: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
         datasets = [dict(d) for d in SCALES[a.scale] if d["name"] in a.datasets]
         for ds in datasets:
             if a.imagenet_files and ds["profile"] == "imagenet":
@@ -611,7 +731,8 @@ class Suite:
             "host": platform.node(), "kernel": platform.release(), "cores": os.cpu_count(),
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "uptime_before": uptime(), "scale": a.scale, "epochs": a.epochs,
-            "threads": a.threads, "tf": tf_status,
+            "threads": a.threads, "workers": a.workers, "tf": tf_status,
+            "commit": git_head(),
             "pfs": a.pfs_dir or "pfs-emulator", "drop_caches": not a.no_drop_caches,
         }
         sampler.start()
@@ -670,6 +791,10 @@ class Report:
             r = self.get(ds, 2, setup) or (self.get(ds, 1, setup) if setup == "vanilla-pfs" else None)
             if r:
                 out.append((2, setup, r))
+        for setup in MP_SETUPS:
+            r = self.get(ds, 3, setup)
+            if r:
+                out.append((3, setup, r))
         return out
 
     @staticmethod
@@ -787,6 +912,52 @@ class Report:
                         "<= 0.45", ratio <= 0.45, f"{(ratio - 0.45) * 100:+.1f} pts vs limit",
                         "per epoch " + " / ".join(str(e["pfs"]["ops"]) for e in m["epochs"])
                         + f"; startup {(m.get('startup') or {}).get('pfs', {}).get('ops', 'n/a')}"))
+        out += self.mp_targets(ds, served)
+        return out
+
+    def mp_targets(self, ds, served):
+        """Scenario 3 (DataLoader workers, node service): scenario 1's
+        targets, against the same DataLoader on the PFS and on the local
+        copy."""
+        out = []
+        pfs, local = self.get(ds, 3, "mp-pfs"), self.get(ds, 3, "mp-local")
+        for setup in ("mp-monarch", "mp-monarch-announced"):
+            m = self.get(ds, 3, setup)
+            if not m:
+                continue
+            n = min(3, len(m["epochs"]))
+            if local:
+                for i in range(1, n):
+                    mt, lt = m["epochs"][i]["seconds"], local["epochs"][i]["seconds"]
+                    ratio = mt / lt
+                    out.append((f"S3 epoch {i + 1}: {setup} time within 5% of mp-local",
+                                f"{mt:.2f} s vs {lt:.2f} s = {ratio:.3f}", "<= 1.05",
+                                ratio <= 1.05, f"{(ratio - 1.05) * 100:+.1f} pts vs limit",
+                                served(m, i)))
+            for i in range(1, n):
+                reads = m["epochs"][i]["pfs"].get("reads")
+                out.append((f"S3 epoch {i + 1}: {setup} sends zero reads to the PFS",
+                            f"{reads} reads, {fmt_mib(m['epochs'][i]['pfs'].get('bytes_read'))} MiB, "
+                            f"{m['epochs'][i]['pfs'].get('metadata_ops', 'n/a')} metadata ops",
+                            "0 reads", reads == 0, "" if reads == 0 else f"{reads} reads over",
+                            served(m, i)))
+            if pfs:
+                mt, pt = m["epochs"][0]["seconds"], pfs["epochs"][0]["seconds"]
+                ratio = mt / pt
+                with_settle = (mt + m["epochs"][0].get("settle_seconds", 0)) / pt
+                out.append((f"S3 epoch 1: {setup} no more than 5% slower than mp-pfs",
+                            f"{mt:.2f} s vs {pt:.2f} s = {ratio:.3f} (with settle "
+                            f"{with_settle:.3f})", "<= 1.05", ratio <= 1.05,
+                            f"{(ratio - 1.05) * 100:+.1f} pts vs limit", served(m, 0)))
+                (mo, me), (po, pe) = self.total_ops(m), self.total_ops(pfs)
+                if mo is not None and po:
+                    ratio = mo / po
+                    out.append((f"S3, 3 epochs: {setup} PFS ops below 45% of mp-pfs",
+                                f"{mo} vs {po} = {ratio:.3f} (reduction {(1 - ratio) * 100:.1f}%); "
+                                f"epochs only {me} vs {pe} = {me / pe:.3f}", "<= 0.45",
+                                ratio <= 0.45, f"{(ratio - 0.45) * 100:+.1f} pts vs limit",
+                                "per epoch " + " / ".join(str(e["pfs"]["ops"]) for e in m["epochs"])
+                                + f"; startup {(m.get('startup') or {}).get('pfs', {}).get('ops', 'n/a')}"))
         return out
 
     def tf_ratios(self, ds):
@@ -820,9 +991,12 @@ class Report:
                 ("ops", "PFS operations per epoch", "pfs_ops.png", lambda e: e["pfs"].get("ops")),
                 ("bytes", "PFS MiB read per epoch", "pfs_bytes.png",
                  lambda e: (e["pfs"].get("bytes_read") or 0) / MiB)):
-            fig, axes = plt.subplots(len(names), 2, figsize=(13, 4.2 * len(names)), squeeze=False)
+            scenarios = [sc for sc in (1, 2, 3)
+                         if any(s == sc for ds in names for s, _, _ in self.rows(ds))] or [1]
+            fig, axes = plt.subplots(len(names), len(scenarios),
+                                     figsize=(6.5 * len(scenarios), 4.2 * len(names)), squeeze=False)
             for row, ds in enumerate(names):
-                for col, scenario in enumerate((1, 2)):
+                for col, scenario in enumerate(scenarios):
                     ax = axes[row][col]
                     rows = [(s, r) for sc, s, r in self.rows(ds) if sc == scenario]
                     if not rows:
@@ -836,13 +1010,15 @@ class Report:
                         xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(vals))]
                         color = plt.get_cmap("tab10")(SETUP_ORDER.index(setup) % 10)
                         bars = ax.bar(xs, vals, width, label=setup, color=color,
-                                      hatch="//" if setup.startswith("tf-") else None)
+                                      hatch="//" if setup.startswith("tf-") else
+                                      ("\\\\" if setup == "mp-monarch-announced" else None))
                         if metric != "time":
                             ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals], fontsize=6,
                                          rotation=90, padding=2)
                     ax.set_xticks(range(n_ep), [f"epoch {i + 1}" for i in range(n_ep)])
                     ax.set_ylabel(ylabel)
-                    title = "fits in the local tier" if scenario == 1 else "local tier = 50% of the data"
+                    title = {1: "fits in the local tier", 2: "local tier = 50% of the data",
+                             3: f"DataLoader, {self.meta.get('workers', 4)} workers"}[scenario]
                     ax.set_title(f"{ds}: scenario {scenario} ({title})", fontsize=10)
                     top = max([value(e) or 0 for _, r in rows for e in r["epochs"]] + [1e-9])
                     ax.set_ylim(0, top * (1.5 if len(rows) > 3 else 1.3))
@@ -862,6 +1038,8 @@ class Report:
         L = [f"# Monarch experiment suite ({meta['scale']} scale)", "",
              "Generated by `bench/suite/run_suite.py`; see `bench/suite/README.md`.", "",
              f"- Command (as root, from the repository root): `{meta['command']}`",
+             f"- Commit: `{meta.get('commit') or 'not recorded'}` (`git rev-parse --short HEAD` "
+             "when the run started; +dirty if bench/, src/, include/, tools/ or python/ differed).",
              f"- Run: {meta['started']} to {meta.get('finished', '?')}, host {meta['host']}, "
              f"kernel {meta['kernel']}, {meta['cores']} cores, {meta['ram_gib']} GiB RAM.",
              f"- Load before: `{meta['uptime_before']}`",
@@ -898,7 +1076,18 @@ class Report:
         L += [f"- {meta['epochs']} epochs, {meta['threads']} reader threads, the same seeded "
               f"shuffle (seed {EPOCH_SEED}) for every setup; page cache "
               + ("dropped before every epoch." if meta["drop_caches"] else "NOT dropped (--no-drop-caches)."),
-              f"- TensorFlow setups: {meta['tf']}.", "", "Datasets (generated with fixed seed "
+              f"- TensorFlow setups: {meta['tf']}."]
+        if any(r["scenario"] == 3 for r in self.results):
+            L.append(f"- Scenario 3 (mp-*): a PyTorch DataLoader with {meta.get('workers', 4)} "
+                     "worker processes, batch 32, RandomSampler seeded with the same seed "
+                     "(`bench/suite/torch_reader.py`); mp-monarch reads through the node service "
+                     "(`node: {shared: true}`, every worker a client) with scenario 1's tier; "
+                     "mp-monarch-announced also announces each epoch's order "
+                     "(`monarch.torch.AnnouncingSampler`). Imagenet samples are whole files, "
+                     "shards samples 256 KiB records. Every sample's CRC32 and length were "
+                     "checked against a manifest made from the generated files, and each "
+                     "sample came exactly once per epoch.")
+        L += ["", "Datasets (generated with fixed seed "
               f"{GENERATE_SEED} by `monarch-epochs --generate`):", ""]
         for d in self.datasets:
             if d["profile"] == "imagenet":
@@ -950,14 +1139,18 @@ def main():
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--scale", choices=sorted(SCALES), default="full")
     ap.add_argument("--datasets", default="imagenet,shards", help="comma list (imagenet,shards)")
-    ap.add_argument("--setups", default="vanilla-pfs,vanilla-local,monarch,tf",
+    ap.add_argument("--setups", default="vanilla-pfs,vanilla-local,monarch,tf,mp",
                     help="comma list: vanilla-pfs, vanilla-local, monarch (both scenarios), "
-                         "monarch-s1, monarch-s2, tf (all TF setups) or single tf-* setups")
+                         "monarch-s1, monarch-s2, tf (all TF setups) or single tf-* setups, "
+                         "mp (scenario 3: all DataLoader setups; mp-monarch-announced on "
+                         "imagenet only unless named) or single mp-* setups")
     ap.add_argument("--imagenet-files", type=int, default=0, help="override the scale's count")
     ap.add_argument("--shards", type=int, default=0, help="override the scale's shard count")
     ap.add_argument("--shard-size", type=int, default=0, help="override the shard size (bytes)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4, help="reader threads")
+    ap.add_argument("--workers", type=int, default=4,
+                    help="DataLoader worker processes of the mp-* setups (scenario 3)")
     ap.add_argument("--placement-threads", type=int, default=0,
                     help="Monarch placement.threads (0: its default, one per core)")
     ap.add_argument("--pfs-dir", default=None,
