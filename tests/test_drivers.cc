@@ -695,7 +695,7 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK((*made)->resident_bytes() == 0);
   }
-  SUBCASE("a release gives the backed pages back and pauses the backing") {
+  SUBCASE("a release gives the backed pages back and ends the backing") {
     RamArena::Options options;
     options.back_ahead = 4 * kMiB;
     options.releasable = true;
@@ -705,7 +705,7 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
     REQUIRE(arena.resident_bytes() == 4 * kMiB);
     CHECK(arena.ReleaseFreePages() == 4 * kMiB);
-    // An allocation would wake the backer; paused, it leaves the pages out.
+    // An allocation would wake the backer; stopped, it leaves the pages out.
     absl::StatusOr<RamArena::Extent> extent = arena.Allocate(64);
     REQUIRE(extent.ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -760,16 +760,16 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       ~uint64_t{0}, 1, "size", "a size",
       "`ram` only. Memory the tier allocates ahead of its copies, in a background thread at the "
       "lowest CPU priority (`SCHED_IDLE`): the first store into a page the tier never used "
-      "costs the kernel allocating and zeroing it (and a VM's hypervisor backing it), 0.7-0.9 "
-      "ms per MiB against 0.17 ms for a store into a page already there (`bench_fill_memory`). "
-      "Never more than the capacity, nor the dataset's size, in all; paused while memory "
-      "pressure shrinks the tier (`memory.watch`) or when the kernel refuses memory. Counter "
-      "`backed_ahead_bytes`. Measured with 1 s between start-up and epoch 1 (a job building "
-      "its model), 2,000 files of 110 KiB, 4 readers: epoch 1 took 0.90x the time without it "
-      "from a cold source and 0.94x from a page-cached one, and 2-3x as many copies were made "
-      "by its end. With no pause before epoch 1 the difference was within the noise "
-      "([bench/results/back_ahead.md](../bench/results/back_ahead.md)). `0`: copies allocate "
-      "their own pages."));
+      "costs the kernel allocating and zeroing it (and a VM's hypervisor backing it), 0.77-0.89 "
+      "ms per MiB against 0.21-0.23 ms for a store into a page already there "
+      "(`bench_fill_memory`). Never more than the capacity, nor the dataset's size, in all; it "
+      "stops for good once memory pressure shrinks the tier (`memory.watch`) or the kernel "
+      "refuses it memory. Counter `backed_ahead_bytes`. Measured with 1 s between start-up and "
+      "epoch 1 (a job building its model), 2,000 files of 110 KiB, 4 readers: epoch 1 took "
+      "0.96x the time without it from a cold source and from a page-cached one, and 2.4x as "
+      "many copies were made during the page-cached epoch 1. With no pause before epoch 1 it "
+      "was within the noise (0.93x, 1.07x) ([bench/results/back_ahead.md]"
+      "(../bench/results/back_ahead.md)). `0`: copies allocate their own pages."));
   return keys;
 }
 

@@ -170,11 +170,10 @@ RamArena::Backlog RamArena::NextBacklog() {
 }
 
 bool RamArena::BackOneStep() {
-  constexpr auto kPause = std::chrono::seconds(10);
   MutexLock step(&step_mu_);
   {
     MutexLock lock(&backer_mu_);
-    if (std::chrono::steady_clock::now() < backer_paused_until_) return false;
+    if (backing_given_up_) return false;
   }
   const Backlog next = NextBacklog();
   if (next.stripe == nullptr) return false;
@@ -184,9 +183,9 @@ bool RamArena::BackOneStep() {
   if (::madvise(next.stripe->writable.data() + next.begin, next.end - next.begin,
                 MADV_POPULATE_WRITE) != 0) {
     // ENOMEM (a memory cgroup's limit) or a kernel without the advice:
-    // copies allocate their own pages, as without the key.
+    // copies allocate their own pages from now on, as without the key.
     MutexLock lock(&backer_mu_);
-    backer_paused_until_ = std::chrono::steady_clock::now() + kPause;
+    backing_given_up_ = true;
     return false;
   }
   MutexLock lock(&next.stripe->mu);
@@ -210,7 +209,7 @@ void RamArena::BackAheadLoop() {
     MutexLock lock(&backer_mu_);
     if (backer_stop_) return;
     // Woken by an allocation; the timeout covers a wake-up that came
-    // between the step and this wait, and the end of a pause.
+    // between the step and this wait.
     backer_wake_.WaitUntil(&backer_mu_,
                            std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
   }
@@ -221,7 +220,7 @@ bool RamArena::WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout)
   while (back_ahead_per_stripe_ > 0) {
     {
       MutexLock lock(&backer_mu_);
-      if (std::chrono::steady_clock::now() < backer_paused_until_) return true;
+      if (backing_given_up_) return true;
     }
     if (NextBacklog().stripe == nullptr) return true;
     if (std::chrono::steady_clock::now() > give_up) return false;
@@ -266,13 +265,14 @@ uint64_t RamArena::resident_bytes() const {
 
 uint64_t RamArena::ReleaseFreePages() {
   if (!releasable_) return 0;
-  // The tier is shrinking: no backing ahead for a while, and none under way
-  // while pages are given back.
-  constexpr auto kPause = std::chrono::seconds(10);
+  // Memory pressure shrinks the tier: memory taken ahead of need would
+  // bring it back (a shrink leaves about as much free as the window), so
+  // backing ahead ends for good, and none is under way while pages are
+  // given back.
   MutexLock step(&step_mu_);
   {
     MutexLock lock(&backer_mu_);
-    backer_paused_until_ = std::chrono::steady_clock::now() + kPause;
+    backing_given_up_ = true;
   }
   const uint64_t before = resident_bytes();
   for (const std::unique_ptr<Stripe>& stripe : stripes_) {

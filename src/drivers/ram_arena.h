@@ -30,12 +30,12 @@
 // Backing ahead (Options::back_ahead): the first store into a page the
 // tier never used costs the kernel allocating and zeroing it, and on a VM
 // the hypervisor backing it too; that is most of a copy's cost (0.8 ms per
-// MiB against 0.1 ms into a page already there, bench_fill_memory). A
+// MiB against 0.2 ms into a page already there, bench_fill_memory). A
 // thread at the lowest CPU priority keeps that many bytes past each
 // stripe's end allocated ahead of the copies, so a copy that comes after a
 // pause only stores. It never backs more than the arena's size in all, and
-// it pauses for a while after ReleaseFreePages() gives memory back (the
-// tier is shrinking) or the kernel refuses it memory.
+// it stops for good once ReleaseFreePages() gives memory back (memory
+// pressure shrinks the tier) or the kernel refuses it memory.
 //
 // Thread-safe. The mapping stays valid for the arena's lifetime.
 
@@ -116,7 +116,7 @@ class RamArena {
   // Bytes the back-ahead thread has allocated so far, in all.
   uint64_t backed_ahead_bytes() const { return backed_ahead_bytes_.load(std::memory_order_relaxed); }
   // Waits until every stripe is backed `back_ahead` past its end (or the
-  // thread cannot go on: the arena's size, a pause); for tests and
+  // thread cannot go on: the arena's size, or it stopped); for tests and
   // benchmarks. True at once without back_ahead.
   bool WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout);
 
@@ -182,7 +182,7 @@ class RamArena {
   Mutex backer_mu_;
   CondVar backer_wake_;  // An allocation came near the backed end; or stop.
   bool backer_stop_ ABSL_GUARDED_BY(backer_mu_) = false;
-  std::chrono::steady_clock::time_point backer_paused_until_ ABSL_GUARDED_BY(backer_mu_);
+  bool backing_given_up_ ABSL_GUARDED_BY(backer_mu_) = false;
   std::thread backer_;
 };
 
