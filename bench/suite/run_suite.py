@@ -34,6 +34,7 @@ Results go to bench/results/suite/: results.md, PNG charts and results.json.
 
 import argparse
 import datetime
+import glob
 import json
 import math
 import os
@@ -630,6 +631,11 @@ class Suite:
         env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"),
                    MONARCH_C_LIBRARY=os.path.join(self.build, "libmonarch_c.so"),
                    MONARCH_BINARY=monarch_binary)
+        # Monarch.read()'s compiled path, as an installed package has it
+        # (the build tree's, made for the Python tests); else ctypes.
+        compiled = sorted(glob.glob(os.path.join(self.build, "python", "_read_bytes*.so")))
+        if compiled:
+            env["MONARCH_READ_BYTES_MODULE"] = compiled[0]
         log(f"{label}: {shlex.join(cmd)}")
         extra["load_before"], t0 = loadavg(), time.time()
         try:
@@ -732,7 +738,7 @@ class Suite:
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "uptime_before": uptime(), "scale": a.scale, "epochs": a.epochs,
             "threads": a.threads, "workers": a.workers, "tf": tf_status,
-            "commit": git_head(),
+            "commit": a.commit or git_head(),
             "pfs": a.pfs_dir or "pfs-emulator", "drop_caches": not a.no_drop_caches,
         }
         sampler.start()
@@ -1162,6 +1168,9 @@ def main():
                     help="TensorFlow setups: auto = when monarch_tf and its plugin are found")
     ap.add_argument("--tf-plugin", default=None, help="libmonarch_tf_plugin.so to use")
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--commit", default=None,
+                    help="the commit --build was built from, for the report (default: the "
+                         "repository's HEAD, +dirty when its code differs from it)")
     ap.add_argument("--workdir", default="/var/tmp/monarch-suite",
                     help="datasets, local copies, tiers, mounts, logs (on the local disk)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "suite"))

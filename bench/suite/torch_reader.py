@@ -203,6 +203,8 @@ def main():
             result = {"epoch": epoch, "seconds": seconds, "bytes": total,
                       "samples": len(records), "verified": True}
             if m:
+                from monarch import _fast_read
+                result["compiled_read"] = _fast_read._read_bytes_module() is not None
                 now = tier_totals()
                 result["served"] = {name: {"reads": now[name][0] - previous[name][0],
                                            "bytes": now[name][1] - previous[name][1]}
