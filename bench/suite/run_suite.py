@@ -738,7 +738,7 @@ class Suite:
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "uptime_before": uptime(), "scale": a.scale, "epochs": a.epochs,
             "threads": a.threads, "workers": a.workers, "tf": tf_status,
-            "commit": a.commit or git_head(),
+            "commit": a.commit or git_head(), "nice": os.nice(0),
             "pfs": a.pfs_dir or "pfs-emulator", "drop_caches": not a.no_drop_caches,
         }
         sampler.start()
@@ -1048,7 +1048,8 @@ class Report:
              "when the run started; +dirty if bench/, src/, include/, tools/ or python/ differed).",
              f"- Run: {meta['started']} to {meta.get('finished', '?')}, host {meta['host']}, "
              f"kernel {meta['kernel']}, {meta['cores']} cores, {meta['ram_gib']} GiB RAM.",
-             f"- Load before: `{meta['uptime_before']}`",
+             f"- Load before: `{meta['uptime_before']}`"
+             + (f" (the suite ran at nice {meta['nice']}, its setups too)" if meta.get("nice") else ""),
              f"- Load after: `{meta.get('uptime_after', '?')}`"]
         samples = meta.get("load_samples") or []
         others = meta.get("other_cores_samples") or []
