@@ -789,7 +789,8 @@ def write_outputs(a, w, results, commit, wall):
            "files": len(w.records), "shards": a.shards, "dataset_bytes": w.dataset_bytes,
            "workers": a.workers, "batch": a.batch, "epochs": a.epochs, "tier": a.tier,
            "capacity": w.capacity, "emulator": w.pfs.flags, "cores": os.cpu_count(),
-           "wall_seconds": wall, "uncommitted": w.dirty, "arms": results}
+           "wall_seconds": wall, "uncommitted": w.dirty, "script_commit": w.script_commit,
+           "arms": results}
     with open(a.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {a.out}.json", flush=True)
@@ -808,6 +809,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--work", default="/var/tmp/monarch-rivals")
+    ap.add_argument("--build-commit", default=None,
+                    help="the commit --build was built from, recorded instead of HEAD")
     ap.add_argument("--files", type=int, default=10000)
     ap.add_argument("--shards", type=int, default=0,
                     help="pack the samples into this many large files (the shards variant)")
@@ -870,11 +873,15 @@ def main():
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+                           capture_output=True, text=True).stdout.rstrip()
+    script_commit = commit
+    if a.build_commit:  # --build is a copy of a build of that commit
+        commit = a.build_commit
     print(f"dataset: {len(w.records)} samples in {len({r[0] for r in w.records})} files, "
           f"{w.dataset_bytes / 2**20:.1f} MiB; {a.workers} workers, batch {a.batch}, "
           f"{a.epochs} epochs; cache capacity {w.capacity / 2**20:.0f} MiB ({a.tier} tier); "
-          f"PFS emulator {' '.join(w.pfs.flags)}; commit {commit}{' (dirty)' if dirty else ''}",
+          f"PFS emulator {' '.join(w.pfs.flags)}; commit {commit}"
+          f"{' (uncommitted: ' + ', '.join(l[3:] for l in dirty.splitlines()) + ')' if dirty else ''}",
           flush=True)
     results = {}
     try:
@@ -903,7 +910,8 @@ def main():
         w.pfs.stop()
     # Tracked files modified in the work tree when measured (the build used
     # is whatever --build holds).
-    w.dirty = [line[3:] for line in dirty.splitlines()]
+    w.dirty = [line[3:] for line in dirty.splitlines() if line.strip()]
+    w.script_commit = script_commit
     write_outputs(a, w, results, commit, time.perf_counter() - started)
     if not a.tiny:
         subprocess.run([sys.executable, os.path.join(HERE, "rivals", "report.py"),

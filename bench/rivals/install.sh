@@ -21,12 +21,18 @@ venv="${1:-${repo}/.venv}"
 py="${venv}/bin/python"
 [[ -x "${py}" ]] || { echo "rivals/install: no venv at ${venv} (run scripts/install_deps.sh)" >&2; exit 1; }
 
-# name==version, one per line: the rivals, then what they import at run time.
+# Not torchvision: PyPI's 0.28.0 (the release matching torch 2.13.0) is the
+# CUDA build, and beside the CPU torch its import fails ("operator
+# torchvision::nms does not exist"); no CPU build is reachable here. litdata
+# does not need it; streaming imports one class from it for its vision
+# datasets, which bench/rivals.py stubs when torchvision cannot be imported.
+#
+# The rivals, then what they import at run time (found by importing them).
 pins=(
-  torchvision==0.28.0
   litdata==0.2.76 lightning-utilities==0.15.3 boto3 botocore s3transfer jmespath
   python-dateutil tifffile
-  mosaicml-streaming==0.13.0 xxhash zstd python-snappy cramjam brotli tqdm
+  mosaicml-streaming==0.13.0 xxhash zstd python-snappy cramjam brotli tqdm catalogue
+  transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2 safetensors regex
   webdataset==1.0.2 braceexpand pyyaml
   matplotlib contourpy cycler fonttools kiwisolver pyparsing
 )
@@ -46,15 +52,19 @@ print(" ".join(out))
 PY
 )"
 if [[ -z "${missing}" ]]; then
-  echo "rivals/install: ${venv} already has litdata, mosaicml-streaming, webdataset, torchvision, matplotlib"
+  echo "rivals/install: ${venv} already has litdata, mosaicml-streaming, webdataset, matplotlib"
   exit 0
 fi
 # shellcheck disable=SC2086
 "${py}" -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps ${missing}
 # torch must still be the CPU 2.13.0 build.
 "${py}" -c '
-import torch, torchvision, litdata, streaming, webdataset, fsspec, matplotlib
+import sys, torch
+sys.path.insert(0, "'"${repo}"'/bench")
+from rivals import install_torchvision_stub
+install_torchvision_stub()
+import litdata, streaming, webdataset, fsspec, matplotlib
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-print("rivals/install: torch", torch.__version__, "torchvision", torchvision.__version__,
+print("rivals/install: torch", torch.__version__,
       "litdata", litdata.__version__, "streaming", streaming.__version__,
       "webdataset", getattr(webdataset, "__version__", "?"), "matplotlib", matplotlib.__version__)'

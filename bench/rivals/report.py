@@ -14,7 +14,7 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(HERE), "results")
 MONARCH = ("monarch", "announced", "preload")
-RIVALS = ("litdata", "mosaic", "webdataset", "fsspec")
+RIVALS = ("litdata", "mosaic", "webdataset", "fsspec", "simplecache")
 BEGIN, END = "<!-- rivals.py: begin -->", "<!-- rivals.py: end -->"
 MIB = 2.0 ** 20
 
@@ -26,9 +26,17 @@ def fmt_s(x):
 def section(title, d):
     arms = d["arms"]
     ok = {k: v for k, v in arms.items() if "error" not in v and v.get("epochs")}
+    # Complete epochs only compete for the targets.
+    full = {k: dict(v, epochs=[e for e in v["epochs"] if not e.get("incomplete")])
+            for k, v in ok.items()}
     n_epochs = max((len(v["epochs"]) for v in ok.values()), default=0)
     lines = [f"### {title}", "",
-             f"Command: `{d['command']}`, commit `{d['commit']}`, {d['date']}, "
+             f"Command: `{d['command']}`, commit `{d['commit']}`"
+             + (f" (the build; rivals.py at `{d['script_commit']}`)"
+                if d.get("script_commit") and d["script_commit"] != d["commit"] else "")
+             + (f" with uncommitted edits to {', '.join(d['uncommitted'])}"
+                if d.get("uncommitted") else "")
+             + f", {d['date']}, "
              f"{d['cores']} cores; {d['files']} samples"
              + (f" in {d['shards']} shard files" if d["shards"] else " (one file each)")
              + f", {d['dataset_bytes'] / MIB:.0f} MiB; DataLoader {d['workers']} workers, "
@@ -46,27 +54,33 @@ def section(title, d):
             lines.append(f"| {arm} | could not run: {v.get('error', 'no epochs')} |")
             continue
         conv = v.get("conversion", {}).get("seconds")
+        cells = [fmt_s(e["seconds"]) if not e.get("incomplete") else
+                 f"stopped at {e['seconds']:.0f} s ({e['samples']} of {d['files']} samples)"
+                 for e in v["epochs"]]
+        cells += ["not run"] * (n_epochs - len(cells))
         lines.append(f"| {arm} | {fmt_s(conv)} | {fmt_s(v['startup']['seconds'])} | " +
-                     " | ".join(fmt_s(e["seconds"]) for e in v["epochs"]) + " |")
+                     " | ".join(cells) + " |")
     # Targets: Monarch's best arm against the fastest rival, each epoch.
     lines += ["", "Target: in every epoch Monarch's best arm (monarch, announced, preload) "
-              "<= 1.0x the fastest rival (litdata, mosaic, webdataset, fsspec), conversion "
-              "not counted; then with the conversion added to the rival's epoch 1:", "",
-              "| epoch | Monarch's best | s | fastest rival | s | ratio | met |",
+              "<= 1.0x the fastest rival (litdata, mosaic, webdataset, fsspec, simplecache), "
+              "conversion "
+              "not counted (an epoch stopped at the cap does not compete); then with the "
+              "conversion added to the rival's epoch 1:", "",
+              "| epoch | Monarch's best | s | fastest rival | s | Monarch / rival | met |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for e in range(n_epochs):
-        best = min(((v["epochs"][e]["seconds"], a) for a, v in ok.items()
+        best = min(((v["epochs"][e]["seconds"], a) for a, v in full.items()
                     if a in MONARCH and len(v["epochs"]) > e), default=None)
-        rival = min(((v["epochs"][e]["seconds"], a) for a, v in ok.items()
+        rival = min(((v["epochs"][e]["seconds"], a) for a, v in full.items()
                      if a in RIVALS and len(v["epochs"]) > e), default=None)
         if best and rival:
             r = best[0] / rival[0]
             lines.append(f"| {e + 1} | {best[1]} | {best[0]:.2f} | {rival[1]} | "
                          f"{rival[0]:.2f} | {r:.2f} | {'yes' if r <= 1.0 else 'no'} |")
-    best = min(((v["epochs"][0]["seconds"], a) for a, v in ok.items() if a in MONARCH),
-               default=None)
+    best = min(((v["epochs"][0]["seconds"], a) for a, v in full.items()
+                if a in MONARCH and v["epochs"]), default=None)
     rival = min(((v["epochs"][0]["seconds"] + v.get("conversion", {}).get("seconds", 0), a)
-                 for a, v in ok.items() if a in RIVALS), default=None)
+                 for a, v in full.items() if a in RIVALS and v["epochs"]), default=None)
     if best and rival:
         lines.append(f"| 1 + conversion | {best[1]} | {best[0]:.2f} | {rival[1]} | "
                      f"{rival[0]:.2f} | {best[0] / rival[0]:.2f} | "
@@ -88,6 +102,8 @@ def section(title, d):
         for name, p in phases:
             samples = p.get("samples")
             rep = p.get("repeated", 0)
+            if p.get("incomplete"):
+                name += " (stopped at the cap)"
             lines.append(f"| {arm} | {name} | {p['seconds']:.2f} | {p['bytes'] / MIB:.1f} | "
                          f"{p['reads']} | {p['opens']} | {p['metadata_ops']} | "
                          f"{p['peak_pss'] / MIB:.0f} | {p['cache_bytes'] / MIB:.1f} | "
@@ -108,7 +124,7 @@ def chart(datasets, path):
         for e in range(n):
             xs = [i + (e - (n - 1) / 2) * width for i in range(len(arms))]
             ys = [d["arms"][a]["epochs"][e]["seconds"] if len(d["arms"][a]["epochs"]) > e
-                  else 0 for a in arms]
+                  else 0 for a in arms]  # a capped epoch shows its time at the cap
             ax.bar(xs, ys, width, label=f"epoch {e + 1}")
         ax.set_xticks(range(len(arms)))
         ax.set_xticklabels(arms, rotation=30, ha="right")
