@@ -789,7 +789,8 @@ def write_outputs(a, w, results, commit, wall):
            "files": len(w.records), "shards": a.shards, "dataset_bytes": w.dataset_bytes,
            "workers": a.workers, "batch": a.batch, "epochs": a.epochs, "tier": a.tier,
            "capacity": w.capacity, "emulator": w.pfs.flags, "cores": os.cpu_count(),
-           "wall_seconds": wall, "uncommitted": w.dirty, "script_commit": w.script_commit,
+           "wall_seconds": wall, "load_start": w.load_start, "load_end": os.getloadavg(),
+           "uncommitted": w.dirty, "script_commit": w.script_commit,
            "arms": results}
     with open(a.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
@@ -869,6 +870,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     started = time.perf_counter()
     w = Work(a)
+    w.load_start = os.getloadavg()
     w.pfs = Pfs(a, w.backing, w.mount)
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
@@ -894,11 +896,13 @@ def main():
             cmd = [sys.executable, os.path.abspath(__file__), "--one-arm", arm,
                    "--one-arm-out", out] + passthrough(a)
             r = subprocess.run(cmd)
-            if r.returncode == 0 and os.path.exists(out):
+            if os.path.exists(out):
                 with open(out) as f:
                     results[arm] = json.load(f)
             else:
                 results[arm] = {"arm": arm, "error": f"its process exited {r.returncode}"}
+            if r.returncode != 0:
+                results[arm].setdefault("error", f"its process exited {r.returncode}")
                 print(f"  {arm}: FAILED (exit {r.returncode})", flush=True)
         if a.tiny:
             mem = MemorySampler()
@@ -943,6 +947,7 @@ def one_arm(a, arm):
     shutil.rmtree(cache_dir, ignore_errors=True)
     os.makedirs(cache_dir)
     run = Run(a, arm, w.pfs, mem, cache_dir, checker)
+    run.result["load_start"] = os.getloadavg()
     try:
         if arm == "pfs":
             arm_plain(a, w, run, w.dataset_on_pfs)
@@ -957,14 +962,23 @@ def one_arm(a, arm):
     except Capped:
         run.result["capped"] = a.epoch_cap
     except ImportError as e:
-        print(f"  {arm}: cannot run: {type(e).__name__}: {e} (bench/rivals/install.sh "
-              "installs the rivals)", flush=True)
-        return 1
+        run.result["error"] = (f"cannot run: {type(e).__name__}: {e} (bench/rivals/install.sh "
+                               "installs the rivals)")
+    except SystemExit as e:  # wrong bytes, a missing sample, a failed step
+        run.result["error"] = str(e)
+    except Exception as e:  # noqa: BLE001 - the arm failed; its record says how
+        import traceback
+        traceback.print_exc()
+        run.result["error"] = f"{type(e).__name__}: {e}"
     finally:
         mem.stop()
         shutil.rmtree(run.cache_dir, ignore_errors=True)
+    run.result["load_end"] = os.getloadavg()
     with open(a.one_arm_out, "w") as f:
         json.dump(run.result, f)
+    if "error" in run.result:
+        print(f"{arm}: {run.result['error']}", flush=True)
+        return 1
     return 0
 
 

@@ -42,24 +42,29 @@ def section(title, d):
              + f", {d['dataset_bytes'] / MIB:.0f} MiB; DataLoader {d['workers']} workers, "
              f"batch {d['batch']}; caches and Monarch's `{d['tier']}` tier "
              f"{d['capacity'] / MIB:.0f} MiB each; emulator `{' '.join(d['emulator'])}`; "
-             f"whole run {d['wall_seconds'] / 60:.1f} min.", "",
+             f"whole run {d['wall_seconds'] / 60:.1f} min"
+             + (f"; load average {d['load_start'][0]:.1f} at the start, "
+                f"{d['load_end'][0]:.1f} at the end (2 cores; other work ran beside it)"
+                if d.get("load_start") else "") + ".", "",
              "Seconds (conversion is the rival's own format made from the PFS copy, "
              "once, before the run; start-up is building the dataset object: listing, "
              "index, node service):", "",
              "| arm | conversion | start-up | " + " | ".join(
-                 f"epoch {e + 1}" for e in range(n_epochs)) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in range(n_epochs)) + " |"]
+                 f"epoch {e + 1}" for e in range(n_epochs)) + " | load avg (start, end) |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in range(n_epochs)) + " | --- |"]
     for arm, v in arms.items():
         if arm not in ok:
-            lines.append(f"| {arm} | could not run: {v.get('error', 'no epochs')} |")
+            lines.append(f"| {arm} | failed: {v.get('error', 'no epochs')} |")
             continue
         conv = v.get("conversion", {}).get("seconds")
         cells = [fmt_s(e["seconds"]) if not e.get("incomplete") else
                  f"stopped at {e['seconds']:.0f} s ({e['samples']} of {d['files']} samples)"
                  for e in v["epochs"]]
         cells += ["not run"] * (n_epochs - len(cells))
+        load = (f"{v['load_start'][0]:.1f}, {v['load_end'][0]:.1f}" if "load_start" in v
+                else "-")
         lines.append(f"| {arm} | {fmt_s(conv)} | {fmt_s(v['startup']['seconds'])} | " +
-                     " | ".join(cells) + " |")
+                     " | ".join(cells) + f" | {load} |")
     # Targets: Monarch's best arm against the fastest rival, each epoch.
     lines += ["", "Target: in every epoch Monarch's best arm (monarch, announced, preload) "
               "<= 1.0x the fastest rival (litdata, mosaic, webdataset, fsspec, simplecache), "
