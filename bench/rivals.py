@@ -371,7 +371,8 @@ def monarch_config(a, w, dataset, name, autostart=True):
     with open(path, "w") as f:
         f.write(f"dataset: {{path: {dataset}}}\ntiers: [{tier}, {{kind: source}}]\n"
                 f"node: {{shared: true, runtime_dir: {os.path.join(w.work, 'rt-' + name)}, "
-                f"idle_exit: 0, autostart: {'true' if autostart else 'false'}}}\n")
+                f"idle_exit: 0, autostart: {'true' if autostart else 'false'}}}\n"
+                + (a.monarch_yaml + "\n" if a.monarch_yaml else ""))
     return path, tier_dir
 
 
@@ -821,6 +822,9 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--tier", choices=("posix", "ram"), default="posix")
     ap.add_argument("--arms", default=",".join(ALL_ARMS))
+    ap.add_argument("--monarch-yaml", default="",
+                    help="extra lines for the Monarch arms' config (an A/B of a setting), "
+                         "e.g. 'placement: {verify: off}'")
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=int, default=300)
@@ -877,8 +881,9 @@ def main():
     dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.rstrip()
     script_commit = commit
-    if a.build_commit:  # --build is a copy of a build of that commit
-        commit = a.build_commit
+    if a.build_commit:  # --build is a copy of a build of that commit; the work tree's
+        commit = a.build_commit  # edits are not in it
+        dirty = ""
     print(f"dataset: {len(w.records)} samples in {len({r[0] for r in w.records})} files, "
           f"{w.dataset_bytes / 2**20:.1f} MiB; {a.workers} workers, batch {a.batch}, "
           f"{a.epochs} epochs; cache capacity {w.capacity / 2**20:.0f} MiB ({a.tier} tier); "
@@ -931,7 +936,8 @@ def passthrough(a):
             "--epochs", str(a.epochs), "--seed", str(a.seed), "--tier", a.tier,
             "--epoch-cap", str(a.epoch_cap), "--meta-latency-us", str(a.meta_latency_us),
             "--read-latency-us", str(a.read_latency_us),
-            "--bandwidth-mbps", str(a.bandwidth_mbps)] + (["--tiny"] if a.tiny else [])
+            "--bandwidth-mbps", str(a.bandwidth_mbps), "--monarch-yaml", a.monarch_yaml] + (
+                ["--tiny"] if a.tiny else [])
 
 
 def one_arm(a, arm):
