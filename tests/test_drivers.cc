@@ -688,6 +688,26 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     CHECK((*made)->resident_bytes() <= 6 * kMiB);
     CHECK((*made)->resident_bytes() >= 4 * kMiB);  // Within a 2 MiB step of it.
   }
+  SUBCASE("a releasable arena (memory.watch) backs only what it is allowed") {
+    RamArena::Options options;
+    options.back_ahead = 8 * kMiB;
+    options.releasable = true;
+    absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
+    REQUIRE(made.ok());
+    RamArena& arena = **made;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(arena.resident_bytes() == 0);  // Nothing until the governor's word.
+    arena.AllowBackingAhead(4 * kMiB);
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(arena.resident_bytes() == 4 * kMiB);
+    arena.AllowBackingAhead(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(arena.resident_bytes() == 4 * kMiB);
+    arena.AllowBackingAhead(64 * kMiB);
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
+    CHECK(arena.resident_bytes() == 8 * kMiB);
+  }
   SUBCASE("none without the option: no thread, nothing allocated") {
     absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(8 * kMiB, 2, "test");
     REQUIRE(made.ok());
@@ -702,6 +722,7 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
     REQUIRE(made.ok());
     RamArena& arena = **made;
+    arena.AllowBackingAhead(64 * kMiB);  // As memory.watch would, with room to spare.
     REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
     REQUIRE(arena.resident_bytes() == 4 * kMiB);
     CHECK(arena.ReleaseFreePages() == 4 * kMiB);

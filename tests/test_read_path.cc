@@ -23,6 +23,7 @@
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "core/monarch_internal.h"
+#include "core/read_speeds.h"
 #include "placement/chunk_pool.h"
 #include "test_util.h"
 
@@ -552,6 +553,135 @@ class MemoryLeavesEnv final : public os::Env {
   std::atomic<bool> everyone_{false};
   std::atomic<int> copies_thread_reads_{0};
 };
+
+// placement.route_by_speed (core/read_speeds.h).
+TEST_CASE("speed model: the source's page cache first only when measured faster, and kept measured") {
+  constexpr size_t kBytes = 64 << 10;
+  SUBCASE("nothing before the copy's own speed is known; then the source is asked once") {
+    ReadSpeeds speeds(3);
+    for (int i = 0; i < 200; ++i) CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
+    speeds.CopyRead(0, kBytes, 5'000);
+    CHECK(speeds.TrySourceFirst(0, kBytes));
+    speeds.SourceAttempt(false, kBytes, 1'000);  // Not in memory.
+    int first = 0;
+    for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 640 / ReadSpeeds::kExploreEvery);
+  }
+  SUBCASE("a slow copy, a fast source that serves: the source") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 2'000'000);     // 2 ms: the device.
+    speeds.SourceAttempt(true, kBytes, 5'000);  // 5 us: memory.
+    int first = 0;
+    for (int i = 0; i < 128; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 128);
+  }
+  SUBCASE("a fast copy: the copy, but one hit in 64 asks the source") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 5'000);
+    speeds.SourceAttempt(true, kBytes, 5'000);  // As fast: not worth it.
+    int first = 0;
+    for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 640 / ReadSpeeds::kExploreEvery);
+  }
+  SUBCASE("a source that seldom has the bytes: the copy") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 50'000);
+    speeds.SourceAttempt(true, kBytes, 5'000);
+    for (int i = 0; i < 40; ++i) speeds.SourceAttempt(false, kBytes, 40'000);
+    int first = 0;
+    for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 640 / ReadSpeeds::kExploreEvery);
+  }
+  SUBCASE("disabled (a source that cannot tell): never") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 2'000'000);
+    speeds.SourceAttempt(true, kBytes, 5'000);
+    speeds.Disable();
+    for (int i = 0; i < 200; ++i) CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
+  }
+}
+
+// Copies read slowly (a device; here a delay on reads under the tier's
+// directory), or a source whose bytes left memory (RWF_NOWAIT refused).
+class CopySpeedEnv final : public os::Env {
+ public:
+  explicit CopySpeedEnv(std::string tier_dir) : tier_dir_(std::move(tier_dir)) {}
+  ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) override {
+    if (slow_copies_.load() && PathOf(fd).rfind(tier_dir_, 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return os::Env::Pread(fd, buffer, n, offset);
+  }
+  ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
+    if (source_evicted_.load()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  void SlowCopies(bool slow) { slow_copies_.store(slow); }
+  void EvictSource(bool evicted) { source_evicted_.store(evicted); }
+
+ private:
+  static std::string PathOf(int fd) {
+    char link[64], path[4096];
+    std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    const ssize_t got = ::readlink(link, path, sizeof(path) - 1);
+    return got > 0 ? std::string(path, static_cast<size_t>(got)) : std::string();
+  }
+  const std::string tier_dir_;
+  std::atomic<bool> slow_copies_{false};
+  std::atomic<bool> source_evicted_{false};
+};
+
+TEST_CASE("speed model: slow copies are read from the source's page cache, bytes exact, and the copies again once it is gone") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  auto files = testing::MakeDataset(ds, 16, {65536, 200000});
+  CopySpeedEnv env(nvme);
+  os::ScopedEnvForTesting installed(&env);
+  Config config =
+      testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
+  config.placement.cached_source = CachedSourcePolicy::kPromote;  // Copies at once.
+  config.placement.route_by_speed = true;
+  auto m = MustCreate(config);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  m->WaitForPlacement();
+  REQUIRE(m->GetStats().Tier(0, "files") == files.size());
+
+  // The copies take 2 ms a read; the source's bytes are in memory.
+  env.SlowCopies(true);
+  const Stats before = m->GetStats();
+  constexpr int kRounds = 8;
+  for (int round = 0; round < kRounds; ++round) {
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 1 << 20);
+  }
+  const Stats slow = m->GetStats();
+  const uint64_t hits = kRounds * files.size();
+  const uint64_t from_copies = slow.Tier(0, "reads") - before.Tier(0, "reads");
+  const uint64_t from_source = slow.Get("speed_source_cache_reads") - before.Get("speed_source_cache_reads");
+  CHECK(from_copies + from_source == hits);
+  CHECK(slow.Get("speed_source_first_chosen") > 0);
+  // The first hit measures the copies; from then on the source serves.
+  CHECK(from_copies <= 4);
+  CHECK(slow.Tier(0, "speed_ns_per_mib") > slow.Get("speed_source_cache_ns_per_mib"));
+  CHECK(slow.Get("promotions_started") == before.Get("promotions_started"));  // No new copy.
+
+  // The source's bytes leave memory, and the copies are fast again: a few
+  // attempts find that out, then the copies serve (one hit in 64 asks).
+  env.SlowCopies(false);
+  env.EvictSource(true);
+  for (int round = 0; round < kRounds; ++round) {
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 1 << 20);
+  }
+  const Stats evicted = m->GetStats();
+  const uint64_t misses = evicted.Get("speed_source_cache_misses") - slow.Get("speed_source_cache_misses");
+  CHECK(evicted.Tier(0, "reads") - slow.Tier(0, "reads") == hits);
+  CHECK(evicted.Get("speed_source_cache_reads") == slow.Get("speed_source_cache_reads"));
+  CHECK(misses >= 1);
+  CHECK(misses <= hits / 4);
+}
 
 TEST_CASE("a deferred copy whose bytes left memory reads nothing and gives up, and the next miss promotes") {
   ScratchDir dir;

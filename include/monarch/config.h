@@ -132,6 +132,7 @@ struct PlacementConfig {
   int max_open_files = DefaultMaxOpenFiles();
   VerifyPolicy verify = VerifyPolicy::kFirstRead;
   CachedSourcePolicy cached_source = CachedSourcePolicy::kDefer;
+  bool route_by_speed = true;  // A file tier's hit may come from the source's page cache.
   double shutdown_timeout_seconds = 30;  // How long Shutdown(kDrain) drains.
 };
 

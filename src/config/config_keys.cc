@@ -465,6 +465,19 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "in memory are promoted at once, as with `promote`, which does so for every miss. "
       "`WaitForPlacement` waits for deferred copies too. With peers (`remote.enabled`), "
       "`promote`."));
+  keys.push_back(BoolKey<Config>(
+      "placement", "route_by_speed", [](auto& c) -> auto& { return c.placement.route_by_speed; },
+      "A hit on a `posix` or `pmem` copy is served from the source's page cache instead when "
+      "that is faster now, as a model measured while reading says (NoPFS's performance model "
+      "in kind): each such hit is timed, and the source is asked with `RWF_NOWAIT`, which "
+      "never reads the device or the network, so the source is still read once per byte. It "
+      "pays where a copy's pages are not cached (large copies written with `O_DIRECT`, "
+      "`write_mode`) while the source's are. One hit in 64 asks the source anyway to keep the "
+      "model measured. Off with peers (`remote.enabled`), and for a source that cannot tell "
+      "(FUSE, most network file systems). Counters `speed_source_cache_reads`, "
+      "`speed_source_cache_misses`, `speed_source_first_chosen`; gauges per tier "
+      "`speed_ns_per_mib`. Measured: [bench/results/route_by_speed.md]"
+      "(../bench/results/route_by_speed.md)."));
   keys.push_back(DurationKey<Config>(
       "placement", "shutdown_timeout",
       [](auto& c) -> auto& { return c.placement.shutdown_timeout_seconds; }, 0, false, kDay,

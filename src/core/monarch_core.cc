@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "config/valid_config.h"
 #include "core/read_path.h"
+#include "core/read_speeds.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
@@ -180,14 +181,22 @@ class LocalFiles {
 
   // All must outlive this. `tiers`: the cache tiers, the peers tier (if
   // any), then the source.
+  // `speeds`: null, or the model that picks between a file tier's copy and
+  // the source's page cache (placement.route_by_speed).
   LocalFiles(std::vector<std::unique_ptr<Tier>>* tiers, Namespace* ns, PlacementHandler* placement,
-             Prefetcher* prefetcher)
+             Prefetcher* prefetcher, ReadSpeeds* speeds)
       : tiers_(*tiers),
         source_index_(static_cast<int>(tiers->size()) - 1),
         namespace_(ns),
         placement_(placement),
         prefetcher_(prefetcher),
-        pins_(placement->pins_readers()) {}
+        speeds_(speeds),
+        pins_(placement->pins_readers()) {
+    for (const auto& tier : *tiers) {
+      const TierKind kind = tier->config().kind;
+      file_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem);
+    }
+  }
 
   Handle Find(absl::string_view name) { return namespace_->Find(name); }
   const FileRef& Ref(Handle file) const { return file->ref; }
@@ -205,7 +214,13 @@ class LocalFiles {
   }
   int source_tier() const { return source_index_; }
   StorageDriver* Reader(int tier) { return &tiers_[tier]->driver(); }
-  TierReads& Counted(int tier) { return tiers_[tier]->reads(); }
+  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, Handle file, int tier, uint64_t offset,
+                                  char* dst, size_t n) {
+    if (speeds_ != nullptr && file_tier_[tier]) return ReadFileCopy(reader, file, tier, offset, dst, n);
+    absl::StatusOr<size_t> got = reader.Read(file->ref, offset, dst, n);
+    if (got.ok() && *got == n) tiers_[tier]->reads().Count(n);
+    return got;
+  }
 
   // A copy that cannot be read (deleted behind our back, EIO, damaged) is
   // dropped from the namespace and the read is served from the source: a
@@ -267,11 +282,49 @@ class LocalFiles {
   static constexpr uint64_t kThisProcess = 0;
 
  private:
+  // A hit on a posix or pmem copy, timed for the speed model, which may
+  // send it to the source's page cache first (core/read_speeds.h).
+  absl::StatusOr<size_t> ReadFileCopy(StorageDriver& reader, Handle file, int tier,
+                                      uint64_t offset, char* dst, size_t n) {
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point start) {
+      return static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    };
+    if (speeds_->TrySourceFirst(tier, n)) {
+      Tier& source = *tiers_[source_index_];
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<size_t> got = source.driver().ReadIfInMemory(file->ref, offset, dst, n);
+      const uint64_t ns = since(start);
+      if (absl::IsUnimplemented(got.status())) {
+        speeds_->Disable();
+      } else {
+        // Not all in memory (Unavailable), or any failure: the copy has
+        // the bytes, and whatever the attempt left in `dst` is overwritten.
+        // Counted by the model, not as the source's reads: its device or
+        // network was not read, and those count the bytes read from it
+        // (once each).
+        const bool served = got.ok() && *got == n;
+        speeds_->SourceAttempt(served, n, ns);
+        if (served) return got;
+      }
+    }
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<size_t> got = reader.Read(file->ref, offset, dst, n);
+    if (got.ok() && *got == n) {
+      speeds_->CopyRead(tier, n, since(start));
+      tiers_[tier]->reads().Count(n);
+    }
+    return got;
+  }
+
   std::vector<std::unique_ptr<Tier>>& tiers_;
   const int source_index_;
   Namespace* const namespace_;
   PlacementHandler* const placement_;
   Prefetcher* const prefetcher_;
+  ReadSpeeds* const speeds_;
+  std::vector<bool> file_tier_;  // By tier index: posix or pmem.
   const bool pins_;
 };
 
@@ -282,7 +335,7 @@ class MonarchImpl final : public MonarchCore {
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
-        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr}),
+        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr}),
         tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(parts_->ns.get()),
@@ -322,7 +375,17 @@ class MonarchImpl final : public MonarchCore {
     }
     parts_->prefetcher = std::make_unique<Prefetcher>(prefetch, namespace_, placement_);
     prefetcher_ = parts_->prefetcher.get();
-    parts_->files = std::make_unique<LocalFiles>(&tiers_, namespace_, placement_, prefetcher_);
+    // The speed model applies where the source is the one origin of a
+    // file tier's copies (with peers a miss asks the home first).
+    bool file_tiers = false;
+    for (const auto& tier : tiers_) {
+      file_tiers |= tier->config().kind == TierKind::kPosix || tier->config().kind == TierKind::kPmem;
+    }
+    if (config_.placement.route_by_speed && file_tiers && peers_ == nullptr) {
+      parts_->speeds = std::make_unique<ReadSpeeds>(static_cast<int>(tiers_.size()));
+    }
+    parts_->files = std::make_unique<LocalFiles>(&tiers_, namespace_, placement_, prefetcher_,
+                                                 parts_->speeds.get());
     files_ = parts_->files.get();
     // An announced order also tells eviction what is read next.
     placement_->SetNextUseOracle(prefetcher_);
@@ -422,6 +485,17 @@ class MonarchImpl final : public MonarchCore {
     if (peers_ != nullptr) peers_->ReportCounters(sink);
     for (size_t t = 0; t < tiers_.size(); ++t) {
       tiers_[t]->ReportCounters(sink, t < elsewhere.size() ? elsewhere[t] : TierReadTotals{});
+    }
+    if (const ReadSpeeds* speeds = parts_->speeds.get()) {
+      speeds->ReportCounters(sink);
+      for (size_t t = 0; t < tiers_.size(); ++t) {
+        const TierConfig& tier = tiers_[t]->config();
+        if (tier.kind != TierKind::kPosix && tier.kind != TierKind::kPmem) continue;
+        sink.ForTier(tier.name, TierKindName(tier.kind))
+            .Gauge("speed_ns_per_mib", speeds->CopyNsPerMib(static_cast<int>(t)),
+                   "The speed model's mean for hits on this tier's copies "
+                   "(placement.route_by_speed).");
+      }
     }
     return stats;
   }
@@ -560,6 +634,7 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<Namespace> ns;
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
+    std::unique_ptr<ReadSpeeds> speeds;  // placement.route_by_speed; may be null.
     std::unique_ptr<LocalFiles> files;  // The read path's view of them.
     // memory.watch: sheds through placement and the tiers, so it goes first.
     std::unique_ptr<MemoryGovernor> memory;

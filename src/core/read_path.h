@@ -23,7 +23,11 @@
 //   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
 //   int source_tier() const;                 // What Pin() says when no copy holds it.
 //   StorageDriver* Reader(int tier);         // Reads `tier`'s copies here; null: a miss.
-//   TierReads& Counted(int tier);            // Where a hit on `tier` is counted.
+//   // Reads the copy in `tier` with `reader` (or its bytes from wherever the
+//   // adapter knows is faster now) and counts a read of all `n` bytes where
+//   // it was served.
+//   absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
+//       uint64_t offset, char* dst, size_t n);
 //   // The copy in `tier` did not give `n` bytes (gone, damaged): the adapter
 //   // may answer the read itself (from the source, after dropping the copy);
 //   // nullopt sends it to Miss().
@@ -63,12 +67,9 @@ absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& fil
     const int tier = files.Pin(file);
     StorageDriver* reader = tier != files.source_tier() ? files.Reader(tier) : nullptr;
     if (reader != nullptr) {
-      absl::StatusOr<size_t> got = reader->Read(files.Ref(file), offset, dst, n);
+      absl::StatusOr<size_t> got = files.ReadCopy(*reader, file, tier, offset, dst, n);
       files.Unpin(file);
-      if (got.ok() && *got == n) {
-        files.Counted(tier).Count(n);
-        return got;
-      }
+      if (got.ok() && *got == n) return got;
       if (auto answered = files.CopyFailed(file, tier, got, offset, dst, n)) return *answered;
     } else {
       files.Unpin(file);

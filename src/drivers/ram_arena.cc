@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
       AdviseHugePages(s.base, size);
     }
   }
+  arena->backing_allowance_.store(options.releasable ? 0 : ~uint64_t{0});
   if (options.back_ahead > 0) {
     arena->back_ahead_per_stripe_ =
         RoundUp(std::max<uint64_t>(options.back_ahead / arena->stripes_.size(), kPage), kPage);
@@ -177,6 +178,12 @@ bool RamArena::BackOneStep() {
   }
   const Backlog next = NextBacklog();
   if (next.stripe == nullptr) return false;
+  // Within the allowance (memory.watch's headroom), taken before the pages.
+  uint64_t allowed = backing_allowance_.load(std::memory_order_relaxed);
+  do {
+    if (allowed < next.end - next.begin) return false;
+  } while (!backing_allowance_.compare_exchange_weak(allowed, allowed - (next.end - next.begin),
+                                                     std::memory_order_relaxed));
   // Allocates the pages, zeroed, and maps them writable here, so a copy's
   // stores find them. Pages a copy is writing meanwhile (an extent handed
   // out past `backed`) are left as they are: this only faults pages in.
@@ -215,6 +222,11 @@ void RamArena::BackAheadLoop() {
   }
 }
 
+void RamArena::AllowBackingAhead(uint64_t bytes) {
+  backing_allowance_.store(bytes, std::memory_order_relaxed);
+  if (back_ahead_per_stripe_ > 0 && bytes > 0) backer_wake_.Signal();
+}
+
 bool RamArena::WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout) {
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (back_ahead_per_stripe_ > 0) {
@@ -222,7 +234,9 @@ bool RamArena::WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout)
       MutexLock lock(&backer_mu_);
       if (backing_given_up_) return true;
     }
-    if (NextBacklog().stripe == nullptr) return true;
+    const Backlog next = NextBacklog();
+    if (next.stripe == nullptr) return true;
+    if (backing_allowance_.load(std::memory_order_relaxed) < next.end - next.begin) return true;
     if (std::chrono::steady_clock::now() > give_up) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -115,9 +115,14 @@ class RamArena {
   bool releasable() const { return releasable_; }
   // Bytes the back-ahead thread has allocated so far, in all.
   uint64_t backed_ahead_bytes() const { return backed_ahead_bytes_.load(std::memory_order_relaxed); }
+  // What backing ahead may still allocate, until told again. A releasable
+  // arena (one that memory.watch governs) starts at 0, waiting for the
+  // governor's word: memory taken ahead must not eat the headroom it keeps.
+  // Others have no such bound.
+  void AllowBackingAhead(uint64_t bytes);
   // Waits until every stripe is backed `back_ahead` past its end (or the
-  // thread cannot go on: the arena's size, or it stopped); for tests and
-  // benchmarks. True at once without back_ahead.
+  // thread cannot go on: the arena's size or allowance, or it stopped); for
+  // tests and benchmarks. True at once without back_ahead.
   bool WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout);
 
   // Writes bytes at `offset` within `extent`. ResourceExhausted when the
@@ -176,6 +181,7 @@ class RamArena {
   std::atomic<uint32_t> next_stripe_{0};
 
   std::atomic<uint64_t> backed_ahead_bytes_{0};
+  std::atomic<uint64_t> backing_allowance_{0};  // Set by Create() and AllowBackingAhead().
   // Held through each back-ahead step, and by ReleaseFreePages(): pages a
   // step allocates are never ones a release has just given back.
   Mutex step_mu_;

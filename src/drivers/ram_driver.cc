@@ -134,6 +134,7 @@ class RamDriver final : public StorageDriver {
   }
 
   uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
+  void AllowMemoryAhead(uint64_t bytes) override { arena_->AllowBackingAhead(bytes); }
 
   void ReportTierCounters(CounterSink& sink) const override {
     sink.Gauge("resident_bytes", arena_->resident_bytes(),

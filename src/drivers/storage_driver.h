@@ -190,6 +190,9 @@ class StorageDriver {
   // releasable, when memory pressure shrinks it); returns the bytes given
   // back. Others: 0. May be called concurrently with every other call.
   virtual uint64_t ReleaseFreeMemory() { return 0; }
+  // Memory this driver may allocate ahead of need (a RAM tier's
+  // back_ahead) until told again; memory.watch says it at every sample.
+  virtual void AllowMemoryAhead(uint64_t /*bytes*/) {}
 
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.

@@ -74,6 +74,14 @@ void MemoryGovernor::OnSample(const MemorySample& sample) {
   headroom_bytes_.store(sample.headroom_bytes, std::memory_order_relaxed);
   limit_bytes_.store(sample.limit_bytes, std::memory_order_relaxed);
   if (stop_.load(std::memory_order_relaxed)) return;
+  // Memory the RAM tiers may take ahead of their copies (back_ahead): what
+  // stays free above four times the headroom, so that it never brings a
+  // shrink on (one leaves twice the headroom free), shared between them.
+  const uint64_t keep = 4 * config_.headroom_bytes;
+  const uint64_t ahead = sample.headroom_bytes > keep ? sample.headroom_bytes - keep : 0;
+  for (int t : ram_tiers_) {
+    (*tiers_)[t]->driver().AllowMemoryAhead(ahead / std::max<size_t>(ram_tiers_.size(), 1));
+  }
   const Clock::time_point now = Clock::now();
   if (sample.headroom_bytes < config_.headroom_bytes || sample.psi_fired) {
     last_pressure_ = now;

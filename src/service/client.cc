@@ -441,8 +441,13 @@ class ServiceClient final : public Monarch {
     void Unpin(const Handle&) {}
     int source_tier() const { return session_->source_index; }
     StorageDriver* Reader(int tier) { return session_->readers[tier].get(); }
-    TierReads& Counted(int tier) {
-      return state_.counters.load(std::memory_order_relaxed)->tiers[tier];
+    absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
+                                    uint64_t offset, char* dst, size_t n) {
+      absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
+      if (got.ok() && *got == n) {
+        state_.counters.load(std::memory_order_relaxed)->tiers[tier].Count(n);
+      }
+      return got;
     }
     std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle&, int,
                                                      const absl::StatusOr<size_t>&, uint64_t,

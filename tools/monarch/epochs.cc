@@ -510,6 +510,18 @@ int RunEpochs(int argc, char** argv) {
       }
       absl::StrAppend(&served_json, "\"staging\":{\"reads\":", reads, ",\"bytes\":", staged, "},");
     }
+    {
+      // Hits on a file tier the speed model sent to the source's page cache
+      // (placement.route_by_speed); the source's own reads are below.
+      const uint64_t reads = Delta("speed_source_cache_reads");
+      const uint64_t bytes = Delta("speed_source_cache_bytes");
+      if (reads > 0) {
+        absl::StrAppend(&served, "the source's page cache ", reads, " reads/",
+                        absl::StrFormat("%.1f", bytes / 1048576.0), " MiB, ");
+      }
+      absl::StrAppend(&served_json, "\"source_cache\":{\"reads\":", reads, ",\"bytes\":", bytes,
+                      "},");
+    }
     if (now.Get("remote.enabled") != 0) {
       // What the peers tier read is in the tier list below.
       const uint64_t served_reqs = Delta("remote.requests_served");

@@ -1,0 +1,100 @@
+// ReadSpeeds implementation.
+
+#include "core/read_speeds.h"
+
+namespace monarch {
+namespace {
+
+constexpr uint64_t kScale = 1024;
+
+// Nanoseconds per KiB of an `n`-byte read that took `ns`, scaled.
+uint64_t ScaledNsPerKib(uint64_t ns, size_t n) {
+  return n == 0 ? 0 : (ns * 1024 * kScale) / n;
+}
+
+// The nanoseconds an `n`-byte read takes at `scaled_ns_per_kib`.
+double Nanoseconds(uint64_t scaled_ns_per_kib, size_t n) {
+  return static_cast<double>(scaled_ns_per_kib) * static_cast<double>(n) / (1024.0 * kScale);
+}
+
+}  // namespace
+
+void ReadSpeeds::Mean::Add(uint64_t value_scaled) {
+  // A weight of 1/8: a few dozen reads follow a change, a single slow one
+  // (a page fault, a preemption) moves the mean little.
+  const uint64_t old = scaled.load(std::memory_order_relaxed);
+  const int64_t next = old == 0 ? static_cast<int64_t>(value_scaled)
+                                : static_cast<int64_t>(old) +
+                                      (static_cast<int64_t>(value_scaled) -
+                                       static_cast<int64_t>(old)) / 8;
+  // Never 0 once measured: 0 means "no sample yet".
+  scaled.store(next > 0 ? static_cast<uint64_t>(next) : 1, std::memory_order_relaxed);
+}
+
+ReadSpeeds::ReadSpeeds(int tier_count)
+    : tier_count_(tier_count), tiers_(new PerTier[static_cast<size_t>(tier_count)]) {}
+
+bool ReadSpeeds::TrySourceFirst(int tier, size_t n) {
+  if (!enabled() || tier < 0 || tier >= tier_count_ || n == 0) return false;
+  PerTier& t = tiers_[tier];
+  const uint64_t copy = t.ns_per_kib.Get();
+  if (copy == 0) return false;  // The copy's own speed first.
+  if (t.hits.fetch_add(1, std::memory_order_relaxed) % kExploreEvery == kExploreEvery - 1) {
+    return true;
+  }
+  if (source_rate_.Get() == 0) return true;  // Never asked: ask once now.
+  const uint64_t source = source_ns_per_kib_.Get();
+  if (source == 0) return false;  // No attempt served yet: only exploration.
+  const double p = static_cast<double>(source_rate_.Get()) / kScale;
+  const double copy_ns = Nanoseconds(copy, n);
+  const double first = p * Nanoseconds(source, n) +
+                       (1 - p) * (static_cast<double>(miss_ns_.Get()) / kScale + copy_ns);
+  if (first >= 0.9 * copy_ns) return false;
+  chosen_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void ReadSpeeds::CopyRead(int tier, size_t n, uint64_t ns) {
+  if (tier < 0 || tier >= tier_count_ || n == 0) return;
+  tiers_[tier].ns_per_kib.Add(ScaledNsPerKib(ns, n));
+}
+
+void ReadSpeeds::SourceAttempt(bool served, size_t n, uint64_t ns) {
+  if (served) {
+    served_.fetch_add(1, std::memory_order_relaxed);
+    served_bytes_.fetch_add(n, std::memory_order_relaxed);
+    source_ns_per_kib_.Add(ScaledNsPerKib(ns, n));
+  } else {
+    missed_.fetch_add(1, std::memory_order_relaxed);
+    miss_ns_.Add(ns * kScale);
+  }
+  // A rate of 0 is a measurement too: stored as the smallest non-zero.
+  source_rate_.Add(served ? kScale : 0);
+}
+
+void ReadSpeeds::ReportCounters(CounterSink& sink) const {
+  sink.Counter("speed_source_cache_reads", served_.load(std::memory_order_relaxed),
+               "Hits on a file tier served from the source's page cache instead, as the speed "
+               "model chose or to keep it measured (placement.route_by_speed). Not counted as "
+               "the source's reads, nor the tier's: the source's device or network was not "
+               "read.");
+  sink.Counter("speed_source_cache_bytes", served_bytes_.load(std::memory_order_relaxed),
+               "Bytes of speed_source_cache_reads.");
+  sink.Counter("speed_source_cache_misses", missed_.load(std::memory_order_relaxed),
+               "Attempts at the source's page cache that found the bytes not in memory; the read "
+               "went to the copy.");
+  sink.Counter("speed_source_first_chosen", chosen_.load(std::memory_order_relaxed),
+               "Hits for which the model expected the source's page cache to be faster than the "
+               "copy (the rest of the attempts keep the model measured).");
+  sink.Gauge("speed_source_cache_ns_per_mib", source_ns_per_kib_.Get() * 1024 / kScale,
+             "The speed model's mean for reads served by the source's page cache.");
+  sink.Gauge("speed_source_cache_hit_permille", source_rate_.Get() * 1000 / kScale,
+             "The speed model's mean rate of attempts at the source's page cache that served "
+             "the read, per thousand.");
+}
+
+uint64_t ReadSpeeds::CopyNsPerMib(int tier) const {
+  return tier < 0 || tier >= tier_count_ ? 0 : tiers_[tier].ns_per_kib.Get() * 1024 / kScale;
+}
+
+}  // namespace monarch
