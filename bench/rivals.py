@@ -412,8 +412,16 @@ def arm_monarch(a, w, run, announce):
             sampler = mt.AnnouncingSampler(torch.utils.data.RandomSampler(
                 ds, generator=torch.Generator().manual_seed(a.seed)), ds)
         loader = map_loader(a, ds, sampler)
+        # --settle: before epochs 2.., wait (untimed) until the node service
+        # has written and readied the copies epoch 1 started.
+        def settle(e):
+            if e > 0:
+                t = time.perf_counter()
+                m.wait_for_placement()
+                run.result.setdefault("settle_seconds", []).append(time.perf_counter() - t)
+        settle = settle if a.settle else None
         for e in range(a.epochs):
-            run.epoch(e, loader)
+            run.epoch(e, loader, before=settle)
         src = m.stats()["tiers"][-1]
         run.result["node_source_bytes"] = src["bytes_read"]
     finally:
@@ -822,6 +830,9 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--tier", choices=("posix", "ram"), default="posix")
     ap.add_argument("--arms", default=",".join(ALL_ARMS))
+    ap.add_argument("--settle", action="store_true",
+                    help="monarch and announced arms: before epochs 2.., wait (untimed) for the "
+                         "node service to finish epoch 1's copies")
     ap.add_argument("--monarch-yaml", default="",
                     help="extra lines for the Monarch arms' config (an A/B of a setting), "
                          "e.g. 'placement: {verify: off}'")
@@ -937,7 +948,7 @@ def passthrough(a):
             "--epoch-cap", str(a.epoch_cap), "--meta-latency-us", str(a.meta_latency_us),
             "--read-latency-us", str(a.read_latency_us),
             "--bandwidth-mbps", str(a.bandwidth_mbps), "--monarch-yaml", a.monarch_yaml] + (
-                ["--tiny"] if a.tiny else [])
+                ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else [])
 
 
 def one_arm(a, arm):
