@@ -775,13 +775,14 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "lowest CPU priority (`SCHED_IDLE`): the first store into a page the tier never used "
       "costs the kernel allocating and zeroing it (and a VM's hypervisor backing it), 0.77-0.89 "
       "ms per MiB against 0.21-0.23 ms for a store into a page already there "
-      "(`bench_fill_memory`). Never more than the capacity, nor the dataset's size, in all; it "
-      "stops for good once memory pressure shrinks the tier (`memory.watch`) or the kernel "
-      "refuses it memory. Counter `backed_ahead_bytes`. Measured with 1 s between start-up and "
-      "epoch 1 (a job building its model), 2,000 files of 110 KiB, 4 readers: epoch 1 took "
-      "0.96x the time without it from a cold source and from a page-cached one, and 2.4x as "
-      "many copies were made during the page-cached epoch 1. With no pause before epoch 1 it "
-      "was within the noise (0.93x, 1.07x) ([bench/results/back_ahead.md]"
+      "(`bench_fill_memory`). Never more than the capacity, nor the dataset's size, in all; "
+      "under `memory.watch`, only what stays free above four times `memory.headroom`, and it "
+      "stops for good once memory pressure shrinks the tier or the kernel refuses it memory. "
+      "Counter `backed_ahead_bytes`. Measured, 2,000 files of 110 KiB, 4 readers on 2 cores: "
+      "from a cold source epoch 1 took 0.93-0.94x the time without it; from a page-cached one "
+      "1.01x with 2.2x as many copies made during epoch 1 when the job paused 1 s before it "
+      "(as one building its model does), and 1.07x when epoch 1 started at once (the zeroing "
+      "competes with the readers for memory bandwidth) ([bench/results/back_ahead.md]"
       "(../bench/results/back_ahead.md)). `0`: copies allocate their own pages."));
   return keys;
 }
