@@ -8,6 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 scripts/install_deps.sh
+# The data loaders the rivals benchmark compares Monarch with (its tiny run
+# is a test): into the same venv, torch kept at its CPU build.
+if [ "${MONARCH_SKIP_TENSORFLOW:-0}" != 1 ]; then
+  bench/rivals/install.sh
+fi
 jobs=$(nproc)
 
 # Every cache entry this build depends on is named, whatever configured
