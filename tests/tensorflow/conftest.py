@@ -73,9 +73,11 @@ def write_config(path, dataset, tiers, threads=2, node_dir=None):
             os.makedirs(directory, exist_ok=True)
             lines.append(f"    path: {directory}")
     # The dataset stands for a PFS, read once: `promote`, as its local files
-    # are in the page cache (tests/test_read_path.cc covers `defer`).
+    # are in the page cache (tests/test_read_path.cc covers `defer`); and no
+    # hit on a posix copy sent to that page cache instead (route_by_speed,
+    # covered there too), so that the tests can count the tier's reads.
     lines.append(f"  - name: pfs\n    kind: source\nplacement:\n  threads: {threads}\n"
-                 "  cached_source: promote\n")
+                 "  cached_source: promote\n  route_by_speed: false\n")
     if node_dir:
         lines.append(f"node:\n  shared: true\n  runtime_dir: {node_dir}\n  idle_exit: 3s\n")
     with open(path, "w") as f:
