@@ -251,16 +251,16 @@ class MemorySampler:
 
     def sample(self):
         kids = children_of()
-        todo = list(self.roots or [os.getpid()]) + list(self.extra)
+        unvisited = list(self.roots or [os.getpid()]) + list(self.extra)
         seen = set()
         total = 0
-        while todo:
-            p = todo.pop()
+        while unvisited:
+            p = unvisited.pop()
             if p in seen:
                 continue
             seen.add(p)
             total += pss(p)
-            todo += kids.get(p, [])
+            unvisited += kids.get(p, [])
         self.peak = max(self.peak, total)
         return total
 
