@@ -167,27 +167,59 @@ ssize_t CopyOut(OpenFile& file, off64_t* in_offset, int out_fd, off64_t* out_off
   return put;
 }
 
-void* MapDatasetFile(const OpenFile& file, void* address, size_t length, int protection,
-                     int flags, off_t offset) {
-  const long page = ::sysconf(_SC_PAGESIZE);
-  if (length == 0 || offset < 0 || offset % page != 0) {
-    errno = EINVAL;
-    return MAP_FAILED;
+// Mappings of at most this many of the file's bytes are filled at once
+// through Monarch, as a read would be: the bytes come from a tier copy, and
+// a first mapping promotes the file like a first read. Larger ones map the
+// source file itself (MapSourceLazily), so they cost nothing until a page is
+// touched. 8 MiB: below it a fill from the RAM tier costs at most a few
+// milliseconds and that much private memory per mapping; far above it,
+// filling costs the whole range in time and memory before the first byte is
+// read (bench/results/preload_mmap.md). The mapping of a file between is
+// served either way; the limit is a bound on that cost, not a tuned point.
+constexpr uint64_t kFilledMappingBytes = 8 << 20;
+
+// The source file mapped in place of the placeholder: pages are read when
+// touched, through the kernel's page cache, so every process of the node
+// that maps the file shares them (a private mapping shares the cached pages
+// until it writes one), and a fork()ed child inherits a mapping that goes on
+// working without us. Null (errno kept) when that cannot be
+// done exactly: the source is gone or no longer the file the namespace
+// walked (another size or mtime), or its file system cannot map; the caller
+// then fills the mapping through Monarch instead.
+void* MapSourceLazily(const OpenFile& file, void* address, size_t length, int protection,
+                      int flags, off_t offset) {
+  const std::string path = monarch::preload::SourcePath(file);
+  const int fd = monarch::os::Open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return nullptr;
+  struct stat st;
+  void* mapped = nullptr;
+  if (monarch::os::Fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) == file.stat.size &&
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec ==
+          file.stat.mtime_ns) {
+    // Private even when the caller asked for shared: the two read the same
+    // bytes of a file nobody writes, and a FUSE file opened with direct_io
+    // (the PFS emulator's, some PFS clients') can be mapped only privately.
+    // Shared writable mappings were refused before.
+    const int private_flags = (flags & ~MAP_TYPE) | MAP_PRIVATE;
+    mapped = MONARCH_NEXT(mmap)(address, length, protection, private_flags, fd, offset);
+    if (mapped == MAP_FAILED) mapped = nullptr;
   }
-  const int type = flags & MAP_TYPE;
-  if ((type == MAP_SHARED || type == MAP_SHARED_VALIDATE) && (protection & PROT_WRITE)) {
-    errno = EACCES;  // The descriptor is read-only.
-    return MAP_FAILED;
-  }
-  // A private copy: the dataset never changes under a training job, so a
-  // shared mapping of it reads the same as a private one.
+  const int error = errno;
+  monarch::os::Close(fd);  // The mapping holds the file.
+  errno = error;
+  return mapped;
+}
+
+// A mapping filled with the file's bytes read through Monarch: a private
+// copy, since the dataset never changes under a training job, so a shared
+// mapping of it reads the same as a private one.
+void* MapFilled(const OpenFile& file, void* address, size_t length, int protection, int flags,
+                uint64_t start, uint64_t want) {
   const int keep = MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_NORESERVE | MAP_LOCKED | MAP_32BIT;
   void* mapped = MONARCH_NEXT(mmap)(address, length, PROT_READ | PROT_WRITE,
                                     MAP_PRIVATE | MAP_ANONYMOUS | (flags & keep), -1, 0);
   if (mapped == MAP_FAILED) return mapped;
-  const uint64_t start = static_cast<uint64_t>(offset);
-  const uint64_t want = start < file.stat.size ? std::min<uint64_t>(length, file.stat.size - start)
-                                                : 0;
   uint64_t done = 0;
   while (done < want) {
     const ssize_t n = ReadAt(file, static_cast<char*>(mapped) + done, want - done, start + done);
@@ -202,6 +234,29 @@ void* MapDatasetFile(const OpenFile& file, void* address, size_t length, int pro
   }
   if (protection != (PROT_READ | PROT_WRITE)) ::mprotect(mapped, length, protection);
   return mapped;
+}
+
+void* MapDatasetFile(const OpenFile& file, void* address, size_t length, int protection,
+                     int flags, off_t offset) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (length == 0 || offset < 0 || offset % page != 0) {
+    errno = EINVAL;
+    return MAP_FAILED;
+  }
+  const int type = flags & MAP_TYPE;
+  if ((type == MAP_SHARED || type == MAP_SHARED_VALIDATE) && (protection & PROT_WRITE)) {
+    errno = EACCES;  // The descriptor is read-only.
+    return MAP_FAILED;
+  }
+  const uint64_t start = static_cast<uint64_t>(offset);
+  const uint64_t want = start < file.stat.size ? std::min<uint64_t>(length, file.stat.size - start)
+                                                : 0;
+  if (want > kFilledMappingBytes) {
+    if (void* mapped = MapSourceLazily(file, address, length, protection, flags, offset)) {
+      return mapped;
+    }
+  }
+  return MapFilled(file, address, length, protection, flags, start, want);
 }
 
 template <typename Real>

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) <repo>/.venv with the pinned TensorFlow the Monarch
 # TensorFlow plugin is built and tested against, plus what the LD_PRELOAD
-# tests (tests/preload/) run real programs with: NumPy, Pillow, h5py and a
-# CPU build of PyTorch. Idempotent: a venv that already has all of them (at
+# tests (tests/preload/) run real programs with: NumPy, Pillow, h5py,
+# pyarrow, Hugging Face datasets and a CPU build of PyTorch. Idempotent: a venv that already has all of them (at
 # the pinned versions) is left alone, so calling this from every build or CI
 # run costs a second.
 #
@@ -32,17 +32,17 @@ def version(name):
         return m.version(name)
     except m.PackageNotFoundError:
         return "none"
-rest = all(version(n) != "none" for n in ("pytest", "numpy", "Pillow", "h5py"))
+rest = all(version(n) != "none" for n in ("pytest", "numpy", "Pillow", "h5py", "pyarrow", "datasets"))
 print(version("tensorflow-cpu"), version("torch").split("+")[0], "yes" if rest else "no")
 ' 2>/dev/null || true)"
 if [[ "${have}" == "${TF_VERSION} ${TORCH_VERSION} yes" ]]; then
   echo "setup_venv: ${venv} already has tensorflow-cpu ${TF_VERSION}, torch ${TORCH_VERSION}," \
-       "numpy, Pillow, h5py and pytest"
+       "numpy, Pillow, h5py, pyarrow, datasets and pytest"
   exit 0
 fi
 
 # --no-cache-dir: the wheels are hundreds of MB; caching them would double the disk use.
 "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
-  "tensorflow-cpu==${TF_VERSION}" "torch==${TORCH_VERSION}" numpy Pillow h5py pytest
+  "tensorflow-cpu==${TF_VERSION}" "torch==${TORCH_VERSION}" numpy Pillow h5py pyarrow datasets pytest
 echo "setup_venv: installed tensorflow-cpu ${TF_VERSION}, torch ${TORCH_VERSION}, numpy," \
-     "Pillow, h5py and pytest into ${venv}"
+     "Pillow, h5py, pyarrow, datasets and pytest into ${venv}"

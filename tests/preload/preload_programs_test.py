@@ -821,6 +821,104 @@ def scenario_counts(env):
         expect_monarch(env, False, p)
 
 
+# --- mapping: big files mapped, a few pages read, over the PFS emulator.
+
+
+def scenario_mapping(env):
+    need_python(env, ["numpy", "pyarrow", "datasets"])
+    backing = env.path("backing")
+    os.makedirs(backing)
+    prog = os.path.join(PROGRAMS, "mapping.py")
+    r = env.run([env.python, prog, "write", backing], timeout=300)
+    check(r.returncode == 0, "writing the files: %s" % r.stderr)
+    mount = start_pfs(env, backing)
+    sizes = {n: os.path.getsize(os.path.join(backing, n)) for n in sorted(os.listdir(backing))}
+    log("dataset on the PFS emulator: %s" % ", ".join("%s %d bytes" % i for i in sizes.items()))
+    # A RAM tier smaller than the big files: nothing a mapping reads may
+    # depend on a copy of them.
+    config, rt, service = service_for(env, mount, {}, tiers=["{kind: ram, capacity: 16MiB}"])
+    extra = {"HF_DATASETS_CACHE": env.path("hf-cache"), "HF_HUB_OFFLINE": "1"}
+    page, extent = 4096, 1 << 20
+    problems = Problems()
+
+    def run_all(cmds, preload):
+        """Runs the programs at once; their Results in order."""
+        procs = []
+        for cmd in cmds:
+            started = time.monotonic()
+            procs.append((cmd, started, subprocess.Popen(
+                cmd, env=program_env(env, preload, config, extra=extra), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+        results = []
+        for cmd, started, proc in procs:
+            out, err = proc.communicate(timeout=300)
+            proc.stdout, proc.stderr = out, err
+            results.append(Result(cmd, proc, time.monotonic() - started))
+        return results
+
+    def growth_kib(result):
+        return int(result.stdout.split(b"rss-growth ")[1].split()[0])
+
+    def body(result):
+        return result.stdout.split(b"rss-growth ")[0]
+
+    def case(label, cmds, source_limit, growth_limit, pre_cmds=None):
+        """`cmds` read the same bytes with and without the preload (with it,
+        `pre_cmds` if given); with it, the PFS served at most `source_limit`
+        bytes and no process grew by more than `growth_limit` KiB."""
+        with problems.case(label):
+            base = run_all(cmds, False)
+            pfs_reset(env, mount)
+            pre = run_all(pre_cmds or cmds, True)
+            source = pfs_counters(env, mount)["bytes_read"]
+            for b, p in zip(base, pre):
+                check(b.returncode == 0, "%s: fails without the preload: %s" % (label, b.describe()))
+                check(p.returncode == 0, "%s: with the preload: %s" % (label, p.describe()))
+                check(body(p) == body(b), show_difference(label, "stdout", body(b), body(p)))
+            growth = [growth_kib(p) for p in pre]
+            log("%-40s identical; with the preload the PFS served %d bytes, processes grew by "
+                "%s KiB (without: %s KiB)" % (label, source, "/".join(map(str, growth)),
+                                              "/".join(str(growth_kib(b)) for b in base)))
+            check(source <= source_limit, "%s: the PFS served %d bytes, more than %d" % (
+                label, source, source_limit))
+            check(max(growth) <= growth_limit, "%s: a process grew by %d KiB, more than %d KiB"
+                  % (label, max(growth), growth_limit))
+
+    big = os.path.join(mount, "big.bin")
+    rng = random.Random(30)
+    offsets = [[rng.randrange(sizes["big.bin"] // page) * page] for _ in range(4)]
+    offsets[0] = [0]  # A mark.
+    # 4 processes mapping the 2 GiB file, one page each: the source read at
+    # most an extent (1 MiB) per touched page, each process at most that
+    # much bigger. Shared mappings (numpy's mode "r") with the preload;
+    # without it the emulator can map its files only privately (mode "c").
+    numpy = [[env.python, prog, "numpy", big, "c", str(o[0])] for o in offsets]
+    case("numpy.memmap, 4 processes, a page each", numpy, 4 * extent, 1024,
+         pre_cmds=[c[:4] + ["r"] + c[5:] for c in numpy[:2]] + numpy[2:])
+    rows = ["0", "77", "4194303"]
+    case("pyarrow.memory_map", [[env.python, prog, "pyarrow", os.path.join(mount, "table.arrow")]
+                                + rows], 4 * extent, 16 << 10)
+    case("datasets.Dataset.from_file",
+         [[env.python, prog, "datasets", os.path.join(mount, "stream.arrow")] + rows],
+         4 * extent, 16 << 10)
+    # A small file is still mapped through Monarch (filled, promoted).
+    with problems.case("numpy.memmap of a 1 MiB file"):
+        cmd = [env.python, prog, "numpy", os.path.join(mount, "small.bin"), "c", "8192"]
+        base = run_all([cmd], False)[0]
+        usage = Usage(env, rt)
+        pre = run_all([cmd], True)[0]
+        delta = usage.delta()
+        check(base.returncode == 0 and pre.returncode == 0, "small.bin: %s / %s" % (
+            base.describe(), pre.describe()))
+        check(body(pre) == body(base), show_difference("small.bin", "stdout", body(base),
+                                                       body(pre)))
+        log("numpy.memmap of a 1 MiB file: identical; the node served %d bytes" % delta)
+        expect_monarch(env, delta >= sizes["small.bin"], "small.bin: the node served %d bytes, "
+                       "not the file's %d" % (delta, sizes["small.bin"]))
+    service.stop()
+    problems.check()
+
+
 # --- kill-service.
 
 
@@ -1138,6 +1236,7 @@ SCENARIOS = {
     "pytorch": scenario_pytorch,
     "counts": scenario_counts,
     "kill-service": scenario_kill_service,
+    "mapping": scenario_mapping,
     "untouched": scenario_untouched,
     "bad-config": scenario_bad_config,
     "signals": scenario_signals,
