@@ -6,6 +6,7 @@ import ctypes
 import errno as _errno
 import io
 import json
+import mmap as _mmap
 import os
 import stat as _stat
 import sys
@@ -46,6 +47,9 @@ def _reset_after_fork():
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 _BUFFER_SIZE = 64 * 1024  # PIL and numpy read in chunks of this order.
+# Monarch.mmap fills mappings of files up to this size, as the transparent
+# mode does (kFilledMappingBytes in integrations/preload/hooks.cc).
+_FILLED_MAPPING_BYTES = 8 << 20
 
 
 class Monarch:
@@ -308,6 +312,58 @@ class Monarch:
         if buffering == 0:
             return raw
         return io.BufferedReader(raw, buffering if buffering > 1 else _BUFFER_SIZE)
+
+    def mmap(self, path):
+        """A read-only mmap.mmap of the whole file, which reads nothing until
+        its pages are touched (numpy.frombuffer, pyarrow.py_buffer and
+        memoryview take it as is). A file of at most 8 MiB is read at once
+        through Monarch into private memory, like read(); a larger one maps
+        the source file itself, so pages come from the source through the
+        kernel's page cache, shared by every process of the node that maps
+        it. Empty files raise ValueError, as mmap.mmap does. The transparent
+        mode maps the same way (integrations/preload/README.md)."""
+        name = self._name(path)
+        st = self.stat(path)
+        if _stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(_errno.EISDIR, "is a directory", os.fspath(path))
+        if st.st_size == 0:
+            raise ValueError("cannot mmap an empty file")
+        if st.st_size > _FILLED_MAPPING_BYTES:
+            mapped = self._map_source(name, st)
+            if mapped is not None:
+                return mapped
+        # Filled through a memory file mapped twice, so that the caller's
+        # mapping is read-only like the source's, without a second copy.
+        fd = os.memfd_create("monarch-mapping", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, st.st_size)
+            with _mmap.mmap(fd, st.st_size) as writable:
+                got = self._readinto(name, writable, 0, path)
+            if got != st.st_size:
+                raise OSError(_errno.EIO, f"read {got} of the file's {st.st_size} bytes",
+                              os.fspath(path))
+            return _mmap.mmap(fd, st.st_size, access=_mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+
+    def _map_source(self, name, st):
+        """The source file mapped read-only, or None when it is no longer the
+        file the namespace walked (size, mtime) or cannot be mapped."""
+        try:
+            fd = os.open(os.path.join(self.root, os.fsdecode(name)), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            now = os.fstat(fd)
+            if now.st_size != st.st_size or now.st_mtime_ns != st.st_mtime_ns:
+                return None
+            # Private: it reads what a shared one would of a file nobody
+            # writes, and FUSE files opened with direct_io map only so.
+            return _mmap.mmap(fd, 0, flags=_mmap.MAP_PRIVATE, prot=_mmap.PROT_READ)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     # --- namespace
 

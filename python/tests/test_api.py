@@ -150,6 +150,37 @@ def test_stats_count_reads(m, dataset):
     assert "monarch_" in m.stats_prometheus()
 
 
+def test_mmap_fills_small_files_and_maps_big_ones_from_the_source(tmp_path):
+    root = tmp_path / "ds"
+    root.mkdir()
+    rng = np.random.default_rng(30)
+    small = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    big = rng.integers(0, 256, (12 << 20) + 123, dtype=np.uint8).tobytes()
+    (root / "small.bin").write_bytes(small)
+    (root / "big.bin").write_bytes(big)
+    (root / "empty.bin").write_bytes(b"")
+    with monarch.Monarch(dataset=str(root)) as m:
+        filled, lazy = m.mmap("small.bin"), m.mmap(str(root / "big.bin"))
+        assert filled[:] == small and len(lazy) == len(big)
+        array = np.frombuffer(lazy, dtype=np.uint8)
+        assert array[len(big) - 1] == big[-1] and bytes(array[5 << 20:(5 << 20) + 4096]) == \
+            big[5 << 20:(5 << 20) + 4096]
+        del array
+        # The big file is the source file itself, mapped; the small one a
+        # private memory file, filled through Monarch (its source tier read it).
+        maps = open("/proc/self/maps").read()
+        assert str(root / "big.bin") in maps and "monarch-mapping" in maps
+        assert m.stats()["tiers"][-1]["bytes_read"] == len(small)
+        for mapped in (filled, lazy):
+            with pytest.raises(TypeError):
+                mapped[0] = 1  # Read-only, as a mapping of a read-only file.
+            mapped.close()
+        with pytest.raises(ValueError):
+            m.mmap("empty.bin")
+        with pytest.raises(FileNotFoundError):
+            m.mmap("missing.bin")
+
+
 def test_stage_with_progress(m, dataset):
     out = io.StringIO()  # not a terminal: a line per 10%, then a summary
     result = m.stage(["*.bin", "sub"], file=out)
