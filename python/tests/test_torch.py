@@ -255,3 +255,56 @@ def test_seeded_sampler_announcement_failure_is_a_warning(dataset):
         list(mt.SeededSampler(bad))
     clone = pickle.loads(pickle.dumps(mt.SeededSampler(ds, seed=2)))
     assert list(clone) == monarch.sampled_indices(6, 2, 0)
+
+
+def _token_files(tmp_path):
+    """Two "token files" (12,345 and 8,000 bytes) in a new dataset."""
+    root = tmp_path / "tokens"
+    root.mkdir()
+    rng = np.random.default_rng(30)
+    data = {"a.bin": rng.integers(0, 256, 12_345, dtype=np.uint8).tobytes(),
+            "b.bin": rng.integers(0, 256, 8_000, dtype=np.uint8).tobytes()}
+    for name, content in data.items():
+        (root / name).write_bytes(content)
+    return str(root), data
+
+
+def test_record_dataset_fixed_size_records_in_workers(tmp_path):
+    root, data = _token_files(tmp_path)
+    ds = mt.RecordDataset(["a.bin", os.path.join(root, "b.bin")], record_bytes=1000,
+                          dataset=root)
+    # 12 whole records of a.bin (its last 345 bytes are none), then 8 of b.bin.
+    assert len(ds) == 20 and ds.record(12) == (os.path.join(root, "b.bin"), 0, 1000)
+    want = [data["a.bin"][i * 1000:(i + 1) * 1000] for i in range(12)] + \
+        [data["b.bin"][i * 1000:(i + 1) * 1000] for i in range(8)]
+    assert [ds[i] for i in range(20)] == want and ds[-1] == want[-1]
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         sampler=mt.SeededSampler(ds, seed=3))
+    order = monarch.sampled_indices(20, 3, 0)
+    assert [bytes(b) for b in loader] == [want[i] for i in order]
+    with pytest.raises(IndexError):
+        ds[20]
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="record_bytes"):
+            mt.RecordDataset(["a.bin"], record_bytes=bad, dataset=root)
+
+
+def test_record_dataset_index_with_seeded_sampler(tmp_path):
+    root, data = _token_files(tmp_path)
+    index = [("b.bin", 7_990, 10), (0, 0, 1), ("a.bin", 5_000, 7_345), (1, 100, 0),
+             (np.int64(0), np.int64(3), np.int64(4))]
+    ds = mt.RecordDataset(["a.bin", "b.bin"], index=index, dataset=root, loader=len)
+    assert len(ds) == 5 and [ds[i] for i in range(5)] == [10, 1, 7_345, 0, 4]
+    raw = mt.RecordDataset(["a.bin", "b.bin"], index=index, dataset=root)
+    assert raw[0] == data["b.bin"][7_990:] and raw[2] == data["a.bin"][5_000:]
+    assert raw.file_of(0) == "b.bin" and raw.file_of(1) == "a.bin"
+    sampler = mt.SeededSampler(raw, seed=9)
+    loader = torch.utils.data.DataLoader(raw, batch_size=None, num_workers=2, sampler=sampler)
+    assert sorted(bytes(b) for b in loader) == sorted(raw[i] for i in range(5))
+    for bad, match in (([("a.bin", 12_000, 346)], "not inside"), ([("c.bin", 0, 1)], "not one"),
+                       ([(2, 0, 1)], "not one"), ([("a.bin", 0)], "must be"),
+                       ([("a.bin", -1, 2)], "not inside")):
+        with pytest.raises(ValueError, match=match):
+            mt.RecordDataset(["a.bin", "b.bin"], index=bad, dataset=root)
+    with pytest.raises(ValueError, match="exactly one"):
+        mt.RecordDataset(["a.bin"], dataset=root)
