@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Memory mappings of a big dataset file through the transparent mode
+(LD_PRELOAD=libmonarch_preload.so), against the same program without it, in
+one run. The file (--gib GiB of random bytes) sits behind the PFS emulator.
+
+Two cases, each run by every arm in turns, the page cache dropped before
+each run so that every arm's pages come from the emulator:
+
+  one byte      one process: numpy.memmap of the file, read one byte (the
+                case issue 30 reported: a mapping used to read the whole
+                file first);
+  random pages  --procs processes at once, each numpy.memmap-ing the file
+                and reading --pages random pages (seeded per process).
+
+Arms: `plain` (no preload), `monarch` (the preload of --build, a node
+service with a RAM tier larger than the file), and with --old-preload an
+earlier build of the library (`old`), to show what changed.
+
+Reported per arm and case: wall time of the slowest process (start to
+exit), the resident memory each process gained (VmRSS after its reads
+minus before the mapping), the node's memory for the file once every
+process has read (the sum of the processes' Pss of their mapping of it,
+so shared pages count once, plus the copies in the node service's RAM
+tier), and the bytes the emulator served. Ratios: time against plain;
+node memory against one copy of the pages the processes touched (target
+<= 1.1) and against the file.
+
+usage: sudo python3 bench/preload_mmap.py [--build build] [--repeat 3]
+       [--old-preload PATH] [--out bench/results/preload_mmap]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from service_epochs import Pfs, start_service, stop_service  # noqa: E402
+
+REPO = os.path.dirname(HERE)
+PAGE = 4096
+MIB = 1048576.0
+
+# Each process: map, read its pages, report, then wait for the driver to
+# measure everybody's memory before it exits. numpy's mode "c" (a private
+# mapping): the emulator's files, opened with direct_io, cannot be mapped
+# shared without the library.
+WORKER = r"""
+import hashlib, random, sys, time
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+def mapping_memory(address):
+    # Rss and Pss (KiB) of the mapping that holds `address`.
+    inside, out = False, {}
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            inside = start <= address < end
+        elif inside and head[0] in ("Rss:", "Pss:"):
+            out[head[0]] = out.get(head[0], 0) + int(head[1])
+    return out.get("Rss:", 0), out.get("Pss:", 0)
+t0 = time.monotonic()
+import numpy as np
+path, seed, pages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+before = rss()
+mapped = np.memmap(path, dtype=np.uint8, mode="c")
+count = len(mapped) // 4096
+rng = random.Random(seed)
+digest = hashlib.sha256()
+if pages == 0:
+    digest.update(bytes([int(mapped[len(mapped) // 2])]))
+    touched = [len(mapped) // 2 // 4096]
+else:
+    touched = [rng.randrange(count) for _ in range(pages)]
+    for page in touched:
+        digest.update(mapped[page * 4096:page * 4096 + 4096].tobytes())
+print("done %.6f %d %s %s" % (time.monotonic() - t0, rss() - before, digest.hexdigest(),
+                              ",".join(map(str, touched))), flush=True)
+sys.stdin.readline()
+print("mapping %d %d" % mapping_memory(mapped.ctypes.data), flush=True)
+"""
+
+def drop_caches():
+    subprocess.run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def write_file(path, gib):
+    if os.path.exists(path) and os.path.getsize(path) == gib << 30:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rng = random.Random(30)
+    with open(path + ".tmp", "wb") as f:
+        for _ in range(gib * 16):
+            f.write(rng.randbytes(64 << 20))
+    os.rename(path + ".tmp", path)
+
+
+def tier_copies_bytes(a, config):
+    """Bytes of copies the node service's tiers hold (its RAM tier's copies
+    are node memory too; the memory it backs ahead is not the mapping's)."""
+    r = subprocess.run([os.path.join(a.build, "monarch"), "stats", "--json", "--config", config],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("monarch stats failed: " + r.stderr)
+    tiers = json.loads(r.stdout)["node"]["tiers"]
+    return sum(t["bytes_used"] for t in tiers if t["kind"] == "ram")
+
+
+def run_case(a, env, path, procs, pages, config):
+    """Runs `procs` workers at once; returns the case's measurements."""
+    started = time.monotonic()
+    workers = [subprocess.Popen([a.python, "-c", WORKER, path, str(seed), str(pages)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for seed in range(procs)]
+    lines = [w.stdout.readline().split() for w in workers]
+    slowest = time.monotonic() - started
+    for w, line in zip(workers, lines):
+        if not line or line[0] != "done":
+            w.kill()
+            sys.exit("a worker failed (exit %s)" % w.wait())
+    copies = tier_copies_bytes(a, config) if config else 0
+    for w in workers:
+        w.stdin.write("\n")
+        w.stdin.flush()
+    # Each process's mapping of the file, measured while all are alive: the
+    # pages they share count once in the sum of their Pss.
+    mapping = [w.stdout.readline().split() for w in workers]
+    for w in workers:
+        w.wait()
+    if any(not m or m[0] != "mapping" for m in mapping):
+        sys.exit("a worker did not report its mapping")
+    pss = sum(int(m[2]) for m in mapping) * 1024
+    touched = set()
+    for line in lines:
+        touched.update(int(p) for p in line[4].split(","))
+    return {"wall_s": slowest, "rss_growth_mib": [int(line[2]) / 1024.0 for line in lines],
+            "mapping_rss_mib": [int(m[1]) / 1024.0 for m in mapping],
+            "digests": [line[3] for line in lines], "mapping_pss_mib": pss / MIB,
+            "copies_mib": copies / MIB, "touched_mib": len(touched) * PAGE / MIB}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(REPO, "build"))
+    p.add_argument("--work", default="/var/tmp/monarch-mmap-bench")
+    p.add_argument("--python", default=os.path.join(REPO, ".venv", "bin", "python"))
+    p.add_argument("--gib", type=int, default=2)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--pages", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--old-preload", help="an earlier build of libmonarch_preload.so (arm `old`)")
+    p.add_argument("--meta-latency-us", type=int, default=1000)
+    p.add_argument("--read-latency-us", type=int, default=500)
+    p.add_argument("--bandwidth-mbps", type=int, default=300)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "preload_mmap"))
+    a = p.parse_args()
+    a.build = os.path.abspath(a.build)
+    preload = os.path.join(a.build, "integrations", "preload", "libmonarch_preload.so")
+    for path in (preload, os.path.join(a.build, "monarch"), a.python):
+        if not os.path.exists(path):
+            sys.exit("missing %s" % path)
+
+    backing = os.path.join(a.work, "backing")
+    write_file(os.path.join(backing, "big.bin"), a.gib)
+    pfs = Pfs(a, backing, os.path.join(a.work, "pfs"))
+    if not pfs.ok:
+        sys.exit("PFS emulator unavailable: " + pfs.why)
+    path = os.path.join(pfs.mount, "big.bin")
+    file_mib = (a.gib << 30) / MIB
+    runtime = os.path.join(a.work, "rt")
+    shutil.rmtree(runtime, ignore_errors=True)
+    config = os.path.join(a.work, "job.yaml")
+    with open(config, "w") as f:
+        f.write("dataset:\n  path: %s\ntiers:\n  - {kind: ram, capacity: %dGiB}\n"
+                "  - {kind: source}\nplacement: {cached_source: promote}\nnode:\n"
+                "  shared: true\n  runtime_dir: %s\n  autostart: false\n  idle_exit: 0\n"
+                % (pfs.mount, a.gib + 1, runtime))
+    plain = dict(os.environ, OMP_NUM_THREADS="1")
+    plain.pop("LD_PRELOAD", None)
+    arms = [("plain", plain, False), ("monarch", dict(plain, LD_PRELOAD=preload,
+                                                      MONARCH_CONFIG=config), True)]
+    if a.old_preload:
+        arms.append(("old", dict(plain, LD_PRELOAD=os.path.abspath(a.old_preload),
+                                 MONARCH_CONFIG=config), True))
+    cases = [("one byte", 1, 0), ("random pages", a.procs, a.pages)]
+    results = {case: {arm: [] for arm, _, _ in arms} for case, _, _ in cases}
+    try:
+        for rep in range(a.repeat):
+            order = arms[rep % len(arms):] + arms[:rep % len(arms)]
+            for case, procs, pages in cases:
+                for arm, env, service in order:
+                    # A fresh service per run: an empty RAM tier, as for a new job.
+                    proc_log = start_service(a, config, a.work) if service else None
+                    drop_caches()
+                    pfs.reset()
+                    r = run_case(a, env, path, procs, pages, config if service else None)
+                    r["source_mib"] = pfs.stats()["bytes_read"] / MIB
+                    if proc_log:
+                        stop_service(a, config, *proc_log)
+                    results[case][arm].append(r)
+                    print("%-12s %-8s %7.2f s  rss +%s MiB  mappings' Pss %.1f MiB, RAM copies "
+                          "%.1f MiB, touched %.1f MiB  source %.1f MiB" % (
+                              case, arm, r["wall_s"], "/".join(
+                                  "%.1f" % x for x in r["rss_growth_mib"]), r["mapping_pss_mib"],
+                              r["copies_mib"], r["touched_mib"], r["source_mib"]), flush=True)
+                plain_digests = results[case]["plain"][-1]["digests"]
+                for arm, _, _ in arms:
+                    if results[case][arm][-1]["digests"] != plain_digests:
+                        sys.exit("%s: %s read other bytes than plain" % (case, arm))
+    finally:
+        pfs.stop()
+
+    rows = []
+    for case, _, _ in cases:
+        for arm, _, _ in arms:
+            runs = results[case][arm]
+            med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+            node = statistics.median(r["mapping_pss_mib"] + r["copies_mib"] for r in runs)
+            plain_wall = [r["wall_s"] for r in results[case]["plain"]]
+            ratios = [r["wall_s"] / w for r, w in zip(runs, plain_wall)]
+            rows.append({
+                "case": case, "arm": arm, "wall_s": med("wall_s"),
+                "time_vs_plain": statistics.median(ratios),
+                "rss_growth_mib_max": statistics.median(max(r["rss_growth_mib"]) for r in runs),
+                "node_mib": node, "touched_mib": med("touched_mib"),
+                "node_vs_touched": node / med("touched_mib"), "node_vs_file": node / file_mib,
+                "source_mib": med("source_mib")})
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    command = "python3 bench/preload_mmap.py " + " ".join(sys.argv[1:])
+    with open(a.out + ".json", "w") as f:
+        json.dump({"commit": commit, "command": command, "file_mib": file_mib,
+                   "procs": a.procs, "pages": a.pages, "repeat": a.repeat, "rows": rows,
+                   "runs": results}, f, indent=1)
+    lines = ["| case | arm | time (s) | vs plain | RSS growth per process (MiB) | node (MiB) "
+             "| node / touched | node / file | source (MiB) |", "|" + " --- |" * 9]
+    for r in rows:
+        lines.append("| %s | %s | %.2f | %.2f | %.1f | %.1f | %.2f | %.3f | %.1f |" % (
+            r["case"], r["arm"], r["wall_s"], r["time_vs_plain"], r["rss_growth_mib_max"],
+            r["node_mib"], r["node_vs_touched"], r["node_vs_file"], r["source_mib"]))
+    print("\n".join(lines))
+    print("commit %s; medians of %d runs; %s" % (commit, a.repeat, command))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
