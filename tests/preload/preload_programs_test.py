@@ -837,7 +837,8 @@ def scenario_mapping(env):
     # A RAM tier smaller than the big files: nothing a mapping reads may
     # depend on a copy of them.
     config, rt, service = service_for(env, mount, {}, tiers=["{kind: ram, capacity: 16MiB}"])
-    extra = {"HF_DATASETS_CACHE": env.path("hf-cache"), "HF_HUB_OFFLINE": "1"}
+    extra = {"HF_HOME": env.path("hf-home"), "HF_DATASETS_CACHE": env.path("hf-cache"),
+             "HF_HUB_OFFLINE": "1"}
     page, extent = 4096, 1 << 20
     problems = Problems()
 
