@@ -157,7 +157,10 @@ class RecordDataset(torch.utils.data.Dataset):
             if isinstance(file, (str, bytes, os.PathLike)):
                 k = position.get(os.fspath(file))
             else:
-                k = operator.index(file)  # A position in `files`.
+                try:
+                    k = operator.index(file)  # A position in `files`.
+                except TypeError:
+                    k = None
             if k is None or not 0 <= k < len(self.files):
                 raise ValueError(f"index[{i}]: {file!r} is not one of the files")
             if offset < 0 or length < 0 or offset + length > sizes[k]:

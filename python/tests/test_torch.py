@@ -302,7 +302,8 @@ def test_record_dataset_index_with_seeded_sampler(tmp_path):
     loader = torch.utils.data.DataLoader(raw, batch_size=None, num_workers=2, sampler=sampler)
     assert sorted(bytes(b) for b in loader) == sorted(raw[i] for i in range(5))
     for bad, match in (([("a.bin", 12_000, 346)], "not inside"), ([("c.bin", 0, 1)], "not one"),
-                       ([(2, 0, 1)], "not one"), ([("a.bin", 0)], "must be"),
+                       ([(2, 0, 1)], "not one"), ([(0.5, 0, 1)], "not one"),
+                       ([("a.bin", 0)], "must be"),
                        ([("a.bin", -1, 2)], "not inside")):
         with pytest.raises(ValueError, match=match):
             mt.RecordDataset(["a.bin", "b.bin"], index=bad, dataset=root)
