@@ -1052,6 +1052,11 @@ class Report:
              f"- Load before: `{meta['uptime_before']}`"
              + (f" (the suite ran at nice {meta['nice']}, its setups too)" if meta.get("nice") else ""),
              f"- Load after: `{meta.get('uptime_after', '?')}`"]
+        rerun = meta.get("rerun")
+        if rerun:  # Runs replaced by a later run's (merged by hand, reason recorded).
+            L.append(f"- **Re-run:** {', '.join(rerun['runs'])} come from a later run "
+                     f"(`{rerun['command']}`, commit `{rerun['commit']}`, {rerun['started']} to "
+                     f"{rerun['finished']}): {rerun['why']}.")
         samples = meta.get("load_samples") or []
         others = meta.get("other_cores_samples") or []
         if samples:
