@@ -2,9 +2,9 @@
 # Creates (or reuses) <repo>/.venv with the pinned TensorFlow the Monarch
 # TensorFlow plugin is built and tested against, plus what the LD_PRELOAD
 # tests (tests/preload/) run real programs with: NumPy, Pillow, h5py,
-# pyarrow, Hugging Face datasets and a CPU build of PyTorch. Idempotent: a venv that already has all of them (at
-# the pinned versions) is left alone, so calling this from every build or CI
-# run costs a second.
+# pyarrow, Hugging Face datasets and a CPU build of PyTorch. Idempotent: a
+# venv that already has all of them (at the pinned versions) is left alone,
+# so calling this from every build or CI run costs a second.
 #
 # Usage: integrations/tensorflow/setup_venv.sh [venv_dir]
 set -euo pipefail

@@ -314,14 +314,14 @@ class Monarch:
         return io.BufferedReader(raw, buffering if buffering > 1 else _BUFFER_SIZE)
 
     def mmap(self, path):
-        """A read-only mmap.mmap of the whole file, which reads nothing until
-        its pages are touched (numpy.frombuffer, pyarrow.py_buffer and
-        memoryview take it as is). A file of at most 8 MiB is read at once
-        through Monarch into private memory, like read(); a larger one maps
-        the source file itself, so pages come from the source through the
-        kernel's page cache, shared by every process of the node that maps
-        it. Empty files raise ValueError, as mmap.mmap does. The transparent
-        mode maps the same way (integrations/preload/README.md)."""
+        """A read-only mmap.mmap of the whole file (numpy.frombuffer,
+        pyarrow.py_buffer and memoryview take it as is). A file over 8 MiB
+        maps the source file itself, which reads nothing until a page is
+        touched: pages come from the source through the kernel's page cache,
+        shared by every process of the node that maps it. A smaller file is
+        read at once through Monarch into private memory, like read(). Empty
+        files raise ValueError, as mmap.mmap does. The transparent mode maps
+        the same way (integrations/preload/README.md)."""
         name = self._name(path)
         st = self.stat(path)
         if _stat.S_ISDIR(st.st_mode):
