@@ -10,7 +10,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from service_epochs import Pfs  # noqa: E402
+from service_epochs import Pfs, add_emulator_flags  # noqa: E402
 
 
 def parser(reps, out):
@@ -21,9 +21,7 @@ def parser(reps, out):
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--reps", type=int, default=reps)
-    ap.add_argument("--meta-latency-us", type=int, default=1000)
-    ap.add_argument("--read-latency-us", type=int, default=500)
-    ap.add_argument("--bandwidth-mbps", type=float, default=300)
+    add_emulator_flags(ap)
     ap.add_argument("--out", default=out)
     return ap
 

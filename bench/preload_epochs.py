@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from service_epochs import Pfs, fmt, start_service, stop_service  # noqa: E402
+from service_epochs import Pfs, add_emulator_flags, fmt, start_service, stop_service  # noqa: E402
 
 REPO = os.path.dirname(HERE)
 MIB = 1048576.0
@@ -98,9 +98,7 @@ def main():
     p.add_argument("--hot-passes", type=int, default=8)
     p.add_argument("--outside-reads", type=int, default=1000000)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--meta-latency-us", type=int, default=1000)
-    p.add_argument("--read-latency-us", type=int, default=500)
-    p.add_argument("--bandwidth-mbps", type=int, default=300)
+    add_emulator_flags(p)
     p.add_argument("--out", default=os.path.join(HERE, "results", "preload.md"))
     a = p.parse_args()
     a.build = os.path.abspath(a.build)

@@ -41,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from service_epochs import Pfs, start_service, stop_service  # noqa: E402
+from service_epochs import Pfs, add_emulator_flags, start_service, stop_service  # noqa: E402
 
 REPO = os.path.dirname(HERE)
 PAGE = 4096
@@ -160,9 +160,7 @@ def main():
     p.add_argument("--pages", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--old-preload", help="an earlier build of libmonarch_preload.so (arm `old`)")
-    p.add_argument("--meta-latency-us", type=int, default=1000)
-    p.add_argument("--read-latency-us", type=int, default=500)
-    p.add_argument("--bandwidth-mbps", type=int, default=300)
+    add_emulator_flags(p)
     p.add_argument("--out", default=os.path.join(HERE, "results", "preload_mmap"))
     a = p.parse_args()
     a.build = os.path.abspath(a.build)

@@ -72,6 +72,13 @@ def fmt(values, f="%.3f"):
     return (f + " / " + f + " / " + f) % (lo, med, hi)
 
 
+def add_emulator_flags(ap):
+    """The PFS emulator's flags that Pfs reads (its Lustre-like defaults)."""
+    ap.add_argument("--meta-latency-us", type=int, default=1000)
+    ap.add_argument("--read-latency-us", type=int, default=500)
+    ap.add_argument("--bandwidth-mbps", type=float, default=300)
+
+
 class Pfs:
     """The PFS emulator's mount, or None-like when FUSE is unavailable."""
 
@@ -332,9 +339,7 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--meta-latency-us", type=int, default=1000)
-    ap.add_argument("--read-latency-us", type=int, default=500)
-    ap.add_argument("--bandwidth-mbps", type=float, default=300)
+    add_emulator_flags(ap)
     ap.add_argument("--group-timeout", type=float, default=300)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "service.md"))
     a = ap.parse_args()
