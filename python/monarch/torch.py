@@ -126,16 +126,16 @@ class RecordDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.loader = loader
         sizes = [self.monarch.stat(f).st_size for f in self.files]
-        self.record_bytes = record_bytes
+        self.record_bytes = None
         if record_bytes is not None:
             try:
-                record_bytes = operator.index(record_bytes)
+                self.record_bytes = operator.index(record_bytes)
             except TypeError:
-                record_bytes = 0
-            if record_bytes < 1:
+                self.record_bytes = 0
+            if self.record_bytes < 1:
                 raise ValueError(f"record_bytes must be a positive integer, not "
-                                 f"{self.record_bytes!r}")
-            self.record_bytes = record_bytes
+                                 f"{record_bytes!r}")
+            record_bytes = self.record_bytes
             # _ends[k]: the records in files 0..k; item i is in the first
             # file whose end exceeds i.
             self._ends = []
