@@ -526,6 +526,31 @@ TEST_CASE("a miss on bytes the source holds in memory is served from there, copi
   CHECK(m->GetStats().Tier(0, "bytes_read") == total);
 }
 
+// With an order announced, the prefetch streams copy every file it names,
+// page-cached or not: a reader that took the bytes from the source's memory
+// and deferred its copy would race them and read the source twice. The
+// reader goes the order's other way, so it misses on files the streams
+// have not reached.
+TEST_CASE("while prefetch copies an announced order, misses are not deferred") {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  auto files = testing::MakeDataset(ds, 30, {100000, 5000, 300000});
+  const uint64_t total = testing::TotalBytes(files);
+  auto m = MustCreate(testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, dir.Sub("nvme"), 1 << 30, "nvme")}));
+  std::vector<std::string> order;
+  for (const TestFile& f : files) order.push_back(f.name);
+  REQUIRE(m->AnnounceOrder(order).ok());
+  for (auto f = files.rbegin(); f != files.rend(); ++f) ReadWholeAndCheck(*m, *f);
+  m->WaitForPlacement();
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("deferred_copies_queued") == 0);
+  CHECK(stats.Get("promotions_completed") == files.size());
+  CHECK(stats.Source("bytes_read") == total);  // Each byte once.
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f, 65536);
+  CHECK(m->GetStats().Source("bytes_read") == total);
+}
+
 // Fails RWF_NOWAIT reads (the bytes "left memory") for the deferred copies'
 // thread, or for everyone; counts the plain reads that thread makes.
 class MemoryLeavesEnv final : public os::Env {

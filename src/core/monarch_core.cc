@@ -257,7 +257,8 @@ class LocalFiles {
   }
 
   std::optional<absl::StatusOr<size_t>> Miss(Handle file, uint64_t offset, char* dst, size_t n) {
-    return placement_->ReadIfOnSource(*file, offset, dst, n);
+    return placement_->ReadIfOnSource(*file, offset, dst, n,
+                                      /*may_defer=*/!prefetcher_->copying());
   }
 
   // Calls `visit` with the bytes where they rest if the file's copy is in

@@ -42,12 +42,13 @@ void PlacementHandler::CopyFromMemory(uint32_t id) {
 
 std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
                                                                        uint64_t offset, char* dst,
-                                                                       size_t n) {
+                                                                       size_t n,
+                                                                       bool may_defer) {
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
     return promoter_.ReadOrigin(entry.ref, offset, dst, n);
   }
-  if (deferred_ != nullptr &&
+  if (deferred_ != nullptr && may_defer &&
       entry.state.load(std::memory_order_acquire) == PlacementState::kOnSource) {
     // The source has the bytes in memory: a plain read serves them, and the
     // copy waits for idle CPU (deferred_copies.h). Else (Unavailable: not

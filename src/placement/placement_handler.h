@@ -76,9 +76,13 @@ class PlacementHandler final {
   // Serves a read of `entry`, which the caller saw on the source: from an
   // in-flight promotion (starting one if the policy finds a tier), or from
   // the source. Returns nullopt if the file has meanwhile been published to
-  // a tier: the caller reads it there.
+  // a tier: the caller reads it there. `may_defer`: false while prefetch
+  // streams copy an announced order (Prefetcher::copying()); they copy the
+  // files it names whatever the source holds in memory, so a reader taking
+  // the bytes from there and deferring the copy (placement.cached_source)
+  // would read the source a second time.
   std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset, char* dst,
-                                                       size_t n);
+                                                       size_t n, bool may_defer = true);
 
   // Prefetch: promotes `entry` in the calling thread, loading every chunk no
   // reader has loaded, and returns once the copy is written (readers that

@@ -61,6 +61,8 @@ class Prefetcher final : public NextUseOracle {
   void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
   // Whether any order is announced: readers skip Consumed() when none is.
   bool active() const { return active_.load(std::memory_order_relaxed); }
+  // Whether streams are copying an announced order (prefetch.streams > 0).
+  bool copying() const { return streams_ > 0 && active(); }
 
   // The future the announced orders tell, for eviction: how many reads from
   // now (in the merged order, the readers' position being the number of
