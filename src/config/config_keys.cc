@@ -464,7 +464,9 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "Sources that cannot tell (FUSE, most network file systems) and misses on bytes not all "
       "in memory are promoted at once, as with `promote`, which does so for every miss. "
       "`WaitForPlacement` waits for deferred copies too. With peers (`remote.enabled`), "
-      "`promote`."));
+      "`promote`; so too while prefetch streams copy an announced order, which they do "
+      "whatever the source holds in memory (a reader deferring its copy then would read the "
+      "source a second time)."));
   keys.push_back(BoolKey<Config>(
       "placement", "route_by_speed", [](auto& c) -> auto& { return c.placement.route_by_speed; },
       "A hit on a `posix` or `pmem` copy is served from the source's page cache instead when "

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/file_util.h"
@@ -178,12 +179,15 @@ bool RamArena::BackOneStep() {
   }
   const Backlog next = NextBacklog();
   if (next.stripe == nullptr) return false;
+  // From before the allowance is taken to the step's end: a waiter must not
+  // take the spent allowance for the step done.
+  stepping_.store(true);
+  absl::Cleanup step_done = [this] { stepping_.store(false); };
   // Within the allowance (memory.watch's headroom), taken before the pages.
   uint64_t allowed = backing_allowance_.load(std::memory_order_relaxed);
   do {
     if (allowed < next.end - next.begin) return false;
-  } while (!backing_allowance_.compare_exchange_weak(allowed, allowed - (next.end - next.begin),
-                                                     std::memory_order_relaxed));
+  } while (!backing_allowance_.compare_exchange_weak(allowed, allowed - (next.end - next.begin)));
   // Allocates the pages, zeroed, and maps them writable here, so a copy's
   // stores find them. Pages a copy is writing meanwhile (an extent handed
   // out past `backed`) are left as they are: this only faults pages in.
@@ -234,9 +238,13 @@ bool RamArena::WaitUntilBackedAhead(std::chrono::steady_clock::duration timeout)
       MutexLock lock(&backer_mu_);
       if (backing_given_up_) return true;
     }
+    // Done if nothing is left that the allowance allows, and no step that
+    // took allowance is still under way (checked last: a step sets it
+    // before taking any).
     const Backlog next = NextBacklog();
-    if (next.stripe == nullptr) return true;
-    if (backing_allowance_.load(std::memory_order_relaxed) < next.end - next.begin) return true;
+    const bool done =
+        next.stripe == nullptr || backing_allowance_.load() < next.end - next.begin;
+    if (done && !stepping_.load()) return true;
     if (std::chrono::steady_clock::now() > give_up) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

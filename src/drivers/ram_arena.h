@@ -182,6 +182,7 @@ class RamArena {
 
   std::atomic<uint64_t> backed_ahead_bytes_{0};
   std::atomic<uint64_t> backing_allowance_{0};  // Set by Create() and AllowBackingAhead().
+  std::atomic<bool> stepping_{false};  // A step of the backer is under way (BackOneStep).
   // Held through each back-ahead step, and by ReleaseFreePages(): pages a
   // step allocates are never ones a release has just given back.
   Mutex step_mu_;
