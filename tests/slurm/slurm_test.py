@@ -407,7 +407,11 @@ def scenario_serve(cluster, dataset, sizes):
                 "  shared: true\n"
                 "  runtime_dir: %s\n"
                 "  autostart: false\n"
-                "  idle_exit: 0\n" % (dataset, 2 * total, rt))
+                "  idle_exit: 0\n"
+                # The local dataset stands for a PFS and sits in the page
+                # cache: `defer` would leave its copies to idle CPU, which
+                # epoch 2 may not wait for (no --settle), and read it again.
+                "placement: {cached_source: promote}\n" % (dataset, 2 * total, rt))
 
     serve_log = os.path.join(out, "srun-serve.log")
     with open(serve_log, "w") as f:
