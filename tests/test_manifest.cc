@@ -161,7 +161,7 @@ TEST_CASE("a namespace built from a manifest is the one the walk found") {
   REQUIRE_MESSAGE(manifest.ok(), manifest.status().ToString());
   CHECK((*manifest)->origin().root == dataset);
   absl::StatusOr<std::unique_ptr<Namespace>> built =
-      NamespaceFromManifest(**manifest, origin, 2, {}, 4);
+      NamespaceFromManifest(**manifest, origin, 2, {}, 4, {});
   REQUIRE_MESSAGE(built.ok(), built.status().ToString());
   CheckSameNamespace(*walked, **built);
   CHECK(*(*built)->List("") == std::vector<std::string>{"dir0", "dir1", "dir2", "dir3", "empty",

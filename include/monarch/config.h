@@ -126,6 +126,10 @@ struct PlacementConfig {
   PlacementPolicyKind policy = PlacementPolicyKind::kFirstFit;
   uint64_t max_staging_bytes = 0;  // 0: 256 MiB, or 1/16 of physical memory if less.
   uint64_t chunk_bytes = 1 << 20;
+  // Files larger than extent_threshold are cached by extents of
+  // extent_bytes (metadata/namespace.h); 0: whole files only.
+  uint64_t extent_bytes = 0;
+  uint64_t extent_threshold = 256ull << 20;
   // Descriptors (or pmem mappings) each file tier, and the source, keep.
   // Built in code, the default assumes four caches; the parser derives it
   // from the config's own.

@@ -393,6 +393,21 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "a multiple of 4KiB from 4KiB to 1GiB",
       "Granularity at which readers share a promotion's bytes and at which it streams them into "
       "the tier."));
+  keys.push_back(SizeKey<Config>(
+      "placement", "extent_bytes", [](auto& c) -> auto& { return c.placement.extent_bytes; }, 0,
+      kGiB, 4 * kKiB, "size, 0 or a multiple of 4KiB up to 1GiB",
+      "0 or a multiple of 4KiB up to 1GiB",
+      "Files larger than `placement.extent_threshold` are cached by extents of this size: "
+      "aligned ranges, each promoted on its first read, evicted and counted as a file of its own "
+      "(a tier's `files` counts them). A reader of a few records of a huge file then copies "
+      "those records' extents, not the file, and a file larger than every tier is cached in "
+      "part. `0`: every file is cached whole."));
+  keys.push_back(SizeKey<Config>(
+      "placement", "extent_threshold",
+      [](auto& c) -> auto& { return c.placement.extent_threshold; }, 0, ~uint64_t{0}, 1, "size",
+      "a size",
+      "With `placement.extent_bytes` set, files larger than this are cached by extents; smaller "
+      "ones whole, as without extents."));
   {
     Key<Config> files = IntKey<Config>(
         "placement", "max_open_files", [](auto& c) -> auto& { return c.placement.max_open_files; },

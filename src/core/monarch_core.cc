@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
   const auto began = std::chrono::steady_clock::now();
   const DatasetConfig& dataset = config.dataset;
   const ManifestOrigin origin = ManifestOriginOf(dataset);
+  const ExtentLayout extents{config.placement.extent_bytes, config.placement.extent_threshold};
   auto finish = [&began](std::unique_ptr<Namespace> ns, bool from_manifest) {
     ns->RecordBuild(from_manifest,
                     static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -79,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
     absl::StatusOr<std::unique_ptr<Manifest>> manifest = ReadManifest(path);
     absl::StatusOr<std::unique_ptr<Namespace>> ns =
         manifest.ok() ? NamespaceFromManifest(**manifest, origin, source_index, slots,
-                                              dataset.scan_threads)
+                                              dataset.scan_threads, extents)
                       : manifest.status();
     if (!ns.ok()) {
       return absl::Status(
@@ -104,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
   if (!shared.empty() && rank != 0) {
     absl::StatusOr<std::unique_ptr<Namespace>> ns =
         AwaitSharedManifest(shared, origin, config.remote.rendezvous_timeout_seconds,
-                            source_index, slots, dataset.scan_threads);
+                            source_index, slots, dataset.scan_threads, extents);
     if (ns.ok()) return finish(std::move(*ns), true);
     if (!absl::IsDeadlineExceeded(ns.status())) return ns.status();
     // Rank 0 may still be walking a large dataset: walk here too, as every
@@ -116,7 +117,8 @@ absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
   if (!shared.empty()) os::Unlink(shared.c_str());
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
                            Namespace::Build(dataset.path, dataset.file_regex, source_index,
-                                            dataset.scan_threads, slots, origin.symlinks));
+                                            dataset.scan_threads, slots, origin.symlinks,
+                                            extents));
   if (!shared.empty()) {
     // Rank 0 may get here before the address exchange creates the directory.
     absl::Status written = MakeRendezvousDirectory(shared.substr(0, shared.rfind('/')));
@@ -146,7 +148,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       // The tier never holds more than the dataset: backing more would only
       // take memory from the job.
       options.back_ahead = std::min(tier.back_ahead_bytes, ns.total_bytes());
-      return NewRamDriver(tier.name, tier.capacity_bytes, ns.file_count(), options);
+      return NewRamDriver(tier.name, tier.capacity_bytes, ns.entry_count(), options);
     }
     case TierKind::kPmem:
       return NewPmemDriver(tier.path, max_open, config.placement.verify);
@@ -200,6 +202,10 @@ class LocalFiles {
 
   Handle Find(absl::string_view name) { return namespace_->Find(name); }
   const FileRef& Ref(Handle file) const { return file->ref; }
+  bool HasExtents(Handle file) const { return file->extent_count > 0; }
+  Handle ExtentAt(Handle file, uint64_t offset) const {
+    return &namespace_->ExtentAt(*file, offset);
+  }
   void FirstRead(Handle file) {
     // A reader's first read of a file frees the prefetch lookahead it took.
     if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
@@ -600,10 +606,12 @@ class MonarchImpl final : public MonarchCore {
       if (!tier.is_cache()) continue;
       MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name,
                                                            const SourceIdentity* source) {
-        FileEntry* entry = namespace_->Find(name);
+        FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
         const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id);
-        const bool wanted = valid && entry->tier->load() == source_index_ &&
+        // A whole copy of a file now cached by extents is never read.
+        const bool wanted = valid && entry->extent_count == 0 &&
+                            entry->tier->load() == source_index_ &&
                             tier.TryReserve(entry->ref.size);
         if (wanted) {
           tier.Commit(entry->ref.size);

@@ -18,6 +18,9 @@
 //   using Handle = ...;                 // What Find() returns: a file to read.
 //   Handle Find(absl::string_view name);     // Null/empty: not a dataset file.
 //   const FileRef& Ref(const Handle& file);
+//   bool HasExtents(const Handle& file);     // Cached by extents (metadata/namespace.h):
+//   Handle ExtentAt(const Handle& file,      //   the one holding byte `offset`, read
+//                   uint64_t offset);        //   as a file of its own.
 //   void FirstRead(const Handle& file);      // A reader starts the file (offset 0).
 //   int Pin(const Handle& file);             // The tier holding it now, kept until
 //   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
@@ -63,6 +66,23 @@ absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& fil
   const uint64_t size = files.Ref(file).size;
   if (offset >= size || n == 0) return 0;
   n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+  if (files.HasExtents(file)) {
+    // Extent by extent, each read as a file is: its copy, its promotion or
+    // the source. A piece the source ends early (the file shrank) ends the
+    // read short, as pread's; an error fails it.
+    size_t done = 0;
+    while (done < n) {
+      const typename Files::Handle extent = files.ExtentAt(file, offset + done);
+      const FileRef& part = files.Ref(extent);
+      const uint64_t within = offset + done - part.part_offset;
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, part.size - within));
+      absl::StatusOr<size_t> got = ReadFound(files, extent, dst + done, want, within);
+      if (!got.ok()) return got;
+      done += *got;
+      if (*got < want) break;
+    }
+    return done;
+  }
   for (;;) {
     const int tier = files.Pin(file);
     StorageDriver* reader = tier != files.source_tier() ? files.Reader(tier) : nullptr;

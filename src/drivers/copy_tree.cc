@@ -240,7 +240,16 @@ absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
     while (struct dirent* entry = os::ReadDir(dir)) {
       absl::string_view base = entry->d_name;
       if (base == "." || base == "..") continue;
-      if (relative.empty() && base == kReservedDirectory) continue;  // Ours, not copies.
+      if (relative.empty() && base == kReservedDirectory) {
+        // Ours, not copies; but for the extents' copies (metadata/namespace.h).
+        const std::string extents = absl::StrCat(kReservedDirectory, "/", kExtentsDirectory);
+        struct stat st;
+        if (os::FstatAt(dir_fd, extents.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISDIR(st.st_mode)) {
+          pending.push_back(extents);
+        }
+        continue;
+      }
       std::string name = relative.empty() ? std::string(base) : absl::StrCat(relative, "/", base);
       struct stat st;
       if (os::FstatAt(dir_fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;

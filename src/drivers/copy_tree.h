@@ -76,6 +76,9 @@ class CopyTree {
   // Reserved under the root, never a copy.
   static constexpr absl::string_view kReservedDirectory = ".monarch";
   static constexpr absl::string_view kTemporaryDirectory = ".monarch/tmp";
+  // Under kReservedDirectory: copies of extents, named as the namespace
+  // names them (".monarch/extents/...").
+  static constexpr absl::string_view kExtentsDirectory = "extents";
 
  private:
   void RemoveDeadTemporaries();

@@ -33,15 +33,20 @@ class SourceDriver final : public StorageDriver {
   SourceDriver(const SourceDriver&) = delete;
   SourceDriver& operator=(const SourceDriver&) = delete;
 
-  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
+  // An extent is read from its file (FileRef::part_of), through the file's
+  // one cached descriptor.
+  absl::StatusOr<size_t> Read(const FileRef& part, uint64_t offset, char* dst, size_t n) override {
+    const FileRef& file = part.source_file();
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
         descriptors_.Get(file.id, [&] { return Open(file.name); });
     if (!fd.ok()) return fd.status();
-    return PreadFull((*fd)->get(), dst, n, offset, file.name);
+    return PreadFull((*fd)->get(), dst, n, part.part_offset + offset, file.name);
   }
 
-  absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+  absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
                                         size_t n) override {
+    const FileRef& file = part.source_file();
+    offset += part.part_offset;
     if (!in_memory_supported_.load(std::memory_order_relaxed)) {
       return absl::UnimplementedError("the source's file system cannot tell");
     }
@@ -73,7 +78,8 @@ class SourceDriver final : public StorageDriver {
   // The descriptor reads use, so the answer is about the bytes they got
   // (a file replaced by rename keeps being read, and identified, as the old
   // one until its descriptor leaves the cache).
-  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& part) override {
+    const FileRef& file = part.source_file();
     absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
         descriptors_.Get(file.id, [&] { return Open(file.name); });
     if (!fd.ok()) return fd.status();
@@ -84,7 +90,8 @@ class SourceDriver final : public StorageDriver {
       return absl::FailedPreconditionError(
           absl::StrCat(JoinPath(root_.path(), file.name), " is no longer a regular file"));
     }
-    return SourceIdentity::Of(st);
+    return part.part_of == nullptr ? SourceIdentity::Of(st)
+                                   : SourceIdentity::OfExtent(SourceIdentity::Of(st), part);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {

@@ -37,6 +37,15 @@ struct FileRef {
   absl::string_view name;  // Dataset-relative path, e.g. "train/a.jpg".
   uint64_t size = 0;       // Size on the source at start-up.
   int64_t mtime_ns = 0;    // Modification time on the source at start-up.
+  // An extent, a range of a big file cached as a file of its own
+  // (metadata/namespace.h), names here the file it is part of and where in
+  // it it starts; a whole file has none. Tiers hold an extent's copy under
+  // its own name; only the source reads through these.
+  const FileRef* part_of = nullptr;
+  uint64_t part_offset = 0;
+
+  // The file on the source that holds these bytes, and where they start.
+  const FileRef& source_file() const { return part_of != nullptr ? *part_of : *this; }
 };
 
 // Which version of a source file a copy holds: what stat() said of the
@@ -60,6 +69,14 @@ struct SourceIdentity {
   }
   // What fstat() says of a file (the source's, or a copy's own inode).
   static SourceIdentity Of(const struct stat& st);
+  // An extent's (FileRef::part_of): its file's identity, `file`, with the
+  // extent's length for `size` while the file is as long as the walk found
+  // it. An extent's copy records, and a copy's trailer then checks, how
+  // many bytes it holds; any change to the file also changes its ctime.
+  static SourceIdentity OfExtent(SourceIdentity file, const FileRef& extent) {
+    if (file.size == extent.part_of->size) file.size = extent.size;
+    return file;
+  }
   bool operator==(const SourceIdentity& o) const {
     return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns &&
            ctime_ns == o.ctime_ns;

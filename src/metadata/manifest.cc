@@ -491,7 +491,7 @@ absl::StatusOr<uint64_t> CheckDirectories(const Manifest& manifest, int threads)
 
 absl::StatusOr<std::unique_ptr<Namespace>> NamespaceFromManifest(
     Manifest& manifest, const ManifestOrigin& expected, int source_tier,
-    const Namespace::TierSlotAllocator& allocate, int threads) {
+    const Namespace::TierSlotAllocator& allocate, int threads, const ExtentLayout& extents) {
   MONARCH_RETURN_IF_ERROR(CheckOrigin(manifest, expected));
   MONARCH_ASSIGN_OR_RETURN(uint64_t device, CheckDirectories(manifest, threads));
   NamespaceListing& listing = manifest.listing_;
@@ -501,12 +501,13 @@ absl::StatusOr<std::unique_ptr<Namespace>> NamespaceFromManifest(
     }
     listing.root_device = device;
   }
-  return Namespace::FromListing(manifest.origin().root, listing, source_tier, allocate);
+  return Namespace::FromListing(manifest.origin().root, listing, source_tier, allocate, extents);
 }
 
 absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
     const std::string& path, const ManifestOrigin& expected, double timeout_seconds,
-    int source_tier, const Namespace::TierSlotAllocator& allocate, int threads) {
+    int source_tier, const Namespace::TierSlotAllocator& allocate, int threads,
+    const ExtentLayout& extents) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
   auto pause = std::chrono::milliseconds(2);
@@ -527,7 +528,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
       absl::Status status = manifest.status();
       if (manifest.ok()) {
         absl::StatusOr<std::unique_ptr<Namespace>> ns =
-            NamespaceFromManifest(**manifest, expected, source_tier, allocate, threads);
+            NamespaceFromManifest(**manifest, expected, source_tier, allocate, threads, extents);
         if (ns.ok()) return ns;
         status = ns.status();
       }

@@ -68,7 +68,7 @@ class Manifest {
   friend absl::StatusOr<std::unique_ptr<Manifest>> ParseManifest(absl::string_view bytes);
   friend absl::StatusOr<std::unique_ptr<Namespace>> NamespaceFromManifest(
       Manifest& manifest, const ManifestOrigin& expected, int source_tier,
-      const Namespace::TierSlotAllocator& allocate, int threads);
+      const Namespace::TierSlotAllocator& allocate, int threads, const ExtentLayout& extents);
   Manifest() = default;
 
   ManifestOrigin origin_;
@@ -114,7 +114,7 @@ absl::StatusOr<uint64_t> CheckDirectories(const Manifest& manifest, int threads)
 // Errors do not name a config key: the caller knows which one it is.
 absl::StatusOr<std::unique_ptr<Namespace>> NamespaceFromManifest(
     Manifest& manifest, const ManifestOrigin& expected, int source_tier,
-    const Namespace::TierSlotAllocator& allocate, int threads);
+    const Namespace::TierSlotAllocator& allocate, int threads, const ExtentLayout& extents = {});
 
 // The namespace from the manifest rank 0 of a job writes at `path` (in the
 // rendezvous directory), waiting for one that was built with `expected` and
@@ -125,7 +125,8 @@ absl::StatusOr<std::unique_ptr<Namespace>> NamespaceFromManifest(
 // and why the last manifest seen was refused, if none came.
 absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
     const std::string& path, const ManifestOrigin& expected, double timeout_seconds,
-    int source_tier, const Namespace::TierSlotAllocator& allocate, int threads);
+    int source_tier, const Namespace::TierSlotAllocator& allocate, int threads,
+    const ExtentLayout& extents = {});
 
 }  // namespace monarch
 

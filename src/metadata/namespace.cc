@@ -17,7 +17,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/os.h"
@@ -231,7 +233,8 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
                                                             const std::string& file_regex,
                                                             int source_tier, int threads,
                                                             const TierSlotAllocator& allocate,
-                                                            SymlinkPolicy symlinks) {
+                                                            SymlinkPolicy symlinks,
+                                                            const ExtentLayout& extents) {
   std::unique_ptr<FileRegex> filter;
   if (!file_regex.empty()) {
     MONARCH_ASSIGN_OR_RETURN(filter, FileRegex::Compile(file_regex));
@@ -273,12 +276,12 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::Build(const std::string& r
     }
     std::vector<WalkedFile>().swap(list);
   }
-  return FromListing(top_path, listing, source_tier, allocate);
+  return FromListing(top_path, listing, source_tier, allocate, extents);
 }
 
 absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
     const std::string& root, const NamespaceListing& listing, int source_tier,
-    const TierSlotAllocator& allocate) {
+    const TierSlotAllocator& allocate, const ExtentLayout& extents) {
   auto refuse = [](auto&&... what) {
     return absl::InvalidArgumentError(absl::StrCat("namespace listing: ", what...));
   };
@@ -336,25 +339,41 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
     ns->directories_[f.directory].files.push_back(id);
     name_bytes += f.name.size();
   }
+  // Extents: counted first, for the ids and the names' arena.
+  ns->extent_layout_ = extents;
+  const std::string extent_prefix =
+      absl::StrCat(".monarch/extents/", extents.extent_bytes, "/");
+  uint64_t extent_count = 0;
+  for (const ListedFile& f : files) {
+    if (!extents.Splits(f.size)) continue;
+    const uint64_t count = (f.size + extents.extent_bytes - 1) / extents.extent_bytes;
+    extent_count += count;
+    // "<prefix><name>/<index>", the index at most 20 digits.
+    name_bytes += count * (extent_prefix.size() + f.name.size() + 21);
+  }
+  if (files.size() + extent_count >= UINT32_MAX) {
+    return refuse(files.size(), " files and ", extent_count,
+                  " extents are more than 2^32-2 ids; set a larger placement.extent_bytes");
+  }
   std::vector<size_t> name_offsets(files.size());
   ns->names_.reserve(name_bytes);
   for (size_t id = 0; id < files.size(); ++id) {
     name_offsets[id] = ns->names_.size();
     ns->names_.append(files[id].name.data(), files[id].name.size());
   }
-  // The arena is complete: views into it stay valid from here on.
   ns->file_count_ = static_cast<uint32_t>(files.size());
-  ns->entries_ = std::make_unique<FileEntry[]>(files.size());
+  ns->entry_count_ = static_cast<uint32_t>(files.size() + extent_count);
+  ns->entries_ = std::make_unique<FileEntry[]>(ns->entry_count_);
   ns->attributes_ = std::make_unique<FileAttributes[]>(files.size());
   TierSlot* slots = nullptr;
   if (allocate) {
-    slots = allocate(ns->file_count_);
+    slots = allocate(ns->entry_count_);
     if (slots == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("no memory for the tier slots of ", ns->file_count_, " files"));
+          absl::StrCat("no memory for the tier slots of ", ns->entry_count_, " files and extents"));
     }
   } else {
-    ns->own_tier_slots_ = std::make_unique<TierSlot[]>(files.size());
+    ns->own_tier_slots_ = std::make_unique<TierSlot[]>(ns->entry_count_);
     slots = ns->own_tier_slots_.get();
   }
   ns->by_name_.reserve(files.size());
@@ -372,6 +391,32 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
       return refuse(QuoteForError(entry.ref.name), " is listed twice");
     }
   }
+  uint32_t next = ns->file_count_;
+  for (uint32_t id = 0; id < ns->file_count_; ++id) {
+    FileEntry& file = ns->entries_[id];
+    if (!extents.Splits(file.ref.size)) continue;
+    file.first_extent = next;
+    file.extent_count =
+        static_cast<uint32_t>((file.ref.size + extents.extent_bytes - 1) / extents.extent_bytes);
+    for (uint32_t k = 0; k < file.extent_count; ++k, ++next) {
+      FileEntry& extent = ns->entries_[next];
+      const size_t start = ns->names_.size();
+      // Appended piece by piece: the file's name is a view into the arena
+      // itself (which has the room reserved, so it does not move).
+      ns->names_.append(extent_prefix);
+      ns->names_.append(file.ref.name.data(), file.ref.name.size());
+      absl::StrAppend(&ns->names_, "/", k);
+      extent.ref.id = next;
+      extent.ref.name = absl::string_view(ns->names_).substr(start);
+      extent.ref.part_of = &file.ref;
+      extent.ref.part_offset = uint64_t{k} * extents.extent_bytes;
+      extent.ref.size = std::min(extents.extent_bytes, file.ref.size - extent.ref.part_offset);
+      extent.ref.mtime_ns = file.ref.mtime_ns;
+      extent.tier = new (&slots[next]) TierSlot(source_tier);
+    }
+  }
+  // The arena is complete: it was reserved for every name, so the views
+  // into it stay valid from here on.
   return ns;
 }
 
@@ -436,13 +481,31 @@ bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::s
 }
 
 SourceIdentity Namespace::identity(uint32_t id) const {
+  const FileRef& file = entries_[id].ref.source_file();
   SourceIdentity identity;
-  identity.device = attributes_[id].device;
-  identity.inode = attributes_[id].inode;
-  identity.size = entries_[id].ref.size;
-  identity.mtime_ns = entries_[id].ref.mtime_ns;
-  identity.ctime_ns = attributes_[id].ctime_ns;
+  identity.device = attributes_[file.id].device;
+  identity.inode = attributes_[file.id].inode;
+  identity.size = entries_[id].ref.size;  // An extent's: see SourceIdentity::OfExtent.
+  identity.mtime_ns = file.mtime_ns;
+  identity.ctime_ns = attributes_[file.id].ctime_ns;
   return identity;
+}
+
+FileEntry* Namespace::FindCopy(absl::string_view name) const {
+  if (FileEntry* file = Find(name)) return file;
+  if (extent_layout_.extent_bytes == 0) return nullptr;
+  const std::string prefix = absl::StrCat(".monarch/extents/", extent_layout_.extent_bytes, "/");
+  if (!absl::ConsumePrefix(&name, prefix)) return nullptr;
+  const size_t slash = name.rfind('/');
+  uint32_t index;
+  if (slash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(slash + 1), &index)) {
+    return nullptr;
+  }
+  FileEntry* file = Find(name.substr(0, slash));
+  if (file == nullptr || index >= file->extent_count) return nullptr;
+  FileEntry* extent = &entries_[file->first_extent + index];
+  // "007" parses as 7: only the name exactly as built is this extent's.
+  return extent->ref.name == absl::StrCat(prefix, file->ref.name, "/", index) ? extent : nullptr;
 }
 
 FileEntry* Namespace::Find(absl::string_view name) const {

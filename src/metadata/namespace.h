@@ -14,6 +14,19 @@
 // Each file's tier index lives in an array of its own, which a node service
 // places in shared memory (src/service): its clients then see where every
 // file is without asking.
+//
+// Extents. A file larger than ExtentLayout::threshold is cached by extents:
+// aligned ranges of `extent_bytes` (the last one shorter), each an entry of
+// its own after the files (ids file_count() .. entry_count() - 1), with its
+// own tier slot and placement state. Promotion, eviction, pins and stats
+// then work per extent as they do per file, and a reader of the file reads
+// its extents (core/read_path.h). An extent's FileRef points at its file
+// (part_of, part_offset), which only the source reads by. Its name,
+// ".monarch/extents/<extent_bytes>/<file>/<index>", is what tiers store its
+// copy under: inside the reserved ".monarch", so no dataset file has it, and
+// with the extent size, so a copy made with another size is never taken
+// for this range. Lookups by name (Find, List) see files only; FindCopy
+// also resolves extent names.
 
 #ifndef MONARCH_METADATA_NAMESPACE_H_
 #define MONARCH_METADATA_NAMESPACE_H_
@@ -69,6 +82,9 @@ Monarch::FileStat MakeFileStat(const FileRef& ref, const FileAttributes& attribu
 
 struct FileEntry {
   FileRef ref;
+  // A file cached by extents: its first extent's id and how many it has.
+  uint32_t first_extent = 0;
+  uint32_t extent_count = 0;
   // Index (in the tier list) of the fastest tier with a complete copy. Set
   // with release order only after the copy is complete, so a reader that
   // loads it with acquire order can read that copy. Points into the
@@ -117,6 +133,14 @@ struct NamespaceListing {
 };
 
 
+// Which files are cached by extents, and how large those are: files larger
+// than `threshold`, when `extent_bytes` is not 0.
+struct ExtentLayout {
+  uint64_t extent_bytes = 0;
+  uint64_t threshold = 0;
+  bool Splits(uint64_t file_size) const { return extent_bytes != 0 && file_size > threshold; }
+};
+
 class Namespace {
  public:
   // Memory for `count` tier slots (zeroed or not), valid for the namespace's
@@ -128,15 +152,17 @@ class Namespace {
   // The tier slots come from `allocate` if given, else from the heap.
   static absl::StatusOr<std::unique_ptr<Namespace>> Build(
       const std::string& root, const std::string& file_regex, int source_tier, int threads = 8,
-      const TierSlotAllocator& allocate = {}, SymlinkPolicy symlinks = SymlinkPolicy::kFollow);
+      const TierSlotAllocator& allocate = {}, SymlinkPolicy symlinks = SymlinkPolicy::kFollow,
+      const ExtentLayout& extents = {});
 
   // The namespace `listing` describes, rooted at `root`, without touching
   // the file system: file ids are the listing's order. InvalidArgument if
   // the listing is not a tree (a parent index out of range or not earlier,
   // a name that is not its directory's plus one component, a duplicate).
+  // The tier slots (and entries) are entry_count(): files, then extents.
   static absl::StatusOr<std::unique_ptr<Namespace>> FromListing(
       const std::string& root, const NamespaceListing& listing, int source_tier,
-      const TierSlotAllocator& allocate = {});
+      const TierSlotAllocator& allocate = {}, const ExtentLayout& extents = {});
 
   // The entry for `name` (dataset-relative, or absolute inside the root),
   // or nullptr if it is not a dataset file.
@@ -146,12 +172,27 @@ class Namespace {
   // Sorted names directly inside `dir`; NotFound if it is not a directory.
   absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const;
 
+  // Dataset files: ids 0 .. file_count() - 1.
   uint32_t file_count() const { return file_count_; }
+  // Files and extents: every id a tier slot, a pin or a copy may have.
+  uint32_t entry_count() const { return entry_count_; }
   uint64_t total_bytes() const { return total_bytes_; }
   FileEntry& entry(uint32_t id) const { return entries_[id]; }
-  const FileAttributes& attributes(uint32_t id) const { return attributes_[id]; }
-  // The source file `id` as the walk found it: what its copies must be of.
+  // A file's or an extent's (its file's).
+  const FileAttributes& attributes(uint32_t id) const {
+    return attributes_[entries_[id].ref.source_file().id];
+  }
+  // The source file holding `id` as the walk found it: what its copies (an
+  // extent's too) must be of.
   SourceIdentity identity(uint32_t id) const;
+  const ExtentLayout& extent_layout() const { return extent_layout_; }
+  // `file`'s extent that holds byte `offset` (file.extent_count > 0).
+  FileEntry& ExtentAt(const FileEntry& file, uint64_t offset) const {
+    return entries_[file.first_extent + offset / extent_layout_.extent_bytes];
+  }
+  // The entry a tier's copy named `name` is of: a file, or an extent by its
+  // name (see above). Null if none.
+  FileEntry* FindCopy(absl::string_view name) const;
   const std::string& root() const { return root_; }
 
   // The directory tree, for writing a manifest: index 0 is the root.
@@ -187,6 +228,8 @@ class Namespace {
   std::unique_ptr<FileAttributes[]> attributes_;  // Apart from the entries: off the read path.
   std::unique_ptr<TierSlot[]> own_tier_slots_;  // When no allocator was given.
   uint32_t file_count_ = 0;
+  uint32_t entry_count_ = 0;
+  ExtentLayout extent_layout_;
   uint64_t total_bytes_ = 0;
   absl::flat_hash_map<absl::string_view, uint32_t> by_name_;
 

@@ -47,7 +47,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   if (target < 0) return false;
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
-  const uint32_t files = namespace_->file_count();
+  const uint32_t files = namespace_->entry_count();
   MutexLock lock(&mu_);
   // Two turns of the hand: the first may only clear reference bits.
   for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
@@ -72,7 +72,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
   // Lowered first, so that promotions starting meanwhile do not take back
   // the room being made.
   if (target < tier.limit()) tier.SetLimit(target);
-  const uint32_t files = namespace_->file_count();
+  const uint32_t files = namespace_->entry_count();
   MutexLock lock(&mu_);
   for (uint64_t scanned = 0; tier.reserved_bytes() > target && scanned < 2 * uint64_t{files} &&
                              !stop.load(std::memory_order_relaxed);
@@ -124,7 +124,7 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
   // (which would cost a pass over the namespace per miss).
   constexpr int kCandidates = 32;
   Tier& tier = *(*tiers_)[target];
-  const uint32_t files = namespace_->file_count();
+  const uint32_t files = namespace_->entry_count();
   // Bounded: a victim that changed meanwhile is not moved and is sampled
   // again; a file needs a few evictions at most.
   for (int round = 0; tier.free_bytes() < need; ++round) {

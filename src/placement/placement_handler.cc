@@ -12,7 +12,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
                                    const PlacementConfig& config, bool pin_readers)
     : policy_(std::move(policy)),
       evicts_(policy_->evicts()),
-      pins_(evicts_ || pin_readers ? ns->file_count() : 0),
+      pins_(evicts_ || pin_readers ? ns->entry_count() : 0),
       promoter_(tiers, ns, policy_.get(), &pins_, config),
       evictor_(tiers, ns, policy_.get(), &pins_, &promoter_, &promoter_.chunk_pool(),
                config.chunk_bytes),
@@ -25,7 +25,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
   if (config.cached_source == CachedSourcePolicy::kDefer && source_only &&
       config.policy != PlacementPolicyKind::kNone) {
     deferred_ = std::make_unique<DeferredCopies>(
-        static_cast<uint32_t>(ns->file_count()), [this](uint32_t id) { CopyFromMemory(id); });
+        ns->entry_count(), [this](uint32_t id) { CopyFromMemory(id); });
   }
 }
 
@@ -72,6 +72,24 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 }
 
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
+  if (entry.extent_count > 0) {
+    // A file cached by extents is fetched extent by extent; it has no copy
+    // of its own.
+    PrefetchOutcome outcome = PrefetchOutcome::kNotNeeded;
+    for (uint32_t k = 0; k < entry.extent_count; ++k) {
+      switch (Prefetch(namespace_->entry(entry.first_extent + k))) {
+        case PrefetchOutcome::kFetched:
+          outcome = PrefetchOutcome::kFetched;
+          break;
+        case PrefetchOutcome::kNoRoom:
+          // The rest would find none either, or push out what was fetched.
+          return outcome == PrefetchOutcome::kFetched ? outcome : PrefetchOutcome::kNoRoom;
+        case PrefetchOutcome::kNotNeeded:
+          break;
+      }
+    }
+    return outcome;
+  }
   const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/false);
   switch (admission.found) {
     case Promoter::Found::kPublished:

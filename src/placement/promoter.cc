@@ -89,7 +89,7 @@ Promoter::Promoter(const std::vector<std::unique_ptr<Tier>>* tiers, const Namesp
                    [] { ::pthread_setname_np(::pthread_self(), "monarch-commit"); }),
       pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {
   if (evicts_) {
-    const uint32_t files = std::max<uint32_t>(ns->file_count(), 1);
+    const uint32_t files = std::max<uint32_t>(ns->entry_count(), 1);
     content_crcs_.reset(new std::atomic<uint64_t>[files]());
   }
 }

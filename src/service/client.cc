@@ -428,6 +428,11 @@ class ServiceClient final : public Monarch {
       return session_->image->ref(*id);
     }
     const FileRef& Ref(const Handle& file) const { return *file; }
+    // The image holds files only: a file the service caches by extents is
+    // always on the source here, and its reads are the service's misses,
+    // which it serves from the extents.
+    bool HasExtents(const Handle&) const { return false; }
+    Handle ExtentAt(const Handle& file, uint64_t) const { return file; }
     void FirstRead(const Handle& file) {
       if (first_attempt_) client_.NoteFirstRead(state_, file->id);
     }

@@ -1,0 +1,227 @@
+// Extents: big files cached by aligned ranges, each promoted, evicted,
+// checked and counted as a file of its own (metadata/namespace.h).
+
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "instance_util.h"
+#include "monarch/monarch.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+using testing::MustCreate;
+using testing::ReadWholeAndCheck;
+using testing::ScratchDir;
+using testing::TestFile;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// Extents of 1 MiB for files above 4 MiB. The test files sit in the page
+// cache: misses promote at once, so every source read is counted where it
+// happens (placement.cached_source: defer would take them from memory).
+Config ExtentConfig(const std::string& dataset, std::vector<TierConfig> upper) {
+  Config config = testing::MakeConfig(dataset, std::move(upper));
+  config.placement.extent_bytes = kMiB;
+  config.placement.extent_threshold = 4 * kMiB;
+  config.placement.chunk_bytes = 256 << 10;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  return config;
+}
+
+// One pass over `file` in records of `record` bytes (not aligned to the
+// extents), in a random order, by `threads` threads; false if any byte
+// differed or a read failed.
+bool ReadRecordsAtRandom(Monarch& m, const TestFile& file, size_t record, int threads,
+                         uint32_t seed) {
+  std::vector<uint64_t> offsets;
+  for (uint64_t offset = 0; offset < file.size; offset += record) offsets.push_back(offset);
+  std::shuffle(offsets.begin(), offsets.end(), std::mt19937(seed));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> ok{true};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < threads; ++t) {
+    readers.emplace_back([&] {
+      std::vector<char> buffer(record);
+      for (size_t i = next.fetch_add(1); i < offsets.size(); i = next.fetch_add(1)) {
+        const uint64_t offset = offsets[i];
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(record, file.size - offset));
+        absl::StatusOr<size_t> got = m.Read(file.name, buffer.data(), record, offset);
+        if (!got.ok() || *got != want || !testing::BytesMatch(file, buffer.data(), offset, want)) {
+          ok.store(false);
+        }
+      }
+    });
+  }
+  for (std::thread& reader : readers) reader.join();
+  return ok.load();
+}
+
+TEST_CASE("a file 4x the tier, read at random by 4 threads: exact bytes, the tier never over "
+          "capacity, and later epochs read from the source only what does not fit") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const TestFile big{"big.bin", 77, 32 * kMiB + 12345};  // The last extent is short.
+  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  const TestFile small{"small.bin", 78, 300000};  // Below the threshold: cached whole.
+  testing::WriteFile(ds + "/" + small.name, small.seed, small.size);
+  const uint64_t capacity = 8 * kMiB;
+  auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(capacity)}));
+
+  // Capacity is watched throughout, not only between epochs.
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> most_used{0};
+  std::thread watch([&] {
+    while (!done.load()) {
+      const uint64_t used = m->GetStats().Tier(0, "bytes_used");
+      if (used > most_used.load()) most_used.store(used);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  ReadWholeAndCheck(*m, small);
+  uint64_t source_before = 0;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    CHECK(ReadRecordsAtRandom(*m, big, 96 << 10, 4, 1 + epoch));
+    m->WaitForPlacement();
+    const Stats stats = m->GetStats();
+    const uint64_t read = stats.Source("bytes_read") - source_before;
+    source_before = stats.Source("bytes_read");
+    // Extents first come, first served (first-fit) fill the tier beside the
+    // small file, to within an extent; the rest stay on the source.
+    const uint64_t cached = stats.Tier(0, "bytes_used") - small.size;
+    CHECK(cached + kMiB > capacity - small.size);
+    INFO("epoch ", epoch + 1, ": ", read, " bytes from the source, ", cached, " cached");
+    if (epoch == 0) {
+      CHECK(read == big.size + small.size);  // Every byte once.
+    } else {
+      CHECK(read <= big.size - cached);  // Only what does not fit.
+    }
+  }
+  done.store(true);
+  watch.join();
+  CHECK(most_used.load() <= capacity);
+  CHECK(m->GetStats().Tier(0, "bytes_used") <= capacity);
+  ReadWholeAndCheck(*m, small);
+  CHECK(m->GetStats().Source("bytes_read") == source_before);  // A whole-file hit.
+}
+
+TEST_CASE("a reader of a few bytes of a big file copies their extent, not the file") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const TestFile big{"big.bin", 5, 64 * kMiB};
+  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(256 * kMiB)}));
+  std::vector<char> buffer(8192);
+  // 8 KiB across the boundary of extents 20 and 21.
+  const uint64_t offset = 21 * kMiB - 4096;
+  absl::StatusOr<size_t> got = m->Read(big.name, buffer.data(), buffer.size(), offset);
+  REQUIRE(got.ok());
+  REQUIRE(*got == buffer.size());
+  CHECK(testing::BytesMatch(big, buffer.data(), offset, buffer.size()));
+  m->WaitForPlacement();
+  Stats stats = m->GetStats();
+  CHECK(stats.Source("bytes_read") == 2 * kMiB);
+  CHECK(stats.Tier(0, "files") == 2);
+  CHECK(stats.Tier(0, "bytes_used") == 2 * kMiB);
+  // Read again: from the tier.
+  got = m->Read(big.name, buffer.data(), buffer.size(), offset);
+  REQUIRE(got.ok());
+  CHECK(testing::BytesMatch(big, buffer.data(), offset, buffer.size()));
+  CHECK(m->GetStats().Source("bytes_read") == 2 * kMiB);
+  // A read past the end is short, as pread's; at the end, 0.
+  got = m->Read(big.name, buffer.data(), buffer.size(), big.size - 100);
+  REQUIRE(got.ok());
+  CHECK(*got == 100);
+  CHECK(testing::BytesMatch(big, buffer.data(), big.size - 100, 100));
+  got = m->Read(big.name, buffer.data(), buffer.size(), big.size);
+  REQUIRE(got.ok());
+  CHECK(*got == 0);
+}
+
+// Flips one byte of the file at `path`, at `offset`.
+void FlipByte(const std::string& path, uint64_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  char c = 0;
+  REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  c = static_cast<char>(c ^ 0x5a);
+  REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  ::close(fd);
+}
+
+TEST_CASE("extent copies in a file tier: evicted and promoted again, checked by their CRCs, a "
+          "flipped byte never served, adopted by a restart with the same extent size only") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const TestFile big{"sub/big.bin", 9, 12 * kMiB};
+  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  // Room for 4 of the 12 extents: lru evicts as the scan goes on.
+  Config config = ExtentConfig(
+      ds, {testing::FileTier(TierKind::kPosix, nvme, 4 * testing::OnDisk(kMiB), "nvme")});
+  config.placement.policy = PlacementPolicyKind::kLru;
+  {
+    auto m = MustCreate(config);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      ReadWholeAndCheck(*m, big, 300000);
+      m->WaitForPlacement();
+    }
+    const Stats stats = m->GetStats();
+    CHECK(stats.Get("evictions") >= 8);
+    CHECK(stats.Tier(0, "files") == 4);
+    CHECK(stats.Tier(0, "bytes_used") <= 4 * testing::OnDisk(kMiB));
+  }
+  // The last epoch left extents 8-11 in the tier.
+  const std::string copy = absl::StrCat(nvme, "/.monarch/extents/", kMiB, "/sub/big.bin/9");
+  REQUIRE(::access(copy.c_str(), F_OK) == 0);
+  FlipByte(copy, 4242);
+  {
+    auto m = MustCreate(config);
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("warm_files_reused") == 4);
+    // Extent 9's damage is found when it is read: served from the source.
+    std::vector<char> buffer(kMiB);
+    absl::StatusOr<size_t> got = m->Read(big.name, buffer.data(), kMiB, 9 * kMiB);
+    REQUIRE(got.ok());
+    REQUIRE(*got == kMiB);
+    CHECK(testing::BytesMatch(big, buffer.data(), 9 * kMiB, kMiB));
+    got = m->Read(big.name, buffer.data(), kMiB, 10 * kMiB);
+    REQUIRE(got.ok());
+    CHECK(testing::BytesMatch(big, buffer.data(), 10 * kMiB, kMiB));
+    stats = m->GetStats();
+    CHECK(stats.Tier(0, "damaged_copies") == 1);
+    CHECK(stats.Source("bytes_read") == kMiB);  // Extent 9 only; 10 was a hit.
+  }
+  // Another extent size: the copies are of other ranges, and never read.
+  config.placement.extent_bytes = 2 * kMiB;
+  auto m = MustCreate(config);
+  CHECK(m->GetStats().Get("warm_files_reused") == 0);
+  ReadWholeAndCheck(*m, big);
+  CHECK(m->GetStats().Source("bytes_read") == big.size);
+}
+
+TEST_CASE("placement.extent_bytes: refused unless a multiple of 4KiB, naming the key") {
+  ScratchDir dir;
+  absl::StatusOr<Config> config = ParseConfigString(
+      absl::StrCat("dataset: {path: ", dir.path(),
+                   "}\ntiers:\n  - {kind: source}\nplacement: {extent_bytes: 5000}\n"));
+  REQUIRE_FALSE(config.ok());
+  CHECK(absl::StrContains(config.status().message(), "placement.extent_bytes"));
+  CHECK(absl::StrContains(config.status().message(), "multiple of 4KiB"));
+}
+
+}  // namespace
+}  // namespace monarch
