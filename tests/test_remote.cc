@@ -190,6 +190,39 @@ TEST_CASE("peers: each file is read from the source once in the whole cluster, b
   CHECK(cluster.SourceBytes() == total);
 }
 
+TEST_CASE("peers: big files cached by extents spread their homes over every peer") {
+  ScratchDir dir;
+  const std::string dataset = dir.Sub("dataset");
+  // 2 files of 24 extents each, the last one short.
+  const std::vector<TestFile> files = {{"a/big0.bin", 31, 24 * (1 << 20) - 1000},
+                                       {"b/big1.bin", 32, 24 * (1 << 20) - 3000}};
+  for (const TestFile& f : files) testing::WriteFile(dataset + "/" + f.name, f.seed, f.size);
+  const uint64_t total = testing::TotalBytes(files);
+  const int size = 4;
+  std::vector<Config> configs;
+  for (int r = 0; r < size; ++r) {
+    configs.push_back(PeerConfig(dataset, dir.Sub("rdv"), r, size, 2 * total));
+    configs.back().placement.extent_bytes = 1 << 20;
+    configs.back().placement.extent_threshold = 4 << 20;
+  }
+  Cluster cluster(configs);
+  CHECK(ReadEverything(cluster, files, 2, 300000, 5) == 0);
+  cluster.Settle();
+  CHECK(cluster.SourceBytes() == total);  // Each extent once, cluster-wide.
+  uint64_t home_extents = 0;
+  for (auto& p : cluster.peers) {
+    const Stats s = p->GetStats();
+    // Rendezvous hashing gives each of the 4 about 12 of the 48 extents.
+    CHECK(s.Get("remote.home_files") >= 4);
+    home_extents += s.Get("remote.home_files");
+    CHECK(s.Get("remote.fallbacks") == 0);
+    CHECK(s.Get("remote.bytes_served") > 0);  // Every peer served its share.
+  }
+  CHECK(home_extents == 48);  // Every extent has one home; the files none.
+  CHECK(ReadEverything(cluster, files, 2, 1 << 20, 6) == 0);
+  CHECK(cluster.SourceBytes() == total);
+}
+
 TEST_CASE("peers: tiers holding part of the dataset still keep every home file") {
   ScratchDir dir;
   const std::string dataset = dir.Sub("dataset");

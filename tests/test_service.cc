@@ -118,6 +118,44 @@ TEST_CASE("service: a client reads every byte exactly, the source once, then hit
   CHECK(*(*client)->Read(big.name, piece, sizeof(piece), big.size + 5) == 0);
 }
 
+TEST_CASE("service: a file the service caches by extents reads exact through a client, each "
+          "extent from the source once") {
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"big.bin", 41, 20 * (1 << 20) + 777};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  Config config = SharedConfig(data, {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  service::ServeOptions options;
+  options.buffer_bytes = 256 * 1024;
+  auto node = NodeService::Start(testing::Valid(config), options);
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  // A few records first: only their extents are copied.
+  std::vector<char> buffer(100000);
+  for (uint64_t offset : {uint64_t{3} << 20, (uint64_t{11} << 20) - 50000}) {
+    absl::StatusOr<size_t> n = (*client)->Read(big.name, buffer.data(), buffer.size(), offset);
+    REQUIRE(n.ok());
+    REQUIRE(*n == buffer.size());
+    CHECK(testing::BytesMatch(big, buffer.data(), offset, buffer.size()));
+  }
+  (*client)->WaitForPlacement();
+  Stats stats = (*client)->GetStats();
+  CHECK(SourceBytes(stats) == 3 * (1 << 20));  // Extents 3, 10 and 11.
+  CHECK(stats.Tier(0, "files") == 3);
+  ReadAllExact(**client, {big});
+  (*client)->WaitForPlacement();
+  ReadAllExact(**client, {big});
+  stats = (*client)->GetStats();
+  CHECK(SourceBytes(stats) == big.size);
+  CHECK(stats.Tier(0, "files") == 21);
+  CHECK(stats.Tier(0, "bytes_used") == big.size);
+  CHECK(*(*client)->FileSize(big.name) == big.size);
+  CHECK((*client)->ListFiles() == std::vector<std::string>{big.name});  // No extent names.
+}
+
 // Page faults taken reading every file whole through `monarch`, bytes checked.
 uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) {
   std::string buffer(files.front().size, '\1');  // Touched before the reads.

@@ -410,7 +410,7 @@ class MonarchImpl final : public MonarchCore {
       auto serve = [ns = namespace_, peers = peers_, files = files_](
                        const PeerNetwork::FileRequest& request, char* staging,
                        PeerNetwork::TakeFn take) -> absl::Status {
-        FileEntry* entry = ns->Find(request.name);
+        FileEntry* entry = ns->FindCopy(request.name);  // A file or an extent.
         MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry, request));
         if (files->VisitInMemory(entry, request.offset, request.length, take)) {
           return absl::OkStatus();
@@ -572,7 +572,7 @@ class MonarchImpl final : public MonarchCore {
   // MonarchCore.
   const Namespace& name_space() const override { return *namespace_; }
   absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
-    if (id >= namespace_->file_count()) return absl::NotFoundError("no such file id");
+    if (id >= namespace_->entry_count()) return absl::NotFoundError("no such file id");
     return ReadFound(*files_, &namespace_->entry(id), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }

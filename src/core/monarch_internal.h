@@ -38,7 +38,8 @@ class MonarchCore : public Monarch {
   virtual Stats GetStatsWith(const std::vector<TierReadTotals>& elsewhere) const = 0;
   virtual const Namespace& name_space() const = 0;
   // Reads file `id` through the internal read path (tier copies,
-  // promotions, dropping a bad copy), as Read() does by name.
+  // promotions, dropping a bad copy), as Read() does by name. `id` may be
+  // an extent's (Namespace::entry_count()): its bytes, at `offset` in it.
   virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) = 0;
   // The tiers, fastest first (cache tiers, the peers if any, the source).
   virtual int tier_count() const = 0;

@@ -54,9 +54,12 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
       rank_(rank),
       size_(size),
       replicas_(std::clamp(config.replicas, 1, size)) {
-  holders_.resize(size_t{ns->file_count()} * replicas_);
+  // Extents have homes of their own, hashed from their names (file and
+  // index): a few big files spread over every peer. A file cached by
+  // extents is never fetched whole, and is no one's to keep.
+  holders_.resize(size_t{ns->entry_count()} * replicas_);
   std::vector<int> order;
-  for (uint32_t id = 0; id < ns->file_count(); ++id) {
+  for (uint32_t id = 0; id < ns->entry_count(); ++id) {
     uint16_t* holders = &holders_[size_t{id} * replicas_];
     const uint64_t hash = StableNameHash(ns->entry(id).ref.name);
     if (replicas_ == 1) {
@@ -65,6 +68,7 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
       RendezvousOrder(hash, size, &order);
       for (int i = 0; i < replicas_; ++i) holders[i] = static_cast<uint16_t>(order[i]);
     }
+    if (ns->entry(id).extent_count > 0) continue;
     if (holders[0] == rank) ++home_files_;
     for (int i = 1; i < replicas_; ++i) replica_files_ += holders[i] == rank;
   }
@@ -86,6 +90,7 @@ int PeerDriver::FirstUpHolder(uint32_t id) const {
 }
 
 bool PeerDriver::IsKept(uint32_t id) const {
+  if (ns_->entry(id).extent_count > 0) return false;
   return KeptGiven(id, [this](int rank) { return Alive(rank); });
 }
 
@@ -193,7 +198,7 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
   fill_ = std::move(fill);
   if (replicas_ > 1) {
     std::vector<uint32_t> replicas;
-    for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+    for (uint32_t id = 0; id < ns_->entry_count(); ++id) {
       if (Holders(id)[0] != rank_ && IsKept(id)) replicas.push_back(id);
     }
     MutexLock lock(&keeper_mu_);
@@ -249,8 +254,8 @@ void PeerDriver::KeeperLoop() {
       // earlier, each file falls to the first live ranks of its order.
       auto alive_before = [&](int r) { return failed[r] || Alive(r); };
       std::vector<uint32_t> adopted;
-      adopted_.resize(ns_->file_count());
-      for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+      adopted_.resize(ns_->entry_count());
+      for (uint32_t id = 0; id < ns_->entry_count(); ++id) {
         if (!IsKept(id) || KeptGiven(id, alive_before)) continue;
         adopted.push_back(id);
         if (!adopted_[id]) {
@@ -390,8 +395,9 @@ absl::Status PeerDriver::CheckServable(const FileEntry* entry,
 
 KeptShare PeerDriver::HomeShare() const {
   KeptShare share;
-  for (uint32_t id = 0; id < ns_->file_count(); ++id) {
+  for (uint32_t id = 0; id < ns_->entry_count(); ++id) {
     const FileEntry& entry = ns_->entry(id);
+    if (entry.extent_count > 0) continue;  // Kept by extents.
     const uint16_t* holders = Holders(id);
     if (std::find(holders, holders + replicas_, rank_) != holders + replicas_ &&
         entry.state.load() == PlacementState::kOnSource) {
@@ -407,7 +413,8 @@ void PeerDriver::ReportCounters(CounterSink& sink) const {
   sink.Gauge("remote.rank", static_cast<uint64_t>(rank_), "This process's rank.");
   sink.Gauge("remote.peers", static_cast<uint64_t>(size_), "Processes in the job.");
   sink.Gauge("remote.buffer_bytes", buffer_bytes_, "Each pre-registered receive buffer.");
-  sink.Gauge("remote.home_files", home_files_, "Files whose home is this process.");
+  sink.Gauge("remote.home_files", home_files_,
+             "Files (and extents of files cached by extents) whose home is this process.");
   sink.Gauge("remote.replicas", static_cast<uint64_t>(replicas_), "Peers that keep each file.");
   sink.Gauge("remote.replica_files", replica_files_,
              "Files this process keeps a second (or later) copy of.");

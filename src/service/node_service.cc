@@ -528,6 +528,19 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
       if (chosen[id]) ids.push_back(id);
     }
   }
+  // A file cached by extents is staged extent by extent (each counted as a
+  // file): it never has a copy of its own.
+  std::vector<uint32_t> copies;
+  copies.reserve(ids.size());
+  for (uint32_t id : ids) {
+    const FileEntry& entry = ns.entry(id);
+    if (entry.extent_count == 0) {
+      copies.push_back(id);
+      continue;
+    }
+    for (uint32_t k = 0; k < entry.extent_count; ++k) copies.push_back(entry.first_extent + k);
+  }
+  ids = std::move(copies);
   StageProgress progress;
   progress.files_total = ids.size();
   for (uint32_t id : ids) progress.bytes_total += ns.entry(id).ref.size;
@@ -635,7 +648,8 @@ StatusReply NodeService::Status() {
   status.files = ns.file_count();
   status.dataset_bytes = ns.total_bytes();
   const int source = core_->tier_count() - 1;
-  for (uint32_t id = 0; id < ns.file_count(); ++id) {
+  // Extents in tiers count as files.
+  for (uint32_t id = 0; id < ns.entry_count(); ++id) {
     const FileEntry& entry = ns.entry(id);
     if (entry.tier->load(std::memory_order_relaxed) < source &&
         core_->tier_config(entry.tier->load(std::memory_order_relaxed)).kind != TierKind::kPeers) {
