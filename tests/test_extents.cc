@@ -4,11 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/monarch_internal.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "test_util.h"
@@ -151,6 +155,37 @@ TEST_CASE("a reader of a few bytes of a big file copies their extent, not the fi
   CHECK(*got == 0);
 }
 
+TEST_CASE("a file scanned front to back has its next extents promoted ahead of the reader, "
+          "each byte still read from the source once") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const TestFile shard{"shard.tar", 12, 16 * kMiB + 4096};
+  testing::WriteFile(ds + "/" + shard.name, shard.seed, shard.size);
+  auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(64 * kMiB)}));
+  ReadWholeAndCheck(*m, shard, 64 << 10);
+  m->WaitForPlacement();
+  Stats stats = m->GetStats();
+  // Every extent but the first (and those the reader reached first) was
+  // started ahead of it.
+  CHECK(stats.Get("read_ahead_extents") >= 8);
+  CHECK(stats.Get("read_ahead_extents") <= 16);
+  CHECK(stats.Source("bytes_read") == shard.size);
+  CHECK(stats.Tier(0, "files") == 17);
+  // Random records far apart are no scan: nothing is read ahead for them.
+  const TestFile other{"other.bin", 13, 16 * kMiB};
+  testing::WriteFile(ds + "/" + other.name, other.seed, other.size);
+  auto fresh = MustCreate(ExtentConfig(ds, {testing::RamTier(64 * kMiB)}));
+  std::vector<char> buffer(4096);
+  for (uint64_t offset : {uint64_t{9} * kMiB + 5, uint64_t{3} * kMiB + 7, uint64_t{14} * kMiB}) {
+    absl::StatusOr<size_t> got = fresh->Read(other.name, buffer.data(), buffer.size(), offset);
+    REQUIRE(got.ok());
+    CHECK(testing::BytesMatch(other, buffer.data(), offset, buffer.size()));
+  }
+  fresh->WaitForPlacement();
+  CHECK(fresh->GetStats().Get("read_ahead_extents") == 0);
+  CHECK(fresh->GetStats().Source("bytes_read") == 3 * kMiB);
+}
+
 // Flips one byte of the file at `path`, at `offset`.
 void FlipByte(const std::string& path, uint64_t offset) {
   const int fd = ::open(path.c_str(), O_RDWR);
@@ -211,6 +246,79 @@ TEST_CASE("extent copies in a file tier: evicted and promoted again, checked by 
   CHECK(m->GetStats().Get("warm_files_reused") == 0);
   ReadWholeAndCheck(*m, big);
   CHECK(m->GetStats().Source("bytes_read") == big.size);
+}
+
+// Regular files under `dir`, recursively: their bytes.
+uint64_t FileBytesUnder(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, error);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (error) break;
+    if (it->is_regular_file(error)) total += it->file_size(error);
+  }
+  return total;
+}
+
+TEST_CASE("SIGKILL in the middle of extents' promotions: a restart serves nothing wrong") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string nvme = dir.Sub("nvme");
+  const TestFile big{"big.bin", 21, 24 * kMiB};
+  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  const Config config = ExtentConfig(
+      ds, {testing::FileTier(TierKind::kPosix, nvme, 64 * kMiB, "nvme")});
+  std::mt19937 rng(5);
+  for (int round = 0; round < 4; ++round) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // A slow source: extents are in flight when the kill comes.
+      testing::FaultInjectingDriver::Faults source;
+      source.read_delay_us = 2000;
+      absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(
+          config, [&](int index, std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
+            if (index == 1) {
+              return std::make_unique<testing::FaultInjectingDriver>(std::move(d), &source);
+            }
+            return d;
+          });
+      if (!m.ok()) ::_exit(2);
+      std::vector<std::thread> readers;
+      for (int t = 0; t < 3; ++t) {
+        readers.emplace_back([&, t] {
+          std::vector<char> buffer(100000);
+          for (uint64_t offset = t * 3 * kMiB; offset < big.size; offset += 5 * kMiB / 2) {
+            (void)(*m)->Read(big.name, buffer.data(), buffer.size(), offset);
+          }
+        });
+      }
+      for (std::thread& r : readers) r.join();
+      ::pause();
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 150));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    // Now and then, damage an extent's copy the killed process published.
+    if (round % 2 == 1) {
+      for (uint32_t k = 0; k < 24; ++k) {
+        const std::string path =
+            absl::StrCat(nvme, "/.monarch/extents/", kMiB, "/", big.name, "/", k);
+        if (::access(path.c_str(), F_OK) == 0) {
+          FlipByte(path, 1000);
+          break;
+        }
+      }
+    }
+    auto m = MustCreate(config);
+    // The killed process's temporaries were removed by the start-up scan.
+    CHECK(FileBytesUnder(nvme + "/.monarch/tmp") == 0);
+    ReadWholeAndCheck(*m, big, 777777);
+    m->Shutdown(Monarch::ShutdownMode::kCancel);
+  }
 }
 
 TEST_CASE("placement.extent_bytes: refused unless a multiple of 4KiB, naming the key") {

@@ -146,6 +146,31 @@ TEST_CASE("purge removes every copy and what Monarch keeps, and only that") {
   }
 }
 
+TEST_CASE("purge removes the copies of extents, and keeps what is not a copy among them") {
+  ScratchDir scratch;
+  const std::string tier = scratch.Sub("tier");
+  const uint64_t copy_bytes =
+      StoreCopies(tier, {".monarch/extents/1048576/big.bin/0",
+                         ".monarch/extents/1048576/big.bin/1",
+                         ".monarch/extents/1048576/sub/other.bin/7", "whole.bin"},
+                  10000);
+  WriteText(tier + "/.monarch/extents/1048576/big.bin/notes.txt", "mine");
+  absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier, PurgeOptions{});
+  REQUIRE(report.ok());
+  CHECK(report->errors.empty());
+  CHECK(report->copies == 4);
+  CHECK(report->copy_bytes == copy_bytes);
+  CHECK(report->foreign_files == 1);
+  CHECK(Tree(tier) == std::set<std::string>{".monarch", ".monarch/extents",
+                                             ".monarch/extents/1048576",
+                                             ".monarch/extents/1048576/big.bin",
+                                             ".monarch/extents/1048576/big.bin/notes.txt"});
+  fs::remove(tier + "/.monarch/extents/1048576/big.bin/notes.txt");
+  report = PurgeCopyTree(tier, PurgeOptions{});
+  REQUIRE(report.ok());
+  CHECK(!fs::exists(tier + "/.monarch"));
+}
+
 TEST_CASE("purge of a directory that is no tier (a tier path set to $HOME) removes nothing") {
   ScratchDir scratch;
   const std::string home = scratch.Sub("home");

@@ -206,6 +206,9 @@ class LocalFiles {
   Handle ExtentAt(Handle file, uint64_t offset) const {
     return &namespace_->ExtentAt(*file, offset);
   }
+  void ReadingRange(Handle file, uint64_t offset, size_t n) {
+    placement_->ReadingRange(*file, offset, n);
+  }
   void FirstRead(Handle file) {
     // A reader's first read of a file frees the prefetch lookahead it took.
     if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);

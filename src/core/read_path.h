@@ -20,7 +20,9 @@
 //   const FileRef& Ref(const Handle& file);
 //   bool HasExtents(const Handle& file);     // Cached by extents (metadata/namespace.h):
 //   Handle ExtentAt(const Handle& file,      //   the one holding byte `offset`, read
-//                   uint64_t offset);        //   as a file of its own.
+//                   uint64_t offset);        //   as a file of its own;
+//   void ReadingRange(const Handle& file,    //   told of each read of such a file
+//       uint64_t offset, size_t n);          //   first (read-ahead of scans).
 //   void FirstRead(const Handle& file);      // A reader starts the file (offset 0).
 //   int Pin(const Handle& file);             // The tier holding it now, kept until
 //   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
@@ -70,6 +72,7 @@ absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& fil
     // Extent by extent, each read as a file is: its copy, its promotion or
     // the source. A piece the source ends early (the file shrank) ends the
     // read short, as pread's; an error fails it.
+    files.ReadingRange(file, offset, n);
     size_t done = 0;
     while (done < n) {
       const typename Files::Handle extent = files.ExtentAt(file, offset + done);

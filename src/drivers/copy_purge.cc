@@ -170,8 +170,8 @@ class Purge {
     dir = ScopedFd();
     // Only a directory the purge emptied goes (it held copies, so Monarch
     // made it or shares it with nothing else); an empty one of the user's
-    // stays.
-    if (outcome.removed_any && !outcome.left_any) {
+    // stays. Under ".monarch/extents" every directory is Monarch's.
+    if ((outcome.removed_any || in_extents_) && !outcome.left_any) {
       RemoveDirectory(fd, name, relative, &outcome);
     } else {
       outcome.left_any = true;  // The directory itself stays.
@@ -189,7 +189,8 @@ class Purge {
     ++report_.directories;
   }
 
-  // "<root>/.monarch": Monarch's own, holding "tmp/" and its temporaries.
+  // "<root>/.monarch": Monarch's own, holding "tmp/" and its temporaries,
+  // and "extents/", the copies of extents.
   Outcome WalkReserved(int root_fd, const std::string& name, const struct stat& st) {
     Outcome outcome;
     ScopedFd reserved = OpenDirectory(root_fd, name, name, st);
@@ -208,6 +209,18 @@ class Purge {
     bool left = false;
     for (const std::string& entry : *entries) {
       struct stat tmp_st;
+      if (entry == CopyTree::kExtentsDirectory &&
+          os::FstatAt(reserved.get(), entry.c_str(), &tmp_st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISDIR(tmp_st.st_mode)) {
+        // Copies of extents, in a tree named after the files: as the copies.
+        in_extents_ = true;
+        Outcome extents =
+            Descend(reserved.get(), absl::StrCat(name, "/", entry), entry, tmp_st, 1);
+        in_extents_ = false;
+        Merge(extents, &outcome);
+        left = left || extents.left_any;
+        continue;
+      }
       if (entry != tmp || os::FstatAt(reserved.get(), entry.c_str(), &tmp_st,
                                       AT_SYMLINK_NOFOLLOW) != 0 ||
           !S_ISDIR(tmp_st.st_mode)) {
@@ -316,6 +329,7 @@ class Purge {
   const dev_t device_;
   const PurgeOptions& options_;
   PurgeReport report_;
+  bool in_extents_ = false;  // Walking ".monarch/extents", where every directory is ours.
 };
 
 }  // namespace

@@ -18,6 +18,9 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
                config.chunk_bytes),
       source_(tiers->back().get()),
       namespace_(ns) {
+  if (ns->entry_count() > ns->file_count()) {
+    scan_ends_.reset(new std::atomic<uint64_t>[ns->file_count()]());
+  }
   // Only where the source is the one origin: with peers, a miss goes to the
   // file's home first, and its copy to the home's share.
   const bool source_only =
@@ -107,6 +110,34 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
   return PrefetchOutcome::kFetched;
 }
 
+void PlacementHandler::ReadingRange(const FileEntry& file, uint64_t offset, size_t n) {
+  if (scan_ends_ == nullptr || n == 0) return;
+  const uint64_t end = offset + n;
+  // A scan goes on where the last read ended, or begins the file.
+  const uint64_t last = scan_ends_[file.ref.id].exchange(end, std::memory_order_relaxed);
+  if (last != offset && offset != 0) return;
+  const uint64_t extent_bytes = namespace_->extent_layout().extent_bytes;
+  const uint64_t ahead_end = std::min(file.ref.size, end + kReadAheadExtents * extent_bytes);
+  if (end >= ahead_end) return;
+  // The extents past the one this read ends in, up to the window's end.
+  const uint32_t first = static_cast<uint32_t>((end - 1) / extent_bytes) + 1;
+  const uint32_t last_extent = static_cast<uint32_t>((ahead_end - 1) / extent_bytes);
+  for (uint32_t k = first; k <= last_extent && k < file.extent_count; ++k) {
+    FileEntry& extent = namespace_->entry(file.first_extent + k);
+    if (extent.state.load(std::memory_order_acquire) != PlacementState::kOnSource) continue;
+    // Never by eviction: in a tier smaller than the window, an extent read
+    // ahead would push out the one the reader is about to read.
+    const Promoter::Admission admission = promoter_.StartOrJoin(extent, /*pin=*/false);
+    if (admission.found == Promoter::Found::kNoTier ||
+        admission.found == Promoter::Found::kNotPlaceable) {
+      return;  // No room for the rest either.
+    }
+    if (admission.found != Promoter::Found::kStarted) continue;
+    read_ahead_started_.fetch_add(1, std::memory_order_relaxed);
+    promoter_.RunInBackground(admission.promotion);
+  }
+}
+
 Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(FileEntry& entry, bool pin) {
   bool room_made = false;
   if (WantsFasterTier(entry)) {
@@ -140,6 +171,10 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
   if (evicts_) evictor_.ReportCounters(sink);
   promoter_.ReportCounters(sink);
   if (deferred_ != nullptr) deferred_->ReportCounters(sink);
+  if (scan_ends_ != nullptr) {
+    sink.Counter("read_ahead_extents", read_ahead_started_.load(std::memory_order_relaxed),
+                 "Extents promoted ahead of a reader scanning a file cached by extents.");
+  }
 }
 
 }  // namespace monarch

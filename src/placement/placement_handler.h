@@ -94,6 +94,15 @@ class PlacementHandler final {
                   // down): left alone, so the source is not read for nothing.
   };
   PrefetchOutcome Prefetch(FileEntry& entry);
+  // A reader reads [offset, offset + n) of `file`, cached by extents. A read
+  // that goes on where the last one of the file ended (a scan: a shard read
+  // front to back) promotes, on the placement threads, the extents that
+  // hold the next kReadAheadExtents extents' worth past it, so that the
+  // reader finds them loading or loaded, as a whole-file promotion's
+  // placement task loads the rest of a file ahead of its reader. Only into
+  // room the tiers have: read-ahead never evicts.
+  void ReadingRange(const FileEntry& file, uint64_t offset, size_t n);
+  static constexpr uint64_t kReadAheadExtents = 4;
   // Lets a file that found no room earlier be placed again: the policy now
   // wants it (a peer's file this node took over).
   void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());
@@ -171,6 +180,9 @@ class PlacementHandler final {
   // After the Promoter, whose staging pool and file locks it uses; none of
   // the Promoter's threads use it.
   Evictor evictor_;
+  // Per file, when the namespace has extents: where its last read ended.
+  std::unique_ptr<std::atomic<uint64_t>[]> scan_ends_;
+  std::atomic<uint64_t> read_ahead_started_{0};
   // With placement.cached_source: defer, and a source that is the only
   // origin (no peers). Last: its thread uses everything above.
   Tier* const source_;

@@ -90,6 +90,14 @@ class Promoter final : public PromotionHost, public FileLocks {
   // for, if nobody has it, and unpins the file.
   absl::StatusOr<size_t> ReadThrough(const std::shared_ptr<Promotion>& promotion, uint64_t offset,
                                      char* dst, size_t n);
+  // Queues the placement task of `promotion` (StartOrJoin started it without
+  // a reader) on the placement pool, unless someone has it: it then loads
+  // and writes every chunk no reader has loaded. For read-ahead.
+  void RunInBackground(const std::shared_ptr<Promotion>& promotion) {
+    if (promotion->ClaimBackgroundTask()) {
+      pool_.detach_task([promotion] { promotion->RunToCompletion(); });
+    }
+  }
   // Lets `entry`, left on the source because it found no room, be promoted
   // again, if it is still on the source and not in flight. The caller holds
   // the Evictor's mutex: an eviction marks its file as staying on the

@@ -433,6 +433,7 @@ class ServiceClient final : public Monarch {
     // which it serves from the extents.
     bool HasExtents(const Handle&) const { return false; }
     Handle ExtentAt(const Handle& file, uint64_t) const { return file; }
+    void ReadingRange(const Handle&, uint64_t, size_t) {}
     void FirstRead(const Handle& file) {
       if (first_attempt_) client_.NoteFirstRead(state_, file->id);
     }
