@@ -186,6 +186,53 @@ TEST_CASE("a file scanned front to back has its next extents promoted ahead of t
   CHECK(fresh->GetStats().Source("bytes_read") == 3 * kMiB);
 }
 
+TEST_CASE("an order of ranges prefetches the extents that hold them, in that order") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const TestFile big{"tokens.bin", 17, 32 * kMiB};
+  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  const TestFile small{"labels.bin", 18, 100000};  // Cached whole.
+  testing::WriteFile(ds + "/" + small.name, small.seed, small.size);
+  auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(256 * kMiB)}));
+  // Records of 64 KiB in extents 30, 2, 17 (two, one after the other: no
+  // scan), and 5 and 6 (one across the two), and the small file whole.
+  const std::vector<Monarch::SampleRange> samples = {
+      {big.name, 30 * kMiB + 4096, 65536}, {big.name, 2 * kMiB, 65536},
+      {small.name, 0, 0},                  {big.name, 17 * kMiB, 65536},
+      {big.name, 17 * kMiB + 65536, 65536}, {big.name, 6 * kMiB - 1000, 65536}};
+  REQUIRE(m->AnnounceRanges(samples).ok());
+  // Each extent the streams fetched is loaded whole; nothing else is.
+  const uint64_t fetched = 5 * kMiB + small.size;  // Extents 30, 2, 17, 5, 6; the small file.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (m->GetStats().Get("prefetch_files") < 6 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  m->WaitForPlacement();
+  Stats stats = m->GetStats();
+  CHECK(stats.Get("prefetch_files") == 6);
+  CHECK(stats.Source("bytes_read") == fetched);
+  CHECK(stats.Tier(0, "files") == 6);
+  std::vector<char> buffer(65536);
+  for (const Monarch::SampleRange& sample : samples) {
+    const TestFile& f = sample.file == big.name ? big : small;
+    const size_t n = sample.length != 0 ? sample.length : f.size;
+    std::vector<char> bytes(n);
+    absl::StatusOr<size_t> got = m->Read(f.name, bytes.data(), n, sample.offset);
+    REQUIRE(got.ok());
+    REQUIRE(*got == n);
+    CHECK(testing::BytesMatch(f, bytes.data(), sample.offset, n));
+  }
+  stats = m->GetStats();
+  m->WaitForPlacement();
+  CHECK(stats.Source("bytes_read") == fetched);  // All hits.
+  CHECK(stats.Get("read_ahead_extents") == 0);
+  CHECK(stats.Get("prefetch_hits") >= 5);
+  // Errors: nothing is announced.
+  CHECK(absl::IsNotFound(m->AnnounceRanges({{"nope.bin", 0, 10}})));
+  CHECK(absl::IsOutOfRange(m->AnnounceRanges({{big.name, big.size, 10}})));
+  CHECK(m->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
+}
+
 // Flips one byte of the file at `path`, at `offset`.
 void FlipByte(const std::string& path, uint64_t offset) {
   const int fd = ::open(path.c_str(), O_RDWR);

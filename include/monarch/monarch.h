@@ -144,6 +144,22 @@ class Monarch {
   absl::Status AnnounceSampledOrder(const std::vector<std::string>& files,
                                     const SampledOrder& how);
 
+  // A sample that is a range of a file: `length` bytes at `offset` (0: to
+  // the end of the file). A record inside a big file.
+  struct SampleRange {
+    std::string file;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  // AnnounceOrder with samples given as ranges: for a file cached by
+  // extents (placement.extent_bytes), the streams fetch the extents that
+  // hold each range, in the order given, and next-use eviction sees when
+  // each extent is read next; a file cached whole is fetched whole.
+  // OutOfRange names a range that starts past its file's end; otherwise as
+  // AnnounceOrder. Through the node service, the ranges' files are
+  // announced (each fetched whole, extent by extent), in their order.
+  virtual absl::Status AnnounceRanges(const std::vector<SampleRange>& samples);
+
  protected:
   Monarch() = default;
 };

@@ -93,6 +93,13 @@ void monarch_wait_for_placement(monarch_t* m);
 monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size_t count,
                                     char** error);
 
+/* As monarch_announce_order, with each of the `count` samples a range of a
+ * file: `lengths[i]` bytes at `offsets[i]` of `names[i]` (length 0: to the
+ * end). See Monarch::AnnounceRanges. */
+monarch_code monarch_announce_ranges(monarch_t* m, const char* const* names,
+                                     const uint64_t* offsets, const uint64_t* lengths,
+                                     size_t count, char** error);
+
 /* A read order as a seeded sampler, for the two calls below: what rank
  * `rank` of `world_size` reads in epochs first_epoch .. first_epoch +
  * epochs - 1 of a dataset of N samples, rebuilt exactly as

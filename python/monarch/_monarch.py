@@ -495,6 +495,26 @@ class Monarch:
         if code != OK:
             _raise(code, message)
 
+    def announce_ranges(self, samples):
+        """announce_order() for samples that are ranges of files, records
+        inside big files: `samples` is a sequence of (path, offset, length)
+        (length 0: to the end of the file). For a file cached by extents
+        (config `placement.extent_bytes`), Monarch reads ahead the extents
+        that hold each record, in that order. FileNotFoundError names a path
+        outside the dataset; an offset past a file's end is an error too;
+        nothing is announced then."""
+        samples = list(samples)
+        names, _ = self._name_array([s[0] for s in samples])
+        count = len(samples)
+        offsets = (ctypes.c_uint64 * count)(*[int(s[1]) for s in samples])
+        lengths = (ctypes.c_uint64 * count)(*[int(s[2]) for s in samples])
+        error = ctypes.c_void_p()
+        code = _lib.lib().monarch_announce_ranges(self._h(), names, offsets, lengths, count,
+                                                  ctypes.byref(error))
+        message = _lib.take_string(error.value)
+        if code != OK:
+            _raise(code, message)
+
     def announce_sampled_order(self, files, seed, first_epoch, epochs=1, shuffle=True, rank=0,
                                world_size=1, drop_last=False):
         """announce_order() for an order given as a seeded sampler: `files[i]`

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -287,6 +288,40 @@ def test_record_dataset_fixed_size_records_in_workers(tmp_path):
     for bad in (0, -5, 2.5):
         with pytest.raises(ValueError, match="record_bytes"):
             mt.RecordDataset(["a.bin"], record_bytes=bad, dataset=root)
+
+
+def test_announcing_sampler_announces_record_ranges_of_a_file_cached_by_extents(tmp_path):
+    root = tmp_path / "ds"
+    root.mkdir()
+    data = np.random.default_rng(4).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()
+    (root / "tokens.bin").write_bytes(data)
+    config = tmp_path / "m.yaml"
+    config.write_text(f"dataset: {{path: {root}}}\n"
+                      "tiers:\n  - {kind: ram, capacity: 64MiB}\n  - {kind: source}\n"
+                      "placement: {extent_bytes: 1MiB, extent_threshold: 2MiB, "
+                      "cached_source: promote}\n")
+    m = monarch.Monarch(config=str(config))
+    # 40 records of 4 KiB in 3 of the 12 extents: only those are fetched.
+    records = [(i % 3) * (4 << 20) + (i // 3) * 4096 for i in range(40)]
+    ds = mt.RecordDataset(["tokens.bin"], index=[("tokens.bin", o, 4096) for o in records],
+                          monarch=m)
+    sampler = mt.AnnouncingSampler(torch.utils.data.SequentialSampler(ds), ds)
+    order = list(iter(sampler))
+    deadline = time.monotonic() + 30
+    while m.stats()["prefetch_files"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    m.wait_for_placement()
+    stats = m.stats()
+    assert stats["prefetch_announced_files"] == 40  # An extent per record.
+    assert stats["prefetch_files"] == 3
+    assert stats["tiers"][-1]["bytes_read"] == 3 << 20
+    assert [ds[i] for i in order] == [data[o:o + 4096] for o in records]
+    assert m.stats()["tiers"][-1]["bytes_read"] == 3 << 20  # Every record a hit.
+    with pytest.raises(FileNotFoundError):
+        m.announce_ranges([("nope.bin", 0, 1)])
+    with pytest.raises(Exception, match="past the end"):
+        m.announce_ranges([("tokens.bin", 12 << 20, 1)])
+    m.close()
 
 
 def test_record_dataset_index_with_seeded_sampler(tmp_path):

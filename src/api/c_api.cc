@@ -253,6 +253,24 @@ monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size
   return Report(m->instance->AnnounceOrder(order), error);
 }
 
+monarch_code monarch_announce_ranges(monarch_t* m, const char* const* names,
+                                     const uint64_t* offsets, const uint64_t* lengths,
+                                     size_t count, char** error) {
+  MONARCH_C_CHECK(error, {"m", m});
+  if (count > 0) {
+    MONARCH_C_CHECK(error, {"names", names}, {"offsets", offsets}, {"lengths", lengths});
+  }
+  std::vector<monarch::Monarch::SampleRange> samples;
+  samples.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (names[i] == nullptr) {
+      return Report(absl::InvalidArgumentError(absl::StrCat("names[", i, "] is NULL")), error);
+    }
+    samples.push_back({names[i], offsets[i], lengths[i]});
+  }
+  return Report(m->instance->AnnounceRanges(samples), error);
+}
+
 monarch_code monarch_sampled_epoch(const monarch_sampled_order* how, uint64_t samples,
                                    uint64_t epoch, uint64_t* indices, size_t capacity,
                                    size_t* count, char** error) {

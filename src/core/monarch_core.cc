@@ -572,6 +572,45 @@ class MonarchImpl final : public MonarchCore {
     return absl::OkStatus();
   }
 
+  absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
+    std::vector<uint32_t> ids;
+    ids.reserve(samples.size());
+    auto add = [&ids](uint32_t id) {
+      if (ids.empty() || ids.back() != id) ids.push_back(id);
+    };
+    for (const SampleRange& sample : samples) {
+      const FileEntry* entry = namespace_->Find(sample.file);
+      if (entry == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
+      }
+      const uint64_t size = entry->ref.size;
+      if (sample.offset > size || (sample.offset == size && size > 0)) {
+        return absl::OutOfRangeError(absl::StrCat("announced order: offset ", sample.offset,
+                                                  " is past the end of ",
+                                                  QuoteForError(sample.file), " (", size,
+                                                  " bytes)"));
+      }
+      if (entry->extent_count == 0 || size == 0) {
+        add(entry->ref.id);
+        continue;
+      }
+      const uint64_t end = sample.length == 0 || sample.length > size - sample.offset
+                               ? size
+                               : sample.offset + sample.length;
+      // Each sample names its extents, repeats included: a reader reports
+      // each extent a read touches (ReadFound), so the order's positions
+      // and the reads' stay in step.
+      for (uint64_t at = sample.offset; at < end;) {
+        const FileEntry& extent = namespace_->ExtentAt(*entry, at);
+        ids.push_back(extent.ref.id);
+        at = extent.ref.part_offset + extent.ref.size;
+      }
+    }
+    prefetcher_->Announce(kThisProcess, std::move(ids));
+    return absl::OkStatus();
+  }
+
   // MonarchCore.
   const Namespace& name_space() const override { return *namespace_; }
   absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {

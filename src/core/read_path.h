@@ -23,7 +23,8 @@
 //                   uint64_t offset);        //   as a file of its own;
 //   void ReadingRange(const Handle& file,    //   told of each read of such a file
 //       uint64_t offset, size_t n);          //   first (read-ahead of scans).
-//   void FirstRead(const Handle& file);      // A reader starts the file (offset 0).
+//   void FirstRead(const Handle& file);      // A reader starts the file (offset 0), or
+//                                            // reads into an extent (prefetch).
 //   int Pin(const Handle& file);             // The tier holding it now, kept until
 //   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
 //   int source_tier() const;                 // What Pin() says when no copy holds it.
@@ -79,6 +80,7 @@ absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& fil
       const FileRef& part = files.Ref(extent);
       const uint64_t within = offset + done - part.part_offset;
       const size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, part.size - within));
+      files.FirstRead(extent);  // For an order of ranges: each extent a read touches.
       absl::StatusOr<size_t> got = ReadFound(files, extent, dst + done, want, within);
       if (!got.ok()) return got;
       done += *got;

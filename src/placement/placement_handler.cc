@@ -19,7 +19,7 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       source_(tiers->back().get()),
       namespace_(ns) {
   if (ns->entry_count() > ns->file_count()) {
-    scan_ends_.reset(new std::atomic<uint64_t>[ns->file_count()]());
+    scans_.reset(new ScanState[ns->file_count()]());
   }
   // Only where the source is the one origin: with peers, a miss goes to the
   // file's home first, and its copy to the home's share.
@@ -111,12 +111,16 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
 }
 
 void PlacementHandler::ReadingRange(const FileEntry& file, uint64_t offset, size_t n) {
-  if (scan_ends_ == nullptr || n == 0) return;
+  if (scans_ == nullptr || n == 0) return;
   const uint64_t end = offset + n;
-  // A scan goes on where the last read ended, or begins the file.
-  const uint64_t last = scan_ends_[file.ref.id].exchange(end, std::memory_order_relaxed);
-  if (last != offset && offset != 0) return;
   const uint64_t extent_bytes = namespace_->extent_layout().extent_bytes;
+  // A scan begins the file, or goes on where the last read ended and has
+  // read an extent's worth so far: two records that happen to follow each
+  // other are no scan. (Racy across readers of one file, as a hint may be.)
+  ScanState& scan = scans_[file.ref.id];
+  const uint64_t last = scan.end.exchange(end, std::memory_order_relaxed);
+  if (last != offset || offset == 0) scan.start.store(offset, std::memory_order_relaxed);
+  if (offset != 0 && end - scan.start.load(std::memory_order_relaxed) < extent_bytes) return;
   const uint64_t ahead_end = std::min(file.ref.size, end + kReadAheadExtents * extent_bytes);
   if (end >= ahead_end) return;
   // The extents past the one this read ends in, up to the window's end.
@@ -171,7 +175,7 @@ void PlacementHandler::ReportCounters(CounterSink& sink) const {
   if (evicts_) evictor_.ReportCounters(sink);
   promoter_.ReportCounters(sink);
   if (deferred_ != nullptr) deferred_->ReportCounters(sink);
-  if (scan_ends_ != nullptr) {
+  if (scans_ != nullptr) {
     sink.Counter("read_ahead_extents", read_ahead_started_.load(std::memory_order_relaxed),
                  "Extents promoted ahead of a reader scanning a file cached by extents.");
   }

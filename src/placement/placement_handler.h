@@ -95,8 +95,9 @@ class PlacementHandler final {
   };
   PrefetchOutcome Prefetch(FileEntry& entry);
   // A reader reads [offset, offset + n) of `file`, cached by extents. A read
-  // that goes on where the last one of the file ended (a scan: a shard read
-  // front to back) promotes, on the placement threads, the extents that
+  // that begins the file, or goes on where the last one of the file ended
+  // after an extent's worth of such reads (a scan: a shard read front to
+  // back), promotes, on the placement threads, the extents that
   // hold the next kReadAheadExtents extents' worth past it, so that the
   // reader finds them loading or loaded, as a whole-file promotion's
   // placement task loads the rest of a file ahead of its reader. Only into
@@ -180,8 +181,13 @@ class PlacementHandler final {
   // After the Promoter, whose staging pool and file locks it uses; none of
   // the Promoter's threads use it.
   Evictor evictor_;
-  // Per file, when the namespace has extents: where its last read ended.
-  std::unique_ptr<std::atomic<uint64_t>[]> scan_ends_;
+  // Per file, when the namespace has extents: where its last read ended,
+  // and where the run of reads each beginning at the last one's end began.
+  struct ScanState {
+    std::atomic<uint64_t> end{0};
+    std::atomic<uint64_t> start{0};
+  };
+  std::unique_ptr<ScanState[]> scans_;
   std::atomic<uint64_t> read_ahead_started_{0};
   // With placement.cached_source: defer, and a source that is the only
   // origin (no peers). Last: its thread uses everything above.

@@ -103,7 +103,7 @@ void Prefetcher::MergeLocked() {
   occurrences_.clear();
   next_occurrence_.clear();
   if (!placement_->evicts()) return;
-  const uint32_t files = namespace_->file_count();
+  const uint32_t files = namespace_->entry_count();  // Extents too (announced ranges).
   first_.assign(files + 1, 0);
   for (uint32_t id : merged_) ++first_[id + 1];
   for (uint32_t f = 0; f < files; ++f) first_[f + 1] += first_[f];

@@ -109,6 +109,16 @@ absl::StatusOr<std::vector<uint64_t>> SampledOrderIndices(const SampledOrder& ho
   return all;
 }
 
+absl::Status Monarch::AnnounceRanges(const std::vector<SampleRange>& samples) {
+  // What an instance that knows no extents can announce: the files, each
+  // once per run of samples in it.
+  std::vector<std::string> names;
+  for (const SampleRange& sample : samples) {
+    if (names.empty() || names.back() != sample.file) names.push_back(sample.file);
+  }
+  return AnnounceOrder(names);
+}
+
 absl::Status Monarch::AnnounceSampledOrder(const std::vector<std::string>& files,
                                            const SampledOrder& how) {
   MONARCH_RETURN_IF_ERROR(CheckEpoch(how, files.size(), "files"));
