@@ -3,6 +3,8 @@
 
 #include "placement/placement_handler.h"
 
+#include <algorithm>
+
 #include "absl/cleanup/cleanup.h"
 
 namespace monarch {
@@ -20,6 +22,15 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
       namespace_(ns) {
   if (ns->entry_count() > ns->file_count()) {
     scans_.reset(new ScanState[ns->file_count()]());
+    // At most a quarter of the largest cache tier: in a tier that holds a
+    // few windows only, the reader's own promotions would evict what was
+    // read ahead for it before it gets there, and it would read it again.
+    uint64_t largest = 0;
+    for (const auto& tier : *tiers) {
+      if (tier->is_cache()) largest = std::max(largest, tier->config().capacity_bytes);
+    }
+    read_ahead_bytes_ =
+        std::min(kReadAheadExtents * ns->extent_layout().extent_bytes, largest / 4);
   }
   // Only where the source is the one origin: with peers, a miss goes to the
   // file's home first, and its copy to the home's share.
@@ -76,20 +87,21 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
 
 PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
   if (entry.extent_count > 0) {
-    // A file cached by extents is fetched extent by extent; it has no copy
-    // of its own.
+    // A file cached by extents (announced by name) is fetched extent by
+    // extent, into the room the tiers have: a file larger than the tiers
+    // would otherwise evict its own extents to fetch the next. (An order
+    // of ranges names the extents themselves.)
     PrefetchOutcome outcome = PrefetchOutcome::kNotNeeded;
     for (uint32_t k = 0; k < entry.extent_count; ++k) {
-      switch (Prefetch(namespace_->entry(entry.first_extent + k))) {
-        case PrefetchOutcome::kFetched:
-          outcome = PrefetchOutcome::kFetched;
-          break;
-        case PrefetchOutcome::kNoRoom:
-          // The rest would find none either, or push out what was fetched.
-          return outcome == PrefetchOutcome::kFetched ? outcome : PrefetchOutcome::kNoRoom;
-        case PrefetchOutcome::kNotNeeded:
-          break;
+      FileEntry& extent = namespace_->entry(entry.first_extent + k);
+      const Promoter::Admission admission = promoter_.StartOrJoin(extent, /*pin=*/false);
+      if (admission.found == Promoter::Found::kNoTier ||
+          admission.found == Promoter::Found::kNotPlaceable) {
+        return outcome == PrefetchOutcome::kFetched ? outcome : PrefetchOutcome::kNoRoom;
       }
+      if (admission.found != Promoter::Found::kStarted) continue;
+      if (admission.promotion->ClaimBackgroundTask()) admission.promotion->RunToCompletion();
+      outcome = PrefetchOutcome::kFetched;
     }
     return outcome;
   }
@@ -121,7 +133,7 @@ void PlacementHandler::ReadingRange(const FileEntry& file, uint64_t offset, size
   const uint64_t last = scan.end.exchange(end, std::memory_order_relaxed);
   if (last != offset || offset == 0) scan.start.store(offset, std::memory_order_relaxed);
   if (offset != 0 && end - scan.start.load(std::memory_order_relaxed) < extent_bytes) return;
-  const uint64_t ahead_end = std::min(file.ref.size, end + kReadAheadExtents * extent_bytes);
+  const uint64_t ahead_end = std::min(file.ref.size, end + read_ahead_bytes_);
   if (end >= ahead_end) return;
   // The extents past the one this read ends in, up to the window's end.
   const uint32_t first = static_cast<uint32_t>((end - 1) / extent_bytes) + 1;

@@ -98,7 +98,8 @@ class PlacementHandler final {
   // that begins the file, or goes on where the last one of the file ended
   // after an extent's worth of such reads (a scan: a shard read front to
   // back), promotes, on the placement threads, the extents that
-  // hold the next kReadAheadExtents extents' worth past it, so that the
+  // hold the next kReadAheadExtents extents' worth past it (at most a
+  // quarter of the largest cache tier), so that the
   // reader finds them loading or loaded, as a whole-file promotion's
   // placement task loads the rest of a file ahead of its reader. Only into
   // room the tiers have: read-ahead never evicts.
@@ -188,6 +189,7 @@ class PlacementHandler final {
     std::atomic<uint64_t> start{0};
   };
   std::unique_ptr<ScanState[]> scans_;
+  uint64_t read_ahead_bytes_ = 0;  // The window past a scan's reads.
   std::atomic<uint64_t> read_ahead_started_{0};
   // With placement.cached_source: defer, and a source that is the only
   // origin (no peers). Last: its thread uses everything above.
