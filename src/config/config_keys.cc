@@ -518,6 +518,9 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "read-ahead; an announced order only informs eviction (`placement.policy: lru`). With the "
       "node service, each process announces its own share (a rank, a DataLoader's main process) "
       "and the service merges them round-robin. Files no tier has room for are left alone. "
+      "Samples that are records inside big files are announced as ranges "
+      "(`Monarch::AnnounceRanges`, `monarch_announce_ranges`, `announce_ranges` in Python): the "
+      "streams then fetch the extents that hold them (`placement.extent_bytes`). "
       "Counters: `prefetch_*` (see [src/placement/prefetcher.h](../src/placement/prefetcher.h))."));
   keys.push_back(SizeKey<Config>(
       "prefetch", "lookahead", [](auto& c) -> auto& { return c.prefetch.lookahead_bytes; }, 1,
