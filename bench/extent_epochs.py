@@ -144,6 +144,19 @@ def run_arm(a, pfs, arm, tasks, total, config, epochs, seed, shuffle=True):
     return rows
 
 
+def run_arms(a, pfs, tasks, total, configs):
+    """--arms in turns, --reps times: each arm's epochs per rep."""
+    results = {arm: [] for arm in a.arms.split(",")}
+    for rep in range(a.reps):
+        for arm in results:
+            rows = run_arm(a, pfs, arm, tasks, total, configs.get(arm), a.epochs, 1 + rep)
+            results[arm].append(rows)
+            print(arm, rep + 1, " ".join("e%d %.2fs %.0f MiB" % (r["epoch"], r["seconds"],
+                                                                  r["bytes"] / MIB) for r in rows),
+                  flush=True)
+    return results
+
+
 def write_config(a, dataset, tier_bytes, extent_bytes, threshold):
     fd, path = tempfile.mkstemp(suffix=".yaml", dir=a.dir)
     with os.fdopen(fd, "w") as f:
@@ -178,14 +191,7 @@ def records(a, pfs):
         "whole": write_config(a, pfs.mount, tier, 0, 0),
         "extents": write_config(a, pfs.mount, tier, a.extent_kib * 1024, a.extent_kib * 1024),
     }
-    results = {arm: [] for arm in a.arms.split(",")}
-    for rep in range(a.reps):
-        for arm in results:
-            rows = run_arm(a, pfs, arm, tasks, size, configs.get(arm), a.epochs, 1 + rep)
-            results[arm].append(rows)
-            print(arm, rep + 1, " ".join("e%d %.2fs %.0f MiB" % (r["epoch"], r["seconds"],
-                                                                  r["bytes"] / MIB) for r in rows),
-                  flush=True)
+    results = run_arms(a, pfs, tasks, size, configs)
     return {"file_bytes": size, "tier_bytes": tier, "record_bytes": record,
             "extent_bytes": a.extent_kib * 1024, "results": results}
 
@@ -204,14 +210,7 @@ def scan(a, pfs):
         "extents": write_config(a, pfs.mount, 2 * total, a.extent_kib * 1024,
                                 a.extent_kib * 1024),
     }
-    results = {arm: [] for arm in a.arms.split(",")}
-    for rep in range(a.reps):
-        for arm in results:
-            rows = run_arm(a, pfs, arm, tasks, total, configs.get(arm), a.epochs, 1 + rep)
-            results[arm].append(rows)
-            print(arm, rep + 1, " ".join("e%d %.2fs %.0f MiB" % (r["epoch"], r["seconds"],
-                                                                  r["bytes"] / MIB) for r in rows),
-                  flush=True)
+    results = run_arms(a, pfs, tasks, total, configs)
     return {"shard_bytes": size, "shards": len(names), "record_bytes": a.record_kib * 1024,
             "extent_bytes": a.extent_kib * 1024, "results": results}
 
@@ -247,12 +246,28 @@ def median(values):
     return values[len(values) // 2]
 
 
+def epoch_rows(res, epochs, cells):
+    """A table row per arm and epoch: `cells(e, runs)` gives the columns
+    after the arm and the epoch; runs[i][e] is run i's epoch e."""
+    return ["| %s | %d | %s |" % (arm, e + 1, " | ".join(cells(e, runs)))
+            for arm, runs in res.items() for e in range(epochs)]
+
+
+def med(runs, e, key):
+    """The median over runs of epoch e's `key`."""
+    return median([r[e][key] for r in runs])
+
+
 def report(a, data, command):
     lines = ["# Extents: big files read by records", "",
              "Command: `%s`" % command, "",
              "Commit: %s" % subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True).stdout.strip(),
              "Emulator: %s" % " ".join(a.emulator_flags), ""]
+
+    def versus(res, base, e, sec):
+        return "%.3f" % (sec / med(res[base], e, "seconds")) if base in res else "-"
+
     if "records" in data:
         d = data["records"]
         res = d["results"]
@@ -263,19 +278,14 @@ def report(a, data, command):
                       a.threads, d["extent_bytes"] // 1024, a.reps), "",
                   "| arm | epoch | seconds | vs plain | source bytes / file | source reads |",
                   "|---|---|---|---|---|---|"]
-        for arm, runs in res.items():
-            for e in range(a.epochs):
-                sec = median([r[e]["seconds"] for r in runs])
-                plain = median([r[e]["seconds"] for r in res["plain"]]) if "plain" in res else 0
-                byt = median([r[e]["bytes"] for r in runs])
-                rd = median([r[e]["reads"] for r in runs])
-                lines.append("| %s | %d | %.2f | %s | %.3f | %d |" % (
-                    arm, e + 1, sec, "%.3f" % (sec / plain) if plain else "-",
-                    byt / d["file_bytes"], rd))
+        lines += epoch_rows(res, a.epochs, lambda e, runs: [
+            "%.2f" % med(runs, e, "seconds"), versus(res, "plain", e, med(runs, e, "seconds")),
+            "%.3f" % (med(runs, e, "bytes") / d["file_bytes"]), "%d" % med(runs, e, "reads")])
         lines.append("")
     if "scan" in data:
         d = data["scan"]
         res = d["results"]
+        total = d["shard_bytes"] * d["shards"]
         lines += ["## Shards scanned front to back", "",
                   "%d shards of %d MiB, each scanned by one of %d threads in %d KiB reads, "
                   "a RAM tier twice the data; extents of %d KiB; medians of %d runs." % (
@@ -283,15 +293,10 @@ def report(a, data, command):
                       d["extent_bytes"] // 1024, a.reps), "",
                   "| arm | epoch | seconds | vs plain | vs whole | source bytes / data |",
                   "|---|---|---|---|---|---|"]
-        total = d["shard_bytes"] * d["shards"]
-        for arm, runs in res.items():
-            for e in range(a.epochs):
-                sec = median([r[e]["seconds"] for r in runs])
-                ratio = lambda base: ("%.3f" % (sec / median([r[e]["seconds"] for r in res[base]]))
-                                      if base in res else "-")
-                lines.append("| %s | %d | %.2f | %s | %s | %.3f |" % (
-                    arm, e + 1, sec, ratio("plain"), ratio("whole"),
-                    median([r[e]["bytes"] for r in runs]) / total))
+        lines += epoch_rows(res, a.epochs, lambda e, runs: [
+            "%.2f" % med(runs, e, "seconds"), versus(res, "plain", e, med(runs, e, "seconds")),
+            versus(res, "whole", e, med(runs, e, "seconds")),
+            "%.3f" % (med(runs, e, "bytes") / total)])
         lines.append("")
     if "sweep" in data:
         d = data["sweep"]
@@ -304,13 +309,10 @@ def report(a, data, command):
                       d["file_bytes"] // MIB, a.threads, a.reps), "",
                   "| arm | epoch | seconds | MiB/s | source MiB | source reads |",
                   "|---|---|---|---|---|---|"]
-        for arm, runs in res.items():
-            for e in range(a.epochs):
-                sec = median([r[e]["seconds"] for r in runs])
-                lines.append("| %s | %d | %.2f | %.0f | %.1f | %d |" % (
-                    arm, e + 1, sec, d["file_bytes"] / MIB / sec,
-                    median([r[e]["bytes"] for r in runs]) / MIB,
-                    median([r[e]["reads"] for r in runs])))
+        lines += epoch_rows(res, a.epochs, lambda e, runs: [
+            "%.2f" % med(runs, e, "seconds"),
+            "%.0f" % (d["file_bytes"] / MIB / med(runs, e, "seconds")),
+            "%.1f" % (med(runs, e, "bytes") / MIB), "%d" % med(runs, e, "reads")])
         lines.append("")
     return "\n".join(lines)
 

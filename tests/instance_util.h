@@ -7,7 +7,13 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +68,16 @@ inline std::unique_ptr<Monarch> MustCreate(const Config& config,
   absl::StatusOr<std::unique_ptr<Monarch>> m = CreateWithFaults(config, source, tier, tier_faults);
   REQUIRE_MESSAGE(m.ok(), m.status().ToString());
   return std::move(*m);
+}
+
+// Kills `child` with SIGKILL 20 to 170 ms from now (drawn from `rng`), in
+// the middle of whatever it does, and reaps it.
+inline void KillSoon(pid_t child, std::mt19937& rng) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 150));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
 }
 
 // Bytes a file tier's copy of a `size`-byte file takes: the bytes, then

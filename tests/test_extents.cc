@@ -19,7 +19,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/monarch_internal.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "test_util.h"
@@ -323,13 +322,7 @@ TEST_CASE("SIGKILL in the middle of extents' promotions: a restart serves nothin
       // A slow source: extents are in flight when the kill comes.
       testing::FaultInjectingDriver::Faults source;
       source.read_delay_us = 2000;
-      absl::StatusOr<std::unique_ptr<Monarch>> m = CreateMonarchWithDriverWrapper(
-          config, [&](int index, std::unique_ptr<StorageDriver> d) -> std::unique_ptr<StorageDriver> {
-            if (index == 1) {
-              return std::make_unique<testing::FaultInjectingDriver>(std::move(d), &source);
-            }
-            return d;
-          });
+      absl::StatusOr<std::unique_ptr<Monarch>> m = testing::CreateWithFaults(config, &source);
       if (!m.ok()) ::_exit(2);
       std::vector<std::thread> readers;
       for (int t = 0; t < 3; ++t) {
@@ -344,11 +337,7 @@ TEST_CASE("SIGKILL in the middle of extents' promotions: a restart serves nothin
       ::pause();
       ::_exit(0);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 150));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFSIGNALED(status));
+    testing::KillSoon(child, rng);
     // Now and then, damage an extent's copy the killed process published.
     if (round % 2 == 1) {
       for (uint32_t k = 0; k < 24; ++k) {

@@ -810,11 +810,7 @@ TEST_CASE("SIGKILL mid-promotion, repeatedly: no temporaries survive, no bad cop
       ::pause();
       ::_exit(0);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 150));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFSIGNALED(status));
+    testing::KillSoon(child, rng);
     // Now and then, damage a copy the killed process had published.
     if (round % 3 == 2) {
       for (const TestFile& f : files) {
