@@ -53,7 +53,7 @@ MIB = 1 << 20
 # One arm's epochs, in a process of its own: prints one JSON line per epoch.
 WORKER = r"""
 import json, os, random, sys, threading, time
-spec = json.loads(sys.argv[1])
+spec = json.load(open(sys.argv[1]))
 sys.path.insert(0, spec["python"])
 os.environ["MONARCH_C_LIBRARY"] = spec["c_library"]
 # Tasks: [name, offset, length, step]: read [offset, offset + length) in
@@ -124,7 +124,11 @@ def run_arm(a, pfs, arm, tasks, total, config, epochs, seed, shuffle=True):
             "epochs": epochs, "seed": seed, "threads": a.threads, "shuffle": shuffle,
             "python": os.path.join(REPO, "python"),
             "c_library": os.path.join(os.path.abspath(a.build), "libmonarch_c.so")}
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(spec)],
+    # In a file: a sweep's tasks are too many for a command line.
+    spec_path = os.path.join(a.dir, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, spec_path],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     rows = []
     before = None
