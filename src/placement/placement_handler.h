@@ -95,14 +95,15 @@ class PlacementHandler final {
   };
   PrefetchOutcome Prefetch(FileEntry& entry);
   // A reader reads [offset, offset + n) of `file`, cached by extents. A read
-  // that begins the file, or goes on where the last one of the file ended
-  // after an extent's worth of such reads (a scan: a shard read front to
-  // back), promotes, on the placement threads, the extents that
-  // hold the next kReadAheadExtents extents' worth past it (at most a
-  // quarter of the largest cache tier), so that the
-  // reader finds them loading or loaded, as a whole-file promotion's
-  // placement task loads the rest of a file ahead of its reader. Only into
-  // room the tiers have: read-ahead never evicts.
+  // that begins the file (a shard's reader starts there and reads on), or
+  // goes on where the last one of the file ended after an extent's worth of
+  // such reads (a scan), promotes, on the placement threads, the extents
+  // that hold the next kReadAheadExtents extents' worth past it (at most a
+  // quarter of the largest cache tier), so that the reader finds them
+  // loading or loaded, as a whole-file promotion's placement task loads the
+  // rest of a file ahead of its reader. Only into room the tiers have:
+  // read-ahead never evicts. A random reader that reads the file's first
+  // record costs at most that window once.
   void ReadingRange(const FileEntry& file, uint64_t offset, size_t n);
   static constexpr uint64_t kReadAheadExtents = 4;
   // Lets a file that found no room earlier be placed again: the policy now
