@@ -212,8 +212,8 @@ TEST_CASE("peers: big files cached by extents spread their homes over every peer
   uint64_t home_extents = 0;
   for (auto& p : cluster.peers) {
     const Stats s = p->GetStats();
-    // Rendezvous hashing gives each of the 4 about 12 of the 48 extents.
-    CHECK(s.Get("remote.home_files") >= 4);
+    // Striped homes: each file's 24 extents go round the 4 peers.
+    CHECK(s.Get("remote.home_files") == 12);
     home_extents += s.Get("remote.home_files");
     CHECK(s.Get("remote.fallbacks") == 0);
     CHECK(s.Get("remote.bytes_served") > 0);  // Every peer served its share.
@@ -489,6 +489,48 @@ TEST_CASE("rendezvous order: the home first, the same for every caller, a lost r
     }
     CHECK(order8 == without8);
   }
+}
+
+TEST_CASE("holder order: extents go round the peers, and a lost peer's spread over the others") {
+  const int peers = 4, extents = 64;
+  std::vector<int> share(peers, 0), taken_over(peers, 0);
+  for (const std::string file : {"shards/big0.bin", "big1.h5"}) {
+    const uint64_t file_hash = StableNameHash(file);
+    for (uint32_t k = 0; k < extents; ++k) {
+      const std::string name = ".monarch/extents/4194304/" + file + "/" + std::to_string(k);
+      const HolderOrder holder =
+          HolderOrder::OfExtent(StableNameHash(name), file_hash, k, peers);
+      std::vector<int> order;
+      holder.Ranks(peers, &order);
+      REQUIRE(order.size() == peers);
+      // Round the peers from the file's home.
+      CHECK(order[0] == (HomeRank(file_hash, peers) + static_cast<int>(k)) % peers);
+      CHECK(order[0] == holder.Home(peers));
+      std::vector<int> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (int r = 0; r < peers; ++r) CHECK(sorted[r] == r);  // A permutation...
+      for (int i = 0; i < peers; ++i) {
+        for (int j = 0; j < peers; ++j) {
+          // ...that ComesBefore agrees with.
+          CHECK(holder.ComesBefore(order[i], order[j]) == (i < j));
+        }
+      }
+      // The others in the rendezvous order of the extent's own name.
+      std::vector<int> rest = OrderOf(name, peers);
+      rest.erase(std::find(rest.begin(), rest.end(), order[0]));
+      CHECK(std::vector<int>(order.begin() + 1, order.end()) == rest);
+      ++share[order[0]];
+      if (order[0] == 0) ++taken_over[order[1]];
+    }
+  }
+  for (int s : share) CHECK(s == 2 * extents / peers);  // Exactly even.
+  // Rank 0's 32 extents spread over the 3 others (hashed: not one takes all).
+  CHECK(taken_over[0] == 0);
+  for (int r = 1; r < peers; ++r) CHECK(taken_over[r] >= 4);
+  // A file's order is its name's rendezvous order.
+  std::vector<int> order;
+  HolderOrder::OfFile(StableNameHash("a/b.jpg")).Ranks(peers, &order);
+  CHECK(order == OrderOf("a/b.jpg", peers));
 }
 
 TEST_CASE("peers: a lost peer's files move to the next rank of their order, read from the source once") {

@@ -54,18 +54,18 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
       rank_(rank),
       size_(size),
       replicas_(std::clamp(config.replicas, 1, size)) {
-  // Extents have homes of their own, hashed from their names (file and
-  // index): a few big files spread over every peer. A file cached by
+  // Extents have homes of their own, striped over the peers
+  // (HolderOrder): a few big files spread over every peer. A file cached by
   // extents is never fetched whole, and is no one's to keep.
   holders_.resize(size_t{ns->entry_count()} * replicas_);
   std::vector<int> order;
   for (uint32_t id = 0; id < ns->entry_count(); ++id) {
     uint16_t* holders = &holders_[size_t{id} * replicas_];
-    const uint64_t hash = StableNameHash(ns->entry(id).ref.name);
+    const HolderOrder holder_order = OrderOf(id);
     if (replicas_ == 1) {
-      holders[0] = static_cast<uint16_t>(HomeRank(hash, size));
+      holders[0] = static_cast<uint16_t>(holder_order.Home(size));
     } else {
-      RendezvousOrder(hash, size, &order);
+      holder_order.Ranks(size, &order);
       for (int i = 0; i < replicas_; ++i) holders[i] = static_cast<uint16_t>(order[i]);
     }
     if (ns->entry(id).extent_count > 0) continue;
@@ -75,6 +75,14 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
   buffer_bytes_ = config.buffer_bytes != 0 ? config.buffer_bytes : AutoBufferBytes(*ns);
 }
 
+HolderOrder PeerDriver::OrderOf(uint32_t id) const {
+  const FileRef& ref = ns_->entry(id).ref;
+  if (ref.part_of == nullptr) return HolderOrder::OfFile(StableNameHash(ref.name));
+  const FileEntry& file = ns_->entry(ref.part_of->id);
+  return HolderOrder::OfExtent(StableNameHash(ref.name), StableNameHash(file.ref.name),
+                               id - file.first_extent, size_);
+}
+
 int PeerDriver::FirstUpHolder(uint32_t id) const {
   const uint16_t* holders = Holders(id);
   for (int i = 0; i < replicas_; ++i) {
@@ -82,7 +90,7 @@ int PeerDriver::FirstUpHolder(uint32_t id) const {
   }
   // Every holder is down: the file has moved further down its order.
   std::vector<int> order;
-  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
+  OrderOf(id).Ranks(size_, &order);
   for (int r : order) {
     if (Up(r)) return r;
   }
@@ -105,7 +113,7 @@ bool PeerDriver::KeptGiven(uint32_t id, AliveFn alive) const {
   if (all_alive) return mine;
   // A holder is lost: the first replicas_ live ranks of the order keep it.
   std::vector<int> order;
-  RendezvousOrder(StableNameHash(ns_->entry(id).ref.name), size_, &order);
+  OrderOf(id).Ranks(size_, &order);
   int live = 0;
   for (int r : order) {
     if (!alive(r)) continue;
@@ -376,7 +384,7 @@ absl::Status PeerDriver::CheckServable(const FileEntry* entry,
     return absl::NotFoundError(absl::StrCat("not a dataset file here: ", request.name));
   }
   if (request.from_rank < 0 || request.from_rank >= size_ ||
-      !ComesBefore(StableNameHash(entry->ref.name), rank_, request.from_rank)) {
+      !OrderOf(entry->ref.id).ComesBefore(rank_, request.from_rank)) {
     // Peers disagree on who is down: refuse rather than ask further down the
     // order, which could loop back to the requester.
     return absl::FailedPreconditionError(

@@ -43,6 +43,7 @@
 #include "monarch/config.h"
 #include "placement/placement_policy.h"
 #include "remote/peer_network.h"
+#include "remote/rendezvous_hash.h"
 
 namespace monarch {
 
@@ -116,6 +117,8 @@ class PeerDriver final : public StorageDriver {
   // IsKept, with `alive(rank)` saying which ranks count.
   template <typename AliveFn>
   bool KeptGiven(uint32_t id, AliveFn alive) const;
+  // The order in which the ranks hold entry `id` (a file or an extent).
+  HolderOrder OrderOf(uint32_t id) const;
   // The first replicas_ ranks of `id`'s order, fixed at start.
   const uint16_t* Holders(uint32_t id) const { return &holders_[size_t{id} * replicas_]; }
   // The rank a read of `id` asks: the first of its order not marked down

@@ -58,4 +58,25 @@ bool ComesBefore(uint64_t name_hash, int a, int b) {
   return score_a != score_b ? score_a > score_b : a < b;
 }
 
+HolderOrder HolderOrder::OfExtent(uint64_t extent_name_hash, uint64_t file_name_hash,
+                                  uint32_t extent_index, int peers) {
+  const uint64_t stripe = (static_cast<uint64_t>(HomeRank(file_name_hash, peers)) + extent_index) %
+                          static_cast<uint64_t>(peers);
+  return HolderOrder{extent_name_hash, static_cast<int>(stripe)};
+}
+
+void HolderOrder::Ranks(int peers, std::vector<int>* order) const {
+  RendezvousOrder(name_hash, peers, order);
+  if (first < 0) return;
+  // The striped home to the front; the others keep their order.
+  auto at = std::find(order->begin(), order->end(), first);
+  std::rotate(order->begin(), at, at + 1);
+}
+
+bool HolderOrder::ComesBefore(int a, int b) const {
+  if (a == b) return false;
+  if (first >= 0 && (a == first || b == first)) return a == first;
+  return monarch::ComesBefore(name_hash, a, b);
+}
+
 }  // namespace monarch

@@ -1,7 +1,8 @@
 // monarch-epochs: plays a training job's I/O against Monarch (or plain pread).
 //
-// Reads every file of the dataset once per epoch, in a seeded shuffled
-// order, from T reader threads, and prints per-epoch wall time, throughput
+// Reads every file of the dataset once per epoch (or, with --records, every
+// record of every file: the way a job reads a few big files), in a seeded
+// shuffled order, from T reader threads, and prints per-epoch wall time, throughput
 // and where the bytes were served from. With --generate it first writes a
 // synthetic dataset (ImageNet-like ~110 KiB files, or large shards).
 //
@@ -96,7 +97,8 @@ struct Options {
   std::string before_epoch;  // Shell command run before each epoch.
   uint64_t generate = 0;
   uint64_t file_size = 0;  // 0: from the profile.
-  uint64_t read_size = 0;  // 0: whole file in one call.
+  uint64_t read_size = 0;  // 0: whole file (or record) in one call.
+  uint64_t record_bytes = 0;  // --records: the unit of the order; 0: whole files.
   uint64_t buffer_offset = 0;  // Where each reader's buffer starts in its page.
   int epochs = 3;
   int threads = 4;
@@ -119,7 +121,11 @@ struct Options {
                "  --mode monarch|plain   read through Monarch (default) or with plain pread\n"
                "  --plain-dir DIR        directory --mode plain reads (default: the dataset)\n"
                "  --epochs N (3)  --threads N (4)  --seed N (42)\n"
-               "  --read-size BYTES      bytes per read call; 0 = whole file (default)\n"
+               "  --read-size BYTES      bytes per read call; 0 = whole file or record (default)\n"
+               "  --records BYTES        shuffle and read records of BYTES (each file cut in\n"
+               "                         records front to back, the last one shorter) instead\n"
+               "                         of whole files; --partition and --announce then\n"
+               "                         deal in records (announced as ranges)\n"
                "  --buffer-offset BYTES  each reader's buffer starts this many bytes into a\n"
                "                         page (default 0). 16 is where malloc() puts a\n"
                "                         buffer above 128 KiB (a std::vector of 256 KiB)\n"
@@ -186,6 +192,8 @@ Options ParseArgs(int argc, char** argv) {
       o.file_size = ParseCount("--file-size", value());
     else if (flag == "--read-size")
       o.read_size = ParseCount("--read-size", value());
+    else if (flag == "--records")
+      o.record_bytes = ParseCount("--records", value());
     else if (flag == "--buffer-offset") {
       o.buffer_offset = ParseCount("--buffer-offset", value());
       if (o.buffer_offset >= 4096) {
@@ -399,11 +407,40 @@ int RunEpochs(int argc, char** argv) {
   std::printf("dataset %s: %zu files, %.1f MiB; mode %s, %d threads, %d epochs\n", root.c_str(),
               files.size(), dataset_bytes / 1048576.0, o.mode.c_str(), o.threads, o.epochs);
 
+  // What an epoch reads, one unit at a time: whole files, or records.
+  struct Unit {
+    uint32_t file;
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Unit> units;
+  for (uint32_t id = 0; id < files.size(); ++id) {
+    if (o.record_bytes == 0) {
+      units.push_back({id, 0, sizes[id]});
+      continue;
+    }
+    for (uint64_t offset = 0; offset < sizes[id]; offset += o.record_bytes) {
+      units.push_back({id, offset, std::min(o.record_bytes, sizes[id] - offset)});
+    }
+  }
+  if (o.record_bytes > 0) {
+    std::printf("%zu records of up to %llu bytes\n", units.size(),
+                static_cast<unsigned long long>(o.record_bytes));
+  }
+  // Records are read from files held open, as a reader of a few big files
+  // does; whole files are opened per read, as a loader of small files does.
+  std::vector<int> record_fds;
+  if (o.record_bytes > 0 && (o.mode == "plain" || o.verify)) {
+    for (const std::string& f : files) {
+      record_fds.push_back(::open(monarch::JoinPath(plain_root, f).c_str(), O_RDONLY | O_CLOEXEC));
+    }
+  }
+
   std::string json = "[";
   monarch::Stats previous = monarch->GetStats();
-  // This process's files in epoch `epoch`, in reading order.
+  // This process's units in epoch `epoch`, in reading order.
   auto order_of = [&](int epoch) {
-    std::vector<uint32_t> order(files.size());
+    std::vector<uint32_t> order(units.size());
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
     std::mt19937_64 shuffle_rng(o.seed * 1000 + epoch);
     std::shuffle(order.begin(), order.end(), shuffle_rng);
@@ -430,31 +467,36 @@ int RunEpochs(int argc, char** argv) {
       ReadBuffer buffer(o.buffer_offset);
       std::vector<char> check;
       for (size_t k; (k = next.fetch_add(1)) < order.size();) {
-        const uint32_t id = order[k];
-        const uint64_t size = sizes[id];
-        const uint64_t chunk = o.read_size == 0 ? std::max<uint64_t>(size, 1) : o.read_size;
+        const Unit& unit = units[order[k]];
+        const uint32_t id = unit.file;
+        const uint64_t end = unit.offset + unit.length;
+        const uint64_t chunk =
+            o.read_size == 0 ? std::max<uint64_t>(unit.length, 1) : o.read_size;
         buffer.Reserve(chunk);
         int fd = -1;
-        if (o.mode == "plain" || o.verify) {
+        if (!record_fds.empty()) {
+          fd = record_fds[id];
+        } else if (o.mode == "plain" || o.verify) {
           fd = ::open(monarch::JoinPath(plain_root, files[id]).c_str(), O_RDONLY | O_CLOEXEC);
-          if (fd < 0) {
-            errors.fetch_add(1);
-            continue;
-          }
         }
-        for (uint64_t offset = 0; offset < size; offset += chunk) {
+        if ((o.mode == "plain" || o.verify) && fd < 0) {
+          errors.fetch_add(1);
+          continue;
+        }
+        for (uint64_t offset = unit.offset; offset < end; offset += chunk) {
+          const uint64_t n = std::min(chunk, end - offset);
           ssize_t got;
           if (o.mode == "plain") {
-            got = ::pread(fd, buffer.data(), chunk, static_cast<off_t>(offset));
+            got = ::pread(fd, buffer.data(), n, static_cast<off_t>(offset));
           } else {
-            absl::StatusOr<size_t> r = monarch->Read(files[id], buffer.data(), chunk, offset);
+            absl::StatusOr<size_t> r = monarch->Read(files[id], buffer.data(), n, offset);
             got = r.ok() ? static_cast<ssize_t>(*r) : -1;
             if (!r.ok())
               std::fprintf(stderr, "read %s: %s\n", files[id].c_str(),
                            r.status().ToString().c_str());
             if (r.ok() && o.verify) {
-              check.resize(chunk);
-              ssize_t want = ::pread(fd, check.data(), chunk, static_cast<off_t>(offset));
+              check.resize(n);
+              ssize_t want = ::pread(fd, check.data(), n, static_cast<off_t>(offset));
               if (want != got ||
                   std::memcmp(check.data(), buffer.data(), static_cast<size_t>(got)) != 0) {
                 mismatches.fetch_add(1);
@@ -467,16 +509,26 @@ int RunEpochs(int argc, char** argv) {
           }
           bytes.fetch_add(static_cast<uint64_t>(got));
         }
-        if (fd >= 0) ::close(fd);
+        if (fd >= 0 && record_fds.empty()) ::close(fd);
       }
     };
     auto start = std::chrono::steady_clock::now();
     if ((o.announce || (o.announce_all && epoch == 1)) && o.mode == "monarch") {
       std::vector<std::string> names;
+      std::vector<monarch::Monarch::SampleRange> ranges;
       for (int e = epoch; e <= (o.announce_all ? o.epochs : epoch); ++e) {
-        for (uint32_t id : order_of(e)) names.push_back(files[id]);
+        for (uint32_t k : order_of(e)) {
+          const Unit& unit = units[k];
+          if (o.record_bytes == 0) {
+            names.push_back(files[unit.file]);
+          } else {
+            ranges.push_back({files[unit.file], unit.offset, unit.length});
+          }
+        }
       }
-      if (absl::Status announced = monarch->AnnounceOrder(names); !announced.ok()) {
+      absl::Status announced =
+          o.record_bytes == 0 ? monarch->AnnounceOrder(names) : monarch->AnnounceRanges(ranges);
+      if (!announced.ok()) {
         std::fprintf(stderr, "monarch-epochs: announce: %s\n", announced.ToString().c_str());
         return 1;
       }
@@ -573,6 +625,9 @@ int RunEpochs(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count());
     }
     previous = monarch->GetStats();
+  }
+  for (int fd : record_fds) {
+    if (fd >= 0) ::close(fd);
   }
   if (!o.before_epoch.empty() && !RunBeforeEpoch(o.before_epoch, o.epochs + 1)) return 1;
   // Peers may still need our files until they are done too.
