@@ -23,6 +23,11 @@ epoch with every read checked against the source (--verify). Scenarios:
              operations at start-up are about one walk's (rank 0 walks, the
              others build from its manifest). Needs root, iproute2 and FUSE;
              skipped (exit 77) otherwise.
+  netns-extents  4 processes in network namespaces as above, a dataset of 2
+             big files cached by extents (placement.extent_bytes), read as
+             random records: every peer keeps exactly its striped share of
+             the extents, each extent is read from the source once in the
+             cluster, and every byte is exact. Needs root and iproute2.
 
 usage: multinode_test.py MONARCH_EPOCHS SCENARIO
 """
@@ -37,7 +42,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from process_util import SKIP, PfsEmulator, final_stats, write_dataset  # noqa: E402
+from process_util import (SKIP, PfsEmulator, final_stats, write_dataset,  # noqa: E402
+                          write_random_files)
 
 
 def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extra=""):
@@ -59,14 +65,16 @@ def write_config(path, dataset, tier_dir, capacity, rank, size, rendezvous, extr
 
 class Cluster:
     def __init__(self, binary, work, size, files=120, capacity_fraction=0.5, extra="",
-                 dataset_at=None):
+                 dataset_at=None, file_sizes=None):
         """`dataset_at`: where the processes find the dataset (a PFS emulator's
-        mount of self.dataset), if not in self.dataset itself."""
+        mount of self.dataset), if not in self.dataset itself. `file_sizes`
+        ({name: size}) instead of `files` small ones."""
         self.binary = binary
         self.work = work
         self.size = size
         self.dataset = os.path.join(work, "dataset")
-        self.sizes = write_dataset(self.dataset, files)
+        self.sizes = (write_random_files(self.dataset, file_sizes) if file_sizes
+                      else write_dataset(self.dataset, files))
         self.total = sum(self.sizes.values())
         self.rendezvous = os.path.join(work, "rendezvous")
         self.barriers = os.path.join(work, "barriers")
@@ -108,7 +116,7 @@ def run_all(commands, timeout=300, prefixes=None):
     return outputs
 
 
-def check_cluster_run(cluster, outputs, epochs):
+def check_cluster_run(cluster, outputs, epochs, files_read=None):
     for rank, (code, out, err) in enumerate(outputs):
         assert code == 0, "rank %d exited %d\n%s\n%s" % (rank, code, out, err)
     per_epoch_source = [0] * epochs
@@ -123,9 +131,9 @@ def check_cluster_run(cluster, outputs, epochs):
     print("source bytes per epoch (all processes):", per_epoch_source, "dataset:", cluster.total)
     print("peer bytes per epoch (all processes):", per_epoch_peers)
     # Each file read from the source once, in epoch 1, across the cluster.
-    assert per_epoch_source[0] == cluster.total, per_epoch_source
+    assert per_epoch_source[0] == (files_read or cluster.total), per_epoch_source
     assert all(b == 0 for b in per_epoch_source[1:]), per_epoch_source
-    assert source_bytes == cluster.total, source_bytes
+    assert source_bytes == (files_read or cluster.total), source_bytes
     assert all(b > 0 for b in per_epoch_peers), per_epoch_peers
     for s in stats:
         assert s["remote"]["checksum_failures"] == 0 and s["remote"]["fallbacks"] == 0, s["remote"]
@@ -304,22 +312,29 @@ def sh(*args):
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def scenario_netns(binary, work):
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        print("SKIP: needs root and iproute2")
-        return SKIP
-    tag = "m%d" % (os.getpid() % 100000)
-    hub = tag + "hub"
-    nodes = [tag + "n%d" % i for i in range(4)]
-    try:
+class NetworkNamespaces:
+    """`count` network namespaces joined by veth pairs to a bridge in a hub
+    namespace, node i at 10.77.0.(i+1). `prefixes[i]` runs a command in
+    node i with UCX restricted to its veth device. `error` says why they
+    could not be made (then the caller skips)."""
+
+    def __init__(self, count):
+        self.tag = "m%d" % (os.getpid() % 100000)
+        self.hub = self.tag + "hub"
+        self.nodes = [self.tag + "n%d" % i for i in range(count)]
+        self.error = None
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            self.error = "needs root and iproute2"
+            return
         try:
-            sh("ip", "netns", "add", hub)
+            sh("ip", "netns", "add", self.hub)
         except subprocess.CalledProcessError as e:
-            print("SKIP: cannot create a network namespace:", e.stderr.decode().strip())
-            return SKIP
+            self.error = "cannot create a network namespace: " + e.stderr.decode().strip()
+            return
+        tag, hub = self.tag, self.hub
         sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", hub, "link", "set", "br0", "up")
-        for i, ns in enumerate(nodes):
+        for i, ns in enumerate(self.nodes):
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", tag + "a%d" % i, "type", "veth", "peer", "name", tag + "b%d" % i)
             sh("ip", "link", "set", tag + "a%d" % i, "netns", ns)
@@ -329,6 +344,30 @@ def scenario_netns(binary, work):
             sh("ip", "-n", ns, "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", tag + "a%d" % i)
             sh("ip", "-n", ns, "link", "set", tag + "a%d" % i, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
+        self.prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
+                         for i, ns in enumerate(self.nodes)]
+
+    def bytes_sent(self):
+        """Bytes the nodes' veth devices sent."""
+        sent = 0
+        for i, ns in enumerate(self.nodes):
+            out = subprocess.run(["ip", "netns", "exec", ns, "cat",
+                                  "/sys/class/net/%sa%d/statistics/tx_bytes" % (self.tag, i)],
+                                 check=True, capture_output=True, text=True).stdout
+            sent += int(out)
+        return sent
+
+    def close(self):
+        for ns in self.nodes + [self.hub]:
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+
+
+def scenario_netns(binary, work):
+    net = NetworkNamespaces(4)
+    try:
+        if net.error:
+            print("SKIP:", net.error)
+            return SKIP
         # The dataset on the PFS emulator, which counts metadata operations.
         mount = os.path.join(work, "pfs")
         cluster = Cluster(binary, work, size=4, dataset_at=mount)
@@ -350,11 +389,9 @@ def scenario_netns(binary, work):
             assert code == 0, "one walk: exit %d\n%s%s" % (code, out, err)
             emulator.reset()
             snapshots = [os.path.join(work, "rank%d.start.json" % r) for r in range(4)]
-            prefixes = [["ip", "netns", "exec", ns, "env", "UCX_NET_DEVICES=%sa%d" % (tag, i)]
-                        for i, ns in enumerate(nodes)]
             outputs = run_all([cluster.command(r, 3, extra=[
                 "--before-epoch", emulator.snapshot_at_epoch_1(snapshots[r])]) for r in range(4)],
-                prefixes=prefixes)
+                prefixes=net.prefixes)
         finally:
             emulator.stop()
         check_cluster_run(cluster, outputs, 3)
@@ -366,18 +403,65 @@ def scenario_netns(binary, work):
         assert at_start <= 1.2 * one_walk + 10 * 4, (at_start, one_walk)
         built = [final_stats(out)["namespace_built_from_manifest"] for _, out, _ in outputs]
         assert built == [0, 1, 1, 1], built  # Rank 0 walked; the others used its manifest.
-        crossed = 0
-        for i, ns in enumerate(nodes):
-            out = subprocess.run(["ip", "netns", "exec", ns, "cat",
-                                  "/sys/class/net/%sa%d/statistics/tx_bytes" % (tag, i)],
-                                 check=True, capture_output=True, text=True).stdout
-            crossed += int(out)
+        crossed = net.bytes_sent()
         print("bytes sent over the veth devices: %d (dataset %d)" % (crossed, cluster.total))
         # Epochs 2-3 alone move most of the dataset between the nodes.
         assert crossed > cluster.total // 2, crossed
     finally:
-        for ns in nodes + [hub]:
-            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        net.close()
+    return 0
+
+
+def striped_homes(sizes, extent_bytes, peers):
+    """{rank: [(file, extent index)]} whose home each rank is: extent k of a
+    file goes to (the home of the file's name + k) mod peers
+    (src/remote/rendezvous_hash.h, HolderOrder), rebuilt independently."""
+    homes = {r: [] for r in range(peers)}
+    for name, size in sizes.items():
+        first = rendezvous_order(name, peers)[0]
+        for k in range((size + extent_bytes - 1) // extent_bytes):
+            homes[(first + k) % peers].append((name, k))
+    return homes
+
+
+def scenario_netns_extents(binary, work):
+    net = NetworkNamespaces(4)
+    try:
+        if net.error:
+            print("SKIP:", net.error)
+            return SKIP
+        extent = 1 << 20
+        # 2 files of 40 and 27 extents (the last ones short), read as records
+        # that straddle extent boundaries: 67 extents over 4 peers.
+        sizes = {"shards/big0.bin": 40 * extent - 4000, "big1.h5": 26 * extent + 77777}
+        extra = "placement:\n  extent_bytes: 1MiB\n  extent_threshold: 4MiB\n"
+        cluster = Cluster(binary, work, size=4, file_sizes=sizes, extra=extra)
+        commands = [cluster.command(r, 3, extra=["--records", str(300 << 10)]) for r in range(4)]
+        outputs = run_all(commands, prefixes=net.prefixes)
+        check_cluster_run(cluster, outputs, 3)
+        homes = striped_homes(sizes, extent, 4)
+        print("extents per home:", {r: len(h) for r, h in homes.items()})
+        for rank, (_, out, _) in enumerate(outputs):
+            stats = final_stats(out)
+            held = stats["tiers"][0]["files"]
+            print("rank %d: %d extents in its tier, %d bytes; %s" % (
+                rank, held, stats["tiers"][0]["bytes_used"], json.dumps(stats["remote"])))
+            # Each peer is home of its stripes of both files, 16 or 17...
+            assert stats["remote"]["home_files"] == len(homes[rank]) >= 16, (rank, stats["remote"])
+            # ...and keeps every one of them in its tier (beside the copies
+            # of other extents it had room for).
+            tier = os.path.join(work, "tier%d" % rank, ".monarch", "extents", str(extent))
+            for name, k in homes[rank]:
+                copy = os.path.join(tier, name, str(k))
+                assert os.path.getsize(copy) >= min(extent, sizes[name] - k * extent), copy
+            assert held >= len(homes[rank]), (rank, held)
+            assert stats["remote"]["bytes_served"] > 0, stats["remote"]
+        crossed = net.bytes_sent()
+        print("bytes sent over the veth devices: %d (dataset %d)" % (crossed, cluster.total))
+        # Epochs 2-3 read three quarters of each epoch from the other nodes.
+        assert crossed > cluster.total, crossed
+    finally:
+        net.close()
     return 0
 
 
@@ -387,6 +471,7 @@ def main():
     try:
         result = {"loopback": scenario_loopback, "sigkill": scenario_sigkill,
                   "no-show": scenario_no_show, "netns": scenario_netns,
+                  "netns-extents": scenario_netns_extents,
                   "rehome": scenario_rehome, "replicas": scenario_replicas}[scenario](binary, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
