@@ -494,7 +494,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(ErrorReply{5, "no"}),             Encode(stats),
       Encode(StageRequest{{"a/*", "b"}}),      Encode(StageProgress{1, 2, 3, 4, 5, 1}),
       Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7}),
-      Encode(AnnounceRequest{true, false, {1, 2, 3}}), Encode(ConsumedNotice{{4, 5}})};
+      Encode(AnnounceRequest{true, false, {1, 2, 3}}), Encode(ConsumedNotice{{4, 5}}),
+      Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -530,6 +531,22 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   CHECK(DecodeAnnounceRequest(valid[9])->file_ids[2] == 3);
   CHECK_FALSE(DecodeAnnounceRequest(valid[9])->last);
   CHECK(DecodeConsumedNotice(valid[10])->file_ids == std::vector<uint32_t>{4, 5});
+  {
+    absl::StatusOr<AnnounceRequest> ranges = DecodeAnnounceRequest(valid[11]);
+    REQUIRE(ranges.ok());
+    CHECK(ranges->ranges);
+    CHECK_FALSE(ranges->first);
+    REQUIRE(ranges->samples.size() == 2);
+    CHECK(ranges->samples[0].file_id == 7);
+    CHECK(ranges->samples[0].offset == 1 << 20);
+    CHECK(ranges->samples[0].length == 4096);
+    CHECK(ranges->samples[1].file_id == 8);
+    CHECK(ranges->file_ids.empty());
+    // A count of samples the payload cannot hold.
+    std::string cut = valid[11];
+    cut.resize(cut.size() - 1);
+    CHECK_FALSE(DecodeAnnounceRequest(cut).ok());
+  }
   CHECK_FALSE(DecodeReadRequest(valid[2] + "x").ok());  // Trailing bytes.
   CHECK_FALSE(DecodeHelloReply(valid[1].substr(0, valid[1].size() - 1)).ok());  // Cut short.
   std::mt19937 rng(12345);
@@ -728,9 +745,133 @@ TEST_CASE("service: hostile announcements are refused with a reason, and it goes
     CHECK(absl::StrContains(status.message(), "epochs"));
   }
   CHECK((*node)->NodeStats().node.Get("prefetch_announced_files") == 0);
+  {  // Ranges: a piece of ranges in an order of files, a file id past the
+     // namespace, and a sample past its file's end (answered; the
+     // connection goes on).
+    ScopedFd socket = hello();
+    service::AnnounceRequest files_piece;
+    files_piece.last = false;
+    files_piece.file_ids = {0};
+    REQUIRE(service::Call(socket.get(), service::MessageType::kAnnounce,
+                          service::Encode(files_piece)).ok());
+    service::AnnounceRequest ranges_piece;
+    ranges_piece.first = false;
+    ranges_piece.ranges = true;
+    ranges_piece.samples = {{0, 0, 10}};
+    auto mixed = service::Call(socket.get(), service::MessageType::kAnnounce,
+                               service::Encode(ranges_piece));
+    CHECK(absl::IsInvalidArgument(mixed.status()));
+    CHECK(absl::StrContains(mixed.status().message(), "ranges"));
+    ScopedFd again = hello();
+    service::AnnounceRequest bad_id;
+    bad_id.ranges = true;
+    bad_id.samples = {{0, 0, 10}, {4, 0, 10}};
+    auto out_of_namespace = service::Call(again.get(), service::MessageType::kAnnounce,
+                                          service::Encode(bad_id));
+    CHECK(absl::IsInvalidArgument(out_of_namespace.status()));
+    CHECK(absl::StrContains(out_of_namespace.status().message(), "out of range"));
+    ScopedFd third = hello();
+    service::AnnounceRequest past_end;
+    past_end.ranges = true;
+    past_end.samples = {{1, 5000, 10}};
+    auto refused = service::Call(third.get(), service::MessageType::kAnnounce,
+                                 service::Encode(past_end));
+    CHECK(absl::IsOutOfRange(refused.status()));
+    past_end.samples = {{1, 4999, 0}};  // The last byte: accepted, on the same connection.
+    CHECK(service::Call(third.get(), service::MessageType::kAnnounce, service::Encode(past_end))
+              .ok());
+  }
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
   ReadAllExact(**client, files);
+}
+
+// Ranges through the service (Monarch::AnnounceRanges in a client): the
+// service turns each sample into the extents that hold it, its streams
+// fetch them, and the client's reads (which it makes for the client) use
+// them up.
+TEST_CASE("service: an order of ranges from a client prefetches the extents that hold them") {
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"tokens.bin", 17, 32 * (1 << 20)};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  const TestFile small{"labels.bin", 18, 100000};  // Cached whole.
+  testing::WriteFile(data + "/" + small.name, small.seed, small.size);
+  Config config = SharedConfig(data, {testing::RamTier(256 << 20)}, dir.Sub("run"));
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  // The small file whole, and records in extents 30, 2, 17 (two), 5 and 6
+  // (one across both).
+  const std::vector<Monarch::SampleRange> samples = {
+      {small.name, 0, 0},                        {big.name, 30 * (1 << 20) + 4096, 65536},
+      {big.name, 2 * (1 << 20), 65536},          {big.name, 17 * (1 << 20), 65536},
+      {big.name, 17 * (1 << 20) + 65536, 65536}, {big.name, 6 * (1 << 20) - 1000, 65536}};
+  REQUIRE((*client)->AnnounceRanges(samples).ok());
+  auto node_stat = [&](const char* name) { return (*node)->NodeStats().node.Get(name); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (node_stat("prefetch_files") < 6 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  (*client)->WaitForPlacement();
+  const uint64_t fetched = 5 * (1 << 20) + small.size;  // Extents 30, 2, 17, 5, 6; the small file.
+  Stats stats = (*client)->GetStats();
+  CHECK(stats.Get("prefetch_files") == 6);
+  CHECK(SourceBytes(stats) == fetched);
+  CHECK(stats.Tier(0, "files") == 6);
+  const uint64_t consumed_before = node_stat("prefetch_reads");
+  for (const Monarch::SampleRange& sample : samples) {
+    const TestFile& f = sample.file == big.name ? big : small;
+    const size_t n = sample.length != 0 ? sample.length : f.size;
+    std::vector<char> bytes(n);
+    absl::StatusOr<size_t> got = (*client)->Read(f.name, bytes.data(), n, sample.offset);
+    REQUIRE(got.ok());
+    REQUIRE(*got == n);
+    CHECK(testing::BytesMatch(f, bytes.data(), sample.offset, n));
+  }
+  (*client)->WaitForPlacement();
+  stats = (*client)->GetStats();
+  CHECK(SourceBytes(stats) == fetched);  // All hits.
+  // The order's 7 steps are consumed: the small file by the client's own
+  // report (its first, sent at once), the 6 extent steps by the reads the
+  // service made for it.
+  const auto reported = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (node_stat("prefetch_reads") - consumed_before < 7 &&
+         std::chrono::steady_clock::now() < reported) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(node_stat("prefetch_reads") - consumed_before == 7);
+  // ...and consumed in this client's order, not the service's: when another
+  // process announces (a forked child, whose order is merged with it),
+  // nothing of this client's order is left to fetch.
+  int ready[2], done[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(done) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const bool announced = (*client)->AnnounceOrder({small.name}).ok();
+    char byte = announced ? 'y' : 'n';
+    const bool told = ::write(ready[1], &byte, 1) == 1;
+    const bool waited = ::read(done[0], &byte, 1) == 1;  // Its order lives while it does.
+    ::_exit(told && waited ? 0 : 1);
+  }
+  char answer = 0;
+  REQUIRE(::read(ready[0], &answer, 1) == 1);
+  CHECK(answer == 'y');
+  CHECK(node_stat("prefetch_order_files") == 1);  // The child's only.
+  REQUIRE(::write(done[1], "x", 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
+  // Errors come back to the caller; nothing is announced.
+  CHECK(absl::IsNotFound((*client)->AnnounceRanges({{"nope.bin", 0, 10}})));
+  CHECK(absl::IsOutOfRange((*client)->AnnounceRanges({{big.name, big.size, 10}})));
+  CHECK((*client)->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
 }
 
 }  // namespace

@@ -211,8 +211,22 @@ class LocalFiles {
   }
   void FirstRead(Handle file) {
     // A reader's first read of a file frees the prefetch lookahead it took.
-    if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
+    if (prefetcher_->active()) prefetcher_->Consumed(reading_for_, &file->ref.id, 1);
   }
+  // While one lives, this thread's reads are `reader`'s: the node service
+  // reads a client's files cached by extents for it (its image holds no
+  // extents), and the extents they touch are that client's to consume in
+  // its order. Per thread: the service reads for many clients at once.
+  class ReadingFor {
+   public:
+    explicit ReadingFor(uint64_t reader) : previous_(reading_for_) { reading_for_ = reader; }
+    ~ReadingFor() { reading_for_ = previous_; }
+    ReadingFor(const ReadingFor&) = delete;
+    ReadingFor& operator=(const ReadingFor&) = delete;
+
+   private:
+    const uint64_t previous_;
+  };
   // Pinned only where copies are evicted (by the policy, or by memory
   // pressure): an eviction waits for its readers.
   int Pin(Handle file) {
@@ -292,6 +306,8 @@ class LocalFiles {
   static constexpr uint64_t kThisProcess = 0;
 
  private:
+  static inline thread_local uint64_t reading_for_ = kThisProcess;  // See ReadingFor.
+
   // A hit on a posix or pmem copy, timed for the speed model, which may
   // send it to the source's page cache first (core/read_speeds.h).
   absl::StatusOr<size_t> ReadFileCopy(StorageDriver& reader, Handle file, int tier,
@@ -575,37 +591,13 @@ class MonarchImpl final : public MonarchCore {
   absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
     std::vector<uint32_t> ids;
     ids.reserve(samples.size());
-    auto add = [&ids](uint32_t id) {
-      if (ids.empty() || ids.back() != id) ids.push_back(id);
-    };
     for (const SampleRange& sample : samples) {
       const FileEntry* entry = namespace_->Find(sample.file);
       if (entry == nullptr) {
         return absl::NotFoundError(
             absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
       }
-      const uint64_t size = entry->ref.size;
-      if (sample.offset > size || (sample.offset == size && size > 0)) {
-        return absl::OutOfRangeError(absl::StrCat("announced order: offset ", sample.offset,
-                                                  " is past the end of ",
-                                                  QuoteForError(sample.file), " (", size,
-                                                  " bytes)"));
-      }
-      if (entry->extent_count == 0 || size == 0) {
-        add(entry->ref.id);
-        continue;
-      }
-      const uint64_t end = sample.length == 0 || sample.length > size - sample.offset
-                               ? size
-                               : sample.offset + sample.length;
-      // Each sample names its extents, repeats included: a reader reports
-      // each extent a read touches (ReadFound), so the order's positions
-      // and the reads' stay in step.
-      for (uint64_t at = sample.offset; at < end;) {
-        const FileEntry& extent = namespace_->ExtentAt(*entry, at);
-        ids.push_back(extent.ref.id);
-        at = extent.ref.part_offset + extent.ref.size;
-      }
+      MONARCH_RETURN_IF_ERROR(AppendSampleEntries(*entry, sample.offset, sample.length, &ids));
     }
     prefetcher_->Announce(kThisProcess, std::move(ids));
     return absl::OkStatus();
@@ -613,8 +605,10 @@ class MonarchImpl final : public MonarchCore {
 
   // MonarchCore.
   const Namespace& name_space() const override { return *namespace_; }
-  absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
+  absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset,
+                                  uint64_t reader) override {
     if (id >= namespace_->entry_count()) return absl::NotFoundError("no such file id");
+    LocalFiles::ReadingFor reading_for(reader);
     return ReadFound(*files_, &namespace_->entry(id), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
@@ -625,6 +619,19 @@ class MonarchImpl final : public MonarchCore {
   int max_open_files() const override { return config_.placement.max_open_files; }
   void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) override {
     prefetcher_->Announce(reader, std::move(ids));
+  }
+  absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) override {
+    std::vector<uint32_t> ids;
+    ids.reserve(samples.size());
+    for (const FileRange& sample : samples) {
+      if (sample.file_id >= namespace_->file_count()) {
+        return absl::InvalidArgumentError(absl::StrCat("announced order: no file id ", sample.file_id));
+      }
+      MONARCH_RETURN_IF_ERROR(AppendSampleEntries(namespace_->entry(sample.file_id), sample.offset,
+                                                  sample.length, &ids));
+    }
+    prefetcher_->Announce(reader, std::move(ids));
+    return absl::OkStatus();
   }
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for
@@ -637,6 +644,33 @@ class MonarchImpl final : public MonarchCore {
 
  private:
   Tier& source() { return *tiers_.back(); }
+
+  // Appends the entries a sample of `entry` names to an order: the file, for
+  // a file cached whole (once for a run of samples in it), or each extent
+  // the sample touches, repeats included: a reader reports each extent a
+  // read touches (ReadFound), so the order's positions and the reads' stay
+  // in step.
+  absl::Status AppendSampleEntries(const FileEntry& entry, uint64_t offset, uint64_t length,
+                                   std::vector<uint32_t>* ids) const {
+    const uint64_t size = entry.ref.size;
+    if (offset > size || (offset == size && size > 0)) {
+      return absl::OutOfRangeError(absl::StrCat("announced order: offset ", offset,
+                                                " is past the end of ",
+                                                QuoteForError(entry.ref.name), " (", size,
+                                                " bytes)"));
+    }
+    if (entry.extent_count == 0 || size == 0) {
+      if (ids->empty() || ids->back() != entry.ref.id) ids->push_back(entry.ref.id);
+      return absl::OkStatus();
+    }
+    const uint64_t end = length == 0 || length > size - offset ? size : offset + length;
+    for (uint64_t at = offset; at < end;) {
+      const FileEntry& extent = namespace_->ExtentAt(entry, at);
+      ids->push_back(extent.ref.id);
+      at = extent.ref.part_offset + extent.ref.size;
+    }
+    return absl::OkStatus();
+  }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
   // when they are copies of the source files as the walk found them (the

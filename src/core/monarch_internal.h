@@ -40,7 +40,11 @@ class MonarchCore : public Monarch {
   // Reads file `id` through the internal read path (tier copies,
   // promotions, dropping a bad copy), as Read() does by name. `id` may be
   // an extent's (Namespace::entry_count()): its bytes, at `offset` in it.
-  virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) = 0;
+  // `reader`: who reads (a client's id as in AnnounceOrderOf, or 0 for this
+  // process): the extents of a file cached by extents that the read touches
+  // count as consumed in its order.
+  virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset,
+                                          uint64_t reader) = 0;
   // The tiers, fastest first (cache tiers, the peers if any, the source).
   virtual int tier_count() const = 0;
   virtual const TierConfig& tier_config(int tier) const = 0;
@@ -52,6 +56,14 @@ class MonarchCore : public Monarch {
   // reports the files it started reading, hits it served itself included.
   virtual void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) = 0;
   virtual void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) = 0;
+  // AnnounceRanges on behalf of `reader`, with files given by id (each
+  // below name_space().file_count()); the same errors.
+  struct FileRange {
+    uint32_t file_id = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;  // 0: to the end of the file.
+  };
+  virtual absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) = 0;
 };
 
 struct CoreOptions {

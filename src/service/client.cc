@@ -327,8 +327,34 @@ class ServiceClient final : public Monarch {
         }
         ids.push_back(*id);
       }
-      absl::Status sent = SendOrder(state, session, ids);
+      AnnounceRequest order;
+      order.file_ids = std::move(ids);
+      absl::Status sent = SendOrder(state, session, order);
       // A new service instance answered: ids may differ, look up again.
+      if (absl::IsAborted(sent) && attempt < 3) continue;
+      return sent;
+    }
+  }
+
+  // Samples inside files, by file id: the service knows which files it
+  // caches by extents, and fetches the extents each sample touches.
+  absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
+    ProcessState& state = State();
+    for (int attempt = 0;; ++attempt) {
+      Session* session = CurrentSession(state);
+      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+      AnnounceRequest order;
+      order.ranges = true;
+      order.samples.reserve(samples.size());
+      for (const SampleRange& sample : samples) {
+        const std::optional<uint32_t> id = session->image->Find(sample.file);
+        if (!id) {
+          return absl::NotFoundError(
+              absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
+        }
+        order.samples.push_back({*id, sample.offset, sample.length});
+      }
+      absl::Status sent = SendOrder(state, session, order);
       if (absl::IsAborted(sent) && attempt < 3) continue;
       return sent;
     }
@@ -573,27 +599,37 @@ class ServiceClient final : public Monarch {
     return done + rest;
   }
 
-  absl::Status SendOrder(ProcessState& state, Session* session,
-                         const std::vector<uint32_t>& ids) const {
+  // Sends `order` (its file ids, or its samples) in pieces on one connection.
+  absl::Status SendOrder(ProcessState& state, Session* session, const AnnounceRequest& order) const {
     MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, TakeChannel(state, session));
     if (channel == nullptr) {
       return absl::UnavailableError(absl::StrCat("the Monarch service at ", paths_.socket,
                                                  " does not answer: no prefetch"));
     }
+    const size_t total = order.ranges ? order.samples.size() : order.file_ids.size();
+    const size_t max_piece = order.ranges ? kMaxRangesPerMessage : kMaxIdsPerMessage;
     size_t done = 0;
     do {
-      const size_t piece = std::min(ids.size() - done, kMaxIdsPerMessage);
+      const size_t piece = std::min(total - done, max_piece);
       AnnounceRequest request;
       request.first = done == 0;
-      request.last = done + piece == ids.size();
-      request.file_ids.assign(ids.begin() + done, ids.begin() + done + piece);
+      request.last = done + piece == total;
+      request.ranges = order.ranges;
+      if (order.ranges) {
+        request.samples.assign(order.samples.begin() + done, order.samples.begin() + done + piece);
+      } else {
+        request.file_ids.assign(order.file_ids.begin() + done,
+                                order.file_ids.begin() + done + piece);
+      }
+      // A refused order (a sample past its file's end) comes back as its
+      // error.
       MONARCH_ASSIGN_OR_RETURN(Frame reply,
                                Call(channel->socket.get(), MessageType::kAnnounce, Encode(request)));
       if (reply.type != MessageType::kOk) {
         return absl::InternalError("the Monarch service did not accept the read order");
       }
       done += piece;
-    } while (done < ids.size());
+    } while (done < total);
     ReturnChannel(state, std::move(channel));
     return absl::OkStatus();
   }

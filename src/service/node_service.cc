@@ -62,8 +62,11 @@ struct NodeService::Connection {
   std::atomic<uint64_t> miss_bytes{0};
   std::atomic<bool> finished{false};
   std::thread thread;
-  // The read order this client is sending in pieces (kAnnounce).
+  // The read order this client is sending in pieces (kAnnounce): file ids,
+  // or samples inside files.
   std::vector<uint32_t> pending_order;
+  std::vector<MonarchCore::FileRange> pending_ranges;
+  bool pending_is_ranges = false;
 
   // The client's own counters; null before the handshake.
   const ClientCounters* counters() const {
@@ -451,9 +454,12 @@ absl::Status NodeService::HandleRead(Connection* c, const Frame& frame) {
                          "read of ", request->length, " bytes is larger than the transfer buffer (",
                          options_.buffer_bytes, ")")));
   }
+  // For the client: its reads of a file cached by extents all come here
+  // (its image holds files only), and the extents they touch are its to
+  // consume in its order.
   absl::StatusOr<size_t> n = core_->ReadFile(request->file_id, c->transfer(),
                                              static_cast<size_t>(request->length),
-                                             request->offset);
+                                             request->offset, c->peer.pid);
   if (!n.ok()) return SendError(c->socket.get(), n.status());
   c->misses.fetch_add(1, std::memory_order_relaxed);
   c->miss_bytes.fetch_add(*n, std::memory_order_relaxed);
@@ -464,24 +470,58 @@ absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
   absl::StatusOr<AnnounceRequest> request = DecodeAnnounceRequest(frame.payload);
   if (!request.ok()) return request.status();  // Answered and closed by Serve().
   const uint32_t files = core_->name_space().file_count();
-  MONARCH_RETURN_IF_ERROR(CheckFileIds(request->file_ids, files, "announce"));
-  if (request->first) c->pending_order.clear();
+  if (request->first) {
+    c->pending_order.clear();
+    c->pending_ranges.clear();
+    c->pending_is_ranges = request->ranges;
+  } else if (request->ranges != c->pending_is_ranges) {
+    return absl::InvalidArgumentError("announce: a piece of ranges in an order of files, or the "
+                                      "other way round");
+  }
   // An order covers some epochs, not an unbounded stream of pieces.
   const uint64_t limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs, kMaxIdsPerMessage);
-  if (c->pending_order.size() + request->file_ids.size() > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "announce: an order of more than ", limit, " files (", kMaxAnnouncedEpochs,
-        " epochs of the dataset)"));
+  const uint64_t pending = c->pending_order.size() + c->pending_ranges.size();
+  if (!request->ranges) {
+    MONARCH_RETURN_IF_ERROR(CheckFileIds(request->file_ids, files, "announce"));
+    if (pending + request->file_ids.size() > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "announce: an order of more than ", limit, " files (", kMaxAnnouncedEpochs,
+          " epochs of the dataset)"));
+    }
+    c->pending_order.insert(c->pending_order.end(), request->file_ids.begin(),
+                            request->file_ids.end());
+  } else {
+    // Samples are bounded like files: a few per file and epoch is what
+    // records in big files make, and each may name a few extents.
+    const uint64_t range_limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs * 64,
+                                                    kMaxRangesPerMessage);
+    if (pending + request->samples.size() > range_limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("announce: an order of more than ", range_limit, " samples"));
+    }
+    for (const AnnouncedRange& sample : request->samples) {
+      if (sample.file_id >= files) {
+        return absl::InvalidArgumentError(absl::StrCat("announce: file id ", sample.file_id,
+                                                       " out of range (", files, " files)"));
+      }
+      c->pending_ranges.push_back({sample.file_id, sample.offset, sample.length});
+    }
   }
-  c->pending_order.insert(c->pending_order.end(), request->file_ids.begin(),
-                          request->file_ids.end());
   if (request->last) {
     {
       MutexLock lock(&mu_);
       announced_pids_.insert(c->peer.pid);
     }
-    core_->AnnounceOrderOf(c->peer.pid, std::move(c->pending_order));
-    c->pending_order = {};
+    if (c->pending_is_ranges) {
+      // A sample past its file's end is the client's mistake, not a
+      // hostile message: answered, and the connection stays.
+      absl::Status announced = core_->AnnounceRangesOf(c->peer.pid, c->pending_ranges);
+      c->pending_ranges = {};
+      if (!announced.ok()) return SendError(c->socket.get(), announced);
+    } else {
+      core_->AnnounceOrderOf(c->peer.pid, std::move(c->pending_order));
+      c->pending_order = {};
+    }
   }
   return SendFrame(c->socket.get(), MessageType::kOk, "");
 }
@@ -566,7 +606,7 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
     // and placement completes it whatever part was read.
     const FileEntry& entry = ns.entry(id);
     if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
-      core_->ReadFile(id, scratch, 1, 0).IgnoreError();
+      core_->ReadFile(id, scratch, 1, 0, /*reader=*/0).IgnoreError();
     }
     const auto now = std::chrono::steady_clock::now();
     if (now - last_report > std::chrono::milliseconds(250)) {

@@ -294,8 +294,15 @@ std::vector<uint32_t> GetIds(PayloadReader& r) {
 
 std::string Encode(const AnnounceRequest& m) {
   PayloadWriter w;
-  w.Put(static_cast<uint32_t>((m.first ? 1u : 0u) | (m.last ? 2u : 0u)));
-  PutIds(w, m.file_ids);
+  w.Put(static_cast<uint32_t>((m.first ? 1u : 0u) | (m.last ? 2u : 0u) | (m.ranges ? 4u : 0u)));
+  if (!m.ranges) {
+    PutIds(w, m.file_ids);
+    return w.Take();
+  }
+  w.Put(static_cast<uint32_t>(m.samples.size()));
+  for (const AnnouncedRange& sample : m.samples) {
+    w.Put(sample.file_id).Put(sample.offset).Put(sample.length);
+  }
   return w.Take();
 }
 
@@ -303,10 +310,21 @@ absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload)
   PayloadReader r(payload);
   AnnounceRequest m;
   const uint32_t flags = r.Get<uint32_t>();
-  if (flags > 3) return absl::InvalidArgumentError("malformed announce message: unknown flags");
+  if (flags > 7) return absl::InvalidArgumentError("malformed announce message: unknown flags");
   m.first = (flags & 1) != 0;
   m.last = (flags & 2) != 0;
-  m.file_ids = GetIds(r);
+  m.ranges = (flags & 4) != 0;
+  if (!m.ranges) {
+    m.file_ids = GetIds(r);
+  } else {
+    const uint32_t count = r.GetCount(20);
+    m.samples.resize(count);
+    for (AnnouncedRange& sample : m.samples) {
+      sample.file_id = r.Get<uint32_t>();
+      sample.offset = r.Get<uint64_t>();
+      sample.length = r.Get<uint64_t>();
+    }
+  }
   if (absl::Status s = r.Finish("announce"); !s.ok()) return s;
   return m;
 }

@@ -31,8 +31,8 @@ namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // 2: kAnnounce, kConsumed. 3: huge_pages. 4: the dataset key in Hello and StatusReply.
-// 5: ClientCounters holds a TierReads per tier.
-constexpr uint32_t kProtocolVersion = 5;
+// 5: ClientCounters holds a TierReads per tier. 6: kAnnounce may carry ranges.
+constexpr uint32_t kProtocolVersion = 6;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -139,12 +139,23 @@ struct StatsReply {
   std::vector<ClientStats> clients;
 };
 
+// A sample inside a file (Monarch::SampleRange, by file id).
+struct AnnouncedRange {
+  uint32_t file_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // 0: to the end of the file.
+};
+
 // A client's read order for prefetch (Monarch::AnnounceOrder), sent in
-// pieces of at most kMaxIdsPerMessage file ids.
+// pieces of at most kMaxIdsPerMessage file ids, or (AnnounceRanges) of at
+// most kMaxRangesPerMessage ranges. An order is one or the other: its first
+// piece says which, and a piece of the other kind is refused.
 struct AnnounceRequest {
   bool first = true;  // Starts a new order: drops pieces sent before.
   bool last = true;   // The order is complete: the service announces it.
   std::vector<uint32_t> file_ids;
+  bool ranges = false;  // This piece holds `samples`, not `file_ids`.
+  std::vector<AnnouncedRange> samples;
 };
 // Files a client started reading (hits included, which the service does not
 // see otherwise): they free the prefetch lookahead.
@@ -152,6 +163,7 @@ struct ConsumedNotice {
   std::vector<uint32_t> file_ids;
 };
 constexpr size_t kMaxIdsPerMessage = (kMaxPayloadBytes - 16) / 4;
+constexpr size_t kMaxRangesPerMessage = (kMaxPayloadBytes - 16) / 20;
 
 struct StageRequest {
   std::vector<std::string> globs;  // Empty: the whole dataset.
