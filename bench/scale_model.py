@@ -341,13 +341,14 @@ def human_bytes(b):
 # Namespace memory, from the structures in src/metadata/namespace.cc and
 # src/service/namespace_image.cc (sizes checked by namespace_memory.cc).
 
-FILE_ENTRY = 56       # sizeof(FileEntry): FileRef{id, name view, size, mtime} + tier* + state
+FILE_ENTRY = 80       # sizeof(FileEntry): FileRef{id, name view, size, mtime, part_of, part_offset}
+                      # + first_extent, extent_count + tier* + state
 FILE_ATTRIBUTES = 64  # sizeof(FileAttributes)
 TIER_SLOT = 4         # sizeof(TierSlot)
 MAP_SLOT = 24         # pair<const string_view, uint32_t>
 IMAGE_RECORD = 96     # namespace_image.cc Record: name offset/len, size, mtime, FileAttributes
 IMAGE_HEADER = 80
-HOME_ENTRY = 2        # PeerDriver::homes_: uint16_t per file
+HOME_ENTRY = 2        # PeerDriver::holders_: uint16_t per file (one home)
 RAM_SLOT = 16         # ram_driver.cc Slot: sequence + location, per file, per RAM tier
 
 
@@ -392,7 +393,7 @@ def namespace_heap_model(n, name_chars, dir_names, files_per_dir, subdirs_per_di
     """Bytes the Namespace keeps after Build(), component by component."""
     parts = {}
     parts["names arena"] = string_heap(name_chars)
-    parts["entries (56 B)"] = malloc_usable(FILE_ENTRY * n) if n else 0
+    parts["entries (80 B)"] = malloc_usable(FILE_ENTRY * n) if n else 0
     parts["attributes (64 B)"] = malloc_usable(FILE_ATTRIBUTES * n) if n else 0
     parts["tier slots (4 B)"] = malloc_usable(TIER_SLOT * n) if n else 0
     parts["name -> id map"] = malloc_usable(absl_alloc(absl_reserved_capacity(n))) if n else 0
@@ -592,6 +593,78 @@ def run_tables(args, log):
 
 
 # ---------------------------------------------------------------------------
+# Big files cached by extents (placement.extent_bytes): whose home each
+# extent is. Extent k of a file goes to (the file's home + k) mod N
+# (HolderOrder in src/remote/rendezvous_hash.h); the alternatives were one
+# home per file, or each extent's own name hashed.
+
+EXTENT_BYTES = 4 * MIB
+EXTENT_SETS = [("2 token files of 1 TiB", [TIB, TIB]),
+               ("64 HDF5 files of 32 GiB", [32 * GIB] * 64),
+               ("2 files of 1,000 and 700 MiB (bench/extent_homes.py)",
+                [1000 * MIB + 12345, 700 * MIB + 24690])]
+
+
+def extent_names(file, count):
+    return [".monarch/extents/%d/%s/%d" % (EXTENT_BYTES, file, k) for k in range(count)]
+
+
+def extent_sizes(size):
+    count = -(-size // EXTENT_BYTES)
+    sizes = np.full(count, EXTENT_BYTES, dtype=np.int64)
+    sizes[-1] = size - (count - 1) * EXTENT_BYTES
+    return sizes
+
+
+def extent_cell(files, peers, budget):
+    """max/mean home bytes for one set of big files over `peers` nodes: files
+    homed whole, extents striped, and extents each hashed by name (exact
+    while extents x peers <= budget, else the normal formula)."""
+    file_hashes = stable_name_hashes([name for name, _ in files])
+    file_homes = top2_homes(file_hashes, peers)[0]
+    whole = np.zeros(peers)
+    striped = np.zeros(peers)
+    all_sizes = []
+    for (name, size), home in zip(files, file_homes):
+        whole[home] += size
+        sizes = extent_sizes(size)
+        all_sizes.append(sizes)
+        striped += np.bincount((home + np.arange(len(sizes))) % peers, weights=sizes,
+                               minlength=peers)
+    sizes = np.concatenate(all_sizes)
+    mean = sizes.sum() / peers
+    res = {"peers": peers, "extents": len(sizes), "whole": whole.max() / mean,
+           "striped": striped.max() / mean,
+           "hashed_formula": imbalance_formula(len(sizes), peers,
+                                               float(sizes.std() / sizes.mean()))}
+    if len(sizes) * peers <= budget:
+        hashes = stable_name_hashes([n for (name, size) in files
+                                     for n in extent_names(name, len(extent_sizes(size)))])
+        hashed = np.bincount(top2_homes(hashes, peers)[0], weights=sizes, minlength=peers)
+        res["hashed"] = hashed.max() / mean
+    return res
+
+
+def run_extent_tables(args, log):
+    budget = 4e8 if not args.exact else 6e9
+    rows = []
+    for label, sizes in EXTENT_SETS:
+        files = [("data/part-%03d.bin" % i, size) for i, size in enumerate(sizes)]
+        if label.startswith("2 files of 1,000"):
+            files = [("tokens/train-%d.bin" % i, size) for i, size in enumerate(sizes)]
+        for peers in NODES:
+            started = time.time()
+            r = extent_cell(files, peers, budget)
+            r["label"] = label
+            rows.append(r)
+            log("extents %s N=%4d: %d extents, max/mean whole %.3f, striped %.4f, hashed %s "
+                "(formula %.3f), %.1f s" % (label, peers, r["extents"], r["whole"], r["striped"],
+                                            "%.4f" % r["hashed"] if "hashed" in r else "-",
+                                            r["hashed_formula"], time.time() - started))
+    return rows
+
+
+# ---------------------------------------------------------------------------
 # Checks against the real code and real runs.
 
 def compile_helpers(args, log):
@@ -606,11 +679,16 @@ def compile_helpers(args, log):
             "-labsl_raw_hash_set", "-labsl_str_format_internal", "-labsl_city",
             "-labsl_low_level_hash", "-labsl_throw_delegate", "-labsl_raw_logging_internal",
             "-labsl_synchronization", "-labsl_spinlock_wait", "-labsl_cord", "-lpthread"]
+    # The library is built in layers (src/*/CMakeLists.txt): libmonarch.a
+    # and one archive per layer beside it; the linker takes what it needs.
+    layers = sorted(os.path.join(args.build, f) for f in os.listdir(args.build)
+                    if f.startswith("libmonarch_") and f.endswith(".a"))
+    archives = ["-Wl,--start-group", lib] + layers + ["-Wl,--end-group"]
     out = {}
     for name, libs in (("home_check", []), ("namespace_memory", absl)):
         src = os.path.join(HERE, "scale_model", name + ".cc")
         exe = os.path.join(bin_dir, name)
-        cmd = common + [src, lib] + libs + ["-o", exe]
+        cmd = common + [src] + archives + libs + ["-o", exe]
         subprocess.run(cmd, check=True)
         out[name] = exe
     log("compiled %s against %s" % (", ".join(out), lib))
@@ -625,6 +703,22 @@ def check_hash(helpers, extra_names, log):
     names += ["a", "", "ü/ß.jpg", "x" * 300] + list(extra_names)
     names = [s for s in names if "\n" not in s]
     peers = [1, 2, 3, 4, 7, 16, 64, 256, 1024, 4096]
+    # Extents: striped homes, and the hash of their names.
+    extents = [("tokens/train-%d.bin" % f, k) for f in range(3) for k in range(0, 5000, 37)]
+    extent_out = subprocess.run([helpers["home_check"]] + [str(p) for p in peers], check=True,
+                                input="".join("%s\t%d\t%d\n" % (f, k, EXTENT_BYTES)
+                                              for f, k in extents).encode(),
+                                capture_output=True).stdout.decode()
+    extent_rows = [line.split("\t") for line in extent_out.splitlines()]
+    assert len(extent_rows) == len(extents), (len(extent_rows), len(extents))
+    extent_hash = stable_name_hashes([".monarch/extents/%d/%s/%d" % (EXTENT_BYTES, f, k)
+                                      for f, k in extents])
+    extent_mismatch = int((np.array([int(r[0], 16) for r in extent_rows], dtype=np.uint64)
+                           != extent_hash).sum())
+    file_hash = stable_name_hashes([f for f, _ in extents])
+    for j, p in enumerate(peers):
+        striped = (top2_homes(file_hash, p)[0] + np.array([k for _, k in extents])) % p
+        extent_mismatch += int((np.array([int(r[1 + j]) for r in extent_rows]) != striped).sum())
     out = subprocess.run([helpers["home_check"]] + [str(p) for p in peers], check=True,
                          input=("\n".join(names) + "\n").encode(),
                          capture_output=True).stdout.decode()
@@ -648,12 +742,15 @@ def check_hash(helpers, extra_names, log):
                           for i in range(0, len(names), 97))
     result = {"names": len(names), "peer_counts": peers, "hash_mismatches": hash_mismatch,
               "home_mismatches": home_mismatch, "runner_up_mismatches": runner_up_mismatch,
-              "scalar_mismatches": ref_mismatch + scalar_mismatch}
+              "scalar_mismatches": ref_mismatch + scalar_mismatch,
+              "extents": len(extents), "extent_mismatches": extent_mismatch}
     log("hash check: %d names x %d peer counts: %d hash mismatches, %d home mismatches, "
-        "%d runner-up mismatches (fast vs full comparisons), %d scalar-reference mismatches" % (
+        "%d runner-up mismatches (fast vs full comparisons), %d scalar-reference mismatches; "
+        "%d extents: %d mismatches of hash or striped home" % (
             len(names), len(peers), hash_mismatch, home_mismatch, runner_up_mismatch,
-            result["scalar_mismatches"]))
-    if hash_mismatch or home_mismatch or runner_up_mismatch or result["scalar_mismatches"]:
+            result["scalar_mismatches"], len(extents), extent_mismatch))
+    if (hash_mismatch or home_mismatch or runner_up_mismatch or result["scalar_mismatches"] or
+            extent_mismatch):
         sys.exit("the Python hash does not match the C++ one")
     return result
 
@@ -918,7 +1015,7 @@ def chunk_imbalance(sizes, peers, chunk=MIB):
     return n, imbalance_formula(n, peers, cv)
 
 
-def findings(datasets, results, mem, checks, ns_rows, t):
+def findings(datasets, results, mem, checks, ns_rows, t, extent_rows=None):
     by = {(ds.label, r["peers"]): r for ds, r in results}
     img1, img20, sh1, sh20 = datasets
 
@@ -932,12 +1029,27 @@ def findings(datasets, results, mem, checks, ns_rows, t):
              "max/mean × T/N for every home share to stay in them. Images: %.3f (1M files) "
              "and %.3f (20M) at 256 nodes, %.2f and ~%.3f at 4,096. Shards homed per file: "
              "%.2f (13,428 shards) and %.2f (671 shards) at 256 nodes, %.1f and %.1f at "
-             "4,096, where most nodes are home of no shard at all. Homing shards per 1 MiB "
-             "chunk (the name and the chunk index hashed together) would make them %s "
-             "chunks, and max/mean %.2f at 4,096 nodes (formula)." % (
+             "4,096, where most nodes are home of no shard at all. Homing them per 1 MiB "
+             "piece by the hash of each piece's name would make them %s pieces, and "
+             "max/mean %.2f at 4,096 nodes (formula); extents above "
+             "`placement.extent_threshold` are homed striped instead (below)." % (
                  imb(img1, 256), imb(img20, 256), imb(img1, 4096), imb(img20, 4096),
                  imb(sh20, 256), imb(sh1, 256), imb(sh20, 4096), imb(sh1, 4096),
                  "{:,}".format(chunks), chunk_imb))
+    if extent_rows:
+        ext = {(r["label"], r["peers"]): r for r in extent_rows}
+        tok4, tok4096 = ext[(EXTENT_SETS[0][0], 4)], ext[(EXTENT_SETS[0][0], 4096)]
+        h5 = ext[(EXTENT_SETS[1][0], 4096)]
+        L.append("- **Big files by extents.** 2 token files of 1 TiB homed whole leave 2 of N "
+                 "nodes holding everything (max/mean %.1f at 4 nodes, %.0f at 4,096). By %s "
+                 "extents striped round the nodes, max/mean is %.4f at 4 nodes and %.4f at "
+                 "4,096 (%.0f extents per node); hashing each extent by its name would give "
+                 "%.3f and %.3f. 64 HDF5 files of 32 GiB at 4,096 nodes: %.4f striped, %.3f "
+                 "hashed." % (tok4["whole"], tok4096["whole"], human_bytes(EXTENT_BYTES),
+                              tok4["striped"], tok4096["striped"], tok4096["extents"] / 4096,
+                              tok4.get("hashed", tok4["hashed_formula"]),
+                              tok4096.get("hashed", tok4096["hashed_formula"]),
+                              h5["striped"], h5.get("hashed", h5["hashed_formula"])))
     if checks and "recorded" in checks:
         over = [(n, ov) for n, _, _, ov in checks["recorded"] if ov]
         if over:
@@ -997,7 +1109,8 @@ def shown(path):
     return path if rel.startswith("..") else rel
 
 
-def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started, argv):
+def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started, argv,
+           extent_rows):
     L = []
     t = args.epoch_seconds
     L += ["# Scale model of the peer tier (issue 15)", "",
@@ -1008,7 +1121,7 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
           "real builds; everything is checked against 2-4 process runs of `monarch-epochs` on "
           "this machine at the end.", ""]
     mem = {ds.label: namespace_per_node(ds) for ds in datasets}
-    L += findings(datasets, results, mem, checks, ns_rows, t)
+    L += findings(datasets, results, mem, checks, ns_rows, t, extent_rows)
     L += ["## Datasets", "",
           "| dataset | files | bytes | mean file | size cv | mean name | peer requests per epoch |",
           "|---|---|---|---|---|---|---|"]
@@ -1036,7 +1149,7 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
           "r homes per file.", "",
           "1. **Namespace memory per node** = M_ns + M_image + M_homes, independent of N, "
           "because every node holds the whole namespace:",
-          "   - M_ns = n·(56 + 64 + 4) + Σ|name| + 25·c(n) + dirs, where 56/64/4 bytes are the "
+          "   - M_ns = n·(80 + 64 + 4) + Σ|name| + 25·c(n) + dirs, where 80/64/4 bytes are the "
           "`FileEntry`, `FileAttributes` and tier slot of each file, names live once in one "
           "arena, and the name→id `flat_hash_map` (24-byte slots + 1 control byte) is reserved "
           "to c(n) = 2^⌈log2(8n/7 + 1)⌉ − 1 slots (1.14-2.3 slots per file, so the per-file "
@@ -1045,7 +1158,7 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
           "   - M_image = 96·n + 4·2^⌈log2 2n⌉ + Σ|name| (the node service's shared "
           "`NamespaceImage`: a 96-byte record per file and an open-addressing table of 2-4 "
           "slots per file); one copy per node however many clients map it.",
-          "   - M_homes = 2·n (`PeerDriver::homes_`, a uint16 per file), plus 16·n per RAM tier "
+          "   - M_homes = 2·n (`PeerDriver::holders_`, a uint16 per file and home), plus 16·n per RAM tier "
           "(its slot table) - listed apart, it is tier metadata.",
           "   - The walk's peak adds, until Build returns, a 120-byte `WalkedFile` per file "
           "(vector doubling) with its own copy of the name, and 16 bytes of id-ordered vectors.",
@@ -1097,6 +1210,35 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
             r["mc_mean"], r["mc_lo"], r["mc_hi"],
             "%.4f" % r["formula"] if ds.n / r["peers"] >= 30 else "n/N < 30: n/a",
             r["chi2_p"]))
+    L += ["", "### Big files cached by extents: home-share imbalance (max/mean bytes per node)", "",
+          "Extents of %s (`placement.extent_bytes`), the last one of each file short. "
+          "'Whole files': each file homed whole by its name's hash, as without extents. "
+          "'Striped' (`HolderOrder` in `src/remote/rendezvous_hash.h`): extent k of a file goes "
+          "to (the file's home + k) mod N. 'Each extent hashed': every extent homed by the "
+          "hash of its own name (the code until 2026-11-28); exact where extents × N ≤ %.0e, else the formula of point 2 (marked f)." % (
+              human_bytes(EXTENT_BYTES), 4e8 if not args.exact else 6e9), "",
+          "| files | N | extents/node | whole files | each extent hashed | striped |",
+          "|---|---|---|---|---|---|"]
+    for r in extent_rows:
+        L.append("| %s | %d | %s | %.3f | %s | **%.4f** |" % (
+            r["label"], r["peers"], "{:,.1f}".format(r["extents"] / r["peers"]), r["whole"],
+            "%.4f" % r["hashed"] if "hashed" in r else "%.4f f" % r["hashed_formula"],
+            r["striped"]))
+    measured = os.path.join(HERE, "results", "extent_homes.json")
+    if os.path.exists(measured):
+        # The real 4-peer run of the same 2 files: its home shares are the
+        # bytes each rank read from the source.
+        run = json.load(open(measured))
+        model = {(r["label"], r["peers"]): r for r in extent_rows}[(EXTENT_SETS[2][0], 4)]
+        got = {}
+        for arm, d in run["arms"].items():
+            src = [x["source_bytes"] for x in d["ranks"]]
+            got[arm] = max(src) / (sum(src) / len(src))
+        L += ["", "Checked by the 4-process run of `bench/extent_homes.py` "
+              "(`results/extent_homes.md`, at %s): max/mean home bytes measured %s, "
+              "the model %.4f (striped) and %.4f (whole files)." % (
+                  run["commit"], ", ".join("%.4f (%s)" % (v, k) for k, v in got.items()),
+                  model["striped"], model["whole"])]
     L += ["", "### Bytes moved when nodes are lost", "",
           "Simulated for a random set of lost nodes (seeded); 'exp.' is the formula. 'No "
           "replicas' is what moves to the new homes (today: read from the PFS every epoch; "
@@ -1158,7 +1300,10 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
                   shown(os.path.join(args.build, "libmonarch.a")), hash_check["names"], "{:,}-file".format(checks["files"]) if checks else "",
                   hash_check["peer_counts"], hash_check["hash_mismatches"],
                   hash_check["home_mismatches"], hash_check["runner_up_mismatches"],
-                  hash_check["scalar_mismatches"]), ""]
+                  hash_check["scalar_mismatches"]),
+              "It printed, too, the hash of %d extents' names (3 files, extents 0-4,995 in "
+              "steps of 37) and their striped homes for the same N: %d mismatches." % (
+                  hash_check["extents"], hash_check["extent_mismatches"]), ""]
     if ns_rows:
         L += ["**Namespace memory.** `bench/scale_model/namespace_memory.cc` builds "
               "`Namespace` with the real code over trees of empty files (1 walk thread) and "
@@ -1209,7 +1354,8 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
         lo = checks["loss"]
         L += ["", "**A node lost.** 4 ranks, tiers of each survivor's predicted home share + "
               "2%% of T/N; rank %d is SIGKILLed when every rank has finished epoch 1, and the "
-              "others read epochs 2-%d. Today nothing is re-homed, so the model says the "
+              "others read epochs 2-%d. Its files move to new homes (re-homing), but tiers "
+              "sized to the survivors' own shares have room for few of them, so the model says the "
               "survivors read the dead rank's share (%s) from the source every epoch — the "
               "(N−1)/N of it in their partitions (the dead rank's own partition is not read "
               "here): %s ± %s per epoch, less whatever inclusive copies fit in the 2%% "
@@ -1230,7 +1376,15 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
                           ", ".join("{:,}".format(v) for v in ov))
                                for n, _, _, ov in checks["recorded"] if ov) or
                       "No home exceeds its tier."), ""]
+    commit = subprocess.run(["git", "-C", args.src, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", args.src, "status", "--porcelain", "--", "src",
+                            "include", "bench/scale_model.py", "bench/scale_model"],
+                           capture_output=True, text=True).stdout.strip()
     L += ["## Commands", "",
+          "Run at %s%s." % (commit or "(not a git tree)",
+                            " with uncommitted changes to the code it measures" if dirty else ""),
+          "",
           "```sh",
           "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2   # if build/ is missing",
           ".venv/bin/python bench/scale_model.py %s" % " ".join(argv),
@@ -1286,8 +1440,9 @@ def main():
         hash_check = check_hash(helpers, extra, log)
     ns_rows, ns_fit = (None, None) if args.skip_namespace else measure_namespace(helpers, args, log)
     datasets, results = run_tables(args, log)
+    extent_rows = run_extent_tables(args, log)
     text = report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started,
-                  sys.argv[1:])
+                  sys.argv[1:], extent_rows)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
