@@ -156,8 +156,9 @@ class Monarch {
   // hold each range, in the order given, and next-use eviction sees when
   // each extent is read next; a file cached whole is fetched whole.
   // OutOfRange names a range that starts past its file's end; otherwise as
-  // AnnounceOrder. Through the node service, the ranges' files are
-  // announced (each fetched whole, extent by extent), in their order.
+  // AnnounceOrder. Through the node service, the service does the same for
+  // the node, and the extents a process's reads touch count against its
+  // order.
   virtual absl::Status AnnounceRanges(const std::vector<SampleRange>& samples);
 
  protected:

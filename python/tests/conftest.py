@@ -77,7 +77,7 @@ class SharedService:
     directory; stop() (also on teardown) stops its service and kills any
     leftover by pid, so no service outlives the test."""
 
-    def __init__(self, dataset_dir, capacity="256MiB"):
+    def __init__(self, dataset_dir, capacity="256MiB", extra=""):
         # Short: the socket path must fit in 108 bytes.
         self.dir = tempfile.mkdtemp(prefix="mpy", dir="/tmp")
         self.runtime_dir = os.path.join(self.dir, "rt")
@@ -85,7 +85,8 @@ class SharedService:
         with open(self.config, "w") as f:
             f.write(f"dataset: {{path: {dataset_dir}}}\n"
                     f"tiers:\n  - {{kind: ram, capacity: {capacity}}}\n  - {{kind: source}}\n"
-                    f"node: {{shared: true, runtime_dir: {self.runtime_dir}, idle_exit: 0}}\n")
+                    f"node: {{shared: true, runtime_dir: {self.runtime_dir}, idle_exit: 0}}\n"
+                    + extra)
 
     def stop(self):
         subprocess.run([monarch_binary(), "stop", "--config", self.config],

@@ -325,6 +325,39 @@ def test_announcing_sampler_announces_record_ranges_of_a_file_cached_by_extents(
     m.close()
 
 
+def test_announcing_sampler_ranges_through_the_node_service(tmp_path):
+    # The same order of records, announced by a client of a node service:
+    # the service fetches the 3 extents that hold them, and the client's
+    # reads are all hits.
+    root = tmp_path / "ds"
+    root.mkdir()
+    data = np.random.default_rng(5).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()
+    (root / "tokens.bin").write_bytes(data)
+    service = SharedService(root, extra="placement: {extent_bytes: 1MiB, extent_threshold: 2MiB, "
+                                        "cached_source: promote}\n")
+    try:
+        m = monarch.Monarch(config=service.config)
+        records = [(i % 3) * (4 << 20) + (i // 3 + 1) * 4096 for i in range(40)]
+        ds = mt.RecordDataset(["tokens.bin"], index=[("tokens.bin", o, 4096) for o in records],
+                              monarch=m)
+        order = list(iter(mt.AnnouncingSampler(torch.utils.data.SequentialSampler(ds), ds)))
+        deadline = time.monotonic() + 30
+        while m.stats()["prefetch_files"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        m.wait_for_placement()
+        stats = m.stats()
+        assert stats["prefetch_announced_files"] == 40  # An extent per record, in the service.
+        assert stats["prefetch_files"] == 3
+        assert stats["tiers"][-1]["bytes_read"] == 3 << 20
+        assert [ds[i] for i in order] == [data[o:o + 4096] for o in records]
+        assert m.stats()["tiers"][-1]["bytes_read"] == 3 << 20  # Every record a hit.
+        with pytest.raises(Exception, match="past the end"):
+            m.announce_ranges([("tokens.bin", 12 << 20, 1)])
+        m.close()
+    finally:
+        service.stop()
+
+
 def test_record_dataset_index_with_seeded_sampler(tmp_path):
     root, data = _token_files(tmp_path)
     index = [("b.bin", 7_990, 10), (0, 0, 1), ("a.bin", 5_000, 7_345), (1, 100, 0),
