@@ -156,6 +156,83 @@ TEST_CASE("service: a file the service caches by extents reads exact through a c
   CHECK((*client)->ListFiles() == std::vector<std::string>{big.name});  // No extent names.
 }
 
+// A client reads the extents of a file the service caches by extents as it
+// reads whole files' copies: hits with no message. Its scans find no
+// service read to continue them, so it tells the service itself
+// (kReadAhead), and the extents ahead load. A damaged extent copy is never
+// served.
+TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a damaged extent "
+          "copy is never served") {
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"shards/big.bin", 43, 24 * (1 << 20) - 3333};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  const std::string nvme = dir.Sub("nvme");
+  Config config = SharedConfig(
+      data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, dir.Sub("run"));
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  // A scan in 256 KiB reads, bytes checked.
+  auto scan = [&big](Monarch& m) {
+    std::vector<char> piece(256 << 10);
+    for (uint64_t offset = 0; offset < big.size; offset += piece.size()) {
+      absl::StatusOr<size_t> got = m.Read(big.name, piece.data(), piece.size(), offset);
+      REQUIRE(got.ok());
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(piece.size(), big.size - offset));
+      REQUIRE(*got == want);
+      REQUIRE(testing::BytesMatch(big, piece.data(), offset, want));
+    }
+  };
+  scan(**client);
+  (*client)->WaitForPlacement();
+  Stats stats = (*client)->GetStats();
+  CHECK(SourceBytes(stats) == big.size);  // Each extent once.
+  CHECK(stats.Tier(0, "files") == 24);
+  // The scan's reads told the service where it was: the extents ahead were
+  // promoted on its placement threads, not each by a miss of its own.
+  CHECK(stats.Get("read_ahead_extents") >= 8);
+  const service::ClientStats first = (*node)->NodeStats().clients.at(0);
+  CHECK(first.hits > 0);
+  // A second pass: every read a hit, in this process.
+  scan(**client);
+  const service::ClientStats second = (*node)->NodeStats().clients.at(0);
+  CHECK(second.misses == first.misses);
+  CHECK(second.hit_bytes - first.hit_bytes == big.size);
+  CHECK(SourceBytes((*client)->GetStats()) == big.size);
+
+  // A byte flipped in extent 5's copy: a new client (which checks the copy
+  // on its first read) and the service both refuse it, and the bytes come
+  // from the source.
+  const std::string copy = nvme + "/.monarch/extents/1048576/" + big.name + "/5";
+  {
+    const int fd = ::open(copy.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    char c = 0;
+    REQUIRE(::pread(fd, &c, 1, 4096 + 17) == 1);
+    c = static_cast<char>(c ^ 0x5a);
+    REQUIRE(::pwrite(fd, &c, 1, 4096 + 17) == 1);
+    ::close(fd);
+  }
+  client->reset();
+  auto fresh = Monarch::Create(config);
+  REQUIRE(fresh.ok());
+  std::vector<char> bytes(1 << 20);
+  absl::StatusOr<size_t> n = (*fresh)->Read(big.name, bytes.data(), bytes.size(), 5 << 20);
+  REQUIRE(n.ok());
+  REQUIRE(*n == bytes.size());
+  CHECK(testing::BytesMatch(big, bytes.data(), 5 << 20, bytes.size()));
+  stats = (*fresh)->GetStats();
+  CHECK(stats.Tier(0, "damaged_copies") >= 1);
+  // Read again from the source: the damaged extent, about once.
+  CHECK(SourceBytes(stats) >= big.size + (1 << 20) - 4096);
+  CHECK(SourceBytes(stats) <= big.size + (1 << 20) + 4096);
+}
+
 // Page faults taken reading every file whole through `monarch`, bytes checked.
 uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) {
   std::string buffer(files.front().size, '\1');  // Touched before the reads.
@@ -475,6 +552,53 @@ TEST_CASE("service: the namespace image answers as the namespace does") {
     CHECK((*image)->List(d).value() == (*ns)->List(d).value());
   }
   CHECK(absl::IsNotFound((*image)->List("dir9").status()));
+  CHECK((*image)->entry_count() == files.size());  // No extents.
+  CHECK((*image)->first_extent(0) == 0);
+}
+
+TEST_CASE("service: the namespace image holds the extents of files cached by extents") {
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"a/big.bin", 3, 5 * (1 << 20) + 99};  // 6 extents, the last short.
+  const TestFile small{"a/small.bin", 4, 4000};
+  const TestFile other{"b/other.bin", 5, 9 * (1 << 20)};  // 9 extents.
+  for (const TestFile& f : {big, small, other}) testing::WriteFile(data + "/" + f.name, f.seed, f.size);
+  auto ns = Namespace::Build(data, "", 1, 1, {}, SymlinkPolicy::kFollow,
+                             ExtentLayout{1 << 20, 4 << 20});
+  REQUIRE(ns.ok());
+  auto fd = service::WriteNamespaceImage(**ns);
+  REQUIRE(fd.ok());
+  auto image = service::NamespaceImage::Open(*fd);
+  REQUIRE(image.ok());
+  CHECK((*image)->file_count() == 3);
+  CHECK((*image)->entry_count() == 3 + 6 + 9);
+  CHECK((*image)->entry_count() == (*ns)->entry_count());
+  CHECK((*image)->extent_bytes() == 1 << 20);
+  for (const TestFile& f : {big, small, other}) {
+    const FileEntry* file = (*ns)->Find(f.name);
+    REQUIRE(file != nullptr);
+    const uint32_t id = *(*image)->Find(f.name);
+    CHECK(id == file->ref.id);
+    CHECK((*image)->first_extent(id) == file->first_extent);
+    for (uint32_t k = 0; k < file->extent_count; ++k) {
+      const FileRef& want = (*ns)->entry(file->first_extent + k).ref;
+      const FileRef got = (*image)->ref(file->first_extent + k);
+      CHECK(got.id == want.id);
+      CHECK(got.name == want.name);
+      CHECK(got.size == want.size);
+      CHECK(got.mtime_ns == want.mtime_ns);
+      CHECK(got.part_offset == want.part_offset);
+      CHECK(got.part_of == nullptr);
+      CHECK((*image)->file_of(got.id) == id);
+    }
+    // Extents are not files: not found by name, not listed.
+    if (file->extent_count > 0) {
+      CHECK_FALSE((*image)->Find((*ns)->entry(file->first_extent).ref.name).has_value());
+    }
+  }
+  CHECK((*image)->first_extent(*(*image)->Find(small.name)) == 0);
+  CHECK((*image)->List("").value() == std::vector<std::string>{"a", "b"});
+  CHECK((*image)->List("a").value() == std::vector<std::string>{"big.bin", "small.bin"});
 }
 
 // Every decoder on random mutations of valid messages and on random bytes:
@@ -495,7 +619,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(StageRequest{{"a/*", "b"}}),      Encode(StageProgress{1, 2, 3, 4, 5, 1}),
       Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7}),
       Encode(AnnounceRequest{true, false, {1, 2, 3}}), Encode(ConsumedNotice{{4, 5}}),
-      Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}})};
+      Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}}),
+      Encode(ReadAheadNotice{3, 5 << 20})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -508,6 +633,7 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     (void)DecodeStatusReply(p);
     (void)DecodeAnnounceRequest(p);
     (void)DecodeConsumedNotice(p);
+    (void)DecodeReadAheadNotice(p);
     char header[kFrameHeaderBytes] = {};
     std::memcpy(header, p.data(), std::min(p.size(), sizeof(header)));
     (void)DecodeFrameHeader(header);
@@ -542,6 +668,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     CHECK(ranges->samples[0].length == 4096);
     CHECK(ranges->samples[1].file_id == 8);
     CHECK(ranges->file_ids.empty());
+    CHECK(DecodeReadAheadNotice(valid[12])->end == 5 << 20);
+    CHECK_FALSE(DecodeReadAheadNotice(valid[12] + "x").ok());
     // A count of samples the payload cannot hold.
     std::string cut = valid[11];
     cut.resize(cut.size() - 1);
@@ -718,6 +846,13 @@ TEST_CASE("service: hostile announcements are refused with a reason, and it goes
         service::Call(socket.get(), service::MessageType::kConsumed, service::Encode(notice));
     CHECK(absl::IsInvalidArgument(reply.status()));
   }
+  {  // A read-ahead notice (otherwise not answered) for a file id past the namespace.
+    ScopedFd socket = hello();
+    auto reply = service::Call(socket.get(), service::MessageType::kReadAhead,
+                               service::Encode(service::ReadAheadNotice{999999, 4096}));
+    CHECK(absl::IsInvalidArgument(reply.status()));
+    CHECK(absl::StrContains(reply.status().message(), "read-ahead"));
+  }
   {  // Unknown flags; and an announcement before hello.
     ScopedFd socket = hello();
     std::string payload = service::Encode(service::AnnounceRequest{});
@@ -788,8 +923,8 @@ TEST_CASE("service: hostile announcements are refused with a reason, and it goes
 
 // Ranges through the service (Monarch::AnnounceRanges in a client): the
 // service turns each sample into the extents that hold it, its streams
-// fetch them, and the client's reads (which it makes for the client) use
-// them up.
+// fetch them, and the client's reads of them (hits it makes itself) use up
+// its order.
 TEST_CASE("service: an order of ranges from a client prefetches the extents that hold them") {
   ScratchDir dir;
   const std::string data = dir.Sub("data");
@@ -835,18 +970,24 @@ TEST_CASE("service: an order of ranges from a client prefetches the extents that
   (*client)->WaitForPlacement();
   stats = (*client)->GetStats();
   CHECK(SourceBytes(stats) == fetched);  // All hits.
-  // The order's 7 steps are consumed: the small file by the client's own
-  // report (its first, sent at once), the 6 extent steps by the reads the
-  // service made for it.
+  // The client read every extent copy itself: no read reached the service.
+  CHECK((*node)->NodeStats().clients.at(0).misses == 0);
+  // It reports its first reads in batches, the first at once, the rest
+  // after kConsumedDelay with the next read: a read of the small file again
+  // sends the 6 extent steps and itself, 8 in all.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::vector<char> bytes(small.size);
+    REQUIRE((*client)->Read(small.name, bytes.data(), small.size, 0).ok());
+  }
   const auto reported = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (node_stat("prefetch_reads") - consumed_before < 7 &&
+  while (node_stat("prefetch_reads") - consumed_before < 8 &&
          std::chrono::steady_clock::now() < reported) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  CHECK(node_stat("prefetch_reads") - consumed_before == 7);
-  // ...and consumed in this client's order, not the service's: when another
-  // process announces (a forked child, whose order is merged with it),
-  // nothing of this client's order is left to fetch.
+  CHECK(node_stat("prefetch_reads") - consumed_before == 8);
+  // ...in this client's order: when another process announces (a forked
+  // child, whose order is merged with it), nothing of it is left to fetch.
   int ready[2], done[2];
   REQUIRE(::pipe(ready) == 0);
   REQUIRE(::pipe(done) == 0);

@@ -633,6 +633,9 @@ class MonarchImpl final : public MonarchCore {
     prefetcher_->Announce(reader, std::move(ids));
     return absl::OkStatus();
   }
+  void ReadAheadOf(uint32_t id, uint64_t end) override {
+    if (id < namespace_->file_count()) placement_->ReadAheadPast(namespace_->entry(id), end);
+  }
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for
     // eviction's CLOCK too.

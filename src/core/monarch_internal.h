@@ -64,6 +64,9 @@ class MonarchCore : public Monarch {
     uint64_t length = 0;  // 0: to the end of the file.
   };
   virtual absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) = 0;
+  // A client's scan of file `id` (cached by extents) reached `end`: the
+  // extents past it are read ahead (PlacementHandler::ReadAheadPast).
+  virtual void ReadAheadOf(uint32_t id, uint64_t end) = 0;
 };
 
 struct CoreOptions {

@@ -133,6 +133,12 @@ void PlacementHandler::ReadingRange(const FileEntry& file, uint64_t offset, size
   const uint64_t last = scan.end.exchange(end, std::memory_order_relaxed);
   if (last != offset || offset == 0) scan.start.store(offset, std::memory_order_relaxed);
   if (offset != 0 && end - scan.start.load(std::memory_order_relaxed) < extent_bytes) return;
+  ReadAheadPast(file, end);
+}
+
+void PlacementHandler::ReadAheadPast(const FileEntry& file, uint64_t end) {
+  if (scans_ == nullptr || file.extent_count == 0 || end == 0) return;
+  const uint64_t extent_bytes = namespace_->extent_layout().extent_bytes;
   const uint64_t ahead_end = std::min(file.ref.size, end + read_ahead_bytes_);
   if (end >= ahead_end) return;
   // The extents past the one this read ends in, up to the window's end.

@@ -106,6 +106,11 @@ class PlacementHandler final {
   // record costs at most that window once.
   void ReadingRange(const FileEntry& file, uint64_t offset, size_t n);
   static constexpr uint64_t kReadAheadExtents = 4;
+  // The read-ahead of a scan that reached `end` of `file` (cached by
+  // extents): what ReadingRange does once it has found a scan. For a node
+  // service's client, which finds its scans itself (its hits never reach
+  // the service).
+  void ReadAheadPast(const FileEntry& file, uint64_t end);
   // Lets a file that found no room earlier be placed again: the policy now
   // wants it (a peer's file this node took over).
   void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());

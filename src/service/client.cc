@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/call_once.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
@@ -28,6 +29,7 @@
 #include "core/read_path.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
+#include "placement/placement_handler.h"
 #include "core/monarch_internal.h"
 #include "service/namespace_image.h"
 #include "service/protocol.h"
@@ -103,8 +105,10 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
   if (session->image->file_count() != reply.file_count) {
     return absl::InternalError("namespace image and hello disagree on the file count");
   }
+  // A slot per entry: the files', then their extents' (read here too).
+  const uint32_t entries = session->image->entry_count();
   MONARCH_ASSIGN_OR_RETURN(session->tier_slots, MappedRegion::Map(fds[1].get(), false));
-  if (session->tier_slots.size() < uint64_t{reply.file_count} * sizeof(TierSlot)) {
+  if (session->tier_slots.size() < uint64_t{entries} * sizeof(TierSlot)) {
     return absl::InternalError("tier slots smaller than the namespace");
   }
   session->source_index = static_cast<int>(reply.tiers.size()) - 1;
@@ -130,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
         // process that was not forked maps from the start.
         const bool map_from_start =
             tier.huge_pages || fork_generation.load(std::memory_order_relaxed) == 0;
-        MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), reply.file_count,
+        MONARCH_ASSIGN_OR_RETURN(reader, NewRamReader(std::move(tier_fds), entries,
                                                       map_from_start));
         break;
       }
@@ -196,6 +200,15 @@ struct ProcessState {
   // The notices' own connection: no handshake (a notice needs none), so a
   // DataLoader worker that only hits never pays for a session of its own.
   ScopedFd notice_socket ABSL_GUARDED_BY(consumed_mu);
+
+  // This process's scans of files cached by extents (see NoteReading).
+  struct Scan {
+    uint64_t start = 0;
+    uint64_t end = 0;
+    uint64_t told_extent = ~uint64_t{0};  // The extent a notice was last sent from.
+  };
+  Mutex scans_mu;
+  absl::flat_hash_map<uint32_t, Scan> scans ABSL_GUARDED_BY(scans_mu);
 };
 
 // First reads are told to the service in batches: one message, not
@@ -454,12 +467,20 @@ class ServiceClient final : public Monarch {
       return session_->image->ref(*id);
     }
     const FileRef& Ref(const Handle& file) const { return *file; }
-    // The image holds files only: a file the service caches by extents is
-    // always on the source here, and its reads are the service's misses,
-    // which it serves from the extents.
-    bool HasExtents(const Handle&) const { return false; }
-    Handle ExtentAt(const Handle& file, uint64_t) const { return file; }
-    void ReadingRange(const Handle&, uint64_t, size_t) {}
+    // The image holds the extents of the files the service caches by
+    // extents, and their tier slots: their copies are read here as a file's.
+    bool HasExtents(const Handle& file) const {
+      return file->id < session_->image->file_count() &&
+             session_->image->first_extent(file->id) != 0;
+    }
+    Handle ExtentAt(const Handle& file, uint64_t offset) const {
+      const NamespaceImage& image = *session_->image;
+      return image.ref(image.first_extent(file->id) +
+                       static_cast<uint32_t>(offset / image.extent_bytes()));
+    }
+    void ReadingRange(const Handle& file, uint64_t offset, size_t n) {
+      client_.NoteReading(state_, session_, *file, offset, n);
+    }
     void FirstRead(const Handle& file) {
       if (first_attempt_) client_.NoteFirstRead(state_, file->id);
     }
@@ -593,8 +614,19 @@ class ServiceClient final : public Monarch {
       ReturnChannel(state, std::move(channel));
       return done;
     }
-    // No service: the source itself, as an embedded instance would.
-    MONARCH_ASSIGN_OR_RETURN(size_t rest, ReadSource(state, ref, dst + done, n - done, offset + done));
+    // No service: the source itself, as an embedded instance would. An
+    // extent's bytes are its file's, at its place in it.
+    const NamespaceImage& image = *session->image;
+    FileRef source_ref = ref;
+    uint64_t source_offset = offset + done;
+    if (ref.id >= image.file_count()) {
+      const uint32_t file = image.file_of(ref.id);
+      if (file >= image.file_count()) return absl::DataLossError("namespace image is damaged");
+      source_ref = image.ref(file);
+      source_offset += ref.part_offset;
+    }
+    MONARCH_ASSIGN_OR_RETURN(size_t rest,
+                             ReadSource(state, source_ref, dst + done, n - done, source_offset));
     state.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return done + rest;
   }
@@ -648,6 +680,44 @@ class ServiceClient final : public Monarch {
     state.consumed_sent = now;
     ConsumedNotice notice;
     notice.file_ids.swap(state.consumed);
+    SendNoticeLocked(state, MessageType::kConsumed, Encode(notice));
+  }
+
+  // A reader read [offset, offset + n) of `file`, which the service caches
+  // by extents. Its hits never reach the service, which would then see no
+  // scan: this process finds its scans itself, by the service's rule
+  // (PlacementHandler::ReadingRange), and once per extent a scan reaches,
+  // if the extent a window ahead is not in a tier yet, tells the service,
+  // which loads the extents ahead (not answered). Best effort, as a hint.
+  void NoteReading(ProcessState& state, Session* session, const FileRef& file, uint64_t offset,
+                   size_t n) const {
+    const NamespaceImage& image = *session->image;
+    const uint64_t extent_bytes = image.extent_bytes();
+    const uint32_t first = image.first_extent(file.id);
+    if (n == 0 || extent_bytes == 0 || first == 0) return;
+    const uint64_t end = offset + n;
+    const uint64_t extent = (end - 1) / extent_bytes;
+    const uint64_t last = (file.size - 1) / extent_bytes;
+    {
+      MutexLock lock(&state.scans_mu);
+      ProcessState::Scan& scan = state.scans[file.id];
+      if (scan.end != offset || offset == 0) scan.start = offset;
+      scan.end = end;
+      if (offset != 0 && end - scan.start < extent_bytes) return;  // Not (yet) a scan.
+      if (scan.told_extent == extent || extent >= last) return;
+      const uint64_t ahead = std::min(last, extent + PlacementHandler::kReadAheadExtents);
+      const int tier = session->slot(first + static_cast<uint32_t>(ahead)).load(
+          std::memory_order_acquire);
+      if (tier >= 0 && tier < session->source_index) return;  // The window is there.
+      scan.told_extent = extent;
+    }
+    MutexLock lock(&state.consumed_mu);
+    SendNoticeLocked(state, MessageType::kReadAhead, Encode(ReadAheadNotice{file.id, end}));
+  }
+
+  // Sends a one-way notice on the notices' connection, made on first use.
+  void SendNoticeLocked(ProcessState& state, MessageType type, const std::string& payload) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.consumed_mu) {
     if (!state.notice_socket.valid()) {
       // A second at most: a live service accepts at once, and a hit must
       // not wait on one that stopped accepting.
@@ -661,7 +731,7 @@ class ServiceClient final : public Monarch {
     }
     // A service that went away, or a full socket (a frame may be cut short
     // there): connect again next time.
-    if (!SendFrame(state.notice_socket.get(), MessageType::kConsumed, Encode(notice)).ok()) {
+    if (!SendFrame(state.notice_socket.get(), type, payload).ok()) {
       state.notice_socket = ScopedFd();
     }
   }

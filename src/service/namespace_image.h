@@ -5,11 +5,14 @@
 // operation on the source, and no per-process copy of a million names. The
 // layout holds only offsets (each process maps it at its own address):
 //
-//   Header | Record[file_count] | uint32 hash table[hash_slots] | names
+//   Header | Record[entry_count] | uint32 hash table[hash_slots] | names
 //
 // A Record is a file's name (offset, length into the names), size,
 // mtime and the rest of its stat() (FileAttributes); its index is the
-// file id. The hash table is open addressing over
+// file id. Past the files come the extents of the files cached by extents
+// (metadata/namespace.h), each with its name, size and tier slot, so a
+// client reads their copies itself as it reads a file's. The hash table
+// (files only) is open addressing over
 // FNV-1a of the canonical name, holding id + 1 (0 = empty). A client trusts
 // nothing in it: every offset is checked before use, so a damaged region
 // gives NotFound, never a wild read.
@@ -47,12 +50,21 @@ class NamespaceImage {
   // The file's id, or nullopt if `name` (dataset-relative, or absolute
   // inside the root) is not a dataset file.
   std::optional<uint32_t> Find(absl::string_view name) const;
-  // The file `id` < file_count() as drivers know it.
+  // The entry `id` < entry_count() (a file, or an extent) as drivers know
+  // it. An extent's part_offset is set, its part_of is not.
   FileRef ref(uint32_t id) const;
+  // For a file `file` < file_count() cached by extents, its first extent's
+  // id (the rest follow, one per extent_bytes() of the file); else 0.
+  uint32_t first_extent(uint32_t file) const;
+  // For an extent `extent` in [file_count(), entry_count()), its file's id
+  // (unchecked: compare with file_count()).
+  uint32_t file_of(uint32_t extent) const;
   // What stat() said of file `id` < file_count() at the service's walk.
   Monarch::FileStat Stat(uint32_t id) const;
 
   uint32_t file_count() const { return file_count_; }
+  uint32_t entry_count() const { return entry_count_; }
+  uint64_t extent_bytes() const { return extent_bytes_; }
   uint64_t total_bytes() const { return total_bytes_; }
   const std::string& root() const { return root_; }
 
@@ -71,6 +83,8 @@ class NamespaceImage {
   MappedRegion region_;
   std::string root_;
   uint32_t file_count_ = 0;
+  uint32_t entry_count_ = 0;
+  uint64_t extent_bytes_ = 0;
   uint32_t hash_slots_ = 0;
   uint64_t total_bytes_ = 0;
   const char* records_ = nullptr;

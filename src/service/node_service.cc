@@ -41,12 +41,12 @@ absl::Status SendError(int socket, const absl::Status& status) {
 
 // Checks file ids from a client: an id past the namespace is a hostile or
 // broken message, refused like a malformed one.
-absl::Status CheckFileIds(const std::vector<uint32_t>& ids, uint32_t file_count,
+absl::Status CheckFileIds(const std::vector<uint32_t>& ids, uint32_t count,
                           absl::string_view what) {
   for (uint32_t id : ids) {
-    if (id >= file_count) {
+    if (id >= count) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": file id ", id, " out of range (", file_count, " files)"));
+          absl::StrCat(what, ": id ", id, " out of range (", count, " in the namespace)"));
     }
   }
   return absl::OkStatus();
@@ -350,6 +350,15 @@ void NodeService::Serve(Connection* c) {
       case MessageType::kConsumed:  // Needs no hello: clients send it on a bare connection.
         status = HandleConsumed(c, *frame);
         break;
+      case MessageType::kReadAhead: {  // As kConsumed.
+        absl::StatusOr<ReadAheadNotice> notice = DecodeReadAheadNotice(frame->payload);
+        status = notice.status();
+        if (notice.ok()) {
+          status = CheckFileIds({notice->file_id}, core_->name_space().file_count(), "read-ahead");
+        }
+        if (status.ok()) core_->ReadAheadOf(notice->file_id, notice->end);
+        break;
+      }
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
@@ -529,8 +538,9 @@ absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
 absl::Status NodeService::HandleConsumed(Connection* c, const Frame& frame) {
   absl::StatusOr<ConsumedNotice> notice = DecodeConsumedNotice(frame.payload);
   if (!notice.ok()) return notice.status();
+  // Extents too: a client's first reads of the extents of an order of ranges.
   MONARCH_RETURN_IF_ERROR(
-      CheckFileIds(notice->file_ids, core_->name_space().file_count(), "consumed"));
+      CheckFileIds(notice->file_ids, core_->name_space().entry_count(), "consumed"));
   core_->ConsumedBy(c->peer.pid, notice->file_ids.data(), notice->file_ids.size());
   return absl::OkStatus();  // Not answered: the client does not wait for it.
 }

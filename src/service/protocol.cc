@@ -94,7 +94,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]) 
   std::memcpy(&length, in + 8, 4);
   if (magic != kFrameMagic) return absl::InvalidArgumentError("not a Monarch service frame");
   if (type < static_cast<uint32_t>(MessageType::kHello) ||
-      type > static_cast<uint32_t>(MessageType::kConsumed)) {
+      type > static_cast<uint32_t>(MessageType::kReadAhead)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message type ", type));
   }
   if (length > kMaxPayloadBytes) {
@@ -340,6 +340,19 @@ absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload) {
   ConsumedNotice m;
   m.file_ids = GetIds(r);
   if (absl::Status s = r.Finish("consumed"); !s.ok()) return s;
+  return m;
+}
+
+std::string Encode(const ReadAheadNotice& m) {
+  return PayloadWriter().Put(m.file_id).Put(m.end).Take();
+}
+
+absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view payload) {
+  PayloadReader r(payload);
+  ReadAheadNotice m;
+  m.file_id = r.Get<uint32_t>();
+  m.end = r.Get<uint64_t>();
+  if (absl::Status s = r.Finish("read-ahead"); !s.ok()) return s;
   return m;
 }
 

@@ -31,7 +31,8 @@ namespace monarch::service {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // 2: kAnnounce, kConsumed. 3: huge_pages. 4: the dataset key in Hello and StatusReply.
-// 5: ClientCounters holds a TierReads per tier. 6: kAnnounce may carry ranges.
+// 5: ClientCounters holds a TierReads per tier. 6: kAnnounce may carry ranges;
+// kReadAhead; extents in the namespace image (read by clients).
 constexpr uint32_t kProtocolVersion = 6;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
@@ -55,6 +56,7 @@ enum class MessageType : uint16_t {
   kWaitForPlacement = 14,  // Answered with kOk once no promotion is in flight.
   kAnnounce = 15,          // A piece of the client's read order; each answered with kOk.
   kConsumed = 16,          // Files the client started reading; not answered.
+  kReadAhead = 17,         // A client's scan of a file cached by extents; not answered.
 };
 
 struct FrameHeader {
@@ -162,6 +164,13 @@ struct AnnounceRequest {
 struct ConsumedNotice {
   std::vector<uint32_t> file_ids;
 };
+// A client scanning a file cached by extents reached `end` (its hits never
+// reach the service, which would otherwise see no scan): the service reads
+// the next extents ahead (PlacementHandler::ReadAheadPast).
+struct ReadAheadNotice {
+  uint32_t file_id = 0;
+  uint64_t end = 0;
+};
 constexpr size_t kMaxIdsPerMessage = (kMaxPayloadBytes - 16) / 4;
 constexpr size_t kMaxRangesPerMessage = (kMaxPayloadBytes - 16) / 20;
 
@@ -198,6 +207,7 @@ std::string Encode(const StatsReply& m);
 std::string Encode(const StageRequest& m);
 std::string Encode(const AnnounceRequest& m);
 std::string Encode(const ConsumedNotice& m);
+std::string Encode(const ReadAheadNotice& m);
 std::string Encode(const StageProgress& m);
 std::string Encode(const StatusReply& m);
 
@@ -210,6 +220,7 @@ absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view payload);
 absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload);
 absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload);
 absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload);
+absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view payload);
 absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload);
 absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload);
 
