@@ -347,7 +347,7 @@ FILE_ATTRIBUTES = 64  # sizeof(FileAttributes)
 TIER_SLOT = 4         # sizeof(TierSlot)
 MAP_SLOT = 24         # pair<const string_view, uint32_t>
 IMAGE_RECORD = 96     # namespace_image.cc Record: name offset/len, size, mtime, FileAttributes
-IMAGE_HEADER = 80
+IMAGE_HEADER = 96     # 80 until the extent fields (entry_count, extent_bytes) came
 HOME_ENTRY = 2        # PeerDriver::holders_: uint16_t per file (one home)
 RAM_SLOT = 16         # ram_driver.cc Slot: sequence + location, per file, per RAM tier
 
