@@ -24,6 +24,12 @@ Two experiments:
             holds it; extents swept over --sweep-kib. Reports each size's
             epoch times, bandwidth, and the source's bytes and operations.
 
+Arms named `...-service` (in --arms: `whole-service`, `extents-service`) read
+through a node service instead: the worker is a client of a `monarch serve`
+started empty for the run, so the figures are those of the client's read
+path (its hits of extent copies read in the worker, misses sent to the
+service).
+
 Each arm runs in its own process (a fresh Monarch instance, fresh source
 descriptors). Per epoch: seconds, the emulator's bytes and read operations
 (its counters), and for Monarch the RAM tier's bytes used.
@@ -45,7 +51,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from service_epochs import Pfs, add_emulator_flags  # noqa: E402
+from service_epochs import Pfs, add_emulator_flags, start_service, stop_service  # noqa: E402
 
 REPO = os.path.dirname(HERE)
 MIB = 1 << 20
@@ -128,6 +134,7 @@ def run_arm(a, pfs, arm, tasks, total, config, epochs, seed, shuffle=True):
     spec_path = os.path.join(a.dir, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
+    service = start_service(a, config, a.dir) if arm.endswith("-service") else None
     proc = subprocess.Popen([sys.executable, "-c", WORKER, spec_path],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     rows = []
@@ -143,7 +150,10 @@ def run_arm(a, pfs, arm, tasks, total, config, epochs, seed, shuffle=True):
             rows.append(msg)
         proc.stdin.write("\n")
         proc.stdin.flush()
-    if proc.wait() != 0:
+    code = proc.wait()
+    if service:
+        stop_service(a, config, *service)
+    if code != 0:
         sys.exit("arm %s failed" % arm)
     return rows
 
@@ -161,14 +171,26 @@ def run_arms(a, pfs, tasks, total, configs):
     return results
 
 
-def write_config(a, dataset, tier_bytes, extent_bytes, threshold):
+def write_config(a, dataset, tier_bytes, extent_bytes, threshold, service=False):
     fd, path = tempfile.mkstemp(suffix=".yaml", dir=a.dir)
     with os.fdopen(fd, "w") as f:
         f.write("dataset: {path: %s}\n"
                 "tiers:\n  - {kind: ram, capacity: %d}\n  - {kind: source}\n"
                 "placement: {extent_bytes: %d, extent_threshold: %d}\n"
                 % (dataset, tier_bytes, extent_bytes, threshold))
+        if service:
+            f.write("node: {shared: true, runtime_dir: %s, autostart: false, idle_exit: 0}\n"
+                    % os.path.join(a.dir, "rt"))
     return path
+
+
+def with_service_arms(a, configs, make):
+    """`configs` plus each `<arm>-service` of --arms: `make(arm, service)`
+    writes an arm's config."""
+    for arm in a.arms.split(","):
+        if arm.endswith("-service"):
+            configs[arm] = make(arm[:-len("-service")], True)
+    return configs
 
 
 def make_file(path, size):
@@ -191,10 +213,10 @@ def records(a, pfs):
     make_file(os.path.join(a.dir, "backing", "records.bin"), size)
     tasks = [["records.bin", offset, min(record, size - offset), record]
              for offset in range(0, size, record)]
-    configs = {
-        "whole": write_config(a, pfs.mount, tier, 0, 0),
-        "extents": write_config(a, pfs.mount, tier, a.extent_kib * 1024, a.extent_kib * 1024),
-    }
+    def make(arm, service=False):
+        extent = a.extent_kib * 1024 if arm == "extents" else 0
+        return write_config(a, pfs.mount, tier, extent, extent, service)
+    configs = with_service_arms(a, {"whole": make("whole"), "extents": make("extents")}, make)
     results = run_arms(a, pfs, tasks, size, configs)
     return {"file_bytes": size, "tier_bytes": tier, "record_bytes": record,
             "extent_bytes": a.extent_kib * 1024, "results": results}
@@ -209,11 +231,10 @@ def scan(a, pfs):
     # Each reader takes whole shards, in a shuffled order, and scans each
     # front to back in --record-kib reads (WebDataset's pattern).
     tasks = [["shards/" + name, 0, size, a.record_kib * 1024] for name in names]
-    configs = {
-        "whole": write_config(a, pfs.mount, 2 * total, 0, 0),
-        "extents": write_config(a, pfs.mount, 2 * total, a.extent_kib * 1024,
-                                a.extent_kib * 1024),
-    }
+    def make(arm, service=False):
+        extent = a.extent_kib * 1024 if arm == "extents" else 0
+        return write_config(a, pfs.mount, 2 * total, extent, extent, service)
+    configs = with_service_arms(a, {"whole": make("whole"), "extents": make("extents")}, make)
     results = run_arms(a, pfs, tasks, total, configs)
     return {"shard_bytes": size, "shards": len(names), "record_bytes": a.record_kib * 1024,
             "extent_bytes": a.extent_kib * 1024, "results": results}

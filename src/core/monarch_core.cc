@@ -211,22 +211,8 @@ class LocalFiles {
   }
   void FirstRead(Handle file) {
     // A reader's first read of a file frees the prefetch lookahead it took.
-    if (prefetcher_->active()) prefetcher_->Consumed(reading_for_, &file->ref.id, 1);
+    if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
   }
-  // While one lives, this thread's reads are `reader`'s: the node service
-  // reads a client's files cached by extents for it (its image holds no
-  // extents), and the extents they touch are that client's to consume in
-  // its order. Per thread: the service reads for many clients at once.
-  class ReadingFor {
-   public:
-    explicit ReadingFor(uint64_t reader) : previous_(reading_for_) { reading_for_ = reader; }
-    ~ReadingFor() { reading_for_ = previous_; }
-    ReadingFor(const ReadingFor&) = delete;
-    ReadingFor& operator=(const ReadingFor&) = delete;
-
-   private:
-    const uint64_t previous_;
-  };
   // Pinned only where copies are evicted (by the policy, or by memory
   // pressure): an eviction waits for its readers.
   int Pin(Handle file) {
@@ -306,8 +292,6 @@ class LocalFiles {
   static constexpr uint64_t kThisProcess = 0;
 
  private:
-  static inline thread_local uint64_t reading_for_ = kThisProcess;  // See ReadingFor.
-
   // A hit on a posix or pmem copy, timed for the speed model, which may
   // send it to the source's page cache first (core/read_speeds.h).
   absl::StatusOr<size_t> ReadFileCopy(StorageDriver& reader, Handle file, int tier,
@@ -605,10 +589,8 @@ class MonarchImpl final : public MonarchCore {
 
   // MonarchCore.
   const Namespace& name_space() const override { return *namespace_; }
-  absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset,
-                                  uint64_t reader) override {
+  absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
     if (id >= namespace_->entry_count()) return absl::NotFoundError("no such file id");
-    LocalFiles::ReadingFor reading_for(reader);
     return ReadFound(*files_, &namespace_->entry(id), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }

@@ -40,11 +40,7 @@ class MonarchCore : public Monarch {
   // Reads file `id` through the internal read path (tier copies,
   // promotions, dropping a bad copy), as Read() does by name. `id` may be
   // an extent's (Namespace::entry_count()): its bytes, at `offset` in it.
-  // `reader`: who reads (a client's id as in AnnounceOrderOf, or 0 for this
-  // process): the extents of a file cached by extents that the read touches
-  // count as consumed in its order.
-  virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset,
-                                          uint64_t reader) = 0;
+  virtual absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) = 0;
   // The tiers, fastest first (cache tiers, the peers if any, the source).
   virtual int tier_count() const = 0;
   virtual const TierConfig& tier_config(int tier) const = 0;

@@ -463,12 +463,11 @@ absl::Status NodeService::HandleRead(Connection* c, const Frame& frame) {
                          "read of ", request->length, " bytes is larger than the transfer buffer (",
                          options_.buffer_bytes, ")")));
   }
-  // For the client: its reads of a file cached by extents all come here
-  // (its image holds files only), and the extents they touch are its to
-  // consume in its order.
+  // A file's id, or an extent's (a client reads a file cached by extents
+  // extent by extent, as the service would).
   absl::StatusOr<size_t> n = core_->ReadFile(request->file_id, c->transfer(),
                                              static_cast<size_t>(request->length),
-                                             request->offset, c->peer.pid);
+                                             request->offset);
   if (!n.ok()) return SendError(c->socket.get(), n.status());
   c->misses.fetch_add(1, std::memory_order_relaxed);
   c->miss_bytes.fetch_add(*n, std::memory_order_relaxed);
@@ -616,7 +615,7 @@ absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
     // and placement completes it whatever part was read.
     const FileEntry& entry = ns.entry(id);
     if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
-      core_->ReadFile(id, scratch, 1, 0, /*reader=*/0).IgnoreError();
+      core_->ReadFile(id, scratch, 1, 0).IgnoreError();
     }
     const auto now = std::chrono::steady_clock::now();
     if (now - last_report > std::chrono::milliseconds(250)) {
