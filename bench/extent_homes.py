@@ -55,8 +55,8 @@ def run_arm(a, arm, dataset, total):
     shutil.rmtree(base, ignore_errors=True)
     barriers = os.path.join(base, "barriers")
     os.makedirs(barriers)
-    placement = ("placement: {extent_bytes: %d, extent_threshold: %d}\n" % (
-        a.extent_kib << 10, 64 * MIB) if arm == "extents" else "")
+    placement = "placement: {extent_bytes: %d, extent_threshold: %d}\n" % (
+        a.extent_kib << 10 if arm == "extents" else 0, 64 * MIB)
     procs = []
     for r in range(a.peers):
         config = os.path.join(base, "rank%d.yaml" % r)

@@ -212,6 +212,13 @@ TEST_CASE("bad configs are refused with the key named") {
     REQUIRE(defaults.ok());
     CHECK(defaults->prefetch.streams == 8);
     CHECK(defaults->prefetch.lookahead_bytes == (1ull << 30));
+    // Files above 256 MiB are cached by extents of 4 MiB unless told otherwise.
+    CHECK(defaults->placement.extent_bytes == (4ull << 20));
+    CHECK(defaults->placement.extent_threshold == (256ull << 20));
+    absl::StatusOr<Config> whole =
+        ParseConfigString(ds + "tiers:\n" + src + "placement: {extent_bytes: 0}\n");
+    REQUIRE(whole.ok());
+    CHECK(whole->placement.extent_bytes == 0);
   }
   SUBCASE("missing dataset") {
     CHECK(absl::StrContains(ErrorOf("tiers:\n" + src), "dataset: required"));

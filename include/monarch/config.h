@@ -128,7 +128,7 @@ struct PlacementConfig {
   uint64_t chunk_bytes = 1 << 20;
   // Files larger than extent_threshold are cached by extents of
   // extent_bytes (metadata/namespace.h); 0: whole files only.
-  uint64_t extent_bytes = 0;
+  uint64_t extent_bytes = 4ull << 20;
   uint64_t extent_threshold = 256ull << 20;
   // Descriptors (or pmem mappings) each file tier, and the source, keep.
   // Built in code, the default assumes four caches; the parser derives it

@@ -401,13 +401,21 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "aligned ranges, each promoted on its first read, evicted and counted as a file of its own "
       "(a tier's `files` counts them). A reader of a few records of a huge file then copies "
       "those records' extents, not the file, and a file larger than every tier is cached in "
-      "part. `0`: every file is cached whole."));
+      "part; with peers, each extent has a home, so a few big files spread over every node. "
+      "`0`: every file is cached whole. The default, 4MiB: from 256KiB to 64MiB the size made "
+      "no difference to the time of random 8 KB samples ([bench/results/extents.md]"
+      "(../bench/results/extents.md)), below 1MiB the source reads more often, and each "
+      "extent costs the node about 300 bytes of namespace (its entry and name, in the service "
+      "and in its shared image: some 80 MB per TiB of such files at 4MiB), while a reader of "
+      "one record copies at most its extent."));
   keys.push_back(SizeKey<Config>(
       "placement", "extent_threshold",
       [](auto& c) -> auto& { return c.placement.extent_threshold; }, 0, ~uint64_t{0}, 1, "size",
       "a size",
-      "With `placement.extent_bytes` set, files larger than this are cached by extents; smaller "
-      "ones whole, as without extents."));
+      "Files larger than this are cached by extents (unless `placement.extent_bytes` is 0); "
+      "smaller ones whole. The default keeps shards of up to 256MiB whole, as every "
+      "shard benchmark measured them; a bigger file's first read would otherwise promote all "
+      "of it."));
   {
     Key<Config> files = IntKey<Config>(
         "placement", "max_open_files", [](auto& c) -> auto& { return c.placement.max_open_files; },
