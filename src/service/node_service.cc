@@ -499,10 +499,12 @@ absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
     c->pending_order.insert(c->pending_order.end(), request->file_ids.begin(),
                             request->file_ids.end());
   } else {
-    // Samples are bounded like files: a few per file and epoch is what
-    // records in big files make, and each may name a few extents.
-    const uint64_t range_limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs * 64,
-                                                    kMaxRangesPerMessage);
+    // Samples are bounded like files, by epochs of the dataset: an epoch
+    // has at most a sample per file, or per 4 KiB of a big file's records.
+    const uint64_t per_epoch =
+        std::max<uint64_t>(files, core_->name_space().total_bytes() / 4096);
+    const uint64_t range_limit =
+        std::max<uint64_t>(per_epoch * kMaxAnnouncedEpochs, kMaxRangesPerMessage);
     if (pending + request->samples.size() > range_limit) {
       return absl::InvalidArgumentError(
           absl::StrCat("announce: an order of more than ", range_limit, " samples"));
