@@ -3,6 +3,7 @@
 #include "service/namespace_image.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -164,9 +165,15 @@ FileRef NamespaceImage::ref(uint32_t id) const {
 }
 
 uint32_t NamespaceImage::first_extent(uint32_t file) const {
+  // Asked on every read: the link alone first, and nothing at all when no
+  // file is cached by extents.
+  if (extent_bytes_ == 0) return 0;
+  const char* at = records_ + uint64_t{file} * sizeof(Record);
+  uint32_t link;
+  std::memcpy(&link, at + offsetof(Record, link), sizeof(link));
+  if (link == 0) return 0;
   Record record;
-  std::memcpy(&record, records_ + uint64_t{file} * sizeof(Record), sizeof(record));
-  if (record.link == 0 || extent_bytes_ == 0) return 0;
+  std::memcpy(&record, at, sizeof(record));
   // Checked, as everything here: the extents must lie among the entries.
   const uint64_t extents = (record.size + extent_bytes_ - 1) / extent_bytes_;
   if (record.link < file_count_ || record.link > entry_count_ || extents == 0 ||
