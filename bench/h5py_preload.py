@@ -37,6 +37,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from preload_mmap import drop_caches  # noqa: E402
 from service_epochs import Pfs, add_emulator_flags, start_service, stop_service  # noqa: E402
 
 REPO = os.path.dirname(HERE)
@@ -69,12 +70,6 @@ with h5py.File(path, "w") as f:
         n = min(step, rows - r)
         d[r:r + n] = rng.integers(0, 256, size=(n, row_bytes), dtype=np.uint8)
 """
-
-
-def drop_caches():
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def main():
