@@ -432,7 +432,7 @@ Config PeerConfig(const std::string& dataset, const std::string& rendezvous, int
   c.remote.size = std::to_string(size);
   c.remote.rendezvous_dir = rendezvous;
   c.remote.rendezvous_timeout_seconds = timeout_seconds;
-  c.remote.request_timeout_seconds = 5;
+  c.remote.request_timeout_seconds = 60;  // As test_remote: a loaded sanitizer run is slow.
   return c;
 }
 

@@ -51,7 +51,11 @@ Config PeerConfig(const std::string& dataset, const std::string& rendezvous, int
   c.remote.size = std::to_string(size);
   c.remote.rendezvous_dir = rendezvous;
   c.remote.rendezvous_timeout_seconds = 30;
-  c.remote.request_timeout_seconds = 5;
+  // Long enough that a home loading a file for a request under a sanitizer,
+  // beside other tests on 2 cores, still answers (5 s did not: a request
+  // timed out, and its file was read from the source twice). The tests of
+  // timeouts set their own.
+  c.remote.request_timeout_seconds = 60;
   c.remote.retry_after_seconds = 60;
   return c;
 }
@@ -1491,7 +1495,7 @@ TEST_CASE("peers: requests without the job secret are refused and counted, reads
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(bad == 0);
-  CHECK(seconds < 4);  // Under one request timeout (5 s) for all of them.
+  CHECK(seconds < 4);  // No request waited out its timeout: all refused at once.
   Stats s = peer.GetStats();
   const uint64_t refused = rank1.Counter("remote.requests_unauthenticated");
   CHECK(refused >= 1);  // Some files are rank 1's (16 files, 2 ranks).
