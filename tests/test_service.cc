@@ -235,6 +235,67 @@ TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a
   CHECK(SourceBytes(stats) <= (1 << 20) + 4096);
 }
 
+TEST_CASE("service: a client maps the copies the service checked, extents and whole files; "
+          "with no service, nothing") {
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"shards/big.bin", 44, 6 * (1 << 20) + 5000};
+  const TestFile whole{"whole.bin", 45, 2 * (1 << 20) + 1};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
+  const std::string nvme = dir.Sub("nvme");
+  Config config = SharedConfig(
+      data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, dir.Sub("run"));
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  auto map_source = [&data](const TestFile& f) {
+    const int fd = ::open((data + "/" + f.name).c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    void* mapped = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    REQUIRE(mapped != MAP_FAILED);
+    return static_cast<char*>(mapped);
+  };
+  // Extents 1 and 4 of the big file, and the whole file, copied.
+  std::vector<char> page(4096);
+  for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
+    REQUIRE(*(*client)->Read(big.name, page.data(), page.size(), at) == page.size());
+  }
+  REQUIRE(*(*client)->Read(whole.name, page.data(), page.size(), 0) == page.size());
+  (*client)->WaitForPlacement();  // The service's copies written and checked.
+  char* map = map_source(big);
+  absl::StatusOr<uint64_t> mapped =
+      (*client)->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
+  REQUIRE(mapped.ok());
+  CHECK(*mapped == 2 << 20);
+  CHECK(absl::StartsWith(testing::MappedAt(map + (1 << 20)), nvme + "/.monarch/extents/"));
+  CHECK(absl::StartsWith(testing::MappedAt(map + (5 << 20) - 1), nvme + "/.monarch/extents/"));
+  CHECK(testing::MappedAt(map) == data + "/" + big.name);
+  CHECK(testing::MappedAt(map + (2 << 20)) == data + "/" + big.name);
+  CHECK(testing::BytesMatch(big, map, 0, big.size));
+  ::munmap(map, big.size);
+  map = map_source(whole);
+  mapped = (*client)->MapCopies(whole.name, map, 0, whole.size, PROT_READ, MAP_PRIVATE);
+  REQUIRE(mapped.ok());
+  CHECK(*mapped == 2 << 20);  // All but the last page, of 1 byte.
+  CHECK(testing::MappedAt(map) == nvme + "/" + whole.name);
+  CHECK(testing::BytesMatch(whole, map, 0, whole.size));
+  ::munmap(map, whole.size);
+  // The service gone: no word on any copy, so the source stays mapped.
+  node->reset();
+  map = map_source(whole);
+  mapped = (*client)->MapCopies(whole.name, map, 0, whole.size, PROT_READ, MAP_PRIVATE);
+  CHECK((!mapped.ok() || *mapped == 0));
+  CHECK(testing::MappedAt(map) == data + "/" + whole.name);
+  CHECK(testing::BytesMatch(whole, map, 0, whole.size));
+  ::munmap(map, whole.size);
+}
+
 // Page faults taken reading every file whole through `monarch`, bytes checked.
 uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) {
   std::string buffer(files.front().size, '\1');  // Touched before the reads.
@@ -622,7 +683,9 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(StatusReply{1, 2.5, "/d", 3, 4, 5, 6, 7}),
       Encode(AnnounceRequest{true, false, {1, 2, 3}}), Encode(ConsumedNotice{{4, 5}}),
       Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}}),
-      Encode(ReadAheadNotice{3, 5 << 20})};
+      Encode(ReadAheadNotice{3, 5 << 20}),
+      Encode(CheckedCopiesRequest{{9, 10}}),
+      Encode(CheckedCopiesReply{{{9, 1, 2, 3, 4, 5}}})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -636,6 +699,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     (void)DecodeAnnounceRequest(p);
     (void)DecodeConsumedNotice(p);
     (void)DecodeReadAheadNotice(p);
+    (void)DecodeCheckedCopiesRequest(p);
+    (void)DecodeCheckedCopiesReply(p);
     char header[kFrameHeaderBytes] = {};
     std::memcpy(header, p.data(), std::min(p.size(), sizeof(header)));
     (void)DecodeFrameHeader(header);
@@ -672,6 +737,18 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     CHECK(ranges->file_ids.empty());
     CHECK(DecodeReadAheadNotice(valid[12])->end == 5 << 20);
     CHECK_FALSE(DecodeReadAheadNotice(valid[12] + "x").ok());
+    CHECK(DecodeCheckedCopiesRequest(valid[13])->ids == std::vector<uint32_t>{9, 10});
+    absl::StatusOr<CheckedCopiesReply> stamps = DecodeCheckedCopiesReply(valid[14]);
+    REQUIRE(stamps.ok());
+    REQUIRE(stamps->copies.size() == 1);
+    CHECK(stamps->copies[0].id == 9);
+    CHECK(stamps->copies[0].inode == 2);
+    CHECK(stamps->copies[0].ctime_ns == 5);
+    CHECK_FALSE(DecodeCheckedCopiesReply(valid[14].substr(0, valid[14].size() - 1)).ok());
+    // More ids than a reply could answer.
+    CheckedCopiesRequest many;
+    many.ids.assign(kMaxCheckedCopiesPerMessage + 1, 0);
+    CHECK_FALSE(DecodeCheckedCopiesRequest(Encode(many)).ok());
     // A count of samples the payload cannot hold.
     std::string cut = valid[11];
     cut.resize(cut.size() - 1);
@@ -847,6 +924,19 @@ TEST_CASE("service: hostile announcements are refused with a reason, and it goes
     auto reply =
         service::Call(socket.get(), service::MessageType::kConsumed, service::Encode(notice));
     CHECK(absl::IsInvalidArgument(reply.status()));
+  }
+  {  // Which copies may be mapped: an entry id past the namespace; before hello.
+    ScopedFd socket = hello();
+    auto reply = service::Call(socket.get(), service::MessageType::kCheckedCopies,
+                               service::Encode(service::CheckedCopiesRequest{{0, 999999}}));
+    CHECK(absl::IsInvalidArgument(reply.status()));
+    CHECK(absl::StrContains(reply.status().message(), "checked copies"));
+    auto bare = service::ConnectUnix((*node)->paths().socket);
+    REQUIRE(bare.ok());
+    CHECK(absl::IsInvalidArgument(
+        service::Call(bare->get(), service::MessageType::kCheckedCopies,
+                      service::Encode(service::CheckedCopiesRequest{{0}}))
+            .status()));
   }
   {  // A read-ahead notice (otherwise not answered) for a file id past the namespace.
     ScopedFd socket = hello();

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,27 @@ inline uint64_t TotalBytes(const std::vector<TestFile>& files) {
   uint64_t total = 0;
   for (const TestFile& f : files) total += f.size;
   return total;
+}
+
+// What /proc/self/maps says is mapped at `address`: the file's path, "" for
+// anonymous memory, "?" for nothing.
+inline std::string MappedAt(const void* address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, device, path;
+    uint64_t inode;
+    fields >> range >> perms >> offset >> device >> inode;
+    std::getline(fields >> std::ws, path);
+    const size_t dash = range.find('-');
+    if (at >= std::stoull(range.substr(0, dash), nullptr, 16) &&
+        at < std::stoull(range.substr(dash + 1), nullptr, 16)) {
+      return path;
+    }
+  }
+  return "?";
 }
 
 inline bool BytesMatch(const TestFile& f, const char* data, uint64_t offset, size_t n) {

@@ -58,6 +58,23 @@ class Monarch {
   virtual absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
                                       uint64_t offset) = 0;
 
+  // Maps tier copies in place, for front ends that map dataset files
+  // (the preload library's mmap, the Python package's Monarch.mmap).
+  // `mapping` is the caller's private mapping of bytes [offset, offset +
+  // length) of `name`, made lazily from the source file (mmap of it with
+  // MAP_PRIVATE), page-aligned, that nobody has written to yet. Each whole
+  // page of it that a posix or pmem tier holds a checked copy of is mapped
+  // again at the same address from that copy, with `protection` (and
+  // MAP_NORESERVE, MAP_LOCKED, MAP_POPULATE if `flags` has them), so that
+  // touching it reads the node's copy instead of the source. Returns the
+  // bytes so mapped; the rest stays on the source. Only copies checked
+  // whole are mapped, since a page fault checks nothing: one not checked
+  // yet is queued to be, for a later mapping. An error leaves parts of the
+  // range remapped, or unmapped: the caller must unmap all of it.
+  virtual absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping,
+                                             uint64_t offset, uint64_t length, int protection,
+                                             int flags) = 0;
+
   // Namespace queries, answered from memory (no I/O).
   // Size of a file; NotFound if it is not a dataset file.
   virtual absl::StatusOr<uint64_t> FileSize(std::string_view name) const = 0;

@@ -61,6 +61,16 @@ void monarch_close(monarch_t* m);
 monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n, uint64_t offset,
                           size_t* bytes_read, char** error);
 
+/* Monarch::MapCopies: in `mapping`, the caller's private mapping of bytes
+ * [offset, offset + length) of `name` made from the source file, not yet
+ * written to, maps each whole page a posix or pmem tier holds a checked
+ * copy of from that copy instead (mmap `protection` and `flags`, of which
+ * MAP_NORESERVE, MAP_LOCKED and MAP_POPULATE are kept). *mapped_bytes: how
+ * many. On an error the caller must unmap the whole range. */
+monarch_code monarch_map_copies(monarch_t* m, const char* name, void* mapping, uint64_t offset,
+                                uint64_t length, int protection, int flags,
+                                uint64_t* mapped_bytes, char** error);
+
 monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size, char** error);
 /* Size and source modification time (nanoseconds since the epoch). */
 monarch_code monarch_stat(const monarch_t* m, const char* name, uint64_t* size, int64_t* mtime_ns,

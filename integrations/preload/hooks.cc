@@ -170,8 +170,9 @@ ssize_t CopyOut(OpenFile& file, off64_t* in_offset, int out_fd, off64_t* out_off
 // Mappings of at most this many of the file's bytes are filled at once
 // through Monarch, as a read would be: the bytes come from a tier copy, and
 // a first mapping promotes the file like a first read. Larger ones map the
-// source file itself (MapSourceLazily), so they cost nothing until a page is
-// touched. 8 MiB: below it a fill from the RAM tier costs at most a few
+// source file itself (MapSourceLazily), then whatever a posix or pmem tier
+// holds checked copies of from those copies (Monarch::MapCopies), so they
+// cost nothing until a page is touched. 8 MiB: below it a fill from the RAM tier costs at most a few
 // milliseconds and that much private memory per mapping; far above it,
 // filling costs the whole range in time and memory before the first byte is
 // read (bench/results/preload_mmap.md). The mapping of a file between is
@@ -253,7 +254,16 @@ void* MapDatasetFile(const OpenFile& file, void* address, size_t length, int pro
                                                 : 0;
   if (want > kFilledMappingBytes) {
     if (void* mapped = MapSourceLazily(file, address, length, protection, flags, offset)) {
-      return mapped;
+      // The pages a file tier holds a checked copy of are mapped from that
+      // copy instead, before anyone can touch them (Monarch::MapCopies).
+      if (monarch::preload::MapCopiesInto(file, mapped, start, length, protection, flags) >= 0) {
+        return mapped;
+      }
+      // Remapped in part, perhaps with a hole: the source alone, again.
+      ::munmap(mapped, length);
+      if (void* again = MapSourceLazily(file, address, length, protection, flags, offset)) {
+        return again;
+      }
     }
   }
   return MapFilled(file, address, length, protection, flags, start, want);

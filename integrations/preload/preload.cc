@@ -326,6 +326,20 @@ ssize_t ReadAt(const OpenFile& file, void* buffer, size_t n, uint64_t offset) {
   return static_cast<ssize_t>(*done);
 }
 
+int64_t MapCopiesInto(const OpenFile& file, void* mapping, uint64_t offset, uint64_t length,
+                      int protection, int flags) {
+  Monarch* monarch = g_monarch.load(std::memory_order_acquire);
+  if (monarch == nullptr) return 0;
+  InsideMonarch inside;
+  absl::StatusOr<uint64_t> mapped =
+      monarch->MapCopies(file.name, mapping, offset, length, protection, flags);
+  if (!mapped.ok()) {
+    errno = StatusToErrno(mapped.status());
+    return -1;
+  }
+  return static_cast<int64_t>(*mapped);
+}
+
 ssize_t ReadAtOffset(OpenFile& file, void* buffer, size_t n) {
   // The kernel serializes reads that share an offset. Here each read claims
   // the range it read with a compare-and-swap, and reads again at the new

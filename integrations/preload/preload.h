@@ -73,6 +73,11 @@ void ForgetRange(unsigned first, unsigned last);
 ssize_t ReadAt(const OpenFile& file, void* buffer, size_t n, uint64_t offset);
 // read: at the file's offset, which it advances atomically.
 ssize_t ReadAtOffset(OpenFile& file, void* buffer, size_t n);
+// Monarch::MapCopies on the lazy mapping of the source at `mapping`: the
+// bytes mapped from tier copies, or -1 with errno (the caller then unmaps
+// all of it).
+int64_t MapCopiesInto(const OpenFile& file, void* mapping, uint64_t offset, uint64_t length,
+                      int protection, int flags);
 // lseek; -1 with errno.
 off_t Seek(OpenFile& file, off_t offset, int whence);
 

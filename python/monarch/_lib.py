@@ -66,6 +66,8 @@ def _declare(lib):
         "monarch_close": (None, [handle]),
         "monarch_read": (c.c_int, [handle, c.c_char_p, c.c_void_p, c.c_size_t, c.c_uint64,
                                    c.POINTER(c.c_size_t), err]),
+        "monarch_map_copies": (c.c_int, [handle, c.c_char_p, c.c_void_p, c.c_uint64, c.c_uint64,
+                                         c.c_int, c.c_int, c.POINTER(c.c_uint64), err]),
         "monarch_file_size": (c.c_int, [handle, c.c_char_p, c.POINTER(c.c_uint64), err]),
         "monarch_stat": (c.c_int, [handle, c.c_char_p, c.POINTER(c.c_uint64),
                                    c.POINTER(c.c_int64), err]),

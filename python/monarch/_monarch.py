@@ -52,6 +52,31 @@ _BUFFER_SIZE = 64 * 1024  # PIL and numpy read in chunks of this order.
 _FILLED_MAPPING_BYTES = 8 << 20
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer: the address of an object's memory (a read-only
+    mmap.mmap's, which ctypes.c_char.from_buffer refuses)."""
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p)]
+
+
+def _address_of(obj):
+    """The address of a buffer object's memory (held only for the call)."""
+    view = _PyBuffer()
+    api = ctypes.pythonapi
+    api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
+        raise BufferError("no buffer")
+    try:
+        return view.buf
+    finally:
+        api.PyBuffer_Release(ctypes.byref(view))
+
+
 class Monarch:
     """A Monarch instance over one dataset.
 
@@ -318,7 +343,9 @@ class Monarch:
         pyarrow.py_buffer and memoryview take it as is). A file over 8 MiB
         maps the source file itself, which reads nothing until a page is
         touched: pages come from the source through the kernel's page cache,
-        shared by every process of the node that maps it. A smaller file is
+        shared by every process of the node that maps it, except the pages a
+        posix or pmem tier holds a checked copy of, which are mapped from that
+        copy (Monarch::MapCopies in the C++ API). A smaller file is
         read at once through Monarch into private memory, like read(). Empty
         files raise ValueError, as mmap.mmap does. The transparent mode maps
         the same way (integrations/preload/README.md)."""
@@ -330,6 +357,9 @@ class Monarch:
             raise ValueError("cannot mmap an empty file")
         if st.st_size > _FILLED_MAPPING_BYTES:
             mapped = self._map_source(name, st)
+            if mapped is not None and not self._map_copies(name, mapped, st.st_size):
+                mapped.close()  # Remapped in part: the source alone, again.
+                mapped = self._map_source(name, st)
             if mapped is not None:
                 return mapped
         # Filled through a memory file mapped twice, so that the caller's
@@ -345,6 +375,17 @@ class Monarch:
             return _mmap.mmap(fd, st.st_size, access=_mmap.ACCESS_READ)
         finally:
             os.close(fd)
+
+    def _map_copies(self, name, mapped, size):
+        """Maps the tier copies into `mapped` (the source, mapped by
+        _map_source, untouched yet). False if that failed part way."""
+        got = ctypes.c_uint64(0)
+        error = ctypes.c_void_p()
+        code = _lib.lib().monarch_map_copies(self._h(), name, _address_of(mapped), 0, size,
+                                             _mmap.PROT_READ, _mmap.MAP_PRIVATE,
+                                             ctypes.byref(got), ctypes.byref(error))
+        _lib.take_string(error.value)
+        return code == OK
 
     def _map_source(self, name, st):
         """The source file mapped read-only, or None when it is no longer the

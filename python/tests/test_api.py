@@ -181,6 +181,35 @@ def test_mmap_fills_small_files_and_maps_big_ones_from_the_source(tmp_path):
             m.mmap("missing.bin")
 
 
+def test_mmap_maps_the_checked_copies_of_a_posix_tier(tmp_path):
+    root = tmp_path / "ds"
+    nvme = tmp_path / "nvme"
+    root.mkdir()
+    nvme.mkdir()
+    rng = np.random.default_rng(31)
+    big = rng.integers(0, 256, (12 << 20) + 123, dtype=np.uint8).tobytes()
+    (root / "big.bin").write_bytes(big)
+    config = ("dataset: {path: %s}\n"
+              "tiers:\n  - {kind: posix, path: %s, capacity: 64MiB}\n  - {kind: source}\n"
+              "placement: {extent_bytes: 1MiB, extent_threshold: 4MiB, cached_source: promote}\n"
+              % (root, nvme))
+    with monarch.Monarch(config) as m:
+        before = m.mmap("big.bin")  # Nothing copied yet: all of it the source.
+        assert str(nvme) not in open("/proc/self/maps").read()
+        before.close()
+        assert m.read("big.bin") == big
+        m.wait_for_placement()  # Copied by extents, and each copy checked.
+        lazy = m.mmap("big.bin")
+        maps = [line for line in open("/proc/self/maps").read().splitlines()
+                if str(nvme) in line]
+        # The 12 whole extents' copies (the last, of 123 bytes, is less than
+        # a page: it stays on the source).
+        assert len(maps) == 12 and all("/.monarch/extents/" in line for line in maps)
+        assert lazy[:] == big
+        assert m.stats()["tiers"][-1]["bytes_read"] == len(big)  # Read once, to copy.
+        lazy.close()
+
+
 def test_stage_with_progress(m, dataset):
     out = io.StringIO()  # not a terminal: a line per 10%, then a summary
     result = m.stage(["*.bin", "sub"], file=out)

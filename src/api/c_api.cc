@@ -171,6 +171,18 @@ monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n
   return Report(result.status(), error);
 }
 
+monarch_code monarch_map_copies(monarch_t* m, const char* name, void* mapping, uint64_t offset,
+                                uint64_t length, int protection, int flags,
+                                uint64_t* mapped_bytes, char** error) {
+  MONARCH_C_CHECK(error, {"mapped_bytes", mapped_bytes});
+  *mapped_bytes = 0;
+  MONARCH_C_CHECK(error, {"m", m}, {"name", name}, {"mapping", mapping});
+  absl::StatusOr<uint64_t> result =
+      m->instance->MapCopies(name, mapping, offset, length, protection, flags);
+  if (result.ok()) *mapped_bytes = *result;
+  return Report(result.status(), error);
+}
+
 monarch_code monarch_file_size(const monarch_t* m, const char* name, uint64_t* size, char** error) {
   MONARCH_C_CHECK(error, {"size", size});
   *size = 0;

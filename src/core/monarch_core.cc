@@ -270,6 +270,19 @@ class LocalFiles {
                                       /*may_defer=*/!prefetcher_->copying());
   }
 
+  // `tiers`: where each piece was (it may have moved since: the stamp
+  // then names a copy that is gone, and opening it fails).
+  std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
+                                                           const std::vector<int>& tiers) {
+    std::vector<std::optional<SourceIdentity>> checked(pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (tiers[i] >= 0 && tiers[i] < source_index_ && file_tier_[tiers[i]]) {
+        checked[i] = tiers_[tiers[i]]->driver().CheckedWhole(pieces[i]->ref);
+      }
+    }
+    return checked;
+  }
+
   // Calls `visit` with the bytes where they rest if the file's copy is in
   // memory (the RAM tier), as a read of it; false if it is not (or was
   // removed meanwhile: the caller reads it the usual way). For the peers,
@@ -441,6 +454,14 @@ class MonarchImpl final : public MonarchCore {
   absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
                               uint64_t offset) override {
     return ReadNamed(*files_, ToAbsl(name), static_cast<char*>(buffer), n, offset);
+  }
+
+  absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
+                                     uint64_t length, int protection, int flags) override {
+    FileEntry* entry = namespace_->Find(ToAbsl(name));
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return MapCopiesFound(*files_, entry, static_cast<char*>(mapping), offset, length, protection,
+                          flags);
   }
 
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
@@ -617,6 +638,17 @@ class MonarchImpl final : public MonarchCore {
   }
   void ReadAheadOf(uint32_t id, uint64_t end) override {
     if (id < namespace_->file_count()) placement_->ReadAheadPast(namespace_->entry(id), end);
+  }
+  std::vector<std::optional<SourceIdentity>> CheckedCopiesOf(
+      const std::vector<uint32_t>& ids) override {
+    std::vector<FileEntry*> pieces;
+    std::vector<int> tiers;
+    for (uint32_t id : ids) {
+      FileEntry* entry = &namespace_->entry(id);
+      pieces.push_back(entry);
+      tiers.push_back(entry->tier->load(std::memory_order_acquire));
+    }
+    return files_->CheckedCopies(pieces, tiers);
   }
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for

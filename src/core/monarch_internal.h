@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <vector>
@@ -63,6 +64,11 @@ class MonarchCore : public Monarch {
   // A client's scan of file `id` (cached by extents) reached `end`: the
   // extents past it are read ahead (PlacementHandler::ReadAheadPast).
   virtual void ReadAheadOf(uint32_t id, uint64_t end) = 0;
+  // For a client's MapCopies: for each entry id (a file or an extent,
+  // below name_space().entry_count()), the stamp of its copy in a file
+  // tier if that copy was checked whole (StorageDriver::CheckedWhole).
+  virtual std::vector<std::optional<SourceIdentity>> CheckedCopiesOf(
+      const std::vector<uint32_t>& ids) = 0;
 };
 
 struct CoreOptions {

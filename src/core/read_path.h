@@ -43,20 +43,33 @@
 //   // meanwhile, and the read goes round again.
 //   std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset,
 //       char* dst, size_t n);
+//   // For MapCopiesFound: for each piece (a file or extent) and the tier
+//   // holding it, the stamp of its copy if that copy was checked whole
+//   // (StorageDriver::CheckedWhole, here or in the node service).
+//   std::vector<std::optional<SourceIdentity>> CheckedCopies(
+//       const std::vector<Handle>& pieces, const std::vector<int>& tiers);
 //
 // Thread-safe as far as the adapter is: both adapters are.
 
 #ifndef MONARCH_CORE_READ_PATH_H_
 #define MONARCH_CORE_READ_PATH_H_
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
+#include "common/os.h"
+#include "common/status_macros.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -113,6 +126,91 @@ absl::StatusOr<size_t> ReadNamed(Files& files, absl::string_view name, char* dst
   // A reader's first read of a file: prefetch counts it as consumed.
   if (offset == 0) files.FirstRead(file);
   return ReadFound(files, file, dst, n, offset);
+}
+
+// Monarch::MapCopies on a file already found. `mapping` is a private
+// mapping of [offset, offset + length) of the file (the source's, mapped
+// lazily) that nobody has written to yet; every whole page of it that a
+// file tier holds a checked copy of is mapped again, at the same address,
+// from that copy: privately, with `protection` and the flags of `flags`
+// that say how to map rather than what (MAP_NORESERVE, MAP_LOCKED,
+// MAP_POPULATE). Pages are then read from the copy when touched, through
+// the page cache, which every process of the node mapping the same copy
+// shares. What no such copy holds stays as it was: a RAM copy (its memory
+// is reused once it is evicted), a copy not checked whole yet, the part
+// of a last page past the end of a piece (a copy's trailer follows its
+// bytes, and a mapping must read zeros there).
+//
+// Why only checked copies: a page fault reads the copy with no checksum
+// check, so a copy is mapped only if every one of its blocks was checked
+// and it is still that inode. From then on the mapping trusts it, as any
+// mapping trusts its file: a copy written in place after it was mapped (by
+// someone with write access to the tier's directory) would show through.
+//
+// Returns the bytes mapped from copies. An error leaves the range mapped
+// in part from copies, in part not, and perhaps a hole where a remapping
+// failed: the caller unmaps the whole range.
+template <typename Files>
+absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Handle& file,
+                                        char* mapping, uint64_t offset, uint64_t length,
+                                        int protection, int flags) {
+  using Handle = typename Files::Handle;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t size = files.Ref(file).size;
+  if (offset % page != 0 || reinterpret_cast<uintptr_t>(mapping) % page != 0) {
+    return absl::InvalidArgumentError("a mapping starts on a page boundary");
+  }
+  const uint64_t end = std::min<uint64_t>(size, offset + length);
+  if (offset >= end) return 0;
+  // The pieces the range touches that a tier other than the source holds.
+  std::vector<Handle> pieces;
+  std::vector<int> tiers;
+  std::vector<uint64_t> bases;  // Where each piece starts in the file.
+  auto consider = [&](const Handle& piece, uint64_t base) {
+    const int tier = files.Pin(piece);
+    files.Unpin(piece);  // The descriptor opened below holds the copy.
+    if (tier != files.source_tier() && files.Reader(tier) != nullptr) {
+      pieces.push_back(piece);
+      tiers.push_back(tier);
+      bases.push_back(base);
+    }
+  };
+  if (files.HasExtents(file)) {
+    // Each remapped piece is a mapping of its own to the kernel, and a
+    // process has at most vm.max_map_count (65,530 by default): past this
+    // many pieces a range stays on the source.
+    constexpr size_t kMaxPieces = 8192;
+    for (uint64_t at = offset; at < end && pieces.size() < kMaxPieces;) {
+      const Handle extent = files.ExtentAt(file, at);
+      const uint64_t base = files.Ref(extent).part_offset;
+      consider(extent, base);
+      at = base + files.Ref(extent).size;
+    }
+  } else {
+    consider(file, 0);
+  }
+  if (pieces.empty()) return 0;
+  const std::vector<std::optional<SourceIdentity>> checked = files.CheckedCopies(pieces, tiers);
+  const int keep = flags & (MAP_NORESERVE | MAP_LOCKED | MAP_POPULATE);
+  uint64_t mapped = 0;
+  for (size_t i = 0; i < pieces.size() && i < checked.size(); ++i) {
+    if (!checked[i]) continue;
+    const FileRef& piece = files.Ref(pieces[i]);
+    const uint64_t base = bases[i];
+    if (base % page != 0) continue;  // Extents of a size pages do not divide.
+    const uint64_t from = std::max(offset, base);
+    const uint64_t to = std::min(base + piece.size / page * page, end / page * page);
+    if (to <= from) continue;
+    absl::StatusOr<std::shared_ptr<ScopedFd>> copy =
+        files.Reader(tiers[i])->OpenCheckedCopy(piece, *checked[i]);
+    if (!copy.ok()) continue;  // Changed or gone since: the range stays as it was.
+    void* at = os::Mmap(mapping + (from - offset), to - from, protection,
+                        MAP_PRIVATE | MAP_FIXED | keep, (*copy)->get(),
+                        static_cast<off_t>(from - base));
+    if (at == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mapping a copy of ", piece.name));
+    mapped += to - from;
+  }
+  return mapped;
 }
 
 }  // namespace monarch

@@ -162,6 +162,16 @@ void CopyState::MarkVerified(uint64_t first, uint64_t count) {
   }
 }
 
+bool CopyState::AllVerified() const {
+  const uint64_t blocks = record_.sums.size();
+  for (uint64_t word = 0; word < blocks / 64; ++word) {
+    if (verified_[word].load(std::memory_order_acquire) != ~uint64_t{0}) return false;
+  }
+  const uint64_t rest = blocks % 64;
+  return rest == 0 || (verified_[blocks / 64].load(std::memory_order_acquire) &
+                       ((uint64_t{1} << rest) - 1)) == ((uint64_t{1} << rest) - 1);
+}
+
 bool CopyState::Settled() {
   if (settled_.load(std::memory_order_acquire)) return true;
   struct timespec now;
@@ -197,6 +207,12 @@ std::shared_ptr<CopyState> CopyStates::Find(uint32_t id, const CopyState::Stamp&
   }
   lru_.splice(lru_.begin(), lru_, it->second);
   return it->second->second;
+}
+
+std::shared_ptr<CopyState> CopyStates::Peek(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : it->second->second;
 }
 
 void CopyStates::Keep(uint32_t id, std::shared_ptr<CopyState> state) {

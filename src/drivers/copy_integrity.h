@@ -148,6 +148,8 @@ class CopyState {
     return (verified_[block / 64].load(std::memory_order_acquire) >> (block % 64)) & 1;
   }
   void MarkVerified(uint64_t first, uint64_t count);
+  // Every block of the copy was checked (and remembered: Settled()).
+  bool AllVerified() const;
   // Whether a check that begins now may be remembered: the copy's ctime lies
   // far enough in the past that any change from now on gets another one
   // (see "Timestamps are coarse" above).
@@ -189,6 +191,9 @@ class CopyStates {
   // The state kept for `id` if it was made for an inode stamped `stamp`,
   // else null.
   std::shared_ptr<CopyState> Find(uint32_t id, const CopyState::Stamp& stamp);
+  // The state kept for `id`, whatever inode it was made for; null if none.
+  // Does not count as an open (the least recently opened go first still).
+  std::shared_ptr<CopyState> Peek(uint32_t id) const;
   // Keeps `state` for `id`, replacing any other.
   void Keep(uint32_t id, std::shared_ptr<CopyState> state);
   // Forgets the state kept for `id` (only if it is `state`, when given).

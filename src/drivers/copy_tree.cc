@@ -59,6 +59,19 @@ absl::StatusOr<size_t> OpenCopies::Read(const FileRef& file, uint64_t offset, ch
   return result;
 }
 
+std::optional<SourceIdentity> OpenCopies::CheckedWhole(const FileRef& file) {
+  // Every read checks the bytes it returns: a page fault cannot.
+  if (verify_ == VerifyPolicy::kEveryRead) return std::nullopt;
+  const std::shared_ptr<CopyState> state = states_.Peek(file.id);
+  const uint64_t blocks = (file.size + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+  if (state != nullptr && state->record().sums.size() == blocks &&
+      (verify_ == VerifyPolicy::kOff || state->AllVerified())) {
+    return state->stamp();
+  }
+  ReadyAhead(file, /*check=*/true);  // For the next mapping.
+  return std::nullopt;
+}
+
 OpenCopies::~OpenCopies() {
   std::thread thread;
   {

@@ -57,6 +57,11 @@ class CopyTree {
   // opened before (CheckedCopy::Open).
   absl::StatusOr<std::shared_ptr<CheckedCopy>> OpenCopy(const FileRef& file, bool map,
                                                         CopyStates* states) const;
+  // Opens the copy of `file` read-only, unchecked, without symlinks
+  // (DirectoryHandle::OpenBeneath): for a caller that checks what it is.
+  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopyFile(const FileRef& file) const {
+    return directory_.OpenBeneath(file.name);
+  }
 
   // Creates the parent directories of `name`'s copy and returns a fresh
   // temporary path next to it.
@@ -170,6 +175,11 @@ class OpenCopies {
   // are in memory: a copy written past the page cache, or left on the
   // device by an earlier run, is checked as it is read from there.
   void ReadyAhead(const FileRef& file, bool check);
+
+  // StorageDriver::CheckedWhole: the stamp of the copy of `file` if it was
+  // checked whole (under verify off: opened), else nullopt, and the copy is
+  // queued to be checked (ReadyAhead).
+  std::optional<SourceIdentity> CheckedWhole(const FileRef& file);
 
   // Blocks until every copy queued so far was readied (or given up).
   void WaitForReadying();

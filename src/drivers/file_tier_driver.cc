@@ -2,7 +2,13 @@
 
 #include "drivers/file_tier_driver.h"
 
+#include <sys/stat.h>
+
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/os.h"
+#include "common/status_macros.h"
 
 namespace monarch {
 
@@ -32,5 +38,23 @@ void FileTierDriver::CopyAdopted(const FileRef& file) {
 }
 
 void FileTierDriver::WaitForBackgroundWork() { copies_.WaitForReadying(); }
+
+std::optional<SourceIdentity> FileTierDriver::CheckedWhole(const FileRef& file) {
+  return copies_.CheckedWhole(file);
+}
+
+absl::StatusOr<std::shared_ptr<ScopedFd>> FileTierDriver::OpenCheckedCopy(
+    const FileRef& file, const SourceIdentity& checked) {
+  MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopyFile(file));
+  struct stat st;
+  if (os::Fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + tree_.PathOf(file.name));
+  // A rename over it, a write or a truncation since the check: another
+  // inode, or another ctime or size.
+  if (!S_ISREG(st.st_mode) || SourceIdentity::Of(st) != checked) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the copy ", tree_.PathOf(file.name), " changed since it was checked"));
+  }
+  return fd;
+}
 
 }  // namespace monarch

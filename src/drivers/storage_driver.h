@@ -211,6 +211,29 @@ class StorageDriver {
   // back_ahead) until told again; memory.watch says it at every sample.
   virtual void AllowMemoryAhead(uint64_t /*bytes*/) {}
 
+  // Mapping copies in place (Monarch::MapCopies). A page fault reads a
+  // mapped copy with no check, so only a copy whose every block was checked
+  // against its checksum may be mapped, and only while it is the very inode
+  // that was checked. File tiers: the stamp of the copy of `file` (its
+  // inode as fstat() saw it, CopyState::Stamp) if the whole copy was
+  // checked and remembered; if not, nullopt, and the copy is queued to be
+  // checked in the background, so that a later mapping finds it checked.
+  // Under placement.verify: every-read, never (a mapping cannot check each
+  // access); under off, once the trailer was read. Others: nullopt.
+  virtual std::optional<SourceIdentity> CheckedWhole(const FileRef& file) {
+    (void)file;
+    return std::nullopt;
+  }
+  // File tiers: the copy of `file` opened read-only to be mapped, if it is
+  // still the inode stamped `checked` (what CheckedWhole() said, in this
+  // process or in the node service); FailedPrecondition if it changed,
+  // NotFound if it is gone. Others: Unimplemented.
+  virtual absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCheckedCopy(
+      const FileRef& file, const SourceIdentity& checked) {
+    (void)file, (void)checked;
+    return absl::UnimplementedError("copies cannot be mapped");
+  }
+
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {

@@ -260,6 +260,18 @@ class ServiceClient final : public Monarch {
     }
   }
 
+  absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
+                                     uint64_t length, int protection, int flags) override {
+    ProcessState& state = State();
+    Session* session = CurrentSession(state);
+    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+    SessionFiles files(*this, state, session, /*first_attempt=*/false);
+    const SessionFiles::Handle file = files.Find(ToAbsl(name));
+    if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return MapCopiesFound(files, file, static_cast<char*>(mapping), offset, length, protection,
+                          flags);
+  }
+
   absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
     MONARCH_ASSIGN_OR_RETURN(FileStat stat, Stat(name));
     return stat.size;
@@ -511,6 +523,11 @@ class ServiceClient final : public Monarch {
                                                size_t n) {
       return client_.Miss(state_, session_, *file, dst, n, offset);
     }
+    // The service's word: it checked the copies (this process has not).
+    std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
+                                                             const std::vector<int>&) {
+      return client_.AskCheckedCopies(state_, session_, pieces);
+    }
 
    private:
     const ServiceClient& client_;
@@ -574,6 +591,44 @@ class ServiceClient final : public Monarch {
     absl::StatusOr<std::string> file = AutostartConfigFile();
     absl::Status started = file.ok() ? StartServiceDetached(paths_, *file) : file.status();
     if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
+  }
+
+  // kCheckedCopies for `pieces`, in as many messages as they take. None is
+  // checked while no service answers (or it answers nonsense).
+  std::vector<std::optional<SourceIdentity>> AskCheckedCopies(
+      ProcessState& state, Session* session, const std::vector<std::optional<FileRef>>& pieces) const {
+    std::vector<std::optional<SourceIdentity>> checked(pieces.size());
+    absl::StatusOr<std::unique_ptr<Channel>> channel = TakeChannel(state, session);
+    if (!channel.ok() || *channel == nullptr) return checked;
+    absl::flat_hash_map<uint32_t, size_t> index;  // Entry id -> its piece.
+    for (size_t first = 0; first < pieces.size(); first += kMaxCheckedCopiesPerMessage) {
+      CheckedCopiesRequest request;
+      index.clear();
+      for (size_t i = first; i < std::min(pieces.size(), first + kMaxCheckedCopiesPerMessage); ++i) {
+        request.ids.push_back(pieces[i]->id);
+        index[pieces[i]->id] = i;
+      }
+      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
+      if (SendFrame((*channel)->socket.get(), MessageType::kCheckedCopies, Encode(request)).ok()) {
+        reply = ReceiveFrame((*channel)->socket.get());
+      }
+      absl::StatusOr<CheckedCopiesReply> got =
+          reply.ok() && reply->type == MessageType::kCheckedCopiesReply
+              ? DecodeCheckedCopiesReply(reply->payload)
+              : absl::StatusOr<CheckedCopiesReply>(absl::UnavailableError("no reply"));
+      if (!got.ok()) {
+        // An older service, or one that died: the connection is not in step.
+        channel->reset();
+        return std::vector<std::optional<SourceIdentity>>(pieces.size());
+      }
+      for (const CheckedCopyStamp& c : got->copies) {
+        auto it = index.find(c.id);
+        if (it == index.end()) continue;  // Not asked: ignored.
+        checked[it->second] = SourceIdentity{c.device, c.inode, c.size, c.mtime_ns, c.ctime_ns};
+      }
+    }
+    ReturnChannel(state, std::move(*channel));
+    return checked;
   }
 
   absl::StatusOr<size_t> Miss(ProcessState& state, Session* session, const FileRef& ref, char* dst,

@@ -359,6 +359,10 @@ void NodeService::Serve(Connection* c) {
         if (status.ok()) core_->ReadAheadOf(notice->file_id, notice->end);
         break;
       }
+      case MessageType::kCheckedCopies:
+        status = c->counters() == nullptr ? absl::InvalidArgumentError("checked copies before hello")
+                                          : HandleCheckedCopies(c, *frame);
+        break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
@@ -544,6 +548,22 @@ absl::Status NodeService::HandleConsumed(Connection* c, const Frame& frame) {
       CheckFileIds(notice->file_ids, core_->name_space().entry_count(), "consumed"));
   core_->ConsumedBy(c->peer.pid, notice->file_ids.data(), notice->file_ids.size());
   return absl::OkStatus();  // Not answered: the client does not wait for it.
+}
+
+absl::Status NodeService::HandleCheckedCopies(Connection* c, const Frame& frame) {
+  absl::StatusOr<CheckedCopiesRequest> request = DecodeCheckedCopiesRequest(frame.payload);
+  if (!request.ok()) return request.status();
+  MONARCH_RETURN_IF_ERROR(
+      CheckFileIds(request->ids, core_->name_space().entry_count(), "checked copies"));
+  const std::vector<std::optional<SourceIdentity>> checked = core_->CheckedCopiesOf(request->ids);
+  CheckedCopiesReply reply;
+  for (size_t i = 0; i < request->ids.size(); ++i) {
+    if (!checked[i]) continue;
+    const SourceIdentity& s = *checked[i];
+    reply.copies.push_back(
+        CheckedCopyStamp{request->ids[i], s.device, s.inode, s.size, s.mtime_ns, s.ctime_ns});
+  }
+  return SendFrame(c->socket.get(), MessageType::kCheckedCopiesReply, Encode(reply));
 }
 
 absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {

@@ -98,6 +98,7 @@ class NodeService {
   void Serve(Connection* connection);
   absl::Status Handshake(Connection* connection, const Frame& hello);
   absl::Status HandleRead(Connection* connection, const Frame& frame);
+  absl::Status HandleCheckedCopies(Connection* connection, const Frame& frame);
   absl::Status HandleStage(Connection* connection, const Frame& frame);
   absl::Status HandleAnnounce(Connection* connection, const Frame& frame);
   absl::Status HandleConsumed(Connection* connection, const Frame& frame);

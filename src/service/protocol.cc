@@ -94,7 +94,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]) 
   std::memcpy(&length, in + 8, 4);
   if (magic != kFrameMagic) return absl::InvalidArgumentError("not a Monarch service frame");
   if (type < static_cast<uint32_t>(MessageType::kHello) ||
-      type > static_cast<uint32_t>(MessageType::kReadAhead)) {
+      type > static_cast<uint32_t>(MessageType::kCheckedCopiesReply)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message type ", type));
   }
   if (length > kMaxPayloadBytes) {
@@ -353,6 +353,49 @@ absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view payload)
   m.file_id = r.Get<uint32_t>();
   m.end = r.Get<uint64_t>();
   if (absl::Status s = r.Finish("read-ahead"); !s.ok()) return s;
+  return m;
+}
+
+std::string Encode(const CheckedCopiesRequest& m) {
+  PayloadWriter w;
+  PutIds(w, m.ids);
+  return w.Take();
+}
+
+absl::StatusOr<CheckedCopiesRequest> DecodeCheckedCopiesRequest(absl::string_view payload) {
+  PayloadReader r(payload);
+  CheckedCopiesRequest m;
+  m.ids = GetIds(r);
+  if (absl::Status s = r.Finish("checked copies"); !s.ok()) return s;
+  if (m.ids.size() > kMaxCheckedCopiesPerMessage) {
+    return absl::InvalidArgumentError("malformed checked copies message: more ids than a reply holds");
+  }
+  return m;
+}
+
+std::string Encode(const CheckedCopiesReply& m) {
+  PayloadWriter w;
+  w.Put(static_cast<uint32_t>(m.copies.size()));
+  for (const CheckedCopyStamp& c : m.copies) {
+    w.Put(c.id).Put(c.device).Put(c.inode).Put(c.size).Put(c.mtime_ns).Put(c.ctime_ns);
+  }
+  return w.Take();
+}
+
+absl::StatusOr<CheckedCopiesReply> DecodeCheckedCopiesReply(absl::string_view payload) {
+  PayloadReader r(payload);
+  CheckedCopiesReply m;
+  const uint32_t n = r.GetCount(44);
+  m.copies.resize(n);
+  for (CheckedCopyStamp& c : m.copies) {
+    c.id = r.Get<uint32_t>();
+    c.device = r.Get<uint64_t>();
+    c.inode = r.Get<uint64_t>();
+    c.size = r.Get<uint64_t>();
+    c.mtime_ns = r.Get<int64_t>();
+    c.ctime_ns = r.Get<int64_t>();
+  }
+  if (absl::Status s = r.Finish("checked copies reply"); !s.ok()) return s;
   return m;
 }
 

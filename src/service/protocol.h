@@ -33,7 +33,8 @@ constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // 2: kAnnounce, kConsumed. 3: huge_pages. 4: the dataset key in Hello and StatusReply.
 // 5: ClientCounters holds a TierReads per tier. 6: kAnnounce may carry ranges;
 // kReadAhead; extents in the namespace image (read by clients).
-constexpr uint32_t kProtocolVersion = 6;
+// 7: kCheckedCopies (a client maps copies the service checked).
+constexpr uint32_t kProtocolVersion = 7;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -57,6 +58,8 @@ enum class MessageType : uint16_t {
   kAnnounce = 15,          // A piece of the client's read order; each answered with kOk.
   kConsumed = 16,          // Files the client started reading; not answered.
   kReadAhead = 17,         // A client's scan of a file cached by extents; not answered.
+  kCheckedCopies = 18,     // Which copies may be mapped; answered with kCheckedCopiesReply.
+  kCheckedCopiesReply = 19,
 };
 
 struct FrameHeader {
@@ -171,7 +174,29 @@ struct ReadAheadNotice {
   uint32_t file_id = 0;
   uint64_t end = 0;
 };
+// A client mapping a file (Monarch::MapCopies) asks which of the copies its
+// pieces (files or extents, by entry id) are in the service checked whole:
+// a page fault checks nothing, so only those may be mapped. The reply
+// lists those, with the copy's inode as the service checked it, which the
+// client's own fstat() of the copy must match (StorageDriver::CheckedWhole,
+// OpenCheckedCopy). The others are queued to be checked.
+struct CheckedCopiesRequest {
+  std::vector<uint32_t> ids;
+};
+struct CheckedCopyStamp {
+  uint32_t id = 0;
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+};
+struct CheckedCopiesReply {
+  std::vector<CheckedCopyStamp> copies;
+};
 constexpr size_t kMaxIdsPerMessage = (kMaxPayloadBytes - 16) / 4;
+// Ids per request: as many stamps as a reply holds.
+constexpr size_t kMaxCheckedCopiesPerMessage = (kMaxPayloadBytes - 16) / 44;
 constexpr size_t kMaxRangesPerMessage = (kMaxPayloadBytes - 16) / 20;
 
 struct StageRequest {
@@ -208,6 +233,8 @@ std::string Encode(const StageRequest& m);
 std::string Encode(const AnnounceRequest& m);
 std::string Encode(const ConsumedNotice& m);
 std::string Encode(const ReadAheadNotice& m);
+std::string Encode(const CheckedCopiesRequest& m);
+std::string Encode(const CheckedCopiesReply& m);
 std::string Encode(const StageProgress& m);
 std::string Encode(const StatusReply& m);
 
@@ -221,6 +248,8 @@ absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload);
 absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload);
 absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload);
 absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view payload);
+absl::StatusOr<CheckedCopiesRequest> DecodeCheckedCopiesRequest(absl::string_view payload);
+absl::StatusOr<CheckedCopiesReply> DecodeCheckedCopiesReply(absl::string_view payload);
 absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload);
 absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload);
 

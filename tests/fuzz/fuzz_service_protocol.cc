@@ -130,6 +130,20 @@ void DecodePayload(MessageType type, absl::string_view payload) {
         FUZZ_CHECK(m.file_ids.size() <= payload.size() / 4, absl::StrCat(m.file_ids.size()));
       });
       break;
+    case MessageType::kReadAhead:
+      RoundTrip(payload, DecodeReadAheadNotice, [](const ReadAheadNotice&) {});
+      break;
+    case MessageType::kCheckedCopies:
+      RoundTrip(payload, DecodeCheckedCopiesRequest, [&payload](const CheckedCopiesRequest& m) {
+        FUZZ_CHECK(m.ids.size() <= kMaxCheckedCopiesPerMessage, absl::StrCat(m.ids.size()));
+        FUZZ_CHECK(m.ids.size() <= payload.size() / 4, absl::StrCat(m.ids.size()));
+      });
+      break;
+    case MessageType::kCheckedCopiesReply:
+      RoundTrip(payload, DecodeCheckedCopiesReply, [&payload](const CheckedCopiesReply& m) {
+        FUZZ_CHECK(m.copies.size() <= payload.size() / 44, absl::StrCat(m.copies.size()));
+      });
+      break;
     case MessageType::kStatusReply:
       RoundTrip(payload, DecodeStatusReply, [](const StatusReply& m) {
         FUZZ_CHECK(m.dataset_root.size() <= 4096, absl::StrCat(m.dataset_root.size()));

@@ -135,6 +135,13 @@ bool WriteServiceSeeds(const std::string& dir) {
   good &= Write(dir + "/stats-reply", Frame(MessageType::kStatsReply, Encode(stats)));
   good &= Write(dir + "/status-reply", Frame(MessageType::kStatusReply, Encode(status)));
   good &= Write(dir + "/error", Frame(MessageType::kError, Encode(error)));
+  // A client mapping a file asks which copies the service checked.
+  good &= Write(dir + "/checked-copies",
+                Frame(MessageType::kCheckedCopies, Encode(CheckedCopiesRequest{{3, 4, 70000}})) +
+                    Frame(MessageType::kCheckedCopiesReply,
+                          Encode(CheckedCopiesReply{{{3, 2049, 1234567, 1052672,
+                                                      1700000000000000000, 1700000000123456789}}})) +
+                    Frame(MessageType::kReadAhead, Encode(ReadAheadNotice{3, 8 << 20})));
   return good;
 }
 

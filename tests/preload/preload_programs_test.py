@@ -844,14 +844,14 @@ def scenario_mapping(env):
     page, per_page = 4096, 1 << 20
     problems = Problems()
 
-    def run_all(cmds, preload):
+    def run_all(cmds, preload, cfg=None, more=None):
         """Runs the programs at once; their Results in order."""
         procs = []
         for cmd in cmds:
             started = time.monotonic()
             procs.append((cmd, started, subprocess.Popen(
-                cmd, env=program_env(env, preload, config, extra=extra), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+                cmd, env=program_env(env, preload, cfg or config, extra=dict(extra, **(more or {}))),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
         results = []
         for cmd, started, proc in procs:
             out, err = proc.communicate(timeout=300)
@@ -919,6 +919,51 @@ def scenario_mapping(env):
         expect_monarch(env, delta >= sizes["small.bin"], "small.bin: the node served %d bytes, "
                        "not the file's %d" % (delta, sizes["small.bin"]))
     service.stop()
+    # Copies mapped in place: a posix tier holds the extents (4 MiB) of the
+    # touched pages and the whole Arrow file; mappings then read those pages
+    # from the copies, and the PFS serves nothing.
+    with problems.case("mappings of a posix tier's copies"):
+        nvme = env.path("nvme")
+        os.makedirs(nvme)
+        copies, _, copies_service = service_for(
+            env, mount, {}, name="rt-copies", tiers=["{kind: posix, path: %s, capacity: 128MiB}" % nvme])
+        # A page of each touched page's extent, not at its start: a read at
+        # offset 0 would start a scan, whose read-ahead copies more.
+        touched = sorted({o[0] // (4 << 20) for o in offsets})
+        table = os.path.join(mount, "table.arrow")
+        warm = run_all([[env.python, prog, "pread", big] + [str((e << 22) + 8192) for e in touched],
+                        [env.python, prog, "pread", table, "0"]], True, copies)
+        check(all(w.returncode == 0 for w in warm), "copying: %s" % warm[0].describe())
+        # The service writes the copies, then checks each in the background;
+        # a mapping maps only checked ones (and asks for the others).
+        probe = [env.python, prog, "numpy", big, "c", "0"]
+        show = {"MAPPING_COPIES_UNDER": nvme}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            seen = run_all([probe], True, copies, show)[0]
+            if seen.returncode == 0 and b"copies %d" % len(touched) in seen.stdout:
+                break
+            time.sleep(0.2)
+        extents = sum(len(names) for _, _, names in os.walk(os.path.join(nvme, ".monarch", "extents")))
+        check(extents == len(touched), "%d extents copied, not the %d read" % (extents, len(touched)))
+        base = run_all(numpy + [[env.python, prog, "pyarrow", table] + rows], False)
+        pfs_reset(env, mount)
+        pre = run_all(numpy + [[env.python, prog, "pyarrow", table] + rows], True, copies, show)
+        source = pfs_counters(env, mount)["bytes_read"]
+        for b, p in zip(base, pre):
+            check(p.returncode == 0, "with the preload: %s" % p.describe())
+            check(body(p) == body(b), show_difference("copies", "stdout", body(b), body(p)))
+        mapped = [int(p.stdout.split(b"copies ")[1].split()[0]) for p in pre]
+        log("mappings of copies: identical; %s copies mapped per process; the PFS served %d "
+            "bytes" % ("/".join(map(str, mapped)), source))
+        expect_monarch(env, mapped == [extents] * len(numpy) + [1],
+                       "mapped %s copies, want %d per numpy process and 1 for the table" % (
+                           mapped, extents))
+        # Only the table's last page, of 458 bytes, stays on the source (a
+        # copy's checksums follow its bytes there); pyarrow reads its footer.
+        expect_monarch(env, source <= sizes["table.arrow"] % page,
+                       "the PFS served %d bytes to mappings of copies" % source)
+        copies_service.stop()
     problems.check()
 
 

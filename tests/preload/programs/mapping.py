@@ -9,11 +9,15 @@ usage: mapping.py write DIR
                                             one page at each offset
        mapping.py pyarrow PATH ROW...       pyarrow.memory_map + ipc.open_file
        mapping.py datasets PATH ROW...      datasets.Dataset.from_file
+       mapping.py pread PATH OFFSET...      os.pread of a page at each offset
 
 Each reader prints one line per page or row (a digest or the value), then
 `rss-growth KiB`: how much the process's resident memory grew from before
 the mapping to after the reads, so a harness can tell a mapping that read
-the whole file from one that read only what was touched.
+the whole file from one that read only what was touched. With
+MAPPING_COPIES_UNDER=DIR it then prints `copies N`: how many of the
+process's mappings are of files under DIR (a tier's copies, mapped in
+place of the source's pages).
 """
 
 import hashlib
@@ -87,9 +91,20 @@ def main(argv):
         rows = datasets.Dataset.from_file(argv[2])
         for row in argv[3:]:
             print("%s %s" % (row, rows[int(row)]["x"]))
+    elif what == "pread":
+        before = rss_kib()
+        fd = os.open(argv[2], os.O_RDONLY)
+        for offset in [int(a) for a in argv[3:]]:
+            page = os.pread(fd, PAGE, offset)
+            print("%d %s" % (offset, hashlib.sha256(page).hexdigest()[:24]))
+        os.close(fd)
     else:
         raise SystemExit(__doc__)
     print("rss-growth %d" % (rss_kib() - before))
+    under = os.environ.get("MAPPING_COPIES_UNDER")
+    if under:
+        with open("/proc/self/maps") as f:
+            print("copies %d" % sum(1 for line in f if under + "/" in line))
     return 0
 
 
