@@ -235,8 +235,8 @@ TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a
   CHECK(SourceBytes(stats) <= (1 << 20) + 4096);
 }
 
-TEST_CASE("service: a client maps the copies the service checked, extents and whole files; "
-          "with no service, nothing") {
+TEST_CASE("service: a client maps the copies the service checked, extents and whole files, and "
+          "nothing with no service") {
   ScratchDir dir;
   const std::string data = dir.Sub("data");
   const TestFile big{"shards/big.bin", 44, 6 * (1 << 20) + 5000};
