@@ -13,8 +13,12 @@ each run so that every arm's pages come from the emulator:
                 and reading --pages random pages (seeded per process).
 
 Arms: `plain` (no preload), `monarch` (the preload of --build, a node
-service with a RAM tier larger than the file), and with --old-preload an
-earlier build of the library (`old`), to show what changed.
+service with a RAM tier larger than the file), `copies` (the same preload,
+a node service whose posix tier holds the whole file, staged by extents
+before the runs and checked: the mappings map those copies in place), and
+with --old-preload an earlier build of the library (`old`), to show what
+changed. The page cache is dropped before each run, the copies' too: their
+pages come from the local disk.
 
 Reported per arm and case: wall time of the slowest process (start to
 exit), the resident memory each process gained (VmRSS after its reads
@@ -46,6 +50,16 @@ from service_epochs import Pfs, add_emulator_flags, start_service, stop_service 
 REPO = os.path.dirname(HERE)
 PAGE = 4096
 MIB = 1048576.0
+
+# Under the preload: how many of the process's mappings are of the tier's
+# copies once it mapped the file (a copy not checked yet is not mapped, and
+# asking queues it to be checked).
+PROBE = r"""
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+print(sum(1 for line in open("/proc/self/maps") if sys.argv[2] + "/" in line))
+"""
 
 # Each process: map, read its pages, report, then wait for the driver to
 # measure everybody's memory before it exits. numpy's mode "c" (a private
@@ -117,6 +131,25 @@ def tier_copies_bytes(a, config):
     return sum(t["bytes_used"] for t in tiers if t["kind"] == "ram")
 
 
+def stage_copies(a, env, config, path, tier, extents):
+    """Stages the file into the posix tier of `config`'s running service,
+    then maps it until every extent's copy is checked and mapped."""
+    r = subprocess.run([os.path.join(a.build, "monarch"), "stage", "--config", config],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("monarch stage failed: " + r.stderr)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        r = subprocess.run([a.python, "-c", PROBE, path, tier], env=env, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            sys.exit("the probe failed: " + r.stderr)
+        if int(r.stdout) == extents:
+            return
+        time.sleep(1)
+    sys.exit("the copies were not all mapped after 600 s: %s of %d" % (r.stdout.strip(), extents))
+
+
 def run_case(a, env, path, procs, pages, config):
     """Runs `procs` workers at once; returns the case's measurements."""
     started = time.monotonic()
@@ -179,33 +212,51 @@ def main():
     runtime = os.path.join(a.work, "rt")
     shutil.rmtree(runtime, ignore_errors=True)
     config = os.path.join(a.work, "job.yaml")
+    job = ("dataset:\n  path: %s\ntiers:\n  - %s\n"
+           "  - {kind: source}\nplacement: {cached_source: promote}\nnode:\n"
+           "  shared: true\n  runtime_dir: %s\n  autostart: false\n  idle_exit: 0\n")
     with open(config, "w") as f:
-        f.write("dataset:\n  path: %s\ntiers:\n  - {kind: ram, capacity: %dGiB}\n"
-                "  - {kind: source}\nplacement: {cached_source: promote}\nnode:\n"
-                "  shared: true\n  runtime_dir: %s\n  autostart: false\n  idle_exit: 0\n"
-                % (pfs.mount, a.gib + 1, runtime))
+        f.write(job % (pfs.mount, "{kind: ram, capacity: %dGiB}" % (a.gib + 1), runtime))
+    copies_runtime = os.path.join(a.work, "rt-copies")
+    nvme = os.path.join(a.work, "nvme")
+    for d in (copies_runtime, nvme):
+        shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(nvme)
+    copies_config = os.path.join(a.work, "copies.yaml")
+    with open(copies_config, "w") as f:
+        f.write(job % (pfs.mount, "{kind: posix, path: %s, capacity: %dGiB}" % (nvme, a.gib + 1),
+                       copies_runtime))
     plain = dict(os.environ, OMP_NUM_THREADS="1")
     plain.pop("LD_PRELOAD", None)
-    arms = [("plain", plain, False), ("monarch", dict(plain, LD_PRELOAD=preload,
-                                                      MONARCH_CONFIG=config), True)]
+    # (arm, environment, its service's config, whether each run starts a
+    # fresh service: the RAM tier's arms do, as a new job; the copies' keeps
+    # one, whose checked copies are what it measures).
+    copies_env = dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=copies_config)
+    arms = [("plain", plain, None, False),
+            ("monarch", dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=config), config, True),
+            ("copies", copies_env, copies_config, False)]
     if a.old_preload:
         arms.append(("old", dict(plain, LD_PRELOAD=os.path.abspath(a.old_preload),
-                                 MONARCH_CONFIG=config), True))
+                                 MONARCH_CONFIG=config), config, True))
     cases = [("one byte", 1, 0), ("random pages", a.procs, a.pages)]
-    results = {case: {arm: [] for arm, _, _ in arms} for case, _, _ in cases}
+    results = {case: {arm: [] for arm, _, _, _ in arms} for case, _, _ in cases}
+    kept_log = os.path.join(a.work, "copies-service")
+    os.makedirs(kept_log, exist_ok=True)
+    kept = start_service(a, copies_config, kept_log)
     try:
+        stage_copies(a, copies_env, copies_config, path, nvme, (a.gib << 30) // (4 << 20))
         for rep in range(a.repeat):
             order = arms[rep % len(arms):] + arms[:rep % len(arms)]
             for case, procs, pages in cases:
-                for arm, env, service in order:
+                for arm, env, arm_config, fresh in order:
                     # A fresh service per run: an empty RAM tier, as for a new job.
-                    proc_log = start_service(a, config, a.work) if service else None
+                    proc_log = start_service(a, arm_config, a.work) if fresh else None
                     drop_caches()
                     pfs.reset()
-                    r = run_case(a, env, path, procs, pages, config if service else None)
+                    r = run_case(a, env, path, procs, pages, arm_config)
                     r["source_mib"] = pfs.stats()["bytes_read"] / MIB
                     if proc_log:
-                        stop_service(a, config, *proc_log)
+                        stop_service(a, arm_config, *proc_log)
                     results[case][arm].append(r)
                     print("%-12s %-8s %7.2f s  rss +%s MiB  mappings' Pss %.1f MiB, RAM copies "
                           "%.1f MiB, touched %.1f MiB  source %.1f MiB" % (
@@ -213,15 +264,16 @@ def main():
                                   "%.1f" % x for x in r["rss_growth_mib"]), r["mapping_pss_mib"],
                               r["copies_mib"], r["touched_mib"], r["source_mib"]), flush=True)
                 plain_digests = results[case]["plain"][-1]["digests"]
-                for arm, _, _ in arms:
+                for arm, _, _, _ in arms:
                     if results[case][arm][-1]["digests"] != plain_digests:
                         sys.exit("%s: %s read other bytes than plain" % (case, arm))
     finally:
+        stop_service(a, copies_config, *kept)
         pfs.stop()
 
     rows = []
     for case, _, _ in cases:
-        for arm, _, _ in arms:
+        for arm, _, _, _ in arms:
             runs = results[case][arm]
             med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
             node = statistics.median(r["mapping_pss_mib"] + r["copies_mib"] for r in runs)
