@@ -15,10 +15,12 @@ each run so that every arm's pages come from the emulator:
 Arms: `plain` (no preload), `monarch` (the preload of --build, a node
 service with a RAM tier larger than the file), `copies` (the same preload,
 a node service whose posix tier holds the whole file, staged by extents
-before the runs and checked: the mappings map those copies in place), and
-with --old-preload an earlier build of the library (`old`), to show what
-changed. The page cache is dropped before each run, the copies' too: their
-pages come from the local disk.
+before the runs and checked: the mappings map those copies in place),
+`local` (no preload, the emulator's backing file itself, on the local disk:
+what the kernel does for a mapping of a local file, which the copies are),
+and with --old-preload an earlier build of the library (`old`), to show
+what changed. The page cache is dropped before each run, the copies' too:
+their pages come from the local disk.
 
 Reported per arm and case: wall time of the slowest process (start to
 exit), the resident memory each process gained (VmRSS after its reads
@@ -71,14 +73,15 @@ def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
-def mapping_memory(address):
-    # Rss and Pss (KiB) of the mapping that holds `address`.
+def mapping_memory(address, length):
+    # Rss and Pss (KiB) of the mappings in [address, address + length): one,
+    # or one per tier copy mapped in place of the source's pages.
     inside, out = False, {}
     for line in open("/proc/self/smaps"):
         head = line.split()
         if "-" in head[0] and ":" not in head[0]:
             start, end = (int(x, 16) for x in head[0].split("-"))
-            inside = start <= address < end
+            inside = start < address + length and address < end
         elif inside and head[0] in ("Rss:", "Pss:"):
             out[head[0]] = out.get(head[0], 0) + int(head[1])
     return out.get("Rss:", 0), out.get("Pss:", 0)
@@ -100,7 +103,7 @@ else:
 print("done %.6f %d %s %s" % (time.monotonic() - t0, rss() - before, digest.hexdigest(),
                               ",".join(map(str, touched))), flush=True)
 sys.stdin.readline()
-print("mapping %d %d" % mapping_memory(mapped.ctypes.data), flush=True)
+print("mapping %d %d" % mapping_memory(mapped.ctypes.data, len(mapped)), flush=True)
 """
 
 def drop_caches():
@@ -232,14 +235,16 @@ def main():
     # fresh service: the RAM tier's arms do, as a new job; the copies' keeps
     # one, whose checked copies are what it measures).
     copies_env = dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=copies_config)
-    arms = [("plain", plain, None, False),
-            ("monarch", dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=config), config, True),
-            ("copies", copies_env, copies_config, False)]
+    local = os.path.join(backing, "big.bin")
+    arms = [("plain", plain, None, False, path),
+            ("monarch", dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=config), config, True, path),
+            ("copies", copies_env, copies_config, False, path),
+            ("local", plain, None, False, local)]
     if a.old_preload:
         arms.append(("old", dict(plain, LD_PRELOAD=os.path.abspath(a.old_preload),
-                                 MONARCH_CONFIG=config), config, True))
+                                 MONARCH_CONFIG=config), config, True, path))
     cases = [("one byte", 1, 0), ("random pages", a.procs, a.pages)]
-    results = {case: {arm: [] for arm, _, _, _ in arms} for case, _, _ in cases}
+    results = {case: {arm: [] for arm, _, _, _, _ in arms} for case, _, _ in cases}
     kept_log = os.path.join(a.work, "copies-service")
     os.makedirs(kept_log, exist_ok=True)
     kept = start_service(a, copies_config, kept_log)
@@ -248,12 +253,12 @@ def main():
         for rep in range(a.repeat):
             order = arms[rep % len(arms):] + arms[:rep % len(arms)]
             for case, procs, pages in cases:
-                for arm, env, arm_config, fresh in order:
+                for arm, env, arm_config, fresh, arm_path in order:
                     # A fresh service per run: an empty RAM tier, as for a new job.
                     proc_log = start_service(a, arm_config, a.work) if fresh else None
                     drop_caches()
                     pfs.reset()
-                    r = run_case(a, env, path, procs, pages, arm_config)
+                    r = run_case(a, env, arm_path, procs, pages, arm_config)
                     r["source_mib"] = pfs.stats()["bytes_read"] / MIB
                     if proc_log:
                         stop_service(a, arm_config, *proc_log)
@@ -264,7 +269,7 @@ def main():
                                   "%.1f" % x for x in r["rss_growth_mib"]), r["mapping_pss_mib"],
                               r["copies_mib"], r["touched_mib"], r["source_mib"]), flush=True)
                 plain_digests = results[case]["plain"][-1]["digests"]
-                for arm, _, _, _ in arms:
+                for arm, _, _, _, _ in arms:
                     if results[case][arm][-1]["digests"] != plain_digests:
                         sys.exit("%s: %s read other bytes than plain" % (case, arm))
     finally:
@@ -273,7 +278,7 @@ def main():
 
     rows = []
     for case, _, _ in cases:
-        for arm, _, _, _ in arms:
+        for arm, _, _, _, _ in arms:
             runs = results[case][arm]
             med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
             node = statistics.median(r["mapping_pss_mib"] + r["copies_mib"] for r in runs)
