@@ -920,7 +920,7 @@ def scenario_mapping(env):
                        "not the file's %d" % (delta, sizes["small.bin"]))
     service.stop()
     # Copies mapped in place: a posix tier holds the extents (4 MiB) of the
-    # touched pages and the whole Arrow file; mappings then read those pages
+    # touched pages and the whole Arrow files; mappings then read those pages
     # from the copies, and the PFS serves nothing.
     with problems.case("mappings of a posix tier's copies"):
         nvme = env.path("nvme")
@@ -931,8 +931,10 @@ def scenario_mapping(env):
         # offset 0 would start a scan, whose read-ahead copies more.
         touched = sorted({o[0] // (4 << 20) for o in offsets})
         table = os.path.join(mount, "table.arrow")
+        stream = os.path.join(mount, "stream.arrow")
         warm = run_all([[env.python, prog, "pread", big] + [str((e << 22) + 8192) for e in touched],
-                        [env.python, prog, "pread", table, "0"]], True, copies)
+                        [env.python, prog, "pread", table, "0"],
+                        [env.python, prog, "pread", stream, "0"]], True, copies)
         check(all(w.returncode == 0 for w in warm), "copying: %s" % warm[0].describe())
         # The service writes the copies, then checks each in the background;
         # a mapping maps only checked ones (and asks for the others).
@@ -946,9 +948,11 @@ def scenario_mapping(env):
             time.sleep(0.2)
         extents = sum(len(names) for _, _, names in os.walk(os.path.join(nvme, ".monarch", "extents")))
         check(extents == len(touched), "%d extents copied, not the %d read" % (extents, len(touched)))
-        base = run_all(numpy + [[env.python, prog, "pyarrow", table] + rows], False)
+        readers = numpy + [[env.python, prog, "pyarrow", table] + rows,
+                           [env.python, prog, "datasets", stream] + rows]
+        base = run_all(readers, False)
         pfs_reset(env, mount)
-        pre = run_all(numpy + [[env.python, prog, "pyarrow", table] + rows], True, copies, show)
+        pre = run_all(readers, True, copies, show)
         source = pfs_counters(env, mount)["bytes_read"]
         for b, p in zip(base, pre):
             check(p.returncode == 0, "with the preload: %s" % p.describe())
@@ -956,13 +960,16 @@ def scenario_mapping(env):
         mapped = [int(p.stdout.split(b"copies ")[1].split()[0]) for p in pre]
         log("mappings of copies: identical; %s copies mapped per process; the PFS served %d "
             "bytes" % ("/".join(map(str, mapped)), source))
-        expect_monarch(env, mapped == [extents] * len(numpy) + [1],
-                       "mapped %s copies, want %d per numpy process and 1 for the table" % (
+        expect_monarch(env, mapped == [extents] * len(numpy) + [1, 1],
+                       "mapped %s copies, want %d per numpy process and 1 per Arrow file" % (
                            mapped, extents))
-        # Only the table's last page, of 458 bytes, stays on the source (a
-        # copy's checksums follow its bytes there); pyarrow reads its footer.
-        expect_monarch(env, source <= sizes["table.arrow"] % page,
-                       "the PFS served %d bytes to mappings of copies" % source)
+        # Only the Arrow files' last pages (458 and 280 bytes) stay on the
+        # source: a copy's checksums follow its bytes there. Their readers
+        # read their footers.
+        tails = sizes["table.arrow"] % page + sizes["stream.arrow"] % page
+        expect_monarch(env, source <= tails,
+                       "the PFS served %d bytes to mappings of copies, more than the Arrow "
+                       "files' last pages (%d)" % (source, tails))
         copies_service.stop()
     problems.check()
 
