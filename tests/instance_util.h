@@ -8,7 +8,10 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +30,39 @@
 #include "test_util.h"
 
 namespace monarch::testing {
+
+// A read-only private mapping of bytes [offset, offset + length) of the file
+// at `path`, as a front end maps a big dataset file before
+// Monarch::MapCopies; unmapped when it goes.
+class SourceMapping {
+ public:
+  SourceMapping(const std::string& path, uint64_t length, uint64_t offset = 0)
+      : length_(length), offset_(offset) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    void* mapped = ::mmap(nullptr, length, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(offset));
+    ::close(fd);
+    REQUIRE(mapped != MAP_FAILED);
+    data_ = static_cast<char*>(mapped);
+  }
+  ~SourceMapping() { ::munmap(data_, length_); }
+  SourceMapping(const SourceMapping&) = delete;
+  SourceMapping& operator=(const SourceMapping&) = delete;
+
+  char* data() const { return data_; }
+  // MapCopies of `name` over all of it: the bytes mapped from copies.
+  uint64_t MapCopies(Monarch& m, const std::string& name) const {
+    absl::StatusOr<uint64_t> mapped =
+        m.MapCopies(name, data_, offset_, length_, PROT_READ, MAP_PRIVATE);
+    REQUIRE_MESSAGE(mapped.ok(), mapped.status().ToString());
+    return *mapped;
+  }
+
+ private:
+  char* data_ = nullptr;
+  const uint64_t length_;
+  const uint64_t offset_;
+};
 
 // An instance whose source driver is wrapped by `wrap_source` (the
 // source is the last tier).

@@ -358,25 +358,18 @@ TEST_CASE("SIGKILL in the middle of extents' promotions: a restart serves nothin
   }
 }
 
-// A read-only private mapping of the whole source file `f` of `ds`.
-char* MapSource(const std::string& ds, const TestFile& f) {
-  const int fd = ::open((ds + "/" + f.name).c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  void* mapped = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  REQUIRE(mapped != MAP_FAILED);
-  return static_cast<char*>(mapped);
-}
-
 TEST_CASE("mapping: pages of checked copies in a file tier are mapped from them, extents and "
           "whole files, and a damaged or unchecked copy never is") {
+  using testing::MappedAt;
+  using testing::SourceMapping;
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
   const std::string nvme = dir.Sub("nvme");
   // 12 extents and a last one of 100,000 bytes: 24 whole pages and a part.
   const TestFile big{"big.bin", 5, 12 * kMiB + 100000};
   const TestFile whole{"whole.bin", 6, 3 * kMiB + 5};  // Below the threshold.
-  testing::WriteFile(ds + "/" + big.name, big.seed, big.size);
+  const std::string big_source = ds + "/" + big.name;
+  testing::WriteFile(big_source, big.seed, big.size);
   testing::WriteFile(ds + "/" + whole.name, whole.seed, whole.size);
   const std::string extents = absl::StrCat(nvme, "/.monarch/extents/");
   Config config =
@@ -391,52 +384,40 @@ TEST_CASE("mapping: pages of checked copies in a file tier are mapped from them,
     }
     ReadWholeAndCheck(*m, whole);
     m->WaitForPlacement();  // Also waits for the copies to be checked.
-
-    char* map = MapSource(ds, big);
-    absl::StatusOr<uint64_t> mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 8 * kMiB);
-    CHECK(absl::StartsWith(testing::MappedAt(map), extents));
-    CHECK(absl::StartsWith(testing::MappedAt(map + 8 * kMiB - 1), extents));
-    CHECK(testing::MappedAt(map + 8 * kMiB) == ds + "/" + big.name);  // No copy: the source.
-    CHECK(testing::BytesMatch(big, map, 0, big.size));
-    // Two extents' copies have the same bytes as their file at their place.
-    CHECK(testing::MappedAt(map + 3 * kMiB) != testing::MappedAt(map + 2 * kMiB));
-    ::munmap(map, big.size);
-
+    {
+      SourceMapping map(big_source, big.size);
+      CHECK(map.MapCopies(*m, big.name) == 8 * kMiB);
+      CHECK(absl::StartsWith(MappedAt(map.data()), extents));
+      CHECK(absl::StartsWith(MappedAt(map.data() + 8 * kMiB - 1), extents));
+      CHECK(MappedAt(map.data() + 8 * kMiB) == big_source);  // No copy: the source.
+      CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+      // Each extent is its own copy, mapped at its place.
+      CHECK(MappedAt(map.data() + 3 * kMiB) != MappedAt(map.data() + 2 * kMiB));
+    }
     // The rest read and copied: all but the part of the last page.
     std::vector<char> rest(big.size - 8 * kMiB);
     REQUIRE(*m->Read(big.name, rest.data(), rest.size(), 8 * kMiB) == rest.size());
     m->WaitForPlacement();
-    map = MapSource(ds, big);
-    mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 12 * kMiB + 24 * 4096);
-    CHECK(testing::MappedAt(map + big.size - 1) == ds + "/" + big.name);
-    CHECK(testing::BytesMatch(big, map, 0, big.size));
-    // Past the end of the file, in its last page: zeros, not the trailer.
-    const char* tail = map + big.size;
-    CHECK(std::all_of(tail, tail + (4096 - big.size % 4096), [](char c) { return c == 0; }));
-    ::munmap(map, big.size);
-
-    // A range of the file (offset in pages), and a whole file.
-    const int fd = ::open((ds + "/" + big.name).c_str(), O_RDONLY);
-    void* part = ::mmap(nullptr, 3 * kMiB, PROT_READ, MAP_PRIVATE, fd, 5 * kMiB + 8192);
-    ::close(fd);
-    REQUIRE(part != MAP_FAILED);
-    mapped = m->MapCopies(big.name, part, 5 * kMiB + 8192, 3 * kMiB, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 3 * kMiB);
-    CHECK(testing::BytesMatch(big, static_cast<char*>(part), 5 * kMiB + 8192, 3 * kMiB));
-    ::munmap(part, 3 * kMiB);
-    map = MapSource(ds, whole);
-    mapped = m->MapCopies(whole.name, map, 0, whole.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 3 * kMiB);
-    CHECK(testing::MappedAt(map) == nvme + "/" + whole.name);
-    CHECK(testing::BytesMatch(whole, map, 0, whole.size));
-    ::munmap(map, whole.size);
-    CHECK(!m->MapCopies("no/such/file", map, 0, 4096, PROT_READ, MAP_PRIVATE).ok());
+    {
+      SourceMapping map(big_source, big.size);
+      CHECK(map.MapCopies(*m, big.name) == 12 * kMiB + 24 * 4096);
+      CHECK(MappedAt(map.data() + big.size - 1) == big_source);
+      CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+      // Past the end of the file, in its last page: zeros, not the trailer.
+      const char* tail = map.data() + big.size;
+      CHECK(std::all_of(tail, tail + (4096 - big.size % 4096), [](char c) { return c == 0; }));
+    }
+    {  // A range of the file, at an offset in pages.
+      SourceMapping part(big_source, 3 * kMiB, 5 * kMiB + 8192);
+      CHECK(part.MapCopies(*m, big.name) == 3 * kMiB);
+      CHECK(testing::BytesMatch(big, part.data(), 5 * kMiB + 8192, 3 * kMiB));
+    }
+    SourceMapping map(ds + "/" + whole.name, whole.size);
+    CHECK(map.MapCopies(*m, whole.name) == 3 * kMiB);
+    CHECK(MappedAt(map.data()) == nvme + "/" + whole.name);
+    CHECK(testing::BytesMatch(whole, map.data(), 0, whole.size));
+    CHECK(absl::IsNotFound(
+        m->MapCopies("no/such/file", map.data(), 0, 4096, PROT_READ, MAP_PRIVATE).status()));
   }
   // A byte of extent 4's copy flipped while no instance runs. Copies an
   // earlier run left are opened ahead (their trailers read), but checked
@@ -445,19 +426,12 @@ TEST_CASE("mapping: pages of checked copies in a file tier are mapped from them,
   {
     auto m = MustCreate(config);
     m->WaitForPlacement();  // Opened, not checked.
-    char* map = MapSource(ds, big);
-    absl::StatusOr<uint64_t> mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 0);  // None checked yet; now queued to be.
-    ::munmap(map, big.size);
+    CHECK(SourceMapping(big_source, big.size).MapCopies(*m, big.name) == 0);  // Now queued.
     m->WaitForPlacement();
-    map = MapSource(ds, big);
-    mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 11 * kMiB + 24 * 4096);  // All but extent 4.
-    CHECK(testing::MappedAt(map + 4 * kMiB + 777) == ds + "/" + big.name);
-    CHECK(testing::BytesMatch(big, map, 0, big.size));
-    ::munmap(map, big.size);
+    SourceMapping map(big_source, big.size);
+    CHECK(map.MapCopies(*m, big.name) == 11 * kMiB + 24 * 4096);  // All but extent 4.
+    CHECK(MappedAt(map.data() + 4 * kMiB + 777) == big_source);
+    CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
     // The check that found it forgot what it knew of the copy; a read
     // finds it damaged again, drops it and serves the source.
     std::vector<char> buffer(kMiB);
@@ -465,28 +439,21 @@ TEST_CASE("mapping: pages of checked copies in a file tier are mapped from them,
     CHECK(testing::BytesMatch(big, buffer.data(), 4 * kMiB, kMiB));
     CHECK(m->GetStats().Tier(0, "damaged_copies") == 1);
   }
-  // Under verify: every-read a page fault could not check what it reads.
+  // Under verify: every-read, a page fault could not check what it reads.
   config.placement.verify = VerifyPolicy::kEveryRead;
   {
     auto m = MustCreate(config);
     ReadWholeAndCheck(*m, big);
     m->WaitForPlacement();
-    char* map = MapSource(ds, big);
-    absl::StatusOr<uint64_t> mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-    REQUIRE(mapped.ok());
-    CHECK(*mapped == 0);
-    ::munmap(map, big.size);
+    CHECK(SourceMapping(big_source, big.size).MapCopies(*m, big.name) == 0);
   }
   // A RAM tier's memory is reused once a copy is evicted: never mapped.
   auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(64 * kMiB)}));
   ReadWholeAndCheck(*m, big);
   m->WaitForPlacement();
-  char* map = MapSource(ds, big);
-  absl::StatusOr<uint64_t> mapped = m->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-  REQUIRE(mapped.ok());
-  CHECK(*mapped == 0);
-  CHECK(testing::BytesMatch(big, map, 0, big.size));
-  ::munmap(map, big.size);
+  SourceMapping map(big_source, big.size);
+  CHECK(map.MapCopies(*m, big.name) == 0);
+  CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
 }
 
 TEST_CASE("placement.extent_bytes: refused unless a multiple of 4KiB, naming the key") {

@@ -29,6 +29,7 @@
 #include "service/node_service.h"
 #include "service/protocol.h"
 #include "service/unix_socket.h"
+#include "instance_util.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -161,6 +162,18 @@ TEST_CASE("service: a file the service caches by extents reads exact through a c
 // service read to continue them, so it tells the service itself
 // (kReadAhead), and the extents ahead load. A damaged extent copy is never
 // served.
+// A shared config over `data` with a posix tier in `nvme`: files above 4 MiB
+// cached by extents of 1 MiB, each promoted on its first read.
+Config ExtentsOnPosixConfig(const std::string& data, const std::string& nvme,
+                            const std::string& run) {
+  Config config =
+      SharedConfig(data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, run);
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  return config;
+}
+
 TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a damaged extent "
           "copy is never served") {
   ScratchDir dir;
@@ -168,11 +181,7 @@ TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a
   const TestFile big{"shards/big.bin", 43, 24 * (1 << 20) - 3333};
   testing::WriteFile(data + "/" + big.name, big.seed, big.size);
   const std::string nvme = dir.Sub("nvme");
-  Config config = SharedConfig(
-      data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, dir.Sub("run"));
-  config.placement.extent_bytes = 1 << 20;
-  config.placement.extent_threshold = 4 << 20;
-  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  const Config config = ExtentsOnPosixConfig(data, nvme, dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
@@ -237,6 +246,8 @@ TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a
 
 TEST_CASE("service: a client maps the copies the service checked, extents and whole files, and "
           "nothing with no service") {
+  using testing::MappedAt;
+  using testing::SourceMapping;
   ScratchDir dir;
   const std::string data = dir.Sub("data");
   const TestFile big{"shards/big.bin", 44, 6 * (1 << 20) + 5000};
@@ -244,23 +255,11 @@ TEST_CASE("service: a client maps the copies the service checked, extents and wh
   testing::WriteFile(data + "/" + big.name, big.seed, big.size);
   testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
   const std::string nvme = dir.Sub("nvme");
-  Config config = SharedConfig(
-      data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, dir.Sub("run"));
-  config.placement.extent_bytes = 1 << 20;
-  config.placement.extent_threshold = 4 << 20;
-  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  const Config config = ExtentsOnPosixConfig(data, nvme, dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
-  auto map_source = [&data](const TestFile& f) {
-    const int fd = ::open((data + "/" + f.name).c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
-    void* mapped = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    REQUIRE(mapped != MAP_FAILED);
-    return static_cast<char*>(mapped);
-  };
   // Extents 1 and 4 of the big file, and the whole file, copied.
   std::vector<char> page(4096);
   for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
@@ -268,32 +267,27 @@ TEST_CASE("service: a client maps the copies the service checked, extents and wh
   }
   REQUIRE(*(*client)->Read(whole.name, page.data(), page.size(), 0) == page.size());
   (*client)->WaitForPlacement();  // The service's copies written and checked.
-  char* map = map_source(big);
-  absl::StatusOr<uint64_t> mapped =
-      (*client)->MapCopies(big.name, map, 0, big.size, PROT_READ, MAP_PRIVATE);
-  REQUIRE(mapped.ok());
-  CHECK(*mapped == 2 << 20);
-  CHECK(absl::StartsWith(testing::MappedAt(map + (1 << 20)), nvme + "/.monarch/extents/"));
-  CHECK(absl::StartsWith(testing::MappedAt(map + (5 << 20) - 1), nvme + "/.monarch/extents/"));
-  CHECK(testing::MappedAt(map) == data + "/" + big.name);
-  CHECK(testing::MappedAt(map + (2 << 20)) == data + "/" + big.name);
-  CHECK(testing::BytesMatch(big, map, 0, big.size));
-  ::munmap(map, big.size);
-  map = map_source(whole);
-  mapped = (*client)->MapCopies(whole.name, map, 0, whole.size, PROT_READ, MAP_PRIVATE);
-  REQUIRE(mapped.ok());
-  CHECK(*mapped == 2 << 20);  // All but the last page, of 1 byte.
-  CHECK(testing::MappedAt(map) == nvme + "/" + whole.name);
-  CHECK(testing::BytesMatch(whole, map, 0, whole.size));
-  ::munmap(map, whole.size);
+  {
+    SourceMapping map(data + "/" + big.name, big.size);
+    CHECK(map.MapCopies(**client, big.name) == 2 << 20);
+    CHECK(absl::StartsWith(MappedAt(map.data() + (1 << 20)), nvme + "/.monarch/extents/"));
+    CHECK(absl::StartsWith(MappedAt(map.data() + (5 << 20) - 1), nvme + "/.monarch/extents/"));
+    CHECK(MappedAt(map.data()) == data + "/" + big.name);
+    CHECK(MappedAt(map.data() + (2 << 20)) == data + "/" + big.name);
+    CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+  }
+  {
+    SourceMapping map(data + "/" + whole.name, whole.size);
+    CHECK(map.MapCopies(**client, whole.name) == 2 << 20);  // All but the last page, of 1 byte.
+    CHECK(MappedAt(map.data()) == nvme + "/" + whole.name);
+    CHECK(testing::BytesMatch(whole, map.data(), 0, whole.size));
+  }
   // The service gone: no word on any copy, so the source stays mapped.
   node->reset();
-  map = map_source(whole);
-  mapped = (*client)->MapCopies(whole.name, map, 0, whole.size, PROT_READ, MAP_PRIVATE);
-  CHECK((!mapped.ok() || *mapped == 0));
-  CHECK(testing::MappedAt(map) == data + "/" + whole.name);
-  CHECK(testing::BytesMatch(whole, map, 0, whole.size));
-  ::munmap(map, whole.size);
+  SourceMapping map(data + "/" + whole.name, whole.size);
+  CHECK(map.MapCopies(**client, whole.name) == 0);
+  CHECK(MappedAt(map.data()) == data + "/" + whole.name);
+  CHECK(testing::BytesMatch(whole, map.data(), 0, whole.size));
 }
 
 // Page faults taken reading every file whole through `monarch`, bytes checked.
@@ -685,7 +679,7 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}}),
       Encode(ReadAheadNotice{3, 5 << 20}),
       Encode(CheckedCopiesRequest{{9, 10}}),
-      Encode(CheckedCopiesReply{{{9, 1, 2, 3, 4, 5}}})};
+      Encode(CheckedCopiesReply{{{9, SourceIdentity{1, 2, 3, 4, 5}}}})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -742,8 +736,7 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     REQUIRE(stamps.ok());
     REQUIRE(stamps->copies.size() == 1);
     CHECK(stamps->copies[0].id == 9);
-    CHECK(stamps->copies[0].inode == 2);
-    CHECK(stamps->copies[0].ctime_ns == 5);
+    CHECK(stamps->copies[0].copy == SourceIdentity{1, 2, 3, 4, 5});
     CHECK_FALSE(DecodeCheckedCopiesReply(valid[14].substr(0, valid[14].size() - 1)).ok());
     // More ids than a reply could answer.
     CheckedCopiesRequest many;

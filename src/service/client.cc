@@ -624,7 +624,7 @@ class ServiceClient final : public Monarch {
       for (const CheckedCopyStamp& c : got->copies) {
         auto it = index.find(c.id);
         if (it == index.end()) continue;  // Not asked: ignored.
-        checked[it->second] = SourceIdentity{c.device, c.inode, c.size, c.mtime_ns, c.ctime_ns};
+        checked[it->second] = c.copy;
       }
     }
     ReturnChannel(state, std::move(*channel));

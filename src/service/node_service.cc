@@ -558,10 +558,7 @@ absl::Status NodeService::HandleCheckedCopies(Connection* c, const Frame& frame)
   const std::vector<std::optional<SourceIdentity>> checked = core_->CheckedCopiesOf(request->ids);
   CheckedCopiesReply reply;
   for (size_t i = 0; i < request->ids.size(); ++i) {
-    if (!checked[i]) continue;
-    const SourceIdentity& s = *checked[i];
-    reply.copies.push_back(
-        CheckedCopyStamp{request->ids[i], s.device, s.inode, s.size, s.mtime_ns, s.ctime_ns});
+    if (checked[i]) reply.copies.push_back(CheckedCopyStamp{request->ids[i], *checked[i]});
   }
   return SendFrame(c->socket.get(), MessageType::kCheckedCopiesReply, Encode(reply));
 }

@@ -377,7 +377,8 @@ std::string Encode(const CheckedCopiesReply& m) {
   PayloadWriter w;
   w.Put(static_cast<uint32_t>(m.copies.size()));
   for (const CheckedCopyStamp& c : m.copies) {
-    w.Put(c.id).Put(c.device).Put(c.inode).Put(c.size).Put(c.mtime_ns).Put(c.ctime_ns);
+    w.Put(c.id).Put(c.copy.device).Put(c.copy.inode).Put(c.copy.size).Put(c.copy.mtime_ns);
+    w.Put(c.copy.ctime_ns);
   }
   return w.Take();
 }
@@ -389,11 +390,11 @@ absl::StatusOr<CheckedCopiesReply> DecodeCheckedCopiesReply(absl::string_view pa
   m.copies.resize(n);
   for (CheckedCopyStamp& c : m.copies) {
     c.id = r.Get<uint32_t>();
-    c.device = r.Get<uint64_t>();
-    c.inode = r.Get<uint64_t>();
-    c.size = r.Get<uint64_t>();
-    c.mtime_ns = r.Get<int64_t>();
-    c.ctime_ns = r.Get<int64_t>();
+    c.copy.device = r.Get<uint64_t>();
+    c.copy.inode = r.Get<uint64_t>();
+    c.copy.size = r.Get<uint64_t>();
+    c.copy.mtime_ns = r.Get<int64_t>();
+    c.copy.ctime_ns = r.Get<int64_t>();
   }
   if (absl::Status s = r.Finish("checked copies reply"); !s.ok()) return s;
   return m;

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
+#include "drivers/storage_driver.h"  // SourceIdentity.
 #include "monarch/stats.h"
 
 namespace monarch::service {
@@ -185,11 +186,7 @@ struct CheckedCopiesRequest {
 };
 struct CheckedCopyStamp {
   uint32_t id = 0;
-  uint64_t device = 0;
-  uint64_t inode = 0;
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-  int64_t ctime_ns = 0;
+  SourceIdentity copy;  // The copy's inode (CopyState::Stamp), not the source's.
 };
 struct CheckedCopiesReply {
   std::vector<CheckedCopyStamp> copies;

@@ -139,8 +139,9 @@ bool WriteServiceSeeds(const std::string& dir) {
   good &= Write(dir + "/checked-copies",
                 Frame(MessageType::kCheckedCopies, Encode(CheckedCopiesRequest{{3, 4, 70000}})) +
                     Frame(MessageType::kCheckedCopiesReply,
-                          Encode(CheckedCopiesReply{{{3, 2049, 1234567, 1052672,
-                                                      1700000000000000000, 1700000000123456789}}})) +
+                          Encode(CheckedCopiesReply{{{3, SourceIdentity{2049, 1234567, 1052672,
+                                                                    1700000000000000000,
+                                                                    1700000000123456789}}}})) +
                     Frame(MessageType::kReadAhead, Encode(ReadAheadNotice{3, 8 << 20})));
   return good;
 }
