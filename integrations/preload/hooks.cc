@@ -172,10 +172,10 @@ ssize_t CopyOut(OpenFile& file, off64_t* in_offset, int out_fd, off64_t* out_off
 // a first mapping promotes the file like a first read. Larger ones map the
 // source file itself (MapSourceLazily), then whatever a posix or pmem tier
 // holds checked copies of from those copies (Monarch::MapCopies), so they
-// cost nothing until a page is touched. 8 MiB: below it a fill from the RAM tier costs at most a few
-// milliseconds and that much private memory per mapping; far above it,
-// filling costs the whole range in time and memory before the first byte is
-// read (bench/results/preload_mmap.md). The mapping of a file between is
+// cost nothing until a page is touched. 8 MiB: below it a fill from the RAM
+// tier costs at most a few milliseconds and that much private memory per
+// mapping; far above it, filling costs the whole range in time and memory
+// before the first byte is read (bench/results/preload_mmap.md). The mapping of a file between is
 // served either way; the limit is a bound on that cost, not a tuned point.
 constexpr uint64_t kFilledMappingBytes = 8 << 20;
 

@@ -459,7 +459,9 @@ class MonarchImpl final : public MonarchCore {
   absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
                                      uint64_t length, int protection, int flags) override {
     FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    if (entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    }
     return MapCopiesFound(*files_, entry, static_cast<char*>(mapping), offset, length, protection,
                           flags);
   }

@@ -207,7 +207,9 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
     void* at = os::Mmap(mapping + (from - offset), to - from, protection,
                         MAP_PRIVATE | MAP_FIXED | keep, (*copy)->get(),
                         static_cast<off_t>(from - base));
-    if (at == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mapping a copy of ", piece.name));
+    if (at == MAP_FAILED) {
+      return ErrnoToStatus(errno, absl::StrCat("mapping a copy of ", piece.name));
+    }
     mapped += to - from;
   }
   return mapped;

@@ -47,7 +47,9 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> FileTierDriver::OpenCheckedCopy(
     const FileRef& file, const SourceIdentity& checked) {
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopyFile(file));
   struct stat st;
-  if (os::Fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, "fstat " + tree_.PathOf(file.name));
+  if (os::Fstat(fd->get(), &st) != 0) {
+    return ErrnoToStatus(errno, "fstat " + tree_.PathOf(file.name));
+  }
   // A rename over it, a write or a truncation since the check: another
   // inode, or another ctime or size.
   if (!S_ISREG(st.st_mode) || SourceIdentity::Of(st) != checked) {

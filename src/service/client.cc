@@ -596,7 +596,8 @@ class ServiceClient final : public Monarch {
   // kCheckedCopies for `pieces`, in as many messages as they take. None is
   // checked while no service answers (or it answers nonsense).
   std::vector<std::optional<SourceIdentity>> AskCheckedCopies(
-      ProcessState& state, Session* session, const std::vector<std::optional<FileRef>>& pieces) const {
+      ProcessState& state, Session* session,
+      const std::vector<std::optional<FileRef>>& pieces) const {
     std::vector<std::optional<SourceIdentity>> checked(pieces.size());
     absl::StatusOr<std::unique_ptr<Channel>> channel = TakeChannel(state, session);
     if (!channel.ok() || *channel == nullptr) return checked;
@@ -604,7 +605,8 @@ class ServiceClient final : public Monarch {
     for (size_t first = 0; first < pieces.size(); first += kMaxCheckedCopiesPerMessage) {
       CheckedCopiesRequest request;
       index.clear();
-      for (size_t i = first; i < std::min(pieces.size(), first + kMaxCheckedCopiesPerMessage); ++i) {
+      const size_t last = std::min(pieces.size(), first + kMaxCheckedCopiesPerMessage);
+      for (size_t i = first; i < last; ++i) {
         request.ids.push_back(pieces[i]->id);
         index[pieces[i]->id] = i;
       }

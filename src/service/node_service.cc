@@ -360,8 +360,9 @@ void NodeService::Serve(Connection* c) {
         break;
       }
       case MessageType::kCheckedCopies:
-        status = c->counters() == nullptr ? absl::InvalidArgumentError("checked copies before hello")
-                                          : HandleCheckedCopies(c, *frame);
+        status = c->counters() == nullptr
+                     ? absl::InvalidArgumentError("checked copies before hello")
+                     : HandleCheckedCopies(c, *frame);
         break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();

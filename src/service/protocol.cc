@@ -368,7 +368,8 @@ absl::StatusOr<CheckedCopiesRequest> DecodeCheckedCopiesRequest(absl::string_vie
   m.ids = GetIds(r);
   if (absl::Status s = r.Finish("checked copies"); !s.ok()) return s;
   if (m.ids.size() > kMaxCheckedCopiesPerMessage) {
-    return absl::InvalidArgumentError("malformed checked copies message: more ids than a reply holds");
+    return absl::InvalidArgumentError(
+        "malformed checked copies message: more ids than a reply holds");
   }
   return m;
 }
