@@ -326,6 +326,16 @@ TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a cr
   expect_invalid(monarch_read(m, nullptr, buffer, sizeof(buffer), 0, &n, &error), "name");
   expect_invalid(monarch_read(m, name, nullptr, sizeof(buffer), 0, &n, &error), "buffer");
   CHECK(monarch_read(m, name, nullptr, 0, 0, &n, nullptr) == MONARCH_OK);  // n == 0: no buffer.
+  uint64_t copies_mapped = 7;
+  expect_invalid(monarch_map_copies(m, name, buffer, 0, 4096, 1, 2, nullptr, &error),
+                 "mapped_bytes");
+  expect_invalid(monarch_map_copies(m, name, nullptr, 0, 4096, 1, 2, &copies_mapped, &error), "mapping");
+  CHECK(copies_mapped == 0);
+  expect_invalid(monarch_map_copies(m, nullptr, buffer, 0, 4096, 1, 2, &copies_mapped, &error),
+                 "name");
+  // A RAM tier's copies are never mapped; an unknown name is NOT_FOUND.
+  CHECK(monarch_map_copies(m, "missing", buffer, 0, 4096, 1, 2, &copies_mapped, nullptr) ==
+        MONARCH_NOT_FOUND);
   uint64_t size = 0;
   int64_t mtime = 0;
   expect_invalid(monarch_file_size(m, name, nullptr, &error), "size");
