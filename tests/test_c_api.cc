@@ -329,11 +329,12 @@ TEST_CASE("C API: NULL arguments are INVALID_ARGUMENT with a message, never a cr
   uint64_t copies_mapped = 7;
   expect_invalid(monarch_map_copies(m, name, buffer, 0, 4096, 1, 2, nullptr, &error),
                  "mapped_bytes");
-  expect_invalid(monarch_map_copies(m, name, nullptr, 0, 4096, 1, 2, &copies_mapped, &error), "mapping");
+  expect_invalid(monarch_map_copies(m, name, nullptr, 0, 4096, 1, 2, &copies_mapped, &error),
+                 "mapping");
   CHECK(copies_mapped == 0);
   expect_invalid(monarch_map_copies(m, nullptr, buffer, 0, 4096, 1, 2, &copies_mapped, &error),
                  "name");
-  // A RAM tier's copies are never mapped; an unknown name is NOT_FOUND.
+  // A name outside the dataset: NOT_FOUND, nothing mapped.
   CHECK(monarch_map_copies(m, "missing", buffer, 0, 4096, 1, 2, &copies_mapped, nullptr) ==
         MONARCH_NOT_FOUND);
   uint64_t size = 0;
