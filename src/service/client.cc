@@ -619,7 +619,7 @@ class ServiceClient final : public Monarch {
               ? DecodeCheckedCopiesReply(reply->payload)
               : absl::StatusOr<CheckedCopiesReply>(absl::UnavailableError("no reply"));
       if (!got.ok()) {
-        // An older service, or one that died: the connection is not in step.
+        // An error reply, or a service that died: the connection is not in step.
         channel->reset();
         return std::vector<std::optional<SourceIdentity>>(pieces.size());
       }
