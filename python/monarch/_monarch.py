@@ -63,18 +63,21 @@ class _PyBuffer(ctypes.Structure):
                 ("internal", ctypes.c_void_p)]
 
 
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+
+
 def _address_of(obj):
     """The address of a buffer object's memory (held only for the call)."""
     view = _PyBuffer()
-    api = ctypes.pythonapi
-    api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-    api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
-    if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
+    if _get_buffer(obj, ctypes.byref(view), 0) != 0:
         raise BufferError("no buffer")
     try:
         return view.buf
     finally:
-        api.PyBuffer_Release(ctypes.byref(view))
+        _release_buffer(ctypes.byref(view))
 
 
 class Monarch:

@@ -24,6 +24,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
 #include "common/file_util.h"
@@ -227,11 +228,14 @@ class StorageDriver {
   // File tiers: the copy of `file` opened read-only to be mapped, if it is
   // still the inode stamped `checked` (what CheckedWhole() said, in this
   // process or in the node service); FailedPrecondition if it changed,
-  // NotFound if it is gone. Others: Unimplemented.
+  // NotFound if it is gone. Other tiers vouch for no copy, so nobody asks
+  // them; if asked, FailedPrecondition: their copies are not files to map
+  // (a RAM copy's memory is reused once it is evicted).
   virtual absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCheckedCopy(
       const FileRef& file, const SourceIdentity& checked) {
-    (void)file, (void)checked;
-    return absl::UnimplementedError("copies cannot be mapped");
+    (void)checked;
+    return absl::FailedPreconditionError(
+        absl::StrCat("only a posix or pmem tier's copies can be mapped, not ", file.name, "'s"));
   }
 
   // The source: what the file is now (fstat of the descriptor reads use).

@@ -524,9 +524,24 @@ class ServiceClient final : public Monarch {
       return client_.Miss(state_, session_, *file, dst, n, offset);
     }
     // The service's word: it checked the copies (this process has not).
+    // Asked only of the pieces in a posix or pmem tier: no other is mapped.
     std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
-                                                             const std::vector<int>&) {
-      return client_.AskCheckedCopies(state_, session_, pieces);
+                                                             const std::vector<int>& tiers) {
+      std::vector<Handle> asked;
+      std::vector<size_t> where;  // Each asked piece's index in `pieces`.
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const auto kind = static_cast<TierKind>(session_->reply.tiers[tiers[i]].kind);
+        if (kind == TierKind::kPosix || kind == TierKind::kPmem) {
+          asked.push_back(pieces[i]);
+          where.push_back(i);
+        }
+      }
+      std::vector<std::optional<SourceIdentity>> checked(pieces.size());
+      if (asked.empty()) return checked;
+      std::vector<std::optional<SourceIdentity>> answers =
+          client_.AskCheckedCopies(state_, session_, asked);
+      for (size_t j = 0; j < where.size(); ++j) checked[where[j]] = answers[j];
+      return checked;
     }
 
    private:
