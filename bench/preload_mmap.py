@@ -16,6 +16,8 @@ Arms: `plain` (no preload), `monarch` (the preload of --build, a node
 service with a RAM tier larger than the file), `copies` (the same preload,
 a node service whose posix tier holds the whole file, staged by extents
 before the runs and checked: the mappings map those copies in place),
+`ram` (the same, with the file staged into the service's RAM tier: the
+mappings map the tier's own memory),
 `local` (no preload, the emulator's backing file itself, on the local disk:
 what the kernel does for a mapping of a local file, which the copies are),
 and with --old-preload an earlier build of the library (`old`), to show
@@ -27,7 +29,8 @@ exit), the resident memory each process gained (VmRSS after its reads
 minus before the mapping), the node's memory for the file once every
 process has read (the sum of the processes' Pss of their mapping of it,
 so shared pages count once, plus the copies in the node service's RAM
-tier), and the bytes the emulator served. Ratios: time against plain;
+tier; the parts of the mappings that are those copies count once, as the
+copies), and the bytes the emulator served. Ratios: time against plain;
 node memory against one copy of the pages the processes touched (target
 <= 1.1) and against the file.
 
@@ -53,14 +56,20 @@ REPO = os.path.dirname(HERE)
 PAGE = 4096
 MIB = 1048576.0
 
-# Under the preload: how many of the process's mappings are of the tier's
-# copies once it mapped the file (a copy not checked yet is not mapped, and
-# asking queues it to be checked).
+# Under the preload: how many bytes of the process's mappings are of the
+# tier's copies (paths holding argv[2]) once it mapped the file (a file
+# tier's copy not checked yet is not mapped, and asking queues it to be
+# checked).
 PROBE = r"""
 import mmap, os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY)
 m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
-print(sum(1 for line in open("/proc/self/maps") if sys.argv[2] + "/" in line))
+total = 0
+for line in open("/proc/self/maps"):
+    if sys.argv[2] in line:
+        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+        total += end - start
+print(total)
 """
 
 # Each process: map, read its pages, report, then wait for the driver to
@@ -75,13 +84,15 @@ def rss():
             return int(line.split()[1])
 def mapping_memory(address, length):
     # Rss and Pss (KiB) of the mappings in [address, address + length): one,
-    # or one per tier copy mapped in place of the source's pages.
+    # or one per tier copy mapped in place of the source's pages. The RAM
+    # tier's memory is not counted: it is the tier's copies, counted apart.
     inside, out = False, {}
     for line in open("/proc/self/smaps"):
         head = line.split()
         if "-" in head[0] and ":" not in head[0]:
             start, end = (int(x, 16) for x in head[0].split("-"))
-            inside = start < address + length and address < end
+            inside = (start < address + length and address < end and
+                      "/memfd:monarch-ram" not in line)
         elif inside and head[0] in ("Rss:", "Pss:"):
             out[head[0]] = out.get(head[0], 0) + int(head[1])
     return out.get("Rss:", 0), out.get("Pss:", 0)
@@ -134,23 +145,25 @@ def tier_copies_bytes(a, config):
     return sum(t["bytes_used"] for t in tiers if t["kind"] == "ram")
 
 
-def stage_copies(a, env, config, path, tier, extents):
-    """Stages the file into the posix tier of `config`'s running service,
-    then maps it until every extent's copy is checked and mapped."""
+def stage_copies(a, env, config, path, marker, length):
+    """Stages the file into the fastest tier of `config`'s running service,
+    then maps it until `length` bytes are mapped from copies (paths holding
+    `marker`): every extent's copy checked and mapped."""
     r = subprocess.run([os.path.join(a.build, "monarch"), "stage", "--config", config],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("monarch stage failed: " + r.stderr)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        r = subprocess.run([a.python, "-c", PROBE, path, tier], env=env, capture_output=True,
-                           text=True)
+        r = subprocess.run([a.python, "-c", PROBE, path, marker], env=env,
+                           capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit("the probe failed: " + r.stderr)
-        if int(r.stdout) == extents:
+        if int(r.stdout) == length:
             return
         time.sleep(1)
-    sys.exit("the copies were not all mapped after 600 s: %s of %d" % (r.stdout.strip(), extents))
+    sys.exit("the copies were not all mapped after 600 s: %s of %d bytes" % (
+        r.stdout.strip(), length))
 
 
 def run_case(a, env, path, procs, pages, config):
@@ -229,16 +242,23 @@ def main():
     with open(copies_config, "w") as f:
         f.write(job % (pfs.mount, "{kind: posix, path: %s, capacity: %dGiB}" % (nvme, a.gib + 1),
                        copies_runtime))
+    ram_runtime = os.path.join(a.work, "rt-ram")
+    shutil.rmtree(ram_runtime, ignore_errors=True)
+    ram_config = os.path.join(a.work, "ram.yaml")
+    with open(ram_config, "w") as f:
+        f.write(job % (pfs.mount, "{kind: ram, capacity: %dGiB}" % (a.gib + 1), ram_runtime))
     plain = dict(os.environ, OMP_NUM_THREADS="1")
     plain.pop("LD_PRELOAD", None)
     # (arm, environment, its service's config, whether each run starts a
     # fresh service: the RAM tier's arms do, as a new job; the copies' keeps
     # one, whose checked copies are what it measures).
     copies_env = dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=copies_config)
+    ram_env = dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=ram_config)
     local = os.path.join(backing, "big.bin")
     arms = [("plain", plain, None, False, path),
             ("monarch", dict(plain, LD_PRELOAD=preload, MONARCH_CONFIG=config), config, True, path),
             ("copies", copies_env, copies_config, False, path),
+            ("ram", ram_env, ram_config, False, path),
             ("local", plain, None, False, local)]
     if a.old_preload:
         arms.append(("old", dict(plain, LD_PRELOAD=os.path.abspath(a.old_preload),
@@ -248,8 +268,12 @@ def main():
     kept_log = os.path.join(a.work, "copies-service")
     os.makedirs(kept_log, exist_ok=True)
     kept = start_service(a, copies_config, kept_log)
+    ram_log = os.path.join(a.work, "ram-service")
+    os.makedirs(ram_log, exist_ok=True)
+    kept_ram = start_service(a, ram_config, ram_log)
     try:
-        stage_copies(a, copies_env, copies_config, path, nvme, (a.gib << 30) // (4 << 20))
+        stage_copies(a, copies_env, copies_config, path, nvme + "/", a.gib << 30)
+        stage_copies(a, ram_env, ram_config, path, "/memfd:monarch-ram", a.gib << 30)
         for rep in range(a.repeat):
             order = arms[rep % len(arms):] + arms[:rep % len(arms)]
             for case, procs, pages in cases:
@@ -274,6 +298,7 @@ def main():
                         sys.exit("%s: %s read other bytes than plain" % (case, arm))
     finally:
         stop_service(a, copies_config, *kept)
+        stop_service(a, ram_config, *kept_ram)
         pfs.stop()
 
     rows = []

@@ -7,8 +7,10 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <sys/vfs.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/handle_cache.h"
+#include "common/process_mappings.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
@@ -595,6 +598,137 @@ TEST_CASE("RAM reader: copies are read without mapping them until the process re
     for (uint32_t i = 0; i < kFiles; ++i) read_file(*reader, i);
     CHECK(env.injected(testing::FaultInjectingEnv::Op::kRead) >= kFiles * (kSize / (4096 + 17)));
   }
+}
+
+TEST_CASE("process mappings: lines of /proc/<pid>/maps, private mappings of the files named only") {
+  const std::vector<MappedFileKey> files{{makedev(0, 1), 4242}};
+  MappedFileRange range;
+  REQUIRE(ParsePrivateMapping("7f0000001000-7f0000003000 r--p 00200000 00:01 4242   "
+                              "/memfd:monarch-ram:ram (deleted)",
+                              files, &range));
+  CHECK(range.begin == 0x200000);
+  CHECK(range.end == 0x202000);
+  // Shared, another inode, another device, or garbage: not reported.
+  CHECK_FALSE(ParsePrivateMapping("7f0000001000-7f0000003000 r--s 00200000 00:01 4242 /x",
+                                  files, &range));
+  CHECK_FALSE(ParsePrivateMapping("7f0000001000-7f0000003000 r--p 00200000 00:01 4243 /x",
+                                  files, &range));
+  CHECK_FALSE(ParsePrivateMapping("7f0000001000-7f0000003000 r--p 00200000 08:01 4242 /x",
+                                  files, &range));
+  CHECK_FALSE(ParsePrivateMapping("7f0000001000 r--p zz 00:01 4242", files, &range));
+  CHECK_FALSE(ParsePrivateMapping("", files, &range));
+}
+
+TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, until no process "
+          "maps it, a forked child included") {
+  constexpr uint64_t kSize = (2 << 20) + 100;  // 1 MiB or more: it starts on a page.
+  constexpr uint64_t kPages = (2 << 20);       // Its whole pages.
+  constexpr uint32_t kFiles = 16;
+  std::unique_ptr<StorageDriver> ram = MustRam(64 << 20, kFiles);
+  const testing::TestFile a{"a.bin", 1, kSize};
+  const FileRef a_ref = Ref(0, a.name, a.size);
+  REQUIRE(Store(*ram, a_ref, a.seed).ok());
+  const FileRef small = Ref(1, "small.bin", 300000);
+  REQUIRE(Store(*ram, small, 2).ok());
+  CHECK_FALSE(ram->CheckedWhole(small));  // Under 1 MiB: never mapped in place.
+  CHECK_FALSE(ram->MayBeMapped(a_ref));
+
+  // A client maps the copy where it lies, through its RAM reader, and only
+  // then asks the tier, as MapCopies does.
+  std::unique_ptr<StorageDriver> reader = ReaderOf(*ram, kFiles, /*map_from_start=*/false);
+  const SourceIdentity stamp = SourceIdentity::Of(a_ref);
+  CHECK(absl::IsFailedPrecondition(reader->OpenCheckedCopy(a_ref, &stamp).status()));
+  absl::StatusOr<StorageDriver::MappableCopy> copy = reader->OpenCheckedCopy(a_ref, nullptr);
+  REQUIRE_MESSAGE(copy.ok(), copy.status().ToString());
+  CHECK(copy->offset % 4096 == 0);
+  char* mapped = static_cast<char*>(::mmap(nullptr, kPages, PROT_READ, MAP_PRIVATE, copy->fd,
+                                           static_cast<off_t>(copy->offset)));
+  REQUIRE(mapped != MAP_FAILED);
+  REQUIRE(ram->CheckedWhole(a_ref));  // What the service answers a client's kCheckedCopies.
+  CHECK(ram->MayBeMapped(a_ref));
+  CHECK(reader->StillCopyOf(a_ref, *copy));
+  CHECK(testing::BytesMatch(a, mapped, 0, kPages));
+  struct stat st;
+  REQUIRE(::fstat(copy->fd, &st) == 0);
+  absl::StatusOr<std::vector<MappedFileRange>> found =
+      FindPrivateMappings({{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)}},
+                          BootTimeNanos());
+  REQUIRE_MESSAGE(found.ok(), found.status().ToString());
+  REQUIRE(found->size() == 1);  // This process's; the readers' own mappings are shared.
+  CHECK((*found)[0].begin == copy->offset);
+  CHECK((*found)[0].end == copy->offset + kPages);
+
+  REQUIRE(ram->Remove(a_ref).ok());
+  // A mapping made from here on is refused by its maker.
+  CHECK_FALSE(reader->StillCopyOf(a_ref, *copy));
+  CHECK(ram->HeldBytes() == kSize);
+  // New copies, one in every stripe at least, never take its memory.
+  for (uint32_t id = 2; id < kFiles; ++id) {
+    REQUIRE(Store(*ram, Ref(id, absl::StrCat("f", id), kSize), id + 1).ok());
+  }
+  CHECK(testing::BytesMatch(a, mapped, 0, kPages));
+  CHECK(ram->ReleaseUnmapped() == 0);  // Mapped here.
+  CHECK(ram->HeldBytes() == kSize);
+
+  // A child forked now maps it too; the parent unmaps.
+  int to_child[2], from_child[2];
+  REQUIRE(::pipe(to_child) == 0);
+  REQUIRE(::pipe(from_child) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char go;
+    if (::read(to_child[0], &go, 1) != 1) ::_exit(2);
+    const char verdict = testing::BytesMatch(a, mapped, 0, kPages) ? 'y' : 'n';
+    if (::write(from_child[1], &verdict, 1) != 1) ::_exit(2);
+    if (::read(to_child[0], &go, 1) != 1) ::_exit(2);
+    ::_exit(0);
+  }
+  ::munmap(mapped, kPages);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // One walk a second.
+  CHECK(ram->ReleaseUnmapped() == 0);
+  CHECK(ram->HeldBytes() == kSize);
+  // More copies meanwhile: the child still reads a's bytes.
+  REQUIRE(ram->Remove(Ref(5, "f5", kSize)).ok());  // Never asked about: freed at once.
+  REQUIRE(Store(*ram, Ref(5, "f5", kSize), 6).ok());
+  char verdict = 0;
+  REQUIRE(::write(to_child[1], "g", 1) == 1);
+  REQUIRE(::read(from_child[0], &verdict, 1) == 1);
+  CHECK(verdict == 'y');
+  REQUIRE(::write(to_child[1], "g", 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
+  CHECK(ram->HeldBytes() == kSize);
+  CHECK(ram->ReleaseUnmapped() == 0);  // Within a second of the last walk: none.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CHECK(ram->ReleaseUnmapped() == kSize);  // Nobody maps it: freed.
+  CHECK(ram->HeldBytes() == 0);
+  CHECK_FALSE(ram->MayBeMapped(a_ref));  // No copy of it, and nobody asked again.
+
+  // A copy mapped and asked about, then unmapped: once a walk finds nobody
+  // mapping it, eviction may take it again, and its removal frees it.
+  const FileRef b_ref = Ref(2, "f2", kSize);
+  absl::StatusOr<StorageDriver::MappableCopy> b = reader->OpenCheckedCopy(b_ref, nullptr);
+  REQUIRE(b.ok());
+  void* b_mapped = ::mmap(nullptr, kPages, PROT_READ, MAP_PRIVATE, b->fd,
+                          static_cast<off_t>(b->offset));
+  REQUIRE(b_mapped != MAP_FAILED);
+  REQUIRE(ram->CheckedWhole(b_ref));
+  ::munmap(b_mapped, kPages);
+  CHECK(ram->MayBeMapped(b_ref));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CHECK(ram->ReleaseUnmapped() == 0);  // Nothing held; the walk only unmarks b.
+  CHECK_FALSE(ram->MayBeMapped(b_ref));
+  REQUIRE(ram->Remove(b_ref).ok());
+  CHECK(ram->HeldBytes() == 0);
+  // A copy under 1 MiB starts on a page only by chance, and opens only then.
+  absl::StatusOr<StorageDriver::MappableCopy> small_copy =
+      reader->OpenCheckedCopy(small, nullptr);
+  CHECK((small_copy.ok() ? small_copy->offset % 4096 == 0
+                         : absl::IsFailedPrecondition(small_copy.status())));
+  CHECK(absl::IsNotFound(reader->OpenCheckedCopy(a_ref, nullptr).status()));
 }
 
 TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read back") {

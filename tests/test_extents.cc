@@ -447,13 +447,62 @@ TEST_CASE("mapping: pages of checked copies in a file tier are mapped from them,
     m->WaitForPlacement();
     CHECK(SourceMapping(big_source, big.size).MapCopies(*m, big.name) == 0);
   }
-  // A RAM tier's memory is reused once a copy is evicted: never mapped.
-  auto m = MustCreate(ExtentConfig(ds, {testing::RamTier(64 * kMiB)}));
+}
+
+TEST_CASE("mapping: RAM copies are mapped where they lie, eviction passes over them while they "
+          "are mapped, and takes them again once they are not") {
+  using testing::MappedAt;
+  using testing::SourceMapping;
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const TestFile big{"big.bin", 5, 12 * kMiB + 100000};
+  const TestFile other{"other.bin", 7, 12 * kMiB};
+  const std::string big_source = ds + "/" + big.name;
+  testing::WriteFile(big_source, big.seed, big.size);
+  testing::WriteFile(ds + "/" + other.name, other.seed, other.size);
+  // Room for one of the two files, and eviction to make room.
+  Config config = ExtentConfig(ds, {testing::RamTier(16 * kMiB)});
+  config.placement.policy = PlacementPolicyKind::kLru;
+  auto m = MustCreate(config);
   ReadWholeAndCheck(*m, big);
   m->WaitForPlacement();
-  SourceMapping map(big_source, big.size);
-  CHECK(map.MapCopies(*m, big.name) == 0);
-  CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+  {
+    SourceMapping map(big_source, big.size);
+    // The 12 extents of 1 MiB start on a page; the last, 100,000 bytes,
+    // only by chance (copies under 1 MiB are aligned to 64 bytes).
+    const uint64_t mapped = map.MapCopies(*m, big.name);
+    CHECK(mapped >= 12 * kMiB);
+    CHECK(mapped <= 12 * kMiB + 24 * 4096);
+    CHECK(absl::StartsWith(MappedAt(map.data()), "/memfd:monarch-ram:"));
+    CHECK(absl::StartsWith(MappedAt(map.data() + 12 * kMiB - 1), "/memfd:monarch-ram:"));
+    CHECK(MappedAt(map.data() + big.size - 1) == big_source);  // The last, partial page.
+    CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+    const char* tail = map.data() + big.size;
+    CHECK(std::all_of(tail, tail + (4096 - big.size % 4096), [](char c) { return c == 0; }));
+
+    // other.bin wants big's room: the mapped extents are passed over, and
+    // other's extents that find no room are read from the source.
+    ReadWholeAndCheck(*m, other);
+    m->WaitForPlacement();
+    CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+    CHECK(m->GetStats().Tier(0, "held_bytes") == 0);
+    CHECK(m->GetStats().Tier(0, "bytes_used") <= 16 * kMiB);
+    // The mapped extents are still in the tier; only the last one, which
+    // is not mapped, may have made room.
+    const uint64_t source_before = m->GetStats().Source("bytes_read");
+    ReadWholeAndCheck(*m, big);
+    CHECK(m->GetStats().Source("bytes_read") - source_before <= big.size - 12 * kMiB);
+  }
+  // Unmapped. The next walk of the mappings (at most one a second) finds
+  // nobody mapping big's extents, and eviction takes them for other's.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ReadWholeAndCheck(*m, other);
+  m->WaitForPlacement();
+  const uint64_t source_before = m->GetStats().Source("bytes_read");
+  ReadWholeAndCheck(*m, other);
+  CHECK(m->GetStats().Source("bytes_read") - source_before < other.size / 2);
+  CHECK(m->GetStats().Tier(0, "held_bytes") == 0);
+  CHECK(m->GetStats().Tier(0, "bytes_used") <= 16 * kMiB);
 }
 
 TEST_CASE("placement.extent_bytes: refused unless a multiple of 4KiB, naming the key") {

@@ -290,6 +290,47 @@ TEST_CASE("service: a client maps the copies the service checked, extents and wh
   CHECK(testing::BytesMatch(whole, map.data(), 0, whole.size));
 }
 
+TEST_CASE("service: a client maps the service's RAM copies where they lie, extents and whole "
+          "files, bytes exact") {
+  using testing::MappedAt;
+  using testing::SourceMapping;
+  ScratchDir dir;
+  const std::string data = dir.Sub("data");
+  const TestFile big{"shards/big.bin", 46, 6 * (1 << 20) + 5000};
+  const TestFile whole{"whole.bin", 47, 2 * (1 << 20) + 1};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
+  Config config = SharedConfig(data, {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  config.placement.extent_bytes = 1 << 20;
+  config.placement.extent_threshold = 4 << 20;
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  std::vector<char> page(4096);
+  for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
+    REQUIRE(*(*client)->Read(big.name, page.data(), page.size(), at) == page.size());
+  }
+  REQUIRE(*(*client)->Read(whole.name, page.data(), page.size(), 0) == page.size());
+  (*client)->WaitForPlacement();
+  {
+    SourceMapping map(data + "/" + big.name, big.size);
+    CHECK(map.MapCopies(**client, big.name) == 2 << 20);
+    CHECK(absl::StartsWith(MappedAt(map.data() + (1 << 20)), "/memfd:monarch-ram:"));
+    CHECK(absl::StartsWith(MappedAt(map.data() + (5 << 20) - 1), "/memfd:monarch-ram:"));
+    CHECK(MappedAt(map.data()) == data + "/" + big.name);
+    CHECK(testing::BytesMatch(big, map.data(), 0, big.size));
+  }
+  SourceMapping map(data + "/" + whole.name, whole.size);
+  CHECK(map.MapCopies(**client, whole.name) == 2 << 20);  // All but the last page, of 1 byte.
+  CHECK(absl::StartsWith(MappedAt(map.data()), "/memfd:monarch-ram:"));
+  // The service gone: its memory stays mapped, and exact.
+  client->reset();
+  node->reset();
+  CHECK(testing::BytesMatch(whole, map.data(), 0, whole.size));
+}
+
 // Page faults taken reading every file whole through `monarch`, bytes checked.
 uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) {
   std::string buffer(files.front().size, '\1');  // Touched before the reads.

@@ -63,14 +63,17 @@ class Monarch {
   // `mapping` is the caller's private mapping of bytes [offset, offset +
   // length) of `name`, made lazily from the source file (mmap of it with
   // MAP_PRIVATE), page-aligned, that nobody has written to yet. Each whole
-  // page of it that a posix or pmem tier holds a checked copy of is mapped
+  // page of it that a tier holds a copy of that may be mapped is mapped
   // again at the same address from that copy, with `protection` (and
   // MAP_NORESERVE, MAP_LOCKED, MAP_POPULATE if `flags` has them), so that
   // touching it reads the node's copy instead of the source. Returns the
-  // bytes so mapped; the rest stays on the source. Only copies checked
-  // whole are mapped, since a page fault checks nothing: one not checked
-  // yet is queued to be, for a later mapping. An error leaves parts of the
-  // range remapped, or unmapped: the caller must unmap all of it.
+  // bytes so mapped; the rest stays on the source. A posix or pmem copy is
+  // mapped once checked whole, since a page fault checks nothing: one not
+  // checked yet is queued to be, for a later mapping. A RAM copy of 1 MiB
+  // or more is mapped as the tier's own memory, which the tier then holds
+  // until no process maps it, even once the copy is removed. An error
+  // leaves parts of the range remapped, or unmapped: the caller must unmap
+  // all of it.
   virtual absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping,
                                              uint64_t offset, uint64_t length, int protection,
                                              int flags) = 0;

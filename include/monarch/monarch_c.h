@@ -63,8 +63,9 @@ monarch_code monarch_read(monarch_t* m, const char* name, void* buffer, size_t n
 
 /* Monarch::MapCopies: in `mapping`, the caller's private mapping of bytes
  * [offset, offset + length) of `name` made from the source file, not yet
- * written to, maps each whole page a posix or pmem tier holds a checked
- * copy of from that copy instead (mmap `protection` and `flags`, of which
+ * written to, maps each whole page a tier holds a copy of that may be
+ * mapped (a posix or pmem copy checked whole, a RAM copy of 1 MiB or more)
+ * from that copy instead (mmap `protection` and `flags`, of which
  * MAP_NORESERVE, MAP_LOCKED and MAP_POPULATE are kept). *mapped_bytes: how
  * many. On an error the caller must unmap the whole range. */
 monarch_code monarch_map_copies(monarch_t* m, const char* name, void* mapping, uint64_t offset,

@@ -170,8 +170,8 @@ ssize_t CopyOut(OpenFile& file, off64_t* in_offset, int out_fd, off64_t* out_off
 // Mappings of at most this many of the file's bytes are filled at once
 // through Monarch, as a read would be: the bytes come from a tier copy, and
 // a first mapping promotes the file like a first read. Larger ones map the
-// source file itself (MapSourceLazily), then whatever a posix or pmem tier
-// holds checked copies of from those copies (Monarch::MapCopies), so they
+// source file itself (MapSourceLazily), then whatever a tier holds copies
+// of that may be mapped from those copies (Monarch::MapCopies), so they
 // cost nothing until a page is touched. 8 MiB: below it a fill from the RAM
 // tier costs at most a few milliseconds and that much private memory per
 // mapping; far above it, filling costs the whole range in time and memory

@@ -347,7 +347,7 @@ class Monarch:
         maps the source file itself, which reads nothing until a page is
         touched: pages come from the source through the kernel's page cache,
         shared by every process of the node that maps it, except the pages a
-        posix or pmem tier holds a checked copy of, which are mapped from that
+        RAM, posix or pmem tier holds a copy of, which are mapped from that
         copy (Monarch::MapCopies in the C++ API). A smaller file is
         read at once through Monarch into private memory, like read(). Empty
         files raise ValueError, as mmap.mmap does. The transparent mode maps

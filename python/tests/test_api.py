@@ -210,6 +210,32 @@ def test_mmap_maps_the_checked_copies_of_a_posix_tier(tmp_path):
         lazy.close()
 
 
+def test_mmap_maps_a_ram_tiers_copies_as_its_own_memory(tmp_path):
+    root = tmp_path / "ds"
+    root.mkdir()
+    rng = np.random.default_rng(32)
+    big = rng.integers(0, 256, (12 << 20) + 123, dtype=np.uint8).tobytes()
+    (root / "big.bin").write_bytes(big)
+    config = ("dataset: {path: %s}\n"
+              "tiers:\n  - {kind: ram, capacity: 64MiB}\n  - {kind: source}\n"
+              "placement: {extent_bytes: 1MiB, extent_threshold: 4MiB, cached_source: promote}\n"
+              % root)
+    with monarch.Monarch(config) as m:
+        assert m.read("big.bin") == big
+        m.wait_for_placement()
+        lazy = m.mmap("big.bin")
+        maps = [line for line in open("/proc/self/maps").read().splitlines()
+                if "/memfd:monarch-ram" in line and line.split()[1] == "r--p"]
+        mapped = sum(int(end, 16) - int(start, 16)
+                     for start, end in (line.split()[0].split("-") for line in maps))
+        # The 12 extents of 1 MiB, mapped from the tier's memory; the last,
+        # of 123 bytes, is less than a page and stays on the source.
+        assert mapped == 12 << 20
+        assert lazy[:] == big
+        assert m.stats()["tiers"][-1]["bytes_read"] == len(big)  # Read once, to copy.
+        lazy.close()
+
+
 def test_stage_with_progress(m, dataset):
     out = io.StringIO()  # not a terminal: a line per 10%, then a summary
     result = m.stage(["*.bin", "sub"], file=out)

@@ -119,6 +119,12 @@ int RawMunmap(void* address, size_t length) {
   return static_cast<int>(::syscall(SYS_munmap, address, length));
 }
 
+void* RawMremap(void* address, size_t length, size_t new_length, int flags, void* new_address) {
+  if (MONARCH_OS_VIA_LIBC) return ::mremap(address, length, new_length, flags, new_address);
+  return reinterpret_cast<void*>(
+      ::syscall(SYS_mremap, address, length, new_length, flags, new_address));
+}
+
 int RawFtruncate(int fd, off_t length) {
   if (MONARCH_OS_VIA_LIBC) return ::ftruncate(fd, length);
   return static_cast<int>(::syscall(SYS_ftruncate, fd, length));
@@ -211,6 +217,9 @@ void* Env::Mmap(void* address, size_t length, int protection, int flags, int fd,
   return RawMmap(address, length, protection, flags, fd, offset);
 }
 int Env::Munmap(void* address, size_t length) { return RawMunmap(address, length); }
+void* Env::Mremap(void* address, size_t length, size_t new_length, int flags, void* new_address) {
+  return RawMremap(address, length, new_length, flags, new_address);
+}
 int Env::Ftruncate(int fd, off_t length) { return RawFtruncate(fd, length); }
 int Env::Fallocate(int fd, int mode, off_t offset, off_t length) {
   return RawFallocate(fd, mode, offset, length);
@@ -290,6 +299,9 @@ void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_
 }
 int Munmap(void* address, size_t length) {
   MONARCH_OS_DISPATCH(Munmap, RawMunmap, address, length);
+}
+void* Mremap(void* address, size_t length, size_t new_length, int flags, void* new_address) {
+  MONARCH_OS_DISPATCH(Mremap, RawMremap, address, length, new_length, flags, new_address);
 }
 int Ftruncate(int fd, off_t length) { MONARCH_OS_DISPATCH(Ftruncate, RawFtruncate, fd, length); }
 int Fallocate(int fd, int mode, off_t offset, off_t length) {

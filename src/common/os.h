@@ -84,6 +84,8 @@ class Env {
   virtual void* Mmap(void* address, size_t length, int protection, int flags, int fd,
                      off_t offset);
   virtual int Munmap(void* address, size_t length);
+  virtual void* Mremap(void* address, size_t length, size_t new_length, int flags,
+                       void* new_address);
   virtual int Ftruncate(int fd, off_t length);
   virtual int Fallocate(int fd, int mode, off_t offset, off_t length);
   // posix_fallocate's contract: returns 0 or an error number, errno unset;
@@ -148,6 +150,8 @@ int Lstat(const char* path, struct stat* st);  // Does not.
 int FstatAt(int dir_fd, const char* path, struct stat* st, int flags);
 void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset);
 int Munmap(void* address, size_t length);
+// mremap(2) with a new address (flags MREMAP_MAYMOVE | MREMAP_FIXED), or none.
+void* Mremap(void* address, size_t length, size_t new_length, int flags, void* new_address);
 int Ftruncate(int fd, off_t length);
 int Fallocate(int fd, int mode, off_t offset, off_t length);
 int PosixFallocate(int fd, off_t offset, off_t length);  // 0 or an error number.

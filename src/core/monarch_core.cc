@@ -197,6 +197,7 @@ class LocalFiles {
     for (const auto& tier : *tiers) {
       const TierKind kind = tier->config().kind;
       file_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem);
+      mappable_tier_.push_back(file_tier_.back() || kind == TierKind::kRam);
     }
   }
 
@@ -276,7 +277,7 @@ class LocalFiles {
                                                            const std::vector<int>& tiers) {
     std::vector<std::optional<SourceIdentity>> checked(pieces.size());
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (tiers[i] >= 0 && tiers[i] < source_index_ && file_tier_[tiers[i]]) {
+      if (tiers[i] >= 0 && tiers[i] < source_index_ && mappable_tier_[tiers[i]]) {
         checked[i] = tiers_[tiers[i]]->driver().CheckedWhole(pieces[i]->ref);
       }
     }
@@ -348,6 +349,7 @@ class LocalFiles {
   Prefetcher* const prefetcher_;
   ReadSpeeds* const speeds_;
   std::vector<bool> file_tier_;  // By tier index: posix or pmem.
+  std::vector<bool> mappable_tier_;  // By tier index: posix, pmem or RAM (MapCopiesFound).
   const bool pins_;
 };
 

@@ -131,21 +131,29 @@ absl::StatusOr<size_t> ReadNamed(Files& files, absl::string_view name, char* dst
 // Monarch::MapCopies on a file already found. `mapping` is a private
 // mapping of [offset, offset + length) of the file (the source's, mapped
 // lazily) that nobody has written to yet; every whole page of it that a
-// file tier holds a checked copy of is mapped again, at the same address,
-// from that copy: privately, with `protection` and the flags of `flags`
-// that say how to map rather than what (MAP_NORESERVE, MAP_LOCKED,
-// MAP_POPULATE). Pages are then read from the copy when touched, through
-// the page cache, which every process of the node mapping the same copy
-// shares. What no such copy holds stays as it was: a RAM copy (its memory
-// is reused once it is evicted), a copy not checked whole yet, the part
-// of a last page past the end of a piece (a copy's trailer follows its
-// bytes, and a mapping must read zeros there).
+// tier holds a copy of that may be mapped is mapped again, at the same
+// address, from that copy: privately, with `protection` and the flags of
+// `flags` that say how to map rather than what (MAP_NORESERVE, MAP_LOCKED,
+// MAP_POPULATE). Pages are then read from the copy when touched, and every
+// process of the node mapping the same copy shares them: a file tier's
+// through the page cache, a RAM tier's as the tier's own memory. What no
+// such copy holds stays as it was: a copy not checked whole yet, a RAM copy
+// under 1 MiB (it does not start on a page), the part of a last page past
+// the end of a piece (a file copy's trailer, or the next RAM copy, follows
+// its bytes there, and a mapping must read zeros).
 //
 // Why only checked copies: a page fault reads the copy with no checksum
-// check, so a copy is mapped only if every one of its blocks was checked
-// and it is still that inode. From then on the mapping trusts it, as any
-// mapping trusts its file: a copy written in place after it was mapped (by
-// someone with write access to the tier's directory) would show through.
+// check, so a file tier's copy is mapped only if every one of its blocks
+// was checked and it is still that inode. From then on the mapping trusts
+// it, as any mapping trusts its file: a copy written in place after it was
+// mapped (by someone with write access to the tier's directory) would show
+// through. A RAM copy is sealed memory; its tier holds it, once removed,
+// until no process maps it (StorageDriver::HeldBytes).
+//
+// Each copy is mapped at a new address first and moved over the range
+// (mremap) only if its tier vouched for it and it is still the piece's
+// copy then (StorageDriver::StillCopyOf): a RAM copy removed before its
+// tier was asked may be reused, and that range stays as it was.
 //
 // Returns the bytes mapped from copies. An error leaves the range mapped
 // in part from copies, in part not, and perhaps a hole where a remapping
@@ -190,27 +198,77 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
     consider(file, 0);
   }
   if (pieces.empty()) return 0;
-  const std::vector<std::optional<SourceIdentity>> checked = files.CheckedCopies(pieces, tiers);
   const int keep = flags & (MAP_NORESERVE | MAP_LOCKED | MAP_POPULATE);
-  uint64_t mapped = 0;
-  for (size_t i = 0; i < pieces.size() && i < checked.size(); ++i) {
-    if (!checked[i]) continue;
+  // Each piece's mapping, made at an address of its own first.
+  struct Staged {
+    void* at = nullptr;
+    uint64_t from = 0, to = 0;  // The range of the file it maps.
+    StorageDriver::MappableCopy copy;
+  };
+  std::vector<Staged> staged(pieces.size());
+  // Unmaps what is still staged, on every way out.
+  auto unstage = [&staged] {
+    for (Staged& s : staged) {
+      if (s.at != nullptr) os::Munmap(s.at, s.to - s.from);
+      s.at = nullptr;
+    }
+  };
+  auto stage = [&](size_t i, const SourceIdentity* vouched) -> absl::Status {
     const FileRef& piece = files.Ref(pieces[i]);
     const uint64_t base = bases[i];
-    if (base % page != 0) continue;  // Extents of a size pages do not divide.
+    if (base % page != 0) return absl::OkStatus();  // Extents of a size pages do not divide.
     const uint64_t from = std::max(offset, base);
     const uint64_t to = std::min(base + piece.size / page * page, end / page * page);
-    if (to <= from) continue;
-    absl::StatusOr<std::shared_ptr<ScopedFd>> copy =
-        files.Reader(tiers[i])->OpenCheckedCopy(piece, *checked[i]);
-    if (!copy.ok()) continue;  // Changed or gone since: the range stays as it was.
-    void* at = os::Mmap(mapping + (from - offset), to - from, protection,
-                        MAP_PRIVATE | MAP_FIXED | keep, (*copy)->get(),
-                        static_cast<off_t>(from - base));
+    if (to <= from) return absl::OkStatus();
+    absl::StatusOr<StorageDriver::MappableCopy> copy =
+        files.Reader(tiers[i])->OpenCheckedCopy(piece, vouched);
+    if (!copy.ok()) return absl::OkStatus();  // Changed or gone: the range stays as it was.
+    void* at = os::Mmap(nullptr, to - from, protection, MAP_PRIVATE | keep, copy->fd,
+                        static_cast<off_t>(copy->offset + (from - base)));
     if (at == MAP_FAILED) {
       return ErrnoToStatus(errno, absl::StrCat("mapping a copy of ", piece.name));
     }
-    mapped += to - from;
+    staged[i] = Staged{at, from, to, *std::move(copy)};
+    return absl::OkStatus();
+  };
+  // A RAM copy is mapped before its tier is asked (it opens with no word
+  // yet), so that the mapping exists when the tier starts holding the copy
+  // for it: a walk of the mappings that starts later sees it. A file
+  // tier's copy is opened once its tier vouched for that inode.
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    absl::Status made = stage(i, nullptr);
+    if (!made.ok()) {
+      unstage();
+      return made;
+    }
+  }
+  const std::vector<std::optional<SourceIdentity>> checked = files.CheckedCopies(pieces, tiers);
+  uint64_t mapped = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const bool vouched = i < checked.size() && checked[i].has_value();
+    if (staged[i].at == nullptr && vouched) {
+      absl::Status made = stage(i, &*checked[i]);
+      if (!made.ok()) {
+        unstage();
+        return made;
+      }
+    }
+    Staged& s = staged[i];
+    if (s.at == nullptr) continue;
+    if (!vouched || !files.Reader(tiers[i])->StillCopyOf(files.Ref(pieces[i]), s.copy)) {
+      os::Munmap(s.at, s.to - s.from);
+      s.at = nullptr;
+      continue;
+    }
+    if (os::Mremap(s.at, s.to - s.from, s.to - s.from, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   mapping + (s.from - offset)) == MAP_FAILED) {
+      const int error = errno;
+      unstage();
+      return ErrnoToStatus(error, absl::StrCat("moving a mapping of a copy of ",
+                                               files.Ref(pieces[i]).name));
+    }
+    s.at = nullptr;  // Moved: the caller's now.
+    mapped += s.to - s.from;
   }
   return mapped;
 }

@@ -43,8 +43,11 @@ std::optional<SourceIdentity> FileTierDriver::CheckedWhole(const FileRef& file) 
   return copies_.CheckedWhole(file);
 }
 
-absl::StatusOr<std::shared_ptr<ScopedFd>> FileTierDriver::OpenCheckedCopy(
-    const FileRef& file, const SourceIdentity& checked) {
+absl::StatusOr<StorageDriver::MappableCopy> FileTierDriver::OpenCheckedCopy(
+    const FileRef& file, const SourceIdentity* checked) {
+  if (checked == nullptr) {
+    return absl::FailedPreconditionError("a file tier's copy is opened once the tier vouched for it");
+  }
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopyFile(file));
   struct stat st;
   if (os::Fstat(fd->get(), &st) != 0) {
@@ -52,11 +55,14 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> FileTierDriver::OpenCheckedCopy(
   }
   // A rename over it, a write or a truncation since the check: another
   // inode, or another ctime or size.
-  if (!S_ISREG(st.st_mode) || SourceIdentity::Of(st) != checked) {
+  if (!S_ISREG(st.st_mode) || SourceIdentity::Of(st) != *checked) {
     return absl::FailedPreconditionError(
         absl::StrCat("the copy ", tree_.PathOf(file.name), " changed since it was checked"));
   }
-  return fd;
+  MappableCopy copy;
+  copy.fd = fd->get();
+  copy.owner = std::move(fd);
+  return copy;
 }
 
 }  // namespace monarch

@@ -40,8 +40,8 @@ class FileTierDriver : public StorageDriver {
   void CopyAdopted(const FileRef& file) final;
   void WaitForBackgroundWork() final;
   std::optional<SourceIdentity> CheckedWhole(const FileRef& file) final;
-  absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCheckedCopy(const FileRef& file,
-                                                            const SourceIdentity& checked) final;
+  absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
+                                               const SourceIdentity* checked) final;
 
  protected:
   // Copies under `root`; at most `max_open` of them kept open between reads

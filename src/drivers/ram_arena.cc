@@ -118,8 +118,9 @@ RamArena::~RamArena() {
   }
 }
 
-absl::StatusOr<RamArena::Extent> RamArena::Allocate(uint64_t n) {
+absl::StatusOr<RamArena::Extent> RamArena::Allocate(uint64_t n, uint64_t alignment) {
   n = RoundUp(n, kAlign);
+  alignment = std::max(alignment, kAlign);
   const uint32_t index = next_stripe_.fetch_add(1, std::memory_order_relaxed) % stripes_.size();
   Stripe& stripe = *stripes_[index];
   uint64_t offset = 0;
@@ -127,19 +128,22 @@ absl::StatusOr<RamArena::Extent> RamArena::Allocate(uint64_t n) {
   {
     MutexLock lock(&stripe.mu);
     for (auto it = stripe.free.begin(); it != stripe.free.end(); ++it) {
-      if (it->second < n) continue;
-      offset = it->first;
-      const uint64_t rest = it->second - n;
+      const uint64_t begin = it->first, end = it->first + it->second;
+      offset = RoundUp(begin, alignment);
+      if (offset + n > end) continue;
+      // What the alignment skips stays free, before and after.
       stripe.free.erase(it);
-      if (rest > 0) stripe.free.emplace(offset + n, rest);
+      if (offset > begin) stripe.free.emplace(begin, offset - begin);
+      if (end > offset + n) stripe.free.emplace(offset + n, end - (offset + n));
       return Extent{index, offset};
     }
-    if (stripe.end + n > size_ || stripe.end + n < stripe.end) {
+    offset = RoundUp(stripe.end, alignment);
+    if (offset + n > size_ || offset + n < offset) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "RAM tier arena stripe full: ", n, " bytes wanted, ", size_ - stripe.end, " left"));
     }
-    offset = stripe.end;
-    stripe.end += n;
+    if (offset > stripe.end) stripe.free.emplace(stripe.end, offset - stripe.end);
+    stripe.end = offset + n;
     // Half the window used: the backer has work.
     wake_backer = back_ahead_per_stripe_ > 0 &&
                   stripe.end + back_ahead_per_stripe_ / 2 > stripe.backed;

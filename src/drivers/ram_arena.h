@@ -19,7 +19,8 @@
 // map, which is what a node-wide RAM tier needs.
 //
 // Space is handed out in extents aligned to 64 bytes (a cache line, so copies
-// never share one), first fit from freed extents, else from the stripe's end.
+// never share one), or to a page for copies that may be mapped in place,
+// first fit from freed extents, else from the stripe's end.
 // Freed pages stay allocated and are reused by later copies: giving them
 // back and taking them again would zero them twice. A write-sealed memfd
 // refuses hole punching anyway. A releasable arena (memory.watch: a RAM tier
@@ -97,9 +98,10 @@ class RamArena {
   RamArena(const RamArena&) = delete;
   RamArena& operator=(const RamArena&) = delete;
 
-  // An extent of at least `n` bytes (n > 0); ResourceExhausted if its
+  // An extent of at least `n` bytes (n > 0) whose offset is a multiple of
+  // `alignment` (a power of two; 64 at least); ResourceExhausted if its
   // stripe has no room left.
-  absl::StatusOr<Extent> Allocate(uint64_t n);
+  absl::StatusOr<Extent> Allocate(uint64_t n, uint64_t alignment = 64);
   // Returns an extent from Allocate(n) with the same `n`.
   void Free(Extent extent, uint64_t n);
 

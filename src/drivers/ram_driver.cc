@@ -15,12 +15,29 @@
 // The slots and the arena are memfds, so a node service's clients map both
 // read-only and read copies themselves (RamReader) with the same seqlock.
 //
+// Copies are mapped in place too (Monarch::MapCopies), privately, by a
+// process and by any child it forks. A mapping sees whatever the arena
+// holds at those offsets, so the memory of a copy that may be mapped must
+// not take another copy. A process maps a copy first, then asks the tier
+// (CheckedWhole), which marks the file as maybe mapped. A marked file's
+// copy is held once removed, counted against the capacity, and eviction
+// passes over it. A walk of every process's mappings (ReleaseUnmapped,
+// FindPrivateMappings) frees the held copies nobody maps, and unmarks the
+// files whose copy nobody maps. Every mapping of a copy existed before its
+// file was marked, so a walk that starts after the mark sees them all. A
+// mapper whose copy was removed before it asked finds the slot's sequence
+// moved (StillCopyOf) and drops its mapping: that memory may be reused.
+//
 // With peers, the driver also keeps each copy's per-4 KiB CRC32Cs, computed
 // as the copy is written: a home then sends a RAM copy to a peer with the
 // CRC of the range combined from them, without reading the bytes.
 
+#include <sys/prctl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -31,7 +48,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/crc32c.h"
+#include "common/log.h"
 #include "common/mutex.h"
+#include "common/os.h"
+#include "common/process_mappings.h"
 #include "common/status_macros.h"
 #include "common/shared_memory.h"
 #include "drivers/copy_integrity.h"
@@ -93,6 +113,66 @@ absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const Ra
                    });
 }
 
+// Copies of at least this many bytes start on a page, so that they can be
+// mapped in place: at most 4 KiB of 1 MiB (0.4%) is lost to the alignment.
+// Smaller files gain little from a mapping.
+constexpr uint64_t kMappableCopyBytes = 1 << 20;
+constexpr uint64_t kPageBytes = 4096;
+
+// StorageDriver::OpenCheckedCopy for the driver and for readers in other
+// processes: where the copy of `file` lies now, and its slot's sequence.
+absl::StatusOr<StorageDriver::MappableCopy> MappableCopyOf(const Slot* slots,
+                                                          uint32_t file_count,
+                                                          const RamArena& arena,
+                                                          const FileRef& file,
+                                                          const SourceIdentity* vouched) {
+  if (vouched != nullptr) {
+    // Mapped only after the tier was asked, the copy might have been held
+    // for the mappings that existed then, which did not include this one.
+    return absl::FailedPreconditionError("a RAM copy is mapped before its tier is asked");
+  }
+  if (file.id >= file_count) return absl::NotFoundError("no RAM copy");
+  const Slot& slot = slots[file.id];
+  const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
+  const uint64_t location = slot.location.load(std::memory_order_acquire);
+  if ((sequence & 1) != 0 || location == 0) return absl::NotFoundError("no RAM copy");
+  const RamArena::Extent extent = Unpack(location);
+  if (static_cast<int>(extent.stripe) >= arena.stripe_count() ||
+      extent.offset > arena.stripe_bytes() || file.size > arena.stripe_bytes() - extent.offset) {
+    return absl::DataLossError("RAM copy location out of the arena");
+  }
+  if (extent.offset % kPageBytes != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the RAM copy of ", file.name, " does not start on a page"));
+  }
+  // The tier learns who maps its memory from /proc/<pid>/maps, which a
+  // process that is not dumpable hides from it.
+  if (::prctl(PR_GET_DUMPABLE) != 1) {
+    return absl::FailedPreconditionError(
+        "a process that is not dumpable maps no RAM copy: the tier could not see it");
+  }
+  // The location and the sequence belong together only if no removal came
+  // between the two loads.
+  if (slot.sequence.load(std::memory_order_acquire) != sequence) {
+    return absl::NotFoundError("RAM copy removed meanwhile");
+  }
+  StorageDriver::MappableCopy copy;
+  copy.fd = arena.stripe_fd(static_cast<int>(extent.stripe));
+  copy.offset = extent.offset;
+  copy.generation = sequence;
+  return copy;
+}
+
+// StorageDriver::StillCopyOf: no removal since MappableCopyOf. The caller's
+// mapping exists by now; the fence orders its mmap() before this load, as
+// the remover's sequence bump comes before its walk of the mappings.
+bool SameCopy(const Slot* slots, uint32_t file_count, const FileRef& file,
+              const StorageDriver::MappableCopy& copy) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return file.id < file_count &&
+         slots[file.id].sequence.load(std::memory_order_seq_cst) == copy.generation;
+}
+
 uint64_t SlotTableBytes(uint32_t file_count) { return uint64_t{file_count} * sizeof(Slot); }
 
 Slot* ConstructSlots(char* memory, uint32_t file_count) {
@@ -110,7 +190,17 @@ class RamDriver final : public StorageDriver {
         slots_fd_(std::move(slots_fd)),
         slots_region_(std::move(slots_region)),
         slots_(ConstructSlots(slots_region_.data(), file_count)),
-        keep_block_sums_(keep_block_sums) {}
+        keep_block_sums_(keep_block_sums) {
+    for (int i = 0; i < arena_->stripe_count(); ++i) {
+      struct stat st;
+      if (os::Fstat(arena_->stripe_fd(i), &st) == 0) {
+        stripe_keys_.push_back(MappedFileKey{static_cast<uint64_t>(st.st_dev),
+                                             static_cast<uint64_t>(st.st_ino)});
+      } else {
+        stripe_keys_.push_back(MappedFileKey{});  // Matches no mapping: never mapped, never held.
+      }
+    }
+  }
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
     return ReadCopy(slots_, file_count_, *arena_, file, offset, dst, n);
@@ -136,12 +226,102 @@ class RamDriver final : public StorageDriver {
   uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
   void AllowMemoryAhead(uint64_t bytes) override { arena_->AllowBackingAhead(bytes); }
 
+  std::optional<SourceIdentity> CheckedWhole(const FileRef& file) override {
+    if (file.id >= file_count_ || file.size < kMappableCopyBytes) return std::nullopt;
+    MutexLock lock(&remove_mu_);
+    if (slots_[file.id].location.load(std::memory_order_relaxed) == 0) return std::nullopt;
+    // The asker mapped the copy already (MapCopiesFound): Remove() holds
+    // its copies from now on, until a walk finds nobody mapping them.
+    if (first_handed_out_ == 0) first_handed_out_ = BootTimeNanos();
+    maybe_mapped_[file.id] = MaybeMapped{walks_, file.size};
+    maybe_mapped_count_.store(maybe_mapped_.size(), std::memory_order_relaxed);
+    return SourceIdentity::Of(file);
+  }
+  absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
+                                               const SourceIdentity* checked) override {
+    return MappableCopyOf(slots_, file_count_, *arena_, file, checked);
+  }
+  bool StillCopyOf(const FileRef& file, const MappableCopy& copy) override {
+    return SameCopy(slots_, file_count_, file, copy);
+  }
+  uint64_t HeldBytes() const override { return held_bytes_.load(std::memory_order_relaxed); }
+  bool MayBeMapped(const FileRef& file) override {
+    if (maybe_mapped_count_.load(std::memory_order_relaxed) == 0) return false;
+    MutexLock lock(&remove_mu_);
+    return maybe_mapped_.contains(file.id);
+  }
+
+  uint64_t ReleaseUnmapped() override {
+    if (held_bytes_.load(std::memory_order_relaxed) == 0 &&
+        maybe_mapped_count_.load(std::memory_order_relaxed) == 0) {
+      return 0;
+    }
+    MutexLock walk_lock(&walk_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (last_walk_ && now - *last_walk_ < std::chrono::seconds(1)) return 0;
+    last_walk_ = now;
+    // Only copies held before the walk starts: a mapping of one held later
+    // may have been made after the walk read that process's mappings.
+    std::vector<HeldCopy> candidates;
+    uint64_t walk = 0;
+    int64_t since = 0;
+    {
+      MutexLock lock(&remove_mu_);
+      candidates.swap(held_);
+      walk = ++walks_;
+      since = first_handed_out_;
+    }
+    absl::StatusOr<std::vector<MappedFileRange>> mapped =
+        FindPrivateMappings(stripe_keys_, since);
+    if (!mapped.ok() && !walk_warned_) {
+      walk_warned_ = true;
+      MONARCH_LOG(kWarning, "RAM tier: removed copies that a process may map stay held: ",
+                  mapped.status().message());
+    }
+    auto in_use = [&](RamArena::Extent extent, uint64_t bytes) {
+      return !mapped.ok() ||
+             std::any_of(mapped->begin(), mapped->end(), [&](const MappedFileRange& range) {
+               return range.file == stripe_keys_[extent.stripe] &&
+                      range.begin < extent.offset + bytes && extent.offset < range.end;
+             });
+    };
+    std::vector<HeldCopy> still_mapped;
+    uint64_t released = 0;
+    for (const HeldCopy& held : candidates) {
+      if (in_use(held.extent, held.bytes)) {
+        still_mapped.push_back(held);
+      } else {
+        arena_->Free(held.extent, held.bytes);
+        released += held.bytes;
+      }
+    }
+    MutexLock lock(&remove_mu_);
+    held_.insert(held_.end(), still_mapped.begin(), still_mapped.end());
+    held_bytes_.fetch_sub(released, std::memory_order_relaxed);
+    // Copies nobody maps may be evicted again, unless asked about meanwhile.
+    for (auto it = maybe_mapped_.begin(); it != maybe_mapped_.end();) {
+      const uint64_t location = slots_[it->first].location.load(std::memory_order_relaxed);
+      const bool keep = it->second.asked_in_walk >= walk ||
+                        (location != 0 && in_use(Unpack(location), it->second.bytes));
+      if (keep) {
+        ++it;
+      } else {
+        maybe_mapped_.erase(it++);
+      }
+    }
+    maybe_mapped_count_.store(maybe_mapped_.size(), std::memory_order_relaxed);
+    return released;
+  }
+
   void ReportTierCounters(CounterSink& sink) const override {
     sink.Gauge("resident_bytes", arena_->resident_bytes(),
                "Memory the RAM tier's arena holds now: its copies', and freed pages not yet "
                "given back (they are given back when memory pressure shrinks the tier).");
     sink.Counter("backed_ahead_bytes", arena_->backed_ahead_bytes(),
                  "Memory allocated ahead of the copies (tiers[i].back_ahead), in all.");
+    sink.Gauge("held_bytes", HeldBytes(),
+               "Removed copies held because a process may still map them in place "
+               "(Monarch::MapCopies): they count against the capacity until none does.");
   }
 
   std::vector<int> SharedMemoryDescriptors() const override {
@@ -154,7 +334,8 @@ class RamDriver final : public StorageDriver {
     if (file.id >= file_count_) return absl::InvalidArgumentError("file id outside the namespace");
     RamArena::Extent extent;
     if (file.size > 0) {
-      MONARCH_ASSIGN_OR_RETURN(extent, arena_->Allocate(file.size));
+      MONARCH_ASSIGN_OR_RETURN(
+          extent, arena_->Allocate(file.size, file.size >= kMappableCopyBytes ? kPageBytes : 64));
     }
     return std::unique_ptr<CopyWriter>(new Writer(this, file, extent));
   }
@@ -173,7 +354,13 @@ class RamDriver final : public StorageDriver {
       MutexLock sums_lock(&sums_mu_);
       block_sums_.erase(file.id);
     }
-    if (file.size > 0) arena_->Free(Unpack(location), file.size);
+    if (file.size == 0) return absl::OkStatus();
+    if (maybe_mapped_.contains(file.id)) {
+      held_.push_back(HeldCopy{Unpack(location), file.size});
+      held_bytes_.fetch_add(file.size, std::memory_order_relaxed);
+    } else {
+      arena_->Free(Unpack(location), file.size);
+    }
     return absl::OkStatus();
   }
 
@@ -263,7 +450,32 @@ class RamDriver final : public StorageDriver {
   const MappedRegion slots_region_;
   Slot* const slots_;  // In slots_region_.
   const bool keep_block_sums_;
+  std::vector<MappedFileKey> stripe_keys_;  // By stripe: how /proc/<pid>/maps names it.
+  // One walk of the mappings at a time, and at most one a second.
+  Mutex walk_mu_ ABSL_ACQUIRED_BEFORE(remove_mu_);
+  std::optional<std::chrono::steady_clock::time_point> last_walk_ ABSL_GUARDED_BY(walk_mu_);
+  bool walk_warned_ ABSL_GUARDED_BY(walk_mu_) = false;
   Mutex remove_mu_;
+  int64_t first_handed_out_ ABSL_GUARDED_BY(remove_mu_) = 0;  // BootTimeNanos().
+  // Files whose copy may be mapped now (MayBeMapped): asked about
+  // (CheckedWhole) in walk `asked_in_walk` or later, or found mapped by the
+  // last walk. A copy of one of them is held once removed; another's is
+  // freed at once, since every mapping of it existed before it was asked
+  // about, and the walk that dropped it saw them all gone.
+  struct MaybeMapped {
+    uint64_t asked_in_walk = 0;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<uint32_t, MaybeMapped> maybe_mapped_ ABSL_GUARDED_BY(remove_mu_);
+  std::atomic<size_t> maybe_mapped_count_{0};
+  uint64_t walks_ ABSL_GUARDED_BY(remove_mu_) = 0;  // Walks started.
+  // Removed copies of those, not freed yet (ReleaseUnmapped).
+  struct HeldCopy {
+    RamArena::Extent extent;
+    uint64_t bytes = 0;
+  };
+  std::vector<HeldCopy> held_ ABSL_GUARDED_BY(remove_mu_);
+  std::atomic<uint64_t> held_bytes_{0};
   // Taken after remove_mu_ when both are. Heap memory beside the tier's
   // capacity: 4 bytes per 4 KiB of copies (0.1%), plus a map entry a copy.
   Mutex sums_mu_ ABSL_ACQUIRED_AFTER(remove_mu_);
@@ -311,6 +523,15 @@ class RamReader final : public StorageDriver {
     if (read.ok() && offset + *read >= file.size) word.fetch_or(bit, std::memory_order_relaxed);
     return read;
   }
+  // The service said it holds the copy for mappings (CheckedWhole there).
+  absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
+                                               const SourceIdentity* checked) override {
+    const Slot* slots = reinterpret_cast<const Slot*>(slots_region_.data());
+    return MappableCopyOf(slots, file_count_, *arena_, file, checked);
+  }
+  bool StillCopyOf(const FileRef& file, const MappableCopy& copy) override {
+    return SameCopy(reinterpret_cast<const Slot*>(slots_region_.data()), file_count_, file, copy);
+  }
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef&) override {
     return absl::PermissionDeniedError("the node service's RAM tier is read-only in a client");
   }
@@ -335,7 +556,8 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             uint32_t file_count,
                                                             const RamTierOptions& options) {
   // Each stripe has room for the capacity plus each file's rounding to a
-  // 64-byte extent. Writers are the placement threads plus, when staging is
+  // 64-byte extent, and the pages skipped to start copies of 1 MiB or more
+  // on a page (under 4 KiB a MiB). Writers are the placement threads plus, when staging is
   // over budget, every reader: 8 stripes keep them from queueing on one
   // memfd's inode lock, for the cost of 8 descriptors and mappings.
   constexpr int kStripes = 8;
@@ -343,8 +565,9 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   arena_options.huge_pages = options.huge_pages;
   arena_options.releasable = options.releasable;
   arena_options.back_ahead = options.back_ahead;
+  const uint64_t arena_bytes = capacity + capacity / 256 + 64 * uint64_t{file_count};
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
-                           RamArena::Create(capacity + 64 * uint64_t{file_count}, kStripes,
+                           RamArena::Create(arena_bytes, kStripes,
                                             absl::StrCat("monarch-ram:", name), arena_options));
   MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
                            CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),

@@ -213,30 +213,74 @@ class StorageDriver {
   virtual void AllowMemoryAhead(uint64_t /*bytes*/) {}
 
   // Mapping copies in place (Monarch::MapCopies). A page fault reads a
-  // mapped copy with no check, so only a copy whose every block was checked
-  // against its checksum may be mapped, and only while it is the very inode
-  // that was checked. File tiers: the stamp of the copy of `file` (its
-  // inode as fstat() saw it, CopyState::Stamp) if the whole copy was
-  // checked and remembered; if not, nullopt, and the copy is queued to be
+  // mapped copy with no check, so only a copy that needs none may be mapped.
+  //
+  // File tiers: the stamp of the copy of `file` (its inode as fstat() saw
+  // it, CopyState::Stamp) if every block of it was checked against its
+  // checksum and remembered; if not, nullopt, and the copy is queued to be
   // checked in the background, so that a later mapping finds it checked.
   // Under placement.verify: every-read, never (a mapping cannot check each
-  // access); under off, once the trailer was read. Others: nullopt.
+  // access); under off, once the trailer was read.
+  //
+  // The RAM tier: its copies are sealed memory and need no check, so
+  // SourceIdentity::Of(file) for any copy of 1 MiB or more it holds. Asking
+  // marks the file as maybe mapped (MayBeMapped) until a walk of the
+  // mappings finds nobody mapping its copy: a copy removed meanwhile is
+  // held (HeldBytes) rather than reused. Others: nullopt.
   virtual std::optional<SourceIdentity> CheckedWhole(const FileRef& file) {
     (void)file;
     return std::nullopt;
   }
-  // File tiers: the copy of `file` opened read-only to be mapped, if it is
-  // still the inode stamped `checked` (what CheckedWhole() said, in this
-  // process or in the node service); FailedPrecondition if it changed,
-  // NotFound if it is gone. Other tiers vouch for no copy, so nobody asks
-  // them; if asked, FailedPrecondition: their copies are not files to map
-  // (a RAM copy's memory is reused once it is evicted).
-  virtual absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCheckedCopy(
-      const FileRef& file, const SourceIdentity& checked) {
+  // The copy of `file` opened to be mapped read-only and privately: its
+  // first byte is at `offset` of `fd`. File tiers: once the tier vouched
+  // for it (`checked`: what CheckedWhole() said, in this process or in the
+  // node service), if it is still that inode; FailedPrecondition if it
+  // changed or `checked` is null, NotFound if it is gone. The RAM tier (the
+  // service's, in a client): before the tier is asked (`checked` null;
+  // FailedPrecondition otherwise), where the copy lies in the arena now, if
+  // it starts on a page (copies of 1 MiB or more do). It must be mapped
+  // before CheckedWhole() is asked about it: the tier holds a copy for the
+  // mappings that existed when it was asked, as a walk of them sees. Others
+  // vouch for no copy: FailedPrecondition.
+  struct MappableCopy {
+    int fd = -1;
+    std::shared_ptr<ScopedFd> owner;  // Keeps `fd` open, if it was opened for this.
+    uint64_t offset = 0;
+    uint64_t generation = 0;  // What StillCopyOf() compares.
+  };
+  virtual absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
+                                                       const SourceIdentity* checked) {
     (void)checked;
     return absl::FailedPreconditionError(
-        absl::StrCat("only a posix or pmem tier's copies can be mapped, not ", file.name, "'s"));
+        absl::StrCat("only a RAM, posix or pmem tier's copies can be mapped, not ", file.name,
+                     "'s"));
   }
+  // Asked once a mapping of `copy` exists and the tier vouched for it:
+  // whether it is still `file`'s copy. A RAM copy removed before its tier
+  // was asked may have been reused (one removed after is held while it is
+  // mapped). A file tier's copy is an inode the mapping keeps: always.
+  virtual bool StillCopyOf(const FileRef& file, const MappableCopy& copy) {
+    (void)file;
+    (void)copy;
+    return true;
+  }
+  // The RAM tier: bytes of removed copies still held because some process
+  // may map them; they count against the tier's capacity. Others: 0.
+  virtual uint64_t HeldBytes() const { return 0; }
+  // The RAM tier: whether a process may map the copy of `file` now (it was
+  // asked about since the last walk of the mappings, or that walk found it
+  // mapped). Eviction passes over such copies: removing one would free no
+  // room, only hold it. Others: false.
+  virtual bool MayBeMapped(const FileRef& file) {
+    (void)file;
+    return false;
+  }
+  // Walks every process's mappings (FindPrivateMappings), frees the held
+  // copies nobody maps any more and returns their bytes; also what
+  // MayBeMapped() says from then on. At most once a second (0 in between),
+  // and only while some copy may be mapped; 0 when no process can be ruled
+  // out. Others: 0.
+  virtual uint64_t ReleaseUnmapped() { return 0; }
 
   // The source: what the file is now (fstat of the descriptor reads use).
   // Others: Unimplemented.

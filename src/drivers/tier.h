@@ -67,11 +67,12 @@ class Tier {
   static uint64_t MaxFootprint(uint64_t file_bytes);
   // Bytes a copy of a `file_bytes` file takes in this tier.
   uint64_t Footprint(uint64_t file_bytes) const;
-  // Room left for new copies (capacity minus complete and reserved ones).
+  // Room left for new copies: capacity minus complete and reserved ones,
+  // and removed ones still held for mappings (StorageDriver::HeldBytes).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);
-    const uint64_t reserved = reserved_.load(std::memory_order_relaxed);
-    return reserved < limit ? limit - reserved : 0;
+    const uint64_t taken = reserved_.load(std::memory_order_relaxed) + driver_->HeldBytes();
+    return taken < limit ? limit - taken : 0;
   }
   // Treats the tier as full from now on (after the device reported ENOSPC
   // before the configured capacity was reached).

@@ -31,6 +31,9 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   if (future != nullptr && future->known()) {
     // The fastest tier whose last-read copy is read later than this file.
     const uint64_t wanted_next = future->NextUse(id_wanted);
+    // Removed copies no process maps any more make room first (outside mu_:
+    // a walk of the node's processes).
+    for (int t = 0; t < first_origin_; ++t) (*tiers_)[t]->driver().ReleaseUnmapped();
     MutexLock lock(&mu_);
     for (int t = 0; t < first_origin_; ++t) {
       const Tier& tier = *(*tiers_)[t];
@@ -48,6 +51,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
   const uint32_t files = namespace_->entry_count();
+  tier.driver().ReleaseUnmapped();
   MutexLock lock(&mu_);
   // Two turns of the hand: the first may only clear reference bits.
   for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
@@ -58,6 +62,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
     if (pins_->TakeReference(id)) continue;  // Second chance.
     if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
+    if (tier.driver().MayBeMapped(victim.ref)) continue;  // Evicted, it would only be held.
     EvictLocked(victim, target);
   }
   if (tier.free_bytes() >= need) return true;
@@ -72,6 +77,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
   // Lowered first, so that promotions starting meanwhile do not take back
   // the room being made.
   if (target < tier.limit()) tier.SetLimit(target);
+  tier.driver().ReleaseUnmapped();
   const uint32_t files = namespace_->entry_count();
   MutexLock lock(&mu_);
   for (uint64_t scanned = 0; tier.reserved_bytes() > target && scanned < 2 * uint64_t{files} &&
@@ -82,7 +88,8 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
     FileEntry& victim = namespace_->entry(id);
     if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
     if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
-    if (pins_->IsPinned(id)) continue;
+    // A copy a process maps frees no memory when dropped: it is held.
+    if (pins_->IsPinned(id) || tier.driver().MayBeMapped(victim.ref)) continue;
     const uint64_t size = victim.ref.size;
     int lower = -1;
     for (int t = tier_index + 1; t < first_origin_; ++t) {
@@ -138,8 +145,10 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
     for (uint32_t scanned = 0; scanned < files && found < kCandidates; ++scanned) {
       const uint32_t id = hand_;
       hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-      if (namespace_->entry(id).tier->load(std::memory_order_acquire) != target) continue;
+      const FileEntry& candidate = namespace_->entry(id);
+      if (candidate.tier->load(std::memory_order_acquire) != target) continue;
       if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
+      if (tier.driver().MayBeMapped(candidate.ref)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {

@@ -524,14 +524,16 @@ class ServiceClient final : public Monarch {
       return client_.Miss(state_, session_, *file, dst, n, offset);
     }
     // The service's word: it checked the copies (this process has not).
-    // Asked only of the pieces in a posix or pmem tier: no other is mapped.
+    // Asked only of the pieces in a posix, pmem or RAM tier: no other is
+    // mapped. For a RAM piece the service's yes means it holds the copy
+    // for mappings once removed; the RAM reader maps it where it lies.
     std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
                                                              const std::vector<int>& tiers) {
       std::vector<Handle> asked;
       std::vector<size_t> where;  // Each asked piece's index in `pieces`.
       for (size_t i = 0; i < pieces.size(); ++i) {
         const auto kind = static_cast<TierKind>(session_->reply.tiers[tiers[i]].kind);
-        if (kind == TierKind::kPosix || kind == TierKind::kPmem) {
+        if (kind == TierKind::kPosix || kind == TierKind::kPmem || kind == TierKind::kRam) {
           asked.push_back(pieces[i]);
           where.push_back(i);
         }

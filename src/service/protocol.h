@@ -180,7 +180,11 @@ struct ReadAheadNotice {
 // a page fault checks nothing, so only those may be mapped. The reply
 // lists those, with the copy's inode as the service checked it, which the
 // client's own fstat() of the copy must match (StorageDriver::CheckedWhole,
-// OpenCheckedCopy). The others are queued to be checked.
+// OpenCheckedCopy). The others are queued to be checked. A RAM copy needs
+// no check; the service's yes (with the file's own identity as the stamp)
+// means it holds that file's copies, once removed, until no process maps
+// them, and the client maps the copy where its slot says it lies. (A
+// service from before RAM copies were mapped says no to them.)
 struct CheckedCopiesRequest {
   std::vector<uint32_t> ids;
 };

@@ -1,0 +1,66 @@
+// Which parts of some files the processes of this node map privately.
+//
+// A RAM tier hands out its copies to be mapped in place (Monarch::MapCopies).
+// A removed copy's memory may then be reused only when no process maps it
+// any more: not the one that asked, not a child it forked, whether they
+// unmapped it, remapped over it or died. The kernel's page tables are the
+// only record of that which no process can forget to update, so the tier
+// asks them, through /proc/<pid>/maps, instead of keeping pins a process
+// would have to give back.
+//
+// Only private mappings are reported: a RAM tier's own mappings of its
+// memory, and its clients' for reading, are shared ones, and Monarch maps
+// copies in place privately. A VMA is reported with the file offsets it
+// covers, split or merged however the kernel keeps it.
+
+#ifndef MONARCH_COMMON_PROCESS_MAPPINGS_H_
+#define MONARCH_COMMON_PROCESS_MAPPINGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace monarch {
+
+// A file as /proc/<pid>/maps names it: st_dev and st_ino.
+struct MappedFileKey {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const MappedFileKey& other) const {
+    return device == other.device && inode == other.inode;
+  }
+};
+
+// [begin, end) of a file's bytes that some process maps privately.
+struct MappedFileRange {
+  MappedFileKey file;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Private mappings of `files` in every process under `proc` (a procfs
+// mount), this one included. A process whose maps cannot be read (one of
+// another user; one made non-dumpable; in a container, one with
+// capabilities this one lacks, such as its init) is skipped if it runs as
+// another user, or started before `since` (CLOCK_BOOTTIME, in nanoseconds:
+// when the files' memory was first handed out to be mapped), since it
+// could not have been handed any. Any other makes the walk inconclusive:
+// FailedPrecondition, naming it, as it might map any of them.
+absl::StatusOr<std::vector<MappedFileRange>> FindPrivateMappings(
+    const std::vector<MappedFileKey>& files, int64_t since, const std::string& proc = "/proc");
+
+// Now on CLOCK_BOOTTIME, in nanoseconds: the clock of FindPrivateMappings'
+// `since`, and of the start times in /proc/<pid>/stat.
+int64_t BootTimeNanos();
+
+// One line of /proc/<pid>/maps, if it is a private mapping of one of
+// `files`; for FindPrivateMappings and its tests.
+bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey>& files,
+                         MappedFileRange* range);
+
+}  // namespace monarch
+
+#endif  // MONARCH_COMMON_PROCESS_MAPPINGS_H_
