@@ -66,8 +66,10 @@ fd = os.open(sys.argv[1], os.O_RDONLY)
 m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
 total = 0
 for line in open("/proc/self/maps"):
-    if sys.argv[2] in line:
-        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+    fields = line.split()
+    # Private: the client's own mappings of the RAM tier, to read it, are shared.
+    if sys.argv[2] in line and fields[1].endswith("p"):
+        start, end = (int(x, 16) for x in fields[0].split("-"))
         total += end - start
 print(total)
 """

@@ -46,7 +46,8 @@ std::optional<SourceIdentity> FileTierDriver::CheckedWhole(const FileRef& file) 
 absl::StatusOr<StorageDriver::MappableCopy> FileTierDriver::OpenCheckedCopy(
     const FileRef& file, const SourceIdentity* checked) {
   if (checked == nullptr) {
-    return absl::FailedPreconditionError("a file tier's copy is opened once the tier vouched for it");
+    return absl::FailedPreconditionError(
+        "a file tier's copy is opened once the tier vouched for it");
   }
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, tree_.OpenCopyFile(file));
   struct stat st;

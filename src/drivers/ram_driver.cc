@@ -523,7 +523,8 @@ class RamReader final : public StorageDriver {
     if (read.ok() && offset + *read >= file.size) word.fetch_or(bit, std::memory_order_relaxed);
     return read;
   }
-  // The service said it holds the copy for mappings (CheckedWhole there).
+  // Mapped before the service is asked about it (kCheckedCopies): the
+  // service then holds it while this process maps it (MappableCopyOf).
   absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
                                                const SourceIdentity* checked) override {
     const Slot* slots = reinterpret_cast<const Slot*>(slots_region_.data());
@@ -557,9 +558,10 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             const RamTierOptions& options) {
   // Each stripe has room for the capacity plus each file's rounding to a
   // 64-byte extent, and the pages skipped to start copies of 1 MiB or more
-  // on a page (under 4 KiB a MiB). Writers are the placement threads plus, when staging is
-  // over budget, every reader: 8 stripes keep them from queueing on one
-  // memfd's inode lock, for the cost of 8 descriptors and mappings.
+  // on a page (under 4 KiB a MiB). Writers are the placement threads plus,
+  // when staging is over budget, every reader: 8 stripes keep them from
+  // queueing on one memfd's inode lock, for the cost of 8 descriptors and
+  // mappings.
   constexpr int kStripes = 8;
   RamArena::Options arena_options;
   arena_options.huge_pages = options.huge_pages;
