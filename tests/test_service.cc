@@ -164,14 +164,29 @@ TEST_CASE("service: a file the service caches by extents reads exact through a c
 // served.
 // A shared config over `data` with a posix tier in `nvme`: files above 4 MiB
 // cached by extents of 1 MiB, each promoted on its first read.
-Config ExtentsOnPosixConfig(const std::string& data, const std::string& nvme,
-                            const std::string& run) {
-  Config config =
-      SharedConfig(data, {testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme")}, run);
+// Files of 4 MiB or more cached by extents of 1 MiB, in `tier`.
+Config ExtentsConfig(const std::string& data, TierConfig tier, const std::string& run) {
+  Config config = SharedConfig(data, {std::move(tier)}, run);
   config.placement.extent_bytes = 1 << 20;
   config.placement.extent_threshold = 4 << 20;
   config.placement.cached_source = CachedSourcePolicy::kPromote;
   return config;
+}
+
+Config ExtentsOnPosixConfig(const std::string& data, const std::string& nvme,
+                            const std::string& run) {
+  return ExtentsConfig(data, testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme"), run);
+}
+
+// Through `client`: a page of extents 1 and 4 of `big` and of `whole` read,
+// so that the service copies those extents and all of `whole`.
+void CopyTwoExtentsAndAFile(Monarch& client, const TestFile& big, const TestFile& whole) {
+  std::vector<char> page(4096);
+  for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
+    REQUIRE(*client.Read(big.name, page.data(), page.size(), at) == page.size());
+  }
+  REQUIRE(*client.Read(whole.name, page.data(), page.size(), 0) == page.size());
+  client.WaitForPlacement();  // The service's copies written (and a file tier's checked).
 }
 
 TEST_CASE("service: a client reads extent copies itself, its scans read ahead, a damaged extent "
@@ -260,13 +275,7 @@ TEST_CASE("service: a client maps the copies the service checked, extents and wh
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
-  // Extents 1 and 4 of the big file, and the whole file, copied.
-  std::vector<char> page(4096);
-  for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
-    REQUIRE(*(*client)->Read(big.name, page.data(), page.size(), at) == page.size());
-  }
-  REQUIRE(*(*client)->Read(whole.name, page.data(), page.size(), 0) == page.size());
-  (*client)->WaitForPlacement();  // The service's copies written and checked.
+  CopyTwoExtentsAndAFile(**client, big, whole);
   {
     SourceMapping map(data + "/" + big.name, big.size);
     CHECK(map.MapCopies(**client, big.name) == 2 << 20);
@@ -300,20 +309,12 @@ TEST_CASE("service: a client maps the service's RAM copies where they lie, exten
   const TestFile whole{"whole.bin", 47, 2 * (1 << 20) + 1};
   testing::WriteFile(data + "/" + big.name, big.seed, big.size);
   testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
-  Config config = SharedConfig(data, {testing::RamTier(64 << 20)}, dir.Sub("run"));
-  config.placement.extent_bytes = 1 << 20;
-  config.placement.extent_threshold = 4 << 20;
-  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  const Config config = ExtentsConfig(data, testing::RamTier(64 << 20), dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());
-  std::vector<char> page(4096);
-  for (uint64_t at : {(1 << 20) + 4096, (4 << 20) + 4096}) {
-    REQUIRE(*(*client)->Read(big.name, page.data(), page.size(), at) == page.size());
-  }
-  REQUIRE(*(*client)->Read(whole.name, page.data(), page.size(), 0) == page.size());
-  (*client)->WaitForPlacement();
+  CopyTwoExtentsAndAFile(**client, big, whole);
   {
     SourceMapping map(data + "/" + big.name, big.size);
     CHECK(map.MapCopies(**client, big.name) == 2 << 20);

@@ -181,7 +181,9 @@ def test_mmap_fills_small_files_and_maps_big_ones_from_the_source(tmp_path):
             m.mmap("missing.bin")
 
 
-def test_mmap_maps_the_checked_copies_of_a_posix_tier(tmp_path):
+@pytest.mark.parametrize("kind", ["posix", "ram"])
+def test_mmap_maps_the_copies_of_a_tier_in_place(tmp_path, kind):
+    """A posix tier's checked copies, or the RAM tier's own memory."""
     root = tmp_path / "ds"
     nvme = tmp_path / "nvme"
     root.mkdir()
@@ -189,48 +191,35 @@ def test_mmap_maps_the_checked_copies_of_a_posix_tier(tmp_path):
     rng = np.random.default_rng(31)
     big = rng.integers(0, 256, (12 << 20) + 123, dtype=np.uint8).tobytes()
     (root / "big.bin").write_bytes(big)
+    tier = ("{kind: posix, path: %s, capacity: 64MiB}" % nvme if kind == "posix"
+            else "{kind: ram, capacity: 64MiB}")
+    marker = str(nvme) + "/.monarch/extents/" if kind == "posix" else "/memfd:monarch-ram"
     config = ("dataset: {path: %s}\n"
-              "tiers:\n  - {kind: posix, path: %s, capacity: 64MiB}\n  - {kind: source}\n"
+              "tiers:\n  - %s\n  - {kind: source}\n"
               "placement: {extent_bytes: 1MiB, extent_threshold: 4MiB, cached_source: promote}\n"
-              % (root, nvme))
+              % (root, tier))
+
+    def mapped_from_copies():
+        # Private mappings only: a process's own mappings of the RAM tier,
+        # to read it, are shared.
+        total = 0
+        for line in open("/proc/self/maps").read().splitlines():
+            fields = line.split()
+            if marker in line and fields[1].endswith("p"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                total += end - start
+        return total
+
     with monarch.Monarch(config) as m:
         before = m.mmap("big.bin")  # Nothing copied yet: all of it the source.
-        assert str(nvme) not in open("/proc/self/maps").read()
+        assert mapped_from_copies() == 0
         before.close()
         assert m.read("big.bin") == big
-        m.wait_for_placement()  # Copied by extents, and each copy checked.
+        m.wait_for_placement()  # Copied by extents (and a posix tier's checked).
         lazy = m.mmap("big.bin")
-        maps = [line for line in open("/proc/self/maps").read().splitlines()
-                if str(nvme) in line]
         # The 12 whole extents' copies (the last, of 123 bytes, is less than
         # a page: it stays on the source).
-        assert len(maps) == 12 and all("/.monarch/extents/" in line for line in maps)
-        assert lazy[:] == big
-        assert m.stats()["tiers"][-1]["bytes_read"] == len(big)  # Read once, to copy.
-        lazy.close()
-
-
-def test_mmap_maps_a_ram_tiers_copies_as_its_own_memory(tmp_path):
-    root = tmp_path / "ds"
-    root.mkdir()
-    rng = np.random.default_rng(32)
-    big = rng.integers(0, 256, (12 << 20) + 123, dtype=np.uint8).tobytes()
-    (root / "big.bin").write_bytes(big)
-    config = ("dataset: {path: %s}\n"
-              "tiers:\n  - {kind: ram, capacity: 64MiB}\n  - {kind: source}\n"
-              "placement: {extent_bytes: 1MiB, extent_threshold: 4MiB, cached_source: promote}\n"
-              % root)
-    with monarch.Monarch(config) as m:
-        assert m.read("big.bin") == big
-        m.wait_for_placement()
-        lazy = m.mmap("big.bin")
-        maps = [line for line in open("/proc/self/maps").read().splitlines()
-                if "/memfd:monarch-ram" in line and line.split()[1] == "r--p"]
-        mapped = sum(int(end, 16) - int(start, 16)
-                     for start, end in (line.split()[0].split("-") for line in maps))
-        # The 12 extents of 1 MiB, mapped from the tier's memory; the last,
-        # of 123 bytes, is less than a page and stays on the source.
-        assert mapped == 12 << 20
+        assert mapped_from_copies() == 12 << 20
         assert lazy[:] == big
         assert m.stats()["tiers"][-1]["bytes_read"] == len(big)  # Read once, to copy.
         lazy.close()

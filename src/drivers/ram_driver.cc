@@ -80,9 +80,13 @@ RamArena::Extent Unpack(uint64_t location) {
 // `file`, clipped to the file (`at`: where its first byte lies in the
 // arena), under the slot's seqlock: the count, or NotFound if the copy was
 // removed before `visit` was done with it.
-template <typename Visit>
-absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
-                                 const FileRef& file, uint64_t offset, size_t n, Visit visit) {
+// Where the copy of `file` lies now, and its slot's sequence then (even).
+struct FoundCopy {
+  RamArena::Extent extent;
+  uint32_t sequence = 0;
+};
+absl::StatusOr<FoundCopy> FindCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
+                                   const FileRef& file) {
   if (file.id >= file_count) return absl::NotFoundError("no RAM copy");
   const Slot& slot = slots[file.id];
   const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
@@ -95,6 +99,16 @@ absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const R
       extent.offset > arena.stripe_bytes() || file.size > arena.stripe_bytes() - extent.offset) {
     return absl::DataLossError("RAM copy location out of the arena");
   }
+  return FoundCopy{extent, sequence};
+}
+
+template <typename Visit>
+absl::StatusOr<size_t> VisitCopy(const Slot* slots, uint32_t file_count, const RamArena& arena,
+                                 const FileRef& file, uint64_t offset, size_t n, Visit visit) {
+  MONARCH_ASSIGN_OR_RETURN(const FoundCopy found, FindCopy(slots, file_count, arena, file));
+  const RamArena::Extent& extent = found.extent;
+  const uint32_t sequence = found.sequence;
+  const Slot& slot = slots[file.id];
   if (offset >= file.size) return 0;
   const size_t count = static_cast<size_t>(std::min<uint64_t>(n, file.size - offset));
   visit(RamArena::Extent{extent.stripe, extent.offset + offset}, count);
@@ -131,16 +145,10 @@ absl::StatusOr<StorageDriver::MappableCopy> MappableCopyOf(const Slot* slots,
     // for the mappings that existed then, which did not include this one.
     return absl::FailedPreconditionError("a RAM copy is mapped before its tier is asked");
   }
-  if (file.id >= file_count) return absl::NotFoundError("no RAM copy");
+  MONARCH_ASSIGN_OR_RETURN(const FoundCopy found, FindCopy(slots, file_count, arena, file));
+  const RamArena::Extent& extent = found.extent;
+  const uint32_t sequence = found.sequence;
   const Slot& slot = slots[file.id];
-  const uint32_t sequence = slot.sequence.load(std::memory_order_acquire);
-  const uint64_t location = slot.location.load(std::memory_order_acquire);
-  if ((sequence & 1) != 0 || location == 0) return absl::NotFoundError("no RAM copy");
-  const RamArena::Extent extent = Unpack(location);
-  if (static_cast<int>(extent.stripe) >= arena.stripe_count() ||
-      extent.offset > arena.stripe_bytes() || file.size > arena.stripe_bytes() - extent.offset) {
-    return absl::DataLossError("RAM copy location out of the arena");
-  }
   if (extent.offset % kPageBytes != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the RAM copy of ", file.name, " does not start on a page"));
