@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -178,6 +179,16 @@ Config ExtentsOnPosixConfig(const std::string& data, const std::string& nvme,
   return ExtentsConfig(data, testing::FileTier(TierKind::kPosix, nvme, 64 << 20, "nvme"), run);
 }
 
+// Under `data`: a file cached by extents (6 MiB and a part) and one cached
+// whole (2 MiB and a byte), of seeds `seed` and `seed` + 1.
+std::pair<TestFile, TestFile> WriteBigAndWholeFiles(const std::string& data, uint32_t seed) {
+  const TestFile big{"shards/big.bin", seed, 6 * (1 << 20) + 5000};
+  const TestFile whole{"whole.bin", seed + 1, 2 * (1 << 20) + 1};
+  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
+  testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
+  return {big, whole};
+}
+
 // Through `client`: a page of extents 1 and 4 of `big` and of `whole` read,
 // so that the service copies those extents and all of `whole`.
 void CopyTwoExtentsAndAFile(Monarch& client, const TestFile& big, const TestFile& whole) {
@@ -265,10 +276,7 @@ TEST_CASE("service: a client maps the copies the service checked, extents and wh
   using testing::SourceMapping;
   ScratchDir dir;
   const std::string data = dir.Sub("data");
-  const TestFile big{"shards/big.bin", 44, 6 * (1 << 20) + 5000};
-  const TestFile whole{"whole.bin", 45, 2 * (1 << 20) + 1};
-  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
-  testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
+  const auto [big, whole] = WriteBigAndWholeFiles(data, 44);
   const std::string nvme = dir.Sub("nvme");
   const Config config = ExtentsOnPosixConfig(data, nvme, dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
@@ -305,10 +313,7 @@ TEST_CASE("service: a client maps the service's RAM copies where they lie, exten
   using testing::SourceMapping;
   ScratchDir dir;
   const std::string data = dir.Sub("data");
-  const TestFile big{"shards/big.bin", 46, 6 * (1 << 20) + 5000};
-  const TestFile whole{"whole.bin", 47, 2 * (1 << 20) + 1};
-  testing::WriteFile(data + "/" + big.name, big.seed, big.size);
-  testing::WriteFile(data + "/" + whole.name, whole.seed, whole.size);
+  const auto [big, whole] = WriteBigAndWholeFiles(data, 46);
   const Config config = ExtentsConfig(data, testing::RamTier(64 << 20), dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());

@@ -37,15 +37,16 @@ uint64_t Tier::Footprint(uint64_t bytes) const {
 }
 
 bool Tier::TryReserve(uint64_t file_bytes) {
-  // Removed copies a process may still map take room too.
-  const uint64_t bytes = Footprint(file_bytes) + driver_->HeldBytes();
+  const uint64_t bytes = Footprint(file_bytes);
+  // Removed copies a process may still map take room too (not reserved:
+  // the driver frees them).
+  const uint64_t wanted = bytes + driver_->HeldBytes();
   uint64_t current = reserved_.load(std::memory_order_relaxed);
   do {
-    if (current + bytes > limit_.load(std::memory_order_relaxed) || current + bytes < current) {
+    if (current + wanted > limit_.load(std::memory_order_relaxed) || current + wanted < current) {
       return false;
     }
-  } while (!reserved_.compare_exchange_weak(current, current + Footprint(file_bytes),
-                                            std::memory_order_relaxed));
+  } while (!reserved_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
   return true;
 }
 
