@@ -18,6 +18,14 @@ them (all of the plain reads', Monarch's source tier's).
 Every figure printed is measured in this run.
 
   scripts/demo.py --build build --dir /tmp/monarch-demo [monarch-epochs options...]
+  scripts/demo.py ... --moosefs [DIRECT|AUTO]   the source on a real MooseFS
+
+With --moosefs the dataset is copied onto MooseFS (scripts/moosefs.sh: a
+master and a chunk server in a network namespace, the FUSE client over a
+veth pair), and the bytes from the source are those that crossed the veth
+pair from the chunk server. DIRECT (the default) mounts the client with
+mfscachemode=DIRECT, a dataset larger than the client's memory; AUTO lets
+the kernel keep the client's pages, as a small dataset on a real node would.
 
 Options after the demo's own go to both runs of monarch-epochs (e.g.
 --threads 8, --epochs 5, --read-size 64KiB, --seed 7). The demo directory
@@ -119,6 +127,34 @@ def prepare_dataset(epochs_bin, demo_dir):
     return [files, total]
 
 
+class MooseFSSource:
+    """The dataset on a real MooseFS (scripts/moosefs.sh), copied there once.
+    `error` says why MooseFS could not start."""
+
+    def __init__(self, script, dataset, cache_mode):
+        self.script, self.mount, self.config = script, None, None
+        r = subprocess.run([script, "start", "--cache-mode", cache_mode], capture_output=True,
+                           text=True)
+        self.error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+        if self.error:
+            return
+        root = os.path.join(r.stdout.strip().splitlines()[-1], "monarch-demo")
+        self.mount = os.path.join(root, "dataset")
+        if listing(self.mount) != listing(dataset):
+            print("copying the dataset onto MooseFS ...", flush=True)
+            shutil.rmtree(self.mount, ignore_errors=True)
+            os.makedirs(root, exist_ok=True)
+            shutil.copytree(dataset, self.mount)
+
+    def snapshot_command(self, path):
+        """A shell command that writes the source's counters to `path`."""
+        return "printf '{\"counters\": {\"bytes_read\": %%s}}' $(%s bytes) > %s" % (
+            self.script, path)
+
+    def stop(self):
+        pass  # The file system stays up (scripts/moosefs.sh stop ends it).
+
+
 class Emulator:
     """The PFS emulator over `dataset`, at its defaults, mounted at `mount`.
     `error` says why it could not mount."""
@@ -146,7 +182,9 @@ def run_arm(epochs_bin, source, mode, demo_dir, extra, emulator):
     log = os.path.join(demo_dir, "%s.log" % mode)
     cmd = [epochs_bin, "--dataset", source, "--mode", mode, "--epochs", "3", "--threads", "4",
            "--json", epochs_json]
-    if emulator:
+    if isinstance(emulator, MooseFSSource):
+        cmd += ["--before-epoch", emulator.snapshot_command(snapshot)]
+    elif emulator:
         cmd += ["--before-epoch", "%s stats %s > %s" % (emulator.script, emulator.mount, snapshot)]
     else:
         cmd.append("--drop-source-cache")
@@ -163,8 +201,9 @@ def run_arm(epochs_bin, source, mode, demo_dir, extra, emulator):
         for e in range(1, len(epochs) + 2):
             with open(snapshot.replace("$MONARCH_EPOCH", str(e))) as f:
                 c = json.load(f)["counters"]
-            counters.append((c["bytes_read"], c["metadata_ops"]))
-        from_source = [{"bytes": b[0] - a[0], "ops": b[1] - a[1]}
+            counters.append((c["bytes_read"], c.get("metadata_ops")))
+        # MooseFS's veth pair counts bytes only, not metadata operations.
+        from_source = [{"bytes": b[0] - a[0], "ops": None if a[1] is None else b[1] - a[1]}
                        for a, b in zip(counters, counters[1:])]
     else:
         # Without the emulator, the bytes read from the dataset's files as
@@ -200,7 +239,7 @@ def why_not_in_ram(final, epochs, files):
     return line
 
 
-def report(files, total, source_line, plain, monarch):
+def report(files, total, source_line, plain, monarch, moosefs=False):
     p_epochs, p_source, _ = plain
     m_epochs, m_source, m_final = monarch
     n = len(p_epochs)
@@ -227,6 +266,9 @@ def report(files, total, source_line, plain, monarch):
     if ops:
         print("source: bytes and metadata operations (lookups, opens, getattrs) that reached the "
               "PFS in the epoch; Monarch makes a getattr per copy it commits")
+    elif moosefs:
+        print("source: bytes that crossed the veth pair from MooseFS's chunk server in the epoch "
+              "(data and protocol headers)")
     else:
         print("source: bytes read from the dataset's files in the epoch, as each arm counts them "
               "(the plain reads; Monarch's source tier)")
@@ -257,6 +299,9 @@ def main():
     parser.add_argument("--dir", required=True, help="the demo directory")
     parser.add_argument("--local", action="store_true",
                         help="read the local directory even where the PFS emulator mounts")
+    parser.add_argument("--moosefs", nargs="?", const="DIRECT", choices=("DIRECT", "AUTO"),
+                        help="read the dataset from a real MooseFS (scripts/moosefs.sh) mounted "
+                             "with this mfscachemode (DIRECT: no client cache)")
     args, extra = parser.parse_known_args()
     for flag in extra:
         if flag in OWN_FLAGS:
@@ -279,7 +324,19 @@ def main():
     files, total = prepare_dataset(epochs_bin, demo_dir)
     dataset = os.path.join(demo_dir, "dataset")
     emulator = None
-    if args.local:
+    if args.moosefs and args.local:
+        raise DemoError("--moosefs and --local (MONARCH_DEMO_LOCAL=1) exclude each other", 2)
+    if args.moosefs:
+        emulator = MooseFSSource(os.path.join(repo, "scripts", "moosefs.sh"), dataset,
+                                 args.moosefs)
+        if emulator.error:
+            raise DemoError("MooseFS could not start: %s" % emulator.error)
+        source_line = ("source: MooseFS (a master and a chunk server in a network namespace, "
+                       "the FUSE client over a veth pair, mfscachemode=%s%s); bytes are those "
+                       "that crossed the veth pair" % (
+                           args.moosefs, ": the client caches nothing" if args.moosefs == "DIRECT"
+                           else ": the kernel keeps the client's pages"))
+    elif args.local:
         source_line = ("source: the local directory %s, its files dropped from the page cache "
                        "before each epoch (MONARCH_DEMO_LOCAL=1)" % dataset)
     else:
@@ -306,7 +363,7 @@ def main():
     finally:
         if emulator:
             emulator.stop()
-    report(files, total, source_line, plain, monarch)
+    report(files, total, source_line, plain, monarch, moosefs=bool(args.moosefs))
     print("(this run: %.0f s; the output of both: %s/plain.log and monarch.log)"
           % (time.monotonic() - start, demo_dir))
 

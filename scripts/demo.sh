@@ -37,4 +37,6 @@ cleanup() {
 trap cleanup EXIT
 local_flag=()
 [ "${MONARCH_DEMO_LOCAL:-0}" = 1 ] && local_flag=(--local)
+# MONARCH_DEMO_MOOSEFS=DIRECT or AUTO: the source on a real MooseFS (scripts/moosefs.sh).
+[ -n "${MONARCH_DEMO_MOOSEFS:-}" ] && local_flag+=(--moosefs "$MONARCH_DEMO_MOOSEFS")
 python3 scripts/demo.py --build build --dir "$dir" "${local_flag[@]}" "$@"

@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 # libclang-rt-dev: the default clang's sanitizer and libFuzzer runtimes (the
 # fuzz build, tests/fuzz); clang only recommends it. slurm-wlm and munge: a
 # one-machine Slurm the launcher test (tests/slurm) starts for itself.
+# moosefs-*: a real distributed file system on this machine (scripts/moosefs.sh)
+# under tests/moosefs and the benchmarks' --source moosefs.
 packages=(build-essential pkg-config libabsl-dev libyaml-cpp-dev libpmem-dev doctest-dev
           libfuse3-dev fuse3 libucx-dev ucx-utils iproute2 libopenmpi-dev openmpi-bin
-          clang libclang-rt-dev slurm-wlm munge)
+          clang libclang-rt-dev slurm-wlm munge
+          moosefs-master moosefs-chunkserver moosefs-client moosefs-cli)
 # cmake and python3 may come from elsewhere (pip, pyenv): take them from
 # Debian only when they are not on PATH.
 command -v cmake >/dev/null || packages+=(cmake)

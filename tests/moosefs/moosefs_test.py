@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Monarch over a real distributed file system: MooseFS (scripts/moosefs.sh),
+a master and a chunk server in a network namespace, the FUSE client mounted
+over a veth pair.
+
+The source bytes a job reads are counted outside Monarch: the bytes that
+crossed the veth pair from the chunk server to the client. The client is
+mounted with mfscachemode=DIRECT, so no kernel cache hides a re-read: a
+plain job that reads the dataset 3 times moves 3x the dataset, and the
+`in-process` scenario checks that it does, so the counter can fail.
+
+  in-process  a Python job with its own Monarch (a RAM tier), 3 shuffled
+              epochs: bytes exact, the source read once per byte.
+  service     a node service and 2 client processes, each reading all 3
+              epochs: bytes exact, the source read once per byte for the node.
+  preload     cat and md5sum under the LD_PRELOAD library, 3 epochs each:
+              output identical to plain, the source read once per byte.
+  torch       monarch.torch's FileListDataset under a DataLoader with 4
+              workers, 3 epochs: items exact, the source read once per byte.
+  stale       a posix tier's copies kept across a service restart, and in
+              process: files rewritten on MooseFS between runs (same size
+              with the mtime put back, a new size, deleted and made again)
+              are served with their new bytes, never the old copy's.
+
+usage: moosefs_test.py --build-dir BUILD [--python PY] SCENARIO
+Exit code: 0 pass, 1 fail, 77 skip (MooseFS cannot start here).
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "preload"))
+sys.path.insert(0, os.path.join(HERE, "..", "service"))
+
+from preload_programs_test import (  # noqa: E402
+    Env, expected_lines, make_dataset, mixed_spec, node_counters, reader_line, run_program,
+    sha, source_bytes, torch_line, total_bytes, write_config, write_list)
+from service_processes_test import Failure, Service, Skip, check, log  # noqa: E402
+
+SKIP = 77
+MOOSEFS = os.path.join(REPO, "scripts", "moosefs.sh")
+# Bytes that cross the veth pair besides the data: MooseFS's headers and the
+# metadata traffic of opens and stats, a few percent for files of ~60 KiB.
+OVERHEAD = 1.10
+
+# Reads every file of LIST through a Monarch for EPOCHS shuffled epochs and
+# prints "<epoch> <name> <size> <sha256>" per file, sorted within each epoch.
+READER = r"""
+import hashlib, random, sys
+import monarch
+config, listing, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+names = [l.rstrip("\n") for l in open(listing) if l.strip()]
+out = []
+with monarch.Monarch(config) as m:
+    for epoch in range(1, epochs + 1):
+        order = list(names)
+        random.Random(epoch).shuffle(order)
+        lines = {}
+        for n in order:
+            data = m.read(n)
+            lines[n] = "%d %s %d %s\n" % (epoch, n, len(data), hashlib.sha256(data).hexdigest())
+        out.extend(lines[n] for n in names)
+sys.stdout.write("".join(out))
+"""
+
+class MooseFS:
+    """The MooseFS mount of scripts/moosefs.sh, in DIRECT cache mode."""
+
+    def __init__(self):
+        r = subprocess.run([MOOSEFS, "start", "--cache-mode", "DIRECT"], capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode == SKIP:
+            raise Skip(r.stderr.strip())
+        check(r.returncode == 0, "scripts/moosefs.sh start failed (%d):\n%s%s" % (
+            r.returncode, r.stdout, r.stderr))
+        self.mount = r.stdout.strip().splitlines()[-1]
+        check(os.path.ismount(self.mount), "%s is not a mount point" % self.mount)
+
+    def sent(self):
+        """Bytes the chunk server's side has sent the client so far."""
+        r = subprocess.run([MOOSEFS, "bytes"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0, "scripts/moosefs.sh bytes: %s" % r.stderr)
+        return int(r.stdout)
+
+
+class Meter:
+    """The source bytes a block of the test makes cross the veth pair."""
+
+    def __init__(self, fs, label, dataset_bytes):
+        self.fs, self.label, self.total = fs, label, dataset_bytes
+
+    def __enter__(self):
+        self.before = self.fs.sent()
+        return self
+
+    def __exit__(self, *exc):
+        self.bytes = self.fs.sent() - self.before
+        self.ratio = self.bytes / self.total
+        log("%s: %d bytes from MooseFS, %.3fx the dataset (%d bytes)" % (
+            self.label, self.bytes, self.ratio, self.total))
+        return False
+
+
+def fresh_dataset(env, fs, name, spec):
+    """The files of `spec` written on MooseFS (under a directory of this run)."""
+    root = os.path.join(fs.mount, "monarch-test", "%s-%d" % (name, os.getpid()))
+    shutil.rmtree(root, ignore_errors=True)
+    env.mounts_to_clean = getattr(env, "mounts_to_clean", []) + [root]
+    files = make_dataset(root, spec)
+    return root, files
+
+
+def dataset_spec():
+    # Image-sized files, edge sizes and one file of several MiB (extents).
+    return mixed_spec(classes=3, per_class=20, big=5 * 2**20 + 321)
+
+
+def check_once(meter, what):
+    check(meter.ratio >= 0.99, "%s: %.3fx the dataset crossed from MooseFS, less than the "
+          "dataset: the meter does not see the reads" % (what, meter.ratio))
+    check(meter.ratio <= OVERHEAD, "%s: the source was read %.3fx the dataset in one job, "
+          "not once per byte (at most %.2fx with headers)" % (what, meter.ratio, OVERHEAD))
+
+
+def python_env(env):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(REPO, "python")
+    e["MONARCH_C_LIBRARY"] = env.libc_api
+    e["MONARCH_BINARY"] = env.monarch
+    e.pop("MONARCH_CONFIG", None)
+    return e
+
+
+def run_python(env, code, args, timeout=600):
+    r = subprocess.run([env.python, "-c", code] + args, capture_output=True, timeout=timeout,
+                       env=python_env(env), stdin=subprocess.DEVNULL)
+    check(r.returncode == 0, "python job failed (%d):\n%s" % (
+        r.returncode, r.stderr.decode(errors="replace")[-3000:]))
+    return r.stdout
+
+
+def in_process_config(env, root, files, name, tiers=None):
+    tiers = tiers or ["{kind: ram, capacity: %d}" % max(2 * total_bytes(files), 16 << 20)]
+    path = env.path(name + ".yaml")
+    with open(path, "w") as f:
+        f.write("dataset: {path: %s}\ntiers:\n%s  - {kind: source}\n" % (
+            root, "".join("  - %s\n" % t for t in tiers)))
+    return path
+
+
+def scenario_in_process(env, fs):
+    root, files = fresh_dataset(env, fs, "inproc", dataset_spec())
+    names = sorted(files)
+    total = total_bytes(files)
+    listing = write_list(env.path("files.txt"), names)
+    want = expected_lines(files, names, 3, reader_line)
+    # The meter sees every read: plain reads of 3 epochs move 3x the dataset.
+    with Meter(fs, "plain reads, 3 epochs", total) as plain:
+        for _ in range(3):
+            for n in names:
+                with open(os.path.join(root, n), "rb") as f:
+                    check(f.read() == files[n], "plain read of %s differs" % n)
+    check(plain.ratio >= 2.9, "plain reads of 3 epochs moved only %.2fx the dataset: the "
+          "mount caches, so the meter cannot show a re-read" % plain.ratio)
+    config = in_process_config(env, root, files, "inproc")
+    with Meter(fs, "in process (RAM tier), 3 epochs", total) as job:
+        got = run_python(env, READER, [config, listing, "3"])
+    check(got == want, "in process: the bytes read differ from the files")
+    check_once(job, "in process")
+
+
+def scenario_service(env, fs):
+    root, files = fresh_dataset(env, fs, "service", dataset_spec())
+    names = sorted(files)
+    total = total_bytes(files)
+    listing = write_list(env.path("files.txt"), names)
+    want = expected_lines(files, names, 3, reader_line)
+    rt = env.runtime_dir("rt")
+    config = write_config(env.path("svc.yaml"), root, rt, max(2 * total, 16 << 20))
+    with Meter(fs, "node service, 2 clients x 3 epochs", total) as job:
+        service = Service(env, config, rt, "serve")
+        try:
+            procs = [subprocess.Popen([env.python, "-c", READER, config, listing, "3"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=python_env(env)) for _ in range(2)]
+            for p in procs:
+                out, err = p.communicate(timeout=600)
+                check(p.returncode == 0, "a client failed (%d):\n%s" % (
+                    p.returncode, err.decode(errors="replace")[-3000:]))
+                check(out == want, "through the service: the bytes read differ from the files")
+            node = node_counters(env, rt)
+        finally:
+            service.stop()
+    check(node is not None, "the service did not answer for its counters")
+    log("the node's source tier read %d bytes" % source_bytes(node))
+    check_once(job, "through the service")
+
+
+def scenario_preload(env, fs):
+    check(os.path.exists(env.preload), "missing %s" % env.preload)
+    root, files = fresh_dataset(env, fs, "preload", dataset_spec())
+    names = sorted(files)
+    total = total_bytes(files)
+    md5 = "".join("%s  %s\n" % (hashlib.md5(files[n]).hexdigest(), n) for n in names).encode()
+    cat_all = sha(b"".join(files[n] for n in names))
+    rt = env.runtime_dir("rt")
+    config = write_config(env.path("pre.yaml"), root, rt, max(2 * total, 16 << 20))
+    with Meter(fs, "preload: md5sum and cat, 3 epochs", total) as job:
+        service = Service(env, config, rt, "serve")
+        try:
+            for epoch in (1, 2, 3):
+                r = run_program(env, ["md5sum"] + names, True, config, cwd=root)
+                check(r.returncode == 0 and r.stdout == md5, "epoch %d md5sum: %s" % (
+                    epoch, r.describe()))
+                r = run_program(env, ["cat"] + [os.path.join(root, n) for n in names], True,
+                                config)
+                check(r.returncode == 0 and sha(r.stdout) == cat_all, "epoch %d cat: %s" % (
+                    epoch, r.describe()))
+        finally:
+            service.stop()
+    check_once(job, "through the preload")
+
+
+def scenario_torch(env, fs):
+    r = subprocess.run([env.python, "-c", "import torch"], capture_output=True)
+    if r.returncode != 0:
+        raise Skip("no torch in %s" % env.python)
+    root, files = fresh_dataset(env, fs, "torch", dataset_spec())
+    names = sorted(files)
+    total = total_bytes(files)
+    listing = write_list(env.path("files.txt"), names)
+    rt = env.runtime_dir("rt")
+    config = write_config(env.path("torch.yaml"), root, rt, max(2 * total, 16 << 20))
+    program = os.path.join(HERE, "torch_epochs.py")
+    with Meter(fs, "monarch.torch, DataLoader with 4 workers, 3 epochs", total) as job:
+        service = Service(env, config, rt, "serve")
+        try:
+            got = subprocess.run([env.python, program, config, listing, "3"],
+                                 capture_output=True, timeout=600, env=python_env(env))
+        finally:
+            service.stop()
+    check(got.returncode == 0, "the DataLoader job failed (%d):\n%s" % (
+        got.returncode, got.stderr.decode(errors="replace")[-3000:]))
+    check(got.stdout == expected_lines(files, names, 3, torch_line),
+          "monarch.torch: the items differ from the files")
+    check_once(job, "through monarch.torch")
+
+
+def rewrite(root, files, rng):
+    """Changes three files on MooseFS the ways a user would; returns the new contents."""
+    names = sorted(n for n in files if n.startswith("train/"))
+    same_size, new_size, recreated = names[0], names[1], names[2]
+    new = dict(files)
+    # Same size, new bytes, and the old mtime put back: only ctime (and the
+    # bytes) tell.
+    path = os.path.join(root, same_size)
+    st = os.stat(path)
+    new[same_size] = rng.randbytes(len(files[same_size]))
+    with open(path, "r+b") as f:
+        f.write(new[same_size])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    new[new_size] = rng.randbytes(len(files[new_size]) + 4097)
+    with open(os.path.join(root, new_size), "wb") as f:
+        f.write(new[new_size])
+    path = os.path.join(root, recreated)
+    os.unlink(path)
+    new[recreated] = rng.randbytes(len(files[recreated]))
+    with open(path, "wb") as f:
+        f.write(new[recreated])
+    return new, (same_size, new_size, recreated)
+
+
+def scenario_stale(env, fs):
+    root, files = fresh_dataset(env, fs, "stale", dataset_spec())
+    names = sorted(files)
+    total = total_bytes(files)
+    listing = write_list(env.path("files.txt"), names)
+    rng = random.Random(7)
+    copies = os.path.join(env.var_dir(), "posix-copies")
+    os.makedirs(copies)
+    posix = "{kind: posix, path: %s, capacity: %d}" % (copies, 4 * total)
+    rt = env.runtime_dir("rt")
+    config = write_config(env.path("stale.yaml"), root, rt, 0, tiers=[posix])
+
+    def serve_and_read(want, label):
+        service = Service(env, config, rt, "serve-" + label)
+        try:
+            out = run_python(env, READER, [config, listing, "1"])
+            node = node_counters(env, rt)
+        finally:
+            service.stop()
+        check(out == expected_lines(want, names, 1, reader_line),
+              "%s: the service served bytes that are not the files' on MooseFS" % label)
+        return node
+
+    serve_and_read(files, "first service")
+    kept = sum(len(fs_names) for _, _, fs_names in os.walk(copies))
+    check(kept >= len(names) // 2, "the posix tier kept only %d copies: nothing to go stale" %
+          kept)
+    files2, changed = rewrite(root, files, rng)
+    log("rewrote %s on MooseFS" % ", ".join(changed))
+    node = serve_and_read(files2, "restarted service")
+    changed_bytes = sum(len(files2[n]) for n in changed)
+    log("restarted service: source read %d bytes (the changed files: %d)" % (
+        source_bytes(node), changed_bytes))
+    # The restarted service adopted the unchanged copies (else nothing here
+    # could have gone stale) and read the changed files from MooseFS again.
+    check(source_bytes(node) < total // 2, "the restarted service read %d of %d bytes from the "
+          "source: it adopted no copies, so staleness was not put to the test" % (
+              source_bytes(node), total))
+    check(source_bytes(node) >= changed_bytes, "the restarted service read only %d bytes from "
+          "the source, less than the %d of the changed files" % (source_bytes(node),
+                                                                changed_bytes))
+    # In process, over the same posix tier (the service is gone): a second
+    # rewrite, then an instance that adopts the copies.
+    files3, changed = rewrite(root, files2, rng)
+    config_local = in_process_config(env, root, files, "stale-local", tiers=[posix])
+    out = run_python(env, READER, [config_local, listing, "1"])
+    check(out == expected_lines(files3, names, 1, reader_line),
+          "in process: served bytes that are not the files' on MooseFS after %s changed" %
+          ", ".join(changed))
+
+
+SCENARIOS = {"in-process": scenario_in_process, "service": scenario_service,
+             "preload": scenario_preload, "torch": scenario_torch, "stale": scenario_stale}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("--python")
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    a = parser.parse_args()
+    a.preload, a.dry_run = None, False
+    began = time.monotonic()
+    env = None
+    try:
+        if os.geteuid() != 0:
+            raise Skip("MooseFS needs root here (network namespaces, mount)")
+        if not os.path.exists("/dev/fuse"):
+            raise Skip("no /dev/fuse")
+        env = Env(a, "mfs-" + a.scenario)
+        fs = MooseFS()
+        SCENARIOS[a.scenario](env, fs)
+    except Skip as e:
+        print("SKIP %s: %s" % (a.scenario, e))
+        return SKIP
+    except Failure as e:
+        print("FAIL %s after %.1f s: %s" % (a.scenario, time.monotonic() - began, e))
+        return 1
+    except Exception:  # noqa: BLE001 - anything unexpected is a failure
+        traceback.print_exc()
+        print("FAIL %s: unexpected exception" % a.scenario)
+        return 1
+    finally:
+        if env is not None:
+            for root in getattr(env, "mounts_to_clean", []):
+                shutil.rmtree(root, ignore_errors=True)
+            env.cleanup()
+    print("PASS %s in %.1f s" % (a.scenario, time.monotonic() - began))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
