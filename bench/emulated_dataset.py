@@ -10,6 +10,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from moosefs_source import MooseFS, add_source_flags  # noqa: E402
 from service_epochs import Pfs, add_emulator_flags  # noqa: E402
 
 
@@ -22,6 +23,7 @@ def parser(reps, out):
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--reps", type=int, default=reps)
     add_emulator_flags(ap)
+    add_source_flags(ap)
     ap.add_argument("--out", default=out)
     return ap
 
@@ -40,13 +42,17 @@ def imagenet_like(build, path, files):
 
 def mounted_dataset(a):
     """Generates --files ImageNet-like files under --dir (once) and mounts
-    them through the PFS emulator. Returns (pfs, files, total_bytes); exits
-    when FUSE is unavailable."""
+    them through the PFS emulator, or copies them onto MooseFS with
+    --source moosefs (bench/moosefs_source.py). Returns (pfs, files,
+    total_bytes); exits when the source is unavailable."""
     backing, mount = os.path.join(a.dir, "backing"), os.path.join(a.dir, "pfs")
     os.makedirs(a.dir, exist_ok=True)
     sizes = [os.path.getsize(os.path.join(backing, n))
              for n in imagenet_like(a.build, backing, a.files)]
-    pfs = Pfs(a, backing, mount)
+    if getattr(a, "source", "emulator") == "moosefs":
+        pfs = MooseFS(a, backing, "imagenet-%d" % a.files)
+    else:
+        pfs = Pfs(a, backing, mount)
     if not pfs.ok:
-        sys.exit("PFS emulator unavailable: " + pfs.why)
+        sys.exit("source unavailable: " + pfs.why)
     return pfs, len(sizes), sum(sizes)
