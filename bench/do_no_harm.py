@@ -38,8 +38,13 @@ Note: ext4 creates files slowly for minutes after many were deleted (its
 search for an inode not recently freed). The script deletes its tier
 directories only at the very end; wait a few minutes between two runs.
 
+With --source moosefs the datasets are copied onto a real MooseFS
+(scripts/moosefs.sh, bench/moosefs_source.py) and read from there; "dropped"
+then also evicts the chunk server's pages before each epoch (scripts/moosefs.sh
+drop-cache), so a cold epoch meets the chunk server's disk.
+
 usage: bench/do_no_harm.py [--build build] [--dir /var/tmp/monarch-dnh] [--repeat 3]
-                           [--only small-cached-1-ram,...]
+                           [--only small-cached-1-ram,...] [--source moosefs]
 """
 import argparse
 import json
@@ -50,6 +55,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moosefs_source import SCRIPT as MOOSEFS_SCRIPT, MooseFS, add_source_flags  # noqa: E402
 
 EPOCHS = 3
 TARGET_E1 = {1: 1.10, 4: 1.5}
@@ -120,6 +128,7 @@ def measure(tiers_made):
     ap.add_argument("--back-ahead", default="",
                     help="tiers[i].back_ahead of the RAM tier (a size such as 256MiB)")
     ap.add_argument("--out", default="bench/results/do_no_harm")
+    add_source_flags(ap)
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite OUT.md and OUT.png from OUT.json without measuring")
     a = ap.parse_args()
@@ -131,6 +140,7 @@ def measure(tiers_made):
         a.buffer_offset = saved.get("buffer_offset", 0)
         a.cached_source = saved.get("cached_source", "promote")
         a.back_ahead = saved.get("back_ahead", "")
+        a.source_line = saved.get("source_line", "")
         a.commit = saved.get("commit", "unknown")
         bounds = {tuple(k.split("-", 1)): v for k, v in saved["bounds"].items()}
         if saved["device"]:
@@ -157,12 +167,22 @@ def measure(tiers_made):
     if free < need * 1.1:
         raise SystemExit(f"{a.dir}: {free >> 30} GiB free, the tier copies need ~{need >> 30} GiB")
     only = set(filter(None, a.only.split(",")))
+    # Where each dataset is read from: the local directory, or its copy on MooseFS.
+    sources = {name: os.path.join(a.dir, name) for name in datasets}
+    a.source_line = ""
+    if a.source == "moosefs":
+        for name in datasets:
+            fs = MooseFS(a, sources[name], "dnh-" + name)
+            if not fs.ok:
+                raise SystemExit(fs.why)
+            sources[name] = fs.mount
+        a.source_line = fs.describe()
     load_before = os.getloadavg()[0]
     run_id = f"{os.getpid()}-{int(time.time())}"
     cells = []
     bounds = {}
     for name in datasets:
-        source = os.path.join(a.dir, name)
+        source = sources[name]
         dataset_bytes = sum(os.path.getsize(os.path.join(d, f))
                             for d, _, fs in os.walk(source) for f in fs)
         for tier in ("ram", "posix"):
@@ -183,6 +203,8 @@ def measure(tiers_made):
                               "--epochs", str(EPOCHS), "--seed", "7"]
                     if state == "dropped":
                         common.append("--drop-source-cache")
+                        if a.source == "moosefs":
+                            common += ["--before-epoch", MOOSEFS_SCRIPT + " drop-cache"]
                     plain_runs, monarch_runs, published = [], [], []
                     for rep in range(a.repeat):
                         # Every repetition starts with the same memory: earlier
@@ -267,7 +289,7 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
                    "load_after": load_after, "cores": cores, "repeat": a.repeat,
                    "read_size": a.read_size, "buffer_offset": a.buffer_offset,
                    "cached_source": a.cached_source, "back_ahead": a.back_ahead,
-                   "commit": a.commit,
+                   "commit": a.commit, "source_line": a.source_line,
                    "bounds": {f"{k[0]}-{k[1]}": v for k, v in bounds.items()}}, f, indent=1)
     cmd = (f"sudo python3 bench/do_no_harm.py --repeat {a.repeat}" +
            (f" --read-size {a.read_size}" if a.read_size != "256KiB" else "") +
@@ -275,10 +297,14 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
            (f" --cached-source {a.cached_source}" if a.cached_source != "defer" else "") +
            (f" --back-ahead {a.back_ahead}" if a.back_ahead else "") +
            (f" --only {a.only}" if a.only else "") +
+           (f" --source moosefs --moosefs-setup {a.moosefs_setup}"
+            if getattr(a, "source", "emulator") == "moosefs" else "") +
            (f" --out {a.out}" if a.out != "bench/results/do_no_harm" else ""))
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
              f"Command: `{cmd}` (needs a Release build: `cmake -S . -B build "
              "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2`). "
+             (f"Source: {a.source_line}. " if a.source_line else
+              "Source: the local directory. ") +
              f"Measured at {a.commit}. {cores} cores; load average {load_before:.2f} before, {load_after or 0:.2f} after. "
              "Each figure is the median over repetitions of Monarch's epoch time divided by the "
              f"plain epoch time of the same repetition (`monarch-epochs --read-size {a.read_size} "
