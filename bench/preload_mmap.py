@@ -34,8 +34,12 @@ copies), and the bytes the emulator served. Ratios: time against plain;
 node memory against one copy of the pages the processes touched (target
 <= 1.1) and against the file.
 
+With --source moosefs the file is copied onto a real MooseFS
+(scripts/moosefs.sh, bench/moosefs_source.py) and mapped from there; the
+source bytes are those that crossed its veth pair.
+
 usage: sudo python3 bench/preload_mmap.py [--build build] [--repeat 3]
-       [--old-preload PATH] [--out bench/results/preload_mmap]
+       [--old-preload PATH] [--out bench/results/preload_mmap] [--source moosefs]
 """
 
 import argparse
@@ -50,6 +54,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from moosefs_source import MooseFS, add_source_flags  # noqa: E402
 from service_epochs import Pfs, add_emulator_flags, start_service, stop_service  # noqa: E402
 
 REPO = os.path.dirname(HERE)
@@ -212,6 +217,7 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--old-preload", help="an earlier build of libmonarch_preload.so (arm `old`)")
     add_emulator_flags(p)
+    add_source_flags(p)
     p.add_argument("--out", default=os.path.join(HERE, "results", "preload_mmap"))
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
@@ -222,9 +228,12 @@ def main():
 
     backing = os.path.join(a.work, "backing")
     write_file(os.path.join(backing, "big.bin"), a.gib)
-    pfs = Pfs(a, backing, os.path.join(a.work, "pfs"))
+    if a.source == "moosefs":
+        pfs = MooseFS(a, backing, "mmap-%dgib" % a.gib)
+    else:
+        pfs = Pfs(a, backing, os.path.join(a.work, "pfs"))
     if not pfs.ok:
-        sys.exit("PFS emulator unavailable: " + pfs.why)
+        sys.exit("source unavailable: " + pfs.why)
     path = os.path.join(pfs.mount, "big.bin")
     file_mib = (a.gib << 30) / MIB
     runtime = os.path.join(a.work, "rt")
@@ -323,6 +332,8 @@ def main():
     command = "python3 bench/preload_mmap.py " + " ".join(sys.argv[1:])
     with open(a.out + ".json", "w") as f:
         json.dump({"commit": commit, "command": command, "file_mib": file_mib,
+                   "source": pfs.describe() if a.source == "moosefs" else
+                   "PFS emulator " + " ".join(pfs.flags),
                    "procs": a.procs, "pages": a.pages, "repeat": a.repeat, "rows": rows,
                    "runs": results}, f, indent=1)
     lines = ["| case | arm | time (s) | vs plain | RSS growth per process (MiB) | node (MiB) "

@@ -29,6 +29,9 @@ boundary inside one process (`monarch-epochs --before-epoch` running
 epoch_phase.py, see there; tf_reader.py has its own handshake). With
 --pfs-dir the suite runs against a real PFS directory instead, and PFS
 figures come from Monarch's own source-tier counters (application level).
+With --source moosefs the generated dataset is copied onto a real MooseFS
+(scripts/moosefs.sh; --moosefs-setup default, direct or throttled) and its
+counters (veth bytes, mfsmount's operations) are read the same way.
 Results go to bench/results/suite/: results.md, PNG charts and results.json.
 """
 
@@ -51,6 +54,8 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from moosefs_source import SCRIPT as MOOSEFS_SCRIPT, MooseFS, add_source_flags  # noqa: E402
 VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 MiB = 1 << 20
 
@@ -140,6 +145,35 @@ class Emulator:
             if r.returncode != 0:
                 log(f"warning: pfs-emulator stop {self.mount}: {r.stderr.strip()}")
             self.started = False
+
+
+class MooseFSMount:
+    """The dataset copied onto a real MooseFS (bench/moosefs_source.py), with
+    Emulator's face: scripts/moosefs.sh's stats and reset are in the
+    emulator's shape (bytes from the veth pair, mfsmount's operation counts)."""
+
+    def __init__(self, a, backing, name):
+        self.a, self.backing, self.name = a, backing, name
+        self.script, self.mount, self.fs = MOOSEFS_SCRIPT, None, None
+
+    def start(self):
+        self.fs = MooseFS(self.a, self.backing, self.name)
+        if not self.fs.ok:
+            sys.exit(f"run_suite: {self.fs.why}")
+        self.mount = self.fs.mount
+        return {"source": self.fs.describe()}
+
+    def stats(self):
+        return {"counters": self.fs.stats()}
+
+    def counters(self):
+        return self.fs.stats()
+
+    def reset(self):
+        self.fs.reset()
+
+    def stop(self):
+        pass  # MooseFS stays up; scripts/moosefs.sh stop ends it.
 
 
 class LoadSampler(threading.Thread):
@@ -654,7 +688,13 @@ class Suite:
     def run_dataset(self, ds):
         emulator = None
         source = ds["backing"]
-        if not self.a.pfs_dir:
+        if getattr(self.a, "source", "emulator") == "moosefs":
+            emulator = MooseFSMount(self.a, ds["backing"], "suite-" + ds["tag"])
+            self.emulators.append(emulator)
+            log(f"copying {ds['backing']} onto MooseFS")
+            self.emulator_config = emulator.start()
+            source = emulator.mount
+        elif not self.a.pfs_dir:
             mount = os.path.join(self.work, "mnt", ds["tag"])
             emulator = Emulator(os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator"),
                                 ds["backing"], mount, shlex.split(self.a.emulator_flags))
@@ -739,7 +779,8 @@ class Suite:
             "uptime_before": uptime(), "scale": a.scale, "epochs": a.epochs,
             "threads": a.threads, "workers": a.workers, "tf": tf_status,
             "commit": a.commit or git_head(), "nice": os.nice(0),
-            "pfs": a.pfs_dir or "pfs-emulator", "drop_caches": not a.no_drop_caches,
+            "pfs": a.pfs_dir or ("moosefs" if a.source == "moosefs" else "pfs-emulator"),
+            "drop_caches": not a.no_drop_caches,
         }
         sampler.start()
         try:
@@ -1075,7 +1116,12 @@ class Report:
                          "competing for CPU and disk. These are single runs: expect noise of 10% "
                          "or more in the times, and compare setups using the per-run load "
                          "column.")
-        if meta["pfs"] == "pfs-emulator":
+        if meta["pfs"] == "moosefs":
+            L.append(f"- PFS: a real MooseFS (scripts/moosefs.sh), "
+                     f"`{json.dumps(meta.get('emulator_config'))}`. PFS counters: the bytes that "
+                     "crossed the veth pair from the chunk server and mfsmount's own operation "
+                     "counts, read and reset at each epoch boundary as for the emulator.")
+        elif meta["pfs"] == "pfs-emulator":
             L.append(f"- PFS: `tools/pfs_emulator` FUSE mount over the generated dataset, config "
                      f"`{json.dumps(meta.get('emulator_config'))}`. PFS counters are the emulator's, "
                      "read and reset exactly at each epoch boundary inside the one process that "
@@ -1171,6 +1217,7 @@ def main():
                          "the source, without the emulator")
     ap.add_argument("--emulator-flags", default="",
                     help="extra monarch-pfs-emulator flags (default: its Lustre-like defaults)")
+    add_source_flags(ap)
     ap.add_argument("--tf", choices=["auto", "on", "off"], default="auto",
                     help="TensorFlow setups: auto = when monarch_tf and its plugin are found")
     ap.add_argument("--tf-plugin", default=None, help="libmonarch_tf_plugin.so to use")
