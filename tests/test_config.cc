@@ -3,19 +3,23 @@
 
 #include <doctest/doctest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "config/config_keys.h"
 #include "monarch/config.h"
+#include "monarch/monarch.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -397,6 +401,81 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(
         e, "logging.level: expected 'debug', 'info', 'warning' or 'error', got 'loud'"));
   }
+}
+
+// Every enum key: each of its YAML names parses to a value that NameOf()
+// names the same way, and a bad value is refused by the key's path with all
+// of the names listed.
+TEST_CASE("each enum's YAML names: parsed, printed by NameOf, listed when wrong") {
+  Dirs d;
+  struct Case {
+    std::string key;
+    std::vector<std::string> names;
+    std::function<std::string(const Config&)> name_of;
+  };
+  const std::vector<Case> cases = {
+      {"dataset.symlinks", {"follow", "inside", "skip"},
+       [](const Config& c) { return NameOf(c.dataset.symlinks); }},
+      {"tiers[0].kind", {"ram", "pmem", "posix", "source"},
+       [](const Config& c) { return NameOf(c.tiers[0].kind); }},
+      {"tiers[0].write_mode", {"auto", "buffered", "direct"},
+       [](const Config& c) { return NameOf(c.tiers[0].write_mode); }},
+      {"placement.policy", {"first-fit", "lru", "none"},
+       [](const Config& c) { return NameOf(c.placement.policy); }},
+      {"placement.verify", {"first-read", "every-read", "off"},
+       [](const Config& c) { return NameOf(c.placement.verify); }},
+      {"placement.cached_source", {"defer", "promote"},
+       [](const Config& c) { return NameOf(c.placement.cached_source); }},
+      {"remote.bootstrap", {"directory", "mpi"},
+       [](const Config& c) { return NameOf(c.remote.bootstrap); }},
+      {"logging.level", {"debug", "info", "warning", "error"},
+       [](const Config& c) { return NameOf(c.logging.level); }},
+  };
+  // A config whose `key` is `value`.
+  auto yaml = [&](const std::string& key, const std::string& value) {
+    const std::string section = key.substr(0, key.find('.'));
+    const std::string name = key.substr(key.find('.') + 1);
+    std::string dataset = absl::StrCat("dataset: {path: ", d.dataset, "}\n");
+    std::string tiers = "tiers:\n  - {kind: source}\n";
+    if (section == "dataset") {
+      dataset = absl::StrCat("dataset: {path: ", d.dataset, ", ", name, ": ", value, "}\n");
+    } else if (name == "kind") {
+      const std::string where = value == "pmem" ? d.pmem : d.nvme;
+      tiers = value == "source" ? "tiers:\n  - {kind: source}\n"
+              : value == "ram"  ? "tiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"
+                                : absl::StrCat("tiers:\n  - {kind: ", value, ", path: ", where,
+                                               ", capacity: 1MiB}\n  - {kind: source}\n");
+    } else if (name == "write_mode") {
+      tiers = absl::StrCat("tiers:\n  - {kind: posix, path: ", d.nvme,
+                           ", capacity: 1MiB, write_mode: ", value, "}\n  - {kind: source}\n");
+    } else {
+      tiers += absl::StrCat(section, ": {", name, ": ", value, "}\n");
+    }
+    return dataset + tiers;
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.key);
+    std::string expected;  // "'a', 'b' or 'c'"
+    for (size_t i = 0; i < c.names.size(); ++i) {
+      absl::StrAppend(&expected, i == 0 ? "" : i + 1 == c.names.size() ? " or " : ", ", "'",
+                      c.names[i], "'");
+    }
+    for (const std::string& name : c.names) {
+      absl::StatusOr<Config> config = ParseConfigString(yaml(c.key, name));
+      REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+      CHECK(c.name_of(*config) == name);
+    }
+    CHECK(ErrorOf(yaml(c.key, "bogus")) ==
+          absl::StrCat(c.key, ": expected ", expected, ", got 'bogus'"));
+  }
+  // A kind is required, and named as the key names its values; `peers` is
+  // a tier's name in stats, not a kind to list.
+  CHECK(ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {name: x}\n")) ==
+        "tiers[0].kind: required: 'ram', 'pmem', 'posix' or 'source'");
+  CHECK(std::string(NameOf(TierKind::kPeers)) == "peers");
+  CHECK(std::string(TierKindName(TierKind::kPosix)) == "posix");
+  CHECK(ErrorOf(yaml("tiers[0].kind", "peers")) ==
+        "tiers[0].kind: expected 'ram', 'pmem', 'posix' or 'source', got 'peers'");
 }
 
 // Sets (or, with nullopt, unsets) an environment variable for one scope and

@@ -82,7 +82,8 @@ enum class BootstrapKind {
 // logging.level.
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
-// The YAML names of the values above ("ram", "first-fit", "warning", ...).
+// The YAML names of the values above ("ram", "first-fit", "warning", ...),
+// from one table per enum (src/config/config_keys.cc).
 const char* TierKindName(TierKind kind);
 const char* NameOf(TierKind value);
 const char* NameOf(WriteMode value);

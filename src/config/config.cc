@@ -144,12 +144,13 @@ absl::Status ParseTiers(const YAML::Node& tiers, Config* config) {
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, config_keys::KeyNames("tiers[i]")));
-    if (!t["kind"])
-      return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
     TierConfig tier;
     for (const config_keys::Key<TierConfig>& key : config_keys::TierKeys()) {
+      const std::string path = absl::StrCat(where, ".", key.name);
       if (const YAML::Node value = t[key.name]) {
-        MONARCH_RETURN_IF_ERROR(key.parse(value, absl::StrCat(where, ".", key.name), &tier));
+        MONARCH_RETURN_IF_ERROR(key.parse(value, path, &tier));
+      } else if (key.required) {
+        return KeyError(path, absl::StrCat("required: ", key.expected));
       }
     }
     if (!t["name"]) tier.name = TierKindName(tier.kind);
@@ -258,100 +259,6 @@ std::string RealPath(const std::string& path) {
 }
 
 }  // namespace
-
-const char* NameOf(TierKind value) { return TierKindName(value); }
-
-const char* NameOf(WriteMode value) {
-  switch (value) {
-    case WriteMode::kAuto:
-      return "auto";
-    case WriteMode::kBuffered:
-      return "buffered";
-    case WriteMode::kDirect:
-      return "direct";
-  }
-  return "unknown";
-}
-
-const char* NameOf(SymlinkPolicy value) {
-  switch (value) {
-    case SymlinkPolicy::kFollow:
-      return "follow";
-    case SymlinkPolicy::kInside:
-      return "inside";
-    case SymlinkPolicy::kSkip:
-      return "skip";
-  }
-  return "unknown";
-}
-
-const char* NameOf(PlacementPolicyKind value) {
-  switch (value) {
-    case PlacementPolicyKind::kFirstFit:
-      return "first-fit";
-    case PlacementPolicyKind::kLru:
-      return "lru";
-    case PlacementPolicyKind::kNone:
-      return "none";
-  }
-  return "unknown";
-}
-
-const char* NameOf(VerifyPolicy value) {
-  switch (value) {
-    case VerifyPolicy::kOff:
-      return "off";
-    case VerifyPolicy::kFirstRead:
-      return "first-read";
-    case VerifyPolicy::kEveryRead:
-      return "every-read";
-  }
-  return "unknown";
-}
-
-const char* NameOf(CachedSourcePolicy value) {
-  switch (value) {
-    case CachedSourcePolicy::kDefer:
-      return "defer";
-    case CachedSourcePolicy::kPromote:
-      return "promote";
-  }
-  return "?";
-}
-
-const char* NameOf(BootstrapKind value) {
-  return value == BootstrapKind::kMpi ? "mpi" : "directory";
-}
-
-const char* NameOf(LogLevel value) {
-  switch (value) {
-    case LogLevel::kDebug:
-      return "debug";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kWarning:
-      return "warning";
-    case LogLevel::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
-const char* TierKindName(TierKind kind) {
-  switch (kind) {
-    case TierKind::kRam:
-      return "ram";
-    case TierKind::kPmem:
-      return "pmem";
-    case TierKind::kPosix:
-      return "posix";
-    case TierKind::kSource:
-      return "source";
-    case TierKind::kPeers:
-      return "peers";
-  }
-  return "unknown";
-}
 
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   const absl::string_view text(text_in.data(), text_in.size());
