@@ -836,10 +836,15 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "cold epoch was even); and each of the tier's 8 stripes may end in a partly used 2 MiB "
       "page. Without the key, a forked client (a DataLoader worker) copies its hits with "
       "`pread()` until it reads a file again, which costs it less than faulting 4 KiB pages in "
-      "(hot epochs with fresh workers 0.99x a local copy against 1.10x before; with `huge_pages` "
-      "they were 0.86-0.90x), and maps from then on. So the key may still pay for fresh "
-      "DataLoader workers ([bench/results/python.md](../bench/results/python.md)); not for "
-      "persistent workers or one long-lived process."));
+      "(in `bench/torch_epochs.py --files 6000`, 4 fresh workers through the node service, hot "
+      "epochs took 0.99x a local copy's time against 1.10x before, and 0.86-0.90x with "
+      "`huge_pages`: [bench/results/python.md](../bench/results/python.md)), and maps from then "
+      "on. That is not the rule: in the paper suite's DataLoader, 4 fresh workers through the "
+      "service over 20,000 small files on a quiet machine, hot epochs took 1.34x and 1.42x the "
+      "local copy's time (1.41x and 1.53x with an announced order; "
+      "[bench/results/suite/ANALYSIS.md](../bench/results/suite/ANALYSIS.md)). So the key may "
+      "still pay for fresh DataLoader workers; not for persistent workers or one long-lived "
+      "process."));
   keys.push_back(SizeKey<TierConfig>(
       "tiers[i]", "back_ahead", [](auto& t) -> auto& { return t.back_ahead_bytes; }, 0,
       ~uint64_t{0}, 1, "size", "a size",
