@@ -3,19 +3,23 @@
 
 #include <doctest/doctest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "config/config_keys.h"
 #include "monarch/config.h"
+#include "monarch/monarch.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -85,8 +89,37 @@ logging:
   CHECK(config->logging.level == LogLevel::kInfo);
 }
 
-// The descriptor budget: derived from RLIMIT_NOFILE unless given, and an
-// explicit value kept and checked.
+// Runs `checks` in a child process whose RLIMIT_NOFILE is (`soft`, `hard`)
+// (a hard limit lowered cannot be raised again: not in this process), and
+// returns what they reported: empty when every one held.
+std::string InChildWithLimit(rlim_t soft, rlim_t hard, const std::function<std::string()>& checks) {
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    const struct rlimit limit = {soft, hard};
+    const std::string report = ::setrlimit(RLIMIT_NOFILE, &limit) == 0
+                                   ? checks()
+                                   : absl::StrCat("setrlimit(", soft, ", ", hard, ") failed");
+    const bool written = ::write(pipe_fds[1], report.data(), report.size()) ==
+                         static_cast<ssize_t>(report.size());
+    ::_exit(written ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  std::string report;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) report.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the child died: ", status);
+  return report;
+}
+
+// The descriptor budget: derived from RLIMIT_NOFILE's hard limit unless
+// given, and an explicit value kept and checked.
 TEST_CASE("placement.max_open_files: derived from the descriptor limit unless given") {
   Dirs d;
   auto parse = [&](const std::string& placement) {
@@ -99,12 +132,12 @@ TEST_CASE("placement.max_open_files: derived from the descriptor limit unless gi
   // Not given, or auto: shared by the source and the two file tiers.
   absl::StatusOr<Config> config = parse("");
   REQUIRE_MESSAGE(config.ok(), config.status().ToString());
-  // Building a config raised the soft limit to the hard one.
   struct rlimit limit;
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
-  if (limit.rlim_max != RLIM_INFINITY) CHECK(limit.rlim_cur == limit.rlim_max);
   CHECK(config->placement.max_open_files == DefaultMaxOpenFiles(3));
-  CHECK(static_cast<uint64_t>(config->placement.max_open_files) * 3 < limit.rlim_cur);
+  if (limit.rlim_max != RLIM_INFINITY) {
+    CHECK(static_cast<uint64_t>(config->placement.max_open_files) * 3 < limit.rlim_max);
+  }
   config = parse("placement: {max_open_files: auto}\n");
   REQUIRE_MESSAGE(config.ok(), config.status().ToString());
   CHECK(config->placement.max_open_files == DefaultMaxOpenFiles(3));
@@ -120,24 +153,76 @@ TEST_CASE("placement.max_open_files: derived from the descriptor limit unless gi
     REQUIRE_FALSE(config.ok());
     CHECK(absl::StartsWith(config.status().message(), "placement.max_open_files: "));
   }
-  // Under a lower limit (ulimit -n 1024): half of it is left to the
+  // A hard limit of 1024 (ulimit -Hn 1024): half of it is left to the
   // program, the rest shared; more than the limit itself is refused.
-  struct rlimit low = limit;
-  low.rlim_cur = 1024;
-  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
-  CHECK(DefaultMaxOpenFiles(2) == 256);
-  CHECK(DefaultMaxOpenFiles(4) == 128);
-  config = parse("");
-  const bool derived_ok = config.ok() && config->placement.max_open_files == 170;
-  config = parse("placement: {max_open_files: 1025}\n");
-  const std::string refused = config.ok() ? "" : std::string(config.status().message());
-  Config in_code = testing::MakeConfig(d.dataset, {});
-  in_code.placement.max_open_files = 4096;
-  const absl::Status validated = ValidateConfig(in_code);
-  ::setrlimit(RLIMIT_NOFILE, &limit);
-  CHECK(derived_ok);
-  CHECK(absl::StartsWith(refused, "placement.max_open_files: 1025 is more than the 1024"));
-  CHECK(absl::StartsWith(validated.message(), "placement.max_open_files: "));
+  CHECK(InChildWithLimit(1024, 1024, [&]() -> std::string {
+          std::string failed;
+          if (DefaultMaxOpenFiles(2) != 256) failed += "DefaultMaxOpenFiles(2); ";
+          if (DefaultMaxOpenFiles(4) != 128) failed += "DefaultMaxOpenFiles(4); ";
+          absl::StatusOr<Config> derived = parse("");
+          if (!derived.ok() || derived->placement.max_open_files != 170) failed += "derived; ";
+          absl::StatusOr<Config> refused = parse("placement: {max_open_files: 1025}\n");
+          if (refused.ok() ||
+              !absl::StartsWith(refused.status().message(),
+                                "placement.max_open_files: 1025 is more than the 1024")) {
+            failed += "1025 not refused; ";
+          }
+          Config in_code = testing::MakeConfig(d.dataset, {});
+          in_code.placement.max_open_files = 4096;
+          if (!absl::StartsWith(ValidateConfig(in_code).message(), "placement.max_open_files: ")) {
+            failed += "4096 in code not refused; ";
+          }
+          return failed;
+        }) == "");
+  // A soft limit of 1024 under a higher hard one (a shell's ulimit -Sn): the
+  // budget is the hard limit's, which the instance raises the soft one to.
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max > 2048) {
+    const int at_hard = DefaultMaxOpenFiles(2);
+    CHECK(InChildWithLimit(1024, limit.rlim_max, [&]() -> std::string {
+            std::string failed;
+            if (DefaultMaxOpenFiles(2) != at_hard) failed += "DefaultMaxOpenFiles(2); ";
+            if (!parse("placement: {max_open_files: 1025}\n").ok()) failed += "1025 refused; ";
+            return failed;
+          }) == "");
+  }
+}
+
+// Building, parsing or validating a config changes nothing in the process;
+// the instance raises the soft descriptor limit to the hard one when it
+// starts.
+TEST_CASE("a config leaves RLIMIT_NOFILE alone, and starting an instance raises it") {
+  Dirs d;
+  struct rlimit limit;
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max < 256) {
+    MONARCH_SKIP("needs a finite hard RLIMIT_NOFILE of at least 256");
+  }
+  const rlim_t soft = limit.rlim_max / 2;
+  testing::WriteFile(d.dataset + "/a", 1, 4096);  // An instance over no file pins nothing.
+  CHECK(InChildWithLimit(soft, limit.rlim_max, [&]() -> std::string {
+          std::string failed;
+          auto soft_now = [] {
+            struct rlimit now;
+            return ::getrlimit(RLIMIT_NOFILE, &now) == 0 ? now.rlim_cur : 0;
+          };
+          const Config built;
+          const PlacementConfig placement;
+          const Config defaults = DefaultConfig(d.dataset);
+          const absl::StatusOr<Config> parsed = ParseConfigString(
+              absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {kind: source}\n"));
+          Config config = testing::MakeConfig(d.dataset, {testing::RamTier(1 << 20)});
+          if (!parsed.ok() || !ValidateConfig(config).ok() || built.placement.max_open_files < 4 ||
+              placement.max_open_files < 4 || defaults.placement.max_open_files < 4) {
+            failed += "a config did not build; ";
+          }
+          if (soft_now() != soft) {
+            failed += absl::StrCat("a config set the soft limit to ", soft_now(), "; ");
+          }
+          absl::StatusOr<std::unique_ptr<Monarch>> instance = Monarch::Create(config);
+          if (!instance.ok()) return failed + instance.status().ToString();
+          if (soft_now() != limit.rlim_max) failed += "starting an instance did not raise it; ";
+          return failed;
+        }) == "");
 }
 
 TEST_CASE("tier names default to the kind") {
@@ -397,6 +482,81 @@ TEST_CASE("bad configs are refused with the key named") {
     CHECK(absl::StrContains(
         e, "logging.level: expected 'debug', 'info', 'warning' or 'error', got 'loud'"));
   }
+}
+
+// Every enum key: each of its YAML names parses to a value that NameOf()
+// names the same way, and a bad value is refused by the key's path with all
+// of the names listed.
+TEST_CASE("each enum's YAML names: parsed, printed by NameOf, listed when wrong") {
+  Dirs d;
+  struct Case {
+    std::string key;
+    std::vector<std::string> names;
+    std::function<std::string(const Config&)> name_of;
+  };
+  const std::vector<Case> cases = {
+      {"dataset.symlinks", {"follow", "inside", "skip"},
+       [](const Config& c) { return NameOf(c.dataset.symlinks); }},
+      {"tiers[0].kind", {"ram", "pmem", "posix", "source"},
+       [](const Config& c) { return NameOf(c.tiers[0].kind); }},
+      {"tiers[0].write_mode", {"auto", "buffered", "direct"},
+       [](const Config& c) { return NameOf(c.tiers[0].write_mode); }},
+      {"placement.policy", {"first-fit", "lru", "none"},
+       [](const Config& c) { return NameOf(c.placement.policy); }},
+      {"placement.verify", {"first-read", "every-read", "off"},
+       [](const Config& c) { return NameOf(c.placement.verify); }},
+      {"placement.cached_source", {"defer", "promote"},
+       [](const Config& c) { return NameOf(c.placement.cached_source); }},
+      {"remote.bootstrap", {"directory", "mpi"},
+       [](const Config& c) { return NameOf(c.remote.bootstrap); }},
+      {"logging.level", {"debug", "info", "warning", "error"},
+       [](const Config& c) { return NameOf(c.logging.level); }},
+  };
+  // A config whose `key` is `value`.
+  auto yaml = [&](const std::string& key, const std::string& value) {
+    const std::string section = key.substr(0, key.find('.'));
+    const std::string name = key.substr(key.find('.') + 1);
+    std::string dataset = absl::StrCat("dataset: {path: ", d.dataset, "}\n");
+    std::string tiers = "tiers:\n  - {kind: source}\n";
+    if (section == "dataset") {
+      dataset = absl::StrCat("dataset: {path: ", d.dataset, ", ", name, ": ", value, "}\n");
+    } else if (name == "kind") {
+      const std::string where = value == "pmem" ? d.pmem : d.nvme;
+      tiers = value == "source" ? "tiers:\n  - {kind: source}\n"
+              : value == "ram"  ? "tiers:\n  - {kind: ram, capacity: 1MiB}\n  - {kind: source}\n"
+                                : absl::StrCat("tiers:\n  - {kind: ", value, ", path: ", where,
+                                               ", capacity: 1MiB}\n  - {kind: source}\n");
+    } else if (name == "write_mode") {
+      tiers = absl::StrCat("tiers:\n  - {kind: posix, path: ", d.nvme,
+                           ", capacity: 1MiB, write_mode: ", value, "}\n  - {kind: source}\n");
+    } else {
+      tiers += absl::StrCat(section, ": {", name, ": ", value, "}\n");
+    }
+    return dataset + tiers;
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.key);
+    std::string expected;  // "'a', 'b' or 'c'"
+    for (size_t i = 0; i < c.names.size(); ++i) {
+      absl::StrAppend(&expected, i == 0 ? "" : i + 1 == c.names.size() ? " or " : ", ", "'",
+                      c.names[i], "'");
+    }
+    for (const std::string& name : c.names) {
+      absl::StatusOr<Config> config = ParseConfigString(yaml(c.key, name));
+      REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+      CHECK(c.name_of(*config) == name);
+    }
+    CHECK(ErrorOf(yaml(c.key, "bogus")) ==
+          absl::StrCat(c.key, ": expected ", expected, ", got 'bogus'"));
+  }
+  // A kind is required, and named as the key names its values; `peers` is
+  // a tier's name in stats, not a kind to list.
+  CHECK(ErrorOf(absl::StrCat("dataset: {path: ", d.dataset, "}\ntiers:\n  - {name: x}\n")) ==
+        "tiers[0].kind: required: 'ram', 'pmem', 'posix' or 'source'");
+  CHECK(std::string(NameOf(TierKind::kPeers)) == "peers");
+  CHECK(std::string(TierKindName(TierKind::kPosix)) == "posix");
+  CHECK(ErrorOf(yaml("tiers[0].kind", "peers")) ==
+        "tiers[0].kind: expected 'ram', 'pmem', 'posix' or 'source', got 'peers'");
 }
 
 // Sets (or, with nullopt, unsets) an environment variable for one scope and

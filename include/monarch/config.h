@@ -82,7 +82,8 @@ enum class BootstrapKind {
 // logging.level.
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
-// The YAML names of the values above ("ram", "first-fit", "warning", ...).
+// The YAML names of the values above ("ram", "first-fit", "warning", ...),
+// from one table per enum (src/config/config_keys.cc).
 const char* TierKindName(TierKind kind);
 const char* NameOf(TierKind value);
 const char* NameOf(WriteMode value);
@@ -113,12 +114,13 @@ struct DatasetConfig {
 
 // The default of PlacementConfig::max_open_files, for a process whose file
 // tiers and source together keep `descriptor_caches` caches of descriptors
-// (one each): the descriptors this process may open (RLIMIT_NOFILE), less
-// headroom for the program itself (an eighth of the limit, and at least
-// 1024 descriptors or half of a smaller limit), shared between the caches;
-// 4 to 1000000. The first call raises the soft limit to the hard one (what
-// any process may do), so the budget is what the process may have, not
-// what its shell happened to start it with.
+// (one each): the descriptors this process may open (RLIMIT_NOFILE's hard
+// limit), less headroom for the program itself (an eighth of the limit,
+// and at least 1024 descriptors or half of a smaller limit), shared between
+// the caches; 4 to 1000000. Changes nothing: an instance (or node service)
+// raises the soft limit to the hard one when it starts, what any process
+// may do, so the budget is what the process may have, not what its shell
+// happened to start it with.
 int DefaultMaxOpenFiles(int descriptor_caches = 4);
 
 struct PlacementConfig {

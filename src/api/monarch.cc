@@ -18,6 +18,7 @@ namespace {
 // started on demand, which only the YAML entry points have.
 absl::StatusOr<std::unique_ptr<Monarch>> CreateValid(const ValidConfig& config,
                                                      const service::ConfigSource& source) {
+  RaiseDescriptorLimit();  // The budget of placement.max_open_files counts on it.
   if (config->node.shared) return service::ConnectToNodeService(config, source);
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<MonarchCore> core, CreateMonarchCore(config, {}));
   return std::unique_ptr<Monarch>(std::move(core));

@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -86,33 +85,15 @@ absl::Status ParseSection(const YAML::Node& map, const std::string& section, Con
   return absl::OkStatus();
 }
 
-// The soft RLIMIT_NOFILE, raised to the hard limit the first time. A hard
-// limit of "unlimited" is capped by the kernel at fs.nr_open, which a
-// soft limit may not exceed either.
-uint64_t RaisedDescriptorLimit() {
-  static std::once_flag raised;
-  std::call_once(raised, [] {
-    struct rlimit limit;
-    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-    rlim_t target = limit.rlim_max;
-    if (target == RLIM_INFINITY) {
-      target = 1048576;  // The kernel's default fs.nr_open.
-      absl::StatusOr<std::string> text = ReadSmallFile("/proc/sys/fs/nr_open");
-      uint64_t nr_open = 0;
-      if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &nr_open) &&
-          nr_open > 0) {
-        target = static_cast<rlim_t>(nr_open);
-      }
-    }
-    if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= target) return;
-    limit.rlim_cur = target;
-    // Refused (a hard limit above fs.nr_open): the budget then fits the
-    // soft limit as it is.
-    (void)::setrlimit(RLIMIT_NOFILE, &limit);
-  });
+// The soft RLIMIT_NOFILE this process may have: the hard limit, which
+// RaiseDescriptorLimit() raises the soft one to when an instance starts.
+// Linux refuses a hard limit above fs.nr_open, "unlimited" included, so
+// such a limit is never raised to: the soft one counts then.
+uint64_t DescriptorLimit() {
   struct rlimit limit;
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
-  return limit.rlim_cur == RLIM_INFINITY ? 1048576 : static_cast<uint64_t>(limit.rlim_cur);
+  const rlim_t reachable = limit.rlim_max != RLIM_INFINITY ? limit.rlim_max : limit.rlim_cur;
+  return reachable == RLIM_INFINITY ? 1048576 : static_cast<uint64_t>(reachable);
 }
 
 // The descriptor caches a config's instance keeps: one per file tier, one
@@ -144,12 +125,13 @@ absl::Status ParseTiers(const YAML::Node& tiers, Config* config) {
     const YAML::Node t = tiers[i];
     if (!t.IsMap()) return KeyError(where, absl::StrCat("expected a mapping, got ", Describe(t)));
     MONARCH_RETURN_IF_ERROR(CheckKeys(t, where, config_keys::KeyNames("tiers[i]")));
-    if (!t["kind"])
-      return KeyError(absl::StrCat(where, ".kind"), "required: ram, pmem, posix or source");
     TierConfig tier;
     for (const config_keys::Key<TierConfig>& key : config_keys::TierKeys()) {
+      const std::string path = absl::StrCat(where, ".", key.name);
       if (const YAML::Node value = t[key.name]) {
-        MONARCH_RETURN_IF_ERROR(key.parse(value, absl::StrCat(where, ".", key.name), &tier));
+        MONARCH_RETURN_IF_ERROR(key.parse(value, path, &tier));
+      } else if (key.required) {
+        return KeyError(path, absl::StrCat("required: ", key.expected));
       }
     }
     if (!t["name"]) tier.name = TierKindName(tier.kind);
@@ -258,100 +240,6 @@ std::string RealPath(const std::string& path) {
 }
 
 }  // namespace
-
-const char* NameOf(TierKind value) { return TierKindName(value); }
-
-const char* NameOf(WriteMode value) {
-  switch (value) {
-    case WriteMode::kAuto:
-      return "auto";
-    case WriteMode::kBuffered:
-      return "buffered";
-    case WriteMode::kDirect:
-      return "direct";
-  }
-  return "unknown";
-}
-
-const char* NameOf(SymlinkPolicy value) {
-  switch (value) {
-    case SymlinkPolicy::kFollow:
-      return "follow";
-    case SymlinkPolicy::kInside:
-      return "inside";
-    case SymlinkPolicy::kSkip:
-      return "skip";
-  }
-  return "unknown";
-}
-
-const char* NameOf(PlacementPolicyKind value) {
-  switch (value) {
-    case PlacementPolicyKind::kFirstFit:
-      return "first-fit";
-    case PlacementPolicyKind::kLru:
-      return "lru";
-    case PlacementPolicyKind::kNone:
-      return "none";
-  }
-  return "unknown";
-}
-
-const char* NameOf(VerifyPolicy value) {
-  switch (value) {
-    case VerifyPolicy::kOff:
-      return "off";
-    case VerifyPolicy::kFirstRead:
-      return "first-read";
-    case VerifyPolicy::kEveryRead:
-      return "every-read";
-  }
-  return "unknown";
-}
-
-const char* NameOf(CachedSourcePolicy value) {
-  switch (value) {
-    case CachedSourcePolicy::kDefer:
-      return "defer";
-    case CachedSourcePolicy::kPromote:
-      return "promote";
-  }
-  return "?";
-}
-
-const char* NameOf(BootstrapKind value) {
-  return value == BootstrapKind::kMpi ? "mpi" : "directory";
-}
-
-const char* NameOf(LogLevel value) {
-  switch (value) {
-    case LogLevel::kDebug:
-      return "debug";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kWarning:
-      return "warning";
-    case LogLevel::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
-const char* TierKindName(TierKind kind) {
-  switch (kind) {
-    case TierKind::kRam:
-      return "ram";
-    case TierKind::kPmem:
-      return "pmem";
-    case TierKind::kPosix:
-      return "posix";
-    case TierKind::kSource:
-      return "source";
-    case TierKind::kPeers:
-      return "peers";
-  }
-  return "unknown";
-}
 
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   const absl::string_view text(text_in.data(), text_in.size());
@@ -636,15 +524,13 @@ absl::Status ValidateConfig(const Config& config) {
   if (p.policy == PlacementPolicyKind::kLru && config.remote.enabled) {
     return KeyError("placement.policy", "'lru' is not supported with remote.enabled (peers)");
   }
-  // More descriptors than the process may open: reads past the limit would
-  // fail with EMFILE, on the source too.
-  if (struct rlimit limit; ::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
-                           limit.rlim_cur != RLIM_INFINITY &&
-                           static_cast<uint64_t>(p.max_open_files) > limit.rlim_cur) {
+  // More descriptors than the process may open once its instance raised
+  // its soft limit: reads past it would fail with EMFILE, on the source too.
+  if (const uint64_t limit = DescriptorLimit(); static_cast<uint64_t>(p.max_open_files) > limit) {
     return KeyError("placement.max_open_files",
-                    absl::StrCat(p.max_open_files, " is more than the ", limit.rlim_cur,
-                                 " descriptors this process may open (RLIMIT_NOFILE, ulimit -n); "
-                                 "leave the key out to derive it from the limit"));
+                    absl::StrCat(p.max_open_files, " is more than the ", limit,
+                                 " descriptors this process may open (RLIMIT_NOFILE's hard limit, "
+                                 "ulimit -Hn); leave the key out to derive it from the limit"));
   }
   // Only the path here: whether the file exists and matches the dataset is
   // checked when the namespace is built from it (`monarch manifest` writes
@@ -707,8 +593,19 @@ absl::StatusOr<Config> ParseConfigFile(const std::string& path) {
   return *config;
 }
 
+void RaiseDescriptorLimit() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max == RLIM_INFINITY ||
+      limit.rlim_cur >= limit.rlim_max) {
+    return;
+  }
+  limit.rlim_cur = limit.rlim_max;
+  // Refused only for a hard limit above fs.nr_open, lowered since it was set.
+  (void)::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 int DefaultMaxOpenFiles(int descriptor_caches) {
-  const uint64_t limit = RaisedDescriptorLimit();
+  const uint64_t limit = DescriptorLimit();
   // Left to the program: its own files, sockets and pipes, its libraries'
   // (CUDA, NCCL, MPI), the peers' connections. An eighth of the limit, and
   // at least 1024 descriptors, or half of a limit under 2048 (1024 is a

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -15,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/types/span.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -95,6 +97,63 @@ std::string SizeName(uint64_t bytes) {
 std::string DurationName(double seconds) { return absl::StrFormat("%gs", seconds); }
 
 std::string Code(absl::string_view text) { return absl::StrCat("`", text, "`"); }
+
+// ---- The YAML names of the enums: one table each, one row per value, in
+// the order the reference and the errors list them. NameOf(), the parser,
+// the range check, the reference and the error messages all read them.
+
+template <typename E>
+struct Named {
+  const char* name;
+  E value;
+};
+
+// `peers` names a tier in stats, and is never listed under `tiers`: the
+// last row, which the kind key leaves out.
+constexpr Named<TierKind> kTierKinds[] = {{"ram", TierKind::kRam},
+                                          {"pmem", TierKind::kPmem},
+                                          {"posix", TierKind::kPosix},
+                                          {"source", TierKind::kSource},
+                                          {"peers", TierKind::kPeers}};
+constexpr Named<WriteMode> kWriteModes[] = {
+    {"auto", WriteMode::kAuto}, {"buffered", WriteMode::kBuffered}, {"direct", WriteMode::kDirect}};
+constexpr Named<SymlinkPolicy> kSymlinkPolicies[] = {
+    {"follow", SymlinkPolicy::kFollow}, {"inside", SymlinkPolicy::kInside},
+    {"skip", SymlinkPolicy::kSkip}};
+constexpr Named<PlacementPolicyKind> kPlacementPolicies[] = {
+    {"first-fit", PlacementPolicyKind::kFirstFit},
+    {"lru", PlacementPolicyKind::kLru},
+    {"none", PlacementPolicyKind::kNone}};
+constexpr Named<VerifyPolicy> kVerifyPolicies[] = {{"first-read", VerifyPolicy::kFirstRead},
+                                                   {"every-read", VerifyPolicy::kEveryRead},
+                                                   {"off", VerifyPolicy::kOff}};
+constexpr Named<CachedSourcePolicy> kCachedSourcePolicies[] = {
+    {"defer", CachedSourcePolicy::kDefer}, {"promote", CachedSourcePolicy::kPromote}};
+constexpr Named<BootstrapKind> kBootstrapKinds[] = {{"directory", BootstrapKind::kDirectory},
+                                                    {"mpi", BootstrapKind::kMpi}};
+constexpr Named<LogLevel> kLogLevels[] = {{"debug", LogLevel::kDebug},
+                                          {"info", LogLevel::kInfo},
+                                          {"warning", LogLevel::kWarning},
+                                          {"error", LogLevel::kError}};
+
+template <typename E>
+const char* NameIn(absl::Span<const Named<E>> names, E value) {
+  for (const Named<E>& row : names) {
+    if (row.value == value) return row.name;
+  }
+  return "unknown";
+}
+
+// "'a', 'b' or 'c'": what an enum key expects.
+template <typename E>
+std::string Expected(absl::Span<const Named<E>> names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : i + 1 == names.size() ? " or " : ", ", "'",
+                    names[i].name, "'");
+  }
+  return out;
+}
 
 // ---- Row builders. `get` maps a root (const or not) to the field: a
 // generic lambda, so one expression serves the parser and the check.
@@ -213,37 +272,29 @@ Key<Root> DurationKey(std::string section, std::string name, Get get, double min
   return key;
 }
 
-// One of `choices` (YAML name, value).
+// One of `choices`: a table above, or its first rows.
 template <typename Root, typename E, typename Get>
 Key<Root> EnumKey(std::string section, std::string name, Get get,
-                  std::vector<std::pair<std::string, E>> choices, std::string help) {
-  std::vector<std::string> quoted, coded;
-  for (const auto& [text, value] : choices) {
-    quoted.push_back(absl::StrCat("'", text, "'"));
-    coded.push_back(Code(text));
-  }
-  // "'a', 'b' or 'c'".
-  std::string expected = quoted.back();
-  if (quoted.size() > 1) {
-    expected = absl::StrCat(
-        absl::StrJoin(std::vector<std::string>(quoted.begin(), quoted.end() - 1), ", "), " or ",
-        quoted.back());
-  }
+                  absl::Span<const Named<E>> choices, std::string help) {
+  std::vector<std::string> coded;
+  for (const Named<E>& choice : choices) coded.push_back(Code(choice.name));
+  const std::string expected = Expected(choices);
   Key<Root> key = Row<Root>(std::move(section), std::move(name), absl::StrJoin(coded, ", "),
-                            Code(NameOf(get(Defaults<Root>()))), std::move(help));
+                            Code(NameIn(choices, get(Defaults<Root>()))), std::move(help));
+  key.expected = expected;
   key.parse = [get, choices, expected](const YAML::Node& node, absl::string_view path, Root* root) {
     MONARCH_ASSIGN_OR_RETURN(std::string text, GetString(node, path));
-    for (const auto& [name, value] : choices) {
-      if (text == name) {
-        get(*root) = value;
+    for (const Named<E>& choice : choices) {
+      if (text == choice.name) {
+        get(*root) = choice.value;
         return absl::OkStatus();
       }
     }
     return KeyError(path, absl::StrCat("expected ", expected, ", got ", Quote(text)));
   };
   key.check = [get, choices, expected](const Root& root, absl::string_view path) {
-    for (const auto& choice : choices) {
-      if (get(root) == choice.second) return absl::OkStatus();
+    for (const Named<E>& choice : choices) {
+      if (get(root) == choice.value) return absl::OkStatus();
     }
     return KeyError(path, absl::StrCat("expected ", expected));
   };
@@ -322,9 +373,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "trip)."));
   keys.push_back(EnumKey<Config, SymlinkPolicy>(
       "dataset", "symlinks", [](auto& c) -> auto& { return c.dataset.symlinks; },
-      {{"follow", SymlinkPolicy::kFollow},
-       {"inside", SymlinkPolicy::kInside},
-       {"skip", SymlinkPolicy::kSkip}},
+      kSymlinkPolicies,
       "Symlinks to files found by the walk. `follow`: served wherever they point, as reading the "
       "directory directly would (a job reads nothing through Monarch it could not read itself: "
       "Monarch runs as the job's user). `inside`: only those whose target lies inside "
@@ -355,9 +404,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "0 = half the cores, at least 1"));
   keys.push_back(EnumKey<Config, PlacementPolicyKind>(
       "placement", "policy", [](auto& c) -> auto& { return c.placement.policy; },
-      {{"first-fit", PlacementPolicyKind::kFirstFit},
-       {"lru", PlacementPolicyKind::kLru},
-       {"none", PlacementPolicyKind::kNone}},
+      kPlacementPolicies,
       "`first-fit`: top-down into the first tier with room, no eviction (the paper's policy): "
       "when the tiers are full, the files not in them stay on the source. With peers, a file this "
       "node keeps for the others (its home share, its replicas, a failed peer's files it took "
@@ -426,13 +473,14 @@ std::vector<Key<Config>> MakeSectionKeys() {
         4, kMaxOpenFilesLimit, absl::StrCat("auto or 4 to ", kMaxOpenFilesLimit),
         "Descriptors (or pmem mappings) each file tier, and the source, keep open between reads. "
         "`auto` (or the key left out): derived from the process's descriptor limit, "
-        "`RLIMIT_NOFILE`, whose soft value is first raised to the hard one (what any process may "
-        "do): the limit less what is left to the program (an eighth of it, and at least 1024, or "
-        "half of a limit under 2048), shared by the source and the `pmem`/`posix` tiers. With a "
-        "limit of 20000 and one `posix` tier over the source, 8750 each; with `ulimit -n 1024` "
-        "that cannot be raised, 256 each. Built in code (`monarch::Config`), the default assumes "
-        "four caches (`DefaultMaxOpenFiles()` in `include/monarch/config.h`). A value above the "
-        "soft limit is refused (reads would fail with `EMFILE`). A `pmem` tier keeps at most a "
+        "`RLIMIT_NOFILE`: its hard value, to which the instance (or node service) raises the "
+        "soft one when it starts (what any process may do): the limit less what is left to the "
+        "program (an eighth of it, and at least 1024, or half of a limit under 2048), shared by "
+        "the source and the `pmem`/`posix` tiers. With a limit of 20000 and one `posix` tier over "
+        "the source, 8750 each; with a hard limit of 1024 (`ulimit -Hn`), 256 each. Built in "
+        "code (`monarch::Config`), the default assumes four caches (`DefaultMaxOpenFiles()` in "
+        "`include/monarch/config.h`). A value above the hard limit is refused (reads would fail "
+        "with `EMFILE`). A `pmem` tier keeps at most a "
         "quarter of `vm.max_map_count` mappings, whatever this says. A copy whose descriptor was "
         "closed is opened again at its next read (`copy_opens`), at the cost of an `open` and an "
         "`fstat`: what was read and checked of it is kept apart (see `placement.verify`). Raising "
@@ -451,9 +499,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
   }
   keys.push_back(EnumKey<Config, VerifyPolicy>(
       "placement", "verify", [](auto& c) -> auto& { return c.placement.verify; },
-      {{"first-read", VerifyPolicy::kFirstRead},
-       {"every-read", VerifyPolicy::kEveryRead},
-       {"off", VerifyPolicy::kOff}},
+      kVerifyPolicies,
       "When `pmem` and `posix` copies are checked against the CRC32C of each 4 KiB block, stored "
       "with them (see \"Tier copies\" below). `first-read`: each block the first time a process "
       "reads it, and every read then checks that the copy was not modified since it was opened: "
@@ -479,7 +525,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "[bench/results/integrity.md](../bench/results/integrity.md)."));
   keys.push_back(EnumKey<Config, CachedSourcePolicy>(
       "placement", "cached_source", [](auto& c) -> auto& { return c.placement.cached_source; },
-      {{"defer", CachedSourcePolicy::kDefer}, {"promote", CachedSourcePolicy::kPromote}},
+      kCachedSourcePolicies,
       "What a miss does when the source holds the bytes asked for in memory already (the page "
       "cache of a local file system, or of a PFS client), as a read with `RWF_NOWAIT` tells "
       "without waiting. `defer`: the reader takes them from there, at the cost of a plain "
@@ -558,7 +604,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "(`SLURM_NTASKS`), Flux, Open MPI, PMIx, PMI. `env:NAME`: that variable."));
   keys.push_back(WhenRemote(EnumKey<Config, BootstrapKind>(
       "remote", "bootstrap", [](auto& c) -> auto& { return c.remote.bootstrap; },
-      {{"directory", BootstrapKind::kDirectory}, {"mpi", BootstrapKind::kMpi}},
+      kBootstrapKinds,
       "How peers exchange UCX addresses: files in `rendezvous_dir`, or an MPI allgather (builds "
       "with `-DMONARCH_WITH_MPI=ON`).")));
   keys.push_back(WhenRemote(StringKey<Config>(
@@ -740,10 +786,7 @@ std::vector<Key<Config>> MakeSectionKeys() {
   // logging
   keys.push_back(EnumKey<Config, LogLevel>(
       "logging", "level", [](auto& c) -> auto& { return c.logging.level; },
-      {{"debug", LogLevel::kDebug},
-       {"info", LogLevel::kInfo},
-       {"warning", LogLevel::kWarning},
-       {"error", LogLevel::kError}},
+      kLogLevels,
       "Messages to stderr."));
   return keys;
 }
@@ -752,10 +795,7 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
   std::vector<Key<TierConfig>> keys;
   keys.push_back(EnumKey<TierConfig, TierKind>(
       "tiers[i]", "kind", [](auto& t) -> auto& { return t.kind; },
-      {{"ram", TierKind::kRam},
-       {"pmem", TierKind::kPmem},
-       {"posix", TierKind::kPosix},
-       {"source", TierKind::kSource}},
+      absl::MakeConstSpan(kTierKinds, std::size(kTierKinds) - 1),
       "The driver."));
   keys.back().required = true;
   keys.back().default_doc = "required";
@@ -774,7 +814,7 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "required except for `source`"));
   keys.push_back(EnumKey<TierConfig, WriteMode>(
       "tiers[i]", "write_mode", [](auto& t) -> auto& { return t.write_mode; },
-      {{"auto", WriteMode::kAuto}, {"buffered", WriteMode::kBuffered}, {"direct", WriteMode::kDirect}},
+      kWriteModes,
       "`posix` only. `buffered`: copies are written through the page cache, so the epoch after "
       "a copy was written reads it from memory. `direct`: files of 1 MiB and more are written "
       "with `O_DIRECT` (smaller ones are always buffered), leaving the page cache alone; the next "
@@ -796,10 +836,15 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "cold epoch was even); and each of the tier's 8 stripes may end in a partly used 2 MiB "
       "page. Without the key, a forked client (a DataLoader worker) copies its hits with "
       "`pread()` until it reads a file again, which costs it less than faulting 4 KiB pages in "
-      "(hot epochs with fresh workers 0.99x a local copy against 1.10x before; with `huge_pages` "
-      "they were 0.86-0.90x), and maps from then on. So the key may still pay for fresh "
-      "DataLoader workers ([bench/results/python.md](../bench/results/python.md)); not for "
-      "persistent workers or one long-lived process."));
+      "(in `bench/torch_epochs.py --files 6000`, 4 fresh workers through the node service, hot "
+      "epochs took 0.99x a local copy's time against 1.10x before, and 0.86-0.90x with "
+      "`huge_pages`: [bench/results/python.md](../bench/results/python.md)), and maps from then "
+      "on. That is not the rule: in the paper suite's DataLoader, 4 fresh workers through the "
+      "service over 20,000 small files on a quiet machine, hot epochs took 1.34x and 1.42x the "
+      "local copy's time (1.41x and 1.53x with an announced order; "
+      "[bench/results/suite/ANALYSIS.md](../bench/results/suite/ANALYSIS.md)). So the key may "
+      "still pay for fresh DataLoader workers; not for persistent workers or one long-lived "
+      "process."));
   keys.push_back(SizeKey<TierConfig>(
       "tiers[i]", "back_ahead", [](auto& t) -> auto& { return t.back_ahead_bytes; }, 0,
       ~uint64_t{0}, 1, "size", "a size",
@@ -905,3 +950,29 @@ absl::StatusOr<std::string> WithReference(absl::string_view document,
 }
 
 }  // namespace monarch::config_keys
+
+namespace monarch {
+
+using config_keys::NameIn;
+
+const char* NameOf(TierKind value) { return NameIn<TierKind>(config_keys::kTierKinds, value); }
+const char* NameOf(WriteMode value) { return NameIn<WriteMode>(config_keys::kWriteModes, value); }
+const char* NameOf(SymlinkPolicy value) {
+  return NameIn<SymlinkPolicy>(config_keys::kSymlinkPolicies, value);
+}
+const char* NameOf(PlacementPolicyKind value) {
+  return NameIn<PlacementPolicyKind>(config_keys::kPlacementPolicies, value);
+}
+const char* NameOf(VerifyPolicy value) {
+  return NameIn<VerifyPolicy>(config_keys::kVerifyPolicies, value);
+}
+const char* NameOf(CachedSourcePolicy value) {
+  return NameIn<CachedSourcePolicy>(config_keys::kCachedSourcePolicies, value);
+}
+const char* NameOf(BootstrapKind value) {
+  return NameIn<BootstrapKind>(config_keys::kBootstrapKinds, value);
+}
+const char* NameOf(LogLevel value) { return NameIn<LogLevel>(config_keys::kLogLevels, value); }
+const char* TierKindName(TierKind kind) { return NameOf(kind); }
+
+}  // namespace monarch

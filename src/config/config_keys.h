@@ -38,6 +38,8 @@ struct Key {
   std::string default_doc;  // For the reference.
   std::string help;         // Markdown.
   bool required = false;
+  // An enum key's values as errors list them: "'ram', 'pmem' or 'posix'".
+  std::string expected;
   // Reads `node` into `root`; an error names `key`, the key's full path.
   std::function<absl::Status(const YAML::Node& node, absl::string_view key, Root* root)> parse;
   // Checks the value `root` holds against the key's range; an error names

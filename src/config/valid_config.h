@@ -35,6 +35,11 @@ class ValidConfig {
   Config config_;
 };
 
+// Raises this process's soft RLIMIT_NOFILE to its hard limit, which
+// DefaultMaxOpenFiles() and ValidateConfig() count on. Called where an
+// instance or a node service starts, never by building a config.
+void RaiseDescriptorLimit();
+
 // Changes a parsed config before it is validated (the preload library makes
 // every config a node-service client's).
 using ConfigAdjustment = std::function<void(Config&)>;

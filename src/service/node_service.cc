@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<NodeService>> NodeService::Start(const ValidConfi
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: '", config->dataset.path, "' is not an existing directory"));
   }
+  RaiseDescriptorLimit();  // The budget of placement.max_open_files counts on it.
   MONARCH_ASSIGN_OR_RETURN(ServicePaths paths, ServicePathsFor(*config));
   MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths));
   // First of all: of two services started at once, one goes on.
