@@ -52,6 +52,8 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+sys.path.insert(0, os.path.dirname(HERE))
+from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 MiB = 1 << 20
 
 # Dataset sizes per scale. read_size 0 = whole file per read call (JPEG
@@ -657,7 +659,8 @@ class Suite:
         if not self.a.pfs_dir:
             mount = os.path.join(self.work, "mnt", ds["tag"])
             emulator = Emulator(os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator"),
-                                ds["backing"], mount, shlex.split(self.a.emulator_flags))
+                                ds["backing"], mount,
+                                readahead_flags(self.a) + shlex.split(self.a.emulator_flags))
             self.emulators.append(emulator)
             log(f"starting the PFS emulator: {ds['backing']} -> {mount}")
             self.emulator_config = emulator.start()
@@ -1171,6 +1174,7 @@ def main():
                          "the source, without the emulator")
     ap.add_argument("--emulator-flags", default="",
                     help="extra monarch-pfs-emulator flags (default: its Lustre-like defaults)")
+    add_readahead_flag(ap)
     ap.add_argument("--tf", choices=["auto", "on", "off"], default="auto",
                     help="TensorFlow setups: auto = when monarch_tf and its plugin are found")
     ap.add_argument("--tf-plugin", default=None, help="libmonarch_tf_plugin.so to use")
