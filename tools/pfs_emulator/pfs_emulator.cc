@@ -516,10 +516,10 @@ struct FileHandle {
   int64_t run_end = -1;   // End of the current sequential run; -1: no read yet.
   int64_t last_off = -1;  // Offset of the previous read.
   int64_t window = 0;     // Read-ahead size of the next sequential miss.
-  // Window bytes [ahead_off, ahead_off + ahead_len) sit in ahead->data() at
-  // ahead_skip; the vector is immutable once installed, so a reply may use
+  // Window bytes [ahead_off, ahead_off + ahead_len) sit in ahead at
+  // ahead_skip; the buffer is immutable once installed, so a reply may use
   // it after `mu` is released.
-  std::shared_ptr<const std::vector<char>> ahead;
+  std::shared_ptr<const char[]> ahead;
   int64_t ahead_off = 0;
   int64_t ahead_len = 0;
   int64_t ahead_skip = 0;
@@ -792,10 +792,10 @@ class Emulator {
     const bool forward = !sequential || end > h->run_end;
     h->run_end = sequential ? std::max(h->run_end, end) : end;
     h->last_off = off;
-    std::shared_ptr<const std::vector<char>> ahead = h->ahead;
+    std::shared_ptr<const char[]> ahead = h->ahead;
     const int64_t ahead_end = h->ahead_off + h->ahead_len;
     const bool in_ahead = ahead && off >= h->ahead_off && off < ahead_end;
-    const char* ahead_at = in_ahead ? ahead->data() + h->ahead_skip + (off - h->ahead_off) : nullptr;
+    const char* ahead_at = in_ahead ? ahead.get() + h->ahead_skip + (off - h->ahead_off) : nullptr;
     if (in_ahead && end <= ahead_end) {
       Count(kReadaheadHits);
       Count(kReadaheadHitBytes, static_cast<uint64_t>(end - off));
@@ -818,8 +818,10 @@ class Emulator {
     want_end = end + granted;
 
     Op op(this, kReads, opts_.read_latency_us);
-    auto data = std::make_shared<std::vector<char>>(static_cast<size_t>(want_end - from));
-    const ssize_t n = pread(h->fd, data->data(), data->size(), from);
+    // Not value-initialized: pread fills what is used, and zeroing a large
+    // window would cost the reader time a real client does not spend.
+    std::shared_ptr<char[]> data(new char[static_cast<size_t>(want_end - from)]);
+    const ssize_t n = pread(h->fd, data.get(), static_cast<size_t>(want_end - from), from);
     if (n < 0) {
       readahead_budget_.Give(granted);
       return ReplyErr(req, errno);
@@ -840,7 +842,7 @@ class Emulator {
     if (from > off) Count(kReadaheadHitBytes, static_cast<uint64_t>(from - off));
     lock.unlock();
     iovec iov[2] = {{const_cast<char*>(ahead_at), static_cast<size_t>(from - off)},
-                    {data->data(), static_cast<size_t>(asked)}};
+                    {data.get(), static_cast<size_t>(asked)}};
     fuse_reply_iov(req, from > off ? iov : iov + 1, from > off ? 2 : 1);
   }
 
