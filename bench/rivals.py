@@ -952,7 +952,8 @@ def passthrough(a):
             "--epoch-cap", str(a.epoch_cap), "--meta-latency-us", str(a.meta_latency_us),
             "--read-latency-us", str(a.read_latency_us),
             "--bandwidth-mbps", str(a.bandwidth_mbps), "--monarch-yaml", a.monarch_yaml] + (
-                ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else [])
+                ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else []) + (
+                ["--no-readahead"] if a.no_readahead else [])
 
 
 def one_arm(a, arm):
