@@ -439,6 +439,47 @@ def test_readahead_random_and_mixed(h):
     h.stop(mnt)
 
 
+def test_readahead_parallel(h):
+    """Threads sharing one descriptor, and threads with their own, under a
+    small total cap: every byte right, and the books add up."""
+    mnt = h.start("m_ra_par", "--no-delay", "--readahead-kb", "2048",
+                  "--readahead-total-kb", "3072")
+    want = h.backing_bytes(RA_FILE)
+    path = os.path.join(mnt, RA_FILE)
+    errors, asked, lock = [], [0], threading.Lock()
+
+    def reader(fd, offsets):
+        try:
+            for off in offsets:
+                got = os.pread(fd, CHUNK, off)
+                if got != want[off:off + CHUNK]:
+                    errors.append(f"pread({CHUNK}, {off}) differs")
+                with lock:
+                    asked[0] += len(got)
+        except OSError as e:
+            errors.append(str(e))
+
+    h.reset(mnt)
+    shared = os.open(path, os.O_RDONLY)
+    own = [os.open(path, os.O_RDONLY) for _ in range(4)]
+    offsets = list(range(0, RA_SIZE, CHUNK))
+    threads = [threading.Thread(target=reader, args=(shared, offsets[i::4])) for i in range(4)]
+    threads += [threading.Thread(target=reader, args=(fd, offsets)) for fd in own]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for fd in [shared] + own:
+            os.close(fd)
+    check(not errors, f"parallel read-ahead: {errors[:3]}")
+    c = h.counters(mnt)
+    check_readahead_books(c, asked[0], "parallel")
+    check(c["readahead_hits"] > 0, f"parallel: no read-ahead used: {c}")
+    h.stop(mnt)
+
+
 def test_stats_exact_right_after_read(h):
     # A stats call right after a read returns must already include it. The
     # emulator also rewrites the file every 100 ms on its own; pausing ~100 ms
@@ -764,6 +805,7 @@ TESTS = [
     test_readahead_sequential,
     test_readahead_counts_waste,
     test_readahead_random_and_mixed,
+    test_readahead_parallel,
     test_stats_exact_right_after_read,
     test_meta_latency_ratio,
     test_read_latency_ratio,

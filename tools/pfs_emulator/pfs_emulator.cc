@@ -776,7 +776,11 @@ class Emulator {
   void ReadAhead(fuse_req_t req, FileHandle* h, size_t size, off_t off) {
     std::unique_lock<std::mutex> lock(h->mu);
     struct stat st;
-    if (fstat(h->fd, &st) != 0) return ReplyErr(req, errno);
+    if (fstat(h->fd, &st) != 0) {
+      const int err = errno;
+      lock.unlock();  // Every reply comes after the unlock (see FileHandle).
+      return ReplyErr(req, err);
+    }
     const int64_t end = std::min<int64_t>(off + static_cast<int64_t>(size), st.st_size);
     if (off >= end) {
       // At or past EOF: a client knows the size (Lustre holds it under its
@@ -823,8 +827,10 @@ class Emulator {
     std::shared_ptr<char[]> data(new char[static_cast<size_t>(want_end - from)]);
     const ssize_t n = pread(h->fd, data.get(), static_cast<size_t>(want_end - from), from);
     if (n < 0) {
+      const int err = errno;
       readahead_budget_.Give(granted);
-      return ReplyErr(req, errno);
+      lock.unlock();
+      return ReplyErr(req, err);
     }
     bandwidth_.Consume(static_cast<size_t>(n));
     Count(kBytesRead, static_cast<uint64_t>(n));
