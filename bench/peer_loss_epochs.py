@@ -37,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import emulated_dataset  # noqa: E402
+from service_epochs import readahead_flags  # noqa: E402
 
 SIZE, VICTIM = 4, 3
 
@@ -114,14 +115,14 @@ def main():
     lines = ["# Epochs with a peer killed: re-homing and replicas", "",
              "Command: `sudo python3 bench/peer_loss_epochs.py %s`" % " ".join(sys.argv[1:]), "",
              "Dataset: %d ImageNet-like files, %.1f MiB, on `monarch-pfs-emulator` (%g MB/s "
-             "shared, %g ms metadata, %g ms per read, 8 ops at once). 4 processes, each a RAM "
+             "shared, %g ms metadata, %g ms per read, 8 ops at once, `%s`). 4 processes, each a RAM "
              "tier of %.2fx the dataset, %d reader threads, its 1/4 partition of each shuffled "
              "epoch, barriers and `--settle` around every epoch. Rank 3 is SIGKILLed as epoch 2 "
              "starts. Figures are the 3 survivors': PFS MiB summed, epoch time of the slowest. "
              "`before` = %s, commit %s (no re-homing: the dead peer's files go to the PFS on "
              "each miss that finds no copy)."
              % (a.files, a.dataset_bytes / mib, a.bandwidth_mbps, a.meta_latency_us / 1000,
-                a.read_latency_us / 1000, a.capacity, a.threads, a.baseline_build,
+                a.read_latency_us / 1000, " ".join(readahead_flags(a)), a.capacity, a.threads, a.baseline_build,
                 baseline or "unknown"),
              "",
              "| epoch | before: PFS MiB | before: s | rehome: PFS MiB | rehome: s | "

@@ -25,6 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 
 
 def sh(*args, **kw):
@@ -81,6 +83,7 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--bandwidth-mbps", type=float, default=300)
+    add_readahead_flag(ap)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "remote_epochs.md"))
     a = ap.parse_args()
     script = os.path.join(a.build, "bin", "pfs-emulator")
@@ -94,7 +97,8 @@ def main():
                           for d, _, fs in os.walk(backing) for f in fs)
     os.makedirs(mount, exist_ok=True)
     subprocess.run([script, "stop", mount], capture_output=True)
-    sh(script, "start", backing, mount, "--bandwidth-mbps", str(a.bandwidth_mbps))
+    sh(script, "start", backing, mount, "--bandwidth-mbps", str(a.bandwidth_mbps),
+       *readahead_flags(a))
     rows = []
     try:
         for n in a.procs:
@@ -114,11 +118,12 @@ def main():
     lines = ["# Remote tier: multi-epoch runs over the PFS emulator", "",
              "Command: `sudo python3 bench/remote_epochs.py %s`" % " ".join(sys.argv[1:]), "",
              "Dataset: %d ImageNet-like files, %.1f MiB, on `monarch-pfs-emulator` "
-             "(%g MB/s shared, 1 ms metadata, 0.5 ms per read, 8 ops at once). "
+             "(%g MB/s shared, 1 ms metadata, 0.5 ms per read, 8 ops at once, `%s`). "
              "Each process: RAM tier of 1/N of the dataset + 5%%, 2 reader threads, its 1/N "
              "partition of each shuffled epoch, barriers around every epoch. "
              "`local` = remote tier disabled (misses go to the PFS), `remote` = enabled. "
-             "Epoch time = slowest process." % (a.files, a.dataset_bytes / mib, a.bandwidth_mbps),
+             "Epoch time = slowest process." % (a.files, a.dataset_bytes / mib, a.bandwidth_mbps,
+                                                " ".join(readahead_flags(a))),
              "",
              "| N | setup | epoch | seconds | PFS MiB | from peers MiB | time remote/local |",
              "|---|---|---|---|---|---|---|"]

@@ -54,6 +54,8 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 ALL_ARMS = ("pfs", "local", "monarch", "announced", "preload", "litdata", "mosaic",
             "webdataset", "fsspec", "simplecache")
 RIVALS = ("litdata", "mosaic", "webdataset", "fsspec", "simplecache")
@@ -294,6 +296,7 @@ class Pfs:
         self.mount = mount
         self.flags = ["--meta-latency-us", str(a.meta_latency_us), "--read-latency-us",
                       str(a.read_latency_us), "--bandwidth-mbps", str(a.bandwidth_mbps)]
+        self.flags += readahead_flags(a)
         if attach:  # an arm's process: the parent started it
             return
         subprocess.run([self.script, "stop", mount], capture_output=True)
@@ -839,6 +842,7 @@ def main():
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=int, default=300)
+    add_readahead_flag(ap)
     ap.add_argument("--epoch-cap", type=float, default=180,
                     help="stop an arm whose epoch runs past this many seconds (recorded as "
                          "such; 0: no cap)")
@@ -948,7 +952,8 @@ def passthrough(a):
             "--epoch-cap", str(a.epoch_cap), "--meta-latency-us", str(a.meta_latency_us),
             "--read-latency-us", str(a.read_latency_us),
             "--bandwidth-mbps", str(a.bandwidth_mbps), "--monarch-yaml", a.monarch_yaml] + (
-                ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else [])
+                ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else []) + (
+                ["--no-readahead"] if a.no_readahead else [])
 
 
 def one_arm(a, arm):

@@ -72,11 +72,30 @@ def fmt(values, f="%.3f"):
     return (f + " / " + f + " / " + f) % (lo, med, hi)
 
 
+# A Lustre client reads ahead, so the benchmarks' PFS emulator does too, with
+# a Lustre client's defaults (tools/pfs_emulator/README.md, "Read-ahead").
+# --no-readahead turns it off so that a figure can be measured both ways; the
+# flag is explicit either way, so every recorded setup line says which.
+READAHEAD_ON = ["--lustre-readahead"]
+READAHEAD_OFF = ["--readahead-kb", "0"]
+
+
+def add_readahead_flag(ap):
+    ap.add_argument("--no-readahead", action="store_true",
+                    help="run the PFS emulator without its Lustre-like read-ahead")
+
+
+def readahead_flags(a):
+    """The emulator's read-ahead flags for these options (on unless --no-readahead)."""
+    return READAHEAD_OFF if getattr(a, "no_readahead", False) else READAHEAD_ON
+
+
 def add_emulator_flags(ap):
     """The PFS emulator's flags that Pfs reads (its Lustre-like defaults)."""
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=float, default=300)
+    add_readahead_flag(ap)
 
 
 class Pfs:
@@ -94,7 +113,7 @@ class Pfs:
         os.makedirs(mount, exist_ok=True)
         flags = ["--meta-latency-us", str(a.meta_latency_us),
                  "--read-latency-us", str(a.read_latency_us),
-                 "--bandwidth-mbps", str(a.bandwidth_mbps)]
+                 "--bandwidth-mbps", str(a.bandwidth_mbps)] + readahead_flags(a)
         r = subprocess.run([self.script, "start", backing, mount] + flags,
                            capture_output=True, text=True)
         if r.returncode != 0:

@@ -40,6 +40,8 @@ import torch.utils.data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 
 
 class PlainFiles(torch.utils.data.Dataset):
@@ -113,6 +115,7 @@ def main():
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=int, default=300)
+    add_readahead_flag(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--persistent-workers", action="store_true",
                     help="keep the DataLoader's workers across epochs (every arm)")
@@ -158,6 +161,7 @@ def main():
     subprocess.run([script, "stop", mount], capture_output=True, env=env)
     flags = ["--meta-latency-us", str(a.meta_latency_us), "--read-latency-us",
              str(a.read_latency_us), "--bandwidth-mbps", str(a.bandwidth_mbps)]
+    flags += readahead_flags(a)
     subprocess.run([script, "start", backing, mount] + flags, check=True, env=env,
                    stdout=subprocess.DEVNULL)
     runtime = os.path.join(a.work, "rt")

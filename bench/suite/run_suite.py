@@ -57,6 +57,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 from moosefs_source import SCRIPT as MOOSEFS_SCRIPT, MooseFS, add_source_flags  # noqa: E402
 VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+sys.path.insert(0, os.path.dirname(HERE))
+from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 MiB = 1 << 20
 
 # Dataset sizes per scale. read_size 0 = whole file per read call (JPEG
@@ -697,7 +699,8 @@ class Suite:
         elif not self.a.pfs_dir:
             mount = os.path.join(self.work, "mnt", ds["tag"])
             emulator = Emulator(os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator"),
-                                ds["backing"], mount, shlex.split(self.a.emulator_flags))
+                                ds["backing"], mount,
+                                readahead_flags(self.a) + shlex.split(self.a.emulator_flags))
             self.emulators.append(emulator)
             log(f"starting the PFS emulator: {ds['backing']} -> {mount}")
             self.emulator_config = emulator.start()
@@ -1218,6 +1221,7 @@ def main():
     ap.add_argument("--emulator-flags", default="",
                     help="extra monarch-pfs-emulator flags (default: its Lustre-like defaults)")
     add_source_flags(ap)
+    add_readahead_flag(ap)
     ap.add_argument("--tf", choices=["auto", "on", "off"], default="auto",
                     help="TensorFlow setups: auto = when monarch_tf and its plugin are found")
     ap.add_argument("--tf-plugin", default=None, help="libmonarch_tf_plugin.so to use")

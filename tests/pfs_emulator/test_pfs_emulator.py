@@ -41,6 +41,9 @@ DATA_FILES = {  # name -> size; read-back checks
     "odd.bin": 100_003,
     "sub/deeper/mib3.bin": 3 * MIB + 7,
 }
+RA_FILE, RA_SIZE = "ra/seq.bin", 6 * MIB + 4321  # read-ahead cases
+RA_SMALL, RA_SMALL_SIZE = "ra/small.bin", 300_000  # under --readahead-whole-kb
+RA_STEP = MIB  # the emulator's read-ahead step (one Lustre RPC)
 
 
 class TestFailure(Exception):
@@ -74,6 +77,8 @@ class Harness:
         for i in range(6):
             self._write(f"par/p{i}.bin", rng.randbytes(4096))
         self._write("big.bin", rng.randbytes(BIG_SIZE))
+        self._write(RA_FILE, rng.randbytes(RA_SIZE))
+        self._write(RA_SMALL, rng.randbytes(RA_SMALL_SIZE))
         os.symlink("one.bin", os.path.join(self.backing, "link-to-one"))
 
     def _write(self, rel, data):
@@ -209,7 +214,10 @@ def test_mount_and_listing(h):
 def test_read_bytes(h):
     rng = random.Random(99)
     # Default flags (real delays) and --no-delay must both return exact bytes.
-    for name, flags in (("m_bytes_fast", ["--no-delay"]), ("m_bytes_default", [])):
+    # With read-ahead the random preads also cross window edges, and MiB
+    # reads arrive split in several READs.
+    for name, flags in (("m_bytes_fast", ["--no-delay"]), ("m_bytes_default", []),
+                        ("m_bytes_ra", ["--no-delay", "--lustre-readahead"])):
         mnt = h.start(name, *flags)
         for rel in list(DATA_FILES) + ["link-to-one"]:
             want = h.backing_bytes(rel)
@@ -270,6 +278,205 @@ def test_exact_counters(h):
     check(c["getattrs"] + c["lookups"] >= 5, f"5 stats gave only {c['getattrs']}+{c['lookups']}")
     check(c["opendirs"] == 1 and c["readdirs"] >= 1, f"listing: {c}")
     check(c["opens"] == 0 and c["reads"] == 0, "stat/listdir counted as open/read")
+    h.stop(mnt)
+
+
+def check_readahead_books(c, asked, label):
+    """Every byte a reader got was either asked of the store or taken from a
+    window, so the counters must add up to exactly what was read."""
+    got = c["bytes_read"] - c["readahead_bytes"] + c["readahead_hit_bytes"]
+    check(got == asked, f"{label}: bytes_read {c['bytes_read']} - readahead_bytes "
+          f"{c['readahead_bytes']} + hit bytes {c['readahead_hit_bytes']} != asked {asked}")
+    check(c["readahead_reads"] <= c["reads"], f"{label}: readahead_reads > reads: {c}")
+
+
+def test_readahead_off_by_default(h):
+    mnt = h.start("m_ra_off", "--no-delay")
+    config = h.stats(mnt)["config"]
+    check(config["readahead_kb"] == 0, f"read-ahead on by default: {config}")
+    h.reset(mnt)
+    data, calls = pread_all(os.path.join(mnt, RA_FILE), CHUNK)
+    check(data == h.backing_bytes(RA_FILE), "bytes differ")
+    c = h.counters(mnt)
+    check(c["reads"] == calls and c["bytes_read"] == RA_SIZE, f"without read-ahead: {c}")
+    check(c["readahead_reads"] == c["readahead_bytes"] == c["readahead_hits"] == 0, f"{c}")
+    h.stop(mnt)
+
+
+def test_readahead_sequential(h):
+    """A sequential 64 KiB reader: exact bytes, far fewer requests than
+    without read-ahead, and nothing fetched that it did not use."""
+    counts = {}
+    for name, flags in (("m_ra_seq_off", []), ("m_ra_seq_on", ["--readahead-kb", "4096"])):
+        mnt = h.start(name, "--no-delay", *flags)
+        h.reset(mnt)
+        data, calls = pread_all(os.path.join(mnt, RA_FILE), CHUNK)
+        check(data == h.backing_bytes(RA_FILE), f"{name}: bytes differ")
+        c = h.counters(mnt)
+        check(c["bytes_read"] == RA_SIZE, f"{name}: bytes_read {c['bytes_read']} != {RA_SIZE}")
+        check_readahead_books(c, RA_SIZE, name)
+        counts[name] = (c, calls)
+        h.stop(mnt)
+    off, calls = counts["m_ra_seq_off"]
+    on, _ = counts["m_ra_seq_on"]
+    check(off["reads"] == calls, f"without read-ahead: reads {off['reads']} != {calls}")
+    # Windows of 1, 2, 3 MiB cover 6 MiB after 1 + 3 requests (and one more
+    # for the tail): far fewer than one per pread.
+    check(on["reads"] <= 6 and on["reads"] * 10 <= off["reads"],
+          f"read-ahead made {on['reads']} requests, without it {off['reads']}")
+    check(on["readahead_reads"] >= 3 and on["readahead_hits"] >= calls - on["reads"],
+          f"read-ahead counters: {on}")
+    check(on["readahead_bytes"] == on["readahead_hit_bytes"], f"a sequential read wasted: {on}")
+
+
+def test_readahead_counts_waste(h):
+    """The store's counters include read-ahead, so an unused window shows."""
+    mnt = h.start("m_ra_waste", "--no-delay", "--readahead-kb", "4096")
+    h.reset(mnt)
+    fd = os.open(os.path.join(mnt, RA_FILE), os.O_RDONLY)
+    try:
+        want = h.backing_bytes(RA_FILE)
+        check(os.pread(fd, CHUNK, 0) == want[:CHUNK], "first chunk")
+        check(os.pread(fd, CHUNK, CHUNK) == want[CHUNK:2 * CHUNK], "second chunk")
+    finally:
+        os.close(fd)
+    c = h.counters(mnt)
+    # The second (sequential) read fetched itself plus a window of one step.
+    check(c["reads"] == 2 and c["bytes_read"] == 2 * CHUNK + RA_STEP,
+          f"reads {c['reads']}, bytes_read {c['bytes_read']} != {2 * CHUNK + RA_STEP}")
+    check(c["readahead_reads"] == 1 and c["readahead_bytes"] == RA_STEP, f"{c}")
+    check(c["readahead_hits"] == 0 and c["readahead_hit_bytes"] == 0, f"{c}")
+    check_readahead_books(c, 2 * CHUNK, "waste")
+
+    # The global cap: while one handle holds a 512 KiB window, a second one
+    # gets no read-ahead at all.
+    h.stop(mnt)
+    mnt = h.start("m_ra_cap", "--no-delay", "--readahead-kb", "4096",
+                  "--readahead-total-kb", "512")
+    fds = [os.open(os.path.join(mnt, RA_FILE), os.O_RDONLY) for _ in range(2)]
+    try:
+        got = []
+        for fd in fds:
+            h.reset(mnt)
+            os.pread(fd, CHUNK, 0)
+            os.pread(fd, CHUNK, CHUNK)
+            got.append(h.counters(mnt)["bytes_read"])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    check(got == [2 * CHUNK + 512 * KIB, 2 * CHUNK],
+          f"--readahead-total-kb 512: bytes_read per handle {got}")
+    h.stop(mnt)
+
+
+def test_readahead_random_and_mixed(h):
+    """Random reads pay exactly what they ask; a mixed pattern gets exact
+    bytes, and its waste is what a jump dropped."""
+    mnt = h.start("m_ra_mixed", "--no-delay", "--readahead-kb", "2048",
+                  "--readahead-whole-kb", "512")
+    want = h.backing_bytes(RA_FILE)
+    path = os.path.join(mnt, RA_FILE)
+    rng = random.Random(7)
+
+    h.reset(mnt)
+    fd = os.open(path, os.O_RDONLY)
+    asked, calls, prev = 0, 0, (CHUNK, 2 * CHUNK)
+    try:
+        # Two sequential reads open a window of one step; the first random
+        # read must collapse it, so the rest pay only what they ask.
+        check(os.pread(fd, 2 * CHUNK, 0) == want[:2 * CHUNK], "random: first read")
+        check(os.pread(fd, CHUNK, 2 * CHUNK) == want[2 * CHUNK:3 * CHUNK], "random: second")
+        while calls < 200:
+            length = rng.choice([4096, 10_000, CHUNK])
+            off = rng.randrange(2 * MIB, RA_SIZE - length)  # past the window
+            if off == prev[1] or off + length == prev[0]:
+                continue  # contiguous by chance: that would be sequential
+            check(os.pread(fd, length, off) == want[off:off + length], f"random @{off}")
+            asked, calls, prev = asked + length, calls + 1, (off, off + length)
+    finally:
+        os.close(fd)
+    c = h.counters(mnt)
+    check(c["bytes_read"] == asked + 3 * CHUNK + RA_STEP and c["reads"] == calls + 2,
+          f"random: bytes_read {c['bytes_read']} (asked {asked} + {3 * CHUNK} + one window), "
+          f"reads {c['reads']} ({calls} + 2)")
+    check(c["readahead_bytes"] == RA_STEP and c["readahead_hit_bytes"] == 0,
+          f"random reads read ahead: {c}")
+
+    # Mixed: a run, a jump back, a run, re-reads, a run to EOF.
+    h.reset(mnt)
+    fd = os.open(path, os.O_RDONLY)
+    asked = 0
+    plan = ([(i * CHUNK, CHUNK) for i in range(30)] + [(100, 5000)]
+            + [(3 * MIB + i * CHUNK, CHUNK) for i in range(20)] + [(3 * MIB, 3 * CHUNK)]
+            + [(4 * MIB + 17 + i * 300_000, 300_000) for i in range(8)])
+    try:
+        for off, length in plan:
+            got = os.pread(fd, length, off)
+            check(got == want[off:off + length], f"mixed: pread({length}, {off}) differs")
+            asked += len(got)
+    finally:
+        os.close(fd)
+    c = h.counters(mnt)
+    check_readahead_books(c, asked, "mixed")
+    check(c["readahead_hits"] > 0 and c["reads"] < len(plan), f"mixed: no read-ahead use: {c}")
+    check(c["readahead_bytes"] > c["readahead_hit_bytes"],
+          f"mixed: the jump dropped a window, but nothing shows as wasted: {c}")
+
+    # A small file is read whole on the second read; EOF costs no request.
+    h.reset(mnt)
+    data, _ = pread_all(os.path.join(mnt, RA_SMALL), CHUNK)
+    check(data == h.backing_bytes(RA_SMALL), "small file bytes")
+    c = h.counters(mnt)
+    check(c["reads"] == 2 and c["bytes_read"] == RA_SMALL_SIZE,
+          f"small: the 2nd read should fetch the rest of the file: {c}")
+    # read() ends with a read at EOF, which a client answers itself.
+    h.reset(mnt)
+    with open(os.path.join(mnt, RA_SMALL), "rb") as f:
+        check(f.read() == data, "small file read()")
+    c = h.counters(mnt)
+    check(c["bytes_read"] == RA_SMALL_SIZE and c["readahead_hits"] >= 1,
+          f"small: read() re-fetched bytes or paid a request at EOF: {c}")
+    h.stop(mnt)
+
+
+def test_readahead_parallel(h):
+    """Threads sharing one descriptor, and threads with their own, under a
+    small total cap: every byte right, and the books add up."""
+    mnt = h.start("m_ra_par", "--no-delay", "--readahead-kb", "2048",
+                  "--readahead-total-kb", "3072")
+    want = h.backing_bytes(RA_FILE)
+    path = os.path.join(mnt, RA_FILE)
+    errors, asked, lock = [], [0], threading.Lock()
+
+    def reader(fd, offsets):
+        try:
+            for off in offsets:
+                got = os.pread(fd, CHUNK, off)
+                if got != want[off:off + CHUNK]:
+                    errors.append(f"pread({CHUNK}, {off}) differs")
+                with lock:
+                    asked[0] += len(got)
+        except OSError as e:
+            errors.append(str(e))
+
+    h.reset(mnt)
+    shared = os.open(path, os.O_RDONLY)
+    own = [os.open(path, os.O_RDONLY) for _ in range(4)]
+    offsets = list(range(0, RA_SIZE, CHUNK))
+    threads = [threading.Thread(target=reader, args=(shared, offsets[i::4])) for i in range(4)]
+    threads += [threading.Thread(target=reader, args=(fd, offsets)) for fd in own]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for fd in [shared] + own:
+            os.close(fd)
+    check(not errors, f"parallel read-ahead: {errors[:3]}")
+    c = h.counters(mnt)
+    check_readahead_books(c, asked[0], "parallel")
+    check(c["readahead_hits"] > 0, f"parallel: no read-ahead used: {c}")
     h.stop(mnt)
 
 
@@ -487,6 +694,10 @@ def test_bad_args(h):
         (["--bandwidth-mbps", "fast", b, mnt], "--bandwidth-mbps"),
         (["--bandwidth-mbps=-1", b, mnt], "--bandwidth-mbps"),
         (["--max-concurrent", "1.5", b, mnt], "--max-concurrent"),
+        (["--readahead-kb", "x", b, mnt], "--readahead-kb"),
+        (["--readahead-kb", "1024", "--readahead-whole-kb", "2048", b, mnt],
+         "--readahead-whole-kb"),
+        (["--lustre-readahead=1", b, mnt], "--lustre-readahead"),
         (["--bogus-flag", b, mnt], "--bogus-flag"),
         ([b, mnt, "--stats-file"], "--stats-file"),
         (["--stats-file", os.path.join(mnt, "s.json"), b, mnt], "--stats-file"),
@@ -590,6 +801,11 @@ TESTS = [
     test_mount_and_listing,
     test_read_bytes,
     test_exact_counters,
+    test_readahead_off_by_default,
+    test_readahead_sequential,
+    test_readahead_counts_waste,
+    test_readahead_random_and_mixed,
+    test_readahead_parallel,
     test_stats_exact_right_after_read,
     test_meta_latency_ratio,
     test_read_latency_ratio,

@@ -5,8 +5,10 @@
 // It injects per-op metadata latency, per-read latency, an aggregate bandwidth
 // cap (token bucket) and a cap on concurrently served operations. Kernel
 // caching is disabled (direct_io, zero attr/entry timeouts), so every read the
-// application issues is seen, delayed and counted here. Counters are published
-// as JSON in a stats file outside the mount; see README.md for the protocol.
+// application issues is seen, delayed and counted here. Optionally (off by
+// default) each open file reads ahead the way a Lustre client does; the
+// counters then still show what reached the backing store. Counters are
+// published as JSON in a stats file outside the mount; see README.md.
 //
 // Why the low-level libfuse API: one kernel request maps to exactly one
 // handler call, so LOOKUP and GETATTR can be counted separately (the
@@ -15,9 +17,10 @@
 //
 // Threading rules:
 //  * FUSE handlers run on the libfuse worker pool (fuse_session_loop_mt with
-//    clone_fd). They share: Counters (atomics), ConcurrencyLimiter and
-//    BandwidthLimiter (own mutex each), InodeTable (own mutex), and each
-//    DirHandle (own mutex). File handles are plain fds used with pread only.
+//    clone_fd). They share: Counters (atomics), ConcurrencyLimiter,
+//    BandwidthLimiter and ReadaheadBudget (own mutex each), InodeTable (own
+//    mutex), and each DirHandle and FileHandle (own mutex). Without
+//    read-ahead a FileHandle is only its fd, used with pread.
 //  * One stats thread owns the stats file: it rewrites it every 100 ms and
 //    handles SIGUSR1 (reset + write) and SIGUSR2 (write now) via sigtimedwait.
 //    SIGUSR1/SIGUSR2 are blocked in every thread so only it receives them.
@@ -34,6 +37,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,6 +73,17 @@ constexpr int64_t kMaxLatencyUs = 60'000'000;
 constexpr int64_t kMaxConcurrent = 1024;
 // Upper bound for a control client waiting for the emulator to answer.
 constexpr int64_t kControlTimeoutNs = 10'000'000'000;
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMaxReadaheadKiB = int64_t{1} << 30;  // 1 TiB; guards overflow.
+// A Lustre client's read-ahead window starts at one RPC and grows by one RPC
+// per sequential miss (1 MiB: 256 pages per RPC, Lustre's long-standing
+// default).
+constexpr int64_t kReadaheadStepBytes = 1024 * kKiB;
+// --lustre-readahead: the llite tunables' defaults (see README.md):
+// max_read_ahead_per_file_mb, max_read_ahead_whole_mb, max_read_ahead_mb.
+constexpr int64_t kLustrePerFileKiB = 256 * 1024;
+constexpr int64_t kLustreWholeKiB = 2 * 1024;
+constexpr int64_t kLustreTotalKiB = 1024 * 1024;
 
 // Defaults model a loaded Lustre: ~1 ms per MDS round trip, ~0.5 ms per OSS
 // read RPC, a few hundred MB/s for one client node, and a handful of RPCs in
@@ -78,6 +93,10 @@ struct Options {
   int64_t read_latency_us = 500;
   double bandwidth_mbps = 300;  // 10^6 bytes/s; 0 = unlimited.
   int64_t max_concurrent = 8;   // 0 = unlimited.
+  // Read-ahead per open file; all three in bytes. 0 = no read-ahead.
+  int64_t readahead_bytes = 0;        // Largest window of one open file.
+  int64_t readahead_whole_bytes = 0;  // Files up to this are read whole.
+  int64_t readahead_total_bytes = 0;  // All windows together; 0 = no cap.
   bool allow_other = false;
   bool fuse_debug = false;
   std::string backing_dir;
@@ -125,6 +144,14 @@ void PrintUsage() {
       "                        (FIFO); 0 = unlimited             default 8\n"
       "  --no-delay            set both latencies to 0 and bandwidth to\n"
       "                        unlimited (later flags still apply)\n"
+      "  --readahead-kb N      read ahead on sequential reads of an open\n"
+      "                        file, window up to N KiB; 0 = off default 0\n"
+      "  --readahead-whole-kb N  with read-ahead, files up to N KiB are\n"
+      "                        read whole on a handle's 2nd read  default 0\n"
+      "  --readahead-total-kb N  cap on all windows together; 0 = none\n"
+      "  --lustre-readahead    a Lustre client's defaults: --readahead-kb\n"
+      "                        262144 --readahead-whole-kb 2048\n"
+      "                        --readahead-total-kb 1048576\n"
       "  --stats-file PATH     counters JSON, must be outside MOUNTPOINT;\n"
       "                        hidden from the mount if inside BACKING_DIR\n"
       "                        default MOUNTPOINT.stats.json\n"
@@ -217,6 +244,17 @@ Options ParseArgs(int argc, char** argv) {
       opts.meta_latency_us = 0;
       opts.read_latency_us = 0;
       opts.bandwidth_mbps = 0;
+    } else if (arg == "--readahead-kb") {
+      opts.readahead_bytes = ParseInt(arg, next_value(), kMaxReadaheadKiB) * kKiB;
+    } else if (arg == "--readahead-whole-kb") {
+      opts.readahead_whole_bytes = ParseInt(arg, next_value(), kMaxReadaheadKiB) * kKiB;
+    } else if (arg == "--readahead-total-kb") {
+      opts.readahead_total_bytes = ParseInt(arg, next_value(), kMaxReadaheadKiB) * kKiB;
+    } else if (arg == "--lustre-readahead") {
+      no_value();
+      opts.readahead_bytes = kLustrePerFileKiB * kKiB;
+      opts.readahead_whole_bytes = kLustreWholeKiB * kKiB;
+      opts.readahead_total_bytes = kLustreTotalKiB * kKiB;
     } else if (arg == "--stats-file") {
       opts.stats_file = next_value();
       if (opts.stats_file.empty()) UsageError("--stats-file: empty path");
@@ -231,6 +269,10 @@ Options ParseArgs(int argc, char** argv) {
     } else {
       positional.push_back(arg);
     }
+  }
+  // Lustre refuses a whole-file size above the per-file window, too.
+  if (opts.readahead_whole_bytes > opts.readahead_bytes && opts.readahead_bytes > 0) {
+    UsageError("--readahead-whole-kb must not exceed --readahead-kb");
   }
   if (positional.size() < 2) UsageError("missing BACKING_DIR and/or MOUNTPOINT");
   if (positional.size() > 2) UsageError("unexpected argument '" + positional[2] + "'");
@@ -279,12 +321,22 @@ enum Counter : int {
   kRejectedWrites,
   kErrors,
   kQueuedOps,
+  // Read-ahead: requests that fetched more than was asked, and those extra
+  // bytes (both also in kReads/kBytesRead); READs answered without a request,
+  // and the bytes they took from a window.
+  kReadaheadReads,
+  kReadaheadBytes,
+  kReadaheadHits,
+  kReadaheadHitBytes,
   kNumCounters,
 };
 
 constexpr const char* kCounterNames[kNumCounters] = {
-    "opens",  "reads",     "bytes_read", "lookups",  "getattrs",        "opendirs", "readdirs",
-    "statfs", "readlinks", "accesses",   "releases", "rejected_writes", "errors",   "queued_ops",
+    "opens",           "reads",           "bytes_read",     "lookups",
+    "getattrs",        "opendirs",        "readdirs",       "statfs",
+    "readlinks",       "accesses",        "releases",       "rejected_writes",
+    "errors",          "queued_ops",      "readahead_reads", "readahead_bytes",
+    "readahead_hits",  "readahead_hit_bytes",
 };
 
 // Counters that make up "metadata_ops": everything that costs an MDS round
@@ -365,6 +417,32 @@ class BandwidthLimiter {
   int64_t next_free_ns_ = 0;
 };
 
+// Bytes held in all open files' read-ahead windows, against
+// --readahead-total-kb (Lustre's max_read_ahead_mb): a window shrinks to what
+// is left rather than overrun the cap.
+class ReadaheadBudget {
+ public:
+  explicit ReadaheadBudget(int64_t cap) : cap_(cap) {}
+
+  // Returns how many of `want` bytes may be held (all of them without a cap).
+  int64_t Take(int64_t want) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t granted = cap_ == 0 ? want : std::clamp<int64_t>(cap_ - held_, 0, want);
+    held_ += granted;
+    return granted;
+  }
+
+  void Give(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ -= bytes;
+  }
+
+ private:
+  const int64_t cap_;
+  std::mutex mu_;
+  int64_t held_ = 0;
+};
+
 // Maps FUSE node ids to paths relative to the backing dir. Ids are never
 // reused, so the generation number can stay 0.
 class InodeTable {
@@ -423,6 +501,30 @@ struct DirHandle {
   dirent* pending = nullptr;  // Entry read but not yet returned (buffer full).
 };
 
+// One open file, and with read-ahead its window (a Lustre client keeps the
+// read-ahead state per open file). Reads on one handle are served one at a
+// time under `mu` when read-ahead is on, so a read that the fetch in flight
+// will cover waits for it instead of paying a request of its own. The window
+// holds only bytes fetched beyond what was asked, so every byte served from
+// it is a read-ahead byte put to use. Never held across a reply: a RELEASE on
+// another thread may delete the handle once the last read is answered.
+struct FileHandle {
+  explicit FileHandle(int fd_in) : fd(fd_in) {}
+  const int fd;
+  std::mutex mu;
+  int64_t misses = 0;     // Reads that paid a request; the 2nd may read whole.
+  int64_t run_end = -1;   // End of the current sequential run; -1: no read yet.
+  int64_t last_off = -1;  // Offset of the previous read.
+  int64_t window = 0;     // Read-ahead size of the next sequential miss.
+  // Window bytes [ahead_off, ahead_off + ahead_len) sit in ahead at
+  // ahead_skip; the buffer is immutable once installed, so a reply may use
+  // it after `mu` is released.
+  std::shared_ptr<const char[]> ahead;
+  int64_t ahead_off = 0;
+  int64_t ahead_len = 0;
+  int64_t ahead_skip = 0;
+};
+
 std::string JoinPath(const std::string& parent, const char* name) {
   return parent == "." ? std::string(name) : parent + "/" + name;
 }
@@ -450,7 +552,8 @@ class Emulator {
       : opts_(opts),
         backing_fd_(backing_fd),
         limiter_(opts.max_concurrent),
-        bandwidth_(opts.bandwidth_mbps) {
+        bandwidth_(opts.bandwidth_mbps),
+        readahead_budget_(opts.readahead_total_bytes) {
     // Hide the stats file (and its temp file) if it sits inside the backing
     // dir, so it never pollutes dataset listings.
     if (IsUnder(opts.stats_file, opts.backing_dir)) {
@@ -501,7 +604,11 @@ class Emulator {
          << ",\n  \"config\": {\"meta_latency_us\": " << opts_.meta_latency_us
          << ", \"read_latency_us\": " << opts_.read_latency_us
          << ", \"bandwidth_mbps\": " << opts_.bandwidth_mbps
-         << ", \"max_concurrent\": " << opts_.max_concurrent << "},\n  \"counters\": {\n"
+         << ", \"max_concurrent\": " << opts_.max_concurrent
+         << ", \"readahead_kb\": " << opts_.readahead_bytes / kKiB
+         << ", \"readahead_whole_kb\": " << opts_.readahead_whole_bytes / kKiB
+         << ", \"readahead_total_kb\": " << opts_.readahead_total_bytes / kKiB
+         << "},\n  \"counters\": {\n"
          << "    \"metadata_ops\": " << metadata_ops;
     for (int i = 0; i < kNumCounters; ++i) {
       json << ",\n    \"" << kCounterNames[i] << "\": " << values[i];
@@ -630,28 +737,130 @@ class Emulator {
     if (!emu->inodes_.Path(ino, &path)) return emu->ReplyErr(req, ESTALE);
     const int fd = openat(emu->backing_fd_, path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return emu->ReplyErr(req, errno);
-    fi->fh = static_cast<uint64_t>(fd);
-    fi->direct_io = 1;   // Bypass the page cache: every read() becomes a READ.
+    auto handle = std::make_unique<FileHandle>(fd);
+    fi->fh = reinterpret_cast<uint64_t>(handle.get());
+    // Bypass the page cache: every read() becomes a READ, and read-ahead (if
+    // on) is the emulator's own, per handle, where it can be counted.
+    fi->direct_io = 1;
     fi->keep_cache = 0;  // Drop anything cached from an earlier open.
     fi->noflush = 1;     // close() needs no FLUSH round trip on a read-only fs.
-    if (fuse_reply_open(req, fi) != 0) close(fd);
+    if (fuse_reply_open(req, fi) == 0) {
+      handle.release();
+    } else {
+      close(fd);
+    }
   }
 
   static void Read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, fuse_file_info* fi) {
     Emulator* emu = From(req);
+    auto* h = reinterpret_cast<FileHandle*>(fi->fh);
+    if (emu->opts_.readahead_bytes > 0) return emu->ReadAhead(req, h, size, off);
     Op op(emu, kReads, emu->opts_.read_latency_us);
     thread_local std::vector<char> buffer;
     if (buffer.size() < size) buffer.resize(size);
-    const ssize_t n = pread(static_cast<int>(fi->fh), buffer.data(), size, off);
+    const ssize_t n = pread(h->fd, buffer.data(), size, off);
     if (n < 0) return emu->ReplyErr(req, errno);
     emu->bandwidth_.Consume(static_cast<size_t>(n));
     emu->Count(kBytesRead, static_cast<uint64_t>(n));
     fuse_reply_buf(req, buffer.data(), static_cast<size_t>(n));
   }
 
+  // A read with read-ahead, modelled on a Lustre client's: the second of two
+  // contiguous reads starts a window of one step, each further sequential
+  // miss grows it by one step up to --readahead-kb, and a read elsewhere
+  // collapses it. A miss costs one request (latency, one slot, and the
+  // transfer of what was asked plus the window); reads inside the window cost
+  // none. Unlike Lustre, the next window is fetched when a read first passes
+  // the end of the last one, not in the background, so a reader still waits
+  // once per window.
+  void ReadAhead(fuse_req_t req, FileHandle* h, size_t size, off_t off) {
+    std::unique_lock<std::mutex> lock(h->mu);
+    struct stat st;
+    if (fstat(h->fd, &st) != 0) {
+      const int err = errno;
+      lock.unlock();  // Every reply comes after the unlock (see FileHandle).
+      return ReplyErr(req, err);
+    }
+    const int64_t end = std::min<int64_t>(off + static_cast<int64_t>(size), st.st_size);
+    if (off >= end) {
+      // At or past EOF: a client knows the size (Lustre holds it under its
+      // lock), so no request reaches a server.
+      Count(kReadaheadHits);
+      lock.unlock();
+      fuse_reply_buf(req, nullptr, 0);
+      return;
+    }
+    // Contiguous with the run, or the half of a split read() that arrived
+    // second and ends where the previous read began.
+    const bool sequential = off == h->run_end || end == h->last_off;
+    const bool forward = !sequential || end > h->run_end;
+    h->run_end = sequential ? std::max(h->run_end, end) : end;
+    h->last_off = off;
+    std::shared_ptr<const char[]> ahead = h->ahead;
+    const int64_t ahead_end = h->ahead_off + h->ahead_len;
+    const bool in_ahead = ahead && off >= h->ahead_off && off < ahead_end;
+    const char* ahead_at = in_ahead ? ahead.get() + h->ahead_skip + (off - h->ahead_off) : nullptr;
+    if (in_ahead && end <= ahead_end) {
+      Count(kReadaheadHits);
+      Count(kReadaheadHitBytes, static_cast<uint64_t>(end - off));
+      lock.unlock();
+      fuse_reply_buf(req, ahead_at, static_cast<size_t>(end - off));
+      return;
+    }
+    // The read may begin inside the window and run past it.
+    const int64_t from = in_ahead ? ahead_end : off;
+    ++h->misses;
+    h->window = sequential ? std::min(h->window + kReadaheadStepBytes, opts_.readahead_bytes) : 0;
+    int64_t want_end = forward ? std::min<int64_t>(end + h->window, st.st_size) : end;
+    if (h->misses == 2 && st.st_size <= opts_.readahead_whole_bytes) want_end = st.st_size;
+    // The old window is dropped whatever happens: it lies behind this read,
+    // or it is replaced by the new one.
+    readahead_budget_.Give(h->ahead_len);
+    h->ahead.reset();
+    h->ahead_len = 0;
+    const int64_t granted = readahead_budget_.Take(want_end - end);
+    want_end = end + granted;
+
+    Op op(this, kReads, opts_.read_latency_us);
+    // Not value-initialized: pread fills what is used, and zeroing a large
+    // window would cost the reader time a real client does not spend.
+    std::shared_ptr<char[]> data(new char[static_cast<size_t>(want_end - from)]);
+    const ssize_t n = pread(h->fd, data.get(), static_cast<size_t>(want_end - from), from);
+    if (n < 0) {
+      const int err = errno;
+      readahead_budget_.Give(granted);
+      lock.unlock();
+      return ReplyErr(req, err);
+    }
+    bandwidth_.Consume(static_cast<size_t>(n));
+    Count(kBytesRead, static_cast<uint64_t>(n));
+    const int64_t asked = std::min<int64_t>(n, end - from);  // Short if the file shrank.
+    const int64_t extra = n - asked;
+    readahead_budget_.Give(granted - extra);
+    if (extra > 0) {
+      Count(kReadaheadReads);
+      Count(kReadaheadBytes, static_cast<uint64_t>(extra));
+      h->ahead = data;
+      h->ahead_off = end;
+      h->ahead_len = extra;
+      h->ahead_skip = end - from;
+    }
+    if (from > off) Count(kReadaheadHitBytes, static_cast<uint64_t>(from - off));
+    lock.unlock();
+    iovec iov[2] = {{const_cast<char*>(ahead_at), static_cast<size_t>(from - off)},
+                    {data.get(), static_cast<size_t>(asked)}};
+    fuse_reply_iov(req, from > off ? iov : iov + 1, from > off ? 2 : 1);
+  }
+
   static void Release(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* fi) {
-    From(req)->Count(kReleases);
-    close(static_cast<int>(fi->fh));
+    Emulator* emu = From(req);
+    emu->Count(kReleases);
+    // The kernel sends RELEASE after the last READ on the handle was
+    // answered, so no read holds it now.
+    auto* h = reinterpret_cast<FileHandle*>(fi->fh);
+    emu->readahead_budget_.Give(h->ahead_len);
+    close(h->fd);
+    delete h;
     fuse_reply_err(req, 0);
   }
 
@@ -803,6 +1012,7 @@ class Emulator {
   std::atomic<uint64_t> counters_[kNumCounters] = {};
   ConcurrencyLimiter limiter_;
   BandwidthLimiter bandwidth_;
+  ReadaheadBudget readahead_budget_;
   InodeTable inodes_;
   // Stats thread only (or main, before it starts / after it joined).
   uint64_t generation_ = 0;
