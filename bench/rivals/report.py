@@ -43,6 +43,8 @@ def spread(xs, capped=0, total=None):
     cell = fmt_s(m) if len(xs) == 1 else f"{m:.2f} ({min(xs):.2f}-{max(xs):.2f})"
     if capped:
         cell = ">= " + cell + f", capped in {capped} of {total or len(xs)} runs"
+    elif total and len(xs) < total:  # the other runs stopped at the cap earlier
+        cell += f", {len(xs)} of {total} runs"
     return cell
 
 
