@@ -13,12 +13,21 @@ start-up:
   preload    an unchanged ImageFolder-style dataset (os.walk, open/read)
              under LD_PRELOAD=libmonarch_preload.so (a child process)
   litdata    litdata.StreamingDataset over chunks made by litdata.optimize,
-             read as `local:` (remote) with a local cache_dir
+             read as `local:` (remote) with a local cache_dir, through its
+             StreamingDataLoader
   mosaic     streaming.StreamingDataset (MDS shards by MDSWriter), remote on
-             the PFS mount, local cache directory
+             the PFS mount, local cache directory, `predownload` two shards
+             ahead, `py1e` shuffle, through its StreamingDataLoader
   webdataset webdataset.WebDataset over tar shards, `pipe:cat` URLs, its
-             cache_dir, shard shuffle plus a sample shuffle buffer
-  fsspec     fsspec's `filecache` over the original files (no conversion)
+             cache_dir, shard shuffle plus a sample shuffle buffer, batched in
+             the workers, WebLoader
+  fsspec     fsspec's `filecache` over the original files (no conversion), a
+             cache directory per worker (the co-workers' read too)
+  simplecache fsspec's `simplecache`, a cache directory per worker
+
+Each arm's settings are its maintainers' (bench/results/rivals.md, "How each
+rival is set up", cites where each is documented). Every arm runs --reps
+times (default 3), in rounds.
 
 The rivals' converted data is written to the PFS's backing directory (the
 emulator is read-only), next to the dataset, and read through the mount;
@@ -37,7 +46,8 @@ shared memory, once; the page cache is not counted) and the bytes in the
 local cache directory.
 
 usage: sudo .venv/bin/python bench/rivals.py [--files 20000] [--workers 2]
-         [--shards] [--tiny] [--arms pfs,local,...] [--out bench/results/rivals]
+         [--shards N] [--reps 3] [--tiny] [--arms pfs,local,...]
+         [--out bench/results/rivals]
 """
 
 import argparse
@@ -582,16 +592,30 @@ def arm_litdata(a, w, run):
     run.result["conversion"] = rec
 
     def build():
-        ds = litdata.StreamingDataset("local:" + via, cache_dir=run.cache_dir, shuffle=True,
-                                      seed=a.seed, max_cache_size=w.capacity,
-                                      transform=_litdata_digest)
-        return ds
+        # litdata 0.2.76 (README "Resolve any path", scheme table): `local:`
+        # names a network or shared drive whose chunks it copies into
+        # `cache_dir` "to reduce NAS load" -- the PFS case. A plain path would
+        # read the chunks in place (its POSIX-fast mode), uncached.
+        # `max_pre_download` stays at its default (2): with a remote it is
+        # raised by litdata itself (streaming/async_prefetch.py,
+        # adaptive_pre_download: up to min(chunks, 32, 3 GB of chunks) per
+        # worker, fetched 8 at a time, LITDATA_ASYNC_DOWNLOAD_CONCURRENCY).
+        # `max_cache_size` stays at its default (75% of the free disk): its
+        # README warns that a budget under 25 GB thrashes, and at 1.25x the
+        # dataset its reader deleted chunks it had read with the disk under
+        # budget (its size estimate counts chunks already on disk twice;
+        # rivals.md, "litdata's epoch-2 re-read"), which made epoch 2 read
+        # them again. The dataset fits either way.
+        return litdata.StreamingDataset("local:" + via, cache_dir=run.cache_dir, shuffle=True,
+                                        seed=a.seed, transform=_litdata_digest)
     ds = run.startup(build)
-    import torch.utils.data
-    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, num_workers=a.workers,
+    # README ("StreamingDataset & StreamingDataLoader knobs"): prefer its
+    # StreamingDataLoader over a plain DataLoader; it tells the dataset the
+    # worker count and batch size and advances the dataset's epoch itself.
+    loader = litdata.StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers,
                                          multiprocessing_context="fork")
     for e in range(a.epochs):
-        run.epoch(e, loader, before=lambda e: ds.set_epoch(e + 1))
+        run.epoch(e, loader)
 
 
 def install_torchvision_stub():
@@ -653,13 +677,26 @@ def arm_mosaic(a, w, run):
             item = super().get_item(sample_id, retry)
             return sample_tensor(int(item["id"]), item["data"])
 
+    samples_per_shard = max(1, len(w.records) * w.chunk // max(1, w.dataset_bytes))
+
     def build():
+        # Streaming 0.13.0 docs, "Performance Tuning" (distributed_training/
+        # performance_tuning.html): if downloads lag, raise `predownload`
+        # (default 8 x batch_size samples per worker) and keep the default
+        # `shuffle_algo="py1e"`, which balances shard downloads; "Shuffling"
+        # (dataset_configuration/shuffling.html): the default
+        # `shuffle_block_size` is right in nearly all cases. Here each worker
+        # looks two shards ahead. `cache_limit` is every arm's capacity (above
+        # the dataset, so nothing is evicted).
         return Digest(remote=via, local=run.cache_dir, shuffle=True, shuffle_seed=a.seed,
-                      batch_size=a.batch, cache_limit=w.capacity)
+                      shuffle_algo="py1e", batch_size=a.batch,
+                      predownload=max(8 * a.batch, 2 * samples_per_shard),
+                      cache_limit=w.capacity)
     ds = run.startup(build)
-    import torch.utils.data
-    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, num_workers=a.workers,
-                                         multiprocessing_context="fork")
+    # Its StreamingDataLoader (the docs' loader: a DataLoader that also counts
+    # the samples it yielded, for mid-epoch resumption).
+    loader = streaming.StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers,
+                                           multiprocessing_context="fork")
     try:
         for e in range(a.epochs):
             run.epoch(e, loader)
@@ -689,16 +726,33 @@ def arm_webdataset(a, w, run):
     urls = ["pipe:cat " + os.path.join(via, s) for s in shards]
 
     def build():
+        # webdataset 1.0.2 (compat.py, WebDataset.__init__ warns on True):
+        # `shardshuffle` a positive integer, here every shard; a sample
+        # shuffle buffer after it (docs "Sharding, Parallel I/O, and
+        # DataLoader", webdataset.github.io/webdataset/sharding/); batching in
+        # the workers with WebLoader(batch_size=None), as its examples do,
+        # since handing single samples across processes is slow
+        # (github.com/tmbdev/wds-distributed README).
         return (wds.WebDataset(urls, cache_dir=run.cache_dir, cache_size=w.capacity,
                                shardshuffle=len(urls), detshuffle=True, seed=a.seed,
                                empty_check=False)
-                .shuffle(1000).map(_wds_digest))
-    ds = run.startup(build)
+                .shuffle(1000).map(_wds_digest)
+                .batched(a.batch, collation_fn=torch.utils.data.default_collate))
     import torch.utils.data
-    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, num_workers=a.workers,
-                                         multiprocessing_context="fork")
+    ds = run.startup(build)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=a.workers,
+                           multiprocessing_context="fork")
+    # detshuffle seeds each epoch's shard order with seed + its epoch count,
+    # which it advances in the worker; fresh workers fork from this process
+    # each epoch, so the count is set here, or every epoch would repeat the
+    # first one's order.
+    stages = [s for s in ds.pipeline if isinstance(s, wds.filters.detshuffle)]
+
+    def set_epoch(e):
+        for stage in stages:
+            stage.epoch = e - 1
     for e in range(a.epochs):
-        run.epoch(e, loader, before=lambda e: ds.set_epoch(e) if hasattr(ds, "set_epoch") else None)
+        run.epoch(e, loader, before=set_epoch)
 
 
 class FsspecFiles:
@@ -712,9 +766,30 @@ class FsspecFiles:
 
     def __getitem__(self, i):
         import fsspec
+        import torch.utils.data
         if self.fs is None:  # one per worker
+            # A cache directory per worker. fsspec's docs ("Caching Files
+            # Locally", docs/source/features.rst) guarantee only `simplecache`
+            # safe across processes, and its issues #639 and #1126 (open) say
+            # the cached file systems are largely untested from several
+            # processes; a shared directory let a worker open a co-worker's
+            # half-written copy here (rivals.md, "Fairness notes"). Both copy
+            # a file under its final name (`_get_cached_file_before_open`).
+            info = torch.utils.data.get_worker_info()
+            me, n = (info.id, info.num_workers) if info else (0, 1)
+            mine = os.path.join(self.cache, f"worker{me}")
+            storage = [mine]
+            if self.protocol == "filecache":
+                # filecache names a file in its metadata only once its copy
+                # is whole, so the co-workers' directories can be read too:
+                # a list of locations is tried in order and only the last is
+                # written (`cache_storage`, CachingFileSystem's docstring).
+                storage = [os.path.join(self.cache, f"worker{k}") for k in range(n) if k != me]
+                storage.append(mine)
+            for d in storage:
+                os.makedirs(d, exist_ok=True)
             self.fs = fsspec.filesystem(self.protocol, target_protocol="file",
-                                        cache_storage=self.cache, skip_instance_cache=True)
+                                        cache_storage=storage, skip_instance_cache=True)
         rel, off, n, _ = self.records[i]
         with self.fs.open(os.path.join(self.root, rel), "rb") as f:
             if off:
@@ -731,7 +806,9 @@ def arm_fsspec(a, w, run, protocol="filecache"):
 
 
 def arm_simplecache(a, w, run):
-    """fsspec's `simplecache`: whole files, no metadata kept or checked."""
+    """fsspec's `simplecache`: whole files, no metadata kept or checked. Its
+    existence check cannot tell a co-worker's half-written copy, so each
+    worker reads only its own directory."""
     arm_fsspec(a, w, run, "simplecache")
 
 
@@ -799,7 +876,7 @@ class Work:
 def write_outputs(a, w, results, commit, wall):
     out = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "files": len(w.records), "shards": a.shards, "dataset_bytes": w.dataset_bytes,
-           "workers": a.workers, "batch": a.batch, "epochs": a.epochs, "tier": a.tier,
+           "workers": a.workers, "batch": a.batch, "epochs": a.epochs, "reps": a.reps, "tier": a.tier,
            "capacity": w.capacity, "emulator": w.pfs.flags, "cores": os.cpu_count(),
            "wall_seconds": wall, "load_start": w.load_start, "load_end": os.getloadavg(),
            "uncommitted": w.dirty, "script_commit": w.script_commit,
@@ -846,6 +923,9 @@ def main():
     ap.add_argument("--epoch-cap", type=float, default=180,
                     help="stop an arm whose epoch runs past this many seconds (recorded as "
                          "such; 0: no cap)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="run every arm this many times (rounds of all arms); the report "
+                         "gives each epoch's median and range")
     ap.add_argument("--tiny", action="store_true",
                     help="CI: 300 files, 1 epoch, every arm, bytes checked, nothing written to "
                          "bench/results")
@@ -864,7 +944,7 @@ def main():
     if a.child_preload:
         return child_preload(a)
     if a.tiny:
-        a.files, a.epochs, a.epoch_cap = 300, 1, 0
+        a.files, a.epochs, a.epoch_cap, a.reps = 300, 1, 0, 1
         if a.work == "/var/tmp/monarch-rivals":
             a.work = "/var/tmp/monarch-rivals-tiny"
     if a.one_arm:
@@ -905,25 +985,32 @@ def main():
           f"PFS emulator {' '.join(w.pfs.flags)}; commit {commit}"
           f"{' (uncommitted: ' + ', '.join(l[3:] for l in dirty.splitlines()) + ')' if dirty else ''}",
           flush=True)
-    results = {}
+    results = {arm: {"arm": arm, "runs": []} for arm in arms}
     try:
-        for arm in arms:
-            # Each arm in a fresh process: none pays for another's imports in
-            # its memory, none inherits another's state.
-            out = os.path.join(a.work, f"arm-{arm}.json")
-            if os.path.exists(out):
-                os.unlink(out)
-            cmd = [sys.executable, os.path.abspath(__file__), "--one-arm", arm,
-                   "--one-arm-out", out] + passthrough(a)
-            r = subprocess.run(cmd)
-            if os.path.exists(out):
-                with open(out) as f:
-                    results[arm] = json.load(f)
-            else:
-                results[arm] = {"arm": arm, "error": f"its process exited {r.returncode}"}
-            if r.returncode != 0:
-                results[arm].setdefault("error", f"its process exited {r.returncode}")
-                print(f"  {arm}: FAILED (exit {r.returncode})", flush=True)
+        # --reps rounds of every arm, the arms in turn within a round, so
+        # that what else loads the machine falls on all of them alike.
+        for rep in range(a.reps):
+            if a.reps > 1:
+                print(f"round {rep + 1} of {a.reps}", flush=True)
+            for arm in arms:
+                # Each arm in a fresh process: none pays for another's imports in
+                # its memory, none inherits another's state.
+                out = os.path.join(a.work, f"arm-{arm}.json")
+                if os.path.exists(out):
+                    os.unlink(out)
+                cmd = [sys.executable, os.path.abspath(__file__), "--one-arm", arm,
+                       "--one-arm-out", out] + passthrough(a)
+                r = subprocess.run(cmd)
+                rec = {"arm": arm, "error": f"its process exited {r.returncode}"}
+                if os.path.exists(out):
+                    with open(out) as f:
+                        rec = json.load(f)
+                if r.returncode != 0:
+                    rec.setdefault("error", f"its process exited {r.returncode}")
+                    print(f"  {arm}: FAILED (exit {r.returncode})", flush=True)
+                results[arm]["runs"].append(rec)
+                if "error" in rec:  # one failed run fails the arm
+                    results[arm].setdefault("error", rec["error"])
         if a.tiny:
             mem = MemorySampler()
             try:

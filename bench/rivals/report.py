@@ -23,13 +23,62 @@ def fmt_s(x):
     return "%.2f" % x if x is not None else "-"
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if n else None
+
+
+def runs_of(v):
+    """An arm's runs (JSON from before --reps holds one run, unwrapped)."""
+    return [r for r in v.get("runs", [v]) if "error" not in r and r.get("epochs")]
+
+
+def spread(xs, capped=0, total=None):
+    """`median (min-max)` of xs; a value that includes an epoch stopped at
+    the cap is a lower bound, marked with >= and how many runs stopped."""
+    if not xs:
+        return "-"
+    m = median(xs)
+    cell = fmt_s(m) if len(xs) == 1 else f"{m:.2f} ({min(xs):.2f}-{max(xs):.2f})"
+    if capped:
+        cell = ">= " + cell + f", capped in {capped} of {total or len(xs)} runs"
+    elif total and len(xs) < total:  # the other runs stopped at the cap earlier
+        cell += f", {len(xs)} of {total} runs"
+    return cell
+
+
+def span(xs):
+    return f"{min(xs):.1f}" if min(xs) == max(xs) else f"{min(xs):.1f}-{max(xs):.1f}"
+
+
+def epoch_stats(runs, e):
+    """(seconds of epoch e in every run that reached it, how many of them
+    stopped at the cap)."""
+    eps = [r["epochs"][e] for r in runs if len(r["epochs"]) > e]
+    return [p["seconds"] for p in eps], sum(1 for p in eps if p.get("incomplete"))
+
+
+def to_end(run, e):
+    """Seconds from the job's start (its start-up) to the end of epoch e;
+    None when the run did not get there."""
+    if len(run["epochs"]) <= e:
+        return None
+    return run["startup"]["seconds"] + sum(p["seconds"] for p in run["epochs"][:e + 1])
+
+
+def complete(runs, e):
+    """Every run finished epoch e within the cap."""
+    return bool(runs) and all(len(r["epochs"]) > e and not r["epochs"][e].get("incomplete")
+                              for r in runs)
+
+
 def section(title, d):
     arms = d["arms"]
-    ok = {k: v for k, v in arms.items() if "error" not in v and v.get("epochs")}
-    # Complete epochs only compete for the targets.
-    full = {k: dict(v, epochs=[e for e in v["epochs"] if not e.get("incomplete")])
-            for k, v in ok.items()}
-    n_epochs = max((len(v["epochs"]) for v in ok.values()), default=0)
+    ok = {k: runs_of(v) for k, v in arms.items()}
+    ok = {k: v for k, v in ok.items() if v}
+    reps = d.get("reps", 1)
+    n_epochs = max((len(r["epochs"]) for v in ok.values() for r in v), default=0)
     lines = [f"### {title}", "",
              f"Command: `{d['command']}`, commit `{d['commit']}`"
              + (f" (the build; rivals.py at `{d['script_commit']}`)"
@@ -42,78 +91,141 @@ def section(title, d):
              + f", {d['dataset_bytes'] / MIB:.0f} MiB; DataLoader {d['workers']} workers, "
              f"batch {d['batch']}; caches and Monarch's `{d['tier']}` tier "
              f"{d['capacity'] / MIB:.0f} MiB each; emulator `{' '.join(d['emulator'])}`; "
+             f"{reps} run{'s' if reps != 1 else ''} of every arm; "
              f"whole run {d['wall_seconds'] / 60:.1f} min"
              + (f"; load average {d['load_start'][0]:.1f} at the start, "
                 f"{d['load_end'][0]:.1f} at the end (2 cores; other work ran beside it)"
                 if d.get("load_start") else "") + ".", "",
-             "Seconds (conversion is the rival's own format made from the PFS copy, "
-             "once, before the run; start-up is building the dataset object: listing, "
-             "index, node service):", "",
+             f"Seconds, the median of the runs and their range (min-max). Conversion is "
+             "the rival's own format made from the PFS copy, once, before the runs; "
+             "start-up is building the dataset object (listing, index, node service); "
+             "an epoch that ran past the cap shows its time up to the cap as a lower "
+             "bound (>=), and the arm's later epochs did not run:", "",
              "| arm | conversion | start-up | " + " | ".join(
                  f"epoch {e + 1}" for e in range(n_epochs)) + " | load avg (start, end) |",
              "| --- | --- | --- | " + " | ".join("---" for _ in range(n_epochs)) + " | --- |"]
     for arm, v in arms.items():
-        if arm not in ok:
+        runs = ok.get(arm)
+        failed = [r for r in v.get("runs", [v]) if "error" in r]
+        if not runs:
             lines.append(f"| {arm} | failed: {v.get('error', 'no epochs')} |")
             continue
-        conv = v.get("conversion", {}).get("seconds")
-        cells = [fmt_s(e["seconds"]) if not e.get("incomplete") else
-                 f"stopped at {e['seconds']:.0f} s ({e['samples']} of {d['files']} samples)"
-                 for e in v["epochs"]]
-        cells += ["not run"] * (n_epochs - len(cells))
-        load = (f"{v['load_start'][0]:.1f}, {v['load_end'][0]:.1f}" if "load_start" in v
-                else "-")
-        lines.append(f"| {arm} | {fmt_s(conv)} | {fmt_s(v['startup']['seconds'])} | " +
-                     " | ".join(cells) + f" | {load} |")
-    # Targets: Monarch's best arm against the fastest rival, each epoch.
-    lines += ["", "Target: in every epoch Monarch's best arm (monarch, announced, preload) "
-              "<= 1.0x the fastest rival (litdata, mosaic, webdataset, fsspec, simplecache), "
-              "conversion "
-              "not counted (an epoch stopped at the cap does not compete); then with the "
-              "conversion added to the rival's epoch 1:", "",
-              "| epoch | Monarch's best | s | fastest rival | s | Monarch / rival | met |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for e in range(n_epochs):
-        best = min(((v["epochs"][e]["seconds"], a) for a, v in full.items()
-                    if a in MONARCH and len(v["epochs"]) > e), default=None)
-        rival = min(((v["epochs"][e]["seconds"], a) for a, v in full.items()
-                     if a in RIVALS and len(v["epochs"]) > e), default=None)
-        if best and rival:
-            r = best[0] / rival[0]
-            lines.append(f"| {e + 1} | {best[1]} | {best[0]:.2f} | {rival[1]} | "
-                         f"{rival[0]:.2f} | {r:.2f} | {'yes' if r <= 1.0 else 'no'} |")
-    best = min(((v["epochs"][0]["seconds"], a) for a, v in full.items()
-                if a in MONARCH and v["epochs"]), default=None)
-    rival = min(((v["epochs"][0]["seconds"] + v.get("conversion", {}).get("seconds", 0), a)
-                 for a, v in full.items() if a in RIVALS and v["epochs"]), default=None)
-    if best and rival:
-        lines.append(f"| 1 + conversion | {best[1]} | {best[0]:.2f} | {rival[1]} | "
-                     f"{rival[0]:.2f} | {best[0] / rival[0]:.2f} | "
-                     f"{'yes' if best[0] <= rival[0] else 'no'} |")
-    lines += ["", "Per phase: the PFS emulator's counters (bytes read, read requests, opens, "
-              "all metadata operations), the peak of the summed Pss of the job's processes "
-              "and the node service, and the bytes in the local cache (tier) directory at "
-              "its end:", "",
+        conv = [r["conversion"]["seconds"] for r in runs if r.get("conversion")]
+        cells = []
+        for e in range(n_epochs):
+            xs, capped = epoch_stats(runs, e)
+            cells.append(spread(xs, capped, len(runs)) if xs else "not run")
+        loads = [r["load_start"][0] for r in runs if "load_start" in r]
+        loade = [r["load_end"][0] for r in runs if "load_end" in r]
+        load = (f"{span(loads)}, {span(loade)}" if loads and loade else "-")
+        lines.append(f"| {arm} | {fmt_s(median(conv)) if conv else '-'} | "
+                     f"{spread([r['startup']['seconds'] for r in runs])} | "
+                     + " | ".join(cells) + f" | {load} |"
+                     + (f" ({len(failed)} of {len(failed) + len(runs)} runs failed: "
+                        f"{failed[0]['error']})" if failed else ""))
+    # What a user feels: from the job's start, start-up included.
+    lines += ["", "What a user waits: seconds from the job's start (start-up included) to "
+              "the end of each epoch, median (min-max); the conversion apart, and spread "
+              "over a training run of 10 and of 90 epochs (its share per epoch):", "",
+              "| arm | " + " | ".join(f"to end of epoch {e + 1}" for e in range(n_epochs))
+              + " | conversion | per epoch over 10 | per epoch over 90 |",
+              "| --- | " + " | ".join("---" for _ in range(n_epochs)) + " | --- | --- | --- |"]
+    for arm, runs in ok.items():
+        cells = []
+        for e in range(n_epochs):
+            xs = [to_end(r, e) for r in runs if to_end(r, e) is not None]
+            capped = sum(1 for r in runs if len(r["epochs"]) > e
+                         and any(p.get("incomplete") for p in r["epochs"][:e + 1]))
+            cells.append(spread(xs, capped, len(runs)) if xs else "not run")
+        conv = median([r["conversion"]["seconds"] for r in runs if r.get("conversion")])
+        lines.append(f"| {arm} | " + " | ".join(cells) + " | "
+                     + (f"{conv:.2f} | {conv / 10:.2f} | {conv / 90:.2f} |" if conv is not None
+                        else "- | - | - |"))
+    lines += target_lines(ok, n_epochs)
+    lines += ["", "Per phase, medians of the runs: the PFS emulator's counters (bytes read, "
+              "read requests, opens, all metadata operations), the peak of the summed Pss "
+              "of the job's processes and the node service, and the bytes in the local "
+              "cache (tier) directory at its end:", "",
               "| arm | phase | s | PFS MiB | reads | opens | metadata ops | peak Pss MiB | "
               "cache MiB | samples |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for arm, v in ok.items():
-        c = v.get("conversion")
-        if c:
+    for arm, runs in ok.items():
+        convs = [r["conversion"] for r in runs if r.get("conversion")]
+        if convs:
+            c = convs[0]  # made once, reused by every run
             lines.append(f"| {arm} | conversion | {c['seconds']:.2f} | {c['bytes'] / MIB:.1f} | "
                          f"{c['reads']} | {c['opens']} | {c['metadata_ops']} | - | "
                          f"(output {c['output_bytes'] / MIB:.1f}) | - |")
-        phases = [("start-up", v["startup"])] + [(f"epoch {e['epoch']}", e) for e in v["epochs"]]
-        for name, p in phases:
-            samples = p.get("samples")
-            rep = p.get("repeated", 0)
-            if p.get("incomplete"):
-                name += " (stopped at the cap)"
-            lines.append(f"| {arm} | {name} | {p['seconds']:.2f} | {p['bytes'] / MIB:.1f} | "
-                         f"{p['reads']} | {p['opens']} | {p['metadata_ops']} | "
-                         f"{p['peak_pss'] / MIB:.0f} | {p['cache_bytes'] / MIB:.1f} | "
-                         + (f"{samples}" + (f" ({rep} repeated)" if rep else "")
-                            if samples is not None else "-") + " |")
+        phases = [("start-up", [r["startup"] for r in runs])] + [
+            (f"epoch {e + 1}", [r["epochs"][e] for r in runs if len(r["epochs"]) > e])
+            for e in range(n_epochs)]
+        for name, ps in phases:
+            if not ps:
+                continue
+
+            def m(k):
+                return median([p[k] for p in ps])
+            capped = sum(1 for p in ps if p.get("incomplete"))
+            if capped:
+                name += f" (stopped at the cap in {capped} of {len(ps)} runs)"
+            samples = [p["samples"] for p in ps if "samples" in p]
+            rep = median([p.get("repeated", 0) for p in ps])
+            lines.append(f"| {arm} | {name} | {m('seconds'):.2f} | {m('bytes') / MIB:.1f} | "
+                         f"{m('reads'):.0f} | {m('opens'):.0f} | {m('metadata_ops'):.0f} | "
+                         f"{m('peak_pss') / MIB:.0f} | {m('cache_bytes') / MIB:.1f} | "
+                         + (f"{median(samples):.0f}" + (f" ({rep:.0f} repeated)" if rep else "")
+                            if samples else "-") + " |")
+    return lines
+
+
+def target_lines(ok, n_epochs):
+    """Monarch's best arm -- one arm, the one whose median time from start to
+    the end of the last epoch is smallest -- against the fastest rival in
+    each epoch (medians; epochs that stopped at the cap in any run do not
+    compete), per epoch and from the job's start."""
+    last = n_epochs - 1
+    monarch = [(median([to_end(r, last) for r in runs]), arm) for arm, runs in ok.items()
+               if arm in MONARCH and complete(runs, last) and all(
+                   complete(runs, e) for e in range(n_epochs))]
+    if not monarch or n_epochs == 0:
+        return []
+    best = min(monarch)[1]
+    lines = ["", f"Target: Monarch's best arm, one arm (`{best}`: the smallest median time "
+             "from start to the end of the last epoch), against the fastest rival of each "
+             "row (litdata, mosaic, webdataset, fsspec, simplecache; medians; an epoch "
+             "that stopped at the cap in any run does not compete), <= 1.0x; per epoch "
+             "with the conversion not counted, then from the job's start with start-up "
+             "counted, then with the conversion added whole and spread over 10 and 90 "
+             "epochs:", "",
+             "| row | Monarch s | fastest rival | s | Monarch / rival | met |",
+             "| --- | --- | --- | --- | --- | --- |"]
+
+    def row(label, value):
+        mine = value(best, ok[best], False)
+        rivals = [(value(arm, runs, True), arm) for arm, runs in ok.items()
+                  if arm in RIVALS and value(arm, runs, True) is not None]
+        if mine is None or not rivals:
+            return
+        s, arm = min(rivals)
+        r = mine / s
+        lines.append(f"| {label} | {mine:.2f} | {arm} | {s:.2f} | {r:.2f} | "
+                     f"{'yes' if r <= 1.0 else 'no'} |")
+
+    def conv(runs):
+        return median([r["conversion"]["seconds"] for r in runs if r.get("conversion")]) or 0
+
+    for e in range(n_epochs):
+        row(f"epoch {e + 1}", lambda arm, runs, _, e=e: median(
+            [r["epochs"][e]["seconds"] for r in runs]) if complete(runs, e) else None)
+    for e in range(n_epochs):
+        row(f"start to end of epoch {e + 1}", lambda arm, runs, _, e=e: median(
+            [to_end(r, e) for r in runs]) if all(complete(runs, k) for k in range(e + 1))
+            else None)
+    for share, label in ((1.0, "whole"), (0.1, "over 10 epochs"), (1 / 90, "over 90 epochs")):
+        row(f"start to end of epoch 1, conversion {label}",
+            lambda arm, runs, rival, share=share: (
+                median([to_end(r, 0) for r in runs]) + (share * conv(runs) if rival else 0))
+            if complete(runs, 0) else None)
     return lines
 
 
@@ -123,17 +235,18 @@ def chart(datasets, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 4.5), squeeze=False)
     for ax, (title, d) in zip(axes[0], datasets):
-        arms = [a for a, v in d["arms"].items() if "error" not in v and v.get("epochs")]
-        n = max(len(d["arms"][a]["epochs"]) for a in arms)
+        runs = {a: runs_of(v) for a, v in d["arms"].items()}
+        arms = [a for a, v in runs.items() if v]
+        n = max(len(r["epochs"]) for a in arms for r in runs[a])
         width = 0.8 / n
         for e in range(n):
             xs = [i + (e - (n - 1) / 2) * width for i in range(len(arms))]
-            ys = [d["arms"][a]["epochs"][e]["seconds"] if len(d["arms"][a]["epochs"]) > e
-                  else 0 for a in arms]  # a capped epoch shows its time at the cap
+            # the median; a capped epoch shows its time at the cap
+            ys = [median(epoch_stats(runs[a], e)[0]) or 0 for a in arms]
             ax.bar(xs, ys, width, label=f"epoch {e + 1}")
         ax.set_xticks(range(len(arms)))
         ax.set_xticklabels(arms, rotation=30, ha="right")
-        ax.set_ylabel("epoch time, s (log)")
+        ax.set_ylabel("epoch time, s (log; median of runs)")
         ax.set_yscale("log")
         ax.set_title(f"{title}: {d['files']} samples, {d['dataset_bytes'] / MIB:.0f} MiB, "
                      f"{d['workers']} workers")
