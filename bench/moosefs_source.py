@@ -58,27 +58,35 @@ class MooseFS:
     with the set-up `a.moosefs_setup`. `mount` is the dataset's directory
     there."""
 
-    def __init__(self, a, backing, name):
+    def __init__(self, a, backing, name, attach=False):
+        """`backing`: a local tree to copy there, or None for an empty directory
+        the benchmark fills itself. `attach`: the parent process started it."""
         self.script = SCRIPT
         self.ok, self.why, self.mount = False, "", None
         setup = getattr(a, "moosefs_setup", "default")
-        args = ["start", "--cache-mode", "DIRECT" if setup == "direct" else "AUTO"]
-        if setup == "throttled":
-            args += ["--read-bps", str(int(a.moosefs_read_mbps * 1e6))]
-        r = subprocess.run([SCRIPT] + args, capture_output=True, text=True)
+        self.setup = setup
+        self.flags = ["MooseFS", setup] + (
+            ["(%g MB/s disk reads)" % a.moosefs_read_mbps] if setup == "throttled" else [])
+        if attach:
+            r = subprocess.run([SCRIPT, "status"], capture_output=True, text=True)
+        else:
+            args = ["start", "--cache-mode", "DIRECT" if setup == "direct" else "AUTO"]
+            if setup == "throttled":
+                args += ["--read-bps", str(int(a.moosefs_read_mbps * 1e6))]
+            r = subprocess.run([SCRIPT] + args, capture_output=True, text=True)
         if r.returncode != 0:
-            self.why = "scripts/moosefs.sh start failed: " + (r.stderr or r.stdout).strip()
+            self.why = "scripts/moosefs.sh %s failed: %s" % (
+                "status" if attach else "start", (r.stderr or r.stdout).strip() or "not mounted")
             return
         root = os.path.join(r.stdout.strip().splitlines()[-1], "monarch-bench")
         self.mount = os.path.join(root, name)
-        if _tree(self.mount) != _tree(backing):
+        if backing is None:
+            os.makedirs(self.mount, exist_ok=True)
+        elif not attach and _tree(self.mount) != _tree(backing):
             shutil.rmtree(self.mount, ignore_errors=True)
             os.makedirs(root, exist_ok=True)
             shutil.copytree(backing, self.mount)
         self.ok = True
-        self.flags = ["MooseFS", setup] + (
-            ["(%g MB/s disk reads)" % a.moosefs_read_mbps] if setup == "throttled" else [])
-        self.setup = setup
 
     def describe(self):
         return {"default": "MooseFS, mfscachemode=AUTO (client page cache on), unthrottled",

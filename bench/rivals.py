@@ -65,6 +65,7 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from moosefs_source import MooseFS, add_source_flags  # noqa: E402
 from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
 ALL_ARMS = ("pfs", "local", "monarch", "announced", "preload", "litdata", "mosaic",
             "webdataset", "fsspec", "simplecache")
@@ -327,6 +328,36 @@ class Pfs:
     def stop(self):
         subprocess.run([self.script, "stop", self.mount], capture_output=True)
 
+    def describe(self):
+        return "PFS emulator " + " ".join(self.flags)
+
+    def drop_cache(self):
+        pass  # direct_io: the emulator's files are never in the page cache.
+
+
+class MooseFSCounters:
+    """Pfs's face over MooseFS (bench/moosefs_source.py)."""
+
+    def __init__(self, fs):
+        self.fs, self.flags = fs, fs.flags
+
+    def stats(self):
+        c = self.fs.stats()
+        return {"bytes": c["bytes_read"], "reads": c["reads"], "opens": c["opens"],
+                "metadata_ops": c["metadata_ops"]}
+
+    def reset(self):
+        self.fs.reset()
+
+    def stop(self):
+        self.fs.stop()
+
+    def describe(self):
+        return self.fs.describe()
+
+    def drop_cache(self):
+        self.fs.drop_cache()
+
 
 class Run:
     """One arm: start-up, then epochs, each measured the same way."""
@@ -456,7 +487,8 @@ def arm_preload(a, w, run):
            "--work", a.work, "--build", a.build, "--files", str(a.files),
            "--shards", str(a.shards), "--workers", str(a.workers), "--batch", str(a.batch),
            "--epochs", str(a.epochs), "--seed", str(a.seed), "--tier", a.tier,
-           "--epoch-cap", str(a.epoch_cap)]
+           "--epoch-cap", str(a.epoch_cap), "--source", a.source,
+           "--moosefs-setup", a.moosefs_setup]
     # The child steps through start-up and epochs; at each boundary it waits
     # for a line on stdin so the parent can read the counters in between.
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -851,6 +883,14 @@ class Work:
         kind = f"shards{a.shards}" if a.shards else "files"
         self.backing = os.path.join(a.work, f"backing-{a.files}-{kind}")
         self.mount = os.path.join(a.work, "pfs")
+        self.moosefs = None
+        if a.source == "moosefs":
+            # The dataset and the rivals' conversions live on MooseFS itself,
+            # as on a cluster: the backing store and the mount are one.
+            self.moosefs = MooseFS(a, None, f"rivals-{a.files}-{kind}", attach=child)
+            if not self.moosefs.ok:
+                raise SystemExit(self.moosefs.why)
+            self.backing = self.mount = self.moosefs.mount
         self.cache = os.path.join(a.work, "cache")
         self.local = os.path.join(a.work, f"local-{a.files}-{kind}")
         self.formats_backing = os.path.join(self.backing, "formats")
@@ -877,7 +917,7 @@ def write_outputs(a, w, results, commit, wall):
     out = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "files": len(w.records), "shards": a.shards, "dataset_bytes": w.dataset_bytes,
            "workers": a.workers, "batch": a.batch, "epochs": a.epochs, "reps": a.reps, "tier": a.tier,
-           "capacity": w.capacity, "emulator": w.pfs.flags, "cores": os.cpu_count(),
+           "capacity": w.capacity, "emulator": w.pfs.flags, "source": w.pfs.describe(), "cores": os.cpu_count(),
            "wall_seconds": wall, "load_start": w.load_start, "load_end": os.getloadavg(),
            "uncommitted": w.dirty, "script_commit": w.script_commit,
            "arms": results}
@@ -916,6 +956,7 @@ def main():
     ap.add_argument("--monarch-yaml", default="",
                     help="extra lines for the Monarch arms' config (an A/B of a setting), "
                          "e.g. 'placement: {verify: off}'")
+    add_source_flags(ap)
     ap.add_argument("--meta-latency-us", type=int, default=1000)
     ap.add_argument("--read-latency-us", type=int, default=500)
     ap.add_argument("--bandwidth-mbps", type=int, default=300)
@@ -970,7 +1011,7 @@ def main():
     started = time.perf_counter()
     w = Work(a)
     w.load_start = os.getloadavg()
-    w.pfs = Pfs(a, w.backing, w.mount)
+    w.pfs = MooseFSCounters(w.moosefs) if w.moosefs else Pfs(a, w.backing, w.mount)
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
@@ -982,7 +1023,7 @@ def main():
     print(f"dataset: {len(w.records)} samples in {len({r[0] for r in w.records})} files, "
           f"{w.dataset_bytes / 2**20:.1f} MiB; {a.workers} workers, batch {a.batch}, "
           f"{a.epochs} epochs; cache capacity {w.capacity / 2**20:.0f} MiB ({a.tier} tier); "
-          f"PFS emulator {' '.join(w.pfs.flags)}; commit {commit}"
+          f"{w.pfs.describe()}; commit {commit}"
           f"{' (uncommitted: ' + ', '.join(l[3:] for l in dirty.splitlines()) + ')' if dirty else ''}",
           flush=True)
     results = {arm: {"arm": arm, "runs": []} for arm in arms}
@@ -1000,6 +1041,9 @@ def main():
                     os.unlink(out)
                 cmd = [sys.executable, os.path.abspath(__file__), "--one-arm", arm,
                        "--one-arm-out", out] + passthrough(a)
+                # Every arm's epoch 1 meets a cold source (MooseFS's client
+                # and chunk server caches hold the last arm's reads).
+                w.pfs.drop_cache()
                 r = subprocess.run(cmd)
                 rec = {"arm": arm, "error": f"its process exited {r.returncode}"}
                 if os.path.exists(out):
@@ -1040,7 +1084,9 @@ def passthrough(a):
             "--read-latency-us", str(a.read_latency_us),
             "--bandwidth-mbps", str(a.bandwidth_mbps), "--monarch-yaml", a.monarch_yaml] + (
                 ["--tiny"] if a.tiny else []) + (["--settle"] if a.settle else []) + (
-                ["--no-readahead"] if a.no_readahead else [])
+                ["--no-readahead"] if a.no_readahead else []) + (
+                ["--source", a.source, "--moosefs-setup", a.moosefs_setup,
+                 "--moosefs-read-mbps", str(a.moosefs_read_mbps)])
 
 
 def one_arm(a, arm):
@@ -1049,7 +1095,8 @@ def one_arm(a, arm):
     w.dataset_bytes = sum(r[2] for r in w.records)
     w.capacity = int(w.dataset_bytes * 1.25)
     w.chunk = min(64 << 20, max(1 << 20, w.dataset_bytes // 16))
-    w.pfs = Pfs(a, w.backing, w.mount, attach=True)
+    w.pfs = (MooseFSCounters(w.moosefs) if w.moosefs else
+             Pfs(a, w.backing, w.mount, attach=True))
     checker = Checker(w.records)
     mem = MemorySampler()
     cache_dir = os.path.join(w.cache, arm)

@@ -90,7 +90,8 @@ def section(title, d):
              + (f" in {d['shards']} shard files" if d["shards"] else " (one file each)")
              + f", {d['dataset_bytes'] / MIB:.0f} MiB; DataLoader {d['workers']} workers, "
              f"batch {d['batch']}; caches and Monarch's `{d['tier']}` tier "
-             f"{d['capacity'] / MIB:.0f} MiB each; emulator `{' '.join(d['emulator'])}`; "
+             f"{d['capacity'] / MIB:.0f} MiB each; source: "
+             f"{d.get('source') or 'PFS emulator ' + ' '.join(d['emulator'])}; "
              f"{reps} run{'s' if reps != 1 else ''} of every arm; "
              f"whole run {d['wall_seconds'] / 60:.1f} min"
              + (f"; load average {d['load_start'][0]:.1f} at the start, "
@@ -142,7 +143,7 @@ def section(title, d):
                      + (f"{conv:.2f} | {conv / 10:.2f} | {conv / 90:.2f} |" if conv is not None
                         else "- | - | - |"))
     lines += target_lines(ok, n_epochs)
-    lines += ["", "Per phase, medians of the runs: the PFS emulator's counters (bytes read, "
+    lines += ["", "Per phase, medians of the runs: the source's counters (bytes read, "
               "read requests, opens, all metadata operations), the peak of the summed Pss "
               "of the job's processes and the node service, and the bytes in the local "
               "cache (tier) directory at its end:", "",
@@ -252,7 +253,8 @@ def chart(datasets, path):
                      f"{d['workers']} workers")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"DataLoader epochs over the PFS emulator (commit {datasets[0][1]['commit']})")
+    where = datasets[0][1].get("source") or "the PFS emulator"
+    fig.suptitle(f"DataLoader epochs over {where.split(',')[0]} (commit {datasets[0][1]['commit']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
