@@ -115,6 +115,8 @@ def run(args, pytest_args):
     if os.path.exists(report):
         os.unlink(report)  # Never an earlier run's outcomes.
     code = pytest.main(pytest_args, plugins=[_Reporter(report)])
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED and os.path.getsize(report) > 0:
+        return 0  # Every module skipped whole (no torch): reported as such.
     return 0 if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) else int(code)
 
 
