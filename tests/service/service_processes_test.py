@@ -188,6 +188,16 @@ def pid_alive(pid):
         return False
 
 
+def cpu_ticks(pid):
+    """User plus system clock ticks `pid` has run, 0 if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def is_service(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -1692,7 +1702,12 @@ def scenario_busy_cpus(env):
     hogs = [env.popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
     try:
-        time.sleep(0.2)
+        # Every hog has had the CPU (user time in /proc/<pid>/stat) before
+        # the clients start.
+        deadline = time.monotonic() + 30
+        while not all(cpu_ticks(h.pid) > 0 for h in hogs):
+            check(time.monotonic() < deadline, "the CPU hogs did not run")
+            time.sleep(0.01)
         stats_dir = os.path.join(env.work, "between")
         os.makedirs(stats_dir)
         # Client 0 takes the node's stats between epochs (all clients are past
