@@ -619,6 +619,20 @@ TEST_CASE("process mappings: lines of /proc/<pid>/maps, private mappings of the 
   CHECK_FALSE(ParsePrivateMapping("", files, &range));
 }
 
+// Asks the RAM tier about `probe` (CheckedWhole, as a client that mapped it
+// would), then calls ReleaseUnmapped() until a walk of the mappings that
+// started after that has ended: nobody maps `probe`, so that walk unmarks it.
+// The tier walks at most once a second. Returns what the calls freed.
+uint64_t ReleaseThroughAWalk(StorageDriver& ram, const FileRef& probe) {
+  REQUIRE(ram.CheckedWhole(probe));
+  uint64_t released = 0;
+  REQUIRE(testing::Eventually([&] {
+    released += ram.ReleaseUnmapped();
+    return !ram.MayBeMapped(probe);
+  }));
+  return released;
+}
+
 TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, until no process "
           "maps it, a forked child included") {
   constexpr uint64_t kSize = (2 << 20) + 100;  // 1 MiB or more: it starts on a page.
@@ -666,6 +680,8 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
   for (uint32_t id = 2; id < kFiles; ++id) {
     REQUIRE(Store(*ram, Ref(id, absl::StrCat("f", id), kSize), id + 1).ok());
   }
+  const std::string probe_name = absl::StrCat("f", kFiles - 1);
+  const FileRef probe = Ref(kFiles - 1, probe_name, kSize);  // Never mapped.
   CHECK(testing::BytesMatch(a, mapped, 0, kPages));
   CHECK(ram->ReleaseUnmapped() == 0);  // Mapped here.
   CHECK(ram->HeldBytes() == kSize);
@@ -685,8 +701,7 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
     ::_exit(0);
   }
   ::munmap(mapped, kPages);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // One walk a second.
-  CHECK(ram->ReleaseUnmapped() == 0);
+  CHECK(ReleaseThroughAWalk(*ram, probe) == 0);  // The child maps it.
   CHECK(ram->HeldBytes() == kSize);
   // More copies meanwhile: the child still reads a's bytes.
   REQUIRE(ram->Remove(Ref(5, "f5", kSize)).ok());  // Never asked about: freed at once.
@@ -702,8 +717,7 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
   for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
   CHECK(ram->HeldBytes() == kSize);
   CHECK(ram->ReleaseUnmapped() == 0);  // Within a second of the last walk: none.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  CHECK(ram->ReleaseUnmapped() == kSize);  // Nobody maps it: freed.
+  CHECK(ReleaseThroughAWalk(*ram, probe) == kSize);  // Nobody maps it: freed.
   CHECK(ram->HeldBytes() == 0);
   CHECK_FALSE(ram->MayBeMapped(a_ref));  // No copy of it, and nobody asked again.
 
@@ -718,9 +732,7 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
   REQUIRE(ram->CheckedWhole(b_ref));
   ::munmap(b_mapped, kPages);
   CHECK(ram->MayBeMapped(b_ref));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  CHECK(ram->ReleaseUnmapped() == 0);  // Nothing held; the walk only unmarks b.
-  CHECK_FALSE(ram->MayBeMapped(b_ref));
+  CHECK(ReleaseThroughAWalk(*ram, b_ref) == 0);  // Nothing held; the walk only unmarks b.
   REQUIRE(ram->Remove(b_ref).ok());
   CHECK(ram->HeldBytes() == 0);
   // A copy under 1 MiB starts on a page only by chance, and opens only then.
@@ -829,14 +841,14 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
     REQUIRE(made.ok());
     RamArena& arena = **made;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // The backer settled: nothing allowed, no step under way.
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
     CHECK(arena.resident_bytes() == 0);  // Nothing until the governor's word.
     arena.AllowBackingAhead(4 * kMiB);
     REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     CHECK(arena.resident_bytes() == 4 * kMiB);
     arena.AllowBackingAhead(0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
     CHECK(arena.resident_bytes() == 4 * kMiB);
     arena.AllowBackingAhead(64 * kMiB);
     REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
@@ -846,8 +858,7 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(8 * kMiB, 2, "test");
     REQUIRE(made.ok());
     CHECK((*made)->WaitUntilBackedAhead(std::chrono::seconds(0)));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    CHECK((*made)->resident_bytes() == 0);
+    CHECK((*made)->resident_bytes() == 0);  // No thread to wait for.
   }
   SUBCASE("a release gives the backed pages back and ends the backing") {
     RamArena::Options options;

@@ -446,8 +446,7 @@ TEST_CASE("posix tier: a direct copy's allocation, truncation and clean-up go th
     // Only direct writes allocate ahead and cut their padding off at commit.
     int probe = ::open((dir.path() + "/probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
     if (probe < 0) {
-      MESSAGE("no O_DIRECT on " << dir.path() << "; set TMPDIR to a disk to run this test");
-      return;
+      MONARCH_SKIP("no O_DIRECT on " << dir.path() << "; set TMPDIR to a disk to run this test");
     }
     ::close(probe);
     ::unlink((dir.path() + "/probe").c_str());

@@ -99,15 +99,15 @@ TEST_CASE("lru: a copy with a reader inside it is never evicted") {
   ReadAndSettle(*m, files[0]);
   REQUIRE(m->GetStats().Tier(0, "files") == 1);
 
-  // A slow reader inside file 0's copy.
-  ram.read_delay_us = 500000;
+  // A reader held inside file 0's copy.
+  ram.HoldFrom(0);
   std::thread reader([&] { ReadWholeAndCheck(*m, files[0]); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(ram.WaitUntilHeld());
   // File 1 wants the room: the only candidate is in use, so no room is made
   // and file 1 is read from the source.
   ReadWholeAndCheck(*m, files[1]);
+  ram.Unhold();
   reader.join();
-  ram.read_delay_us = 0;
   const Stats stats = m->GetStats();
   CHECK(stats.Get("evictions") == 0);
   CHECK(stats.Get("eviction_failures") >= 1);

@@ -662,16 +662,16 @@ TEST_CASE("a promotion whose source changes mid-copy is not committed") {
   auto files = testing::MakeDataset(ds, 1, {2 << 20});
   Config config =
       testing::MakeConfig(ds, {testing::FileTier(TierKind::kPosix, nvme, 1 << 30, "nvme")});
-  config.placement.chunk_bytes = 64 << 10;  // 32 chunks, 20 ms each: 0.6 s of copying.
+  config.placement.chunk_bytes = 64 << 10;  // 32 chunks.
   FaultInjectingDriver::Faults source;
-  source.read_delay_us = 20000;
+  source.HoldFrom(4 * (64 << 10));  // Four chunks in, the copy waits for the rewrite.
   auto m = MustCreate(config, &source);
   char buffer[4096];
   REQUIRE(m->Read(files[0].name, buffer, sizeof(buffer), 0).value() == sizeof(buffer));
   CHECK(testing::BytesMatch(files[0], buffer, 0, sizeof(buffer)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // A few chunks in.
+  REQUIRE(source.WaitUntilHeld());
   RewriteKeepingMtime(ds + "/" + files[0].name, 99, files[0].size);
-  source.read_delay_us = 0;
+  source.Unhold();
   m->WaitForPlacement();
   const Stats stats = m->GetStats();
   CHECK(stats.Get("promotions_source_changed") == 1);

@@ -155,15 +155,16 @@ TEST_CASE("prefetch: the lookahead bounds what is fetched ahead, reads free it")
 
   REQUIRE(m->AnnounceOrder(Names(files)).ok());
   REQUIRE(WaitForCounter(*m, "prefetch_files", 3));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // It stays there.
+  // It stays there: both streams wait for the readers, none fetching.
+  REQUIRE(WaitForCounter(*m, "prefetch_streams_held", 2));
   CHECK(m->GetStats().Get("prefetch_files") == 3);
   CHECK(m->GetStats().Get("prefetch_lookahead_bytes") == 30000);
 
-  // The reader takes two of them: two more come.
+  // The reader takes two of them: two more come, and no more.
   ReadWholeAndCheck(*m, files[0]);
   ReadWholeAndCheck(*m, files[1]);
   REQUIRE(WaitForCounter(*m, "prefetch_files", 5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(WaitForCounter(*m, "prefetch_streams_held", 2));
   CHECK(m->GetStats().Get("prefetch_files") == 5);
 
   // Reading in order to the end: every file is read from the source once.
@@ -217,9 +218,10 @@ TEST_CASE("prefetch: the streams give way to the readers' own misses") {
   REQUIRE(m->AnnounceOrder(Names(ordered)).ok());
   // 3 streams less 2 misses: one stream fetches (at least one always does).
   REQUIRE(gate.WaitFor([](const auto& waiting) { return waiting.size() == 3; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Both other streams looked again since, and gave way again.
+  const uint64_t yields = m->GetStats().Get("prefetch_yields");
+  REQUIRE(WaitForCounter(*m, "prefetch_yields", yields + 2));
   CHECK(gate.Waiting().size() == 3);
-  CHECK(m->GetStats().Get("prefetch_yields") > 0);
 
   // The misses end: all three streams fetch.
   gate.Release(files[0].name);
@@ -263,7 +265,8 @@ TEST_CASE("prefetch: an announcement naming a file not in the dataset announces 
   absl::Status status = m->AnnounceOrder({files[0].name, "dir0/nope.bin", files[1].name});
   CHECK(absl::IsNotFound(status));
   CHECK(absl::StrContains(status.message(), "dir0/nope.bin"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Nothing to wait for: an announcement is taken, or not, in the call, and
+  // the streams start with the first one taken.
   CHECK(m->GetStats().Get("prefetch_announced_files") == 0);
   CHECK(gate.reads.load() == 0);
   // Paths inside the dataset are names too; an empty order withdraws it.
@@ -349,7 +352,8 @@ TEST_CASE("prefetch: a bad sampled order is InvalidArgument or NotFound, and ann
   status = m->AnnounceSampledOrder({files[0].name, "dir0/nope.bin"}, how);
   CHECK(absl::IsNotFound(status));
   CHECK(absl::StrContains(status.message(), "dir0/nope.bin"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Nothing to wait for: an announcement is taken, or not, in the call, and
+  // the streams start with the first one taken.
   CHECK(m->GetStats().Get("prefetch_announced_files") == 0);
   CHECK(gate.reads.load() == 0);
 }

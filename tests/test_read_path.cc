@@ -371,10 +371,11 @@ TEST_CASE("staging pool: reservations stay within the budget and its shares") {
   // A reader waits for room until a buffer comes back.
   std::atomic<char*> waited{nullptr};
   std::thread reader([&] { waited = pool.Acquire(kChunk, ChunkPool::Share::kReaders); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(testing::Eventually([&] { return pool.refusals() >= 1; }));  // It looked: no room.
   CHECK(waited.load() == nullptr);
+  const uint64_t looked = pool.refusals();
   pool.Release(placement, kChunk);  // Room in the reserved part only: still waiting.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(testing::Eventually([&] { return pool.refusals() > looked; }));  // It looked again.
   CHECK(waited.load() == nullptr);
   pool.Release(held.back(), kChunk);
   held.pop_back();

@@ -1341,7 +1341,7 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
     got = ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
     fetched.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(testing::Eventually([&] { return ranks[1].Counter("remote.requests_held") == 1; }));
   CHECK(!fetched.load());  // Held: neither served nor refused.
   CHECK(ranks[1].served.load() == 0);
   ranks[1].network->StartServing();
@@ -1360,7 +1360,7 @@ TEST_CASE("peer network: a request that comes before its peer serves waits, then
   std::thread refused([&] {
     got = again[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(testing::Eventually([&] { return again[1].Counter("remote.requests_held") == 1; }));
   again[1].network->Shutdown(DeadlineIn(10));
   refused.join();
   again[0].network->Shutdown(DeadlineIn(10));
@@ -1385,7 +1385,7 @@ TEST_CASE("peer network: shutting down cuts short a fetch waiting on a peer that
     got = ranks[0].network->Fetch(1, file, 1000, buffer.data(), buffer.size());
     fetched.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(testing::Eventually([&] { return ranks[1].Counter("remote.requests_held") == 1; }));
   REQUIRE_FALSE(fetched.load());
   const auto start = std::chrono::steady_clock::now();
   ranks[0].network->CancelFetches();

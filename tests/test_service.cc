@@ -551,8 +551,12 @@ TEST_CASE("service: a dead service costs no read, and a new one is picked up") {
 
   auto again = NodeService::Start(testing::Valid(config));
   REQUIRE(again.ok());
-  // The client reconnects at most once a second.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  // The client tries to reconnect at most once a second, on a miss: it
+  // reads one (a file the dead service did not hold) until it has.
+  REQUIRE(testing::Eventually([&] {
+    ReadAllExact(**client, {files.back()});
+    return (*again)->NodeStats().clients.size() == 1;
+  }));
   ReadAllExact(**client, files);
   const service::StatsReply stats = (*again)->NodeStats();
   REQUIRE(stats.clients.size() == 1);
@@ -881,12 +885,10 @@ TEST_CASE("service: an announced order is prefetched for the node, clients' read
   REQUIRE((*client)->AnnounceOrder(order).ok());
 
   auto node_stat = [&](const char* name) { return (*node)->NodeStats().node.Get(name); };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (node_stat("prefetch_lookahead_bytes") + 9000 <= config.prefetch.lookahead_bytes &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Every stream waits for the readers: the lookahead is full.
+  REQUIRE(testing::Eventually([&] {
+    return node_stat("prefetch_streams_held") == static_cast<uint64_t>(config.prefetch.streams);
+  }));
   const uint64_t ahead = node_stat("prefetch_files");
   CHECK(ahead > 0);
   CHECK(ahead < files.size());  // Held back by the lookahead, not by the reader.

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -47,6 +48,36 @@ ScopedFd Connect(int port) {
     return ScopedFd();
   }
   return fd;
+}
+
+// Connections to 127.0.0.1:`port` not accepted yet: the listening socket's
+// accept queue (rx_queue of its LISTEN row in /proc/net/tcp); -1 if no
+// socket listens there.
+int AcceptQueue(int port) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // The header.
+  while (std::getline(tcp, line)) {
+    // sl local_address rem_address st tx_queue:rx_queue ..., in hex.
+    const std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 5 || fields[3] != "0A") continue;
+    const std::vector<std::string> local = absl::StrSplit(fields[1], ':');
+    const std::vector<std::string> queues = absl::StrSplit(fields[4], ':');
+    if (local.size() != 2 || queues.size() != 2) continue;
+    if (std::stoi(local[1], nullptr, 16) == port) return std::stoi(queues[1], nullptr, 16);
+  }
+  return -1;
+}
+
+// Waits (10 s at most) until the server has accepted every connection made
+// to it so far, so that a test knows which one it serves.
+bool WaitUntilAccepted(int port) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (AcceptQueue(port) != 0) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 // Sends what it can of `data`; the server may close early on hostile input.
@@ -256,7 +287,7 @@ TEST_CASE("a silent or trickling client holds the server for the request timeout
   SUBCASE("silent") {
     ScopedFd silent = Connect(server->port());
     REQUIRE(silent.valid());
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // Accepted first.
+    REQUIRE(WaitUntilAccepted(server->port()));  // Served first.
     const Clock::time_point start = Clock::now();
     HttpResponse r = Get(server->port(), "/metrics");
     CHECK(r.status == 200);
@@ -277,7 +308,7 @@ TEST_CASE("a silent or trickling client holds the server for the request timeout
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    REQUIRE(WaitUntilAccepted(server->port()));  // Served first.
     const Clock::time_point start = Clock::now();
     HttpResponse r = Get(server->port(), "/metrics");
     CHECK(r.status == 200);
@@ -291,7 +322,7 @@ TEST_CASE("destroying the server is prompt even with a client connected") {
   auto server = StartOrDie([] { return std::string(kMetrics); });
   ScopedFd silent = Connect(server->port());
   REQUIRE(silent.valid());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(WaitUntilAccepted(server->port()));  // The server thread serves it.
   const Clock::time_point start = Clock::now();
   server.reset();
   CHECK(Clock::now() - start < std::chrono::milliseconds(500));

@@ -188,7 +188,10 @@ TEST_CASE("WaitForPlacement waiting on a stuck promotion returns once Shutdown c
     stuck.monarch->WaitForPlacement();
     returned.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Once it waits on the promotions in flight, it would have returned had
+  // placement been idle.
+  REQUIRE(testing::Eventually(
+      [&] { return stuck.monarch->GetStats().Get("placement_waiters") == 1; }));
   CHECK_FALSE(returned.load());  // The promotion is stuck: placement is not idle.
   const auto start = std::chrono::steady_clock::now();
   TimeBounded(60, [&] { stuck.monarch->Shutdown(Monarch::ShutdownMode::kCancel); });
@@ -307,7 +310,9 @@ TEST_CASE("node service: a client waiting for placement returns when the service
     (*client)->WaitForPlacement();
     returned.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Its call waits in the service on the promotion in flight.
+  REQUIRE(testing::Eventually(
+      [&] { return stuck.node->NodeStats().node.Get("placement_waiters") == 1; }));
   CHECK_FALSE(returned.load());
   stuck.node->RequestStop();
   TimeBounded(60, [&] { stuck.node->Wait(); });

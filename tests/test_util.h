@@ -139,6 +139,20 @@ inline uint64_t ThreadMinorFaults() {
   return static_cast<uint64_t>(usage.ru_minflt);
 }
 
+// Polls `condition` every 2 ms until it holds, `seconds` at most; whether
+// it held. How a test waits for what another thread does: on the event,
+// with a deadline, never for a fixed time.
+template <typename Condition>
+bool Eventually(Condition condition, double seconds = 30) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 // Runs the commands at once (stdout to /dev/null) and waits for them all, at
 // most `timeout_seconds`: their exit codes (128 + the signal for one killed
 // by a signal), -1 for one still running then (it is killed).
@@ -253,12 +267,54 @@ class FaultInjectingDriver final : public ForwardingDriver {
       auto it = bytes_per_file.find(name);
       return it == bytes_per_file.end() ? 0 : it->second;
     }
+
+    // Reads from `offset` on wait in Read() until Unhold(): a test acts at
+    // a known point of a copy (WaitUntilHeld), not after a guessed time.
+    void HoldFrom(uint64_t offset) {
+      MutexLock lock(&mu);
+      hold_from = offset;
+      holding_reads = true;
+    }
+    // Whether a read waits there, within `seconds`.
+    bool WaitUntilHeld(double seconds = 30) {
+      const auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(seconds));
+      MutexLock lock(&mu);
+      while (held == 0) {
+        if (!hold_changed.WaitUntil(&mu, deadline) && held == 0) return false;
+      }
+      return true;
+    }
+    void Unhold() {
+      MutexLock lock(&mu);
+      holding_reads = false;
+      hold_changed.SignalAll();
+    }
+    // Called by each Read() of `offset` before it reads.
+    void PassOrHold(uint64_t offset) {
+      MutexLock lock(&mu);
+      while (holding_reads && offset >= hold_from) {
+        ++held;
+        hold_changed.SignalAll();
+        hold_changed.Wait(&mu);
+        --held;
+      }
+    }
+
+   private:
+    CondVar hold_changed;
+    bool holding_reads ABSL_GUARDED_BY(mu) = false;
+    uint64_t hold_from ABSL_GUARDED_BY(mu) = 0;
+    int held ABSL_GUARDED_BY(mu) = 0;  // Reads waiting now.
   };
 
   FaultInjectingDriver(std::unique_ptr<StorageDriver> target, Faults* faults)
       : ForwardingDriver(std::move(target)), faults_(faults) {}
 
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n) override {
+    faults_->PassOrHold(offset);
     if (int delay = faults_->read_delay_us.load(); delay > 0) ::usleep(delay);
     faults_->reads.fetch_add(1);
     if (faults_->fail_reads.load()) return absl::DataLossError("injected read error (EIO)");

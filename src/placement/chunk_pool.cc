@@ -82,7 +82,10 @@ char* ChunkPool::Acquire(size_t bytes, Share share) {
     // Ends when a thread loading or writing a chunk right now finishes it:
     // parked chunks never fill a share (see the banner), and a failed or
     // cancelled promotion returns its parked ones at once.
-    while (!TryReserve(capacity, limit)) room_.Wait(&mu_);
+    while (!TryReserve(capacity, limit)) {
+      refusals_.fetch_add(1, std::memory_order_relaxed);
+      room_.Wait(&mu_);
+    }
     --waiters_;
   }
   return Take(capacity);

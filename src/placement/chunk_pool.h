@@ -94,8 +94,10 @@ class ChunkPool {
   uint64_t peak_bytes_in_use() const { return peak_.load(std::memory_order_relaxed); }
   // Of bytes_in_use(), the parked buffers.
   uint64_t parked_bytes() const { return parked_.load(std::memory_order_relaxed); }
-  // How many times an Acquire() had to wait for room.
+  // How many times an Acquire() had to wait for room; how many times a
+  // waiting one found none (a test waits on it to see a waiter look again).
   uint64_t waits() const { return waits_.load(std::memory_order_relaxed); }
+  uint64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
 
  private:
   size_t CapacityFor(size_t bytes) const;
@@ -124,6 +126,7 @@ class ChunkPool {
   std::atomic<uint64_t> peak_{0};
   std::atomic<uint64_t> parked_{0};
   std::atomic<uint64_t> waits_{0};
+  std::atomic<uint64_t> refusals_{0};
 };
 
 }  // namespace monarch

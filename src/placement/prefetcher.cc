@@ -150,7 +150,9 @@ void Prefetcher::StreamLoop() {
         }
         size = entry.ref.size;
         if (ahead_bytes_ > 0 && ahead_bytes_ + size > lookahead_bytes_) {
+          ++held_by_lookahead_;
           changed_.Wait(&mu_);  // Until readers read what is ahead.
+          --held_by_lookahead_;
           continue;
         }
         if (fetching_ >= AllowedStreams()) {
@@ -219,6 +221,8 @@ void Prefetcher::ReportCounters(CounterSink& sink) const {
   sink.Gauge("prefetch_lookahead_bytes", ahead_bytes_,
              "Bytes the streams fetched that no reader has read yet.");
   sink.Gauge("prefetch_position", next_, "Position of the streams in the merged order.");
+  sink.Gauge("prefetch_streams_held", held_by_lookahead_,
+             "Streams waiting for the readers: the lookahead is full.");
   sink.Gauge("prefetch_order_files", merged_.size(), "Files in the merged order.");
 }
 

@@ -119,6 +119,7 @@ class Prefetcher final : public NextUseOracle {
   absl::flat_hash_map<uint32_t, uint64_t> ahead_ ABSL_GUARDED_BY(mu_);
   uint64_t ahead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int fetching_ ABSL_GUARDED_BY(mu_) = 0;
+  int held_by_lookahead_ ABSL_GUARDED_BY(mu_) = 0;  // Streams waiting for the readers.
   std::atomic<bool> active_{false};
 
   // Counters.

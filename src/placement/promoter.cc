@@ -314,7 +314,9 @@ std::vector<std::shared_ptr<Promotion>> Promoter::InFlight() {
 
 void Promoter::WaitIdle() {
   MutexLock lock(&idle_mu_);
+  idle_waiters_.fetch_add(1, std::memory_order_relaxed);
   while (in_flight_count_ > 0) idle_.Wait(&idle_mu_);
+  idle_waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool Promoter::WaitIdleUntil(Deadline deadline) {
@@ -389,6 +391,8 @@ void Promoter::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_skipped", skipped_.load(),
                "Files left on the source because no tier had room.");
   sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
+  sink.Gauge("placement_waiters", idle_waiters_.load(),
+             "Threads in WaitForPlacement waiting for the promotions in flight.");
   sink.Counter("promotion_bytes_from_memory", bytes_from_memory_.load(),
                "Bytes deferred copies took from the source's memory (its page cache), apart "
                "from the source's reads: readers read them from the source once already.");

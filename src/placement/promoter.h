@@ -188,6 +188,7 @@ class Promoter final : public PromotionHost, public FileLocks {
   Mutex idle_mu_;  // Taken after a shard's mutex, never before.
   CondVar idle_;   // Signalled when in_flight_count_ drops to 0.
   uint64_t in_flight_count_ ABSL_GUARDED_BY(idle_mu_) = 0;
+  std::atomic<int> idle_waiters_{0};  // Threads in WaitIdle().
 
   std::atomic<uint64_t> started_{0};
   std::atomic<uint64_t> completed_{0};

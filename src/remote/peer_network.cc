@@ -90,6 +90,8 @@ class PeerNetwork::Impl {
     const PeerServer::Counters served = server_.counters();
     sink.Counter("remote.requests_served", served.requests_served,
                  "Requests this process answered for peers, with data.");
+    sink.Gauge("remote.requests_held", served.requests_held,
+               "Peer requests waiting for this process to start serving.");
     sink.Counter("remote.bytes_served", served.bytes_served, "Bytes sent to peers.");
     sink.Counter("remote.requests_refused", served.requests_refused,
                  "Peer requests answered with an error (wrong version, shutting down...).");

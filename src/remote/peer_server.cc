@@ -82,8 +82,9 @@ bool PeerServer::WaitForServes(Deadline deadline) {
 }
 
 PeerServer::Counters PeerServer::counters() const {
+  MutexLock lock(&worker_.mu());
   return Counters{requests_served_.load(), bytes_served_.load(), requests_refused_.load(),
-                  requests_unauthenticated_.load()};
+                  requests_unauthenticated_.load(), held_.size()};
 }
 
 void PeerServer::OnMessage(const UcxWorker::Message& message) {

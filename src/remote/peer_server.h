@@ -73,6 +73,7 @@ class PeerServer final : public UcxWorker::MessageHandler {
     uint64_t bytes_served;
     uint64_t requests_refused;
     uint64_t requests_unauthenticated;
+    uint64_t requests_held;  // Now, until StartServing().
   };
   Counters counters() const;
 

@@ -278,7 +278,14 @@ def run_scenario(build, watch, limit_mib, tier_mib, data_mib, job_mib, file_mib,
         result["job_exit"] = job.returncode
         result["job_output"] = (out + err).strip()[-400:]
         result["job_oom_killed"] = job.returncode == -signal.SIGKILL
-        time.sleep(0.3)  # A service killed now shows as such below.
+        # The OOM killer counts a kill when it sends it: if it killed
+        # anything, wait for the service's end (it may be the one) before
+        # saying whether it lives.
+        if cgroup.oom_kills() > 0:
+            try:
+                service.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         result["service_alive"] = service.poll() is None
         result["service_exit"] = service.returncode
         result["service_oom_killed"] = service.returncode == -signal.SIGKILL
