@@ -26,11 +26,12 @@
 #include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
+#include "core/front.h"
 #include "core/read_path.h"
+#include "core/read_speeds.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
-#include "placement/placement_handler.h"
-#include "core/monarch_internal.h"
+#include "placement/scan_rule.h"
 #include "service/namespace_image.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
@@ -178,8 +179,20 @@ struct Channel {
 // own and never touches its parent's (whose mutexes another thread may have
 // held at the fork).
 struct ProcessState {
-  explicit ProcessState(uint64_t generation) : generation(generation) {}
+  // `tiers`: the service's, for the speed model (placement.route_by_speed).
+  ProcessState(uint64_t generation, const std::string& root, const Config& config,
+               const std::vector<TierDescription>& tiers)
+      : generation(generation), source(NewSourceDriver(root, config.placement.max_open_files)) {
+    std::vector<ReadSpeeds::TierName> names;
+    for (const TierDescription& tier : tiers) {
+      names.push_back({tier.name, static_cast<TierKind>(tier.kind)});
+    }
+    speeds = ReadSpeeds::For(config.placement.route_by_speed, std::move(names));
+  }
   const uint64_t generation;
+  // For reads while no service answers, and the speed model's.
+  const std::unique_ptr<StorageDriver> source;
+  std::unique_ptr<ReadSpeeds> speeds;  // Null unless placement.route_by_speed applies.
   std::atomic<Session*> session{nullptr};
   std::atomic<ClientCounters*> counters{&local_counters};
   ClientCounters local_counters{};  // Until the first connection's page exists.
@@ -188,7 +201,6 @@ struct ProcessState {
   std::vector<std::unique_ptr<Session>> sessions ABSL_GUARDED_BY(mu);  // Current and retired.
   std::vector<std::unique_ptr<Channel>> idle ABSL_GUARDED_BY(mu);
   MappedRegion counters_page ABSL_GUARDED_BY(mu);
-  std::unique_ptr<StorageDriver> source ABSL_GUARDED_BY(mu);  // For reads while no service answers.
   Clock::time_point next_connect ABSL_GUARDED_BY(mu);
   Clock::time_point next_autostart ABSL_GUARDED_BY(mu);
 
@@ -219,7 +231,7 @@ constexpr auto kConsumedDelay = std::chrono::milliseconds(20);
 
 constexpr size_t kMaxIdleChannels = 16;
 
-class ServiceClient final : public Monarch {
+class ServiceClient final : public Front {
  public:
   ServiceClient(Config config, ConfigSource source, ServicePaths paths)
       : config_(std::move(config)), source_(std::move(source)), paths_(std::move(paths)) {}
@@ -235,10 +247,10 @@ class ServiceClient final : public Monarch {
     static absl::once_flag once;
     absl::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, CountFork); });
     MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths_));
-    auto* state = new ProcessState(fork_generation.load());
-    state_.store(state);
     MONARCH_ASSIGN_OR_RETURN(Hello hello, ConnectOrStart());
     root_ = hello.reply.dataset_root;
+    auto* state = new ProcessState(fork_generation.load(), root_, config_, hello.reply.tiers);
+    state_.store(state);
     MONARCH_RETURN_IF_ERROR(Adopt(*state, std::move(hello)));
     return absl::OkStatus();
   }
@@ -272,47 +284,11 @@ class ServiceClient final : public Monarch {
                           flags);
   }
 
-  absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
-    MONARCH_ASSIGN_OR_RETURN(FileStat stat, Stat(name));
-    return stat.size;
-  }
-  absl::StatusOr<FileStat> Stat(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-    const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
-    if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return session->image->Stat(*id);
-  }
-  bool FileExists(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    return session != nullptr && session->image->Find(ToAbsl(name)).has_value();
-  }
-  bool IsDirectory(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    return session != nullptr && session->image->IsDirectory(ToAbsl(name));
-  }
-  absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-    return session->image->List(ToAbsl(dir));
-  }
-  std::vector<std::string> ListFiles() const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return {};
-    const NamespaceImage& image = *session->image;
-    std::vector<std::string> names;
-    names.reserve(image.file_count());
-    for (uint32_t id = 0; id < image.file_count(); ++id) {
-      names.emplace_back(image.ref(id).name);
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-  }
   const std::string& dataset_root() const override { return root_; }
 
   // The node's counters (every client's included) from the service; this
   // process's own when no service answers.
-  Stats GetStats() const override {
+  Stats NodeStats() const override {
     ProcessState& state = State();
     absl::StatusOr<Frame> reply = AdminCall(MessageType::kStats);
     if (reply.ok()) {
@@ -335,55 +311,28 @@ class ServiceClient final : public Monarch {
     if (!reply.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", reply.status().ToString());
   }
 
-  // The order goes to the service in pieces on one connection; the service
-  // merges it with the other processes' orders.
-  absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
-    ProcessState& state = State();
-    for (int attempt = 0;; ++attempt) {
-      Session* session = CurrentSession(state);
-      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      std::vector<uint32_t> ids;
-      ids.reserve(names.size());
-      for (const std::string& name : names) {
-        const std::optional<uint32_t> id = session->image->Find(name);
-        if (!id) {
-          return absl::NotFoundError(
-              absl::StrCat("announced order: not a dataset file: ", QuoteForError(name)));
-        }
-        ids.push_back(*id);
-      }
-      AnnounceRequest order;
-      order.file_ids = std::move(ids);
-      absl::Status sent = SendOrder(state, session, order);
-      // A new service instance answered: ids may differ, look up again.
-      if (absl::IsAborted(sent) && attempt < 3) continue;
-      return sent;
-    }
+  const NamespaceView* View() const override {
+    const Session* session = CurrentSession(State());
+    return session != nullptr ? session->image.get() : nullptr;
   }
 
-  // Samples inside files, by file id: the service knows which files it
-  // caches by extents, and fetches the extents each sample touches.
-  absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
+  // The order goes to the service in pieces on one connection; the service
+  // merges it with the other processes' orders.
+  absl::Status AnnounceIds(const NamespaceView& view, std::vector<uint32_t> ids,
+                           std::vector<FileRange> ranges) override {
     ProcessState& state = State();
-    for (int attempt = 0;; ++attempt) {
-      Session* session = CurrentSession(state);
-      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      AnnounceRequest order;
-      order.ranges = true;
-      order.samples.reserve(samples.size());
-      for (const SampleRange& sample : samples) {
-        const std::optional<uint32_t> id = session->image->Find(sample.file);
-        if (!id) {
-          return absl::NotFoundError(
-              absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
-        }
-        order.samples.push_back({*id, sample.offset, sample.length});
-      }
-      absl::Status sent = SendOrder(state, session, order);
-      if (absl::IsAborted(sent) && attempt < 3) continue;
-      return sent;
+    Session* session = CurrentSession(state);
+    if (session == nullptr || session->image.get() != &view) {
+      return absl::AbortedError("session changed");
     }
+    AnnounceRequest order;
+    order.file_ids = std::move(ids);
+    order.ranges = !ranges.empty();
+    order.samples = std::move(ranges);
+    return SendOrder(state, session, order);
   }
+
+  const ReadSpeeds* Speeds() const override { return State().speeds.get(); }
 
  private:
   ProcessState& State() const {
@@ -392,12 +341,15 @@ class ServiceClient final : public Monarch {
     if (state->generation == generation) return *state;
     // A forked child: its own state, built from what the parent's session
     // keeps immutable (the reply and the descriptors, mapped again here).
-    auto* fresh = new ProcessState(generation);
+    const Session* inherited = state->session.load();
+    auto* fresh = new ProcessState(generation, root_, config_,
+                                   inherited != nullptr ? inherited->reply.tiers
+                                                        : std::vector<TierDescription>());
     // Its hits go on counting in the parent's counters page (a shared
     // mapping the child inherited): a DataLoader worker that only hits
     // still shows in the node's stats, with no connection of its own.
     fresh->counters.store(state->counters.load());
-    if (const Session* inherited = state->session.load()) {
+    if (inherited != nullptr) {
       std::vector<ScopedFd> fds;
       // The RAM tier's memfds, no file: outside the seam of common/os.h.
       for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
@@ -474,7 +426,7 @@ class ServiceClient final : public Monarch {
         : client_(client), state_(state), session_(session), first_attempt_(first_attempt) {}
 
     Handle Find(absl::string_view name) {
-      const std::optional<uint32_t> id = session_->image->Find(name);
+      const std::optional<uint32_t> id = session_->image->FindId(name);
       if (!id) return std::nullopt;
       return session_->image->ref(*id);
     }
@@ -508,10 +460,12 @@ class ServiceClient final : public Monarch {
     StorageDriver* Reader(int tier) { return session_->readers[tier].get(); }
     absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
                                     uint64_t offset, char* dst, size_t n) {
-      absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
-      if (got.ok() && *got == n) {
-        state_.counters.load(std::memory_order_relaxed)->tiers[tier].Count(n);
+      TierReads& counted = state_.counters.load(std::memory_order_relaxed)->tiers[tier];
+      if (state_.speeds != nullptr && state_.speeds->Routes(tier)) {
+        return state_.speeds->ReadHit(*state_.source, reader, *file, tier, offset, dst, n, counted);
       }
+      absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
+      if (got.ok() && *got == n) counted.Count(n);
       return got;
     }
     std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle&, int,
@@ -700,7 +654,7 @@ class ServiceClient final : public Monarch {
       source_offset += ref.part_offset;
     }
     MONARCH_ASSIGN_OR_RETURN(size_t rest,
-                             ReadSource(state, source_ref, dst + done, n - done, source_offset));
+                             state.source->Read(source_ref, source_offset, dst + done, n - done));
     state.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return done + rest;
   }
@@ -760,7 +714,7 @@ class ServiceClient final : public Monarch {
   // A reader read [offset, offset + n) of `file`, which the service caches
   // by extents. Its hits never reach the service, which would then see no
   // scan: this process finds its scans itself, by the service's rule
-  // (PlacementHandler::ReadingRange), and once per extent a scan reaches,
+  // (placement/scan_rule.h), and once per extent a scan reaches,
   // if the extent a window ahead is not in a tier yet, tells the service,
   // which loads the extents ahead (not answered). Best effort, as a hint.
   void NoteReading(ProcessState& state, Session* session, const FileRef& file, uint64_t offset,
@@ -775,11 +729,11 @@ class ServiceClient final : public Monarch {
     {
       MutexLock lock(&state.scans_mu);
       ProcessState::Scan& scan = state.scans[file.id];
-      if (scan.end != offset || offset == 0) scan.start = offset;
+      const uint64_t last_end = scan.end;
       scan.end = end;
-      if (offset != 0 && end - scan.start < extent_bytes) return;  // Not (yet) a scan.
+      if (!ContinuesScan(last_end, offset, end, extent_bytes, &scan.start)) return;
       if (scan.told_extent == extent || extent >= last) return;
-      const uint64_t ahead = std::min(last, extent + PlacementHandler::kReadAheadExtents);
+      const uint64_t ahead = std::min(last, extent + kReadAheadExtents);
       const int tier = session->slot(first + static_cast<uint32_t>(ahead)).load(
           std::memory_order_acquire);
       if (tier >= 0 && tier < session->source_index) return;  // The window is there.
@@ -808,19 +762,6 @@ class ServiceClient final : public Monarch {
     if (!SendFrame(state.notice_socket.get(), type, payload).ok()) {
       state.notice_socket = ScopedFd();
     }
-  }
-
-  absl::StatusOr<size_t> ReadSource(ProcessState& state, const FileRef& ref, char* dst, size_t n,
-                                    uint64_t offset) const {
-    StorageDriver* source;
-    {
-      MutexLock lock(&state.mu);
-      if (state.source == nullptr) {
-        state.source = NewSourceDriver(root_, config_.placement.max_open_files);
-      }
-      source = state.source.get();
-    }
-    return source->Read(ref, offset, dst, n);
   }
 
   // A new connection to this config's service, past its handshake.

@@ -65,7 +65,7 @@ struct NodeService::Connection {
   // The read order this client is sending in pieces (kAnnounce): file ids,
   // or samples inside files.
   std::vector<uint32_t> pending_order;
-  std::vector<MonarchCore::FileRange> pending_ranges;
+  std::vector<FileRange> pending_ranges;
   bool pending_is_ranges = false;
 
   // The client's own counters; null before the handshake.
@@ -514,12 +514,12 @@ absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
       return absl::InvalidArgumentError(
           absl::StrCat("announce: an order of more than ", range_limit, " samples"));
     }
-    for (const AnnouncedRange& sample : request->samples) {
+    for (const FileRange& sample : request->samples) {
       if (sample.file_id >= files) {
         return absl::InvalidArgumentError(absl::StrCat("announce: file id ", sample.file_id,
                                                        " out of range (", files, " files)"));
       }
-      c->pending_ranges.push_back({sample.file_id, sample.offset, sample.length});
+      c->pending_ranges.push_back(sample);
     }
   }
   if (request->last) {
