@@ -216,10 +216,10 @@ class LocalFiles {
   }
   // Pinned only where copies are evicted (by the policy, or by memory
   // pressure): an eviction waits for its readers.
-  int Pin(Handle file) {
+  int BeginRead(Handle file) {
     return pins_ ? placement_->BeginTierRead(*file) : file->tier->load(std::memory_order_acquire);
   }
-  void Unpin(Handle file) {
+  void EndRead(Handle file) {
     if (pins_) placement_->EndTierRead(file->ref.id);
   }
   int source_tier() const { return source_index_; }
@@ -292,7 +292,7 @@ class LocalFiles {
   // removed meanwhile: the caller reads it the usual way). For the peers,
   // who are sent a RAM copy's bytes without a staging copy.
   bool VisitInMemory(Handle file, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
-    const int tier = Pin(file);
+    const int tier = BeginRead(file);
     const bool visited = tier != source_index_ &&
                          tiers_[tier]
                              ->VisitInMemory(file->ref, offset, n,
@@ -300,7 +300,7 @@ class LocalFiles {
                                                visit(bytes.data, bytes.crc32c);
                                              })
                              .ok();
-    Unpin(file);
+    EndRead(file);
     return visited;
   }
 
