@@ -14,16 +14,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <thread>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/os.h"
 #include "drivers/copy_integrity.h"
 #include "monarch/monarch.h"
 #include "core/monarch_internal.h"
@@ -132,6 +136,39 @@ inline void ReadWholeAndCheck(Monarch& m, const TestFile& f, size_t chunk = 1 <<
     offset += *n;
   }
 }
+
+// Copies read slowly (a device; here a delay on reads under the tier's
+// directory), or a source whose bytes left memory (RWF_NOWAIT refused).
+class CopySpeedEnv final : public os::Env {
+ public:
+  explicit CopySpeedEnv(std::string tier_dir) : tier_dir_(std::move(tier_dir)) {}
+  ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) override {
+    if (slow_copies_.load() && PathOf(fd).rfind(tier_dir_, 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return os::Env::Pread(fd, buffer, n, offset);
+  }
+  ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
+    if (source_evicted_.load()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  void SlowCopies(bool slow) { slow_copies_.store(slow); }
+  void EvictSource(bool evicted) { source_evicted_.store(evicted); }
+
+ private:
+  static std::string PathOf(int fd) {
+    char link[64], path[4096];
+    std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    const ssize_t got = ::readlink(link, path, sizeof(path) - 1);
+    return got > 0 ? std::string(path, static_cast<size_t>(got)) : std::string();
+  }
+  const std::string tier_dir_;
+  std::atomic<bool> slow_copies_{false};
+  std::atomic<bool> source_evicted_{false};
+};
 
 }  // namespace monarch::testing
 

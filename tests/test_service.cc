@@ -633,7 +633,7 @@ TEST_CASE("service: the namespace image answers as the namespace does") {
   CHECK((*image)->file_count() == files.size());
   CHECK((*image)->total_bytes() == (*ns)->total_bytes());
   for (const TestFile& f : files) {
-    auto id = (*image)->Find(f.name);
+    auto id = (*image)->FindId(f.name);
     REQUIRE(id.has_value());
     CHECK((*image)->ref(*id).name == f.name);
     CHECK((*image)->ref(*id).size == f.size);
@@ -650,12 +650,12 @@ TEST_CASE("service: the namespace image answers as the namespace does") {
     CHECK(stat.ctime_ns == st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec);
     CHECK(stat.size == f.size);
     CHECK(*id == (*ns)->Find(f.name)->ref.id);
-    CHECK((*image)->Find("./" + f.name) == id);
-    CHECK((*image)->Find(dir.path() + "/data/" + f.name) == id);
+    CHECK((*image)->FindId("./" + f.name) == id);
+    CHECK((*image)->FindId(dir.path() + "/data/" + f.name) == id);
   }
-  CHECK_FALSE((*image)->Find("dir0").has_value());
-  CHECK_FALSE((*image)->Find("../data/" + files[0].name).has_value());
-  CHECK_FALSE((*image)->Find("").has_value());
+  CHECK_FALSE((*image)->FindId("dir0").has_value());
+  CHECK_FALSE((*image)->FindId("../data/" + files[0].name).has_value());
+  CHECK_FALSE((*image)->FindId("").has_value());
   for (const char* d : {"", "dir0", "dir3"}) {
     CHECK((*image)->List(d).value() == (*ns)->List(d).value());
   }
@@ -685,7 +685,7 @@ TEST_CASE("service: the namespace image holds the extents of files cached by ext
   for (const TestFile& f : {big, small, other}) {
     const FileEntry* file = (*ns)->Find(f.name);
     REQUIRE(file != nullptr);
-    const uint32_t id = *(*image)->Find(f.name);
+    const uint32_t id = *(*image)->FindId(f.name);
     CHECK(id == file->ref.id);
     CHECK((*image)->first_extent(id) == file->first_extent);
     for (uint32_t k = 0; k < file->extent_count; ++k) {
@@ -701,10 +701,10 @@ TEST_CASE("service: the namespace image holds the extents of files cached by ext
     }
     // Extents are not files: not found by name, not listed.
     if (file->extent_count > 0) {
-      CHECK_FALSE((*image)->Find((*ns)->entry(file->first_extent).ref.name).has_value());
+      CHECK_FALSE((*image)->FindId((*ns)->entry(file->first_extent).ref.name).has_value());
     }
   }
-  CHECK((*image)->first_extent(*(*image)->Find(small.name)) == 0);
+  CHECK((*image)->first_extent(*(*image)->FindId(small.name)) == 0);
   CHECK((*image)->List("").value() == std::vector<std::string>{"a", "b"});
   CHECK((*image)->List("a").value() == std::vector<std::string>{"big.bin", "small.bin"});
 }

@@ -196,8 +196,8 @@ class LocalFiles {
         pins_(placement->pins_readers()) {
     for (const auto& tier : *tiers) {
       const TierKind kind = tier->config().kind;
-      file_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem);
-      mappable_tier_.push_back(file_tier_.back() || kind == TierKind::kRam);
+      mappable_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem ||
+                               kind == TierKind::kRam);
     }
   }
 
@@ -216,17 +216,20 @@ class LocalFiles {
   }
   // Pinned only where copies are evicted (by the policy, or by memory
   // pressure): an eviction waits for its readers.
-  int Pin(Handle file) {
+  int BeginRead(Handle file) {
     return pins_ ? placement_->BeginTierRead(*file) : file->tier->load(std::memory_order_acquire);
   }
-  void Unpin(Handle file) {
+  void EndRead(Handle file) {
     if (pins_) placement_->EndTierRead(file->ref.id);
   }
   int source_tier() const { return source_index_; }
   StorageDriver* Reader(int tier) { return &tiers_[tier]->driver(); }
   absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, Handle file, int tier, uint64_t offset,
                                   char* dst, size_t n) {
-    if (speeds_ != nullptr && file_tier_[tier]) return ReadFileCopy(reader, file, tier, offset, dst, n);
+    if (speeds_ != nullptr && speeds_->Routes(tier)) {
+      return speeds_->ReadHit(tiers_[source_index_]->driver(), reader, file->ref, tier, offset, dst,
+                              n, tiers_[tier]->reads());
+    }
     absl::StatusOr<size_t> got = reader.Read(file->ref, offset, dst, n);
     if (got.ok() && *got == n) tiers_[tier]->reads().Count(n);
     return got;
@@ -289,7 +292,7 @@ class LocalFiles {
   // removed meanwhile: the caller reads it the usual way). For the peers,
   // who are sent a RAM copy's bytes without a staging copy.
   bool VisitInMemory(Handle file, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
-    const int tier = Pin(file);
+    const int tier = BeginRead(file);
     const bool visited = tier != source_index_ &&
                          tiers_[tier]
                              ->VisitInMemory(file->ref, offset, n,
@@ -297,7 +300,7 @@ class LocalFiles {
                                                visit(bytes.data, bytes.crc32c);
                                              })
                              .ok();
-    Unpin(file);
+    EndRead(file);
     return visited;
   }
 
@@ -306,49 +309,12 @@ class LocalFiles {
   static constexpr uint64_t kThisProcess = 0;
 
  private:
-  // A hit on a posix or pmem copy, timed for the speed model, which may
-  // send it to the source's page cache first (core/read_speeds.h).
-  absl::StatusOr<size_t> ReadFileCopy(StorageDriver& reader, Handle file, int tier,
-                                      uint64_t offset, char* dst, size_t n) {
-    using Clock = std::chrono::steady_clock;
-    auto since = [](Clock::time_point start) {
-      return static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    };
-    if (speeds_->TrySourceFirst(tier, n)) {
-      Tier& source = *tiers_[source_index_];
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<size_t> got = source.driver().ReadIfInMemory(file->ref, offset, dst, n);
-      const uint64_t ns = since(start);
-      if (absl::IsUnimplemented(got.status())) {
-        speeds_->Disable();
-      } else {
-        // Not all in memory (Unavailable), or any failure: the copy has
-        // the bytes, and whatever the attempt left in `dst` is overwritten.
-        // Counted by the model, not as the source's reads: its device or
-        // network was not read, and those count the bytes read from it
-        // (once each).
-        const bool served = got.ok() && *got == n;
-        speeds_->SourceAttempt(served, n, ns);
-        if (served) return got;
-      }
-    }
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<size_t> got = reader.Read(file->ref, offset, dst, n);
-    if (got.ok() && *got == n) {
-      speeds_->CopyRead(tier, n, since(start));
-      tiers_[tier]->reads().Count(n);
-    }
-    return got;
-  }
-
   std::vector<std::unique_ptr<Tier>>& tiers_;
   const int source_index_;
   Namespace* const namespace_;
   PlacementHandler* const placement_;
   Prefetcher* const prefetcher_;
   ReadSpeeds* const speeds_;
-  std::vector<bool> file_tier_;  // By tier index: posix or pmem.
   std::vector<bool> mappable_tier_;  // By tier index: posix, pmem or RAM (MapCopiesFound).
   const bool pins_;
 };
@@ -400,15 +366,9 @@ class MonarchImpl final : public MonarchCore {
     }
     parts_->prefetcher = std::make_unique<Prefetcher>(prefetch, namespace_, placement_);
     prefetcher_ = parts_->prefetcher.get();
-    // The speed model applies where the source is the one origin of a
-    // file tier's copies (with peers a miss asks the home first).
-    bool file_tiers = false;
-    for (const auto& tier : tiers_) {
-      file_tiers |= tier->config().kind == TierKind::kPosix || tier->config().kind == TierKind::kPmem;
-    }
-    if (config_.placement.route_by_speed && file_tiers && peers_ == nullptr) {
-      parts_->speeds = std::make_unique<ReadSpeeds>(static_cast<int>(tiers_.size()));
-    }
+    std::vector<ReadSpeeds::TierName> names;
+    for (const auto& tier : tiers_) names.push_back({tier->config().name, tier->config().kind});
+    parts_->speeds = ReadSpeeds::For(config_.placement.route_by_speed, std::move(names));
     parts_->files = std::make_unique<LocalFiles>(&tiers_, namespace_, placement_, prefetcher_,
                                                  parts_->speeds.get());
     files_ = parts_->files.get();
@@ -468,44 +428,10 @@ class MonarchImpl final : public MonarchCore {
                           flags);
   }
 
-  absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
-    const FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr)
-      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return entry->ref.size;
-  }
-
-  absl::StatusOr<FileStat> Stat(std::string_view name) const override {
-    const FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr)
-      return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return MakeFileStat(entry->ref, namespace_->attributes(entry->ref.id));
-  }
-
-  bool FileExists(std::string_view name) const override {
-    return namespace_->Find(ToAbsl(name)) != nullptr;
-  }
-  bool IsDirectory(std::string_view name) const override {
-    return namespace_->IsDirectory(ToAbsl(name));
-  }
-
-  absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
-    return namespace_->List(ToAbsl(dir));
-  }
-
-  std::vector<std::string> ListFiles() const override {
-    std::vector<std::string> names;
-    names.reserve(namespace_->file_count());
-    for (uint32_t id = 0; id < namespace_->file_count(); ++id) {
-      names.emplace_back(namespace_->entry(id).ref.name);
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
   const std::string& dataset_root() const override { return namespace_->root(); }
 
-  Stats GetStats() const override { return GetStatsWith({}); }
+  Stats NodeStats() const override { return GetStatsWith({}); }
+  const ReadSpeeds* Speeds() const override { return parts_->speeds.get(); }
 
   Stats GetStatsWith(const std::vector<TierReadTotals>& elsewhere) const override {
     Stats stats;
@@ -520,17 +446,6 @@ class MonarchImpl final : public MonarchCore {
     if (peers_ != nullptr) peers_->ReportCounters(sink);
     for (size_t t = 0; t < tiers_.size(); ++t) {
       tiers_[t]->ReportCounters(sink, t < elsewhere.size() ? elsewhere[t] : TierReadTotals{});
-    }
-    if (const ReadSpeeds* speeds = parts_->speeds.get()) {
-      speeds->ReportCounters(sink);
-      for (size_t t = 0; t < tiers_.size(); ++t) {
-        const TierConfig& tier = tiers_[t]->config();
-        if (tier.kind != TierKind::kPosix && tier.kind != TierKind::kPmem) continue;
-        sink.ForTier(tier.name, TierKindName(tier.kind))
-            .Gauge("speed_ns_per_mib", speeds->CopyNsPerMib(static_cast<int>(t)),
-                   "The speed model's mean for hits on this tier's copies "
-                   "(placement.route_by_speed).");
-      }
     }
     return stats;
   }
@@ -582,34 +497,15 @@ class MonarchImpl final : public MonarchCore {
     for (const auto& tier : tiers_) tier->driver().WaitForBackgroundWork();
   }
 
-  absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
-    std::vector<uint32_t> ids;
-    ids.reserve(names.size());
-    for (const std::string& name : names) {
-      const FileEntry* entry = namespace_->Find(name);
-      if (entry == nullptr) {
-        return absl::NotFoundError(
-            absl::StrCat("announced order: not a dataset file: ", QuoteForError(name)));
-      }
-      ids.push_back(entry->ref.id);
+  // Front.
+  const NamespaceView* View() const override { return namespace_; }
+  absl::Status AnnounceIds(const NamespaceView&, std::vector<uint32_t> ids,
+                           std::vector<FileRange> ranges) override {
+    if (ranges.empty()) {
+      prefetcher_->Announce(kThisProcess, std::move(ids));
+      return absl::OkStatus();
     }
-    prefetcher_->Announce(kThisProcess, std::move(ids));
-    return absl::OkStatus();
-  }
-
-  absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
-    std::vector<uint32_t> ids;
-    ids.reserve(samples.size());
-    for (const SampleRange& sample : samples) {
-      const FileEntry* entry = namespace_->Find(sample.file);
-      if (entry == nullptr) {
-        return absl::NotFoundError(
-            absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
-      }
-      MONARCH_RETURN_IF_ERROR(AppendSampleEntries(*entry, sample.offset, sample.length, &ids));
-    }
-    prefetcher_->Announce(kThisProcess, std::move(ids));
-    return absl::OkStatus();
+    return AnnounceRangesOf(kThisProcess, ranges);
   }
 
   // MonarchCore.

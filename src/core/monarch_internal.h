@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/valid_config.h"
+#include "core/front.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
 #include "monarch/monarch.h"
@@ -32,10 +33,11 @@ absl::StatusOr<std::unique_ptr<Monarch>> CreateMonarchWithDriverWrapper(const Co
 
 // The instance a node service (src/service) wraps: the public API plus what
 // the service hands its clients and serves them.
-class MonarchCore : public Monarch {
+class MonarchCore : public Front {
  public:
-  // GetStats(), with reads of each tier served by other processes (the
-  // node service's clients, by tier index) added to the tier's own.
+  // The node's counters (Front::NodeStats), with reads of each tier served
+  // by other processes (the node service's clients, by tier index) added to
+  // the tier's own.
   virtual Stats GetStatsWith(const std::vector<TierReadTotals>& elsewhere) const = 0;
   virtual const Namespace& name_space() const = 0;
   // Reads file `id` through the internal read path (tier copies,
@@ -55,11 +57,6 @@ class MonarchCore : public Monarch {
   virtual void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) = 0;
   // AnnounceRanges on behalf of `reader`, with files given by id (each
   // below name_space().file_count()); the same errors.
-  struct FileRange {
-    uint32_t file_id = 0;
-    uint64_t offset = 0;
-    uint64_t length = 0;  // 0: to the end of the file.
-  };
   virtual absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) = 0;
   // A client's scan of file `id` (cached by extents) reached `end`: the
   // extents past it are read ahead (PlacementHandler::ReadAheadPast).

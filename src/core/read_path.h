@@ -25,9 +25,9 @@
 //       uint64_t offset, size_t n);          //   first (read-ahead of scans).
 //   void FirstRead(const Handle& file);      // A reader starts the file (offset 0), or
 //                                            // reads into an extent (prefetch).
-//   int Pin(const Handle& file);             // The tier holding it now, kept until
-//   void Unpin(const Handle& file);          //   Unpin (eviction waits for pins).
-//   int source_tier() const;                 // What Pin() says when no copy holds it.
+//   int BeginRead(const Handle& file);       // The tier holding it now, pinned until
+//   void EndRead(const Handle& file);        //   EndRead where copies are evicted.
+//   int source_tier() const;                 // What BeginRead() says when no copy does.
 //   StorageDriver* Reader(int tier);         // Reads `tier`'s copies here; null: a miss.
 //   // Reads the copy in `tier` with `reader` (or its bytes from wherever the
 //   // adapter knows is faster now) and counts a read of all `n` bytes where
@@ -102,15 +102,15 @@ absl::StatusOr<size_t> ReadFound(Files& files, const typename Files::Handle& fil
     return done;
   }
   for (;;) {
-    const int tier = files.Pin(file);
+    const int tier = files.BeginRead(file);
     StorageDriver* reader = tier != files.source_tier() ? files.Reader(tier) : nullptr;
     if (reader != nullptr) {
       absl::StatusOr<size_t> got = files.ReadCopy(*reader, file, tier, offset, dst, n);
-      files.Unpin(file);
+      files.EndRead(file);
       if (got.ok() && *got == n) return got;
       if (auto answered = files.CopyFailed(file, tier, got, offset, dst, n)) return *answered;
     } else {
-      files.Unpin(file);
+      files.EndRead(file);
     }
     if (auto result = files.Miss(file, offset, dst, n)) return *result;
     // Published to a tier meanwhile: go round once more and read it there.
@@ -175,8 +175,8 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
   std::vector<int> tiers;
   std::vector<uint64_t> bases;  // Where each piece starts in the file.
   auto consider = [&](const Handle& piece, uint64_t base) {
-    const int tier = files.Pin(piece);
-    files.Unpin(piece);  // The descriptor opened below holds the copy.
+    const int tier = files.BeginRead(piece);
+    files.EndRead(piece);  // The descriptor opened below holds the copy.
     if (tier != files.source_tier() && files.Reader(tier) != nullptr) {
       pieces.push_back(piece);
       tiers.push_back(tier);

@@ -2,6 +2,8 @@
 
 #include "core/read_speeds.h"
 
+#include <chrono>
+
 namespace monarch {
 namespace {
 
@@ -31,8 +33,55 @@ void ReadSpeeds::Mean::Add(uint64_t value_scaled) {
   scaled.store(next > 0 ? static_cast<uint64_t>(next) : 1, std::memory_order_relaxed);
 }
 
-ReadSpeeds::ReadSpeeds(int tier_count)
-    : tier_count_(tier_count), tiers_(new PerTier[static_cast<size_t>(tier_count)]) {}
+std::unique_ptr<ReadSpeeds> ReadSpeeds::For(bool route_by_speed, std::vector<TierName> tiers) {
+  bool file_tiers = false;
+  for (const TierName& tier : tiers) {
+    if (tier.kind == TierKind::kPeers) return nullptr;
+    file_tiers |= tier.kind == TierKind::kPosix || tier.kind == TierKind::kPmem;
+  }
+  if (!route_by_speed || !file_tiers) return nullptr;
+  const int count = static_cast<int>(tiers.size());
+  return std::make_unique<ReadSpeeds>(count, std::move(tiers));
+}
+
+ReadSpeeds::ReadSpeeds(int tier_count, std::vector<TierName> names)
+    : tier_count_(tier_count), tiers_(new PerTier[static_cast<size_t>(tier_count)]) {
+  for (size_t t = 0; t < names.size() && t < static_cast<size_t>(tier_count); ++t) {
+    tiers_[t].routed = names[t].kind == TierKind::kPosix || names[t].kind == TierKind::kPmem;
+    tiers_[t].name = std::move(names[t]);
+  }
+}
+
+absl::StatusOr<size_t> ReadSpeeds::ReadHit(StorageDriver& source, StorageDriver& copy,
+                                           const FileRef& file, int tier, uint64_t offset,
+                                           char* dst, size_t n, TierReads& counted) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point start) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+  };
+  if (TrySourceFirst(tier, n)) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<size_t> got = source.ReadIfInMemory(file, offset, dst, n);
+    const uint64_t ns = since(start);
+    if (absl::IsUnimplemented(got.status())) {
+      Disable();
+    } else {
+      // Not all in memory (Unavailable), or any failure: the copy has the
+      // bytes, and whatever the attempt left in `dst` is overwritten.
+      const bool served = got.ok() && *got == n;
+      SourceAttempt(served, n, ns);
+      if (served) return got;
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<size_t> got = copy.Read(file, offset, dst, n);
+  if (got.ok() && *got == n) {
+    CopyRead(tier, n, since(start));
+    counted.Count(n);
+  }
+  return got;
+}
 
 bool ReadSpeeds::TrySourceFirst(int tier, size_t n) {
   if (!enabled() || tier < 0 || tier >= tier_count_ || n == 0) return false;
@@ -91,6 +140,13 @@ void ReadSpeeds::ReportCounters(CounterSink& sink) const {
   sink.Gauge("speed_source_cache_hit_permille", source_rate_.Get() * 1000 / kScale,
              "The speed model's mean rate of attempts at the source's page cache that served "
              "the read, per thousand.");
+  for (int t = 0; t < tier_count_; ++t) {
+    if (!tiers_[t].routed) continue;
+    sink.ForTier(tiers_[t].name.name, TierKindName(tiers_[t].name.kind))
+        .Gauge("speed_ns_per_mib", CopyNsPerMib(t),
+               "The speed model's mean for hits on this tier's copies "
+               "(placement.route_by_speed).");
+  }
 }
 
 uint64_t ReadSpeeds::CopyNsPerMib(int tier) const {

@@ -33,14 +33,40 @@
 #include <cstdint>
 #include <memory>
 
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "common/counters.h"
+#include "drivers/storage_driver.h"
+#include "monarch/config.h"
 
 namespace monarch {
 
 class ReadSpeeds {
  public:
-  // `tier_count`: the tiers of the instance, source included.
-  explicit ReadSpeeds(int tier_count);
+  struct TierName {
+    std::string name;
+    TierKind kind = TierKind::kSource;
+  };
+  // The model for `tiers` (fastest first, the source last) where
+  // placement.route_by_speed asks for it and it applies: some tier is a
+  // file tier, and the source is the one origin of their copies (with peers
+  // a miss asks the home first). Else null.
+  static std::unique_ptr<ReadSpeeds> For(bool route_by_speed, std::vector<TierName> tiers);
+  // `tier_count`: the tiers of the instance, source included; `names`: theirs.
+  explicit ReadSpeeds(int tier_count, std::vector<TierName> names = {});
+
+  // Whether hits on tier `tier` are routed (a posix or pmem tier's).
+  bool Routes(int tier) const { return tier >= 0 && tier < tier_count_ && tiers_[tier].routed; }
+  // A hit of `n` bytes at `offset` of `file` on tier `tier`'s copy, which
+  // `copy` reads: timed for the model, which may send it to the source's
+  // page cache first (`source`'s ReadIfInMemory). A read of the whole copy
+  // counts in `counted`; one the page cache served counts in the model only
+  // (the source's device or network was not read).
+  absl::StatusOr<size_t> ReadHit(StorageDriver& source, StorageDriver& copy, const FileRef& file,
+                                 int tier, uint64_t offset, char* dst, size_t n,
+                                 TierReads& counted);
 
   // Whether a hit of `n` bytes on tier `tier` should first try the source's
   // page cache.
@@ -54,6 +80,7 @@ class ReadSpeeds {
   void Disable() { enabled_.store(false, std::memory_order_relaxed); }
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
+  // The model's counters, and each routed tier's mean (speed_ns_per_mib).
   void ReportCounters(CounterSink& sink) const;
   // The model's mean for hits on tier `tier`'s copies; 0 before any.
   uint64_t CopyNsPerMib(int tier) const;
@@ -71,6 +98,8 @@ class ReadSpeeds {
   struct PerTier {
     Mean ns_per_kib;
     std::atomic<uint64_t> hits{0};
+    TierName name;
+    bool routed = false;
   };
 
   std::atomic<bool> enabled_{true};

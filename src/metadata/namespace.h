@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -141,7 +142,36 @@ struct ExtentLayout {
   bool Splits(uint64_t file_size) const { return extent_bytes != 0 && file_size > threshold; }
 };
 
-class Namespace {
+// The dataset's names as the generic half of a Monarch asks them
+// (core/front.h): the Namespace below, and the node service's shared image
+// of it that a client maps (service/namespace_image.h). The read path does
+// not go through it: each adapter finds a read's file its own way, inlined.
+// Thread-safe: the set of names never changes once built.
+class NamespaceView {
+ public:
+  virtual ~NamespaceView() = default;
+  // The file's id, or nullopt if `name` (dataset-relative, or absolute
+  // inside the root) is not a dataset file.
+  virtual std::optional<uint32_t> FindId(absl::string_view name) const = 0;
+  // Dataset files: ids 0 .. file_count() - 1.
+  virtual uint32_t file_count() const = 0;
+  // File `id`'s dataset-relative name, and what stat() said of it.
+  virtual absl::string_view file_name(uint32_t id) const = 0;
+  virtual Monarch::FileStat Stat(uint32_t id) const = 0;
+  // True for the root and every directory holding a dataset file.
+  virtual bool IsDirectory(absl::string_view name) const = 0;
+  // Sorted names directly inside `dir`; NotFound if it is not a directory.
+  virtual absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const = 0;
+};
+
+// A sample of an announced order, its file by id (below file_count()).
+struct FileRange {
+  uint32_t file_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // 0: to the end of the file.
+};
+
+class Namespace final : public NamespaceView {
  public:
   // Memory for `count` tier slots (zeroed or not), valid for the namespace's
   // life; null = a failure, reported as ResourceExhausted.
@@ -168,12 +198,19 @@ class Namespace {
   // or nullptr if it is not a dataset file.
   FileEntry* Find(absl::string_view name) const;
 
-  bool IsDirectory(absl::string_view name) const;
-  // Sorted names directly inside `dir`; NotFound if it is not a directory.
-  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const;
+  // NamespaceView.
+  std::optional<uint32_t> FindId(absl::string_view name) const override {
+    const FileEntry* entry = Find(name);
+    return entry == nullptr ? std::nullopt : std::optional<uint32_t>(entry->ref.id);
+  }
+  uint32_t file_count() const override { return file_count_; }
+  absl::string_view file_name(uint32_t id) const override { return entries_[id].ref.name; }
+  Monarch::FileStat Stat(uint32_t id) const override {
+    return MakeFileStat(entries_[id].ref, attributes(id));
+  }
+  bool IsDirectory(absl::string_view name) const override;
+  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const override;
 
-  // Dataset files: ids 0 .. file_count() - 1.
-  uint32_t file_count() const { return file_count_; }
   // Files and extents: every id a tier slot, a pin or a copy may have.
   uint32_t entry_count() const { return entry_count_; }
   uint64_t total_bytes() const { return total_bytes_; }

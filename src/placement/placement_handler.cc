@@ -3,6 +3,8 @@
 
 #include "placement/placement_handler.h"
 
+#include "placement/scan_rule.h"
+
 #include <algorithm>
 
 #include "absl/cleanup/cleanup.h"
@@ -126,14 +128,13 @@ void PlacementHandler::ReadingRange(const FileEntry& file, uint64_t offset, size
   if (scans_ == nullptr || n == 0) return;
   const uint64_t end = offset + n;
   const uint64_t extent_bytes = namespace_->extent_layout().extent_bytes;
-  // A scan begins the file, or goes on where the last read ended and has
-  // read an extent's worth so far: two records that happen to follow each
-  // other are no scan. (Racy across readers of one file, as a hint may be.)
+  // Racy across readers of one file, as a hint may be.
   ScanState& scan = scans_[file.ref.id];
-  const uint64_t last = scan.end.exchange(end, std::memory_order_relaxed);
-  if (last != offset || offset == 0) scan.start.store(offset, std::memory_order_relaxed);
-  if (offset != 0 && end - scan.start.load(std::memory_order_relaxed) < extent_bytes) return;
-  ReadAheadPast(file, end);
+  uint64_t start = scan.start.load(std::memory_order_relaxed);
+  const bool scanning = ContinuesScan(scan.end.exchange(end, std::memory_order_relaxed), offset,
+                                      end, extent_bytes, &start);
+  scan.start.store(start, std::memory_order_relaxed);
+  if (scanning) ReadAheadPast(file, end);
 }
 
 void PlacementHandler::ReadAheadPast(const FileEntry& file, uint64_t end) {

@@ -98,14 +98,13 @@ class PlacementHandler final {
   // that begins the file (a shard's reader starts there and reads on), or
   // goes on where the last one of the file ended after an extent's worth of
   // such reads (a scan), promotes, on the placement threads, the extents
-  // that hold the next kReadAheadExtents extents' worth past it (at most a
+  // that hold the next kReadAheadExtents (scan_rule.h) extents' worth past it (at most a
   // quarter of the largest cache tier), so that the reader finds them
   // loading or loaded, as a whole-file promotion's placement task loads the
   // rest of a file ahead of its reader. Only into room the tiers have:
   // read-ahead never evicts. A random reader that reads the file's first
   // record costs at most that window once.
   void ReadingRange(const FileEntry& file, uint64_t offset, size_t n);
-  static constexpr uint64_t kReadAheadExtents = 4;
   // The read-ahead of a scan that reached `end` of `file` (cached by
   // extents): what ReadingRange does once it has found a scan. For a node
   // service's client, which finds its scans itself (its hits never reach

@@ -26,11 +26,12 @@
 #include "common/os.h"
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
+#include "core/front.h"
 #include "core/read_path.h"
+#include "core/read_speeds.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
-#include "placement/placement_handler.h"
-#include "core/monarch_internal.h"
+#include "placement/scan_rule.h"
 #include "service/namespace_image.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
@@ -88,6 +89,9 @@ struct Session {
   // Per tier: a driver reading its copies here, or null (peers, source).
   std::vector<std::unique_ptr<StorageDriver>> readers;
   int source_index = 0;
+  // The source, for reads while no service answers and the speed model's:
+  // a session's own, as its descriptors are cached by this session's ids.
+  std::unique_ptr<StorageDriver> source;
   std::atomic<bool> alive{true};
 
   const TierSlot& slot(uint32_t id) const {
@@ -117,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
   }
   size_t next = 2;
   const int max_open = std::max<int>(1, static_cast<int>(reply.max_open_files));
+  session->source = NewSourceDriver(reply.dataset_root, max_open);
   for (const TierDescription& tier : reply.tiers) {
     std::vector<ScopedFd> tier_fds;
     for (uint32_t i = 0; i < tier.descriptors; ++i) {
@@ -178,8 +183,17 @@ struct Channel {
 // own and never touches its parent's (whose mutexes another thread may have
 // held at the fork).
 struct ProcessState {
-  explicit ProcessState(uint64_t generation) : generation(generation) {}
+  // `tiers`: the service's, for the speed model (placement.route_by_speed).
+  ProcessState(uint64_t generation, const Config& config, const std::vector<TierDescription>& tiers)
+      : generation(generation) {
+    std::vector<ReadSpeeds::TierName> names;
+    for (const TierDescription& tier : tiers) {
+      names.push_back({tier.name, static_cast<TierKind>(tier.kind)});
+    }
+    speeds = ReadSpeeds::For(config.placement.route_by_speed, std::move(names));
+  }
   const uint64_t generation;
+  std::unique_ptr<ReadSpeeds> speeds;  // Null unless placement.route_by_speed applies.
   std::atomic<Session*> session{nullptr};
   std::atomic<ClientCounters*> counters{&local_counters};
   ClientCounters local_counters{};  // Until the first connection's page exists.
@@ -188,7 +202,6 @@ struct ProcessState {
   std::vector<std::unique_ptr<Session>> sessions ABSL_GUARDED_BY(mu);  // Current and retired.
   std::vector<std::unique_ptr<Channel>> idle ABSL_GUARDED_BY(mu);
   MappedRegion counters_page ABSL_GUARDED_BY(mu);
-  std::unique_ptr<StorageDriver> source ABSL_GUARDED_BY(mu);  // For reads while no service answers.
   Clock::time_point next_connect ABSL_GUARDED_BY(mu);
   Clock::time_point next_autostart ABSL_GUARDED_BY(mu);
 
@@ -219,185 +232,48 @@ constexpr auto kConsumedDelay = std::chrono::milliseconds(20);
 
 constexpr size_t kMaxIdleChannels = 16;
 
-class ServiceClient final : public Monarch {
+// The client's ProcessState in each process that uses it, and its
+// sessions: a new service instance's hello makes a new current session.
+class ClientProcess {
  public:
-  ServiceClient(Config config, ConfigSource source, ServicePaths paths)
-      : config_(std::move(config)), source_(std::move(source)), paths_(std::move(paths)) {}
+  // Both must outlive this.
+  ClientProcess(const Config& config, const ServicePaths& paths) : config_(config), paths_(paths) {}
 
-  ~ServiceClient() override {
+  ~ClientProcess() {
     ProcessState* state = state_.load();
     // Only the process that made the state owns it; a forked child's copies
     // of its parent's states are left alone (their mutexes may be held).
     if (state != nullptr && state->generation == fork_generation.load()) delete state;
   }
 
-  absl::Status Start() {
+  // The first session, from the service's first hello.
+  absl::Status Start(Hello hello) {
     static absl::once_flag once;
     absl::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, CountFork); });
-    MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths_));
-    auto* state = new ProcessState(fork_generation.load());
-    state_.store(state);
-    MONARCH_ASSIGN_OR_RETURN(Hello hello, ConnectOrStart());
     root_ = hello.reply.dataset_root;
-    MONARCH_RETURN_IF_ERROR(Adopt(*state, std::move(hello)));
-    return absl::OkStatus();
+    auto* state = new ProcessState(fork_generation.load(), config_, hello.reply.tiers);
+    state_.store(state);
+    MutexLock lock(&state->mu);
+    return AdoptLocked(*state, std::move(hello));
   }
+  const std::string& root() const { return root_; }
 
-  absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
-                              uint64_t offset) override {
-    ProcessState& state = State();
-    for (int attempt = 0;; ++attempt) {
-      Session* session = CurrentSession(state);
-      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      SessionFiles files(*this, state, session, /*first_attempt=*/attempt == 0);
-      absl::StatusOr<size_t> result =
-          ReadNamed(files, ToAbsl(name), static_cast<char*>(buffer), n, offset);
-      // The service was replaced under us: ids may differ, look up again.
-      // (ok() first: a hit must not pay for absl::IsAborted's out-of-line
-      // calls, 46 instructions of a 1,100-instruction hit.)
-      if (!result.ok() && absl::IsAborted(result.status()) && attempt < 3) continue;
-      return result;
-    }
-  }
-
-  absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
-                                     uint64_t length, int protection, int flags) override {
-    ProcessState& state = State();
-    Session* session = CurrentSession(state);
-    if (session == nullptr) return 0;  // Nobody to say which copies were checked.
-    SessionFiles files(*this, state, session, /*first_attempt=*/false);
-    const SessionFiles::Handle file = files.Find(ToAbsl(name));
-    if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return MapCopiesFound(files, file, static_cast<char*>(mapping), offset, length, protection,
-                          flags);
-  }
-
-  absl::StatusOr<uint64_t> FileSize(std::string_view name) const override {
-    MONARCH_ASSIGN_OR_RETURN(FileStat stat, Stat(name));
-    return stat.size;
-  }
-  absl::StatusOr<FileStat> Stat(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-    const std::optional<uint32_t> id = session->image->Find(ToAbsl(name));
-    if (!id) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
-    return session->image->Stat(*id);
-  }
-  bool FileExists(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    return session != nullptr && session->image->Find(ToAbsl(name)).has_value();
-  }
-  bool IsDirectory(std::string_view name) const override {
-    const Session* session = CurrentSession(State());
-    return session != nullptr && session->image->IsDirectory(ToAbsl(name));
-  }
-  absl::StatusOr<std::vector<std::string>> ListDirectory(std::string_view dir) const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-    return session->image->List(ToAbsl(dir));
-  }
-  std::vector<std::string> ListFiles() const override {
-    const Session* session = CurrentSession(State());
-    if (session == nullptr) return {};
-    const NamespaceImage& image = *session->image;
-    std::vector<std::string> names;
-    names.reserve(image.file_count());
-    for (uint32_t id = 0; id < image.file_count(); ++id) {
-      names.emplace_back(image.ref(id).name);
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-  const std::string& dataset_root() const override { return root_; }
-
-  // The node's counters (every client's included) from the service; this
-  // process's own when no service answers.
-  Stats GetStats() const override {
-    ProcessState& state = State();
-    absl::StatusOr<Frame> reply = AdminCall(MessageType::kStats);
-    if (reply.ok()) {
-      absl::StatusOr<StatsReply> stats = DecodeStatsReply(reply->payload);
-      if (stats.ok()) return std::move(stats->node);
-    }
-    Stats stats;
-    CounterSink sink(&stats);
-    const ClientCounters* counters = state.counters.load();
-    sink.Counter("service.client_source_fallbacks", counters->source_fallbacks.load(),
-                 "Reads this process served from the source while no service answered.");
-    return stats;
-  }
-
-  // Placement belongs to the service, which outlives its clients.
-  void Shutdown(ShutdownMode) override {}
-
-  void WaitForPlacement() override {
-    absl::StatusOr<Frame> reply = AdminCall(MessageType::kWaitForPlacement);
-    if (!reply.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", reply.status().ToString());
-  }
-
-  // The order goes to the service in pieces on one connection; the service
-  // merges it with the other processes' orders.
-  absl::Status AnnounceOrder(const std::vector<std::string>& names) override {
-    ProcessState& state = State();
-    for (int attempt = 0;; ++attempt) {
-      Session* session = CurrentSession(state);
-      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      std::vector<uint32_t> ids;
-      ids.reserve(names.size());
-      for (const std::string& name : names) {
-        const std::optional<uint32_t> id = session->image->Find(name);
-        if (!id) {
-          return absl::NotFoundError(
-              absl::StrCat("announced order: not a dataset file: ", QuoteForError(name)));
-        }
-        ids.push_back(*id);
-      }
-      AnnounceRequest order;
-      order.file_ids = std::move(ids);
-      absl::Status sent = SendOrder(state, session, order);
-      // A new service instance answered: ids may differ, look up again.
-      if (absl::IsAborted(sent) && attempt < 3) continue;
-      return sent;
-    }
-  }
-
-  // Samples inside files, by file id: the service knows which files it
-  // caches by extents, and fetches the extents each sample touches.
-  absl::Status AnnounceRanges(const std::vector<SampleRange>& samples) override {
-    ProcessState& state = State();
-    for (int attempt = 0;; ++attempt) {
-      Session* session = CurrentSession(state);
-      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
-      AnnounceRequest order;
-      order.ranges = true;
-      order.samples.reserve(samples.size());
-      for (const SampleRange& sample : samples) {
-        const std::optional<uint32_t> id = session->image->Find(sample.file);
-        if (!id) {
-          return absl::NotFoundError(
-              absl::StrCat("announced order: not a dataset file: ", QuoteForError(sample.file)));
-        }
-        order.samples.push_back({*id, sample.offset, sample.length});
-      }
-      absl::Status sent = SendOrder(state, session, order);
-      if (absl::IsAborted(sent) && attempt < 3) continue;
-      return sent;
-    }
-  }
-
- private:
+  // This process's state. A forked child makes its own on its first call.
   ProcessState& State() const {
     ProcessState* state = state_.load(std::memory_order_acquire);
     const uint64_t generation = fork_generation.load(std::memory_order_relaxed);
     if (state->generation == generation) return *state;
     // A forked child: its own state, built from what the parent's session
     // keeps immutable (the reply and the descriptors, mapped again here).
-    auto* fresh = new ProcessState(generation);
+    const Session* inherited = state->session.load();
+    auto* fresh = new ProcessState(
+        generation, config_,
+        inherited != nullptr ? inherited->reply.tiers : std::vector<TierDescription>());
     // Its hits go on counting in the parent's counters page (a shared
     // mapping the child inherited): a DataLoader worker that only hits
     // still shows in the node's stats, with no connection of its own.
     fresh->counters.store(state->counters.load());
-    if (const Session* inherited = state->session.load()) {
+    if (inherited != nullptr) {
       std::vector<ScopedFd> fds;
       // The RAM tier's memfds, no file: outside the seam of common/os.h.
       for (const ScopedFd& fd : inherited->fds) fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
@@ -413,9 +289,8 @@ class ServiceClient final : public Monarch {
     return *state_.load();
   }
 
-  // How this process checks the file tiers' copies it reads itself.
-  VerifyPolicy verify() const { return config_.placement.verify; }
-
+  // The current session; for a child whose inherited session could not be
+  // mapped, a new connection's. Null when no service answers.
   Session* CurrentSession(ProcessState& state) const {
     Session* session = state.session.load(std::memory_order_acquire);
     if (session != nullptr) return session;
@@ -429,10 +304,6 @@ class ServiceClient final : public Monarch {
 
   // Makes a new service instance's hello the current session; its
   // connection becomes an idle channel (and the counters' home).
-  absl::Status Adopt(ProcessState& state, Hello hello) const {
-    MutexLock lock(&state.mu);
-    return AdoptLocked(state, std::move(hello));
-  }
   absl::Status AdoptLocked(ProcessState& state, Hello hello) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
     MONARCH_ASSIGN_OR_RETURN(MappedRegion buffer, MappedRegion::Map(hello.fds[2].get(), true));
@@ -459,104 +330,79 @@ class ServiceClient final : public Monarch {
     return absl::OkStatus();
   }
 
-  // A client's side of the read path (core/read_path.h), in one session of
-  // the service: where files live is the service's namespace image and tier
-  // slots, mapped here; hits are read from the copies where the service put
-  // them, with no message, and counted in the page the service sums by tier
-  // index; everything else (a miss, a copy that fails to read, which the
-  // service's read path then judges and drops) is asked of the service.
-  class SessionFiles {
-   public:
-    using Handle = std::optional<FileRef>;
+  // A new connection to this config's service, past its handshake.
+  absl::StatusOr<Hello> SayHelloToService() const {
+    return SayHello(paths_.socket, config_.dataset, config_.node.request_timeout_seconds);
+  }
 
-    SessionFiles(const ServiceClient& client, ProcessState& state, Session* session,
-                 bool first_attempt)
-        : client_(client), state_(state), session_(session), first_attempt_(first_attempt) {}
+ private:
+  // How this process checks the file tiers' copies it reads itself.
+  VerifyPolicy verify() const { return config_.placement.verify; }
 
-    Handle Find(absl::string_view name) {
-      const std::optional<uint32_t> id = session_->image->Find(name);
-      if (!id) return std::nullopt;
-      return session_->image->ref(*id);
+  const Config& config_;
+  const ServicePaths& paths_;
+  std::string root_;  // Set in Start(), then read-only.
+  mutable std::atomic<ProcessState*> state_{nullptr};
+  // Counter pages of replaced connections: hits in flight may still count there.
+  mutable std::vector<MappedRegion> retired_pages_;
+};
+
+// The client's channels to its service: connections with their transfer
+// buffers, kept idle for the next request, and the reconnection when the
+// service goes away, starting a new one where node.autostart says so.
+// One-way notices go on a connection of their own.
+class ChannelPool {
+ public:
+  // All must outlive this.
+  ChannelPool(const ClientProcess& process, const Config& config, const ConfigSource& source,
+              const ServicePaths& paths)
+      : process_(process), config_(config), source_(source), paths_(paths) {}
+
+  // Connects; when no service runs, starts one (node.autostart) and waits
+  // while one is starting (it holds the lock from its first moment).
+  absl::StatusOr<Hello> ConnectOrStart() const {
+    absl::StatusOr<Hello> hello = process_.SayHelloToService();
+    if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
+      return hello;
     }
-    const FileRef& Ref(const Handle& file) const { return *file; }
-    // The image holds the extents of the files the service caches by
-    // extents, and their tier slots: their copies are read here as a file's.
-    bool HasExtents(const Handle& file) const {
-      return file->id < session_->image->file_count() &&
-             session_->image->first_extent(file->id) != 0;
+    if (!config_.node.autostart) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no Monarch service runs at ", paths_.socket,
+          ": start one with `monarch serve --config FILE`, or set node.autostart: true"));
     }
-    Handle ExtentAt(const Handle& file, uint64_t offset) const {
-      const NamespaceImage& image = *session_->image;
-      return image.ref(image.first_extent(file->id) +
-                       static_cast<uint32_t>(offset / image.extent_bytes()));
-    }
-    void ReadingRange(const Handle& file, uint64_t offset, size_t n) {
-      client_.NoteReading(state_, session_, *file, offset, n);
-    }
-    void FirstRead(const Handle& file) {
-      if (first_attempt_) client_.NoteFirstRead(state_, file->id);
-    }
-    // No pin: the service evicts under a client's readers, which then read a
-    // RAM copy under its seqlock, a file copy through a descriptor they
-    // hold: an eviction costs them a miss, never a wrong byte.
-    int Pin(const Handle& file) {
-      const int tier = session_->slot(file->id).load(std::memory_order_acquire);
-      return tier >= 0 && tier < session_->source_index ? tier : session_->source_index;
-    }
-    void Unpin(const Handle&) {}
-    int source_tier() const { return session_->source_index; }
-    StorageDriver* Reader(int tier) { return session_->readers[tier].get(); }
-    absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
-                                    uint64_t offset, char* dst, size_t n) {
-      absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
-      if (got.ok() && *got == n) {
-        state_.counters.load(std::memory_order_relaxed)->tiers[tier].Count(n);
+    MONARCH_ASSIGN_OR_RETURN(std::string file, AutostartConfigFile());
+    if (!ServiceLockHeld(paths_)) MONARCH_RETURN_IF_ERROR(StartServiceDetached(paths_, file));
+    const Clock::time_point began = Clock::now();
+    Clock::time_point lock_last_seen = began;
+    auto wait = std::chrono::milliseconds(5);
+    for (;;) {
+      std::this_thread::sleep_for(wait);
+      wait = std::min(wait * 2, std::chrono::milliseconds(100));
+      hello = process_.SayHelloToService();
+      if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
+        return hello;
       }
-      return got;
-    }
-    std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle&, int,
-                                                     const absl::StatusOr<size_t>&, uint64_t,
-                                                     char*, size_t) {
-      return std::nullopt;  // The service's read path judges the copy.
-    }
-    std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset, char* dst,
-                                               size_t n) {
-      return client_.Miss(state_, session_, *file, dst, n, offset);
-    }
-    // The service's word: it checked the copies (this process has not).
-    // Asked only of the pieces in a posix, pmem or RAM tier: no other is
-    // mapped. For a RAM piece the service's yes means it holds the copy
-    // for mappings once removed; the RAM reader maps it where it lies.
-    std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
-                                                             const std::vector<int>& tiers) {
-      std::vector<Handle> asked;
-      std::vector<size_t> where;  // Each asked piece's index in `pieces`.
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        const auto kind = static_cast<TierKind>(session_->reply.tiers[tiers[i]].kind);
-        if (kind == TierKind::kPosix || kind == TierKind::kPmem || kind == TierKind::kRam) {
-          asked.push_back(pieces[i]);
-          where.push_back(i);
-        }
+      const Clock::time_point now = Clock::now();
+      if (ServiceLockHeld(paths_)) lock_last_seen = now;
+      // Nobody holds the lock for a while: the service we started is gone.
+      if (now - lock_last_seen > std::chrono::seconds(5)) {
+        return absl::UnavailableError(absl::StrCat("the Monarch service did not start (",
+                                                   paths_.log, ": ", LogTail(paths_), ")"));
       }
-      std::vector<std::optional<SourceIdentity>> checked(pieces.size());
-      if (asked.empty()) return checked;
-      std::vector<std::optional<SourceIdentity>> answers =
-          client_.AskCheckedCopies(state_, session_, asked);
-      for (size_t j = 0; j < where.size(); ++j) checked[where[j]] = answers[j];
-      return checked;
+      // Still starting (walking the dataset) after all this time: its file
+      // system may have stopped answering.
+      if (now - began > std::chrono::duration<double>(config_.node.start_timeout_seconds)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the Monarch service at ", paths_.socket, " is still starting after node.start_timeout (",
+            config_.node.start_timeout_seconds, " s); ", paths_.log, ": ", LogTail(paths_)));
+      }
     }
-
-   private:
-    const ServiceClient& client_;
-    ProcessState& state_;
-    Session* const session_;
-    const bool first_attempt_;  // A retry (the service was replaced) notes no first read.
-  };
+  }
 
   // An idle channel to `session`'s service, or a new connection. Null when
   // the service is unreachable; Aborted when a new service instance
   // answered (the session changed).
-  absl::StatusOr<std::unique_ptr<Channel>> TakeChannel(ProcessState& state, Session* session) const {
+  absl::StatusOr<std::unique_ptr<Channel>> Take(ProcessState& state, Session* session) const {
     MutexLock lock(&state.mu);
     if (state.session.load() != session) return absl::AbortedError("session changed");
     if (session->alive.load() && !state.idle.empty()) {
@@ -566,7 +412,7 @@ class ServiceClient final : public Monarch {
     }
     const Clock::time_point now = Clock::now();
     if (!session->alive.load() && now < state.next_connect) return std::unique_ptr<Channel>();
-    absl::StatusOr<Hello> hello = SayHelloToService();
+    absl::StatusOr<Hello> hello = process_.SayHelloToService();
     if (!hello.ok()) {
       if (session->alive.exchange(false)) {
         MONARCH_LOG(kWarning, "the Monarch service at ", paths_.socket, " is gone (",
@@ -579,7 +425,7 @@ class ServiceClient final : public Monarch {
     if (hello->reply.instance_id != session->reply.instance_id) {
       MONARCH_LOG(kInfo, "reconnected to a new Monarch service (pid ", hello->reply.service_pid,
                   ")");
-      MONARCH_RETURN_IF_ERROR(AdoptLocked(state, std::move(*hello)));
+      MONARCH_RETURN_IF_ERROR(process_.AdoptLocked(state, std::move(*hello)));
       return absl::AbortedError("session changed");
     }
     auto channel = std::make_unique<Channel>();
@@ -590,203 +436,12 @@ class ServiceClient final : public Monarch {
     return channel;
   }
 
-  void ReturnChannel(ProcessState& state, std::unique_ptr<Channel> channel) const {
+  // A channel whose last request was answered, for the next one.
+  void Return(ProcessState& state, std::unique_ptr<Channel> channel) const {
     MutexLock lock(&state.mu);
     if (channel->session == state.session.load() && state.idle.size() < kMaxIdleChannels) {
       state.idle.push_back(std::move(channel));
     }
-  }
-
-  void MaybeRestartService(ProcessState& state, Clock::time_point now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
-    if (!config_.node.autostart || now < state.next_autostart) return;
-    // A service holds the lock: one starting, or a killed one not quite gone
-    // (its sockets close before its flock is released). Look again at the
-    // next reconnect, not after the back-off.
-    if (ServiceLockHeld(paths_)) return;
-    state.next_autostart = now + std::chrono::seconds(10);
-    absl::StatusOr<std::string> file = AutostartConfigFile();
-    absl::Status started = file.ok() ? StartServiceDetached(paths_, *file) : file.status();
-    if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
-  }
-
-  // kCheckedCopies for `pieces`, in as many messages as they take. None is
-  // checked while no service answers (or it answers nonsense).
-  std::vector<std::optional<SourceIdentity>> AskCheckedCopies(
-      ProcessState& state, Session* session,
-      const std::vector<std::optional<FileRef>>& pieces) const {
-    std::vector<std::optional<SourceIdentity>> checked(pieces.size());
-    absl::StatusOr<std::unique_ptr<Channel>> channel = TakeChannel(state, session);
-    if (!channel.ok() || *channel == nullptr) return checked;
-    absl::flat_hash_map<uint32_t, size_t> index;  // Entry id -> its piece.
-    for (size_t first = 0; first < pieces.size(); first += kMaxCheckedCopiesPerMessage) {
-      CheckedCopiesRequest request;
-      index.clear();
-      const size_t last = std::min(pieces.size(), first + kMaxCheckedCopiesPerMessage);
-      for (size_t i = first; i < last; ++i) {
-        request.ids.push_back(pieces[i]->id);
-        index[pieces[i]->id] = i;
-      }
-      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
-      if (SendFrame((*channel)->socket.get(), MessageType::kCheckedCopies, Encode(request)).ok()) {
-        reply = ReceiveFrame((*channel)->socket.get());
-      }
-      absl::StatusOr<CheckedCopiesReply> got =
-          reply.ok() && reply->type == MessageType::kCheckedCopiesReply
-              ? DecodeCheckedCopiesReply(reply->payload)
-              : absl::StatusOr<CheckedCopiesReply>(absl::UnavailableError("no reply"));
-      if (!got.ok()) {
-        // An error reply, or a service that died: the connection is not in step.
-        channel->reset();
-        return std::vector<std::optional<SourceIdentity>>(pieces.size());
-      }
-      for (const CheckedCopyStamp& c : got->copies) {
-        auto it = index.find(c.id);
-        if (it == index.end()) continue;  // Not asked: ignored.
-        checked[it->second] = c.copy;
-      }
-    }
-    ReturnChannel(state, std::move(*channel));
-    return checked;
-  }
-
-  absl::StatusOr<size_t> Miss(ProcessState& state, Session* session, const FileRef& ref, char* dst,
-                              size_t n, uint64_t offset) const {
-    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, TakeChannel(state, session));
-    size_t done = 0;
-    while (channel != nullptr && done < n) {
-      const uint64_t piece = std::min<uint64_t>(n - done, session->reply.buffer_bytes);
-      ReadRequest request{ref.id, offset + done, piece};
-      // A broken connection (or a reply that makes no sense) means the
-      // service died or is stopping; an Error reply is the read's own
-      // outcome (e.g. the source's EIO) and the connection stays usable.
-      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
-      if (SendFrame(channel->socket.get(), MessageType::kRead, Encode(request)).ok()) {
-        reply = ReceiveFrame(channel->socket.get());
-      }
-      if (reply.ok() && reply->type == MessageType::kError) {
-        absl::StatusOr<ErrorReply> error = DecodeErrorReply(reply->payload);
-        if (error.ok()) {
-          ReturnChannel(state, std::move(channel));
-          return error->ToStatus();
-        }
-      }
-      absl::StatusOr<ReadReply> got =
-          reply.ok() && reply->type == MessageType::kReadReply
-              ? DecodeReadReply(reply->payload)
-              : absl::StatusOr<ReadReply>(absl::UnavailableError("no reply"));
-      if (!got.ok() || got->bytes > piece) {
-        channel.reset();
-        session->alive.store(false);
-        break;
-      }
-      CopyBytes(dst + done, channel->transfer(), got->bytes);
-      done += got->bytes;
-      if (got->bytes < piece) break;  // End of file (the source shrank).
-    }
-    if (channel != nullptr) {
-      ReturnChannel(state, std::move(channel));
-      return done;
-    }
-    // No service: the source itself, as an embedded instance would. An
-    // extent's bytes are its file's, at its place in it.
-    const NamespaceImage& image = *session->image;
-    FileRef source_ref = ref;
-    uint64_t source_offset = offset + done;
-    if (ref.id >= image.file_count()) {
-      const uint32_t file = image.file_of(ref.id);
-      if (file >= image.file_count()) return absl::DataLossError("namespace image is damaged");
-      source_ref = image.ref(file);
-      source_offset += ref.part_offset;
-    }
-    MONARCH_ASSIGN_OR_RETURN(size_t rest,
-                             ReadSource(state, source_ref, dst + done, n - done, source_offset));
-    state.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    return done + rest;
-  }
-
-  // Sends `order` (its file ids, or its samples) in pieces on one connection.
-  absl::Status SendOrder(ProcessState& state, Session* session, const AnnounceRequest& order) const {
-    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, TakeChannel(state, session));
-    if (channel == nullptr) {
-      return absl::UnavailableError(absl::StrCat("the Monarch service at ", paths_.socket,
-                                                 " does not answer: no prefetch"));
-    }
-    const size_t total = order.ranges ? order.samples.size() : order.file_ids.size();
-    const size_t max_piece = order.ranges ? kMaxRangesPerMessage : kMaxIdsPerMessage;
-    size_t done = 0;
-    do {
-      const size_t piece = std::min(total - done, max_piece);
-      AnnounceRequest request;
-      request.first = done == 0;
-      request.last = done + piece == total;
-      request.ranges = order.ranges;
-      if (order.ranges) {
-        request.samples.assign(order.samples.begin() + done, order.samples.begin() + done + piece);
-      } else {
-        request.file_ids.assign(order.file_ids.begin() + done,
-                                order.file_ids.begin() + done + piece);
-      }
-      // A refused order (a sample past its file's end) comes back as its
-      // error.
-      MONARCH_ASSIGN_OR_RETURN(Frame reply,
-                               Call(channel->socket.get(), MessageType::kAnnounce, Encode(request)));
-      if (reply.type != MessageType::kOk) {
-        return absl::InternalError("the Monarch service did not accept the read order");
-      }
-      done += piece;
-    } while (done < total);
-    ReturnChannel(state, std::move(channel));
-    return absl::OkStatus();
-  }
-
-  // Tells the service, a batch at a time, which files this process started
-  // reading: hits never reach it otherwise, and they free the room the
-  // prefetch streams may fill ahead of the readers. Best effort: with no
-  // service, there is no prefetch to tell.
-  void NoteFirstRead(ProcessState& state, uint32_t id) const {
-    MutexLock lock(&state.consumed_mu);
-    state.consumed.push_back(id);
-    const Clock::time_point now = Clock::now();
-    if (state.consumed.size() < kConsumedBatch && now - state.consumed_sent < kConsumedDelay) {
-      return;
-    }
-    state.consumed_sent = now;
-    ConsumedNotice notice;
-    notice.file_ids.swap(state.consumed);
-    SendNoticeLocked(state, MessageType::kConsumed, Encode(notice));
-  }
-
-  // A reader read [offset, offset + n) of `file`, which the service caches
-  // by extents. Its hits never reach the service, which would then see no
-  // scan: this process finds its scans itself, by the service's rule
-  // (PlacementHandler::ReadingRange), and once per extent a scan reaches,
-  // if the extent a window ahead is not in a tier yet, tells the service,
-  // which loads the extents ahead (not answered). Best effort, as a hint.
-  void NoteReading(ProcessState& state, Session* session, const FileRef& file, uint64_t offset,
-                   size_t n) const {
-    const NamespaceImage& image = *session->image;
-    const uint64_t extent_bytes = image.extent_bytes();
-    const uint32_t first = image.first_extent(file.id);
-    if (n == 0 || extent_bytes == 0 || first == 0) return;
-    const uint64_t end = offset + n;
-    const uint64_t extent = (end - 1) / extent_bytes;
-    const uint64_t last = (file.size - 1) / extent_bytes;
-    {
-      MutexLock lock(&state.scans_mu);
-      ProcessState::Scan& scan = state.scans[file.id];
-      if (scan.end != offset || offset == 0) scan.start = offset;
-      scan.end = end;
-      if (offset != 0 && end - scan.start < extent_bytes) return;  // Not (yet) a scan.
-      if (scan.told_extent == extent || extent >= last) return;
-      const uint64_t ahead = std::min(last, extent + PlacementHandler::kReadAheadExtents);
-      const int tier = session->slot(first + static_cast<uint32_t>(ahead)).load(
-          std::memory_order_acquire);
-      if (tier >= 0 && tier < session->source_index) return;  // The window is there.
-      scan.told_extent = extent;
-    }
-    MutexLock lock(&state.consumed_mu);
-    SendNoticeLocked(state, MessageType::kReadAhead, Encode(ReadAheadNotice{file.id, end}));
   }
 
   // Sends a one-way notice on the notices' connection, made on first use.
@@ -810,33 +465,18 @@ class ServiceClient final : public Monarch {
     }
   }
 
-  absl::StatusOr<size_t> ReadSource(ProcessState& state, const FileRef& ref, char* dst, size_t n,
-                                    uint64_t offset) const {
-    StorageDriver* source;
-    {
-      MutexLock lock(&state.mu);
-      if (state.source == nullptr) {
-        state.source = NewSourceDriver(root_, config_.placement.max_open_files);
-      }
-      source = state.source.get();
-    }
-    return source->Read(ref, offset, dst, n);
-  }
-
-  // A new connection to this config's service, past its handshake.
-  absl::StatusOr<Hello> SayHelloToService() const {
-    return SayHello(paths_.socket, config_.dataset, config_.node.request_timeout_seconds);
-  }
-
-  // A request that needs no handshake, on a connection of its own. Its
-  // reply comes within node.request_timeout, but for WaitForPlacement's,
-  // which comes once placement is idle: every promotion ends (its reads
-  // do), and a stop cancels them; a service that dies closes the socket.
-  absl::StatusOr<Frame> AdminCall(MessageType type) const {
-    MONARCH_ASSIGN_OR_RETURN(ScopedFd socket,
-                             ConnectUnix(paths_.socket, config_.node.request_timeout_seconds));
-    if (type == MessageType::kWaitForPlacement) MONARCH_RETURN_IF_ERROR(SetIoTimeout(socket.get(), 0));
-    return Call(socket.get(), type, "");
+ private:
+  void MaybeRestartService(ProcessState& state, Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
+    if (!config_.node.autostart || now < state.next_autostart) return;
+    // A service holds the lock: one starting, or a killed one not quite gone
+    // (its sockets close before its flock is released). Look again at the
+    // next reconnect, not after the back-off.
+    if (ServiceLockHeld(paths_)) return;
+    state.next_autostart = now + std::chrono::seconds(10);
+    absl::StatusOr<std::string> file = AutostartConfigFile();
+    absl::Status started = file.ok() ? StartServiceDetached(paths_, *file) : file.status();
+    if (!started.ok()) MONARCH_LOG(kWarning, "cannot restart the service: ", started.message());
   }
 
   // The file an auto-started service reads its config from.
@@ -867,54 +507,410 @@ class ServiceClient final : public Monarch {
     return file;
   }
 
-  // Connects; when no service runs, starts one (node.autostart) and waits
-  // while one is starting (it holds the lock from its first moment).
-  absl::StatusOr<Hello> ConnectOrStart() const {
-    absl::StatusOr<Hello> hello = SayHelloToService();
-    if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
-      return hello;
+  const ClientProcess& process_;
+  const Config& config_;
+  const ConfigSource& source_;
+  const ServicePaths& paths_;
+};
+
+// The client's administrative calls: requests that need no handshake and
+// no session, each on a connection of its own.
+class AdminCalls {
+ public:
+  // Both must outlive this.
+  AdminCalls(const Config& config, const ServicePaths& paths) : config_(config), paths_(paths) {}
+
+  // The node's counters, every client's hits included.
+  absl::StatusOr<Stats> NodeStats() const {
+    MONARCH_ASSIGN_OR_RETURN(Frame reply, Call(MessageType::kStats));
+    MONARCH_ASSIGN_OR_RETURN(StatsReply stats, DecodeStatsReply(reply.payload));
+    return std::move(stats.node);
+  }
+  // Returns once no promotion is in flight in the service.
+  absl::Status WaitForPlacement() const { return Call(MessageType::kWaitForPlacement).status(); }
+
+ private:
+  // Its reply comes within node.request_timeout, but for WaitForPlacement's,
+  // which comes once placement is idle: every promotion ends (its reads
+  // do), and a stop cancels them; a service that dies closes the socket.
+  absl::StatusOr<Frame> Call(MessageType type) const {
+    MONARCH_ASSIGN_OR_RETURN(ScopedFd socket,
+                             ConnectUnix(paths_.socket, config_.node.request_timeout_seconds));
+    if (type == MessageType::kWaitForPlacement) MONARCH_RETURN_IF_ERROR(SetIoTimeout(socket.get(), 0));
+    return service::Call(socket.get(), type, "");
+  }
+
+  const Config& config_;
+  const ServicePaths& paths_;
+};
+
+// A client's side of the read path (core/read_path.h), in one session of
+// the service: where files live is the service's namespace image and tier
+// slots, mapped here; hits are read from the copies where the service put
+// them, with no message, and counted in the page the service sums by tier
+// index; everything else (a miss, a copy that fails to read, which the
+// service's read path then judges and drops) is asked of the service.
+class SessionFiles {
+ public:
+  using Handle = std::optional<FileRef>;
+
+  // All must outlive this; `first_attempt`: false for a retry (the
+  // service was replaced), which notes no first read.
+  SessionFiles(const ChannelPool& channels, ProcessState& state, Session* session,
+               bool first_attempt)
+      : channels_(channels), state_(state), session_(session), first_attempt_(first_attempt) {}
+
+  Handle Find(absl::string_view name) {
+    const std::optional<uint32_t> id = session_->image->FindId(name);
+    if (!id) return std::nullopt;
+    return session_->image->ref(*id);
+  }
+  const FileRef& Ref(const Handle& file) const { return *file; }
+  // The image holds the extents of the files the service caches by
+  // extents, and their tier slots: their copies are read here as a file's.
+  bool HasExtents(const Handle& file) const {
+    return file->id < session_->image->file_count() &&
+           session_->image->first_extent(file->id) != 0;
+  }
+  Handle ExtentAt(const Handle& file, uint64_t offset) const {
+    const NamespaceImage& image = *session_->image;
+    return image.ref(image.first_extent(file->id) +
+                     static_cast<uint32_t>(offset / image.extent_bytes()));
+  }
+  // A reader read [offset, offset + n) of `file`, which the service caches
+  // by extents. Its hits never reach the service, which would then see no
+  // scan: this process finds its scans itself, by the service's rule
+  // (placement/scan_rule.h), and once per extent a scan reaches,
+  // if the extent a window ahead is not in a tier yet, tells the service,
+  // which loads the extents ahead (not answered). Best effort, as a hint.
+  void ReadingRange(const Handle& handle, uint64_t offset, size_t n) {
+    const FileRef& file = *handle;
+    const NamespaceImage& image = *session_->image;
+    const uint64_t extent_bytes = image.extent_bytes();
+    const uint32_t first = image.first_extent(file.id);
+    if (n == 0 || extent_bytes == 0 || first == 0) return;
+    const uint64_t end = offset + n;
+    const uint64_t extent = (end - 1) / extent_bytes;
+    const uint64_t last = (file.size - 1) / extent_bytes;
+    {
+      MutexLock lock(&state_.scans_mu);
+      ProcessState::Scan& scan = state_.scans[file.id];
+      const uint64_t last_end = scan.end;
+      scan.end = end;
+      if (!ContinuesScan(last_end, offset, end, extent_bytes, &scan.start)) return;
+      if (scan.told_extent == extent || extent >= last) return;
+      const uint64_t ahead = std::min(last, extent + kReadAheadExtents);
+      const int tier = session_->slot(first + static_cast<uint32_t>(ahead)).load(
+          std::memory_order_acquire);
+      if (tier >= 0 && tier < session_->source_index) return;  // The window is there.
+      scan.told_extent = extent;
     }
-    if (!config_.node.autostart) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no Monarch service runs at ", paths_.socket,
-          ": start one with `monarch serve --config FILE`, or set node.autostart: true"));
+    MutexLock lock(&state_.consumed_mu);
+    channels_.SendNoticeLocked(state_, MessageType::kReadAhead, Encode(ReadAheadNotice{file.id, end}));
+  }
+  // Tells the service, a batch at a time, which files this process
+  // started reading: hits never reach it otherwise, and they free the
+  // room the prefetch streams may fill ahead of the readers. Best effort:
+  // with no service, there is no prefetch to tell.
+  void FirstRead(const Handle& file) {
+    if (!first_attempt_) return;
+    MutexLock lock(&state_.consumed_mu);
+    state_.consumed.push_back(file->id);
+    const Clock::time_point now = Clock::now();
+    if (state_.consumed.size() < kConsumedBatch && now - state_.consumed_sent < kConsumedDelay) {
+      return;
     }
-    MONARCH_ASSIGN_OR_RETURN(std::string file, AutostartConfigFile());
-    if (!ServiceLockHeld(paths_)) MONARCH_RETURN_IF_ERROR(StartServiceDetached(paths_, file));
-    const Clock::time_point began = Clock::now();
-    Clock::time_point lock_last_seen = began;
-    auto wait = std::chrono::milliseconds(5);
-    for (;;) {
-      std::this_thread::sleep_for(wait);
-      wait = std::min(wait * 2, std::chrono::milliseconds(100));
-      hello = SayHelloToService();
-      if (hello.ok() || !(absl::IsNotFound(hello.status()) || absl::IsUnavailable(hello.status()))) {
-        return hello;
+    state_.consumed_sent = now;
+    ConsumedNotice notice;
+    notice.file_ids.swap(state_.consumed);
+    channels_.SendNoticeLocked(state_, MessageType::kConsumed, Encode(notice));
+  }
+  // The tier the file's slot names now. No pin: the service evicts under
+  // a client's readers, which then read a RAM copy under its seqlock, a
+  // file copy through a descriptor they hold: an eviction costs them a
+  // miss, never a wrong byte.
+  int BeginRead(const Handle& file) {
+    const int tier = session_->slot(file->id).load(std::memory_order_acquire);
+    return tier >= 0 && tier < session_->source_index ? tier : session_->source_index;
+  }
+  void EndRead(const Handle&) {}
+  int source_tier() const { return session_->source_index; }
+  StorageDriver* Reader(int tier) { return session_->readers[tier].get(); }
+  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
+                                  uint64_t offset, char* dst, size_t n) {
+    TierReads& counted = state_.counters.load(std::memory_order_relaxed)->tiers[tier];
+    if (state_.speeds != nullptr && state_.speeds->Routes(tier)) {
+      return state_.speeds->ReadHit(*session_->source, reader, *file, tier, offset, dst, n, counted);
+    }
+    absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
+    if (got.ok() && *got == n) counted.Count(n);
+    return got;
+  }
+  std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle&, int,
+                                                   const absl::StatusOr<size_t>&, uint64_t,
+                                                   char*, size_t) {
+    return std::nullopt;  // The service's read path judges the copy.
+  }
+  // Asked of the service, in pieces of the channel's transfer buffer; of
+  // the source itself while no service answers.
+  std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset, char* dst,
+                                             size_t n) {
+    const FileRef& ref = *file;
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, channels_.Take(state_, session_));
+    size_t done = 0;
+    while (channel != nullptr && done < n) {
+      const uint64_t piece = std::min<uint64_t>(n - done, session_->reply.buffer_bytes);
+      ReadRequest request{ref.id, offset + done, piece};
+      // A broken connection (or a reply that makes no sense) means the
+      // service died or is stopping; an Error reply is the read's own
+      // outcome (e.g. the source's EIO) and the connection stays usable.
+      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
+      if (SendFrame(channel->socket.get(), MessageType::kRead, Encode(request)).ok()) {
+        reply = ReceiveFrame(channel->socket.get());
       }
-      const Clock::time_point now = Clock::now();
-      if (ServiceLockHeld(paths_)) lock_last_seen = now;
-      // Nobody holds the lock for a while: the service we started is gone.
-      if (now - lock_last_seen > std::chrono::seconds(5)) {
-        return absl::UnavailableError(absl::StrCat("the Monarch service did not start (",
-                                                   paths_.log, ": ", LogTail(paths_), ")"));
+      if (reply.ok() && reply->type == MessageType::kError) {
+        absl::StatusOr<ErrorReply> error = DecodeErrorReply(reply->payload);
+        if (error.ok()) {
+          channels_.Return(state_, std::move(channel));
+          return error->ToStatus();
+        }
       }
-      // Still starting (walking the dataset) after all this time: its file
-      // system may have stopped answering.
-      if (now - began > std::chrono::duration<double>(config_.node.start_timeout_seconds)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the Monarch service at ", paths_.socket, " is still starting after node.start_timeout (",
-            config_.node.start_timeout_seconds, " s); ", paths_.log, ": ", LogTail(paths_)));
+      absl::StatusOr<ReadReply> got =
+          reply.ok() && reply->type == MessageType::kReadReply
+              ? DecodeReadReply(reply->payload)
+              : absl::StatusOr<ReadReply>(absl::UnavailableError("no reply"));
+      if (!got.ok() || got->bytes > piece) {
+        channel.reset();
+        session_->alive.store(false);
+        break;
+      }
+      CopyBytes(dst + done, channel->transfer(), got->bytes);
+      done += got->bytes;
+      if (got->bytes < piece) break;  // End of file (the source shrank).
+    }
+    if (channel != nullptr) {
+      channels_.Return(state_, std::move(channel));
+      return done;
+    }
+    // No service: the source itself, as an embedded instance would. An
+    // extent's bytes are its file's, at its place in it.
+    const NamespaceImage& image = *session_->image;
+    FileRef source_ref = ref;
+    uint64_t source_offset = offset + done;
+    if (ref.id >= image.file_count()) {
+      const uint32_t file = image.file_of(ref.id);
+      if (file >= image.file_count()) return absl::DataLossError("namespace image is damaged");
+      source_ref = image.ref(file);
+      source_offset += ref.part_offset;
+    }
+    MONARCH_ASSIGN_OR_RETURN(size_t rest,
+                             session_->source->Read(source_ref, source_offset, dst + done, n - done));
+    state_.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return done + rest;
+  }
+
+  // The service's word: it checked the copies (this process has not).
+  // Asked only of the pieces in a posix, pmem or RAM tier: no other is
+  // mapped. For a RAM piece the service's yes means it holds the copy
+  // for mappings once removed; the RAM reader maps it where it lies.
+  std::vector<std::optional<SourceIdentity>> CheckedCopies(const std::vector<Handle>& pieces,
+                                                           const std::vector<int>& tiers) {
+    std::vector<Handle> asked;
+    std::vector<size_t> where;  // Each asked piece's index in `pieces`.
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const auto kind = static_cast<TierKind>(session_->reply.tiers[tiers[i]].kind);
+      if (kind == TierKind::kPosix || kind == TierKind::kPmem || kind == TierKind::kRam) {
+        asked.push_back(pieces[i]);
+        where.push_back(i);
       }
     }
+    std::vector<std::optional<SourceIdentity>> checked(pieces.size());
+    if (asked.empty()) return checked;
+    std::vector<std::optional<SourceIdentity>> answers =
+        AskCheckedCopies(asked);
+    for (size_t j = 0; j < where.size(); ++j) checked[where[j]] = answers[j];
+    return checked;
+  }
+
+ private:
+  // kCheckedCopies for `pieces`, in as many messages as they take. None is
+  // checked while no service answers (or it answers nonsense).
+  std::vector<std::optional<SourceIdentity>> AskCheckedCopies(const std::vector<Handle>& pieces) {
+    std::vector<std::optional<SourceIdentity>> checked(pieces.size());
+    absl::StatusOr<std::unique_ptr<Channel>> channel = channels_.Take(state_, session_);
+    if (!channel.ok() || *channel == nullptr) return checked;
+    absl::flat_hash_map<uint32_t, size_t> index;  // Entry id -> its piece.
+    for (size_t first = 0; first < pieces.size(); first += kMaxCheckedCopiesPerMessage) {
+      CheckedCopiesRequest request;
+      index.clear();
+      const size_t last = std::min(pieces.size(), first + kMaxCheckedCopiesPerMessage);
+      for (size_t i = first; i < last; ++i) {
+        request.ids.push_back(pieces[i]->id);
+        index[pieces[i]->id] = i;
+      }
+      absl::StatusOr<Frame> reply = absl::InternalError("unsent");
+      if (SendFrame((*channel)->socket.get(), MessageType::kCheckedCopies, Encode(request)).ok()) {
+        reply = ReceiveFrame((*channel)->socket.get());
+      }
+      absl::StatusOr<CheckedCopiesReply> got =
+          reply.ok() && reply->type == MessageType::kCheckedCopiesReply
+              ? DecodeCheckedCopiesReply(reply->payload)
+              : absl::StatusOr<CheckedCopiesReply>(absl::UnavailableError("no reply"));
+      if (!got.ok()) {
+        // An error reply, or a service that died: the connection is not in step.
+        channel->reset();
+        return std::vector<std::optional<SourceIdentity>>(pieces.size());
+      }
+      for (const CheckedCopyStamp& c : got->copies) {
+        auto it = index.find(c.id);
+        if (it == index.end()) continue;  // Not asked: ignored.
+        checked[it->second] = c.copy;
+      }
+    }
+    channels_.Return(state_, std::move(*channel));
+    return checked;
+  }
+
+  const ChannelPool& channels_;
+  ProcessState& state_;
+  Session* const session_;
+  const bool first_attempt_;
+};
+
+
+class ServiceClient final : public Front {
+ public:
+  ServiceClient(Config config, ConfigSource source, ServicePaths paths)
+      : config_(std::move(config)),
+        source_(std::move(source)),
+        paths_(std::move(paths)),
+        process_(config_, paths_),
+        channels_(process_, config_, source_, paths_),
+        admin_(config_, paths_) {}
+
+  absl::Status Start() {
+    MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths_));
+    MONARCH_ASSIGN_OR_RETURN(Hello hello, channels_.ConnectOrStart());
+    return process_.Start(std::move(hello));
+  }
+
+  absl::StatusOr<size_t> Read(std::string_view name, void* buffer, size_t n,
+                              uint64_t offset) override {
+    ProcessState& state = process_.State();
+    for (int attempt = 0;; ++attempt) {
+      Session* session = process_.CurrentSession(state);
+      if (session == nullptr) return absl::UnavailableError("no Monarch service session");
+      SessionFiles files(channels_, state, session, /*first_attempt=*/attempt == 0);
+      absl::StatusOr<size_t> result =
+          ReadNamed(files, ToAbsl(name), static_cast<char*>(buffer), n, offset);
+      // The service was replaced under us: ids may differ, look up again.
+      // (ok() first: a hit must not pay for absl::IsAborted's out-of-line
+      // calls, 46 instructions of a 1,100-instruction hit.)
+      if (!result.ok() && absl::IsAborted(result.status()) && attempt < 3) continue;
+      return result;
+    }
+  }
+
+  absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
+                                     uint64_t length, int protection, int flags) override {
+    ProcessState& state = process_.State();
+    Session* session = process_.CurrentSession(state);
+    if (session == nullptr) return 0;  // Nobody to say which copies were checked.
+    SessionFiles files(channels_, state, session, /*first_attempt=*/false);
+    const SessionFiles::Handle file = files.Find(ToAbsl(name));
+    if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return MapCopiesFound(files, file, static_cast<char*>(mapping), offset, length, protection,
+                          flags);
+  }
+
+  const std::string& dataset_root() const override { return process_.root(); }
+
+  // The node's counters (every client's included) from the service; this
+  // process's own when no service answers.
+  Stats NodeStats() const override {
+    absl::StatusOr<Stats> node = admin_.NodeStats();
+    if (node.ok()) return *std::move(node);
+    Stats stats;
+    CounterSink sink(&stats);
+    const ClientCounters* counters = process_.State().counters.load();
+    sink.Counter("service.client_source_fallbacks", counters->source_fallbacks.load(),
+                 "Reads this process served from the source while no service answered.");
+    return stats;
+  }
+
+  // Placement belongs to the service, which outlives its clients.
+  void Shutdown(ShutdownMode) override {}
+
+  void WaitForPlacement() override {
+    absl::Status waited = admin_.WaitForPlacement();
+    if (!waited.ok()) MONARCH_LOG(kInfo, "WaitForPlacement: ", waited.ToString());
+  }
+
+  const NamespaceView* View() const override {
+    const Session* session = process_.CurrentSession(process_.State());
+    return session != nullptr ? session->image.get() : nullptr;
+  }
+
+  // The order goes to the service in pieces on one connection; the service
+  // merges it with the other processes' orders.
+  absl::Status AnnounceIds(const NamespaceView& view, std::vector<uint32_t> ids,
+                           std::vector<FileRange> ranges) override {
+    ProcessState& state = process_.State();
+    Session* session = process_.CurrentSession(state);
+    if (session == nullptr || session->image.get() != &view) {
+      return absl::AbortedError("session changed");
+    }
+    AnnounceRequest order;
+    order.file_ids = std::move(ids);
+    order.ranges = !ranges.empty();
+    order.samples = std::move(ranges);
+    return SendOrder(state, session, order);
+  }
+
+  const ReadSpeeds* Speeds() const override { return process_.State().speeds.get(); }
+
+ private:
+  // Sends `order` (its file ids, or its samples) in pieces on one connection.
+  absl::Status SendOrder(ProcessState& state, Session* session, const AnnounceRequest& order) const {
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, channels_.Take(state, session));
+    if (channel == nullptr) {
+      return absl::UnavailableError(absl::StrCat("the Monarch service at ", paths_.socket,
+                                                 " does not answer: no prefetch"));
+    }
+    const size_t total = order.ranges ? order.samples.size() : order.file_ids.size();
+    const size_t max_piece = order.ranges ? kMaxRangesPerMessage : kMaxIdsPerMessage;
+    size_t done = 0;
+    do {
+      const size_t piece = std::min(total - done, max_piece);
+      AnnounceRequest request;
+      request.first = done == 0;
+      request.last = done + piece == total;
+      request.ranges = order.ranges;
+      if (order.ranges) {
+        request.samples.assign(order.samples.begin() + done, order.samples.begin() + done + piece);
+      } else {
+        request.file_ids.assign(order.file_ids.begin() + done,
+                                order.file_ids.begin() + done + piece);
+      }
+      // A refused order (a sample past its file's end) comes back as its
+      // error.
+      MONARCH_ASSIGN_OR_RETURN(Frame reply,
+                               Call(channel->socket.get(), MessageType::kAnnounce, Encode(request)));
+      if (reply.type != MessageType::kOk) {
+        return absl::InternalError("the Monarch service did not accept the read order");
+      }
+      done += piece;
+    } while (done < total);
+    channels_.Return(state, std::move(channel));
+    return absl::OkStatus();
   }
 
   const Config config_;
   const ConfigSource source_;
   const ServicePaths paths_;
-  std::string root_;  // Set in Start(), then read-only.
-  mutable std::atomic<ProcessState*> state_{nullptr};
-  // Counter pages of replaced connections: hits in flight may still count there.
-  mutable std::vector<MappedRegion> retired_pages_;
+  ClientProcess process_;
+  ChannelPool channels_;
+  AdminCalls admin_;
 };
 
 }  // namespace

@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<NamespaceImage>> NamespaceImage::Open(const Scope
   return image;
 }
 
-absl::string_view NamespaceImage::name_of(uint32_t id) const {
+absl::string_view NamespaceImage::file_name(uint32_t id) const {
   Record record;
   std::memcpy(&record, records_ + uint64_t{id} * sizeof(Record), sizeof(record));
   if (record.name_offset > names_.size() || record.name_bytes > names_.size() - record.name_offset)
@@ -151,7 +151,7 @@ FileRef NamespaceImage::ref(uint32_t id) const {
   std::memcpy(&record, records_ + uint64_t{id} * sizeof(Record), sizeof(record));
   FileRef ref;
   ref.id = id;
-  ref.name = name_of(id);
+  ref.name = file_name(id);
   ref.size = record.size;
   ref.mtime_ns = record.mtime_ns;
   if (id >= file_count_) {
@@ -195,7 +195,7 @@ Monarch::FileStat NamespaceImage::Stat(uint32_t id) const {
   return MakeFileStat(ref(id), record.attributes);
 }
 
-std::optional<uint32_t> NamespaceImage::Find(absl::string_view name) const {
+std::optional<uint32_t> NamespaceImage::FindId(absl::string_view name) const {
   std::string scratch;
   absl::string_view canonical;
   if (!CanonicalDatasetName(root_, name, &scratch, &canonical) || canonical.empty()) {
@@ -208,7 +208,7 @@ std::optional<uint32_t> NamespaceImage::Find(absl::string_view name) const {
     const uint32_t value = hash_[slot];
     if (value == 0) return std::nullopt;
     const uint32_t id = value - 1;
-    if (id < file_count_ && name_of(id) == canonical) return id;
+    if (id < file_count_ && file_name(id) == canonical) return id;
   }
   return std::nullopt;
 }
@@ -218,7 +218,7 @@ const NamespaceImage::Directories& NamespaceImage::directories() const {
     auto dirs = std::make_unique<Directories>();
     dirs->entries[""];  // The root, even for an empty dataset.
     for (uint32_t id = 0; id < file_count_; ++id) {
-      absl::string_view name = name_of(id);
+      absl::string_view name = file_name(id);
       // Register the file in its directory, then each directory in its parent.
       size_t slash = name.find_last_of('/');
       std::string parent(slash == absl::string_view::npos ? "" : name.substr(0, slash));

@@ -42,14 +42,19 @@ namespace monarch::service {
 // Writes the image of `ns` into a new sealed memfd.
 absl::StatusOr<ScopedFd> WriteNamespaceImage(const Namespace& ns);
 
-class NamespaceImage {
+class NamespaceImage final : public NamespaceView {
  public:
   // Maps `fd` read-only and checks its header.
   static absl::StatusOr<std::unique_ptr<NamespaceImage>> Open(const ScopedFd& fd);
 
-  // The file's id, or nullopt if `name` (dataset-relative, or absolute
-  // inside the root) is not a dataset file.
-  std::optional<uint32_t> Find(absl::string_view name) const;
+  // NamespaceView. file_name() is any entry's (an extent's too), "" if damaged.
+  std::optional<uint32_t> FindId(absl::string_view name) const override;
+  uint32_t file_count() const override { return file_count_; }
+  absl::string_view file_name(uint32_t id) const override;
+  Monarch::FileStat Stat(uint32_t id) const override;
+  bool IsDirectory(absl::string_view name) const override;
+  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const override;
+
   // The entry `id` < entry_count() (a file, or an extent) as drivers know
   // it. An extent's part_offset is set, its part_of is not.
   FileRef ref(uint32_t id) const;
@@ -59,17 +64,10 @@ class NamespaceImage {
   // For an extent `extent` in [file_count(), entry_count()), its file's id
   // (unchecked: compare with file_count()).
   uint32_t file_of(uint32_t extent) const;
-  // What stat() said of file `id` < file_count() at the service's walk.
-  Monarch::FileStat Stat(uint32_t id) const;
-
-  uint32_t file_count() const { return file_count_; }
   uint32_t entry_count() const { return entry_count_; }
   uint64_t extent_bytes() const { return extent_bytes_; }
   uint64_t total_bytes() const { return total_bytes_; }
   const std::string& root() const { return root_; }
-
-  bool IsDirectory(absl::string_view name) const;
-  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const;
 
  private:
   struct Directories {
@@ -77,7 +75,6 @@ class NamespaceImage {
     absl::flat_hash_map<std::string, std::vector<std::string>> entries;
   };
   NamespaceImage() = default;
-  absl::string_view name_of(uint32_t id) const;
   const Directories& directories() const;
 
   MappedRegion region_;

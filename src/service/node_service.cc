@@ -15,6 +15,7 @@
 #include <random>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/counters.h"
@@ -52,21 +53,307 @@ absl::Status CheckFileIds(const std::vector<uint32_t>& ids, uint32_t count,
   return absl::OkStatus();
 }
 
+// Answers a client's hello: `reply` (its instance id and buffer size set)
+// completed with the namespace and the tiers, and the descriptors of what
+// the service shares.
+absl::Status SendHelloReply(const MonarchCore& core, HelloReply reply, int socket, int image_fd,
+                            int slots_fd, int buffer_fd) {
+  reply.service_pid = static_cast<uint32_t>(::getpid());
+  reply.file_count = core.name_space().file_count();
+  reply.max_open_files = static_cast<uint32_t>(core.max_open_files());
+  reply.dataset_root = core.dataset_root();
+  // Clients get read-only reopenings of the shared regions: they can map
+  // them but never write them. The transfer buffer is the exception (its
+  // first page holds the client's counters).
+  std::vector<ScopedFd> owned;
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd image, ReopenReadOnly(image_fd));
+  MONARCH_ASSIGN_OR_RETURN(ScopedFd slots, ReopenReadOnly(slots_fd));
+  owned.push_back(std::move(image));
+  owned.push_back(std::move(slots));
+  std::vector<int> fds = {owned[0].get(), owned[1].get(), buffer_fd};
+  for (int t = 0; t < core.tier_count(); ++t) {
+    const TierConfig& tier = core.tier_config(t);
+    TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0,
+                                tier.huge_pages};
+    for (int fd : core.SharedMemoryDescriptors(t)) {
+      MONARCH_ASSIGN_OR_RETURN(ScopedFd reopened, ReopenReadOnly(fd));
+      fds.push_back(reopened.get());
+      owned.push_back(std::move(reopened));
+      ++description.descriptors;
+    }
+    reply.tiers.push_back(std::move(description));
+  }
+  return SendFrame(socket, MessageType::kHelloReply, Encode(reply), fds);
+}
+
+// The node's counters as Prometheus text, with each client's reads.
+std::string MetricsText(const StatsReply& stats) {
+  std::string text = stats.node.ToPrometheus();
+  absl::StrAppend(&text,
+                  "# HELP monarch_client_reads Reads each client process served itself "
+                  "(hits) or through the service (misses).\n"
+                  "# TYPE monarch_client_reads counter\n");
+  for (const ClientStats& c : stats.clients) {
+    absl::StrAppend(&text, "monarch_client_reads{pid=\"", c.pid, "\",via=\"hit\"} ",
+                    c.hits, "\nmonarch_client_reads{pid=\"", c.pid,
+                    "\",via=\"service\"} ", c.misses, "\n");
+  }
+  return text;
+}
+
+// A client's requests on the instance, on one connection: its misses, its
+// read order and its hints (first reads, scans, which copies to map).
+class ClientRequests {
+ public:
+  ClientRequests(MonarchCore& core, uint64_t buffer_bytes) : core_(core), buffer_bytes_(buffer_bytes) {}
+
+  // A miss: the bytes go into `transfer`, the connection's buffer.
+  absl::Status Read(int socket, char* transfer, const Frame& frame) {
+    absl::StatusOr<ReadRequest> request = DecodeReadRequest(frame.payload);
+    if (!request.ok()) return request.status();  // Answered and closed by Serve().
+    if (request->length > buffer_bytes_) {
+      return SendError(socket,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "read of ", request->length, " bytes is larger than the transfer buffer (",
+                           buffer_bytes_, ")")));
+    }
+    // A file's id, or an extent's (a client reads a file cached by extents
+    // extent by extent, as the service would).
+    absl::StatusOr<size_t> n = core_.ReadFile(request->file_id, transfer,
+                                               static_cast<size_t>(request->length),
+                                               request->offset);
+    if (!n.ok()) return SendError(socket, n.status());
+    misses.fetch_add(1, std::memory_order_relaxed);
+    miss_bytes.fetch_add(*n, std::memory_order_relaxed);
+    return SendFrame(socket, MessageType::kReadReply, Encode(ReadReply{*n}));
+  }
+
+  // A piece of the read order; `mark` is called once it is complete, before
+  // it is announced (the order is withdrawn when the process leaves).
+  absl::Status Announce(int socket, pid_t pid, const Frame& frame, absl::FunctionRef<void()> mark) {
+    absl::StatusOr<AnnounceRequest> request = DecodeAnnounceRequest(frame.payload);
+    if (!request.ok()) return request.status();  // Answered and closed by Serve().
+    const uint32_t files = core_.name_space().file_count();
+    if (request->first) {
+      pending_order_.clear();
+      pending_ranges_.clear();
+      pending_is_ranges_ = request->ranges;
+    } else if (request->ranges != pending_is_ranges_) {
+      return absl::InvalidArgumentError("announce: a piece of ranges in an order of files, or the "
+                                        "other way round");
+    }
+    // An order covers some epochs, not an unbounded stream of pieces.
+    const uint64_t limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs, kMaxIdsPerMessage);
+    const uint64_t pending = pending_order_.size() + pending_ranges_.size();
+    if (!request->ranges) {
+      MONARCH_RETURN_IF_ERROR(CheckFileIds(request->file_ids, files, "announce"));
+      if (pending + request->file_ids.size() > limit) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "announce: an order of more than ", limit, " files (", kMaxAnnouncedEpochs,
+            " epochs of the dataset)"));
+      }
+      pending_order_.insert(pending_order_.end(), request->file_ids.begin(),
+                              request->file_ids.end());
+    } else {
+      // Samples are bounded like files, by epochs of the dataset: an epoch
+      // has at most a sample per file, or per 4 KiB of a big file's records.
+      const uint64_t per_epoch =
+          std::max<uint64_t>(files, core_.name_space().total_bytes() / 4096);
+      const uint64_t range_limit =
+          std::max<uint64_t>(per_epoch * kMaxAnnouncedEpochs, kMaxRangesPerMessage);
+      if (pending + request->samples.size() > range_limit) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("announce: an order of more than ", range_limit, " samples"));
+      }
+      for (const FileRange& sample : request->samples) {
+        if (sample.file_id >= files) {
+          return absl::InvalidArgumentError(absl::StrCat("announce: file id ", sample.file_id,
+                                                         " out of range (", files, " files)"));
+        }
+        pending_ranges_.push_back(sample);
+      }
+    }
+    if (request->last) {
+      mark();
+      if (pending_is_ranges_) {
+        // A sample past its file's end is the client's mistake, not a
+        // hostile message: answered, and the connection stays.
+        absl::Status announced = core_.AnnounceRangesOf(pid, pending_ranges_);
+        pending_ranges_ = {};
+        if (!announced.ok()) return SendError(socket, announced);
+      } else {
+        core_.AnnounceOrderOf(pid, std::move(pending_order_));
+        pending_order_ = {};
+      }
+    }
+    return SendFrame(socket, MessageType::kOk, "");
+  }
+
+  // Files the client started reading. Needs no hello: clients send it on a
+  // bare connection, as kReadAhead.
+  absl::Status Consumed(pid_t pid, const Frame& frame) {
+    absl::StatusOr<ConsumedNotice> notice = DecodeConsumedNotice(frame.payload);
+    if (!notice.ok()) return notice.status();
+    // Extents too: a client's first reads of the extents of an order of ranges.
+    MONARCH_RETURN_IF_ERROR(
+        CheckFileIds(notice->file_ids, core_.name_space().entry_count(), "consumed"));
+    core_.ConsumedBy(pid, notice->file_ids.data(), notice->file_ids.size());
+    return absl::OkStatus();  // Not answered: the client does not wait for it.
+  }
+
+  absl::Status ReadAhead(const Frame& frame) {
+    absl::StatusOr<ReadAheadNotice> notice = DecodeReadAheadNotice(frame.payload);
+    if (!notice.ok()) return notice.status();
+    MONARCH_RETURN_IF_ERROR(
+        CheckFileIds({notice->file_id}, core_.name_space().file_count(), "read-ahead"));
+    core_.ReadAheadOf(notice->file_id, notice->end);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckedCopies(int socket, const Frame& frame) {
+    absl::StatusOr<CheckedCopiesRequest> request = DecodeCheckedCopiesRequest(frame.payload);
+    if (!request.ok()) return request.status();
+    MONARCH_RETURN_IF_ERROR(
+        CheckFileIds(request->ids, core_.name_space().entry_count(), "checked copies"));
+    const std::vector<std::optional<SourceIdentity>> checked = core_.CheckedCopiesOf(request->ids);
+    CheckedCopiesReply reply;
+    for (size_t i = 0; i < request->ids.size(); ++i) {
+      if (checked[i]) reply.copies.push_back(CheckedCopyStamp{request->ids[i], *checked[i]});
+    }
+    return SendFrame(socket, MessageType::kCheckedCopiesReply, Encode(reply));
+  }
+
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> miss_bytes{0};
+
+ private:
+  // The longest read order a client may announce, in epochs of the dataset.
+  static constexpr uint64_t kMaxAnnouncedEpochs = 100;
+
+  MonarchCore& core_;
+  const uint64_t buffer_bytes_;
+  // The read order this client is sending in pieces (kAnnounce): file ids,
+  // or samples inside files.
+  std::vector<uint32_t> pending_order_;
+  std::vector<FileRange> pending_ranges_;
+  bool pending_is_ranges_ = false;
+};
+
+// `monarch stage`: promotes the files the request's globs name (all when
+// none), answering with progress until every promotion has landed or
+// `stopping`.
+absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int socket,
+                   const Frame& frame) {
+  absl::StatusOr<StageRequest> request = DecodeStageRequest(frame.payload);
+  if (!request.ok()) return request.status();  // Answered and closed by Serve().
+  const Namespace& ns = core.name_space();
+  const int source = core.tier_count() - 1;
+  // The files to stage, in namespace order, each once.
+  std::vector<uint32_t> ids;
+  if (request->globs.empty()) {
+    for (uint32_t id = 0; id < ns.file_count(); ++id) ids.push_back(id);
+  } else {
+    const frontend::DatasetPaths paths(core.dataset_root());
+    std::vector<bool> chosen(ns.file_count(), false);
+    for (const std::string& glob : request->globs) {
+      const std::string pattern =
+          absl::StartsWith(glob, "/") ? glob : absl::StrCat(core.dataset_root(), "/", glob);
+      for (const std::string& match : frontend::Glob(core, paths, pattern)) {
+        if (const FileEntry* entry = ns.Find(match)) {
+          chosen[entry->ref.id] = true;
+          continue;
+        }
+        // A directory: everything under it.
+        std::string name;
+        if (!paths.ToDatasetName(match, &name)) continue;
+        const std::string prefix = name.empty() ? "" : name + "/";
+        for (uint32_t id = 0; id < ns.file_count(); ++id) {
+          if (absl::StartsWith(ns.entry(id).ref.name, prefix)) chosen[id] = true;
+        }
+      }
+    }
+    for (uint32_t id = 0; id < ns.file_count(); ++id) {
+      if (chosen[id]) ids.push_back(id);
+    }
+  }
+  // A file cached by extents is staged extent by extent (each counted as a
+  // file): it never has a copy of its own.
+  std::vector<uint32_t> copies;
+  copies.reserve(ids.size());
+  for (uint32_t id : ids) {
+    const FileEntry& entry = ns.entry(id);
+    if (entry.extent_count == 0) {
+      copies.push_back(id);
+      continue;
+    }
+    for (uint32_t k = 0; k < entry.extent_count; ++k) copies.push_back(entry.first_extent + k);
+  }
+  ids = std::move(copies);
+  StageProgress progress;
+  progress.files_total = ids.size();
+  for (uint32_t id : ids) progress.bytes_total += ns.entry(id).ref.size;
+  auto measure = [&] {
+    progress.files_done = progress.bytes_done = progress.files_in_tiers = 0;
+    for (uint32_t id : ids) {
+      const FileEntry& entry = ns.entry(id);
+      const bool in_tier = entry.tier->load(std::memory_order_acquire) < source &&
+                           entry.state.load() == PlacementState::kInTier;
+      const bool given_up = entry.state.load() == PlacementState::kStaysOnSource;
+      if (in_tier) ++progress.files_in_tiers;
+      if (in_tier || given_up) {
+        ++progress.files_done;
+        progress.bytes_done += entry.ref.size;
+      }
+    }
+  };
+  auto last_report = std::chrono::steady_clock::now();
+  char scratch[1];
+  for (uint32_t id : ids) {
+    if (stopping.load(std::memory_order_relaxed)) return absl::CancelledError("stopping");
+    // One byte is enough: the first read of a file starts its promotion,
+    // and placement completes it whatever part was read.
+    const FileEntry& entry = ns.entry(id);
+    if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
+      core.ReadFile(id, scratch, 1, 0).IgnoreError();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::milliseconds(250)) {
+      last_report = now;
+      measure();
+      MONARCH_RETURN_IF_ERROR(
+          SendFrame(socket, MessageType::kStageProgress, Encode(progress)));
+    }
+  }
+  // Then until every promotion has landed, still reporting. The wait ends
+  // when placement is idle, which a stop brings about at once (it cancels).
+  std::atomic<bool> idle{false};
+  std::thread waiter([&] {
+    core.WaitForPlacement();
+    idle.store(true);
+  });
+  absl::Status sent;
+  while (!idle.load() && sent.ok()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    measure();
+    sent = SendFrame(socket, MessageType::kStageProgress, Encode(progress));
+  }
+  waiter.join();
+  MONARCH_RETURN_IF_ERROR(sent);
+  measure();
+  progress.finished = 1;
+  return SendFrame(socket, MessageType::kStageProgress, Encode(progress));
+}
+
 }  // namespace
 
 struct NodeService::Connection {
+  Connection(MonarchCore& core, uint64_t buffer_bytes) : requests(core, buffer_bytes) {}
   ScopedFd socket;
   PeerCredentials peer;
   MappedRegion buffer;  // The counters page, then the transfer buffer.
-  std::atomic<uint64_t> misses{0};
-  std::atomic<uint64_t> miss_bytes{0};
+  ClientRequests requests;
   std::atomic<bool> finished{false};
   std::thread thread;
-  // The read order this client is sending in pieces (kAnnounce): file ids,
-  // or samples inside files.
-  std::vector<uint32_t> pending_order;
-  std::vector<MonarchCore::FileRange> pending_ranges;
-  bool pending_is_ranges = false;
 
   // The client's own counters; null before the handshake.
   const ClientCounters* counters() const {
@@ -135,20 +422,7 @@ absl::Status NodeService::Init(ScopedFd lock) {
   MONARCH_ASSIGN_OR_RETURN(image_fd_, WriteNamespaceImage(core_->name_space()));
   if (config_->node.metrics_port > 0) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics = MetricsHttpServer::Start(
-        config_->node.metrics_port, [this] {
-          StatsReply stats = NodeStats();
-          std::string text = stats.node.ToPrometheus();
-          absl::StrAppend(&text,
-                          "# HELP monarch_client_reads Reads each client process served itself "
-                          "(hits) or through the service (misses).\n"
-                          "# TYPE monarch_client_reads counter\n");
-          for (const ClientStats& c : stats.clients) {
-            absl::StrAppend(&text, "monarch_client_reads{pid=\"", c.pid, "\",via=\"hit\"} ",
-                            c.hits, "\nmonarch_client_reads{pid=\"", c.pid,
-                            "\",via=\"service\"} ", c.misses, "\n");
-          }
-          return text;
-        });
+        config_->node.metrics_port, [this] { return MetricsText(NodeStats()); });
     if (!metrics.ok()) {
       return absl::Status(metrics.status().code(),
                           absl::StrCat("node.metrics_port: ", metrics.status().message()));
@@ -232,7 +506,7 @@ void NodeService::AcceptLoop() {
                                 : peer.status().ToString(),
                       ": only uid ", ::geteuid(), " may use this service");
         } else {
-          auto connection = std::make_unique<Connection>();
+          auto connection = std::make_unique<Connection>(*core_, options_.buffer_bytes);
           connection->socket = std::move(socket);
           connection->peer = *peer;
           Connection* raw = connection.get();
@@ -333,7 +607,7 @@ void NodeService::Serve(Connection* c) {
     switch (frame->type) {
       case MessageType::kRead:
         status = c->counters() == nullptr ? absl::InvalidArgumentError("read before hello")
-                                          : HandleRead(c, *frame);
+                                          : c->requests.Read(c->socket.get(), c->transfer(), *frame);
         break;
       case MessageType::kStats:
         status = SendFrame(c->socket.get(), MessageType::kStatsReply, Encode(NodeStats()));
@@ -342,28 +616,26 @@ void NodeService::Serve(Connection* c) {
         status = SendFrame(c->socket.get(), MessageType::kStatusReply, Encode(Status()));
         break;
       case MessageType::kStage:
-        status = HandleStage(c, *frame);
+        status = Stage(*core_, stopping_, c->socket.get(), *frame);
         break;
       case MessageType::kAnnounce:
-        status = c->counters() == nullptr ? absl::InvalidArgumentError("announce before hello")
-                                          : HandleAnnounce(c, *frame);
+        status = c->counters() == nullptr
+                     ? absl::InvalidArgumentError("announce before hello")
+                     : c->requests.Announce(c->socket.get(), c->peer.pid, *frame, [&] {
+                         MutexLock lock(&mu_);
+                         announced_pids_.insert(c->peer.pid);
+                       });
         break;
-      case MessageType::kConsumed:  // Needs no hello: clients send it on a bare connection.
-        status = HandleConsumed(c, *frame);
+      case MessageType::kConsumed:
+        status = c->requests.Consumed(c->peer.pid, *frame);
         break;
-      case MessageType::kReadAhead: {  // As kConsumed.
-        absl::StatusOr<ReadAheadNotice> notice = DecodeReadAheadNotice(frame->payload);
-        status = notice.status();
-        if (notice.ok()) {
-          status = CheckFileIds({notice->file_id}, core_->name_space().file_count(), "read-ahead");
-        }
-        if (status.ok()) core_->ReadAheadOf(notice->file_id, notice->end);
+      case MessageType::kReadAhead:
+        status = c->requests.ReadAhead(*frame);
         break;
-      }
       case MessageType::kCheckedCopies:
         status = c->counters() == nullptr
                      ? absl::InvalidArgumentError("checked copies before hello")
-                     : HandleCheckedCopies(c, *frame);
+                     : c->requests.CheckedCopies(c->socket.get(), *frame);
         break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
@@ -431,239 +703,9 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
   }
   HelloReply reply;
   reply.instance_id = instance_id_;
-  reply.service_pid = static_cast<uint32_t>(::getpid());
-  reply.file_count = core_->name_space().file_count();
-  reply.max_open_files = static_cast<uint32_t>(core_->max_open_files());
   reply.buffer_bytes = options_.buffer_bytes;
-  reply.dataset_root = core_->dataset_root();
-  // Clients get read-only reopenings of the shared regions: they can map
-  // them but never write them. The transfer buffer is the exception (its
-  // first page holds the client's counters).
-  std::vector<ScopedFd> owned;
-  MONARCH_ASSIGN_OR_RETURN(ScopedFd image, ReopenReadOnly(image_fd_.get()));
-  MONARCH_ASSIGN_OR_RETURN(ScopedFd slots, ReopenReadOnly(tier_slots_fd_.get()));
-  owned.push_back(std::move(image));
-  owned.push_back(std::move(slots));
-  std::vector<int> fds = {owned[0].get(), owned[1].get(), buffer_fd.get()};
-  for (int t = 0; t < core_->tier_count(); ++t) {
-    const TierConfig& tier = core_->tier_config(t);
-    TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0,
-                                tier.huge_pages};
-    for (int fd : core_->SharedMemoryDescriptors(t)) {
-      MONARCH_ASSIGN_OR_RETURN(ScopedFd reopened, ReopenReadOnly(fd));
-      fds.push_back(reopened.get());
-      owned.push_back(std::move(reopened));
-      ++description.descriptors;
-    }
-    reply.tiers.push_back(std::move(description));
-  }
-  return SendFrame(c->socket.get(), MessageType::kHelloReply, Encode(reply), fds);
-}
-
-absl::Status NodeService::HandleRead(Connection* c, const Frame& frame) {
-  absl::StatusOr<ReadRequest> request = DecodeReadRequest(frame.payload);
-  if (!request.ok()) return request.status();  // Answered and closed by Serve().
-  if (request->length > options_.buffer_bytes) {
-    return SendError(c->socket.get(),
-                     absl::InvalidArgumentError(absl::StrCat(
-                         "read of ", request->length, " bytes is larger than the transfer buffer (",
-                         options_.buffer_bytes, ")")));
-  }
-  // A file's id, or an extent's (a client reads a file cached by extents
-  // extent by extent, as the service would).
-  absl::StatusOr<size_t> n = core_->ReadFile(request->file_id, c->transfer(),
-                                             static_cast<size_t>(request->length),
-                                             request->offset);
-  if (!n.ok()) return SendError(c->socket.get(), n.status());
-  c->misses.fetch_add(1, std::memory_order_relaxed);
-  c->miss_bytes.fetch_add(*n, std::memory_order_relaxed);
-  return SendFrame(c->socket.get(), MessageType::kReadReply, Encode(ReadReply{*n}));
-}
-
-absl::Status NodeService::HandleAnnounce(Connection* c, const Frame& frame) {
-  absl::StatusOr<AnnounceRequest> request = DecodeAnnounceRequest(frame.payload);
-  if (!request.ok()) return request.status();  // Answered and closed by Serve().
-  const uint32_t files = core_->name_space().file_count();
-  if (request->first) {
-    c->pending_order.clear();
-    c->pending_ranges.clear();
-    c->pending_is_ranges = request->ranges;
-  } else if (request->ranges != c->pending_is_ranges) {
-    return absl::InvalidArgumentError("announce: a piece of ranges in an order of files, or the "
-                                      "other way round");
-  }
-  // An order covers some epochs, not an unbounded stream of pieces.
-  const uint64_t limit = std::max<uint64_t>(uint64_t{files} * kMaxAnnouncedEpochs, kMaxIdsPerMessage);
-  const uint64_t pending = c->pending_order.size() + c->pending_ranges.size();
-  if (!request->ranges) {
-    MONARCH_RETURN_IF_ERROR(CheckFileIds(request->file_ids, files, "announce"));
-    if (pending + request->file_ids.size() > limit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "announce: an order of more than ", limit, " files (", kMaxAnnouncedEpochs,
-          " epochs of the dataset)"));
-    }
-    c->pending_order.insert(c->pending_order.end(), request->file_ids.begin(),
-                            request->file_ids.end());
-  } else {
-    // Samples are bounded like files, by epochs of the dataset: an epoch
-    // has at most a sample per file, or per 4 KiB of a big file's records.
-    const uint64_t per_epoch =
-        std::max<uint64_t>(files, core_->name_space().total_bytes() / 4096);
-    const uint64_t range_limit =
-        std::max<uint64_t>(per_epoch * kMaxAnnouncedEpochs, kMaxRangesPerMessage);
-    if (pending + request->samples.size() > range_limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("announce: an order of more than ", range_limit, " samples"));
-    }
-    for (const AnnouncedRange& sample : request->samples) {
-      if (sample.file_id >= files) {
-        return absl::InvalidArgumentError(absl::StrCat("announce: file id ", sample.file_id,
-                                                       " out of range (", files, " files)"));
-      }
-      c->pending_ranges.push_back({sample.file_id, sample.offset, sample.length});
-    }
-  }
-  if (request->last) {
-    {
-      MutexLock lock(&mu_);
-      announced_pids_.insert(c->peer.pid);
-    }
-    if (c->pending_is_ranges) {
-      // A sample past its file's end is the client's mistake, not a
-      // hostile message: answered, and the connection stays.
-      absl::Status announced = core_->AnnounceRangesOf(c->peer.pid, c->pending_ranges);
-      c->pending_ranges = {};
-      if (!announced.ok()) return SendError(c->socket.get(), announced);
-    } else {
-      core_->AnnounceOrderOf(c->peer.pid, std::move(c->pending_order));
-      c->pending_order = {};
-    }
-  }
-  return SendFrame(c->socket.get(), MessageType::kOk, "");
-}
-
-absl::Status NodeService::HandleConsumed(Connection* c, const Frame& frame) {
-  absl::StatusOr<ConsumedNotice> notice = DecodeConsumedNotice(frame.payload);
-  if (!notice.ok()) return notice.status();
-  // Extents too: a client's first reads of the extents of an order of ranges.
-  MONARCH_RETURN_IF_ERROR(
-      CheckFileIds(notice->file_ids, core_->name_space().entry_count(), "consumed"));
-  core_->ConsumedBy(c->peer.pid, notice->file_ids.data(), notice->file_ids.size());
-  return absl::OkStatus();  // Not answered: the client does not wait for it.
-}
-
-absl::Status NodeService::HandleCheckedCopies(Connection* c, const Frame& frame) {
-  absl::StatusOr<CheckedCopiesRequest> request = DecodeCheckedCopiesRequest(frame.payload);
-  if (!request.ok()) return request.status();
-  MONARCH_RETURN_IF_ERROR(
-      CheckFileIds(request->ids, core_->name_space().entry_count(), "checked copies"));
-  const std::vector<std::optional<SourceIdentity>> checked = core_->CheckedCopiesOf(request->ids);
-  CheckedCopiesReply reply;
-  for (size_t i = 0; i < request->ids.size(); ++i) {
-    if (checked[i]) reply.copies.push_back(CheckedCopyStamp{request->ids[i], *checked[i]});
-  }
-  return SendFrame(c->socket.get(), MessageType::kCheckedCopiesReply, Encode(reply));
-}
-
-absl::Status NodeService::HandleStage(Connection* c, const Frame& frame) {
-  absl::StatusOr<StageRequest> request = DecodeStageRequest(frame.payload);
-  if (!request.ok()) return request.status();  // Answered and closed by Serve().
-  const Namespace& ns = core_->name_space();
-  const int source = core_->tier_count() - 1;
-  // The files to stage, in namespace order, each once.
-  std::vector<uint32_t> ids;
-  if (request->globs.empty()) {
-    for (uint32_t id = 0; id < ns.file_count(); ++id) ids.push_back(id);
-  } else {
-    const frontend::DatasetPaths paths(core_->dataset_root());
-    std::vector<bool> chosen(ns.file_count(), false);
-    for (const std::string& glob : request->globs) {
-      const std::string pattern =
-          absl::StartsWith(glob, "/") ? glob : absl::StrCat(core_->dataset_root(), "/", glob);
-      for (const std::string& match : frontend::Glob(*core_, paths, pattern)) {
-        if (const FileEntry* entry = ns.Find(match)) {
-          chosen[entry->ref.id] = true;
-          continue;
-        }
-        // A directory: everything under it.
-        std::string name;
-        if (!paths.ToDatasetName(match, &name)) continue;
-        const std::string prefix = name.empty() ? "" : name + "/";
-        for (uint32_t id = 0; id < ns.file_count(); ++id) {
-          if (absl::StartsWith(ns.entry(id).ref.name, prefix)) chosen[id] = true;
-        }
-      }
-    }
-    for (uint32_t id = 0; id < ns.file_count(); ++id) {
-      if (chosen[id]) ids.push_back(id);
-    }
-  }
-  // A file cached by extents is staged extent by extent (each counted as a
-  // file): it never has a copy of its own.
-  std::vector<uint32_t> copies;
-  copies.reserve(ids.size());
-  for (uint32_t id : ids) {
-    const FileEntry& entry = ns.entry(id);
-    if (entry.extent_count == 0) {
-      copies.push_back(id);
-      continue;
-    }
-    for (uint32_t k = 0; k < entry.extent_count; ++k) copies.push_back(entry.first_extent + k);
-  }
-  ids = std::move(copies);
-  StageProgress progress;
-  progress.files_total = ids.size();
-  for (uint32_t id : ids) progress.bytes_total += ns.entry(id).ref.size;
-  auto measure = [&] {
-    progress.files_done = progress.bytes_done = progress.files_in_tiers = 0;
-    for (uint32_t id : ids) {
-      const FileEntry& entry = ns.entry(id);
-      const bool in_tier = entry.tier->load(std::memory_order_acquire) < source &&
-                           entry.state.load() == PlacementState::kInTier;
-      const bool given_up = entry.state.load() == PlacementState::kStaysOnSource;
-      if (in_tier) ++progress.files_in_tiers;
-      if (in_tier || given_up) {
-        ++progress.files_done;
-        progress.bytes_done += entry.ref.size;
-      }
-    }
-  };
-  auto last_report = std::chrono::steady_clock::now();
-  char scratch[1];
-  for (uint32_t id : ids) {
-    if (stopping_.load(std::memory_order_relaxed)) return absl::CancelledError("stopping");
-    // One byte is enough: the first read of a file starts its promotion,
-    // and placement completes it whatever part was read.
-    const FileEntry& entry = ns.entry(id);
-    if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
-      core_->ReadFile(id, scratch, 1, 0).IgnoreError();
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_report > std::chrono::milliseconds(250)) {
-      last_report = now;
-      measure();
-      MONARCH_RETURN_IF_ERROR(
-          SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress)));
-    }
-  }
-  // Then until every promotion has landed, still reporting. The wait ends
-  // when placement is idle, which a stop brings about at once (it cancels).
-  std::atomic<bool> idle{false};
-  std::thread waiter([&] {
-    core_->WaitForPlacement();
-    idle.store(true);
-  });
-  absl::Status sent;
-  while (!idle.load() && sent.ok()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    measure();
-    sent = SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress));
-  }
-  waiter.join();
-  MONARCH_RETURN_IF_ERROR(sent);
-  measure();
-  progress.finished = 1;
-  return SendFrame(c->socket.get(), MessageType::kStageProgress, Encode(progress));
+  return SendHelloReply(*core_, std::move(reply), c->socket.get(), image_fd_.get(),
+                        tier_slots_fd_.get(), buffer_fd.get());
 }
 
 StatsReply NodeService::NodeStats() {
@@ -681,8 +723,8 @@ StatsReply NodeService::NodeStats() {
       ClientStats& client = clients[static_cast<uint32_t>(c->peer.pid)];
       client.pid = static_cast<uint32_t>(c->peer.pid);
       ++client.connections;
-      client.misses += c->misses.load(std::memory_order_relaxed);
-      client.miss_bytes += c->miss_bytes.load(std::memory_order_relaxed);
+      client.misses += c->requests.misses.load(std::memory_order_relaxed);
+      client.miss_bytes += c->requests.miss_bytes.load(std::memory_order_relaxed);
       const ClientCounters* counters = c->counters();
       if (counters == nullptr || c->finished.load(std::memory_order_acquire)) continue;
       fallbacks += counters->source_fallbacks.load(std::memory_order_relaxed);

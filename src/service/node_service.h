@@ -97,13 +97,6 @@ class NodeService {
   void AcceptLoop();
   void Serve(Connection* connection);
   absl::Status Handshake(Connection* connection, const Frame& hello);
-  absl::Status HandleRead(Connection* connection, const Frame& frame);
-  absl::Status HandleCheckedCopies(Connection* connection, const Frame& frame);
-  absl::Status HandleStage(Connection* connection, const Frame& frame);
-  absl::Status HandleAnnounce(Connection* connection, const Frame& frame);
-  absl::Status HandleConsumed(Connection* connection, const Frame& frame);
-  // The longest read order a client may announce, in epochs of the dataset.
-  static constexpr uint64_t kMaxAnnouncedEpochs = 100;
   StatusReply Status();
   void Shutdown();
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -300,7 +300,7 @@ std::string Encode(const AnnounceRequest& m) {
     return w.Take();
   }
   w.Put(static_cast<uint32_t>(m.samples.size()));
-  for (const AnnouncedRange& sample : m.samples) {
+  for (const FileRange& sample : m.samples) {
     w.Put(sample.file_id).Put(sample.offset).Put(sample.length);
   }
   return w.Take();
@@ -319,7 +319,7 @@ absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload)
   } else {
     const uint32_t count = r.GetCount(20);
     m.samples.resize(count);
-    for (AnnouncedRange& sample : m.samples) {
+    for (FileRange& sample : m.samples) {
       sample.file_id = r.Get<uint32_t>();
       sample.offset = r.Get<uint64_t>();
       sample.length = r.Get<uint64_t>();

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
 #include "drivers/storage_driver.h"  // SourceIdentity.
+#include "metadata/namespace.h"        // FileRange.
 #include "monarch/stats.h"
 
 namespace monarch::service {
@@ -145,13 +146,6 @@ struct StatsReply {
   std::vector<ClientStats> clients;
 };
 
-// A sample inside a file (Monarch::SampleRange, by file id).
-struct AnnouncedRange {
-  uint32_t file_id = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;  // 0: to the end of the file.
-};
-
 // A client's read order for prefetch (Monarch::AnnounceOrder), sent in
 // pieces of at most kMaxIdsPerMessage file ids, or (AnnounceRanges) of at
 // most kMaxRangesPerMessage ranges. An order is one or the other: its first
@@ -161,7 +155,7 @@ struct AnnounceRequest {
   bool last = true;   // The order is complete: the service announces it.
   std::vector<uint32_t> file_ids;
   bool ranges = false;  // This piece holds `samples`, not `file_ids`.
-  std::vector<AnnouncedRange> samples;
+  std::vector<FileRange> samples;  // Monarch::SampleRange, by file id.
 };
 // Files a client started reading (hits included, which the service does not
 // see otherwise): they free the prefetch lookahead.
