@@ -16,12 +16,17 @@
 #ifndef MONARCH_COMMON_PROCESS_MAPPINGS_H_
 #define MONARCH_COMMON_PROCESS_MAPPINGS_H_
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 
 namespace monarch {
 
@@ -60,6 +65,32 @@ int64_t BootTimeNanos();
 // `files`; for FindPrivateMappings and its tests.
 bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey>& files,
                          MappedFileRange* range);
+
+// Who maps what, for the instance that hands its RAM tiers' copies out to
+// be mapped in place (to itself and to a node service's clients): a tier
+// that wants room asks it to walk the node's processes, and frees the
+// copies it held that the walk finds nobody mapping
+// (SharedCopies::ReleaseUnmapped). Walks read every process's maps, so a
+// tier has at most one at a time, and one a second; one that cannot rule a
+// process out is logged, once a tier. Thread-safe.
+class MappingWatch {
+ public:
+  using Walk = absl::FunctionRef<absl::StatusOr<std::vector<MappedFileRange>>(
+      const std::vector<MappedFileKey>& files, int64_t since)>;
+  // For tiers 0..tiers-1.
+  explicit MappingWatch(int tiers) : tiers_(new PerTier[tiers > 0 ? tiers : 0]) {}
+  // Calls `release` (which calls its walk at most once) unless tier `tier`
+  // walked less than a second ago (0), and returns what it returns.
+  uint64_t ReleaseUnmapped(int tier, absl::FunctionRef<uint64_t(Walk walk)> release);
+
+ private:
+  struct PerTier {
+    Mutex mu;
+    std::optional<std::chrono::steady_clock::time_point> last_walk ABSL_GUARDED_BY(mu);
+    bool warned ABSL_GUARDED_BY(mu) = false;
+  };
+  const std::unique_ptr<PerTier[]> tiers_;
+};
 
 }  // namespace monarch
 

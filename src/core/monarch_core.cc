@@ -140,7 +140,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
     case TierKind::kRam: {
       RamTierOptions options;
       // A home's RAM copies keep their block CRCs: peers are sent them
-      // without a checksum pass (StorageDriver::InMemoryBytes).
+      // without a checksum pass (SharedCopies::InMemoryBytes).
       options.keep_block_sums = config.remote.enabled;
       options.huge_pages = tier.huge_pages;
       // Under memory.watch its memory must be releasable when it shrinks.
@@ -197,7 +197,6 @@ class LocalFiles {
     for (const auto& tier : *tiers) {
       const TierKind kind = tier->config().kind;
       file_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem);
-      mappable_tier_.push_back(file_tier_.back() || kind == TierKind::kRam);
     }
   }
 
@@ -277,8 +276,10 @@ class LocalFiles {
                                                            const std::vector<int>& tiers) {
     std::vector<std::optional<SourceIdentity>> checked(pieces.size());
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (tiers[i] >= 0 && tiers[i] < source_index_ && mappable_tier_[tiers[i]]) {
-        checked[i] = tiers_[tiers[i]]->driver().CheckedWhole(pieces[i]->ref);
+      CopyMapping* mapping =
+          tiers[i] >= 0 && tiers[i] < source_index_ ? tiers_[tiers[i]]->can().mapping : nullptr;
+      if (mapping != nullptr) {
+        checked[i] = mapping->MarkMapped(pieces[i]->ref);
       }
     }
     return checked;
@@ -293,7 +294,7 @@ class LocalFiles {
     const bool visited = tier != source_index_ &&
                          tiers_[tier]
                              ->VisitInMemory(file->ref, offset, n,
-                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
+                                             [visit](const SharedCopies::InMemoryBytes& bytes) {
                                                visit(bytes.data, bytes.crc32c);
                                              })
                              .ok();
@@ -318,7 +319,10 @@ class LocalFiles {
     if (speeds_->TrySourceFirst(tier, n)) {
       Tier& source = *tiers_[source_index_];
       const Clock::time_point start = Clock::now();
-      absl::StatusOr<size_t> got = source.driver().ReadIfInMemory(file->ref, offset, dst, n);
+      InMemoryReads* in_memory = source.can().in_memory;
+      absl::StatusOr<size_t> got = in_memory != nullptr
+                                       ? in_memory->ReadIfInMemory(file->ref, offset, dst, n)
+                                       : absl::UnimplementedError("cannot tell");
       const uint64_t ns = since(start);
       if (absl::IsUnimplemented(got.status())) {
         speeds_->Disable();
@@ -349,7 +353,6 @@ class LocalFiles {
   Prefetcher* const prefetcher_;
   ReadSpeeds* const speeds_;
   std::vector<bool> file_tier_;  // By tier index: posix or pmem.
-  std::vector<bool> mappable_tier_;  // By tier index: posix, pmem or RAM (MapCopiesFound).
   const bool pins_;
 };
 
@@ -360,7 +363,8 @@ class MonarchImpl final : public MonarchCore {
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
-        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr}),
+        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr,
+                         nullptr}),
         tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(parts_->ns.get()),
@@ -383,9 +387,10 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<PlacementPolicy> policy = NewPlacementPolicy(
         config_.placement.policy, peers_ != nullptr ? peers_->HomeShare() : KeptShare{});
     const bool governed = MemoryGovernor::Wanted(config_);
-    parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
-                                                           config_.placement,
-                                                           /*pin_readers=*/governed);
+    parts_->mappings = std::make_unique<MappingWatch>(static_cast<int>(tiers_.size()));
+    parts_->placement = std::make_unique<PlacementHandler>(
+        &tiers_, namespace_, std::move(policy), config_.placement,
+        /*pin_readers=*/governed, parts_->mappings.get());
     placement_ = parts_->placement.get();
     PrefetchConfig prefetch = config_.prefetch;
     if (placement_->evicts()) {
@@ -621,7 +626,8 @@ class MonarchImpl final : public MonarchCore {
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
   const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
   std::vector<int> SharedMemoryDescriptors(int tier) const override {
-    return tiers_[tier]->driver().SharedMemoryDescriptors();
+    const SharedCopies* shared = tiers_[tier]->can().shared;
+    return shared != nullptr ? shared->SharedMemoryDescriptors() : std::vector<int>{};
   }
   int max_open_files() const override { return config_.placement.max_open_files; }
   void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) override {
@@ -700,9 +706,10 @@ class MonarchImpl final : public MonarchCore {
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
-      if (!tier.is_cache()) continue;
-      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name,
-                                                           const SourceIdentity* source) {
+      KeptCopies* kept = tier.can().kept;
+      if (!tier.is_cache() || kept == nullptr) continue;
+      MONARCH_RETURN_IF_ERROR(kept->ScanCopies([&](absl::string_view name,
+                                                   const SourceIdentity* source) {
         FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
         const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id);
@@ -714,7 +721,7 @@ class MonarchImpl final : public MonarchCore {
           tier.Commit(entry->ref.size);
           entry->tier->store(t, std::memory_order_release);
           entry->state.store(PlacementState::kInTier);
-          tier.driver().CopyAdopted(entry->ref);
+          kept->CopyAdopted(entry->ref);
           ++warm_reused_;
           return;
         }
@@ -738,6 +745,7 @@ class MonarchImpl final : public MonarchCore {
   struct Parts {
     std::vector<std::unique_ptr<Tier>> tiers;  // Cache tiers, the peers tier if any, the source.
     std::unique_ptr<Namespace> ns;
+    std::unique_ptr<MappingWatch> mappings;  // Who maps the RAM copies it hands out.
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
     std::unique_ptr<ReadSpeeds> speeds;  // placement.route_by_speed; may be null.

@@ -8,7 +8,7 @@
 // read from the device, while the same bytes may sit in the page cache of
 // the source, a local file system or a PFS client's cache. Taking them from
 // there costs the PFS nothing: the source is asked with RWF_NOWAIT
-// (StorageDriver::ReadIfInMemory), which never reads the device or the
+// (InMemoryReads::ReadIfInMemory), which never reads the device or the
 // network, so every source byte is still read from it once.
 //
 // The model keeps, per file tier, an exponentially weighted mean of its
