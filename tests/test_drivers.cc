@@ -754,7 +754,7 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
   MappingWatch watch(2);
   int watched = 0;
   auto watch_release = [&](int tier) {
-    return watch.ReleaseUnmapped(tier, [&](MappingWatch::Walk walk) {
+    return watch.ReleaseUnmapped(tier, [&](MappingWalk walk) {
       return shared->ReleaseUnmapped(
           [&](const std::vector<MappedFileKey>& files, int64_t since) {
             ++watched;

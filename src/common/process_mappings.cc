@@ -137,7 +137,8 @@ absl::StatusOr<std::vector<MappedFileRange>> FindPrivateMappings(
   return found;
 }
 
-uint64_t MappingWatch::ReleaseUnmapped(int tier, absl::FunctionRef<uint64_t(Walk walk)> release) {
+uint64_t MappingWatch::ReleaseUnmapped(int tier,
+                                       absl::FunctionRef<uint64_t(MappingWalk walk)> release) {
   PerTier& state = tiers_[tier];
   MutexLock lock(&state.mu);
   const auto now = std::chrono::steady_clock::now();

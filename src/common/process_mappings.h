@@ -66,22 +66,24 @@ int64_t BootTimeNanos();
 bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey>& files,
                          MappedFileRange* range);
 
+// A walk of every process's private mappings of `files`, whose memory was
+// first handed out at `since` (FindPrivateMappings, or a test's).
+using MappingWalk = absl::FunctionRef<absl::StatusOr<std::vector<MappedFileRange>>(
+    const std::vector<MappedFileKey>& files, int64_t since)>;
+
 // Who maps what, for the instance that hands its RAM tiers' copies out to
 // be mapped in place (to itself and to a node service's clients): a tier
-// that wants room asks it to walk the node's processes, and frees the
-// copies it held that the walk finds nobody mapping
-// (SharedCopies::ReleaseUnmapped). Walks read every process's maps, so a
-// tier has at most one at a time, and one a second; one that cannot rule a
-// process out is logged, once a tier. Thread-safe.
+// that wants room asks it for a walk of the node's processes, and frees
+// the copies it held that nobody maps (SharedCopies::ReleaseUnmapped). A
+// walk reads every process's maps: a tier has one at a time, one a second
+// at most. One that cannot rule a process out is logged once a tier.
+// Thread-safe.
 class MappingWatch {
  public:
-  using Walk = absl::FunctionRef<absl::StatusOr<std::vector<MappedFileRange>>(
-      const std::vector<MappedFileKey>& files, int64_t since)>;
-  // For tiers 0..tiers-1.
-  explicit MappingWatch(int tiers) : tiers_(new PerTier[tiers > 0 ? tiers : 0]) {}
-  // Calls `release` (which calls its walk at most once) unless tier `tier`
-  // walked less than a second ago (0), and returns what it returns.
-  uint64_t ReleaseUnmapped(int tier, absl::FunctionRef<uint64_t(Walk walk)> release);
+  explicit MappingWatch(int tiers) : tiers_(new PerTier[tiers]) {}  // Tiers 0..tiers-1.
+  // Calls `release` (which walks at most once) unless tier `tier` walked
+  // less than a second ago (0), and returns what it returns.
+  uint64_t ReleaseUnmapped(int tier, absl::FunctionRef<uint64_t(MappingWalk walk)> release);
 
  private:
   struct PerTier {

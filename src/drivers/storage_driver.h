@@ -290,8 +290,6 @@ class SharedCopies {
   // mapping is no longer maybe mapped, unless marked since it started.
   // Calls `walk` once, only while some copy is held or marked (else 0); a
   // walk that fails (it could not rule a process out) frees nothing.
-  using MappingWalk = absl::FunctionRef<absl::StatusOr<std::vector<MappedFileRange>>(
-      const std::vector<MappedFileKey>& files, int64_t since)>;
   virtual uint64_t ReleaseUnmapped(MappingWalk walk) = 0;
 };
 

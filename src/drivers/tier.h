@@ -70,6 +70,12 @@ class Tier {
   static uint64_t MaxFootprint(uint64_t file_bytes);
   // Bytes a copy of a `file_bytes` file takes in this tier.
   uint64_t Footprint(uint64_t file_bytes) const;
+  // SharedCopies': what eviction passes over (a copy a process may map),
+  // and what counts against the capacity beside the reservations.
+  bool MayBeMapped(const FileRef& file) const {
+    return can_.shared != nullptr && can_.shared->MayBeMapped(file);
+  }
+  uint64_t HeldBytes() const { return can_.shared != nullptr ? can_.shared->HeldBytes() : 0; }
   // Room left for new copies: capacity minus complete and reserved ones,
   // and removed ones still held for mappings (SharedCopies::HeldBytes).
   uint64_t free_bytes() const {
@@ -101,7 +107,6 @@ class Tier {
   const TierConfig config_;
   const std::unique_ptr<StorageDriver> driver_;
   const DriverCapabilities can_;
-  uint64_t HeldBytes() const { return can_.shared != nullptr ? can_.shared->HeldBytes() : 0; }
 
   std::atomic<uint64_t> limit_;         // Capacity, lowered by MarkFull().
   std::atomic<uint64_t> committed_{0};  // Bytes of complete copies, trailers included.

@@ -62,7 +62,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
     if (pins_->TakeReference(id)) continue;  // Second chance.
     if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
-    if (MayBeMapped(tier, victim)) continue;  // Evicted, it would only be held.
+    if (tier.MayBeMapped(victim.ref)) continue;  // Evicted, it would only be held.
     EvictLocked(victim, target);
   }
   if (tier.free_bytes() >= need) return true;
@@ -89,7 +89,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
     if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
     if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
     // A copy a process maps frees no memory when dropped: it is held.
-    if (pins_->IsPinned(id) || MayBeMapped(tier, victim)) continue;
+    if (pins_->IsPinned(id) || tier.MayBeMapped(victim.ref)) continue;
     const uint64_t size = victim.ref.size;
     int lower = -1;
     for (int t = tier_index + 1; t < first_origin_; ++t) {
@@ -116,7 +116,7 @@ void Evictor::ReleaseUnmapped(int tier) {
   SharedCopies* shared = (*tiers_)[tier]->can().shared;
   if (shared == nullptr || mappings_ == nullptr) return;
   mappings_->ReleaseUnmapped(
-      tier, [shared](MappingWatch::Walk walk) { return shared->ReleaseUnmapped(walk); });
+      tier, [shared](MappingWalk walk) { return shared->ReleaseUnmapped(walk); });
 }
 
 bool Evictor::WantsFasterTier(const FileEntry& entry) const {
@@ -155,7 +155,7 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
       const FileEntry& candidate = namespace_->entry(id);
       if (candidate.tier->load(std::memory_order_acquire) != target) continue;
       if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
-      if (MayBeMapped(tier, candidate)) continue;
+      if (tier.MayBeMapped(candidate.ref)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {

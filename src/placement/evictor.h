@@ -151,12 +151,8 @@ class Evictor final {
   // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
   bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the copies tier `tier` holds for mappings that nobody maps any
-  // more (a walk of the node's processes: outside mu_); whether a process
-  // may map `entry`'s copy there, which eviction then passes over.
+  // more (a walk of the node's processes: outside mu_).
   void ReleaseUnmapped(int tier) ABSL_LOCKS_EXCLUDED(mu_);
-  bool MayBeMapped(const Tier& tier, const FileEntry& entry) const {
-    return tier.can().shared != nullptr && tier.can().shared->MayBeMapped(entry.ref);
-  }
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
   const Namespace* const namespace_;
