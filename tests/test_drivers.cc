@@ -158,24 +158,27 @@ TEST_CASE("ram driver round trip") {
 
 TEST_CASE("ram driver: a copy's bytes where they rest, for a peer to send without a staging copy") {
   std::unique_ptr<StorageDriver> driver = MustRam();
+  SharedCopies* shared = driver->capabilities().shared;
+  REQUIRE(shared != nullptr);
   const FileRef a = Ref(2, "a.bin", 300000);
   REQUIRE(Store(*driver, a, 4).ok());
   const char* seen = nullptr;
-  REQUIRE(driver->VisitInMemory(a, 1000, 5000, [&](const auto& bytes) { seen = bytes.data; }).ok());
+  REQUIRE(shared->VisitInMemory(a, 1000, 5000, [&](const auto& bytes) { seen = bytes.data; }).ok());
   REQUIRE(seen != nullptr);
   CHECK(testing::BytesMatch({"a", 4, a.size}, seen, 1000, 5000));
   // A range past the copy's end is refused rather than clipped.
-  CHECK(absl::IsOutOfRange(driver->VisitInMemory(a, a.size - 10, 20, [](const auto&) {})));
+  CHECK(absl::IsOutOfRange(shared->VisitInMemory(a, a.size - 10, 20, [](const auto&) {})));
   // Removed (its memory free for reuse): no view at all.
   REQUIRE(driver->Remove(a).ok());
   bool visited = false;
-  CHECK(absl::IsNotFound(driver->VisitInMemory(a, 0, 10, [&](const auto&) { visited = true; })));
+  CHECK(absl::IsNotFound(shared->VisitInMemory(a, 0, 10, [&](const auto&) { visited = true; })));
   CHECK(!visited);
   // File-backed tiers have no copies in memory: they are read into staging.
   ScratchDir dir;
   std::unique_ptr<StorageDriver> posix = NewPosixDriver(dir.path(), 8);
-  REQUIRE(Store(*posix, a, 4).ok());
-  CHECK(absl::IsUnimplemented(posix->VisitInMemory(a, 0, 10, [](const auto&) {})));
+  CHECK(posix->capabilities().shared == nullptr);
+  Tier tier(testing::RamTier(1 << 20), std::move(posix));
+  CHECK(absl::IsUnimplemented(tier.VisitInMemory(a, 0, 10, [](const auto&) {})));
 }
 
 TEST_CASE("posix driver round trip, layout and mtime") {
@@ -293,8 +296,8 @@ TEST_CASE("scans report complete copies and clean up dead writers' temporaries")
   std::ofstream(dir.path() + "/stray.bin") << "not a copy";
 
   std::vector<std::tuple<std::string, uint64_t, int64_t>> seen;
-  REQUIRE(driver
-              ->ScanCopies([&](absl::string_view name, const SourceIdentity* source) {
+  REQUIRE(driver->capabilities()
+              .kept->ScanCopies([&](absl::string_view name, const SourceIdentity* source) {
                 if (source == nullptr) {
                   seen.emplace_back(std::string(name), 0, -1);
                 } else {
@@ -492,10 +495,10 @@ std::vector<std::string> StoreNumberedFiles(StorageDriver& ram, uint32_t count, 
 }
 
 // A client's view of the RAM tier `ram`, made from its shared descriptors.
-std::unique_ptr<StorageDriver> ReaderOf(const StorageDriver& ram, uint32_t file_count,
+std::unique_ptr<StorageDriver> ReaderOf(StorageDriver& ram, uint32_t file_count,
                                         bool map_from_start) {
   std::vector<ScopedFd> fds;
-  for (int fd : ram.SharedMemoryDescriptors()) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  for (int fd : ram.capabilities().shared->SharedMemoryDescriptors()) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   absl::StatusOr<std::unique_ptr<StorageDriver>> reader =
       NewRamReader(std::move(fds), file_count, map_from_start);
   REQUIRE(reader.ok());
@@ -619,48 +622,52 @@ TEST_CASE("process mappings: lines of /proc/<pid>/maps, private mappings of the 
   CHECK_FALSE(ParsePrivateMapping("", files, &range));
 }
 
-// Asks the RAM tier about `probe` (CheckedWhole, as a client that mapped it
-// would), then calls ReleaseUnmapped() until a walk of the mappings that
-// started after that has ended: nobody maps `probe`, so that walk unmarks it.
-// The tier walks at most once a second. Returns what the calls freed.
-uint64_t ReleaseThroughAWalk(StorageDriver& ram, const FileRef& probe) {
-  REQUIRE(ram.CheckedWhole(probe));
-  uint64_t released = 0;
-  REQUIRE(testing::Eventually([&] {
-    released += ram.ReleaseUnmapped();
-    return !ram.MayBeMapped(probe);
-  }));
-  return released;
-}
-
 TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, until no process "
           "maps it, a forked child included") {
   constexpr uint64_t kSize = (2 << 20) + 100;  // 1 MiB or more: it starts on a page.
   constexpr uint64_t kPages = (2 << 20);       // Its whole pages.
   constexpr uint32_t kFiles = 16;
   std::unique_ptr<StorageDriver> ram = MustRam(64 << 20, kFiles);
+  CopyMapping* const marks = ram->capabilities().mapping;
+  SharedCopies* const shared = ram->capabilities().shared;
+  REQUIRE(marks != nullptr);
+  REQUIRE(shared != nullptr);
+  // A walk of the node's processes, as the instance's MappingWatch makes
+  // them, without its one a second.
+  int walks = 0;
+  auto release = [&] {
+    return shared->ReleaseUnmapped([&](const std::vector<MappedFileKey>& files, int64_t since) {
+      ++walks;
+      return FindPrivateMappings(files, since);
+    });
+  };
   const testing::TestFile a{"a.bin", 1, kSize};
   const FileRef a_ref = Ref(0, a.name, a.size);
   REQUIRE(Store(*ram, a_ref, a.seed).ok());
   const FileRef small = Ref(1, "small.bin", 300000);
   REQUIRE(Store(*ram, small, 2).ok());
-  CHECK_FALSE(ram->CheckedWhole(small));  // Under 1 MiB: never mapped in place.
-  CHECK_FALSE(ram->MayBeMapped(a_ref));
+  CHECK_FALSE(marks->MarkMapped(small));  // Under 1 MiB: never mapped in place.
+  CHECK_FALSE(shared->MayBeMapped(a_ref));
+  CHECK(release() == 0);
+  CHECK(walks == 0);  // Nothing marked or held: no walk.
 
   // A client maps the copy where it lies, through its RAM reader, and only
   // then asks the tier, as MapCopies does.
   std::unique_ptr<StorageDriver> reader = ReaderOf(*ram, kFiles, /*map_from_start=*/false);
+  CopyMapping* const mapper = reader->capabilities().mapping;
+  REQUIRE(mapper != nullptr);
+  CHECK_FALSE(mapper->MarkMapped(a_ref));  // A client's view marks nothing: the service does.
   const SourceIdentity stamp = SourceIdentity::Of(a_ref);
-  CHECK(absl::IsFailedPrecondition(reader->OpenCheckedCopy(a_ref, &stamp).status()));
-  absl::StatusOr<StorageDriver::MappableCopy> copy = reader->OpenCheckedCopy(a_ref, nullptr);
+  CHECK(absl::IsFailedPrecondition(mapper->OpenCheckedCopy(a_ref, &stamp).status()));
+  absl::StatusOr<CopyMapping::MappableCopy> copy = mapper->OpenCheckedCopy(a_ref, nullptr);
   REQUIRE_MESSAGE(copy.ok(), copy.status().ToString());
   CHECK(copy->offset % 4096 == 0);
   char* mapped = static_cast<char*>(::mmap(nullptr, kPages, PROT_READ, MAP_PRIVATE, copy->fd,
                                            static_cast<off_t>(copy->offset)));
   REQUIRE(mapped != MAP_FAILED);
-  REQUIRE(ram->CheckedWhole(a_ref));  // What the service answers a client's kCheckedCopies.
-  CHECK(ram->MayBeMapped(a_ref));
-  CHECK(reader->StillCopyOf(a_ref, *copy));
+  REQUIRE(marks->MarkMapped(a_ref));  // What the service answers a client's kCheckedCopies.
+  CHECK(shared->MayBeMapped(a_ref));
+  CHECK(mapper->StillCopyOf(a_ref, *copy));
   CHECK(testing::BytesMatch(a, mapped, 0, kPages));
   struct stat st;
   REQUIRE(::fstat(copy->fd, &st) == 0);
@@ -674,17 +681,16 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
 
   REQUIRE(ram->Remove(a_ref).ok());
   // A mapping made from here on is refused by its maker.
-  CHECK_FALSE(reader->StillCopyOf(a_ref, *copy));
-  CHECK(ram->HeldBytes() == kSize);
+  CHECK_FALSE(mapper->StillCopyOf(a_ref, *copy));
+  CHECK(shared->HeldBytes() == kSize);
   // New copies, one in every stripe at least, never take its memory.
   for (uint32_t id = 2; id < kFiles; ++id) {
     REQUIRE(Store(*ram, Ref(id, absl::StrCat("f", id), kSize), id + 1).ok());
   }
-  const std::string probe_name = absl::StrCat("f", kFiles - 1);
-  const FileRef probe = Ref(kFiles - 1, probe_name, kSize);  // Never mapped.
   CHECK(testing::BytesMatch(a, mapped, 0, kPages));
-  CHECK(ram->ReleaseUnmapped() == 0);  // Mapped here.
-  CHECK(ram->HeldBytes() == kSize);
+  CHECK(release() == 0);  // Mapped here.
+  CHECK(walks == 1);
+  CHECK(shared->HeldBytes() == kSize);
 
   // A child forked now maps it too; the parent unmaps.
   int to_child[2], from_child[2];
@@ -701,8 +707,8 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
     ::_exit(0);
   }
   ::munmap(mapped, kPages);
-  CHECK(ReleaseThroughAWalk(*ram, probe) == 0);  // The child maps it.
-  CHECK(ram->HeldBytes() == kSize);
+  CHECK(release() == 0);
+  CHECK(shared->HeldBytes() == kSize);
   // More copies meanwhile: the child still reads a's bytes.
   REQUIRE(ram->Remove(Ref(5, "f5", kSize)).ok());  // Never asked about: freed at once.
   REQUIRE(Store(*ram, Ref(5, "f5", kSize), 6).ok());
@@ -715,32 +721,57 @@ TEST_CASE("RAM tier: a removed copy that a process may map is held, not reused, 
   REQUIRE(::waitpid(child, &status, 0) == child);
   CHECK(WIFEXITED(status));
   for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
-  CHECK(ram->HeldBytes() == kSize);
-  CHECK(ram->ReleaseUnmapped() == 0);  // Within a second of the last walk: none.
-  CHECK(ReleaseThroughAWalk(*ram, probe) == kSize);  // Nobody maps it: freed.
-  CHECK(ram->HeldBytes() == 0);
-  CHECK_FALSE(ram->MayBeMapped(a_ref));  // No copy of it, and nobody asked again.
+  CHECK(shared->HeldBytes() == kSize);
+  CHECK(release() == kSize);  // Nobody maps it: freed.
+  CHECK(shared->HeldBytes() == 0);
+  CHECK_FALSE(shared->MayBeMapped(a_ref));  // No copy of it, and nobody asked again.
 
   // A copy mapped and asked about, then unmapped: once a walk finds nobody
   // mapping it, eviction may take it again, and its removal frees it.
   const FileRef b_ref = Ref(2, "f2", kSize);
-  absl::StatusOr<StorageDriver::MappableCopy> b = reader->OpenCheckedCopy(b_ref, nullptr);
+  absl::StatusOr<CopyMapping::MappableCopy> b = mapper->OpenCheckedCopy(b_ref, nullptr);
   REQUIRE(b.ok());
   void* b_mapped = ::mmap(nullptr, kPages, PROT_READ, MAP_PRIVATE, b->fd,
                           static_cast<off_t>(b->offset));
   REQUIRE(b_mapped != MAP_FAILED);
-  REQUIRE(ram->CheckedWhole(b_ref));
+  REQUIRE(marks->MarkMapped(b_ref));
   ::munmap(b_mapped, kPages);
-  CHECK(ram->MayBeMapped(b_ref));
-  CHECK(ReleaseThroughAWalk(*ram, b_ref) == 0);  // Nothing held; the walk only unmarks b.
+  CHECK(shared->MayBeMapped(b_ref));
+  const int walks_before = walks;
+  CHECK(release() == 0);  // Nothing held; the walk only unmarks b.
+  CHECK(walks == walks_before + 1);
+  CHECK_FALSE(shared->MayBeMapped(b_ref));
   REQUIRE(ram->Remove(b_ref).ok());
-  CHECK(ram->HeldBytes() == 0);
+  CHECK(shared->HeldBytes() == 0);
   // A copy under 1 MiB starts on a page only by chance, and opens only then.
-  absl::StatusOr<StorageDriver::MappableCopy> small_copy =
-      reader->OpenCheckedCopy(small, nullptr);
+  absl::StatusOr<CopyMapping::MappableCopy> small_copy = mapper->OpenCheckedCopy(small, nullptr);
   CHECK((small_copy.ok() ? small_copy->offset % 4096 == 0
                          : absl::IsFailedPrecondition(small_copy.status())));
-  CHECK(absl::IsNotFound(reader->OpenCheckedCopy(a_ref, nullptr).status()));
+  CHECK(absl::IsNotFound(mapper->OpenCheckedCopy(a_ref, nullptr).status()));
+
+  // The instance's watch: a tier walks at most once a second, and only when
+  // it has something marked or held; each tier on its own.
+  MappingWatch watch(2);
+  int watched = 0;
+  auto watch_release = [&](int tier) {
+    return watch.ReleaseUnmapped(tier, [&](MappingWalk walk) {
+      return shared->ReleaseUnmapped(
+          [&](const std::vector<MappedFileKey>& files, int64_t since) {
+            ++watched;
+            return walk(files, since);
+          });
+    });
+  };
+  CHECK(watch_release(0) == 0);
+  CHECK(watched == 0);  // Nothing marked: no walk, and the second is not taken.
+  REQUIRE(marks->MarkMapped(Ref(3, "f3", kSize)));
+  CHECK(watch_release(0) == 0);
+  CHECK(watched == 1);
+  REQUIRE(marks->MarkMapped(Ref(3, "f3", kSize)));
+  CHECK(watch_release(0) == 0);
+  CHECK(watched == 1);  // Within a second of its last walk.
+  CHECK(watch_release(1) == 0);
+  CHECK(watched == 2);  // Another tier's.
 }
 
 TEST_CASE("RAM arena: extents never overlap, freed space is reused, bytes read back") {

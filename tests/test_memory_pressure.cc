@@ -306,7 +306,7 @@ TEST_CASE("under pressure the RAM tier shrinks, drops copies, gives memory back,
   t.ReadAll();
   Tier& ram = *t.tiers[0];
   REQUIRE(ram.reserved_bytes() == 48 * kSize);
-  CHECK(ram.driver().ReleaseFreeMemory() == 0);  // Nothing freed yet.
+  CHECK(ram.can().memory->ReleaseFreeMemory() == 0);  // Nothing freed yet.
   absl::StatusOr<std::unique_ptr<MemoryGovernor>> governor = MemoryGovernor::Start(
       GovernorConfig(), CgroupMemory::At(CgroupMemory::Version::kNone, ""), &t.tiers, t.ns.get(),
       t.placement.get(), /*start_watcher=*/false);

@@ -919,6 +919,7 @@ TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's b
     absl::StatusOr<std::unique_ptr<StorageDriver>> made = NewRamDriver("sums", 1 << 20, 2, options);
     REQUIRE(made.ok());
     StorageDriver& ram = **made;
+    SharedCopies& shared = *ram.capabilities().shared;
     {
       auto writer = ram.NewWriter(file);
       REQUIRE(writer.ok());
@@ -930,7 +931,7 @@ TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's b
     auto crc_of = [&](uint64_t offset, size_t n) -> std::optional<uint32_t> {
       std::optional<uint32_t> seen;
       const char* bytes = nullptr;
-      absl::Status visited = ram.VisitInMemory(file, offset, n, [&](const auto& shown) {
+      absl::Status visited = shared.VisitInMemory(file, offset, n, [&](const auto& shown) {
         bytes = shown.data;
         seen = shown.crc32c;
       });
@@ -950,14 +951,14 @@ TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's b
     if (!keep) CHECK(crc_of(0, file.size) == std::nullopt);
     // Removed: no bytes, no CRC; a new copy has its own sums.
     REQUIRE(ram.Remove(file).ok());
-    CHECK(absl::IsNotFound(ram.VisitInMemory(file, 0, 4096, [](const auto&) {})));
+    CHECK(absl::IsNotFound(shared.VisitInMemory(file, 0, 4096, [](const auto&) {})));
     std::vector<char> other(data.size(), 'x');
     auto writer = ram.NewWriter(file);
     REQUIRE(writer.ok());
     REQUIRE((*writer)->Write(0, other.data(), file.size).ok());
     REQUIRE((*writer)->Commit(SourceIdentity{}).ok());
     std::optional<uint32_t> again;
-    REQUIRE(ram.VisitInMemory(file, 0, file.size, [&](const auto& shown) { again = shown.crc32c; })
+    REQUIRE(shared.VisitInMemory(file, 0, file.size, [&](const auto& shown) { again = shown.crc32c; })
                 .ok());
     CHECK(again == (keep ? std::optional<uint32_t>(Crc32c(other.data(), file.size)) : std::nullopt));
     // A writer that leaves a block half written keeps no sums.
@@ -968,7 +969,7 @@ TEST_CASE("RAM tier of a home: a whole-block range's CRC comes from the copy's b
     REQUIRE((*odd_writer)->Write(8192, data.data() + 8192, odd.size - 8192).ok());
     REQUIRE((*odd_writer)->Commit(SourceIdentity{}).ok());
     std::optional<uint32_t> none = 1;
-    REQUIRE(ram.VisitInMemory(odd, 0, odd.size, [&](const auto& shown) { none = shown.crc32c; }).ok());
+    REQUIRE(shared.VisitInMemory(odd, 0, odd.size, [&](const auto& shown) { none = shown.crc32c; }).ok());
     CHECK(none == std::nullopt);
   }
 }

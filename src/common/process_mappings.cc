@@ -1,4 +1,4 @@
-// FindPrivateMappings: a walk of /proc/<pid>/maps.
+// FindPrivateMappings: a walk of /proc/<pid>/maps; MappingWatch.
 
 #include "common/process_mappings.h"
 
@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
+#include "common/log.h"
 #include "common/os.h"
 
 namespace monarch {
@@ -134,6 +135,27 @@ absl::StatusOr<std::vector<MappedFileRange>> FindPrivateMappings(
     }
   }
   return found;
+}
+
+uint64_t MappingWatch::ReleaseUnmapped(int tier,
+                                       absl::FunctionRef<uint64_t(MappingWalk walk)> release) {
+  PerTier& state = tiers_[tier];
+  MutexLock lock(&state.mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (state.last_walk && now - *state.last_walk < std::chrono::seconds(1)) return 0;
+  std::optional<absl::Status> walked;
+  const uint64_t released = release([&](const std::vector<MappedFileKey>& files, int64_t since) {
+    absl::StatusOr<std::vector<MappedFileRange>> mapped = FindPrivateMappings(files, since);
+    walked = mapped.status();
+    return mapped;
+  });
+  if (walked) state.last_walk = now;
+  if (walked && !walked->ok() && !state.warned) {
+    state.warned = true;
+    MONARCH_LOG(kWarning, "RAM tier: removed copies that a process may map stay held: ",
+                walked->message());
+  }
+  return released;
 }
 
 }  // namespace monarch

@@ -16,12 +16,17 @@
 #ifndef MONARCH_COMMON_PROCESS_MAPPINGS_H_
 #define MONARCH_COMMON_PROCESS_MAPPINGS_H_
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 
 namespace monarch {
 
@@ -60,6 +65,34 @@ int64_t BootTimeNanos();
 // `files`; for FindPrivateMappings and its tests.
 bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey>& files,
                          MappedFileRange* range);
+
+// A walk of every process's private mappings of `files`, whose memory was
+// first handed out at `since` (FindPrivateMappings, or a test's).
+using MappingWalk = absl::FunctionRef<absl::StatusOr<std::vector<MappedFileRange>>(
+    const std::vector<MappedFileKey>& files, int64_t since)>;
+
+// Who maps what, for the instance that hands its RAM tiers' copies out to
+// be mapped in place (to itself and to a node service's clients): a tier
+// that wants room asks it for a walk of the node's processes, and frees
+// the copies it held that nobody maps (SharedCopies::ReleaseUnmapped). A
+// walk reads every process's maps: a tier has one at a time, one a second
+// at most. One that cannot rule a process out is logged once a tier.
+// Thread-safe.
+class MappingWatch {
+ public:
+  explicit MappingWatch(int tiers) : tiers_(new PerTier[tiers]) {}  // Tiers 0..tiers-1.
+  // Calls `release` (which walks at most once) unless tier `tier` walked
+  // less than a second ago (0), and returns what it returns.
+  uint64_t ReleaseUnmapped(int tier, absl::FunctionRef<uint64_t(MappingWalk walk)> release);
+
+ private:
+  struct PerTier {
+    Mutex mu;
+    std::optional<std::chrono::steady_clock::time_point> last_walk ABSL_GUARDED_BY(mu);
+    bool warned ABSL_GUARDED_BY(mu) = false;
+  };
+  const std::unique_ptr<PerTier[]> tiers_;
+};
 
 }  // namespace monarch
 

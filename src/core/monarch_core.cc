@@ -140,7 +140,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
     case TierKind::kRam: {
       RamTierOptions options;
       // A home's RAM copies keep their block CRCs: peers are sent them
-      // without a checksum pass (StorageDriver::InMemoryBytes).
+      // without a checksum pass (SharedCopies::InMemoryBytes).
       options.keep_block_sums = config.remote.enabled;
       options.huge_pages = tier.huge_pages;
       // Under memory.watch its memory must be releasable when it shrinks.
@@ -194,11 +194,6 @@ class LocalFiles {
         prefetcher_(prefetcher),
         speeds_(speeds),
         pins_(placement->pins_readers()) {
-    for (const auto& tier : *tiers) {
-      const TierKind kind = tier->config().kind;
-      mappable_tier_.push_back(kind == TierKind::kPosix || kind == TierKind::kPmem ||
-                               kind == TierKind::kRam);
-    }
   }
 
   Handle Find(absl::string_view name) { return namespace_->Find(name); }
@@ -227,8 +222,8 @@ class LocalFiles {
   absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, Handle file, int tier, uint64_t offset,
                                   char* dst, size_t n) {
     if (speeds_ != nullptr && speeds_->Routes(tier)) {
-      return speeds_->ReadHit(tiers_[source_index_]->driver(), reader, file->ref, tier, offset, dst,
-                              n, tiers_[tier]->reads());
+      return speeds_->ReadHit(tiers_[source_index_]->can().in_memory, reader, file->ref, tier,
+                              offset, dst, n, tiers_[tier]->reads());
     }
     absl::StatusOr<size_t> got = reader.Read(file->ref, offset, dst, n);
     if (got.ok() && *got == n) tiers_[tier]->reads().Count(n);
@@ -280,8 +275,10 @@ class LocalFiles {
                                                            const std::vector<int>& tiers) {
     std::vector<std::optional<SourceIdentity>> checked(pieces.size());
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (tiers[i] >= 0 && tiers[i] < source_index_ && mappable_tier_[tiers[i]]) {
-        checked[i] = tiers_[tiers[i]]->driver().CheckedWhole(pieces[i]->ref);
+      CopyMapping* mapping =
+          tiers[i] >= 0 && tiers[i] < source_index_ ? tiers_[tiers[i]]->can().mapping : nullptr;
+      if (mapping != nullptr) {
+        checked[i] = mapping->MarkMapped(pieces[i]->ref);
       }
     }
     return checked;
@@ -296,7 +293,7 @@ class LocalFiles {
     const bool visited = tier != source_index_ &&
                          tiers_[tier]
                              ->VisitInMemory(file->ref, offset, n,
-                                             [visit](const StorageDriver::InMemoryBytes& bytes) {
+                                             [visit](const SharedCopies::InMemoryBytes& bytes) {
                                                visit(bytes.data, bytes.crc32c);
                                              })
                              .ok();
@@ -315,7 +312,6 @@ class LocalFiles {
   PlacementHandler* const placement_;
   Prefetcher* const prefetcher_;
   ReadSpeeds* const speeds_;
-  std::vector<bool> mappable_tier_;  // By tier index: posix, pmem or RAM (MapCopiesFound).
   const bool pins_;
 };
 
@@ -326,7 +322,8 @@ class MonarchImpl final : public MonarchCore {
   MonarchImpl(Config config, std::vector<std::unique_ptr<Tier>> tiers,
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
-        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr}),
+        parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr,
+                         nullptr}),
         tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(parts_->ns.get()),
@@ -349,9 +346,10 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<PlacementPolicy> policy = NewPlacementPolicy(
         config_.placement.policy, peers_ != nullptr ? peers_->HomeShare() : KeptShare{});
     const bool governed = MemoryGovernor::Wanted(config_);
-    parts_->placement = std::make_unique<PlacementHandler>(&tiers_, namespace_, std::move(policy),
-                                                           config_.placement,
-                                                           /*pin_readers=*/governed);
+    parts_->mappings = std::make_unique<MappingWatch>(static_cast<int>(tiers_.size()));
+    parts_->placement = std::make_unique<PlacementHandler>(
+        &tiers_, namespace_, std::move(policy), config_.placement,
+        /*pin_readers=*/governed, parts_->mappings.get());
     placement_ = parts_->placement.get();
     PrefetchConfig prefetch = config_.prefetch;
     if (placement_->evicts()) {
@@ -517,7 +515,8 @@ class MonarchImpl final : public MonarchCore {
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
   const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
   std::vector<int> SharedMemoryDescriptors(int tier) const override {
-    return tiers_[tier]->driver().SharedMemoryDescriptors();
+    const SharedCopies* shared = tiers_[tier]->can().shared;
+    return shared != nullptr ? shared->SharedMemoryDescriptors() : std::vector<int>{};
   }
   int max_open_files() const override { return config_.placement.max_open_files; }
   void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) override {
@@ -596,9 +595,10 @@ class MonarchImpl final : public MonarchCore {
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
-      if (!tier.is_cache()) continue;
-      MONARCH_RETURN_IF_ERROR(tier.driver().ScanCopies([&](absl::string_view name,
-                                                           const SourceIdentity* source) {
+      KeptCopies* kept = tier.can().kept;
+      if (!tier.is_cache() || kept == nullptr) continue;
+      MONARCH_RETURN_IF_ERROR(kept->ScanCopies([&](absl::string_view name,
+                                                   const SourceIdentity* source) {
         FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
         const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id);
@@ -610,7 +610,7 @@ class MonarchImpl final : public MonarchCore {
           tier.Commit(entry->ref.size);
           entry->tier->store(t, std::memory_order_release);
           entry->state.store(PlacementState::kInTier);
-          tier.driver().CopyAdopted(entry->ref);
+          kept->CopyAdopted(entry->ref);
           ++warm_reused_;
           return;
         }
@@ -634,6 +634,7 @@ class MonarchImpl final : public MonarchCore {
   struct Parts {
     std::vector<std::unique_ptr<Tier>> tiers;  // Cache tiers, the peers tier if any, the source.
     std::unique_ptr<Namespace> ns;
+    std::unique_ptr<MappingWatch> mappings;  // Who maps the RAM copies it hands out.
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
     std::unique_ptr<ReadSpeeds> speeds;  // placement.route_by_speed; may be null.

@@ -63,7 +63,7 @@ class MonarchCore : public Front {
   virtual void ReadAheadOf(uint32_t id, uint64_t end) = 0;
   // For a client's MapCopies: for each entry id (a file or an extent,
   // below name_space().entry_count()), the stamp of its copy in a file
-  // tier if that copy was checked whole (StorageDriver::CheckedWhole).
+  // tier if that copy was checked whole (CopyMapping::MarkMapped).
   virtual std::vector<std::optional<SourceIdentity>> CheckedCopiesOf(
       const std::vector<uint32_t>& ids) = 0;
 };

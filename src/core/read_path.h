@@ -45,7 +45,7 @@
 //       char* dst, size_t n);
 //   // For MapCopiesFound: for each piece (a file or extent) and the tier
 //   // holding it, the stamp of its copy if that copy was checked whole
-//   // (StorageDriver::CheckedWhole, here or in the node service).
+//   // (CopyMapping::MarkMapped, here or in the node service).
 //   std::vector<std::optional<SourceIdentity>> CheckedCopies(
 //       const std::vector<Handle>& pieces, const std::vector<int>& tiers);
 //
@@ -148,11 +148,11 @@ absl::StatusOr<size_t> ReadNamed(Files& files, absl::string_view name, char* dst
 // it, as any mapping trusts its file: a copy written in place after it was
 // mapped (by someone with write access to the tier's directory) would show
 // through. A RAM copy is sealed memory; its tier holds it, once removed,
-// until no process maps it (StorageDriver::HeldBytes).
+// until no process maps it (SharedCopies::HeldBytes).
 //
 // Each copy is mapped at a new address first and moved over the range
 // (mremap) only if its tier vouched for it and it is still the piece's
-// copy then (StorageDriver::StillCopyOf): a RAM copy removed before its
+// copy then (CopyMapping::StillCopyOf): a RAM copy removed before its
 // tier was asked may be reused, and that range stays as it was.
 //
 // Returns the bytes mapped from copies. An error leaves the range mapped
@@ -170,17 +170,26 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
   }
   const uint64_t end = std::min<uint64_t>(size, offset + length);
   if (offset >= end) return 0;
-  // The pieces the range touches that a tier other than the source holds.
+  // The pieces the range touches that a tier other than the source holds,
+  // if its reader here maps copies.
   std::vector<Handle> pieces;
   std::vector<int> tiers;
   std::vector<uint64_t> bases;  // Where each piece starts in the file.
+  std::vector<CopyMapping*> mappers;
+  std::vector<std::optional<CopyMapping*>> mapper_of(files.source_tier());  // Asked once a tier.
   auto consider = [&](const Handle& piece, uint64_t base) {
     const int tier = files.BeginRead(piece);
     files.EndRead(piece);  // The descriptor opened below holds the copy.
-    if (tier != files.source_tier() && files.Reader(tier) != nullptr) {
+    if (tier < 0 || tier >= files.source_tier()) return;
+    if (!mapper_of[tier]) {
+      StorageDriver* reader = files.Reader(tier);
+      mapper_of[tier] = reader != nullptr ? reader->capabilities().mapping : nullptr;
+    }
+    if (CopyMapping* mapper = *mapper_of[tier]; mapper != nullptr) {
       pieces.push_back(piece);
       tiers.push_back(tier);
       bases.push_back(base);
+      mappers.push_back(mapper);
     }
   };
   if (files.HasExtents(file)) {
@@ -203,7 +212,7 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
   struct Staged {
     void* at = nullptr;
     uint64_t from = 0, to = 0;  // The range of the file it maps.
-    StorageDriver::MappableCopy copy;
+    CopyMapping::MappableCopy copy;
   };
   std::vector<Staged> staged(pieces.size());
   // Unmaps what is still staged, on every way out.
@@ -220,8 +229,7 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
     const uint64_t from = std::max(offset, base);
     const uint64_t to = std::min(base + piece.size / page * page, end / page * page);
     if (to <= from) return absl::OkStatus();
-    absl::StatusOr<StorageDriver::MappableCopy> copy =
-        files.Reader(tiers[i])->OpenCheckedCopy(piece, vouched);
+    absl::StatusOr<CopyMapping::MappableCopy> copy = mappers[i]->OpenCheckedCopy(piece, vouched);
     if (!copy.ok()) return absl::OkStatus();  // Changed or gone: the range stays as it was.
     void* at = os::Mmap(nullptr, to - from, protection, MAP_PRIVATE | keep, copy->fd,
                         static_cast<off_t>(copy->offset + (from - base)));
@@ -255,7 +263,7 @@ absl::StatusOr<uint64_t> MapCopiesFound(Files& files, const typename Files::Hand
     }
     Staged& s = staged[i];
     if (s.at == nullptr) continue;
-    if (!vouched || !files.Reader(tiers[i])->StillCopyOf(files.Ref(pieces[i]), s.copy)) {
+    if (!vouched || !mappers[i]->StillCopyOf(files.Ref(pieces[i]), s.copy)) {
       os::Munmap(s.at, s.to - s.from);
       s.at = nullptr;
       continue;

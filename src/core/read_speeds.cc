@@ -52,7 +52,7 @@ ReadSpeeds::ReadSpeeds(int tier_count, std::vector<TierName> names)
   }
 }
 
-absl::StatusOr<size_t> ReadSpeeds::ReadHit(StorageDriver& source, StorageDriver& copy,
+absl::StatusOr<size_t> ReadSpeeds::ReadHit(InMemoryReads* source, StorageDriver& copy,
                                            const FileRef& file, int tier, uint64_t offset,
                                            char* dst, size_t n, TierReads& counted) {
   using Clock = std::chrono::steady_clock;
@@ -62,7 +62,9 @@ absl::StatusOr<size_t> ReadSpeeds::ReadHit(StorageDriver& source, StorageDriver&
   };
   if (TrySourceFirst(tier, n)) {
     const Clock::time_point start = Clock::now();
-    absl::StatusOr<size_t> got = source.ReadIfInMemory(file, offset, dst, n);
+    absl::StatusOr<size_t> got = source != nullptr
+                                     ? source->ReadIfInMemory(file, offset, dst, n)
+                                     : absl::UnimplementedError("cannot tell");
     const uint64_t ns = since(start);
     if (absl::IsUnimplemented(got.status())) {
       Disable();

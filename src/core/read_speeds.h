@@ -8,7 +8,7 @@
 // read from the device, while the same bytes may sit in the page cache of
 // the source, a local file system or a PFS client's cache. Taking them from
 // there costs the PFS nothing: the source is asked with RWF_NOWAIT
-// (StorageDriver::ReadIfInMemory), which never reads the device or the
+// (InMemoryReads::ReadIfInMemory), which never reads the device or the
 // network, so every source byte is still read from it once.
 //
 // The model keeps, per file tier, an exponentially weighted mean of its
@@ -61,10 +61,11 @@ class ReadSpeeds {
   bool Routes(int tier) const { return tier >= 0 && tier < tier_count_ && tiers_[tier].routed; }
   // A hit of `n` bytes at `offset` of `file` on tier `tier`'s copy, which
   // `copy` reads: timed for the model, which may send it to the source's
-  // page cache first (`source`'s ReadIfInMemory). A read of the whole copy
+  // page cache first (`source`'s ReadIfInMemory; null: the source cannot
+  // tell, and the model stops asking). A read of the whole copy
   // counts in `counted`; one the page cache served counts in the model only
   // (the source's device or network was not read).
-  absl::StatusOr<size_t> ReadHit(StorageDriver& source, StorageDriver& copy, const FileRef& file,
+  absl::StatusOr<size_t> ReadHit(InMemoryReads* source, StorageDriver& copy, const FileRef& file,
                                  int tier, uint64_t offset, char* dst, size_t n,
                                  TierReads& counted);
 

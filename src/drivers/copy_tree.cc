@@ -59,7 +59,7 @@ absl::StatusOr<size_t> OpenCopies::Read(const FileRef& file, uint64_t offset, ch
   return result;
 }
 
-std::optional<SourceIdentity> OpenCopies::CheckedWhole(const FileRef& file) {
+std::optional<SourceIdentity> OpenCopies::MarkMapped(const FileRef& file) {
   // Every read checks the bytes it returns: a page fault cannot.
   if (verify_ == VerifyPolicy::kEveryRead) return std::nullopt;
   const std::shared_ptr<CopyState> state = states_.Peek(file.id);
@@ -240,7 +240,7 @@ absl::Status CopyTree::Remove(absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::Status CopyTree::Scan(StorageDriver::CopyVisitor visit) {
+absl::Status CopyTree::Scan(KeptCopies::CopyVisitor visit) {
   // Iterative walk; `relative` is the dataset-relative directory ("" = root).
   std::vector<std::string> pending = {""};
   while (!pending.empty()) {

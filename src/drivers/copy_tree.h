@@ -76,7 +76,7 @@ class CopyTree {
   // Walks the tree: visits every copy with the identity its trailer records
   // (null without a valid trailer), deletes temporaries whose writer
   // process is gone, leaves live writers' temporaries alone.
-  absl::Status Scan(StorageDriver::CopyVisitor visit);
+  absl::Status Scan(KeptCopies::CopyVisitor visit);
 
   // Reserved under the root, never a copy.
   static constexpr absl::string_view kReservedDirectory = ".monarch";
@@ -176,10 +176,10 @@ class OpenCopies {
   // device by an earlier run, is checked as it is read from there.
   void ReadyAhead(const FileRef& file, bool check);
 
-  // StorageDriver::CheckedWhole: the stamp of the copy of `file` if it was
+  // CopyMapping::MarkMapped: the stamp of the copy of `file` if it was
   // checked whole (under verify off: opened), else nullopt, and the copy is
   // queued to be checked (ReadyAhead).
-  std::optional<SourceIdentity> CheckedWhole(const FileRef& file);
+  std::optional<SourceIdentity> MarkMapped(const FileRef& file);
 
   // Blocks until every copy queued so far was readied (or given up).
   void WaitForReadying();

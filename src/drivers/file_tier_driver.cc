@@ -39,11 +39,11 @@ void FileTierDriver::CopyAdopted(const FileRef& file) {
 
 void FileTierDriver::WaitForBackgroundWork() { copies_.WaitForReadying(); }
 
-std::optional<SourceIdentity> FileTierDriver::CheckedWhole(const FileRef& file) {
-  return copies_.CheckedWhole(file);
+std::optional<SourceIdentity> FileTierDriver::MarkMapped(const FileRef& file) {
+  return copies_.MarkMapped(file);
 }
 
-absl::StatusOr<StorageDriver::MappableCopy> FileTierDriver::OpenCheckedCopy(
+absl::StatusOr<CopyMapping::MappableCopy> FileTierDriver::OpenCheckedCopy(
     const FileRef& file, const SourceIdentity* checked) {
   if (checked == nullptr) {
     return absl::FailedPreconditionError(

@@ -22,7 +22,7 @@
 
 namespace monarch {
 
-class FileTierDriver : public StorageDriver {
+class FileTierDriver : public StorageDriver, public CopyMapping, public KeptCopies {
  public:
   // A damaged copy (DataLoss), or one truncated under its mapping, is
   // forgotten here; the caller drops it from the tier, and a fresh copy may
@@ -39,9 +39,10 @@ class FileTierDriver : public StorageDriver {
   // as the tier said at construction.
   void CopyAdopted(const FileRef& file) final;
   void WaitForBackgroundWork() final;
-  std::optional<SourceIdentity> CheckedWhole(const FileRef& file) final;
+  std::optional<SourceIdentity> MarkMapped(const FileRef& file) final;
   absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
                                                const SourceIdentity* checked) final;
+  bool StillCopyOf(const FileRef&, const MappableCopy&) final { return true; }
 
  protected:
   // Copies under `root`; at most `max_open` of them kept open between reads

@@ -19,12 +19,13 @@
 // process and by any child it forks. A mapping sees whatever the arena
 // holds at those offsets, so the memory of a copy that may be mapped must
 // not take another copy. A process maps a copy first, then asks the tier
-// (CheckedWhole), which marks the file as maybe mapped. A marked file's
+// (MarkMapped), which marks the file as maybe mapped. A marked file's
 // copy is held once removed, counted against the capacity, and eviction
-// passes over it. A walk of every process's mappings (ReleaseUnmapped,
-// FindPrivateMappings) frees the held copies nobody maps, and unmarks the
-// files whose copy nobody maps. Every mapping of a copy existed before its
-// file was marked, so a walk that starts after the mark sees them all. A
+// passes over it. A walk of every process's mappings, which the instance
+// makes (MappingWatch), frees the held copies nobody maps, and unmarks the
+// files whose copy nobody maps (ReleaseUnmapped). Every mapping of a copy
+// existed before its file was marked, so a walk that starts after the mark
+// sees them all. A
 // mapper whose copy was removed before it asked finds the slot's sequence
 // moved (StillCopyOf) and drops its mapping: that memory may be reused.
 //
@@ -37,7 +38,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -48,7 +48,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/crc32c.h"
-#include "common/log.h"
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/process_mappings.h"
@@ -133,9 +132,9 @@ absl::StatusOr<size_t> ReadCopy(const Slot* slots, uint32_t file_count, const Ra
 constexpr uint64_t kMappableCopyBytes = 1 << 20;
 constexpr uint64_t kPageBytes = 4096;
 
-// StorageDriver::OpenCheckedCopy for the driver and for readers in other
+// CopyMapping::OpenCheckedCopy for the driver and for readers in other
 // processes: where the copy of `file` lies now, and its slot's sequence.
-absl::StatusOr<StorageDriver::MappableCopy> MappableCopyOf(const Slot* slots,
+absl::StatusOr<CopyMapping::MappableCopy> MappableCopyOf(const Slot* slots,
                                                           uint32_t file_count,
                                                           const RamArena& arena,
                                                           const FileRef& file,
@@ -164,18 +163,18 @@ absl::StatusOr<StorageDriver::MappableCopy> MappableCopyOf(const Slot* slots,
   if (slot.sequence.load(std::memory_order_acquire) != sequence) {
     return absl::NotFoundError("RAM copy removed meanwhile");
   }
-  StorageDriver::MappableCopy copy;
+  CopyMapping::MappableCopy copy;
   copy.fd = arena.stripe_fd(static_cast<int>(extent.stripe));
   copy.offset = extent.offset;
   copy.generation = sequence;
   return copy;
 }
 
-// StorageDriver::StillCopyOf: no removal since MappableCopyOf. The caller's
+// CopyMapping::StillCopyOf: no removal since MappableCopyOf. The caller's
 // mapping exists by now; the fence orders its mmap() before this load, as
 // the remover's sequence bump comes before its walk of the mappings.
 bool SameCopy(const Slot* slots, uint32_t file_count, const FileRef& file,
-              const StorageDriver::MappableCopy& copy) {
+              const CopyMapping::MappableCopy& copy) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return file.id < file_count &&
          slots[file.id].sequence.load(std::memory_order_seq_cst) == copy.generation;
@@ -189,7 +188,10 @@ Slot* ConstructSlots(char* memory, uint32_t file_count) {
   return slots;
 }
 
-class RamDriver final : public StorageDriver {
+class RamDriver final : public StorageDriver,
+                        public CopyMapping,
+                        public MemoryBacking,
+                        public SharedCopies {
  public:
   RamDriver(std::unique_ptr<RamArena> arena, uint32_t file_count, ScopedFd slots_fd,
             MappedRegion slots_region, bool keep_block_sums)
@@ -234,7 +236,7 @@ class RamDriver final : public StorageDriver {
   uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
   void AllowMemoryAhead(uint64_t bytes) override { arena_->AllowBackingAhead(bytes); }
 
-  std::optional<SourceIdentity> CheckedWhole(const FileRef& file) override {
+  std::optional<SourceIdentity> MarkMapped(const FileRef& file) override {
     if (file.id >= file_count_ || file.size < kMappableCopyBytes) return std::nullopt;
     MutexLock lock(&remove_mu_);
     if (slots_[file.id].location.load(std::memory_order_relaxed) == 0) return std::nullopt;
@@ -259,33 +261,23 @@ class RamDriver final : public StorageDriver {
     return maybe_mapped_.contains(file.id);
   }
 
-  uint64_t ReleaseUnmapped() override {
+  uint64_t ReleaseUnmapped(MappingWalk walk) override {
     if (held_bytes_.load(std::memory_order_relaxed) == 0 &&
         maybe_mapped_count_.load(std::memory_order_relaxed) == 0) {
       return 0;
     }
-    MutexLock walk_lock(&walk_mu_);
-    const auto now = std::chrono::steady_clock::now();
-    if (last_walk_ && now - *last_walk_ < std::chrono::seconds(1)) return 0;
-    last_walk_ = now;
     // Only copies held before the walk starts: a mapping of one held later
     // may have been made after the walk read that process's mappings.
     std::vector<HeldCopy> candidates;
-    uint64_t walk = 0;
+    uint64_t number = 0;
     int64_t since = 0;
     {
       MutexLock lock(&remove_mu_);
       candidates.swap(held_);
-      walk = ++walks_;
+      number = ++walks_;
       since = first_handed_out_;
     }
-    absl::StatusOr<std::vector<MappedFileRange>> mapped =
-        FindPrivateMappings(stripe_keys_, since);
-    if (!mapped.ok() && !walk_warned_) {
-      walk_warned_ = true;
-      MONARCH_LOG(kWarning, "RAM tier: removed copies that a process may map stay held: ",
-                  mapped.status().message());
-    }
+    absl::StatusOr<std::vector<MappedFileRange>> mapped = walk(stripe_keys_, since);
     auto in_use = [&](RamArena::Extent extent, uint64_t bytes) {
       return !mapped.ok() ||
              std::any_of(mapped->begin(), mapped->end(), [&](const MappedFileRange& range) {
@@ -309,7 +301,7 @@ class RamDriver final : public StorageDriver {
     // Copies nobody maps may be evicted again, unless asked about meanwhile.
     for (auto it = maybe_mapped_.begin(); it != maybe_mapped_.end();) {
       const uint64_t location = slots_[it->first].location.load(std::memory_order_relaxed);
-      const bool keep = it->second.asked_in_walk >= walk ||
+      const bool keep = it->second.asked_in_walk >= number ||
                         (location != 0 && in_use(Unpack(location), it->second.bytes));
       if (keep) {
         ++it;
@@ -459,14 +451,10 @@ class RamDriver final : public StorageDriver {
   Slot* const slots_;  // In slots_region_.
   const bool keep_block_sums_;
   std::vector<MappedFileKey> stripe_keys_;  // By stripe: how /proc/<pid>/maps names it.
-  // One walk of the mappings at a time, and at most one a second.
-  Mutex walk_mu_ ABSL_ACQUIRED_BEFORE(remove_mu_);
-  std::optional<std::chrono::steady_clock::time_point> last_walk_ ABSL_GUARDED_BY(walk_mu_);
-  bool walk_warned_ ABSL_GUARDED_BY(walk_mu_) = false;
   Mutex remove_mu_;
   int64_t first_handed_out_ ABSL_GUARDED_BY(remove_mu_) = 0;  // BootTimeNanos().
   // Files whose copy may be mapped now (MayBeMapped): asked about
-  // (CheckedWhole) in walk `asked_in_walk` or later, or found mapped by the
+  // (MarkMapped) in walk `asked_in_walk` or later, or found mapped by the
   // last walk. A copy of one of them is held once removed; another's is
   // freed at once, since every mapping of it existed before it was asked
   // about, and the walk that dropped it saw them all gone.
@@ -502,7 +490,7 @@ class RamDriver final : public StorageDriver {
 // reads files again (a persistent worker) earns them back
 // (bench/results/python.md). A read again is a read of a file this process
 // has read to its end: one bit per file.
-class RamReader final : public StorageDriver {
+class RamReader final : public StorageDriver, public CopyMapping {
  public:
   RamReader(std::unique_ptr<RamArena> arena, uint32_t file_count, MappedRegion slots,
             bool map_from_start)
@@ -531,8 +519,9 @@ class RamReader final : public StorageDriver {
     if (read.ok() && offset + *read >= file.size) word.fetch_or(bit, std::memory_order_relaxed);
     return read;
   }
-  // Mapped before the service is asked about it (kCheckedCopies): the
-  // service then holds it while this process maps it (MappableCopyOf).
+  // The service marks copies mapped (kCheckedCopies), asked once this
+  // process mapped them: it then holds them while this process maps them.
+  std::optional<SourceIdentity> MarkMapped(const FileRef&) override { return std::nullopt; }
   absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
                                                const SourceIdentity* checked) override {
     const Slot* slots = reinterpret_cast<const Slot*>(slots_region_.data());

@@ -25,7 +25,7 @@
 namespace monarch {
 namespace {
 
-class SourceDriver final : public StorageDriver {
+class SourceDriver final : public StorageDriver, public InMemoryReads, public FileIdentity {
  public:
   SourceDriver(std::string root, int max_open_files)
       : root_(std::move(root)), descriptors_(max_open_files) {}

@@ -1,4 +1,5 @@
-// StoreCopy: the one helper shared by every driver's users; SourceIdentity::Of.
+// StoreCopy: the one helper shared by every driver's users; SourceIdentity::Of;
+// the capabilities a driver's class inherits.
 
 #include "drivers/storage_driver.h"
 
@@ -17,6 +18,12 @@ SourceIdentity SourceIdentity::Of(const struct stat& st) {
   identity.mtime_ns = nanoseconds(st.st_mtim);
   identity.ctime_ns = nanoseconds(st.st_ctim);
   return identity;
+}
+
+DriverCapabilities StorageDriver::capabilities() {
+  return DriverCapabilities{dynamic_cast<CopyMapping*>(this),  dynamic_cast<InMemoryReads*>(this),
+                            dynamic_cast<MemoryBacking*>(this), dynamic_cast<FileIdentity*>(this),
+                            dynamic_cast<KeptCopies*>(this),    dynamic_cast<SharedCopies*>(this)};
 }
 
 absl::Status StoreCopy(StorageDriver& driver, const FileRef& file, const char* data, size_t n,

@@ -5,9 +5,10 @@
 // those live in Tier (tier.h) and the placement handler. Concrete drivers are
 // hidden in their .cc files and built by the factories at the bottom.
 //
-// Threading: every method may be called concurrently, except ScanCopies(),
-// which runs once at start-up before any other call. A caller never stores or
-// removes the same file concurrently with itself within one process.
+// Threading: every method, the capabilities' included, may be called
+// concurrently, except KeptCopies::ScanCopies(), which runs once at
+// start-up before any other call. A caller never stores or removes the same
+// file concurrently with itself within one process.
 
 #ifndef MONARCH_DRIVERS_STORAGE_DRIVER_H_
 #define MONARCH_DRIVERS_STORAGE_DRIVER_H_
@@ -28,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
 #include "common/file_util.h"
+#include "common/process_mappings.h"
 #include "monarch/config.h"  // VerifyPolicy: placement.verify's values.
 
 namespace monarch {
@@ -115,6 +117,12 @@ class CopyWriter {
   virtual absl::Status Commit(const SourceIdentity& source) = 0;
 };
 
+struct DriverCapabilities;
+
+// What every tier does. What only some do is a capability, a small
+// interface below that a driver has if it inherits it: a caller asks once
+// (capabilities(), which Tier keeps), and calls none it was not given, as
+// the VFS calls no address_space_operations entry a file system left NULL.
 class StorageDriver {
  public:
   virtual ~StorageDriver() = default;
@@ -126,53 +134,138 @@ class StorageDriver {
   virtual absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst,
                                       size_t n) = 0;
 
-  // Read(), if every byte asked for is in memory already (the page cache of
-  // the source's file system): Unavailable if one would have to come from
-  // the device or the network, Unimplemented if the driver or the file
-  // system cannot tell. Never waits for I/O. The source implements it, so
-  // a miss on bytes the source has in memory can be served from there at
-  // the cost of a plain read (placement.cached_source).
-  virtual absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                                size_t n) {
-    (void)file, (void)offset, (void)dst, (void)n;
-    return absl::UnimplementedError("cannot tell what is in memory");
-  }
-
   // Starts a new copy of `file` (its size and mtime are in `file`). File
   // tiers write a temporary name and rename it on Commit(), so a crash or an
   // error never leaves a partial copy under the real name. The source refuses
-  // with PermissionDenied.
+  // with PermissionDenied. The caller owns the writer; it must not outlive
+  // the driver.
   virtual absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) = 0;
 
   // Deletes the copy of `file`. NotFound if there is none; PermissionDenied
   // for the source.
   virtual absl::Status Remove(const FileRef& file) = 0;
 
-  // File-backed tiers: calls `visit` for every copy an earlier run left: its
-  // dataset-relative name and the source identity stored with it, or null
-  // when the copy carries no valid record (not written by Monarch, cut
-  // short, damaged). Deletes temporaries left by processes that are no
-  // longer alive. Others: visits nothing.
+  // Blocks until the driver's background work is done for every copy
+  // committed or adopted so far (the file tiers open and check each ahead
+  // of its first read). Others: returns at once.
+  virtual void WaitForBackgroundWork() {}
+
+  // The driver's own counters, reported with its tier's (Tier::ReportCounters
+  // passes the tier's sink): the file tiers' opens, trailer reads and blocks
+  // checked. Others: none.
+  virtual void ReportTierCounters(CounterSink& sink) const { (void)sink; }
+
+  // The interfaces below that the driver's class inherits, by default.
+  virtual DriverCapabilities capabilities();
+};
+
+// Mapping copies in place (Monarch::MapCopies). A page fault reads a mapped
+// copy with no check, so only a copy that needs none may be mapped.
+class CopyMapping {
+ public:
+  // Marks the copy of `file` mapped (the caller mapped it, or is about to)
+  // and returns the stamp a mapping of it may trust; nullopt if none may.
+  // File tiers: the stamp of the copy (its inode as fstat() saw it,
+  // CopyState::Stamp) if every block of it was checked against its
+  // checksum and remembered; if not, nullopt, and the copy is queued to be
+  // checked in the background, so that a later mapping finds it checked.
+  // Under placement.verify: every-read, never (a mapping cannot check each
+  // access); under off, once the trailer was read. The RAM tier: its
+  // copies are sealed memory and need no check, so SourceIdentity::Of(file)
+  // for any copy of 1 MiB or more it holds, which is maybe mapped
+  // (SharedCopies::MayBeMapped) from then on, until a walk of the mappings
+  // finds nobody mapping it: removed meanwhile, it is held, not reused. A
+  // client's view of it: nullopt (the service marks it: kCheckedCopies).
+  virtual std::optional<SourceIdentity> MarkMapped(const FileRef& file) = 0;
+
+  // The copy of `file` opened to be mapped read-only and privately: its
+  // first byte is at `offset` of `fd`. File tiers: once the tier vouched
+  // for it (`checked`: what MarkMapped() said, in this process or in the
+  // node service), if it is still that inode; FailedPrecondition if it
+  // changed or `checked` is null, NotFound if it is gone. The RAM tier (the
+  // service's, in a client): before the tier is asked (`checked` null;
+  // FailedPrecondition otherwise), where the copy lies in the arena now, if
+  // it starts on a page (copies of 1 MiB or more do); FailedPrecondition
+  // in a process that is not dumpable (no walk could see its mapping). It
+  // must be mapped before MarkMapped() is asked about it: the tier holds a
+  // copy for the mappings that existed when it was asked, as a walk of
+  // them sees.
+  struct MappableCopy {
+    int fd = -1;
+    std::shared_ptr<ScopedFd> owner;  // Keeps `fd` open, if it was opened for this.
+    uint64_t offset = 0;
+    uint64_t generation = 0;  // What StillCopyOf() compares.
+  };
+  virtual absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
+                                                       const SourceIdentity* checked) = 0;
+  // Asked once a mapping of `copy` exists and the tier vouched for it:
+  // whether it is still `file`'s copy. A RAM copy removed before its tier
+  // was asked may have been reused (one removed after is held while it is
+  // mapped). A file tier's copy is an inode the mapping keeps: always.
+  virtual bool StillCopyOf(const FileRef& file, const MappableCopy& copy) = 0;
+};
+
+// Reading only what is in memory (the source), so that a miss on bytes in
+// its page cache is served at the cost of a plain read (cached_source).
+class InMemoryReads {
+ public:
+  // StorageDriver::Read(), if every byte asked for is in memory already:
+  // Unavailable if one would have to come from the device or the network,
+  // Unimplemented if the file system cannot tell. Never waits for I/O.
+  virtual absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                                size_t n) = 0;
+};
+
+// Backing memory ahead, and giving it back: the RAM tier, for memory.watch.
+class MemoryBacking {
+ public:
+  // Memory the tier may allocate ahead of need (back_ahead) until told again.
+  virtual void AllowMemoryAhead(uint64_t bytes) = 0;
+  // Gives the memory of removed copies back to the kernel (a tier made
+  // releasable, when memory pressure shrinks it); returns the bytes.
+  virtual uint64_t ReleaseFreeMemory() = 0;
+};
+
+// Identity: what a file on the source is now, which a promotion checks
+// before it commits a copy of it.
+class FileIdentity {
+ public:
+  // The fstat() of the descriptor reads use. The open's errors (NotFound,
+  // ...); FailedPrecondition if it is no longer a regular file.
+  virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) = 0;
+};
+
+// Copies kept across runs: the file tiers.
+class KeptCopies {
+ public:
+  // Calls `visit` for every copy an earlier run left: its dataset-relative
+  // name and the source identity stored with it, or null when the copy
+  // carries no valid record (not written by Monarch, cut short, damaged).
+  // Deletes temporaries left by processes that are no longer alive. Errors:
+  // the directory's.
   using CopyVisitor =
       absl::FunctionRef<void(absl::string_view name, const SourceIdentity* source)>;
-  virtual absl::Status ScanCopies(CopyVisitor visit) {
-    (void)visit;
-    return absl::OkStatus();
-  }
+  virtual absl::Status ScanCopies(CopyVisitor visit) = 0;
+  // A copy ScanCopies() found was adopted as the copy of `file` (from its
+  // visitor): readied ahead of its first read (WaitForBackgroundWork).
+  virtual void CopyAdopted(const FileRef& file) = 0;
+};
 
-  // Drivers whose copies live in memory other processes may map (the RAM
-  // tier's memfds): the descriptors a node service hands its clients, which
-  // read the copies with NewRamReader. Owned by the driver. Others: none.
-  virtual std::vector<int> SharedMemoryDescriptors() const { return {}; }
-
-  // Drivers that keep copies in this process's memory (the RAM tier): calls
-  // `visit` with [offset, offset + n) of the copy of `file` where the bytes
-  // rest, and returns OK if they were that copy's throughout the call
-  // (NotFound if there is none, or it was removed meanwhile). The bytes may
-  // change once it returns, if the copy is removed and its memory reused:
-  // a caller that goes on using them must be able to tell (the peers send
-  // them with their CRC32C, which the requester checks). Lets a peer send a
-  // copy without a staging copy. Others: Unimplemented.
+// Memory other processes share (the RAM tier): clients read its copies
+// (NewRamReader), processes map them, peers are sent them where they rest.
+// Who maps what is not the tier's to find out: the instance that hands
+// mappings out walks the node's processes (MappingWatch) and tells it.
+class SharedCopies {
+ public:
+  // The descriptors a node service hands its clients; owned by the driver.
+  virtual std::vector<int> SharedMemoryDescriptors() const = 0;
+  // Calls `visit` with [offset, offset + n) of the copy of `file` where the
+  // bytes rest, and returns OK if they were that copy's throughout the call
+  // (NotFound if there is none, or it was removed meanwhile; OutOfRange if
+  // the range passes its end). The bytes may change once it returns, if the
+  // copy is removed and its memory reused: a caller that goes on using them
+  // must be able to tell (the peers send them with their CRC32C, which the
+  // requester checks). Lets a peer send a copy without a staging copy.
   struct InMemoryBytes {
     const char* data;
     // Their CRC32C, when the driver kept the copy's block checksums
@@ -182,122 +275,43 @@ class StorageDriver {
     std::optional<uint32_t> crc32c;
   };
   virtual absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                                     absl::FunctionRef<void(const InMemoryBytes& bytes)> visit) {
-    (void)file, (void)offset, (void)n, (void)visit;
-    return absl::UnimplementedError("copies not in memory");
-  }
+                                     absl::FunctionRef<void(const InMemoryBytes& bytes)> visit) = 0;
+  // Bytes of removed copies held because some process may map them; they
+  // count against the tier's capacity.
+  virtual uint64_t HeldBytes() const = 0;
+  // Whether a process may map the copy of `file` now (it was marked mapped
+  // since the last walk of the mappings, or that walk found it mapped).
+  // Eviction passes over such copies: removing one would free no room,
+  // only hold it.
+  virtual bool MayBeMapped(const FileRef& file) = 0;
+  // Frees the held copies that `walk` (every process's private mappings of
+  // the tier's memory files, first handed out at `since`) finds nobody
+  // mapping, and returns their bytes; a file whose copy it finds nobody
+  // mapping is no longer maybe mapped, unless marked since it started.
+  // Calls `walk` once, only while some copy is held or marked (else 0); a
+  // walk that fails (it could not rule a process out) frees nothing.
+  virtual uint64_t ReleaseUnmapped(MappingWalk walk) = 0;
+};
 
-  // The driver's own counters, reported with its tier's (Tier::ReportCounters
-  // passes the tier's sink): the file tiers' opens, trailer reads and blocks
-  // checked. Others: none.
-  virtual void ReportTierCounters(CounterSink& sink) const { (void)sink; }
-
-  // A copy an earlier run left was adopted as the copy of `file` (called
-  // from ScanCopies' visitor). File tiers ready it ahead of its first read,
-  // as they do the copies they write (see WaitForBackgroundWork). Others
-  // keep no copies across runs.
-  virtual void CopyAdopted(const FileRef& file) { (void)file; }
-
-  // Drivers that work on their copies in the background (the file tiers
-  // open and check each new or adopted copy ahead of its first read):
-  // blocks until that work is done for every copy committed or adopted so
-  // far. Others: no such work.
-  virtual void WaitForBackgroundWork() {}
-
-  // Gives the memory of removed copies back to the kernel (a RAM tier made
-  // releasable, when memory pressure shrinks it); returns the bytes given
-  // back. Others: 0. May be called concurrently with every other call.
-  virtual uint64_t ReleaseFreeMemory() { return 0; }
-  // Memory this driver may allocate ahead of need (a RAM tier's
-  // back_ahead) until told again; memory.watch says it at every sample.
-  virtual void AllowMemoryAhead(uint64_t /*bytes*/) {}
-
-  // Mapping copies in place (Monarch::MapCopies). A page fault reads a
-  // mapped copy with no check, so only a copy that needs none may be mapped.
-  //
-  // File tiers: the stamp of the copy of `file` (its inode as fstat() saw
-  // it, CopyState::Stamp) if every block of it was checked against its
-  // checksum and remembered; if not, nullopt, and the copy is queued to be
-  // checked in the background, so that a later mapping finds it checked.
-  // Under placement.verify: every-read, never (a mapping cannot check each
-  // access); under off, once the trailer was read.
-  //
-  // The RAM tier: its copies are sealed memory and need no check, so
-  // SourceIdentity::Of(file) for any copy of 1 MiB or more it holds. Asking
-  // marks the file as maybe mapped (MayBeMapped) until a walk of the
-  // mappings finds nobody mapping its copy: a copy removed meanwhile is
-  // held (HeldBytes) rather than reused. Others: nullopt.
-  virtual std::optional<SourceIdentity> CheckedWhole(const FileRef& file) {
-    (void)file;
-    return std::nullopt;
-  }
-  // The copy of `file` opened to be mapped read-only and privately: its
-  // first byte is at `offset` of `fd`. File tiers: once the tier vouched
-  // for it (`checked`: what CheckedWhole() said, in this process or in the
-  // node service), if it is still that inode; FailedPrecondition if it
-  // changed or `checked` is null, NotFound if it is gone. The RAM tier (the
-  // service's, in a client): before the tier is asked (`checked` null;
-  // FailedPrecondition otherwise), where the copy lies in the arena now, if
-  // it starts on a page (copies of 1 MiB or more do). It must be mapped
-  // before CheckedWhole() is asked about it: the tier holds a copy for the
-  // mappings that existed when it was asked, as a walk of them sees. Others
-  // vouch for no copy: FailedPrecondition.
-  struct MappableCopy {
-    int fd = -1;
-    std::shared_ptr<ScopedFd> owner;  // Keeps `fd` open, if it was opened for this.
-    uint64_t offset = 0;
-    uint64_t generation = 0;  // What StillCopyOf() compares.
-  };
-  virtual absl::StatusOr<MappableCopy> OpenCheckedCopy(const FileRef& file,
-                                                       const SourceIdentity* checked) {
-    (void)checked;
-    return absl::FailedPreconditionError(
-        absl::StrCat("only a RAM, posix or pmem tier's copies can be mapped, not ", file.name,
-                     "'s"));
-  }
-  // Asked once a mapping of `copy` exists and the tier vouched for it:
-  // whether it is still `file`'s copy. A RAM copy removed before its tier
-  // was asked may have been reused (one removed after is held while it is
-  // mapped). A file tier's copy is an inode the mapping keeps: always.
-  virtual bool StillCopyOf(const FileRef& file, const MappableCopy& copy) {
-    (void)file;
-    (void)copy;
-    return true;
-  }
-  // The RAM tier: bytes of removed copies still held because some process
-  // may map them; they count against the tier's capacity. Others: 0.
-  virtual uint64_t HeldBytes() const { return 0; }
-  // The RAM tier: whether a process may map the copy of `file` now (it was
-  // asked about since the last walk of the mappings, or that walk found it
-  // mapped). Eviction passes over such copies: removing one would free no
-  // room, only hold it. Others: false.
-  virtual bool MayBeMapped(const FileRef& file) {
-    (void)file;
-    return false;
-  }
-  // Walks every process's mappings (FindPrivateMappings), frees the held
-  // copies nobody maps any more and returns their bytes; also what
-  // MayBeMapped() says from then on. At most once a second (0 in between),
-  // and only while some copy may be mapped; 0 when no process can be ruled
-  // out. Others: 0.
-  virtual uint64_t ReleaseUnmapped() { return 0; }
-
-  // The source: what the file is now (fstat of the descriptor reads use).
-  // Others: Unimplemented.
-  virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) {
-    (void)file;
-    return absl::UnimplementedError("only the source identifies files");
-  }
+// A driver's capabilities, null where it has none; they live as long as it.
+struct DriverCapabilities {
+  CopyMapping* mapping = nullptr;       // Mapping copies in place: RAM, posix, pmem.
+  InMemoryReads* in_memory = nullptr;   // Reading only what is in memory: the source.
+  MemoryBacking* memory = nullptr;      // Backing memory ahead, giving it back: RAM.
+  FileIdentity* identity = nullptr;     // What a file is now: the source.
+  KeptCopies* kept = nullptr;           // Copies kept across runs: posix, pmem.
+  SharedCopies* shared = nullptr;       // Memory other processes share: the RAM tier.
 };
 
 // Factories. `max_open_files` bounds the descriptors (or mappings) kept open
 // between reads.
 struct RamTierOptions {
-  // A home of peers: VisitInMemory gives whole-block ranges' CRC32C.
+  // A home of peers: SharedCopies::VisitInMemory gives whole-block ranges'
+  // CRC32C.
   bool keep_block_sums = false;
   bool huge_pages = false;  // TierConfig::huge_pages.
-  // Its memory is not sealed against writes, so that ReleaseFreeMemory()
-  // can give it back (memory.watch).
+  // Its memory is not sealed against writes, so that
+  // MemoryBacking::ReleaseFreeMemory() can give it back (memory.watch).
   bool releasable = false;
   uint64_t back_ahead = 0;  // TierConfig::back_ahead.
 };
@@ -307,7 +321,8 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
                                                             uint64_t capacity, uint32_t file_count,
                                                             const RamTierOptions& options = {});
 // A read-only view, in a client of the node service, of the service's RAM
-// tier: `fds` are a reopening of its SharedMemoryDescriptors(), in order.
+// tier: `fds` are a reopening of its SharedCopies::SharedMemoryDescriptors(),
+// in order.
 // Without `map_from_start`, it copies with pread() until this process reads
 // a file again (ram_driver.cc says why). NewWriter and Remove fail with
 // PermissionDenied.

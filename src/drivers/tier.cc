@@ -7,7 +7,10 @@
 namespace monarch {
 
 Tier::Tier(TierConfig config, std::unique_ptr<StorageDriver> driver)
-    : config_(std::move(config)), driver_(std::move(driver)), limit_(config_.capacity_bytes) {}
+    : config_(std::move(config)),
+      driver_(std::move(driver)),
+      can_(driver_->capabilities()),
+      limit_(config_.capacity_bytes) {}
 
 absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* dst, size_t n) {
   absl::StatusOr<size_t> result = driver_->Read(file, offset, dst, n);
@@ -17,14 +20,16 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
 
 absl::StatusOr<size_t> Tier::ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
                                             size_t n) {
-  absl::StatusOr<size_t> result = driver_->ReadIfInMemory(file, offset, dst, n);
+  if (can_.in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
+  absl::StatusOr<size_t> result = can_.in_memory->ReadIfInMemory(file, offset, dst, n);
   if (result.ok()) reads_.Count(*result);
   return result;
 }
 
 absl::Status Tier::VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                                 absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit) {
-  absl::Status status = driver_->VisitInMemory(file, offset, n, visit);
+                                 absl::FunctionRef<void(const SharedCopies::InMemoryBytes&)> visit) {
+  if (can_.shared == nullptr) return absl::UnimplementedError("copies not in memory");
+  absl::Status status = can_.shared->VisitInMemory(file, offset, n, visit);
   if (status.ok()) reads_.Count(n);
   return status;
 }
@@ -40,7 +45,7 @@ bool Tier::TryReserve(uint64_t file_bytes) {
   const uint64_t bytes = Footprint(file_bytes);
   // Removed copies a process may still map take room too (not reserved:
   // the driver frees them).
-  const uint64_t wanted = bytes + driver_->HeldBytes();
+  const uint64_t wanted = bytes + HeldBytes();
   uint64_t current = reserved_.load(std::memory_order_relaxed);
   do {
     if (current + wanted > limit_.load(std::memory_order_relaxed) || current + wanted < current) {

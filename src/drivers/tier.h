@@ -33,21 +33,24 @@ class Tier {
     return config_.kind != TierKind::kSource && config_.kind != TierKind::kPeers;
   }
   StorageDriver& driver() { return *driver_; }
+  // What the driver can do beyond StorageDriver, asked once.
+  const DriverCapabilities& can() const { return can_; }
 
   // Reads through the driver; a success adds to reads and bytes read.
   // Failures are counted by the caller (CountReadError), which knows whether
   // one is an error: NotFound from the peers tier only means "not from a
   // peer this time", and the read goes on to the source.
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
-  // The same for StorageDriver::ReadIfInMemory.
+  // The same for InMemoryReads::ReadIfInMemory; Unimplemented without it.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
                                         size_t n);
   // Where reads of this tier are counted (the read path counts its hits
   // here itself).
   TierReads& reads() { return reads_; }
-  // The same for StorageDriver::VisitInMemory: a success is a read of `n` bytes.
+  // The same for SharedCopies::VisitInMemory: a success is a read of `n`
+  // bytes. Unimplemented without it.
   absl::Status VisitInMemory(const FileRef& file, uint64_t offset, size_t n,
-                             absl::FunctionRef<void(const StorageDriver::InMemoryBytes&)> visit);
+                             absl::FunctionRef<void(const SharedCopies::InMemoryBytes&)> visit);
   void CountReadError() { read_errors_.fetch_add(1, std::memory_order_relaxed); }
   // A read found the copy damaged or altered (DataLoss).
   void CountDamagedCopy() { damaged_.fetch_add(1, std::memory_order_relaxed); }
@@ -67,11 +70,17 @@ class Tier {
   static uint64_t MaxFootprint(uint64_t file_bytes);
   // Bytes a copy of a `file_bytes` file takes in this tier.
   uint64_t Footprint(uint64_t file_bytes) const;
+  // SharedCopies': what eviction passes over (a copy a process may map),
+  // and what counts against the capacity beside the reservations.
+  bool MayBeMapped(const FileRef& file) const {
+    return can_.shared != nullptr && can_.shared->MayBeMapped(file);
+  }
+  uint64_t HeldBytes() const { return can_.shared != nullptr ? can_.shared->HeldBytes() : 0; }
   // Room left for new copies: capacity minus complete and reserved ones,
-  // and removed ones still held for mappings (StorageDriver::HeldBytes).
+  // and removed ones still held for mappings (SharedCopies::HeldBytes).
   uint64_t free_bytes() const {
     const uint64_t limit = limit_.load(std::memory_order_relaxed);
-    const uint64_t taken = reserved_.load(std::memory_order_relaxed) + driver_->HeldBytes();
+    const uint64_t taken = reserved_.load(std::memory_order_relaxed) + HeldBytes();
     return taken < limit ? limit - taken : 0;
   }
   // Treats the tier as full from now on (after the device reported ENOSPC
@@ -97,6 +106,7 @@ class Tier {
  private:
   const TierConfig config_;
   const std::unique_ptr<StorageDriver> driver_;
+  const DriverCapabilities can_;
 
   std::atomic<uint64_t> limit_;         // Capacity, lowered by MarkFull().
   std::atomic<uint64_t> committed_{0};  // Bytes of complete copies, trailers included.

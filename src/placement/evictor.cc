@@ -13,7 +13,7 @@ namespace monarch {
 
 Evictor::Evictor(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
                  const PlacementPolicy* policy, ReadPins* pins, FileLocks* locks,
-                 ChunkPool* staging, uint64_t chunk_bytes)
+                 ChunkPool* staging, uint64_t chunk_bytes, MappingWatch* mappings)
     : tiers_(tiers),
       namespace_(ns),
       policy_(policy),
@@ -21,6 +21,7 @@ Evictor::Evictor(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespac
       locks_(locks),
       staging_(staging),
       chunk_bytes_(chunk_bytes),
+      mappings_(mappings),
       source_index_(static_cast<int>(tiers->size()) - 1),
       first_origin_(FirstReadOnlyTier(*tiers)),
       cache_tiers_(static_cast<int>(std::count_if(tiers->begin(), tiers->end(),
@@ -31,9 +32,8 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   if (future != nullptr && future->known()) {
     // The fastest tier whose last-read copy is read later than this file.
     const uint64_t wanted_next = future->NextUse(id_wanted);
-    // Removed copies no process maps any more make room first (outside mu_:
-    // a walk of the node's processes).
-    for (int t = 0; t < first_origin_; ++t) (*tiers_)[t]->driver().ReleaseUnmapped();
+    // Removed copies no process maps any more make room first.
+    for (int t = 0; t < first_origin_; ++t) ReleaseUnmapped(t);
     MutexLock lock(&mu_);
     for (int t = 0; t < first_origin_; ++t) {
       const Tier& tier = *(*tiers_)[t];
@@ -51,7 +51,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
   Tier& tier = *(*tiers_)[target];
   const uint64_t need = tier.Footprint(file_bytes);
   const uint32_t files = namespace_->entry_count();
-  tier.driver().ReleaseUnmapped();
+  ReleaseUnmapped(target);
   MutexLock lock(&mu_);
   // Two turns of the hand: the first may only clear reference bits.
   for (uint64_t scanned = 0; tier.free_bytes() < need && scanned < 2 * uint64_t{files};
@@ -62,7 +62,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
     if (pins_->TakeReference(id)) continue;  // Second chance.
     if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
-    if (tier.driver().MayBeMapped(victim.ref)) continue;  // Evicted, it would only be held.
+    if (tier.MayBeMapped(victim.ref)) continue;  // Evicted, it would only be held.
     EvictLocked(victim, target);
   }
   if (tier.free_bytes() >= need) return true;
@@ -77,7 +77,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
   // Lowered first, so that promotions starting meanwhile do not take back
   // the room being made.
   if (target < tier.limit()) tier.SetLimit(target);
-  tier.driver().ReleaseUnmapped();
+  ReleaseUnmapped(tier_index);
   const uint32_t files = namespace_->entry_count();
   MutexLock lock(&mu_);
   for (uint64_t scanned = 0; tier.reserved_bytes() > target && scanned < 2 * uint64_t{files} &&
@@ -89,7 +89,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
     if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
     if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
     // A copy a process maps frees no memory when dropped: it is held.
-    if (pins_->IsPinned(id) || tier.driver().MayBeMapped(victim.ref)) continue;
+    if (pins_->IsPinned(id) || tier.MayBeMapped(victim.ref)) continue;
     const uint64_t size = victim.ref.size;
     int lower = -1;
     for (int t = tier_index + 1; t < first_origin_; ++t) {
@@ -110,6 +110,13 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
     }
   }
   return result;
+}
+
+void Evictor::ReleaseUnmapped(int tier) {
+  SharedCopies* shared = (*tiers_)[tier]->can().shared;
+  if (shared == nullptr || mappings_ == nullptr) return;
+  mappings_->ReleaseUnmapped(
+      tier, [shared](MappingWalk walk) { return shared->ReleaseUnmapped(walk); });
 }
 
 bool Evictor::WantsFasterTier(const FileEntry& entry) const {
@@ -148,7 +155,7 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
       const FileEntry& candidate = namespace_->entry(id);
       if (candidate.tier->load(std::memory_order_acquire) != target) continue;
       if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
-      if (tier.driver().MayBeMapped(candidate.ref)) continue;
+      if (tier.MayBeMapped(candidate.ref)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {

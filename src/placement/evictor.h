@@ -44,6 +44,7 @@
 
 #include "common/counters.h"
 #include "common/mutex.h"
+#include "common/process_mappings.h"
 #include "drivers/tier.h"
 #include "metadata/namespace.h"
 #include "placement/chunk_pool.h"
@@ -78,10 +79,11 @@ class Evictor final {
  public:
   // `tiers`: the cache tiers, then the read-only ones (the peers, if any,
   // then the source, last). `staging` lends the buffer a demotion copies
-  // through, `chunk_bytes` at a time.
+  // through, `chunk_bytes` at a time. `mappings` (null: none are handed
+  // out) finds the copies held for mappings that nobody maps any more.
   Evictor(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
           const PlacementPolicy* policy, ReadPins* pins, FileLocks* locks, ChunkPool* staging,
-          uint64_t chunk_bytes);
+          uint64_t chunk_bytes, MappingWatch* mappings);
   Evictor(const Evictor&) = delete;
   Evictor& operator=(const Evictor&) = delete;
 
@@ -148,6 +150,9 @@ class Evictor final {
   bool CopyDown(FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
   bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the copies tier `tier` holds for mappings that nobody maps any
+  // more (a walk of the node's processes: outside mu_).
+  void ReleaseUnmapped(int tier) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
   const Namespace* const namespace_;
@@ -156,6 +161,7 @@ class Evictor final {
   FileLocks* const locks_;
   ChunkPool* const staging_;
   const uint64_t chunk_bytes_;
+  MappingWatch* const mappings_;
   const int source_index_;
   const int first_origin_;  // The first read-only tier.
   const int cache_tiers_;

@@ -80,7 +80,8 @@ void MemoryGovernor::OnSample(const MemorySample& sample) {
   const uint64_t keep = 4 * config_.headroom_bytes;
   const uint64_t ahead = sample.headroom_bytes > keep ? sample.headroom_bytes - keep : 0;
   for (int t : ram_tiers_) {
-    (*tiers_)[t]->driver().AllowMemoryAhead(ahead / std::max<size_t>(ram_tiers_.size(), 1));
+    MemoryBacking* memory = (*tiers_)[t]->can().memory;
+    if (memory != nullptr) memory->AllowMemoryAhead(ahead / std::max<size_t>(ram_tiers_.size(), 1));
   }
   const Clock::time_point now = Clock::now();
   if (sample.headroom_bytes < config_.headroom_bytes || sample.psi_fired) {
@@ -124,7 +125,7 @@ void MemoryGovernor::Shrink(const MemorySample& sample) {
     demoted += result.demoted_bytes;
     dropped += result.dropped_bytes;
     files += result.files;
-    released += tier.driver().ReleaseFreeMemory();
+    if (tier.can().memory != nullptr) released += tier.can().memory->ReleaseFreeMemory();
     if (tier.limit() != before_limit || result.files > 0) {
       tiers_changed.push_back(absl::StrCat("'", tier.config().name, "' ", MiB(before_limit),
                                            " -> ", MiB(tier.limit())));

@@ -9,7 +9,7 @@
 //   eighth of what they hold), and their copies are moved down to a file
 //   tier with room or dropped (PlacementHandler::ShedTier, which waits for
 //   the readers inside a copy: ReadPins), fastest tier first. Then the freed
-//   pages are given back to the kernel (StorageDriver::ReleaseFreeMemory):
+//   pages are given back to the kernel (MemoryBacking::ReleaseFreeMemory):
 //   a copy dropped from a tier whose memory stays allocated frees nothing.
 // - No pressure for memory.grow_after: grow back, an eighth of the
 //   configured capacity at most once a second, while twice the headroom

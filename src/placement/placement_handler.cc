@@ -13,13 +13,14 @@ namespace monarch {
 
 PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers,
                                    const Namespace* ns, std::unique_ptr<PlacementPolicy> policy,
-                                   const PlacementConfig& config, bool pin_readers)
+                                   const PlacementConfig& config, bool pin_readers,
+                                   MappingWatch* mappings)
     : policy_(std::move(policy)),
       evicts_(policy_->evicts()),
       pins_(evicts_ || pin_readers ? ns->entry_count() : 0),
       promoter_(tiers, ns, policy_.get(), &pins_, config),
       evictor_(tiers, ns, policy_.get(), &pins_, &promoter_, &promoter_.chunk_pool(),
-               config.chunk_bytes),
+               config.chunk_bytes, mappings),
       source_(tiers->back().get()),
       namespace_(ns) {
   if (ns->entry_count() > ns->file_count()) {

@@ -63,10 +63,11 @@ class PlacementHandler final {
   // `ns` (the files' identities as the walk found them) must outlive it too.
   // With `pin_readers` (a RAM tier that memory pressure may shrink),
   // readers pin the copies they read even when the policy does not evict,
-  // so that ShedTier() waits for them.
+  // so that ShedTier() waits for them. `mappings` (the instance's, if it
+  // hands copies out to be mapped) must outlive it too.
   PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
                    std::unique_ptr<PlacementPolicy> policy, const PlacementConfig& config,
-                   bool pin_readers = false);
+                   bool pin_readers = false, MappingWatch* mappings = nullptr);
   // Cancels (the Promoter's destructor). An owner whose Cancel() gave up
   // must abandon the handler instead of destroying it (see Cancel()).
   ~PlacementHandler() = default;

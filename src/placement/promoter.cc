@@ -173,7 +173,9 @@ absl::StatusOr<size_t> Promoter::ReadSourceIfInMemory(const FileRef& file, uint6
   // and what came from its device or network, and these bytes were read
   // from the source once already, by the reader whose miss queued the copy.
   Tier& source = *(*tiers_)[source_index_];
-  absl::StatusOr<size_t> result = source.driver().ReadIfInMemory(file, offset, dst, n);
+  InMemoryReads* in_memory = source.can().in_memory;
+  if (in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
+  absl::StatusOr<size_t> result = in_memory->ReadIfInMemory(file, offset, dst, n);
   if (result.ok()) {
     bytes_from_memory_.fetch_add(*result, std::memory_order_relaxed);
   } else if (!absl::IsUnavailable(result.status()) && !absl::IsUnimplemented(result.status())) {
@@ -205,8 +207,9 @@ absl::StatusOr<SourceIdentity> Promoter::IdentityToCommit(
   }
   // Without `read_source` the home peer checked its own copy's source.
   if (read_source) {
-    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now,
-                             (*tiers_)[source_index_]->driver().Identify(entry.ref));
+    FileIdentity* source = (*tiers_)[source_index_]->can().identity;
+    if (source == nullptr) return absl::UnimplementedError("the source identifies no file");
+    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now, source->Identify(entry.ref));
     if (now != identity) {
       source_changed_.fetch_add(1, std::memory_order_relaxed);
       return absl::AbortedError(absl::StrCat(

@@ -71,7 +71,7 @@ class PromotionHost {
   virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
                                             size_t n, bool* from_source = nullptr) = 0;
   // The same from the source, if every byte is in its memory already
-  // (StorageDriver::ReadIfInMemory): Unavailable or Unimplemented if not.
+  // (InMemoryReads::ReadIfInMemory): Unavailable or Unimplemented if not.
   virtual absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
                                                       char* dst, size_t n) = 0;
   // What the copy about to be committed is a copy of: the source file as

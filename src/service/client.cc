@@ -640,7 +640,8 @@ class SessionFiles {
                                   uint64_t offset, char* dst, size_t n) {
     TierReads& counted = state_.counters.load(std::memory_order_relaxed)->tiers[tier];
     if (state_.speeds != nullptr && state_.speeds->Routes(tier)) {
-      return state_.speeds->ReadHit(*session_->source, reader, *file, tier, offset, dst, n, counted);
+      return state_.speeds->ReadHit(session_->source->capabilities().in_memory, reader, *file,
+                                    tier, offset, dst, n, counted);
     }
     absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
     if (got.ok() && *got == n) counted.Count(n);

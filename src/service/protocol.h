@@ -173,7 +173,7 @@ struct ReadAheadNotice {
 // pieces (files or extents, by entry id) are in the service checked whole:
 // a page fault checks nothing, so only those may be mapped. The reply
 // lists those, with the copy's inode as the service checked it, which the
-// client's own fstat() of the copy must match (StorageDriver::CheckedWhole,
+// client's own fstat() of the copy must match (CopyMapping::MarkMapped,
 // OpenCheckedCopy). The others are queued to be checked. A RAM copy needs
 // no check; the service's yes (with the file's own identity as the stamp)
 // means it holds that file's copies, once removed, until no process maps
