@@ -75,9 +75,6 @@ void Put64(std::string* out, uint64_t v) {
 uint32_t SymlinkCode(SymlinkPolicy p) {
   return p == SymlinkPolicy::kInside ? 1 : p == SymlinkPolicy::kSkip ? 2 : 0;
 }
-const char* SymlinkName(SymlinkPolicy p) {
-  return p == SymlinkPolicy::kInside ? "inside" : p == SymlinkPolicy::kSkip ? "skip" : "follow";
-}
 
 absl::string_view LastComponent(absl::string_view name) {
   const size_t slash = name.rfind('/');
@@ -441,8 +438,8 @@ absl::Status CheckOrigin(const Manifest& manifest, const ManifestOrigin& expecte
   }
   if (got.symlinks != expected.symlinks) {
     return absl::FailedPreconditionError(
-        absl::StrCat("it was walked with symlinks '", SymlinkName(got.symlinks), "', expected '",
-                     SymlinkName(expected.symlinks), "' (dataset.symlinks)"));
+        absl::StrCat("it was walked with symlinks '", NameOf(got.symlinks), "', expected '",
+                     NameOf(expected.symlinks), "' (dataset.symlinks)"));
   }
   return absl::OkStatus();
 }
