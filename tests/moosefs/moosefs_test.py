@@ -124,6 +124,21 @@ def dataset_spec():
     return mixed_spec(classes=3, per_class=20, big=5 * 2**20 + 321)
 
 
+class Dataset:
+    """A scenario's files on MooseFS: their contents, sorted names, total
+    bytes, and a listing of the names for the readers."""
+
+    def __init__(self, env, fs, name):
+        self.root, self.files = fresh_dataset(env, fs, name, dataset_spec())
+        self.names = sorted(self.files)
+        self.total = total_bytes(self.files)
+        self.listing = write_list(env.path("files.txt"), self.names)
+
+    def lines(self, epochs, fmt=reader_line, files=None):
+        """What a reader prints for `epochs` epochs of `files` (default: these)."""
+        return expected_lines(files or self.files, self.names, epochs, fmt)
+
+
 def check_once(meter, what):
     check(meter.ratio >= 0.99, "%s: %.3fx the dataset crossed from MooseFS, less than the "
           "dataset: the meter does not see the reads" % (what, meter.ratio))
@@ -158,11 +173,9 @@ def in_process_config(env, root, files, name, tiers=None):
 
 
 def scenario_in_process(env, fs):
-    root, files = fresh_dataset(env, fs, "inproc", dataset_spec())
-    names = sorted(files)
-    total = total_bytes(files)
-    listing = write_list(env.path("files.txt"), names)
-    want = expected_lines(files, names, 3, reader_line)
+    ds = Dataset(env, fs, "inproc")
+    root, files, names, total, listing = ds.root, ds.files, ds.names, ds.total, ds.listing
+    want = ds.lines(3)
     # The meter sees every read: plain reads of 3 epochs move 3x the dataset.
     with Meter(fs, "plain reads, 3 epochs", total) as plain:
         for _ in range(3):
@@ -179,11 +192,9 @@ def scenario_in_process(env, fs):
 
 
 def scenario_service(env, fs):
-    root, files = fresh_dataset(env, fs, "service", dataset_spec())
-    names = sorted(files)
-    total = total_bytes(files)
-    listing = write_list(env.path("files.txt"), names)
-    want = expected_lines(files, names, 3, reader_line)
+    ds = Dataset(env, fs, "service")
+    root, total, listing = ds.root, ds.total, ds.listing
+    want = ds.lines(3)
     rt = env.runtime_dir("rt")
     config = write_config(env.path("svc.yaml"), root, rt, max(2 * total, 16 << 20))
     with Meter(fs, "node service, 2 clients x 3 epochs", total) as job:
@@ -207,9 +218,8 @@ def scenario_service(env, fs):
 
 def scenario_preload(env, fs):
     check(os.path.exists(env.preload), "missing %s" % env.preload)
-    root, files = fresh_dataset(env, fs, "preload", dataset_spec())
-    names = sorted(files)
-    total = total_bytes(files)
+    ds = Dataset(env, fs, "preload")
+    root, files, names, total = ds.root, ds.files, ds.names, ds.total
     md5 = "".join("%s  %s\n" % (hashlib.md5(files[n]).hexdigest(), n) for n in names).encode()
     cat_all = sha(b"".join(files[n] for n in names))
     rt = env.runtime_dir("rt")
@@ -234,10 +244,8 @@ def scenario_torch(env, fs):
     r = subprocess.run([env.python, "-c", "import torch"], capture_output=True)
     if r.returncode != 0:
         raise Skip("no torch in %s" % env.python)
-    root, files = fresh_dataset(env, fs, "torch", dataset_spec())
-    names = sorted(files)
-    total = total_bytes(files)
-    listing = write_list(env.path("files.txt"), names)
+    ds = Dataset(env, fs, "torch")
+    root, total, listing = ds.root, ds.total, ds.listing
     rt = env.runtime_dir("rt")
     config = write_config(env.path("torch.yaml"), root, rt, max(2 * total, 16 << 20))
     program = os.path.join(HERE, "torch_epochs.py")
@@ -250,7 +258,7 @@ def scenario_torch(env, fs):
             service.stop()
     check(got.returncode == 0, "the DataLoader job failed (%d):\n%s" % (
         got.returncode, got.stderr.decode(errors="replace")[-3000:]))
-    check(got.stdout == expected_lines(files, names, 3, torch_line),
+    check(got.stdout == ds.lines(3, torch_line),
           "monarch.torch: the items differ from the files")
     check_once(job, "through monarch.torch")
 
@@ -280,10 +288,8 @@ def rewrite(root, files, rng):
 
 
 def scenario_stale(env, fs):
-    root, files = fresh_dataset(env, fs, "stale", dataset_spec())
-    names = sorted(files)
-    total = total_bytes(files)
-    listing = write_list(env.path("files.txt"), names)
+    ds = Dataset(env, fs, "stale")
+    root, files, names, total, listing = ds.root, ds.files, ds.names, ds.total, ds.listing
     rng = random.Random(7)
     copies = os.path.join(env.var_dir(), "posix-copies")
     os.makedirs(copies)
@@ -298,7 +304,7 @@ def scenario_stale(env, fs):
             node = node_counters(env, rt)
         finally:
             service.stop()
-        check(out == expected_lines(want, names, 1, reader_line),
+        check(out == ds.lines(1, files=want),
               "%s: the service served bytes that are not the files' on MooseFS" % label)
         return node
 
@@ -325,7 +331,7 @@ def scenario_stale(env, fs):
     files3, changed = rewrite(root, files2, rng)
     config_local = in_process_config(env, root, files, "stale-local", tiers=[posix])
     out = run_python(env, READER, [config_local, listing, "1"])
-    check(out == expected_lines(files3, names, 1, reader_line),
+    check(out == ds.lines(1, files=files3),
           "in process: served bytes that are not the files' on MooseFS after %s changed" %
           ", ".join(changed))
 
