@@ -240,6 +240,26 @@ absl::Status CopyTree::Remove(absl::string_view name) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether `copy` (its stat) may be of a source file that changed again
+// within the tick its recorded times fell in. A file system that keeps
+// whole seconds (MooseFS, and Lustre's clients) gives a change made in the
+// same second as the copy the same ctime and mtime, so the identity cannot
+// tell them apart, as git's "racily clean" index entries cannot. A copy
+// committed (its own ctime: the rename that published it) less than two
+// seconds after such a source's last change is not adopted: that file is
+// read from the source again. Finer clocks keep their nanoseconds and are
+// told apart by them.
+bool RacyCopy(const SourceIdentity& source, const struct stat& copy) {
+  constexpr int64_t kSecond = 1000000000;
+  if (source.ctime_ns % kSecond != 0 || source.mtime_ns % kSecond != 0) return false;
+  const int64_t committed = int64_t{copy.st_ctim.tv_sec} * kSecond + copy.st_ctim.tv_nsec;
+  return committed < std::max(source.ctime_ns, source.mtime_ns) + 2 * kSecond;
+}
+
+}  // namespace
+
 absl::Status CopyTree::Scan(KeptCopies::CopyVisitor visit) {
   // Iterative walk; `relative` is the dataset-relative directory ("" = root).
   std::vector<std::string> pending = {""};
@@ -280,7 +300,8 @@ absl::Status CopyTree::Scan(KeptCopies::CopyVisitor visit) {
           !fd.valid() || os::Fstat(fd.get(), &opened) != 0 || !S_ISREG(opened.st_mode)
               ? absl::DataLossError("not a regular file")
               : ReadCopyRecord(fd.get(), static_cast<uint64_t>(opened.st_size), PathOf(name));
-      visit(name, record.ok() ? &record->source : nullptr);
+      const bool racy = record.ok() && RacyCopy(record->source, opened);
+      visit(name, record.ok() && !racy ? &record->source : nullptr);
     }
     os::CloseDir(dir);
   }

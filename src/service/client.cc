@@ -89,10 +89,21 @@ struct Session {
   // Per tier: a driver reading its copies here, or null (peers, source).
   std::vector<std::unique_ptr<StorageDriver>> readers;
   int source_index = 0;
+  std::atomic<bool> alive{true};
+
   // The source, for reads while no service answers and the speed model's:
   // a session's own, as its descriptors are cached by this session's ids.
-  std::unique_ptr<StorageDriver> source;
-  std::atomic<bool> alive{true};
+  // Opened on first use: a client that never needs it asks nothing of the
+  // PFS (opening its root is a lookup there) when it opens Monarch.
+  StorageDriver& Source() {
+    absl::call_once(source_once, [this] {
+      source = NewSourceDriver(reply.dataset_root,
+                               std::max<int>(1, static_cast<int>(reply.max_open_files)));
+    });
+    return *source;
+  }
+  absl::once_flag source_once;            // Through Source() only.
+  std::unique_ptr<StorageDriver> source;  // Through Source() only.
 
   const TierSlot& slot(uint32_t id) const {
     return reinterpret_cast<const TierSlot*>(tier_slots.data())[id];
@@ -121,7 +132,6 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
   }
   size_t next = 2;
   const int max_open = std::max<int>(1, static_cast<int>(reply.max_open_files));
-  session->source = NewSourceDriver(reply.dataset_root, max_open);
   for (const TierDescription& tier : reply.tiers) {
     std::vector<ScopedFd> tier_fds;
     for (uint32_t i = 0; i < tier.descriptors; ++i) {
@@ -640,7 +650,7 @@ class SessionFiles {
                                   uint64_t offset, char* dst, size_t n) {
     TierReads& counted = state_.counters.load(std::memory_order_relaxed)->tiers[tier];
     if (state_.speeds != nullptr && state_.speeds->Routes(tier)) {
-      return state_.speeds->ReadHit(session_->source->capabilities().in_memory, reader, *file,
+      return state_.speeds->ReadHit(session_->Source().capabilities().in_memory, reader, *file,
                                     tier, offset, dst, n, counted);
     }
     absl::StatusOr<size_t> got = reader.Read(*file, offset, dst, n);
@@ -705,7 +715,7 @@ class SessionFiles {
       source_offset += ref.part_offset;
     }
     MONARCH_ASSIGN_OR_RETURN(size_t rest,
-                             session_->source->Read(source_ref, source_offset, dst + done, n - done));
+                             session_->Source().Read(source_ref, source_offset, dst + done, n - done));
     state_.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return done + rest;
   }
