@@ -184,6 +184,9 @@ def run_arm(epochs_bin, source, mode, demo_dir, extra, emulator):
            "--json", epochs_json]
     if isinstance(emulator, MooseFSSource):
         cmd += ["--before-epoch", emulator.snapshot_command(snapshot)]
+        # Each arm starts cold: the other arm's reads left the dataset in the
+        # client's and the chunk server's page caches.
+        subprocess.run([emulator.script, "drop-cache"], check=True, capture_output=True)
     elif emulator:
         cmd += ["--before-epoch", "%s stats %s > %s" % (emulator.script, emulator.mount, snapshot)]
     else:
