@@ -150,6 +150,14 @@ start_servers() {
   wait_for 60 "the chunk server's registration" chunkserver_registered
 }
 
+# A client that died (killed with its session) leaves its mount behind,
+# answering ENOTCONN to everything: let it go.
+drop_dead_mount() {
+  if mounted && ! stat -t "$mnt" >/dev/null 2>&1; then
+    umount -l "$mnt" || die "cannot unmount the dead mount at $mnt"
+  fi
+}
+
 mount_client() {
   local opts="mfsmaster=$ns_ip,mfscachemode=$cache_mode"
   if mounted; then
@@ -294,6 +302,7 @@ case "$command" in
     install_packages
     ns_exists || { ip netns add monarch-mfs-probe 2>/dev/null && ip netns del monarch-mfs-probe; } ||
       cannot "network namespaces cannot be made"
+    drop_dead_mount
     write_configs
     start_network
     start_servers
