@@ -60,11 +60,10 @@ absl::StatusOr<size_t> ReadSpeeds::ReadHit(InMemoryReads* source, StorageDriver&
     return static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
   };
-  if (TrySourceFirst(tier, n)) {
+  if (source == nullptr && enabled()) Disable();  // The source cannot tell: nothing to route to.
+  if (source != nullptr && TrySourceFirst(tier, n)) {
     const Clock::time_point start = Clock::now();
-    absl::StatusOr<size_t> got = source != nullptr
-                                     ? source->ReadIfInMemory(file, offset, dst, n)
-                                     : absl::UnimplementedError("cannot tell");
+    absl::StatusOr<size_t> got = source->ReadIfInMemory(file, offset, dst, n);
     const uint64_t ns = since(start);
     if (absl::IsUnimplemented(got.status())) {
       Disable();
