@@ -10,18 +10,38 @@
 namespace monarch::service {
 namespace {
 
-// Appends fixed-width values and length-prefixed strings.
+// Each message's fields are listed once, in a Fields() function that both
+// the writer (encoding) and the reader (decoding) walk, so the two
+// directions cannot drift apart.
+
+// Appends fixed-width values, length-prefixed strings and counted lists.
 class PayloadWriter {
  public:
   template <typename T>
-  PayloadWriter& Put(T value) {
+  PayloadWriter& Put(const T& value) {
     static_assert(std::is_trivially_copyable_v<T>);
     out_.append(reinterpret_cast<const char*>(&value), sizeof(value));
     return *this;
   }
-  PayloadWriter& PutString(absl::string_view s) {
+  PayloadWriter& Flag(bool value) { return Put(static_cast<uint8_t>(value)); }
+  template <typename E>
+  PayloadWriter& Enum(E value, E /*last*/) { return Put(static_cast<uint32_t>(value)); }
+  // Flags packed into one word, the first argument in the lowest bit.
+  template <typename... Bools>
+  PayloadWriter& Bits(const Bools&... flags) {
+    uint32_t word = 0, bit = 1;
+    ((word |= flags ? bit : 0, bit <<= 1), ...);
+    return Put(word);
+  }
+  PayloadWriter& String(const std::string& s, size_t /*max*/) {
     Put(static_cast<uint32_t>(s.size()));
     out_.append(s.data(), s.size());
+    return *this;
+  }
+  template <typename T, typename EachFn>
+  PayloadWriter& List(const std::vector<T>& items, size_t /*min_item_bytes*/, EachFn each) {
+    Put(static_cast<uint32_t>(items.size()));
+    for (const T& item : items) each(*this, item);
     return *this;
   }
   std::string Take() { return std::move(out_); }
@@ -36,33 +56,66 @@ class PayloadReader {
  public:
   explicit PayloadReader(absl::string_view in) : in_(in) {}
   template <typename T>
-  T Get() {
-    T value{};
+  PayloadReader& Put(T& value) {
     if (!ok_ || in_.size() < sizeof(T)) {
       ok_ = false;
-      return value;
+      return *this;
     }
     std::memcpy(&value, in_.data(), sizeof(T));
     in_.remove_prefix(sizeof(T));
-    return value;
+    return *this;
   }
-  std::string GetString(size_t max = kMaxStringBytes) {
-    const uint32_t n = Get<uint32_t>();
+  // A flag is a byte of 0 or 1; anything else is malformed.
+  PayloadReader& Flag(bool& value) {
+    uint8_t byte = 0;
+    Put(byte);
+    if (byte > 1) ok_ = false;
+    value = byte == 1;
+    return *this;
+  }
+  template <typename E>
+  PayloadReader& Enum(E& value, E last) {
+    uint32_t word = 0;
+    Put(word);
+    if (word > static_cast<uint32_t>(last)) ok_ = false;
+    value = ok_ ? static_cast<E>(word) : E{};
+    return *this;
+  }
+  // A word with a bit set that no flag owns is malformed.
+  template <typename... Bools>
+  PayloadReader& Bits(Bools&... flags) {
+    uint32_t word = 0, bit = 1;
+    Put(word);
+    if (word >> sizeof...(flags) != 0) ok_ = false;
+    ((flags = (word & bit) != 0, bit <<= 1), ...);
+    return *this;
+  }
+  PayloadReader& String(std::string& s, size_t max) {
+    uint32_t n = 0;
+    Put(n);
     if (!ok_ || n > max || n > in_.size()) {
       ok_ = false;
-      return {};
+      return *this;
     }
-    std::string s(in_.data(), n);
+    s.assign(in_.data(), n);
     in_.remove_prefix(n);
-    return s;
+    return *this;
   }
   // A count of items each at least `min_item_bytes` long: bounded by what
   // is left, so a hostile count cannot make a decoder reserve gigabytes.
-  uint32_t GetCount(size_t min_item_bytes) {
-    const uint32_t n = Get<uint32_t>();
-    if (ok_ && uint64_t{n} * min_item_bytes > in_.size()) ok_ = false;
-    return ok_ ? n : 0;
+  template <typename T, typename EachFn>
+  PayloadReader& List(std::vector<T>& items, size_t min_item_bytes, EachFn each) {
+    uint32_t n = 0;
+    Put(n);
+    if (!ok_ || uint64_t{n} * min_item_bytes > in_.size()) {
+      ok_ = false;
+      return *this;
+    }
+    items.resize(n);
+    for (T& item : items) each(*this, item);
+    return *this;
   }
+  void Fail() { ok_ = false; }
   absl::Status Finish(absl::string_view what) const {
     if (!ok_) return absl::InvalidArgumentError(absl::StrCat("malformed ", what, " message"));
     if (!in_.empty()) {
@@ -76,6 +129,13 @@ class PayloadReader {
   absl::string_view in_;
   bool ok_ = true;
 };
+
+// Checks that only decoding needs (the writer has nothing to check).
+void Check(PayloadWriter&, bool) {}
+void Check(PayloadReader& r, bool ok) {
+  if (!ok) r.Fail();
+}
+
 
 }  // namespace
 
@@ -119,328 +179,179 @@ ErrorReply ErrorReply::From(const absl::Status& status) {
   return ErrorReply{static_cast<uint32_t>(status.code()), std::string(status.message())};
 }
 
-std::string Encode(const Hello& m) {
-  PayloadWriter w;
-  w.Put(m.version).PutString(m.dataset_root);
-  if (m.version >= 4) w.PutString(m.dataset_key);
-  return w.Take();
-}
-
-absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
-  PayloadReader r(payload);
-  Hello m;
-  m.version = r.Get<uint32_t>();
-  m.dataset_root = r.GetString(4096);
-  if (m.version >= 4) m.dataset_key = r.GetString(64);
-  if (absl::Status s = r.Finish("hello"); !s.ok()) return s;
-  return m;
-}
-
-std::string Encode(const HelloReply& m) {
-  PayloadWriter w;
-  w.Put(m.instance_id).Put(m.service_pid).Put(m.file_count).Put(m.max_open_files).Put(m.buffer_bytes);
-  w.PutString(m.dataset_root).Put(static_cast<uint32_t>(m.tiers.size()));
-  for (const TierDescription& t : m.tiers) {
-    w.Put(t.kind).PutString(t.name).PutString(t.path).Put(t.descriptors).Put(
-        static_cast<uint8_t>(t.huge_pages));
-  }
-  return w.Take();
-}
-
-absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  HelloReply m;
-  m.instance_id = r.Get<uint64_t>();
-  m.service_pid = r.Get<uint32_t>();
-  m.file_count = r.Get<uint32_t>();
-  m.max_open_files = r.Get<uint32_t>();
-  m.buffer_bytes = r.Get<uint64_t>();
-  m.dataset_root = r.GetString(4096);
-  const uint32_t tiers = r.GetCount(16);
-  if (tiers > 64) return absl::InvalidArgumentError("malformed hello reply: too many tiers");
-  for (uint32_t i = 0; i < tiers; ++i) {
-    TierDescription t;
-    t.kind = r.Get<uint32_t>();
-    t.name = r.GetString(4096);
-    t.path = r.GetString(4096);
-    t.descriptors = r.Get<uint32_t>();
-    const uint8_t huge_pages = r.Get<uint8_t>();
-    if (huge_pages > 1) {
-      return absl::InvalidArgumentError("malformed hello reply: huge_pages neither 0 nor 1");
-    }
-    t.huge_pages = huge_pages == 1;
-    m.tiers.push_back(std::move(t));
-  }
-  if (absl::Status s = r.Finish("hello reply"); !s.ok()) return s;
-  if (m.TotalDescriptors() > kMaxDescriptors) {
-    return absl::InvalidArgumentError("malformed hello reply: too many descriptors");
-  }
-  return m;
-}
-
-std::string Encode(const ReadRequest& m) {
-  return PayloadWriter().Put(m.file_id).Put(m.offset).Put(m.length).Take();
-}
-
-absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload) {
-  PayloadReader r(payload);
-  ReadRequest m;
-  m.file_id = r.Get<uint32_t>();
-  m.offset = r.Get<uint64_t>();
-  m.length = r.Get<uint64_t>();
-  if (absl::Status s = r.Finish("read"); !s.ok()) return s;
-  return m;
-}
-
-std::string Encode(const ReadReply& m) { return PayloadWriter().Put(m.bytes).Take(); }
-
-absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  ReadReply m;
-  m.bytes = r.Get<uint64_t>();
-  if (absl::Status s = r.Finish("read reply"); !s.ok()) return s;
-  return m;
-}
-
-std::string Encode(const ErrorReply& m) {
-  return PayloadWriter().Put(m.code).PutString(m.message).Take();
-}
-
-absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  ErrorReply m;
-  m.code = r.Get<uint32_t>();
-  m.message = r.GetString(64 * 1024);
-  if (absl::Status s = r.Finish("error"); !s.ok()) return s;
-  return m;
-}
-
-std::string Encode(const StatsReply& m) {
-  PayloadWriter w;
-  w.Put(static_cast<uint32_t>(m.node.metrics.size()));
-  for (const Metric& metric : m.node.metrics) {
-    w.PutString(metric.name).Put(static_cast<uint32_t>(metric.kind)).Put(metric.value);
-    w.PutString(metric.help).PutString(metric.tier).PutString(metric.tier_kind);
-  }
-  w.Put(static_cast<uint32_t>(m.clients.size()));
-  for (const ClientStats& c : m.clients) {
-    w.Put(c.pid).Put(c.connections).Put(c.hits).Put(c.hit_bytes).Put(c.misses).Put(c.miss_bytes);
-  }
-  return w.Take();
-}
-
-absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  StatsReply m;
-  const uint32_t metrics = r.GetCount(28);
-  for (uint32_t i = 0; i < metrics; ++i) {
-    Metric metric;
-    metric.name = r.GetString(256);
-    const uint32_t kind = r.Get<uint32_t>();
-    metric.kind = kind == 1 ? Metric::Kind::kGauge : Metric::Kind::kCounter;
-    metric.value = r.Get<uint64_t>();
-    metric.help = r.GetString(4096);
-    metric.tier = r.GetString(4096);
-    metric.tier_kind = r.GetString(64);
-    m.node.metrics.push_back(std::move(metric));
-  }
-  const uint32_t clients = r.GetCount(40);
-  for (uint32_t i = 0; i < clients; ++i) {
-    ClientStats c;
-    c.pid = r.Get<uint32_t>();
-    c.connections = r.Get<uint32_t>();
-    c.hits = r.Get<uint64_t>();
-    c.hit_bytes = r.Get<uint64_t>();
-    c.misses = r.Get<uint64_t>();
-    c.miss_bytes = r.Get<uint64_t>();
-    m.clients.push_back(c);
-  }
-  if (absl::Status s = r.Finish("stats reply"); !s.ok()) return s;
-  return m;
-}
-
-std::string Encode(const StageRequest& m) {
-  PayloadWriter w;
-  w.Put(static_cast<uint32_t>(m.globs.size()));
-  for (const std::string& glob : m.globs) w.PutString(glob);
-  return w.Take();
-}
-
-absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload) {
-  PayloadReader r(payload);
-  StageRequest m;
-  const uint32_t globs = r.GetCount(4);
-  for (uint32_t i = 0; i < globs; ++i) m.globs.push_back(r.GetString(4096));
-  if (absl::Status s = r.Finish("stage"); !s.ok()) return s;
-  return m;
-}
-
 namespace {
 
 // A list of file ids: its length, then the ids.
-void PutIds(PayloadWriter& w, const std::vector<uint32_t>& ids) {
-  w.Put(static_cast<uint32_t>(ids.size()));
-  for (uint32_t id : ids) w.Put(id);
+template <typename Codec>
+void IdFields(Codec& c, std::vector<uint32_t>& ids) {
+  c.List(ids, 4, [](Codec& c, auto& id) { c.Put(id); });
 }
-std::vector<uint32_t> GetIds(PayloadReader& r) {
-  const uint32_t count = r.GetCount(4);
-  std::vector<uint32_t> ids;
-  ids.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) ids.push_back(r.Get<uint32_t>());
-  return ids;
+
+template <typename Codec>
+void Fields(Codec& c, Hello& m) {
+  c.Put(m.version).String(m.dataset_root, 4096);
+  if (m.version >= 4) c.String(m.dataset_key, 64);
+}
+
+template <typename Codec>
+void Fields(Codec& c, HelloReply& m) {
+  c.Put(m.instance_id).Put(m.service_pid).Put(m.file_count).Put(m.max_open_files);
+  c.Put(m.buffer_bytes).String(m.dataset_root, 4096);
+  c.List(m.tiers, 17, [](Codec& c, auto& t) {
+    c.Put(t.kind).String(t.name, 4096).String(t.path, 4096).Put(t.descriptors).Flag(t.huge_pages);
+  });
+  Check(c, m.tiers.size() <= 64 && m.TotalDescriptors() <= kMaxDescriptors);
+}
+
+template <typename Codec>
+void Fields(Codec& c, ReadRequest& m) {
+  c.Put(m.file_id).Put(m.offset).Put(m.length);
+}
+
+template <typename Codec>
+void Fields(Codec& c, ReadReply& m) {
+  c.Put(m.bytes);
+}
+
+template <typename Codec>
+void Fields(Codec& c, ErrorReply& m) {
+  c.Put(m.code).String(m.message, 64 * 1024);
+}
+
+template <typename Codec>
+void Fields(Codec& c, StatsReply& m) {
+  c.List(m.node.metrics, 28, [](Codec& c, auto& metric) {
+    c.String(metric.name, 256).Enum(metric.kind, Metric::Kind::kGauge).Put(metric.value);
+    c.String(metric.help, 4096).String(metric.tier, 4096).String(metric.tier_kind, 64);
+  });
+  c.List(m.clients, 40, [](Codec& c, auto& client) {
+    c.Put(client.pid).Put(client.connections).Put(client.hits).Put(client.hit_bytes);
+    c.Put(client.misses).Put(client.miss_bytes);
+  });
+}
+
+template <typename Codec>
+void Fields(Codec& c, StageRequest& m) {
+  c.List(m.globs, 4, [](Codec& c, auto& glob) { c.String(glob, 4096); });
+}
+
+template <typename Codec>
+void Fields(Codec& c, AnnounceRequest& m) {
+  c.Bits(m.first, m.last, m.ranges);
+  if (!m.ranges) return IdFields(c, m.file_ids);
+  c.List(m.samples, 20, [](Codec& c, auto& sample) {
+    c.Put(sample.file_id).Put(sample.offset).Put(sample.length);
+  });
+}
+
+template <typename Codec>
+void Fields(Codec& c, ConsumedNotice& m) {
+  IdFields(c, m.file_ids);
+}
+
+template <typename Codec>
+void Fields(Codec& c, ReadAheadNotice& m) {
+  c.Put(m.file_id).Put(m.end);
+}
+
+template <typename Codec>
+void Fields(Codec& c, CheckedCopiesRequest& m) {
+  IdFields(c, m.ids);
+  Check(c, m.ids.size() <= kMaxCheckedCopiesPerMessage);  // More than a reply holds.
+}
+
+template <typename Codec>
+void Fields(Codec& c, CheckedCopiesReply& m) {
+  c.List(m.copies, 44, [](Codec& c, auto& stamp) {
+    c.Put(stamp.id).Put(stamp.copy.device).Put(stamp.copy.inode).Put(stamp.copy.size);
+    c.Put(stamp.copy.mtime_ns).Put(stamp.copy.ctime_ns);
+  });
+}
+
+template <typename Codec>
+void Fields(Codec& c, StageProgress& m) {
+  c.Put(m.files_total).Put(m.bytes_total).Put(m.files_done).Put(m.bytes_done);
+  c.Put(m.files_in_tiers).Put(m.finished);
+}
+
+template <typename Codec>
+void Fields(Codec& c, StatusReply& m) {
+  c.Put(m.service_pid).Put(m.uptime_seconds).String(m.dataset_root, 4096).Put(m.clients);
+  c.Put(m.files).Put(m.dataset_bytes).Put(m.files_in_tiers).Put(m.bytes_in_tiers);
+  c.String(m.dataset_key, 64);
+}
+
+template <typename M>
+std::string EncodeFields(const M& m) {
+  PayloadWriter w;
+  Fields(w, const_cast<M&>(m));  // The writer only reads the fields.
+  return w.Take();
+}
+
+template <typename M>
+absl::StatusOr<M> DecodeFields(absl::string_view payload, absl::string_view what) {
+  PayloadReader r(payload);
+  M m;
+  Fields(r, m);
+  if (absl::Status s = r.Finish(what); !s.ok()) return s;
+  return m;
 }
 
 }  // namespace
 
-std::string Encode(const AnnounceRequest& m) {
-  PayloadWriter w;
-  w.Put(static_cast<uint32_t>((m.first ? 1u : 0u) | (m.last ? 2u : 0u) | (m.ranges ? 4u : 0u)));
-  if (!m.ranges) {
-    PutIds(w, m.file_ids);
-    return w.Take();
-  }
-  w.Put(static_cast<uint32_t>(m.samples.size()));
-  for (const FileRange& sample : m.samples) {
-    w.Put(sample.file_id).Put(sample.offset).Put(sample.length);
-  }
-  return w.Take();
+std::string Encode(const Hello& m) { return EncodeFields(m); }
+std::string Encode(const HelloReply& m) { return EncodeFields(m); }
+std::string Encode(const ReadRequest& m) { return EncodeFields(m); }
+std::string Encode(const ReadReply& m) { return EncodeFields(m); }
+std::string Encode(const ErrorReply& m) { return EncodeFields(m); }
+std::string Encode(const StatsReply& m) { return EncodeFields(m); }
+std::string Encode(const StageRequest& m) { return EncodeFields(m); }
+std::string Encode(const AnnounceRequest& m) { return EncodeFields(m); }
+std::string Encode(const ConsumedNotice& m) { return EncodeFields(m); }
+std::string Encode(const ReadAheadNotice& m) { return EncodeFields(m); }
+std::string Encode(const CheckedCopiesRequest& m) { return EncodeFields(m); }
+std::string Encode(const CheckedCopiesReply& m) { return EncodeFields(m); }
+std::string Encode(const StageProgress& m) { return EncodeFields(m); }
+std::string Encode(const StatusReply& m) { return EncodeFields(m); }
+absl::StatusOr<Hello> DecodeHello(absl::string_view p) { return DecodeFields<Hello>(p, "hello"); }
+absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view p) {
+  return DecodeFields<HelloReply>(p, "hello reply");
 }
-
-absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view payload) {
-  PayloadReader r(payload);
-  AnnounceRequest m;
-  const uint32_t flags = r.Get<uint32_t>();
-  if (flags > 7) return absl::InvalidArgumentError("malformed announce message: unknown flags");
-  m.first = (flags & 1) != 0;
-  m.last = (flags & 2) != 0;
-  m.ranges = (flags & 4) != 0;
-  if (!m.ranges) {
-    m.file_ids = GetIds(r);
-  } else {
-    const uint32_t count = r.GetCount(20);
-    m.samples.resize(count);
-    for (FileRange& sample : m.samples) {
-      sample.file_id = r.Get<uint32_t>();
-      sample.offset = r.Get<uint64_t>();
-      sample.length = r.Get<uint64_t>();
-    }
-  }
-  if (absl::Status s = r.Finish("announce"); !s.ok()) return s;
-  return m;
+absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view p) {
+  return DecodeFields<ReadRequest>(p, "read");
 }
-
-std::string Encode(const ConsumedNotice& m) {
-  PayloadWriter w;
-  PutIds(w, m.file_ids);
-  return w.Take();
+absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view p) {
+  return DecodeFields<ReadReply>(p, "read reply");
 }
-
-absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view payload) {
-  PayloadReader r(payload);
-  ConsumedNotice m;
-  m.file_ids = GetIds(r);
-  if (absl::Status s = r.Finish("consumed"); !s.ok()) return s;
-  return m;
+absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view p) {
+  return DecodeFields<ErrorReply>(p, "error");
 }
-
-std::string Encode(const ReadAheadNotice& m) {
-  return PayloadWriter().Put(m.file_id).Put(m.end).Take();
+absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view p) {
+  return DecodeFields<StatsReply>(p, "stats reply");
 }
-
-absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view payload) {
-  PayloadReader r(payload);
-  ReadAheadNotice m;
-  m.file_id = r.Get<uint32_t>();
-  m.end = r.Get<uint64_t>();
-  if (absl::Status s = r.Finish("read-ahead"); !s.ok()) return s;
-  return m;
+absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view p) {
+  return DecodeFields<StageRequest>(p, "stage");
 }
-
-std::string Encode(const CheckedCopiesRequest& m) {
-  PayloadWriter w;
-  PutIds(w, m.ids);
-  return w.Take();
+absl::StatusOr<AnnounceRequest> DecodeAnnounceRequest(absl::string_view p) {
+  return DecodeFields<AnnounceRequest>(p, "announce");
 }
-
-absl::StatusOr<CheckedCopiesRequest> DecodeCheckedCopiesRequest(absl::string_view payload) {
-  PayloadReader r(payload);
-  CheckedCopiesRequest m;
-  m.ids = GetIds(r);
-  if (absl::Status s = r.Finish("checked copies"); !s.ok()) return s;
-  if (m.ids.size() > kMaxCheckedCopiesPerMessage) {
-    return absl::InvalidArgumentError(
-        "malformed checked copies message: more ids than a reply holds");
-  }
-  return m;
+absl::StatusOr<ConsumedNotice> DecodeConsumedNotice(absl::string_view p) {
+  return DecodeFields<ConsumedNotice>(p, "consumed");
 }
-
-std::string Encode(const CheckedCopiesReply& m) {
-  PayloadWriter w;
-  w.Put(static_cast<uint32_t>(m.copies.size()));
-  for (const CheckedCopyStamp& c : m.copies) {
-    w.Put(c.id).Put(c.copy.device).Put(c.copy.inode).Put(c.copy.size).Put(c.copy.mtime_ns);
-    w.Put(c.copy.ctime_ns);
-  }
-  return w.Take();
+absl::StatusOr<ReadAheadNotice> DecodeReadAheadNotice(absl::string_view p) {
+  return DecodeFields<ReadAheadNotice>(p, "read-ahead");
 }
-
-absl::StatusOr<CheckedCopiesReply> DecodeCheckedCopiesReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  CheckedCopiesReply m;
-  const uint32_t n = r.GetCount(44);
-  m.copies.resize(n);
-  for (CheckedCopyStamp& c : m.copies) {
-    c.id = r.Get<uint32_t>();
-    c.copy.device = r.Get<uint64_t>();
-    c.copy.inode = r.Get<uint64_t>();
-    c.copy.size = r.Get<uint64_t>();
-    c.copy.mtime_ns = r.Get<int64_t>();
-    c.copy.ctime_ns = r.Get<int64_t>();
-  }
-  if (absl::Status s = r.Finish("checked copies reply"); !s.ok()) return s;
-  return m;
+absl::StatusOr<CheckedCopiesRequest> DecodeCheckedCopiesRequest(absl::string_view p) {
+  return DecodeFields<CheckedCopiesRequest>(p, "checked copies");
 }
-
-std::string Encode(const StageProgress& m) {
-  return PayloadWriter()
-      .Put(m.files_total).Put(m.bytes_total).Put(m.files_done).Put(m.bytes_done)
-      .Put(m.files_in_tiers).Put(m.finished).Take();
+absl::StatusOr<CheckedCopiesReply> DecodeCheckedCopiesReply(absl::string_view p) {
+  return DecodeFields<CheckedCopiesReply>(p, "checked copies reply");
 }
-
-absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view payload) {
-  PayloadReader r(payload);
-  StageProgress m;
-  m.files_total = r.Get<uint64_t>();
-  m.bytes_total = r.Get<uint64_t>();
-  m.files_done = r.Get<uint64_t>();
-  m.bytes_done = r.Get<uint64_t>();
-  m.files_in_tiers = r.Get<uint64_t>();
-  m.finished = r.Get<uint32_t>();
-  if (absl::Status s = r.Finish("stage progress"); !s.ok()) return s;
-  return m;
+absl::StatusOr<StageProgress> DecodeStageProgress(absl::string_view p) {
+  return DecodeFields<StageProgress>(p, "stage progress");
 }
-
-std::string Encode(const StatusReply& m) {
-  return PayloadWriter()
-      .Put(m.service_pid).Put(m.uptime_seconds).PutString(m.dataset_root).Put(m.clients)
-      .Put(m.files).Put(m.dataset_bytes).Put(m.files_in_tiers).Put(m.bytes_in_tiers)
-      .PutString(m.dataset_key).Take();
-}
-
-absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view payload) {
-  PayloadReader r(payload);
-  StatusReply m;
-  m.service_pid = r.Get<uint32_t>();
-  m.uptime_seconds = r.Get<double>();
-  m.dataset_root = r.GetString(4096);
-  m.clients = r.Get<uint32_t>();
-  m.files = r.Get<uint64_t>();
-  m.dataset_bytes = r.Get<uint64_t>();
-  m.files_in_tiers = r.Get<uint64_t>();
-  m.bytes_in_tiers = r.Get<uint64_t>();
-  m.dataset_key = r.GetString(64);
-  if (absl::Status s = r.Finish("status reply"); !s.ok()) return s;
-  return m;
+absl::StatusOr<StatusReply> DecodeStatusReply(absl::string_view p) {
+  return DecodeFields<StatusReply>(p, "status reply");
 }
 
 }  // namespace monarch::service
