@@ -119,12 +119,11 @@ void CheckSameNamespace(const Namespace& walked, const Namespace& built) {
     const std::string& name = walked.directory_name(d);
     CHECK(built.directory_name(d) == name);
     CHECK(built.directory_parent(d) == walked.directory_parent(d));
-    CHECK(built.IsDirectory(name));
+    CHECK(built.IsDirectory(name) == walked.IsDirectory(name));
     absl::StatusOr<std::vector<std::string>> a = walked.List(name);
     absl::StatusOr<std::vector<std::string>> b = built.List(name);
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    CHECK(*a == *b);
+    CHECK(a.status() == b.status());
+    if (a.ok() && b.ok()) CHECK(*a == *b);
   }
   CHECK(built.stamps().size() == walked.stamps().size());
 }
@@ -164,9 +163,11 @@ TEST_CASE("a namespace built from a manifest is the one the walk found") {
       NamespaceFromManifest(**manifest, origin, 2, {}, 4, {});
   REQUIRE_MESSAGE(built.ok(), built.status().ToString());
   CheckSameNamespace(*walked, **built);
-  CHECK(*(*built)->List("") == std::vector<std::string>{"dir0", "dir1", "dir2", "dir3", "empty",
-                                                         "link.bin", "top.bin"});
-  CHECK((*built)->List("empty")->empty());
+  // "empty" holds no dataset file: the manifest keeps it (its stamp), the
+  // listing does not show it.
+  CHECK(*(*built)->List("") ==
+        std::vector<std::string>{"dir0", "dir1", "dir2", "dir3", "link.bin", "top.bin"});
+  CHECK_FALSE((*built)->IsDirectory("empty"));
   CHECK(*(*built)->List("dir1/deep") == std::vector<std::string>{"er"});
   // Written again from the rebuilt namespace: the same bytes.
   CHECK(EncodeManifest(**built, origin) == ReadAll(path));

@@ -312,7 +312,6 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
       }
       if (d.parent == 0 && d.name == ".monarch") return refuse("'.monarch' is reserved");
       ns->directories_[i].parent = d.parent;
-      ns->directories_[d.parent].subdirectories.push_back(i);
     }
     ns->directory_names_.push_back(d.name);
   }
@@ -516,31 +515,46 @@ FileEntry* Namespace::Find(absl::string_view name) const {
   return it == by_name_.end() ? nullptr : &entries_[it->second];
 }
 
-const Namespace::Directory* Namespace::FindDirectory(absl::string_view name) const {
-  std::string scratch;
-  absl::string_view canonical;
-  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return nullptr;
-  auto it = directory_by_name_.find(canonical);
-  return it == directory_by_name_.end() ? nullptr : &directories_[it->second];
+const NamespaceView::Directories& NamespaceView::directories() const {
+  absl::call_once(directories_once_, [this] {
+    auto dirs = std::make_unique<Directories>();
+    (*dirs)[""];  // The root, even for an empty dataset.
+    for (uint32_t id = 0; id < file_count(); ++id) {
+      absl::string_view name = file_name(id);
+      // Register the file in its directory, then each directory in its parent.
+      size_t slash = name.find_last_of('/');
+      std::string parent(slash == absl::string_view::npos ? "" : name.substr(0, slash));
+      std::string base(slash == absl::string_view::npos ? name : name.substr(slash + 1));
+      for (;;) {
+        auto [it, created] = dirs->try_emplace(parent);
+        it->second.push_back(base);
+        if (!created || parent.empty()) break;
+        slash = parent.find_last_of('/');
+        base = slash == std::string::npos ? parent : parent.substr(slash + 1);
+        parent = slash == std::string::npos ? "" : parent.substr(0, slash);
+      }
+    }
+    for (auto& [dir, names] : *dirs) std::sort(names.begin(), names.end());
+    directories_ = std::move(dirs);
+  });
+  return *directories_;
 }
 
-bool Namespace::IsDirectory(absl::string_view name) const { return FindDirectory(name) != nullptr; }
+bool NamespaceView::IsDirectory(absl::string_view name) const {
+  std::string scratch;
+  absl::string_view canonical;
+  return CanonicalDatasetName(root(), name, &scratch, &canonical) &&
+         directories().contains(canonical);
+}
 
-absl::StatusOr<std::vector<std::string>> Namespace::List(absl::string_view dir) const {
-  const Directory* directory = FindDirectory(dir);
-  if (directory == nullptr) {
-    return absl::NotFoundError(absl::StrCat("not a dataset directory: ", dir));
+absl::StatusOr<std::vector<std::string>> NamespaceView::List(absl::string_view dir) const {
+  std::string scratch;
+  absl::string_view canonical;
+  if (CanonicalDatasetName(root(), dir, &scratch, &canonical)) {
+    auto it = directories().find(canonical);
+    if (it != directories().end()) return it->second;
   }
-  std::vector<std::string> names;
-  names.reserve(directory->files.size() + directory->subdirectories.size());
-  auto base_name = [](absl::string_view path) {
-    size_t slash = path.find_last_of('/');
-    return std::string(slash == absl::string_view::npos ? path : path.substr(slash + 1));
-  };
-  for (uint32_t id : directory->files) names.push_back(base_name(entries_[id].ref.name));
-  for (uint32_t sub : directory->subdirectories) names.push_back(base_name(directory_names_[sub]));
-  std::sort(names.begin(), names.end());
-  return names;
+  return absl::NotFoundError(absl::StrCat("not a dataset directory: ", dir));
 }
 
 }  // namespace monarch

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
 #include "monarch/config.h"  // SymlinkPolicy: dataset.symlinks' values.
 #include "absl/status/statusor.h"
@@ -150,6 +151,8 @@ struct ExtentLayout {
 class NamespaceView {
  public:
   virtual ~NamespaceView() = default;
+  // The dataset's root: an absolute path.
+  virtual const std::string& root() const = 0;
   // The file's id, or nullopt if `name` (dataset-relative, or absolute
   // inside the root) is not a dataset file.
   virtual std::optional<uint32_t> FindId(absl::string_view name) const = 0;
@@ -158,10 +161,21 @@ class NamespaceView {
   // File `id`'s dataset-relative name, and what stat() said of it.
   virtual absl::string_view file_name(uint32_t id) const = 0;
   virtual Monarch::FileStat Stat(uint32_t id) const = 0;
-  // True for the root and every directory holding a dataset file.
-  virtual bool IsDirectory(absl::string_view name) const = 0;
+
+  // Directory calls, from the file names alone. True for the root and every
+  // directory holding a dataset file.
+  bool IsDirectory(absl::string_view name) const;
   // Sorted names directly inside `dir`; NotFound if it is not a directory.
-  virtual absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const = 0;
+  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const;
+
+ private:
+  // Directory name -> sorted names directly inside it, built at the first
+  // directory call: most jobs never make one, and it costs memory per file.
+  using Directories = absl::flat_hash_map<std::string, std::vector<std::string>>;
+  const Directories& directories() const;
+
+  mutable absl::once_flag directories_once_;
+  mutable std::unique_ptr<Directories> directories_;
 };
 
 // A sample of an announced order, its file by id (below file_count()).
@@ -208,8 +222,7 @@ class Namespace final : public NamespaceView {
   Monarch::FileStat Stat(uint32_t id) const override {
     return MakeFileStat(entries_[id].ref, attributes(id));
   }
-  bool IsDirectory(absl::string_view name) const override;
-  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const override;
+  const std::string& root() const override { return root_; }
 
   // Files and extents: every id a tier slot, a pin or a copy may have.
   uint32_t entry_count() const { return entry_count_; }
@@ -230,7 +243,6 @@ class Namespace final : public NamespaceView {
   // The entry a tier's copy named `name` is of: a file, or an extent by its
   // name (see above). Null if none.
   FileEntry* FindCopy(absl::string_view name) const;
-  const std::string& root() const { return root_; }
 
   // The directory tree, for writing a manifest: index 0 is the root.
   uint32_t directory_count() const { return static_cast<uint32_t>(directories_.size()); }
@@ -252,12 +264,9 @@ class Namespace final : public NamespaceView {
   struct Directory {
     uint32_t parent = 0;
     std::vector<uint32_t> files;
-    std::vector<uint32_t> subdirectories;
   };
 
   Namespace() = default;
-
-  const Directory* FindDirectory(absl::string_view name) const;
 
   std::string root_;
   std::string names_;  // Arena of all file names; never resized after Build.

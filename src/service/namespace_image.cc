@@ -2,7 +2,6 @@
 
 #include "service/namespace_image.h"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -211,48 +210,6 @@ std::optional<uint32_t> NamespaceImage::FindId(absl::string_view name) const {
     if (id < file_count_ && file_name(id) == canonical) return id;
   }
   return std::nullopt;
-}
-
-const NamespaceImage::Directories& NamespaceImage::directories() const {
-  absl::call_once(directories_once_, [this] {
-    auto dirs = std::make_unique<Directories>();
-    dirs->entries[""];  // The root, even for an empty dataset.
-    for (uint32_t id = 0; id < file_count_; ++id) {
-      absl::string_view name = file_name(id);
-      // Register the file in its directory, then each directory in its parent.
-      size_t slash = name.find_last_of('/');
-      std::string parent(slash == absl::string_view::npos ? "" : name.substr(0, slash));
-      std::string base(slash == absl::string_view::npos ? name : name.substr(slash + 1));
-      for (;;) {
-        auto [it, created] = dirs->entries.try_emplace(parent);
-        it->second.push_back(base);
-        if (!created || parent.empty()) break;
-        slash = parent.find_last_of('/');
-        base = slash == std::string::npos ? parent : parent.substr(slash + 1);
-        parent = slash == std::string::npos ? "" : parent.substr(0, slash);
-      }
-    }
-    for (auto& [dir, names] : dirs->entries) std::sort(names.begin(), names.end());
-    directories_ = std::move(dirs);
-  });
-  return *directories_;
-}
-
-bool NamespaceImage::IsDirectory(absl::string_view name) const {
-  std::string scratch;
-  absl::string_view canonical;
-  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return false;
-  return directories().entries.contains(canonical);
-}
-
-absl::StatusOr<std::vector<std::string>> NamespaceImage::List(absl::string_view dir) const {
-  std::string scratch;
-  absl::string_view canonical;
-  if (CanonicalDatasetName(root_, dir, &scratch, &canonical)) {
-    auto it = directories().entries.find(canonical);
-    if (it != directories().entries.end()) return it->second;
-  }
-  return absl::NotFoundError(absl::StrCat("not a dataset directory: ", dir));
 }
 
 }  // namespace monarch::service

@@ -28,8 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/call_once.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
@@ -52,8 +50,7 @@ class NamespaceImage final : public NamespaceView {
   uint32_t file_count() const override { return file_count_; }
   absl::string_view file_name(uint32_t id) const override;
   Monarch::FileStat Stat(uint32_t id) const override;
-  bool IsDirectory(absl::string_view name) const override;
-  absl::StatusOr<std::vector<std::string>> List(absl::string_view dir) const override;
+  const std::string& root() const override { return root_; }
 
   // The entry `id` < entry_count() (a file, or an extent) as drivers know
   // it. An extent's part_offset is set, its part_of is not.
@@ -67,15 +64,9 @@ class NamespaceImage final : public NamespaceView {
   uint32_t entry_count() const { return entry_count_; }
   uint64_t extent_bytes() const { return extent_bytes_; }
   uint64_t total_bytes() const { return total_bytes_; }
-  const std::string& root() const { return root_; }
 
  private:
-  struct Directories {
-    // Directory name -> sorted entries directly inside it.
-    absl::flat_hash_map<std::string, std::vector<std::string>> entries;
-  };
   NamespaceImage() = default;
-  const Directories& directories() const;
 
   MappedRegion region_;
   std::string root_;
@@ -87,9 +78,6 @@ class NamespaceImage final : public NamespaceView {
   const char* records_ = nullptr;
   const uint32_t* hash_ = nullptr;
   absl::string_view names_;
-
-  mutable absl::once_flag directories_once_;
-  mutable std::unique_ptr<Directories> directories_;
 };
 
 }  // namespace monarch::service
