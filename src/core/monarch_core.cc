@@ -55,81 +55,33 @@ uint64_t BufferedCopyBudget(const Config& config) {
 
 namespace {
 
-// The namespace, with at most one walk of the dataset per job: from
-// dataset.manifest when the config names one (every process reads it, no
-// one walks); else, with peers meeting in a directory, rank 0 walks and
-// publishes a manifest there (`*published`: its path, removed at shutdown)
-// and the other ranks wait for it and build from it (walking themselves if
-// it does not come within remote.rendezvous_timeout); else by a walk.
-absl::StatusOr<std::unique_ptr<Namespace>> BuildNamespace(
-    const Config& config, int source_index, const Namespace::TierSlotAllocator& slots,
-    std::string* published) {
-  const auto began = std::chrono::steady_clock::now();
-  const DatasetConfig& dataset = config.dataset;
-  const ManifestOrigin origin = ManifestOriginOf(dataset);
-  const ExtentLayout extents{config.placement.extent_bytes, config.placement.extent_threshold};
-  auto finish = [&began](std::unique_ptr<Namespace> ns, bool from_manifest) {
-    ns->RecordBuild(from_manifest,
-                    static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              std::chrono::steady_clock::now() - began)
-                                              .count()));
-    return ns;
-  };
-  if (!dataset.manifest.empty()) {
-    MONARCH_ASSIGN_OR_RETURN(std::string path, DatasetManifestPath(dataset));
-    absl::StatusOr<std::unique_ptr<Manifest>> manifest = ReadManifest(path);
-    absl::StatusOr<std::unique_ptr<Namespace>> ns =
-        manifest.ok() ? NamespaceFromManifest(**manifest, origin, source_index, slots,
-                                              dataset.scan_threads, extents)
-                      : manifest.status();
-    if (!ns.ok()) {
-      return absl::Status(
-          ns.status().code(),
-          absl::StrCat("dataset.manifest: ", manifest.ok() ? absl::StrCat(path, ": ") : "",
-                       ns.status().message(),
-                       "; write a new one with `monarch manifest --config FILE`"));
-    }
-    return finish(std::move(*ns), true);
+// BuildNamespace's plan: the config asked once, for the manifest's path and,
+// where ranks share one walk through the rendezvous directory, for the
+// job's rank (rank 0 makes the directory here, before it walks).
+absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_index) {
+  NamespacePlan plan;
+  plan.origin = ManifestOriginOf(config.dataset);
+  plan.scan_threads = config.dataset.scan_threads;
+  plan.extents = {config.placement.extent_bytes, config.placement.extent_threshold};
+  plan.source_tier = source_index;
+  if (!config.dataset.manifest.empty()) {
+    MONARCH_ASSIGN_OR_RETURN(plan.manifest, DatasetManifestPath(config.dataset));
+    return plan;
   }
-  std::string shared;  // The rendezvous directory's manifest, with peers to share it.
-  int rank = 0;
-  if (config.remote.enabled && config.remote.bootstrap == BootstrapKind::kDirectory) {
-    MONARCH_ASSIGN_OR_RETURN(JobRank job, ResolveJobRank(config.remote));
-    if (job.size > 1) {
-      MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(config.remote.rendezvous_dir,
-                                                                  "remote.rendezvous_dir"));
-      shared = absl::StrCat(dir, "/", kSharedManifestName);
-      rank = job.rank;
-    }
+  if (!config.remote.enabled || config.remote.bootstrap != BootstrapKind::kDirectory) return plan;
+  MONARCH_ASSIGN_OR_RETURN(JobRank job, ResolveJobRank(config.remote));
+  if (job.size == 1) return plan;
+  MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(config.remote.rendezvous_dir,
+                                                              "remote.rendezvous_dir"));
+  plan.shared_manifest = absl::StrCat(dir, "/", kSharedManifestName);
+  plan.publishes = job.rank == 0;
+  plan.await_seconds = config.remote.rendezvous_timeout_seconds;
+  if (absl::Status made = plan.publishes ? MakeRendezvousDirectory(dir) : absl::OkStatus();
+      !made.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remote.rendezvous_dir: cannot publish the namespace manifest: ", made.message()));
   }
-  if (!shared.empty() && rank != 0) {
-    absl::StatusOr<std::unique_ptr<Namespace>> ns =
-        AwaitSharedManifest(shared, origin, config.remote.rendezvous_timeout_seconds,
-                            source_index, slots, dataset.scan_threads, extents);
-    if (ns.ok()) return finish(std::move(*ns), true);
-    if (!absl::IsDeadlineExceeded(ns.status())) return ns.status();
-    // Rank 0 may still be walking a large dataset: walk here too, as every
-    // rank did before manifests, rather than fail the job.
-    MONARCH_LOG(kWarning, ns.status().message(), "; walking the dataset here instead");
-    shared.clear();
-  }
-  // Rank 0: one a crashed earlier job left must not be taken for this walk's.
-  if (!shared.empty()) os::Unlink(shared.c_str());
-  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
-                           Namespace::Build(dataset.path, dataset.file_regex, source_index,
-                                            dataset.scan_threads, slots, origin.symlinks,
-                                            extents));
-  if (!shared.empty()) {
-    // Rank 0 may get here before the address exchange creates the directory.
-    absl::Status written = MakeRendezvousDirectory(shared.substr(0, shared.rfind('/')));
-    if (written.ok()) written = WriteManifest(*ns, origin, shared);
-    if (!written.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "remote.rendezvous_dir: cannot publish the namespace manifest: ", written.message()));
-    }
-    *published = shared;
-  }
-  return finish(std::move(ns), false);
+  return plan;
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
@@ -685,9 +637,11 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   // The tiers from the config, with the peers tier before the source when
   // peers are enabled.
   const int source_index = static_cast<int>(config.tiers.size()) - (config.remote.enabled ? 0 : 1);
-  std::string published;  // Rank 0's manifest for its peers: removed when this instance is.
-  MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Namespace> ns,
-                           BuildNamespace(config, source_index, options.tier_slots, &published));
+  MONARCH_ASSIGN_OR_RETURN(NamespacePlan plan, NamespacePlanOf(config, source_index));
+  MONARCH_ASSIGN_OR_RETURN(BuiltNamespace built, BuildNamespace(plan, options.tier_slots));
+  std::unique_ptr<Namespace> ns = std::move(built.ns);
+  // Rank 0's manifest for its peers: removed when this instance is.
+  const std::string published = std::move(built.published);
   absl::Cleanup unpublish = [&published] {
     if (!published.empty()) os::Unlink(published.c_str());
   };

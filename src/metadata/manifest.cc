@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
+#include "common/log.h"
 #include "common/os.h"
 #include "common/status_macros.h"
 
@@ -542,6 +543,59 @@ absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
   return absl::DeadlineExceededError(absl::StrCat(
       "remote: waited ", timeout_seconds, " s (remote.rendezvous_timeout) for rank 0's namespace "
       "manifest ", QuoteForError(path), "; the last one seen was refused or missing: ", problem));
+}
+
+absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
+                                              const Namespace::TierSlotAllocator& slots) {
+  const auto began = std::chrono::steady_clock::now();
+  BuiltNamespace built;
+  if (!plan.manifest.empty()) {
+    absl::StatusOr<std::unique_ptr<Manifest>> manifest = ReadManifest(plan.manifest);
+    absl::StatusOr<std::unique_ptr<Namespace>> ns =
+        manifest.ok() ? NamespaceFromManifest(**manifest, plan.origin, plan.source_tier, slots,
+                                              plan.scan_threads, plan.extents)
+                      : manifest.status();
+    if (!ns.ok()) {
+      return absl::Status(
+          ns.status().code(),
+          absl::StrCat("dataset.manifest: ", manifest.ok() ? absl::StrCat(plan.manifest, ": ") : "",
+                       ns.status().message(),
+                       "; write a new one with `monarch manifest --config FILE`"));
+    }
+    built.ns = std::move(*ns);
+  } else if (!plan.shared_manifest.empty() && !plan.publishes) {
+    absl::StatusOr<std::unique_ptr<Namespace>> ns =
+        AwaitSharedManifest(plan.shared_manifest, plan.origin, plan.await_seconds,
+                            plan.source_tier, slots, plan.scan_threads, plan.extents);
+    if (ns.ok()) {
+      built.ns = std::move(*ns);
+    } else if (absl::IsDeadlineExceeded(ns.status())) {
+      MONARCH_LOG(kWarning, ns.status().message(), "; walking the dataset here instead");
+    } else {
+      return ns.status();
+    }
+  }
+  const bool walks = built.ns == nullptr;
+  if (walks) {
+    // One a crashed earlier job left must not be taken for this walk's.
+    if (plan.publishes) os::Unlink(plan.shared_manifest.c_str());
+    MONARCH_ASSIGN_OR_RETURN(built.ns, Namespace::Build(plan.origin.root, plan.origin.file_regex,
+                                                        plan.source_tier, plan.scan_threads, slots,
+                                                        plan.origin.symlinks, plan.extents));
+  }
+  if (walks && plan.publishes) {
+    if (absl::Status written = WriteManifest(*built.ns, plan.origin, plan.shared_manifest);
+        !written.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "remote.rendezvous_dir: cannot publish the namespace manifest: ", written.message()));
+    }
+    built.published = plan.shared_manifest;
+  }
+  built.ns->RecordBuild(!walks, static_cast<uint64_t>(
+                                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - began)
+                                        .count()));
+  return built;
 }
 
 }  // namespace monarch

@@ -128,6 +128,35 @@ absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
     int source_tier, const Namespace::TierSlotAllocator& allocate, int threads,
     const ExtentLayout& extents = {});
 
+// Where a job's namespace comes from, resolved from the config once
+// (core/monarch_core.cc) so that BuildNamespace asks nothing more of it.
+struct NamespacePlan {
+  ManifestOrigin origin;  // The root, file_regex and symlink policy to walk with.
+  int scan_threads = 1;
+  ExtentLayout extents;
+  int source_tier = 0;
+  std::string manifest;  // dataset.manifest, expanded; "": none.
+  // With ranks meeting in a rendezvous directory: the manifest there, which
+  // rank 0 (`publishes`, its directory made) walks and writes, and the
+  // others await for up to `await_seconds`. "": this process walks alone.
+  std::string shared_manifest;
+  bool publishes = false;
+  double await_seconds = 0;
+};
+
+struct BuiltNamespace {
+  std::unique_ptr<Namespace> ns;
+  std::string published;  // The shared manifest this process wrote: its to remove.
+};
+
+// The namespace, in one pass and with at most one walk of the dataset per
+// job: from the manifest the plan names (every process reads it, no one
+// walks); else, with a shared manifest, rank 0 walks and publishes it and
+// the others build from it (walking themselves if it does not come in
+// time: rank 0 may still be walking a large dataset); else by a walk.
+absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
+                                              const Namespace::TierSlotAllocator& slots);
+
 }  // namespace monarch
 
 #endif  // MONARCH_METADATA_MANIFEST_H_
