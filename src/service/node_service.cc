@@ -107,6 +107,28 @@ class ClientRequests {
  public:
   ClientRequests(MonarchCore& core, uint64_t buffer_bytes) : core_(core), buffer_bytes_(buffer_bytes) {}
 
+  static bool Handles(MessageType type) {
+    return type == MessageType::kRead || type == MessageType::kAnnounce ||
+           type == MessageType::kConsumed || type == MessageType::kReadAhead ||
+           type == MessageType::kCheckedCopies;
+  }
+  // One of them. `transfer` is null before the hello: reads, orders and copy
+  // checks need its session; hints come on bare connections too.
+  absl::Status Handle(int socket, char* transfer, pid_t pid, const Frame& frame,
+                      absl::FunctionRef<void()> mark_announced) {
+    const bool hint = frame.type == MessageType::kConsumed || frame.type == MessageType::kReadAhead;
+    if (transfer == nullptr && !hint) return absl::InvalidArgumentError("request before hello");
+    switch (frame.type) {
+      case MessageType::kRead: return Read(socket, transfer, frame);
+      case MessageType::kAnnounce: return Announce(socket, pid, frame, mark_announced);
+      case MessageType::kConsumed: return Consumed(pid, frame);
+      case MessageType::kReadAhead: return ReadAhead(frame);
+      default: return CheckedCopies(socket, frame);
+    }
+  }
+
+ private:
+
   // A miss: the bytes go into `transfer`, the connection's buffer.
   absl::Status Read(int socket, char* transfer, const Frame& frame) {
     absl::StatusOr<ReadRequest> request = DecodeReadRequest(frame.payload);
@@ -189,8 +211,7 @@ class ClientRequests {
     return SendFrame(socket, MessageType::kOk, "");
   }
 
-  // Files the client started reading. Needs no hello: clients send it on a
-  // bare connection, as kReadAhead.
+  // Files the client started reading.
   absl::Status Consumed(pid_t pid, const Frame& frame) {
     absl::StatusOr<ConsumedNotice> notice = DecodeConsumedNotice(frame.payload);
     if (!notice.ok()) return notice.status();
@@ -223,10 +244,6 @@ class ClientRequests {
     return SendFrame(socket, MessageType::kCheckedCopiesReply, Encode(reply));
   }
 
-  std::atomic<uint64_t> misses{0};
-  std::atomic<uint64_t> miss_bytes{0};
-
- private:
   // The longest read order a client may announce, in epochs of the dataset.
   static constexpr uint64_t kMaxAnnouncedEpochs = 100;
 
@@ -237,6 +254,10 @@ class ClientRequests {
   std::vector<uint32_t> pending_order_;
   std::vector<FileRange> pending_ranges_;
   bool pending_is_ranges_ = false;
+
+ public:
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> miss_bytes{0};
 };
 
 // `monarch stage`: promotes the files the request's globs name (all when
@@ -605,10 +626,6 @@ void NodeService::Serve(Connection* c) {
     }
     first = false;
     switch (frame->type) {
-      case MessageType::kRead:
-        status = c->counters() == nullptr ? absl::InvalidArgumentError("read before hello")
-                                          : c->requests.Read(c->socket.get(), c->transfer(), *frame);
-        break;
       case MessageType::kStats:
         status = SendFrame(c->socket.get(), MessageType::kStatsReply, Encode(NodeStats()));
         break;
@@ -617,25 +634,6 @@ void NodeService::Serve(Connection* c) {
         break;
       case MessageType::kStage:
         status = Stage(*core_, stopping_, c->socket.get(), *frame);
-        break;
-      case MessageType::kAnnounce:
-        status = c->counters() == nullptr
-                     ? absl::InvalidArgumentError("announce before hello")
-                     : c->requests.Announce(c->socket.get(), c->peer.pid, *frame, [&] {
-                         MutexLock lock(&mu_);
-                         announced_pids_.insert(c->peer.pid);
-                       });
-        break;
-      case MessageType::kConsumed:
-        status = c->requests.Consumed(c->peer.pid, *frame);
-        break;
-      case MessageType::kReadAhead:
-        status = c->requests.ReadAhead(*frame);
-        break;
-      case MessageType::kCheckedCopies:
-        status = c->counters() == nullptr
-                     ? absl::InvalidArgumentError("checked copies before hello")
-                     : c->requests.CheckedCopies(c->socket.get(), *frame);
         break;
       case MessageType::kWaitForPlacement:
         core_->WaitForPlacement();
@@ -646,8 +644,16 @@ void NodeService::Serve(Connection* c) {
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
         RequestStop();
         break;
-      default:
-        status = absl::InvalidArgumentError("unexpected message type");
+      default:  // A client's own requests.
+        if (!ClientRequests::Handles(frame->type)) {
+          status = absl::InvalidArgumentError("unexpected message type");
+          break;
+        }
+        status = c->requests.Handle(c->socket.get(), c->counters() ? c->transfer() : nullptr,
+                                    c->peer.pid, *frame, [&] {
+                                      MutexLock lock(&mu_);
+                                      announced_pids_.insert(c->peer.pid);
+                                    });
         break;
     }
     if (absl::IsInvalidArgument(status)) SendError(c->socket.get(), status).IgnoreError();
