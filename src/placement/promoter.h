@@ -39,7 +39,6 @@
 #include "monarch/config.h"
 #include "placement/chunk_pool.h"
 #include "placement/evictor.h"
-#include "placement/origin.h"
 #include "placement/placement_policy.h"
 #include "placement/promotion.h"
 #include "placement/read_pins.h"
