@@ -63,7 +63,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
                                                                        bool may_defer) {
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
-    return promoter_.ReadOrigin(entry.ref, offset, dst, n);
+    return promoter_.origin().Read(entry.ref, offset, dst, n);
   }
   if (deferred_ != nullptr && may_defer &&
       entry.state.load(std::memory_order_acquire) == PlacementState::kOnSource) {
@@ -84,7 +84,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   absl::Cleanup count_miss_done = [&] {
     if (own_miss) reader_misses_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   };
-  if (admission.promotion == nullptr) return promoter_.ReadOrigin(entry.ref, offset, dst, n);
+  if (admission.promotion == nullptr) return promoter_.origin().Read(entry.ref, offset, dst, n);
   return promoter_.ReadThrough(admission.promotion, offset, dst, n);
 }
 

@@ -8,11 +8,9 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/log.h"
-#include "common/status_macros.h"
 
 namespace monarch {
 namespace {
@@ -72,27 +70,20 @@ ChunkPool StagingPool(const PlacementConfig& config, size_t placement_threads) {
 Promoter::Promoter(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
                    PlacementPolicy* policy, ReadPins* pins, const PlacementConfig& config)
     : tiers_(tiers),
-      namespace_(ns),
       policy_(policy),
       pins_(pins),
-      source_index_(static_cast<int>(tiers->size()) - 1),
-      first_origin_(FirstReadOnlyTier(*tiers)),
       chunk_bytes_(config.chunk_bytes),
       placement_threads_(config.threads > 0 ? static_cast<size_t>(config.threads)
                                             : DefaultPlacementThreads()),
       evicts_(policy->evicts()),
+      origin_(tiers, ns, /*remember_content=*/evicts_),
       chunk_pool_(StagingPool(config, placement_threads_)),
       max_pending_commits_(std::clamp<size_t>(static_cast<size_t>(std::max(config.max_open_files, 1)),
                                               1, kMaxPendingCommits)),
       // Named, so that top and profiles tell copying from reading.
       commit_pool_(kCommitThreads,
                    [] { ::pthread_setname_np(::pthread_self(), "monarch-commit"); }),
-      pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {
-  if (evicts_) {
-    const uint32_t files = std::max<uint32_t>(ns->entry_count(), 1);
-    content_crcs_.reset(new std::atomic<uint64_t>[files]());
-  }
-}
+      pool_(placement_threads_, [] { ::pthread_setname_np(::pthread_self(), "monarch-place"); }) {}
 
 Promoter::~Promoter() { Cancel(DeadlineIn(kCancelGraceSeconds)); }
 
@@ -101,7 +92,7 @@ Promoter::Admission Promoter::StartOrJoin(FileEntry& entry, bool pin) {
   MutexLock lock(&shard.mu);
   // Publication changes `tier` under this lock, so this check and the
   // lookup below see either the promotion or its published copy.
-  if (entry.tier->load(std::memory_order_acquire) != source_index_) {
+  if (entry.tier->load(std::memory_order_acquire) != origin_.source_index()) {
     return {Found::kPublished, nullptr};
   }
   Admission admission;
@@ -137,87 +128,18 @@ absl::StatusOr<size_t> Promoter::ReadThrough(const std::shared_ptr<Promotion>& p
   }
   // Queued after this reader's own chunks are loaded, so the placement
   // thread never holds a chunk the reader is waiting for.
-  if (promotion->ClaimBackgroundTask()) {
-    pool_.detach_task([promotion] { promotion->RunToCompletion(); });
-  }
+  RunInBackground(promotion);
   return result;
 }
 
 void Promoter::Reconsider(FileEntry& entry) {
   Shard& shard = ShardOf(entry.ref.id);
   MutexLock lock(&shard.mu);
-  if (entry.tier->load(std::memory_order_acquire) == source_index_ &&
+  if (entry.tier->load(std::memory_order_acquire) == origin_.source_index() &&
       !shard.in_flight.contains(entry.ref.id) &&
       entry.state.load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
     entry.state.store(PlacementState::kOnSource, std::memory_order_release);
   }
-}
-
-absl::StatusOr<size_t> Promoter::ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                             size_t n, bool* from_source) {
-  for (int t = first_origin_;; ++t) {
-    Tier& tier = *(*tiers_)[t];
-    if (from_source != nullptr) *from_source = t == source_index_;
-    absl::StatusOr<size_t> result = tier.Read(file, offset, dst, n);
-    if (result.ok()) return result;
-    // The source has the last word; a peer that does not have the file
-    // (NotFound: this node is its home, or the home is down) is no error.
-    if (t == source_index_ || !absl::IsNotFound(result.status())) tier.CountReadError();
-    if (t == source_index_) return result;
-  }
-}
-
-absl::StatusOr<size_t> Promoter::ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
-                                                       char* dst, size_t n) {
-  // Not counted as the source's reads: those are what readers were served
-  // and what came from its device or network, and these bytes were read
-  // from the source once already, by the reader whose miss queued the copy.
-  Tier& source = *(*tiers_)[source_index_];
-  InMemoryReads* in_memory = source.can().in_memory;
-  if (in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
-  absl::StatusOr<size_t> result = in_memory->ReadIfInMemory(file, offset, dst, n);
-  if (result.ok()) {
-    bytes_from_memory_.fetch_add(*result, std::memory_order_relaxed);
-  } else if (!absl::IsUnavailable(result.status()) && !absl::IsUnimplemented(result.status())) {
-    source.CountReadError();
-  }
-  return result;
-}
-
-absl::StatusOr<SourceIdentity> Promoter::IdentityToCommit(
-    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
-  const SourceIdentity identity = namespace_->identity(entry.ref.id);
-  std::atomic<uint64_t>* known =
-      content_crc.has_value() && content_crcs_ != nullptr ? &content_crcs_[entry.ref.id] : nullptr;
-  if (read_source && known != nullptr) {
-    // Copied before: the same bytes are the same version, which the first
-    // copy's check found to be the walk's. Any change to the file since,
-    // before or during this copy, shows as other bytes (a CRC32C misses a
-    // change with odds of 2^-32).
-    const uint64_t first = known->load(std::memory_order_acquire);
-    if ((first & kContentKnown) != 0) {
-      if (static_cast<uint32_t>(first) != *content_crc) {
-        source_changed_.fetch_add(1, std::memory_order_relaxed);
-        return absl::AbortedError(absl::StrCat(
-            entry.ref.name, " changed on the source since it was first copied; not copied"));
-      }
-      identified_by_content_.fetch_add(1, std::memory_order_relaxed);
-      return identity;
-    }
-  }
-  // Without `read_source` the home peer checked its own copy's source.
-  if (read_source) {
-    FileIdentity* source = (*tiers_)[source_index_]->can().identity;
-    if (source == nullptr) return absl::UnimplementedError("the source identifies no file");
-    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now, source->Identify(entry.ref));
-    if (now != identity) {
-      source_changed_.fetch_add(1, std::memory_order_relaxed);
-      return absl::AbortedError(absl::StrCat(
-          entry.ref.name, " changed on the source since the namespace walk; not copied"));
-    }
-  }
-  if (known != nullptr) known->store(kContentKnown | *content_crc, std::memory_order_release);
-  return identity;
 }
 
 std::shared_ptr<Promotion> Promoter::StartLocked(FileEntry& entry, Shard& shard) {
@@ -335,11 +257,7 @@ bool Promoter::Drain(Deadline deadline) {
   // Promotions whose readers left chunks behind get a placement task. One a
   // reader is still inside asks for its task itself when that reader is
   // done.
-  for (const std::shared_ptr<Promotion>& promotion : InFlight()) {
-    if (promotion->ClaimBackgroundTask()) {
-      pool_.detach_task([promotion] { promotion->RunToCompletion(); });
-    }
-  }
+  for (const std::shared_ptr<Promotion>& promotion : InFlight()) RunInBackground(promotion);
   return WaitIdleUntil(deadline);
 }
 
@@ -396,16 +314,16 @@ void Promoter::ReportCounters(CounterSink& sink) const {
   sink.Counter("promotions_cancelled", cancelled_.load(), "Promotions cancelled at shutdown.");
   sink.Gauge("placement_waiters", idle_waiters_.load(),
              "Threads in WaitForPlacement waiting for the promotions in flight.");
-  sink.Counter("promotion_bytes_from_memory", bytes_from_memory_.load(),
+  sink.Counter("promotion_bytes_from_memory", origin_.bytes_from_memory(),
                "Bytes deferred copies took from the source's memory (its page cache), apart "
                "from the source's reads: readers read them from the source once already.");
   sink.Counter("promotions_not_in_memory", gave_up_not_in_memory_.load(),
                "Deferred copies given up: the source no longer held the bytes in memory, and a "
                "copy reads the device or network only at a miss (placement.cached_source).");
-  sink.Counter("promotions_source_changed", source_changed_.load(),
+  sink.Counter("promotions_source_changed", origin_.source_changed(),
                "Copies not committed: the source file changed since the namespace walk.");
   if (evicts_) {
-    sink.Counter("promotions_identified_by_content", identified_by_content_.load(),
+    sink.Counter("promotions_identified_by_content", origin_.identified_by_content(),
                  "Copies of files copied before, found to be the same version by their bytes' "
                  "CRC32C instead of a stat of the source.");
   }

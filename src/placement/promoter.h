@@ -130,12 +130,7 @@ class Promoter final : public PromotionHost, public FileLocks {
   void ReportCounters(CounterSink& sink) const;
 
   // PromotionHost.
-  absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst, size_t n,
-                                    bool* from_source = nullptr) override;
-  absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                              size_t n) override;
-  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
-                                                  std::optional<uint32_t> content_crc) override;
+  Origin& origin() override { return origin_; }
   ChunkPool& chunk_pool() override { return chunk_pool_; }
   bool cancelled() const override { return cancel_.load(std::memory_order_relaxed); }
   void ChunkWritten(bool by_reader) override {
@@ -164,14 +159,12 @@ class Promoter final : public PromotionHost, public FileLocks {
   bool WaitIdleUntil(Deadline deadline);
 
   const std::vector<std::unique_ptr<Tier>>* const tiers_;
-  const Namespace* const namespace_;
   PlacementPolicy* const policy_;
   ReadPins* const pins_;
-  const int source_index_;
-  const int first_origin_;  // The first read-only tier.
   const uint64_t chunk_bytes_;
   const size_t placement_threads_;
   const bool evicts_;
+  Origin origin_;
 
   // Staging memory, within placement.max_staging_bytes. Before the shards:
   // promotions return buffers to it.
@@ -196,24 +189,12 @@ class Promoter final : public PromotionHost, public FileLocks {
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> cancelled_{0};
   std::atomic<uint64_t> gave_up_not_in_memory_{0};
-  std::atomic<uint64_t> bytes_from_memory_{0};
-  std::atomic<uint64_t> source_changed_{0};
-  std::atomic<uint64_t> identified_by_content_{0};
   std::atomic<uint64_t> staging_reads_{0};
   std::atomic<uint64_t> staging_bytes_read_{0};
   std::atomic<uint64_t> staging_hits_{0};
   std::atomic<uint64_t> staging_fallbacks_{0};
   std::atomic<uint64_t> written_by_readers_{0};
   std::atomic<uint64_t> written_by_placement_{0};
-
-  // The CRC32C of each file's bytes as its first committed copy had them,
-  // with kContentKnown set; 0 until then (allocated only with eviction).
-  // With eviction a file is promoted again each time its copy was evicted,
-  // and comparing the bytes with these spares the source a metadata
-  // operation per promotion (an fstat is a getattr on the PFS's metadata
-  // server).
-  static constexpr uint64_t kContentKnown = uint64_t{1} << 32;
-  std::unique_ptr<std::atomic<uint64_t>[]> content_crcs_;
 
   // Commits (a stat of the source file each, then the tier's commit): apart
   // from the placement threads, which copy while these wait on the PFS.

@@ -1,4 +1,5 @@
-// Promotion: chunk-shared, streaming copy of one file.
+// Promotion: chunk-shared, streaming copy of one file; its ChunkTable, and
+// the Origin it reads from.
 
 #include "placement/promotion.h"
 
@@ -9,8 +10,131 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "placement/placement_policy.h"
 
 namespace monarch {
+
+Origin::Origin(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
+               bool remember_content)
+    : tiers_(tiers),
+      namespace_(ns),
+      source_index_(static_cast<int>(tiers->size()) - 1),
+      first_origin_(FirstReadOnlyTier(*tiers)),
+      content_crcs_(remember_content
+                        ? new std::atomic<uint64_t>[std::max<uint32_t>(ns->entry_count(), 1)]()
+                        : nullptr) {}
+
+absl::StatusOr<size_t> Origin::Read(const FileRef& file, uint64_t offset, char* dst, size_t n,
+                                    bool* from_source) {
+  for (int t = first_origin_;; ++t) {
+    Tier& tier = *(*tiers_)[t];
+    if (from_source != nullptr) *from_source = t == source_index_;
+    absl::StatusOr<size_t> result = tier.Read(file, offset, dst, n);
+    if (result.ok()) return result;
+    // The source has the last word; a peer that does not have the file
+    // (NotFound: this node is its home, or the home is down) is no error.
+    if (t == source_index_ || !absl::IsNotFound(result.status())) tier.CountReadError();
+    if (t == source_index_) return result;
+  }
+}
+
+absl::StatusOr<size_t> Origin::ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
+                                                    char* dst, size_t n) {
+  // Not counted as the source's reads: those are what readers were served
+  // and what came from its device or network, and these bytes were read
+  // from the source once already, by the reader whose miss queued the copy.
+  Tier& source = *(*tiers_)[source_index_];
+  InMemoryReads* in_memory = source.can().in_memory;
+  if (in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
+  absl::StatusOr<size_t> result = in_memory->ReadIfInMemory(file, offset, dst, n);
+  if (result.ok()) {
+    bytes_from_memory_.fetch_add(*result, std::memory_order_relaxed);
+  } else if (!absl::IsUnavailable(result.status()) && !absl::IsUnimplemented(result.status())) {
+    source.CountReadError();
+  }
+  return result;
+}
+
+absl::StatusOr<SourceIdentity> Origin::IdentityToCommit(
+    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
+  const SourceIdentity identity = namespace_->identity(entry.ref.id);
+  std::atomic<uint64_t>* known =
+      content_crc.has_value() && content_crcs_ != nullptr ? &content_crcs_[entry.ref.id] : nullptr;
+  if (read_source && known != nullptr) {
+    // Copied before: the same bytes are the same version, which the first
+    // copy's check found to be the walk's. Any change to the file since,
+    // before or during this copy, shows as other bytes (a CRC32C misses a
+    // change with odds of 2^-32).
+    const uint64_t first = known->load(std::memory_order_acquire);
+    if ((first & kContentKnown) != 0) {
+      if (static_cast<uint32_t>(first) != *content_crc) {
+        source_changed_.fetch_add(1, std::memory_order_relaxed);
+        return absl::AbortedError(absl::StrCat(
+            entry.ref.name, " changed on the source since it was first copied; not copied"));
+      }
+      identified_by_content_.fetch_add(1, std::memory_order_relaxed);
+      return identity;
+    }
+  }
+  // Without `read_source` the home peer checked its own copy's source.
+  if (read_source) {
+    FileIdentity* source = (*tiers_)[source_index_]->can().identity;
+    if (source == nullptr) return absl::UnimplementedError("the source identifies no file");
+    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now, source->Identify(entry.ref));
+    if (now != identity) {
+      source_changed_.fetch_add(1, std::memory_order_relaxed);
+      return absl::AbortedError(absl::StrCat(
+          entry.ref.name, " changed on the source since the namespace walk; not copied"));
+    }
+  }
+  if (known != nullptr) known->store(kContentKnown | *content_crc, std::memory_order_release);
+  return identity;
+}
+
+ChunkTable::ChunkTable(ChunkLayout layout, ChunkPool* pool, bool checksum)
+    : layout_(layout), pool_(pool), chunks_(layout.count()), crcs_(checksum ? layout.count() : 0) {}
+
+ChunkTable::~ChunkTable() {
+  for (size_t c = 0; c < chunks_.size(); ++c) ReturnBuffer(c);
+}
+
+bool ChunkTable::ClaimWrite(size_t c) {
+  if (chunks_[c].state != State::kStaged) return false;
+  chunks_[c].state = State::kWriting;
+  Unpark(c);
+  return true;
+}
+
+bool ChunkTable::MarkWritten(size_t c) {
+  ReturnBuffer(c);
+  chunks_[c].state = State::kWritten;
+  return ++written_ == chunks_.size();
+}
+
+void ChunkTable::ReleaseSettled() {
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].state != State::kLoading && chunks_[c].state != State::kWriting) Release(c);
+  }
+}
+
+uint32_t ChunkTable::ContentCrc() const {
+  uint32_t crc = 0;
+  for (size_t c = 0; c < crcs_.size(); ++c) crc = Crc32cConcat(crc, crcs_[c], layout_.Length(c));
+  return crc;
+}
+
+void ChunkTable::Unpark(size_t c) {
+  if (!chunks_[c].parked) return;
+  pool_->Unpark(layout_.Length(c));
+  chunks_[c].parked = false;
+}
+
+void ChunkTable::ReturnBuffer(size_t c) {
+  Unpark(c);
+  if (chunks_[c].buffer != nullptr) pool_->Release(chunks_[c].buffer, layout_.Length(c));
+  chunks_[c].buffer = nullptr;
+}
 
 Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
                      uint64_t chunk_bytes, bool checksum)
@@ -18,49 +142,9 @@ Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier
       entry_(entry),
       tier_(tier),
       tier_index_(tier_index),
-      chunk_bytes_(chunk_bytes),
-      chunk_count_((entry->ref.size + chunk_bytes - 1) / chunk_bytes),
+      layout_{entry->ref.size, chunk_bytes},
       checksum_(checksum),
-      chunks_(chunk_count_),
-      chunk_crcs_(checksum ? chunk_count_ : 0) {}
-
-Promotion::~Promotion() {
-  MutexLock lock(&mu_);
-  for (size_t c = 0; c < chunks_.size(); ++c) ReturnBufferLocked(c);
-}
-
-size_t Promotion::ChunkLength(size_t c) const {
-  return static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, entry_->ref.size - ChunkOffset(c)));
-}
-
-void Promotion::ClaimLoadLocked(size_t c, char* buffer) {
-  chunks_[c].state = ChunkState::kLoading;
-  chunks_[c].buffer = buffer;
-}
-
-bool Promotion::ClaimWriteLocked(size_t c) {
-  if (chunks_[c].state != ChunkState::kStaged) return false;
-  chunks_[c].state = ChunkState::kWriting;
-  if (chunks_[c].parked) {
-    host_->chunk_pool().Unpark(ChunkLength(c));
-    chunks_[c].parked = false;
-  }
-  return true;
-}
-
-void Promotion::ReturnBufferLocked(size_t c) {
-  if (chunks_[c].parked) {
-    host_->chunk_pool().Unpark(ChunkLength(c));
-    chunks_[c].parked = false;
-  }
-  if (chunks_[c].buffer != nullptr) host_->chunk_pool().Release(chunks_[c].buffer, ChunkLength(c));
-  chunks_[c].buffer = nullptr;
-}
-
-void Promotion::ReleaseLocked(size_t c) {
-  ReturnBufferLocked(c);
-  chunks_[c].state = ChunkState::kFailed;
-}
+      chunks_(layout_, &host->chunk_pool(), checksum) {}
 
 void Promotion::Load(size_t c, bool memory_only) {
   // Read without the lock: a slow PFS read must not block readers of other
@@ -68,13 +152,14 @@ void Promotion::Load(size_t c, bool memory_only) {
   char* buffer;
   {
     MutexLock lock(&mu_);
-    buffer = chunks_[c].buffer;
+    buffer = chunks_.buffer(c);
   }
-  const size_t length = ChunkLength(c);
+  const size_t length = layout_.Length(c);
   bool from_source = memory_only;
+  Origin& origin = host_->origin();
   absl::StatusOr<size_t> got =
-      memory_only ? host_->ReadSourceIfInMemory(entry_->ref, ChunkOffset(c), buffer, length)
-                  : host_->ReadOrigin(entry_->ref, ChunkOffset(c), buffer, length, &from_source);
+      memory_only ? origin.ReadSourceIfInMemory(entry_->ref, layout_.Offset(c), buffer, length)
+                  : origin.Read(entry_->ref, layout_.Offset(c), buffer, length, &from_source);
   if (memory_only && (absl::IsUnavailable(got.status()) || absl::IsUnimplemented(got.status()))) {
     // Before Fail(), which reports the outcome: not a failure of the file.
     gave_up_not_in_memory_.store(true, std::memory_order_release);
@@ -86,19 +171,18 @@ void Promotion::Load(size_t c, bool memory_only) {
     MutexLock lock(&mu_);
     if (from_source) read_source_ = true;
     if (complete && !failed_) {
-      chunks_[c].state = ChunkState::kStaged;
-      if (checksum_) chunk_crcs_[c] = crc;
+      chunks_.Stage(c, crc);
     } else {
       // A short read means the file changed on the source; either way the
       // chunk cannot be trusted, and without it there is no copy.
       failed_here = !failed_;
-      ReleaseLocked(c);
+      chunks_.Release(c);
     }
   }
   chunk_settled_.SignalAll();
   if (failed_here) {
-    Fail(got.ok() ? absl::DataLossError(absl::StrCat(entry_->ref.name, ": bytes ", ChunkOffset(c),
-                                                     " to ", ChunkOffset(c) + length,
+    Fail(got.ok() ? absl::DataLossError(absl::StrCat(entry_->ref.name, ": bytes ", layout_.Offset(c),
+                                                     " to ", layout_.Offset(c) + length,
                                                      " came back short from the source"))
                   : got.status(),
          /*tier_failed=*/false);
@@ -131,23 +215,21 @@ void Promotion::Write(size_t c, bool by_reader) {
   char* buffer;
   {
     MutexLock lock(&mu_);
-    buffer = chunks_[c].buffer;  // Stable while kWriting; readers only copy from it.
+    buffer = chunks_.buffer(c);  // Stable while kWriting; readers only copy from it.
   }
   absl::StatusOr<std::shared_ptr<CopyWriter>> writer = GetWriter();
-  absl::Status status = writer.ok() ? (*writer)->Write(ChunkOffset(c), buffer, ChunkLength(c))
+  absl::Status status = writer.ok() ? (*writer)->Write(layout_.Offset(c), buffer, layout_.Length(c))
                                     : writer.status();
   bool last = false;
   bool failed_here = false;
   {
     MutexLock lock(&mu_);
     if (status.ok() && !failed_) {
-      ReturnBufferLocked(c);
-      chunks_[c].state = ChunkState::kWritten;
-      last = ++written_ == chunk_count_;
+      last = chunks_.MarkWritten(c);
       committing_ = last;
     } else {
       failed_here = !failed_;
-      ReleaseLocked(c);
+      chunks_.Release(c);
     }
   }
   if (failed_here) Fail(status, /*tier_failed=*/!absl::IsCancelled(status));
@@ -163,19 +245,14 @@ void Promotion::Commit() {
     MutexLock lock(&mu_);
     writer = writer_;
     read_source = read_source_;
-    if (checksum_) {
-      content_crc = 0;
-      for (size_t c = 0; c < chunk_count_; ++c) {
-        content_crc = Crc32cConcat(*content_crc, chunk_crcs_[c], ChunkLength(c));
-      }
-    }
+    if (checksum_) content_crc = chunks_.ContentCrc();
   }
   // After the last chunk was read: a change to the source file at any time
   // since the walk, during the copy included, shows here. A shutdown that
   // cancelled placement meanwhile asks the source nothing more.
   absl::StatusOr<SourceIdentity> source =
       host_->cancelled() ? absl::StatusOr<SourceIdentity>(absl::CancelledError("shutting down"))
-                         : host_->IdentityToCommit(*entry_, read_source, content_crc);
+                         : host_->origin().IdentityToCommit(*entry_, read_source, content_crc);
   const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
   // A source that changed is no failure of the tier.
   const bool tier_failed = source.ok() && !status.ok();
@@ -202,13 +279,9 @@ void Promotion::Fail(const absl::Status& status, bool tier_failed) {
     if (done_ || committing_) return;
     done_ = true;
     failed_ = true;
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      // Loading and writing threads own their chunks' buffers until they
-      // finish; they see failed_ and release them.
-      const ChunkState state = chunks_[c].state;
-      if (state == ChunkState::kLoading || state == ChunkState::kWriting) continue;
-      ReleaseLocked(c);
-    }
+    // Loading and writing threads own their chunks' buffers until they
+    // finish; they see failed_ and release them.
+    chunks_.ReleaseSettled();
     dropped = std::move(writer_);
   }
   chunk_settled_.SignalAll();
@@ -223,15 +296,13 @@ std::string Promotion::Describe() {
   bool committing;
   {
     MutexLock lock(&mu_);
-    for (const Chunk& chunk : chunks_) {
-      loading += chunk.state == ChunkState::kLoading;
-      writing += chunk.state == ChunkState::kWriting;
-    }
+    loading = chunks_.CountIn(ChunkTable::State::kLoading);
+    writing = chunks_.CountIn(ChunkTable::State::kWriting);
     committing = committing_;
   }
   return absl::StrCat(entry_->ref.name, " to tier '", tier_->config().name, "' (",
                       committing ? "committing the copy"
-                                 : absl::StrCat(loading, " of ", chunk_count_,
+                                 : absl::StrCat(loading, " of ", layout_.count(),
                                                 " chunks being read from the source, ", writing,
                                                 " being written"),
                       ")");
@@ -241,8 +312,8 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
                                        ReadOutcome* outcome) {
   *outcome = ReadOutcome::kShared;
   if (n == 0) return 0;
-  const size_t first = offset / chunk_bytes_;
-  const size_t last = (offset + n - 1) / chunk_bytes_;
+  const size_t first = offset / layout_.chunk_bytes;
+  const size_t last = (offset + n - 1) / layout_.chunk_bytes;
   // In rounds: claim the empty chunks from `from` on while staging has room
   // for their buffers, load them, serve [from, end) from them and the
   // others' chunks, park or write them. A chunk with no room ends the round
@@ -258,23 +329,23 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
       MutexLock lock(&mu_);
       usable = !failed_;
       for (size_t c = from; c <= last && usable; ++c) {
-        if (chunks_[c].state != ChunkState::kEmpty) continue;
+        if (chunks_.state(c) != ChunkTable::State::kEmpty) continue;
         // Reserved before the chunk is loaded, so that threads loading at
         // the same moment cannot take staging past its budget together.
         char* buffer = c == from && waited != nullptr
                            ? std::exchange(waited, nullptr)
-                           : host_->chunk_pool().TryAcquire(ChunkLength(c));
+                           : host_->chunk_pool().TryAcquire(layout_.Length(c));
         if (buffer == nullptr) {
           end = c;
           break;
         }
-        ClaimLoadLocked(c, buffer);
+        chunks_.ClaimLoad(c, buffer);
         loaded.push_back(c);
       }
       // Another thread claimed the chunk while this one waited for its
       // buffer, or the promotion failed.
       if (waited != nullptr) {
-        host_->chunk_pool().Release(waited, ChunkLength(from));
+        host_->chunk_pool().Release(waited, layout_.Length(from));
         waited = nullptr;
       }
     }
@@ -285,14 +356,14 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
     if (!usable || end > last) break;
     // Counted in the pool's waits: staging is full of chunks being loaded
     // and written right now.
-    waited = host_->chunk_pool().Acquire(ChunkLength(end), ChunkPool::Share::kReaders);
+    waited = host_->chunk_pool().Acquire(layout_.Length(end), ChunkPool::Share::kReaders);
     from = end;
   }
   if (!usable) {
     // The promotion failed or a chunk could not be had: the source decides
     // what this read gets.
     *outcome = ReadOutcome::kFellBack;
-    return host_->ReadOrigin(entry_->ref, offset, dst, n);
+    return host_->origin().Read(entry_->ref, offset, dst, n);
   }
   return n;
 }
@@ -308,17 +379,17 @@ bool Promotion::CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_
     for (size_t c = from; c < end; ++c) {
       // Ends when the loading thread's read returns (it signals, loaded or
       // failed); a failed or cancelled promotion signals too.
-      while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
+      while (chunks_.state(c) == ChunkTable::State::kLoading) chunk_settled_.Wait(&mu_);
       if (failed_) return false;
-      const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
-      const uint64_t stop = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
-      switch (chunks_[c].state) {
-        case ChunkState::kStaged:
-        case ChunkState::kWriting:
-          CopyBytes(dst + (begin - offset), chunks_[c].buffer + (begin - ChunkOffset(c)),
+      const uint64_t begin = std::max<uint64_t>(offset, layout_.Offset(c));
+      const uint64_t stop = std::min<uint64_t>(offset + n, layout_.Offset(c) + layout_.Length(c));
+      switch (chunks_.state(c)) {
+        case ChunkTable::State::kStaged:
+        case ChunkTable::State::kWriting:
+          CopyBytes(dst + (begin - offset), chunks_.buffer(c) + (begin - layout_.Offset(c)),
                       stop - begin);
           break;
-        case ChunkState::kWritten:
+        case ChunkTable::State::kWritten:
           written.push_back(c);
           writer = writer_;
           break;
@@ -329,8 +400,8 @@ bool Promotion::CopyOut(uint64_t offset, char* dst, size_t n, size_t from, size_
   }
   for (size_t c : written) {
     if (writer == nullptr) return false;
-    const uint64_t begin = std::max<uint64_t>(offset, ChunkOffset(c));
-    const uint64_t stop = std::min<uint64_t>(offset + n, ChunkOffset(c) + ChunkLength(c));
+    const uint64_t begin = std::max<uint64_t>(offset, layout_.Offset(c));
+    const uint64_t stop = std::min<uint64_t>(offset + n, layout_.Offset(c) + layout_.Length(c));
     absl::StatusOr<size_t> got = writer->ReadBack(begin, dst + (begin - offset), stop - begin);
     if (!got.ok() || *got != stop - begin) return false;
   }
@@ -349,9 +420,8 @@ void Promotion::ParkOrWrite(const std::vector<size_t>& loaded) {
       MutexLock lock(&mu_);
       // A placement thread may have taken the chunk to write it, or the
       // promotion failed.
-      if (chunks_[c].state != ChunkState::kStaged) continue;
-      chunks_[c].parked = host_->chunk_pool().TryPark(ChunkLength(c));
-      write = !chunks_[c].parked && ClaimWriteLocked(c);
+      if (chunks_.state(c) != ChunkTable::State::kStaged) continue;
+      write = !chunks_.Park(c) && chunks_.ClaimWrite(c);
     }
     if (write) Write(c, /*by_reader=*/true);
   }
@@ -360,19 +430,14 @@ void Promotion::ParkOrWrite(const std::vector<size_t>& loaded) {
 bool Promotion::ClaimBackgroundTask() {
   MutexLock lock(&mu_);
   if (done_ || background_claimed_) return false;
-  for (const Chunk& chunk : chunks_) {
-    if (chunk.state == ChunkState::kEmpty || chunk.state == ChunkState::kStaged) {
-      background_claimed_ = true;
-      return true;
-    }
-  }
-  // Every chunk is loading or being written by the threads that claimed it;
-  // each of those threads asks again after its part.
-  return false;
+  // If every chunk is loading or being written by the threads that claimed
+  // it, each of those threads asks again after its part.
+  background_claimed_ = chunks_.HasUnclaimed();
+  return background_claimed_;
 }
 
 void Promotion::RunToCompletion(bool memory_only) {
-  for (size_t c = 0; c < chunk_count_; ++c) {
+  for (size_t c = 0; c < layout_.count(); ++c) {
     if (host_->cancelled()) {
       Cancel();
       return;
@@ -381,36 +446,36 @@ void Promotion::RunToCompletion(bool memory_only) {
     {
       MutexLock lock(&mu_);
       if (done_) return;
-      empty = chunks_[c].state == ChunkState::kEmpty;
+      empty = chunks_.state(c) == ChunkTable::State::kEmpty;
     }
     // Taken without the lock: Acquire() may wait for room (the placement
     // threads' part of the budget is a chunk each, but the rest may be in
     // use), and this thread holds no other buffer meanwhile.
     char* buffer =
-        empty ? host_->chunk_pool().Acquire(ChunkLength(c), ChunkPool::Share::kPlacement) : nullptr;
+        empty ? host_->chunk_pool().Acquire(layout_.Length(c), ChunkPool::Share::kPlacement) : nullptr;
     bool load = false;
     bool write = false;
     {
       MutexLock lock(&mu_);
-      if (buffer != nullptr && (done_ || chunks_[c].state != ChunkState::kEmpty)) {
+      if (buffer != nullptr && (done_ || chunks_.state(c) != ChunkTable::State::kEmpty)) {
         // Finished, or a reader claimed the chunk meanwhile.
-        host_->chunk_pool().Release(buffer, ChunkLength(c));
+        host_->chunk_pool().Release(buffer, layout_.Length(c));
         buffer = nullptr;
       }
       if (done_) return;
       if (buffer != nullptr) {
-        ClaimLoadLocked(c, buffer);
+        chunks_.ClaimLoad(c, buffer);
         load = true;
       } else {
         // As in CopyOut(): ends with the loading thread's read.
-        while (chunks_[c].state == ChunkState::kLoading) chunk_settled_.Wait(&mu_);
-        write = ClaimWriteLocked(c);
+        while (chunks_.state(c) == ChunkTable::State::kLoading) chunk_settled_.Wait(&mu_);
+        write = chunks_.ClaimWrite(c);
       }
     }
     if (load) {
       Load(c, memory_only);
       MutexLock lock(&mu_);
-      write = ClaimWriteLocked(c);
+      write = chunks_.ClaimWrite(c);
     }
     if (write) Write(c, /*by_reader=*/false);
   }

@@ -31,7 +31,7 @@
 // (PromotionHost::CommitLater), and the commit reports the outcome
 // (PromotionHost::PromotionDone), once. The copy is committed only if the
 // source file is still the one the namespace walk found
-// (PromotionHost::IdentityToCommit), so a copy never mixes two versions.
+// (Origin::IdentityToCommit), so a copy never mixes two versions.
 // A failure (the source, the tier, or cancellation) abandons the copy:
 // readers are then served from the source, and the temporary copy is
 // deleted.
@@ -42,6 +42,7 @@
 #ifndef MONARCH_PLACEMENT_PROMOTION_H_
 #define MONARCH_PLACEMENT_PROMOTION_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -60,28 +61,164 @@ namespace monarch {
 
 class Promotion;
 
-// What a promotion needs from its owner. Everything here outlives it.
-class PromotionHost {
+// How a promotion cuts its file into chunks. Immutable: read without a lock.
+struct ChunkLayout {
+  uint64_t file_bytes;
+  uint64_t chunk_bytes;
+  size_t count() const { return (file_bytes + chunk_bytes - 1) / chunk_bytes; }
+  uint64_t Offset(size_t c) const { return c * chunk_bytes; }
+  size_t Length(size_t c) const {
+    return static_cast<size_t>(std::min<uint64_t>(chunk_bytes, file_bytes - Offset(c)));
+  }
+};
+
+// The chunks of one promotion: each chunk's state and staging buffer, with
+// the staging pool's accounting that goes with them (a buffer parked and
+// unparked, and returned, once each) and the chunks' CRC32Cs. Apart from
+// Promotion so that a chunk's state machine and its buffer's accounting
+// change in one place, while Promotion decides which thread loads, writes
+// or waits. Not thread-safe: its promotion's mutex guards it; it calls only
+// the pool, which takes its own lock last.
+class ChunkTable {
  public:
-  virtual ~PromotionHost() = default;
-  // Reads bytes of a file no cache tier holds, from where they come from:
-  // the file's home peer when there are peers, else (or failing that) the
-  // source. As StorageDriver::Read.
-  // `from_source`, if given, is set when the source answered.
-  virtual absl::StatusOr<size_t> ReadOrigin(const FileRef& file, uint64_t offset, char* dst,
-                                            size_t n, bool* from_source = nullptr) = 0;
+  enum class State : uint8_t {
+    kEmpty,    // Nobody has it.
+    kLoading,  // A thread is reading it from the source into its buffer.
+    kStaged,   // In its buffer, not yet in the tier.
+    kWriting,  // In its buffer, being written to the tier (buffer still readable).
+    kWritten,  // In the tier's copy; buffer returned.
+    kFailed,   // Could not be loaded.
+  };
+
+  // `checksum`: keep each loaded chunk's CRC32C (Stage) for ContentCrc().
+  ChunkTable(ChunkLayout layout, ChunkPool* pool, bool checksum);
+  ~ChunkTable();  // Returns every buffer still held.
+
+  State state(size_t c) const { return chunks_[c].state; }
+  // Set in kLoading, kStaged and kWriting.
+  char* buffer(size_t c) const { return chunks_[c].buffer; }
+
+  // kEmpty -> kLoading with `buffer`, reserved by the caller.
+  void ClaimLoad(size_t c, char* buffer) { chunks_[c] = {State::kLoading, false, buffer}; }
+  // kLoading -> kStaged; `crc` is the chunk's CRC32C, with checksum.
+  void Stage(size_t c, uint32_t crc) {
+    chunks_[c].state = State::kStaged;
+    if (!crcs_.empty()) crcs_[c] = crc;
+  }
+  // Parks a staged chunk in the pool, for a placement thread to write;
+  // false if the parked chunks have no room for it.
+  bool Park(size_t c) { return chunks_[c].parked = pool_->TryPark(layout_.Length(c)); }
+  // kStaged -> kWriting (no longer parked); false if the chunk was not
+  // staged.
+  bool ClaimWrite(size_t c);
+  // kWriting -> kWritten, returning the buffer; true if it was the last.
+  bool MarkWritten(size_t c);
+  // Returns the chunk's buffer, if any: kFailed.
+  void Release(size_t c) {
+    ReturnBuffer(c);
+    chunks_[c].state = State::kFailed;
+  }
+  // Release() of every chunk not kLoading or kWriting: the threads loading
+  // and writing own those chunks' buffers until they finish.
+  void ReleaseSettled();
+
+  // Some chunk is still to be loaded or written by whoever finishes the
+  // promotion (kEmpty or kStaged).
+  bool HasUnclaimed() const {
+    return std::any_of(chunks_.begin(), chunks_.end(), [](const Chunk& chunk) {
+      return chunk.state == State::kEmpty || chunk.state == State::kStaged;
+    });
+  }
+  int CountIn(State state) const {
+    return std::count_if(chunks_.begin(), chunks_.end(),
+                         [state](const Chunk& chunk) { return chunk.state == state; });
+  }
+  // The CRC32C of the whole file, from the chunks' (with checksum).
+  uint32_t ContentCrc() const;
+
+ private:
+  struct Chunk {
+    State state = State::kEmpty;
+    bool parked = false;  // kStaged and counted as parked in the pool.
+    char* buffer = nullptr;
+  };
+  void Unpark(size_t c);
+  void ReturnBuffer(size_t c);
+
+  const ChunkLayout layout_;
+  ChunkPool* const pool_;
+  std::vector<Chunk> chunks_;
+  std::vector<uint32_t> crcs_;  // With checksum, per loaded chunk.
+  size_t written_ = 0;
+};
+
+// Origin: where the bytes of a file no cache tier holds come from (the
+// read-only tiers: the peers, if any, then the source), and the check that
+// a copy of them is of the version the namespace walk found. Apart from the
+// Promoter because it is the one part of placement that talks to the
+// origins, not to the cache tiers or the in-flight table: promotions read
+// through it, and so do the handler's reads of files left on the source.
+// Thread-safe (its state is atomics); the tiers and namespace outlive it.
+class Origin {
+ public:
+  // `tiers`: the cache tiers, then the read-only ones, the source last.
+  // `remember_content`: keep each file's CRC32C from its first committed
+  // copy (see IdentityToCommit).
+  Origin(const std::vector<std::unique_ptr<Tier>>* tiers, const Namespace* ns,
+         bool remember_content);
+
+  int source_index() const { return source_index_; }
+
+  // Reads bytes of a file no cache tier holds: from the file's home peer
+  // when there are peers, else (or failing that) the source. As
+  // StorageDriver::Read. `from_source`, if given, is set when the source
+  // answered.
+  absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n,
+                              bool* from_source = nullptr);
   // The same from the source, if every byte is in its memory already
   // (InMemoryReads::ReadIfInMemory): Unavailable or Unimplemented if not.
-  virtual absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset,
-                                                      char* dst, size_t n) = 0;
+  absl::StatusOr<size_t> ReadSourceIfInMemory(const FileRef& file, uint64_t offset, char* dst,
+                                              size_t n);
   // What the copy about to be committed is a copy of: the source file as
   // the namespace walk found it. When `read_source` (some chunk came from
   // the source rather than a peer), a file changed since the walk (size,
   // times, or replaced) is Aborted: its chunks may mix versions, or be of
   // a version the namespace never saw. `content_crc` is the CRC32C of the
   // bytes copied, when the promotion was asked to compute it.
-  virtual absl::StatusOr<SourceIdentity> IdentityToCommit(
-      const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) = 0;
+  absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
+                                                  std::optional<uint32_t> content_crc);
+
+  // Counters, for the Promoter's report.
+  uint64_t bytes_from_memory() const { return bytes_from_memory_.load(); }
+  uint64_t source_changed() const { return source_changed_.load(); }
+  uint64_t identified_by_content() const { return identified_by_content_.load(); }
+
+ private:
+  const std::vector<std::unique_ptr<Tier>>* const tiers_;
+  const Namespace* const namespace_;
+  const int source_index_;
+  const int first_origin_;  // The first read-only tier.
+
+  // The CRC32C of each file's bytes as its first committed copy had them,
+  // with kContentKnown set; 0 until then (allocated only with
+  // `remember_content`, i.e. with eviction). With eviction a file is
+  // promoted again each time its copy was evicted, and comparing the bytes
+  // with these spares the source a metadata operation per promotion (an
+  // fstat is a getattr on the PFS's metadata server).
+  static constexpr uint64_t kContentKnown = uint64_t{1} << 32;
+  std::unique_ptr<std::atomic<uint64_t>[]> content_crcs_;
+
+  std::atomic<uint64_t> bytes_from_memory_{0};
+  std::atomic<uint64_t> source_changed_{0};
+  std::atomic<uint64_t> identified_by_content_{0};
+};
+
+// What a promotion needs from its owner. Everything here outlives it.
+class PromotionHost {
+ public:
+  virtual ~PromotionHost() = default;
+  // Where the file's bytes come from, and the check of the copy's version.
+  virtual Origin& origin() = 0;
   // Staging buffers, within the staging budget.
   virtual ChunkPool& chunk_pool() = 0;
   virtual bool cancelled() const = 0;
@@ -102,10 +239,9 @@ class PromotionHost {
 class Promotion : public std::enable_shared_from_this<Promotion> {
  public:
   // `checksum`: compute the CRC32C of the file's bytes as its chunks load,
-  // for IdentityToCommit.
+  // for Origin::IdentityToCommit.
   Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
             uint64_t chunk_bytes, bool checksum);
-  ~Promotion();
   Promotion(const Promotion&) = delete;
   Promotion& operator=(const Promotion&) = delete;
 
@@ -145,8 +281,9 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   }
 
   // Commits the copy once every chunk is written (PromotionHost::CommitLater
-  // calls it): checks the source file (IdentityToCommit) and publishes it, or
-  // abandons it when the source changed or the host is shutting down.
+  // calls it): checks the source file (Origin::IdentityToCommit) and
+  // publishes it, or abandons it when the source changed or the host is
+  // shutting down.
   // Reports the outcome (PromotionHost::PromotionDone).
   void Commit();
 
@@ -161,31 +298,9 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   std::string Describe();
 
  private:
-  enum class ChunkState : uint8_t {
-    kEmpty,    // Nobody has it.
-    kLoading,  // A thread is reading it from the source into `buffer`.
-    kStaged,   // In `buffer`, not yet in the tier.
-    kWriting,  // In `buffer`, being written to the tier (buffer still readable).
-    kWritten,  // In the tier's copy; buffer returned.
-    kFailed,   // Could not be loaded.
-  };
-  struct Chunk {
-    ChunkState state = ChunkState::kEmpty;
-    bool parked = false;     // kStaged and counted as parked in the pool.
-    char* buffer = nullptr;  // Set in kLoading, kStaged and kWriting.
-  };
-
-  uint64_t ChunkOffset(size_t c) const { return c * chunk_bytes_; }
-  size_t ChunkLength(size_t c) const;
-
-  // kEmpty -> kLoading with `buffer`, reserved by the caller.
-  void ClaimLoadLocked(size_t c, char* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads a claimed chunk from the source: kStaged, or kFailed (the
   // promotion then fails).
   void Load(size_t c, bool memory_only = false);
-  // kStaged -> kWriting (no longer parked); false if the chunk was not
-  // staged.
-  bool ClaimWriteLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a claimed chunk into the tier: kWritten, or fails the promotion.
   // Commits the copy if it was the last one.
   void Write(size_t c, bool by_reader);
@@ -197,28 +312,20 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   void ParkOrWrite(const std::vector<size_t>& loaded);
   // The tier's writer, created by the first thread that needs it.
   absl::StatusOr<std::shared_ptr<CopyWriter>> GetWriter();
-  // Returns the buffer (if any) of a chunk to the pool, unparking it first.
-  void ReturnBufferLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases the buffer of a chunk leaving kLoading/kWriting after a
-  // failure, or of any chunk when the promotion fails: kFailed.
-  void ReleaseLocked(size_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const absl::Status& status, bool tier_failed);
 
   PromotionHost* const host_;
   FileEntry* const entry_;
   Tier* const tier_;
   const int tier_index_;
-  const uint64_t chunk_bytes_;
-  const size_t chunk_count_;
+  const ChunkLayout layout_;
   const bool checksum_;
 
   Mutex writer_mu_;  // Serializes creating the writer; taken before mu_, never inside it.
 
   Mutex mu_;
   CondVar chunk_settled_;  // A chunk left kLoading.
-  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> chunk_crcs_ ABSL_GUARDED_BY(mu_);  // With checksum_, per loaded chunk.
-  size_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  ChunkTable chunks_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<CopyWriter> writer_ ABSL_GUARDED_BY(mu_);
   bool background_claimed_ ABSL_GUARDED_BY(mu_) = false;
   bool committing_ ABSL_GUARDED_BY(mu_) = false;  // Every chunk written: too late to fail.
