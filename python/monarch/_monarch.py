@@ -144,6 +144,14 @@ class Monarch:
         return self._config
 
     @property
+    def node_shared(self):
+        """True when this handle is a client of the node service (`node:
+        {shared: true}`): every process of the node reads through one cache,
+        and an order announced here reaches their reads."""
+        self._h()
+        return self._fork_safe
+
+    @property
     def root(self):
         """The absolute dataset directory."""
         self._h()

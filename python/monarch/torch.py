@@ -14,10 +14,13 @@ worker carries the config, not the handle. With `node: {shared: true}` in the
 config every worker is a client of one node service, so the whole job reads
 each file from the source once.
 
-AnnouncingSampler wraps the DataLoader's sampler (RandomSampler,
-DistributedSampler, any other) and tells Monarch each epoch's order before
-the epoch starts, so that the node service reads ahead of the workers
-(clairvoyant prefetch):
+The datasets tell Monarch each epoch's order by themselves when the
+DataLoader's sampler is PyTorch's RandomSampler (shuffle=True),
+SequentialSampler or DistributedSampler: the main process announces it as
+the epoch starts, before any worker reads, so that Monarch reads ahead of
+the workers (clairvoyant prefetch). `announce_order=False` turns it off.
+
+AnnouncingSampler does the same for any other sampler, by wrapping it:
 
     sampler = monarch.torch.AnnouncingSampler(
         torch.utils.data.DistributedSampler(ds), ds)
@@ -40,6 +43,7 @@ import bisect
 import io
 import operator
 import os
+import sys
 import warnings
 from array import array
 
@@ -69,7 +73,80 @@ def _monarch_for(monarch, config, dataset):
     return Monarch(config=config, dataset=dataset)
 
 
-class FileListDataset(torch.utils.data.Dataset):
+# Samplers whose order a dataset can replay as the epoch starts: it depends
+# only on their own attributes and torch's generators, which the replay
+# saves and restores. Exact types: a subclass may draw its order otherwise.
+_REPLAYABLE_SAMPLERS = (torch.utils.data.RandomSampler, torch.utils.data.SequentialSampler,
+                        torch.utils.data.distributed.DistributedSampler)
+
+
+class _AnnouncesOrder:
+    """Announces each epoch's order with no sampler to wrap.
+
+    A DataLoader's main process starts an epoch by iterating its sampler,
+    and the samplers above begin by asking len(dataset). That call, seen
+    from its caller's frame, is the moment the epoch's order is decided and
+    not yet handed to a worker: the dataset replays the sampler (torch's
+    generator state saved before and restored after, so the real iteration
+    draws the same order) and announces the order. Other samplers are left
+    alone: AnnouncingSampler and SeededSampler announce by themselves, and
+    an unknown sampler's order may hang on state a replay would disturb.
+    A failed announcement is a warning: reads go on without prefetch."""
+
+    announce_order = True
+    _quiet = False  # While a sampler is replayed, or AnnouncingSampler iterates one.
+    _announcer = None  # An AnnouncingSampler with no sampler: the names, made once.
+
+    def _epoch_may_start(self):
+        if not self.announce_order or self._quiet:
+            return
+        caller = sys._getframe(2)  # Whoever called len(): 0 is here, 1 __len__.
+        sampler = caller.f_locals.get("self") if caller.f_code.co_name == "__iter__" else None
+        if type(sampler) not in _REPLAYABLE_SAMPLERS or not self._order_reaches_reads(caller):
+            return
+        generator = getattr(sampler, "generator", None)
+        state = generator.get_state() if generator is not None else torch.random.get_rng_state()
+        self._quiet = True
+        try:
+            order = list(iter(sampler))
+        finally:
+            self._quiet = False
+            if generator is not None:
+                generator.set_state(state)
+            else:
+                torch.random.set_rng_state(state)
+        if self._announcer is None:
+            self._announcer = AnnouncingSampler(None, self)
+        try:
+            self._announcer._announce(order)
+        except (OSError, RuntimeError, ValueError) as e:
+            warnings.warn(f"monarch: read order not announced, no prefetch: {e}")
+
+    def _order_reaches_reads(self, frame):
+        """Whether the reads of this epoch go through a cache that sees an
+        order announced here: the node service's, or this process's own when
+        the DataLoader has no workers. An in-process handle's prefetch would
+        otherwise read files into the main process that workers never use."""
+        if self.monarch.node_shared:
+            return True
+        single = getattr(torch.utils.data.dataloader, "_SingleProcessDataLoaderIter", None)
+        for _ in range(16):  # The loader's iterator is a few calls up.
+            if frame is None or single is None:
+                return False
+            if isinstance(frame.f_locals.get("self"), single):
+                return True
+            frame = frame.f_back
+        return False
+
+    def __getstate__(self):
+        # The names are rebuilt where they are needed (a spawned worker
+        # never announces).
+        state = self.__dict__.copy()
+        state.pop("_announcer", None)
+        return state
+
+
+class FileListDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     """A map-style dataset over a list of files: item i is
     transform(loader(bytes of files[i])) (without a transform,
     loader(bytes); the default loader returns the bytes themselves).
@@ -77,16 +154,19 @@ class FileListDataset(torch.utils.data.Dataset):
     `files`: dataset-relative names or absolute paths under the dataset root.
     `monarch`: a Monarch to read through, or else `config`/`dataset` to open
     one (as Monarch() takes them; with neither, MONARCH_CONFIG/MONARCH_DATASET).
-    Workers use their own handle (see the module doc)."""
+    Workers use their own handle (see the module doc). `announce_order`:
+    see the module doc."""
 
     def __init__(self, files, monarch=None, config=None, dataset=None, transform=None,
-                 loader=bytes):
+                 loader=bytes, announce_order=True):
         self.monarch = _monarch_for(monarch, config, dataset)
         self.files = [os.fspath(f) for f in files]
         self.transform = transform
         self.loader = loader
+        self.announce_order = announce_order
 
     def __len__(self):
+        self._epoch_may_start()
         return len(self.files)
 
     def file_of(self, index):
@@ -98,7 +178,7 @@ class FileListDataset(torch.utils.data.Dataset):
         return self.transform(sample) if self.transform is not None else sample
 
 
-class RecordDataset(torch.utils.data.Dataset):
+class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     """A map-style dataset over records inside big files: token files,
     packed arrays, shards of fixed-size or indexed samples. Item i is
     transform(loader(bytes of record i)) (the default loader returns the
@@ -112,16 +192,18 @@ class RecordDataset(torch.utils.data.Dataset):
       (files as in `files`, by path or by position in it); every record must
       lie inside its file.
 
-    `files`, `monarch`, `config`, `dataset`: as FileListDataset's. Works with
-    AnnouncingSampler, which announces each record's range (record(), so
-    that Monarch reads ahead the extents of big files that hold them), and
+    `files`, `monarch`, `config`, `dataset`, `announce_order`: as
+    FileListDataset's; an order is announced as each record's range
+    (record(), so that Monarch reads ahead the extents of big files that
+    hold them), by the dataset itself or by AnnouncingSampler, and
     SeededSampler, which announces the file of each record (file_of). The records of a million-sample index cost 20 bytes
     each here, not a Python object each."""
 
     def __init__(self, files, record_bytes=None, index=None, monarch=None, config=None,
-                 dataset=None, transform=None, loader=bytes):
+                 dataset=None, transform=None, loader=bytes, announce_order=True):
         if (record_bytes is None) == (index is None):
             raise ValueError("pass exactly one of record_bytes= and index=")
+        self.announce_order = announce_order
         self.monarch = _monarch_for(monarch, config, dataset)
         self.files = [os.fspath(f) for f in files]
         self.transform = transform
@@ -173,6 +255,7 @@ class RecordDataset(torch.utils.data.Dataset):
         self._count = len(self._file)
 
     def __len__(self):
+        self._epoch_may_start()
         return self._count
 
     def record(self, index):
@@ -200,7 +283,7 @@ class RecordDataset(torch.utils.data.Dataset):
         return self.transform(sample) if self.transform is not None else sample
 
 
-class ImageFolder(torch.utils.data.Dataset):
+class ImageFolder(_AnnouncesOrder, torch.utils.data.Dataset):
     """torchvision's ImageFolder over Monarch: `root` (a dataset-relative
     directory or an absolute path under the dataset root) holds one
     subdirectory per class; classes are the sorted subdirectory names and
@@ -208,10 +291,11 @@ class ImageFolder(torch.utils.data.Dataset):
     sorted. Item i is (transform(image) or image, class_index), the image
     decoded by `loader` (default pil_loader: Pillow, RGB) from a Monarch file
     object. Attributes: classes, class_to_idx, samples [(path, class)],
-    targets."""
+    targets. `announce_order`: see the module doc."""
 
     def __init__(self, root, config=None, monarch=None, dataset=None, transform=None,
-                 loader=pil_loader, extensions=IMAGE_EXTENSIONS):
+                 loader=pil_loader, extensions=IMAGE_EXTENSIONS, announce_order=True):
+        self.announce_order = announce_order
         self.monarch = _monarch_for(monarch, config, dataset)
         self.root = os.fspath(root)
         self.transform = transform
@@ -234,6 +318,7 @@ class ImageFolder(torch.utils.data.Dataset):
         self.targets = [target for _, target in self.samples]
 
     def __len__(self):
+        self._epoch_may_start()
         return len(self.samples)
 
     def file_of(self, index):
@@ -280,7 +365,14 @@ class AnnouncingSampler(torch.utils.data.Sampler):
             self.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        order = list(iter(self.sampler))
+        quiet = getattr(self.dataset, "_quiet", None)
+        if quiet is not None:
+            self.dataset._quiet = True  # This sampler announces, not the dataset.
+        try:
+            order = list(iter(self.sampler))
+        finally:
+            if quiet is not None:
+                self.dataset._quiet = quiet
         _announce_or_warn(lambda: self._announce(order))
         return iter(order)
 

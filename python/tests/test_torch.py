@@ -378,3 +378,100 @@ def test_record_dataset_index_with_seeded_sampler(tmp_path):
             mt.RecordDataset(["a.bin", "b.bin"], index=bad, dataset=root)
     with pytest.raises(ValueError, match="exactly one"):
         mt.RecordDataset(["a.bin"], dataset=root)
+
+
+_DISTINCT = ["blob.bin", "sub/hello.txt", "sub/deeper/x.bin", "array.npy", "image.png"]
+
+
+def _recording(handle):
+    """The real handle, with each order announced through it written down
+    as names."""
+    announced = []
+    real = handle._announce_names
+
+    def record(name_array):
+        array, count = name_array
+        announced.append([array[i].decode() for i in range(count)])
+        real(name_array)
+
+    handle._announce_names = record
+    return announced
+
+
+def _read_order(loader, dataset):
+    """The files a loader's epoch read, in order (each file's bytes are distinct)."""
+    by_bytes = {open(os.path.join(dataset, f), "rb").read(): f for f in _DISTINCT}
+    return [by_bytes[bytes(b)] for b in loader]
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "generator", "distributed", "sequential"])
+def test_datasets_announce_a_plain_dataloaders_order_by_themselves(m, dataset, sampler):
+    import torch.utils.data as data
+    ds = mt.FileListDataset(_DISTINCT, monarch=m)
+    announced = _recording(m)
+    options = {
+        "shuffle": {"shuffle": True},
+        "generator": {"shuffle": True, "generator": torch.Generator().manual_seed(5)},
+        "distributed": {"sampler": data.DistributedSampler(ds, num_replicas=2, rank=1, seed=3)},
+        "sequential": {"shuffle": False},
+    }[sampler]
+    loader = data.DataLoader(ds, batch_size=None, **options)
+    orders = []
+    for epoch in range(3):
+        if sampler == "distributed":
+            loader.sampler.set_epoch(epoch)
+        orders.append(_read_order(loader, dataset))
+    # Each epoch announced once, before its reads, and exactly as read.
+    assert announced == orders
+    assert m.stats()["prefetch_announced_files"] == sum(len(o) for o in orders)
+
+
+def test_announcing_by_itself_leaves_the_order_as_it_was(m, dataset):
+    import torch.utils.data as data
+    orders = {}
+    for announce in (False, True):
+        ds = mt.FileListDataset(_DISTINCT, monarch=m, announce_order=announce)
+        torch.manual_seed(7)
+        loader = data.DataLoader(ds, batch_size=None, shuffle=True)
+        orders[announce] = [_read_order(loader, dataset) for _ in range(3)]
+    # The replay restored torch's generator: the same seed draws the same orders.
+    assert orders[True] == orders[False] and orders[True][0] != orders[True][1]
+    assert m.stats()["prefetch_announced_files"] == 3 * len(_DISTINCT)
+
+
+def test_dataset_does_not_announce_what_its_sampler_or_nobody_would_use(m, dataset):
+    import torch.utils.data as data
+    ds = mt.FileListDataset(_DISTINCT, monarch=m)
+    announced = _recording(m)
+    # AnnouncingSampler announces; the dataset under it stays quiet.
+    sampler = mt.AnnouncingSampler(data.RandomSampler(ds), ds)
+    order = _read_order(data.DataLoader(ds, batch_size=None, sampler=sampler), dataset)
+    assert announced == [order]
+    # Workers with in-process handles of their own: an order announced in the
+    # main process would only make it prefetch files no worker reads there.
+    announced.clear()
+    before = m.stats()["prefetch_announced_files"]
+    loader = data.DataLoader(ds, batch_size=None, shuffle=True, num_workers=2)
+    assert sorted(_read_order(loader, dataset)) == sorted(_DISTINCT)
+    assert announced == [] and m.stats()["prefetch_announced_files"] == before
+
+
+def test_workers_of_the_node_service_get_the_order_without_asking(dataset):
+    import torch.utils.data as data
+    service = SharedService(dataset)
+    try:
+        handle = monarch.Monarch(service.config)
+        assert handle.node_shared
+        ds = mt.FileListDataset(_DISTINCT, monarch=handle)
+        loader = data.DataLoader(ds, batch_size=None, shuffle=True, num_workers=2)
+        for _ in range(2):
+            assert sorted(_read_order(loader, dataset)) == sorted(_DISTINCT)
+        with monarch.Monarch(service.config) as client:
+            client.wait_for_placement()
+            node = client.stats()
+        assert node["prefetch_announced_files"] == 2 * len(_DISTINCT)
+        assert node["tiers"][-1]["bytes_read"] == sum(
+            os.path.getsize(os.path.join(dataset, f)) for f in _DISTINCT)  # each file once
+        handle.close()
+    finally:
+        service.stop()
