@@ -18,14 +18,14 @@
 namespace monarch {
 
 // UcxEndpoints: the worker's endpoint to each peer, by rank, from creation
-// to close. Each is created at Connect() with UCX's peer error handling; an
+// to close. Each is created at start-up with UCX's peer error handling; an
 // error marks the peer down and closes that endpoint, and the next request
 // to the peer after its retry time creates it again. At the end they all
 // close, after a goodbye. Apart from UcxWorker, which owns UCX's context,
 // worker and progress thread: this part follows the peers' comings and
 // goings, and their goodbyes. It uses the worker's UCX handles and, on an
 // error, its lock, peer table and commands. Progress thread only, but for
-// Connect().
+// Connect() (from UcxWorker::Start(), before the thread starts).
 class UcxEndpoints {
  public:
   explicit UcxEndpoints(UcxWorker& worker)
@@ -276,12 +276,10 @@ absl::StatusOr<std::string> UcxWorker::LocalAddress() {
   return mine;
 }
 
-absl::Status UcxWorker::Connect(std::vector<std::string> addresses) {
-  return endpoints_->Connect(std::move(addresses));
-}
-
-void UcxWorker::Start() {
+absl::Status UcxWorker::Start(std::vector<std::string> addresses) {
+  MONARCH_RETURN_IF_ERROR(endpoints_->Connect(std::move(addresses)));
   progress_thread_ = std::thread([this] { ProgressLoop(); });
+  return absl::OkStatus();
 }
 
 void UcxWorker::PostLocked(std::function<void()> command) {

@@ -21,13 +21,14 @@
 // it again (Reconnect).
 //
 // Lifetime: SetHandler() for requests and replies, Open(), RegisterRegion()
-// as needed, LocalAddress(), Connect(), Start(); then Stop() (which joins the
-// progress thread) and Close() (also done by the destructor), which releases
-// UCX. Close() must come after Stop(), or when Start() never ran. A transfer
-// or handler may be called back while Close() destroys the UCP worker.
+// as needed, LocalAddress(), Start() (which connects first); then Stop()
+// (which joins the progress thread) and Close() (also done by the
+// destructor), which releases UCX. Close() must come after Stop(), or when
+// Start() never ran. A transfer or handler may be called back while Close()
+// destroys the UCP worker.
 //
 // Threads: after Start() only the progress thread calls into UCX (Open,
-// RegisterRegion, LocalAddress and Connect run before it on the starting
+// RegisterRegion, LocalAddress and connecting run before it on the starting
 // thread, Close after it). The methods under "Progress thread" may be called
 // only there: from a command, a message handler or a transfer's Done. Every
 // other method may be called from any thread.
@@ -146,11 +147,10 @@ class UcxWorker {
   absl::StatusOr<const Region*> RegisterRegion(size_t buffers, size_t buffer_bytes);
   // This worker's address, for the exchange.
   absl::StatusOr<std::string> LocalAddress();
-  // Creates an endpoint to every other rank, at `addresses[rank]`.
-  // Unavailable naming the first peer that cannot be reached.
-  absl::Status Connect(std::vector<std::string> addresses);
-  // Starts the progress thread.
-  void Start();
+  // Creates an endpoint to every other rank, at `addresses[rank]`, then
+  // starts the progress thread. Unavailable naming the first peer that
+  // cannot be reached (and no thread started).
+  absl::Status Start(std::vector<std::string> addresses);
 
   // ---- Any thread ----
 
