@@ -46,7 +46,7 @@ bool Unplaced(const FileEntry& entry) {
 // answers reads on the readers' threads: it is the tier's one background
 // job, with its own thread, lock and state, and asks the driver only who
 // keeps a file and which peers are alive.
-class PeerKeeper {
+class PeerKeeper final {
  public:
   explicit PeerKeeper(const PeerDriver& driver) : driver_(driver) {}
 

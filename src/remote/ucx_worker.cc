@@ -26,7 +26,7 @@ namespace monarch {
 // goings, and their goodbyes. It uses the worker's UCX handles and, on an
 // error, its lock, peer table and commands. Progress thread only, but for
 // Connect() (from UcxWorker::Start(), before the thread starts).
-class UcxEndpoints {
+class UcxEndpoints final {
  public:
   explicit UcxEndpoints(UcxWorker& worker)
       : worker_(worker), ucx_(worker.ucx_), endpoints_(worker.options_.size) {}
