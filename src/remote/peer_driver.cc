@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/environment.h"
@@ -31,7 +32,146 @@ uint64_t AutoBufferBytes(const Namespace& ns) {
   return std::clamp<uint64_t>(p95, 64 << 10, 4 << 20);
 }
 
+// Not in a tier and not on its way there: on the source, or declined by the
+// placement policy (as another node's file, before this one kept it).
+bool Unplaced(const FileEntry& entry) {
+  const PlacementState state = entry.state.load();
+  return state == PlacementState::kOnSource || state == PlacementState::kStaysOnSource;
+}
+
 }  // namespace
+
+// PeerKeeper: the keeper thread of peer_driver.h's banner, which fills what
+// this process should keep but does not hold. Apart from PeerDriver, which
+// answers reads on the readers' threads: it is the tier's one background
+// job, with its own thread, lock and state, and asks the driver only who
+// keeps a file and which peers are alive.
+class PeerKeeper final {
+ public:
+  explicit PeerKeeper(const PeerDriver& driver) : driver_(driver) {}
+
+  // Queues the files among `replicas` not placed yet, and starts the thread,
+  // which calls `fill` for each file to keep. Once, when connected.
+  void Start(PeerDriver::FillFn fill, const std::vector<uint32_t>& replicas) {
+    fill_ = std::move(fill);
+    {
+      MutexLock lock(&mu_);
+      QueueUnplaced(replicas);
+      started_ = true;
+    }
+    thread_.Start([this] { Loop(); });
+  }
+
+  // PeerDriver::WaitForFills.
+  void WaitForFills() {
+    MutexLock lock(&mu_);
+    if (!started_) return;
+    // A peer marked down just now counts: wait for one more look at them.
+    const uint64_t look = looks_ + 1;
+    wake_.Signal();
+    while (!stop_ && (looks_ < look || filling_ || !to_fill_.empty())) {
+      idle_.Wait(&mu_);
+    }
+  }
+
+  // PeerDriver::StopFilling.
+  void StopFilling() {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    wake_.Signal();
+  }
+
+  bool JoinUntil(Deadline deadline) { return thread_.JoinUntil(deadline); }
+
+  void ReportCounters(CounterSink& sink) const {
+    sink.Counter("remote.adopted_files", adopted_files_.load(),
+                 "Files this process took over from peers marked down.");
+    sink.Counter("remote.fills", fills_.load(),
+                 "Replicas and adopted files this process fetched in the background.");
+  }
+
+ private:
+  // Queues the files this process keeps but has not placed among `ids`.
+  void QueueUnplaced(const std::vector<uint32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (uint32_t id : ids) {
+      if (Unplaced(driver_.ns_->entry(id))) to_fill_.push_back(id);
+    }
+    if (!to_fill_.empty()) wake_.Signal();
+  }
+
+  void Loop() {
+    // Peers are marked down by whichever thread meets the failure; the keeper
+    // looks a few times a second and adopts what falls to this process when a
+    // peer fails. A peer that said goodbye is not adopted ahead of reads: at
+    // the end of a job every peer leaves, and the last ones running must not
+    // fetch the others' files for nothing (they still move, a read at a time).
+    constexpr auto kLook = std::chrono::milliseconds(200);
+    const int size = driver_.size_;
+    const Namespace& ns = *driver_.ns_;
+    std::vector<char> was_alive(size, 1);
+    MutexLock lock(&mu_);
+    while (!stop_) {
+      ++looks_;
+      std::vector<char> failed(size, 0);
+      bool any_failed = false;
+      for (int r = 0; r < size; ++r) {
+        const bool alive = driver_.Alive(r);
+        if (!alive && was_alive[r] && !driver_.network_->HasLeft(r)) failed[r] = any_failed = true;
+        was_alive[r] = alive;
+      }
+      if (any_failed) {
+        // Kept now, and not before these failures: whichever ranks failed
+        // earlier, each file falls to the first live ranks of its order.
+        auto alive_before = [&](int r) { return failed[r] || driver_.Alive(r); };
+        std::vector<uint32_t> adopted;
+        adopted_.resize(ns.entry_count());
+        for (uint32_t id = 0; id < ns.entry_count(); ++id) {
+          if (!driver_.IsKept(id) || driver_.KeptGiven(id, alive_before)) continue;
+          adopted.push_back(id);
+          if (!adopted_[id]) {
+            adopted_[id] = true;
+            adopted_files_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+        MONARCH_LOG(kInfo, "remote: a peer failed; this process now keeps ", adopted.size(),
+                    " more files");
+        QueueUnplaced(adopted);
+      }
+      if (to_fill_.empty()) {
+        idle_.SignalAll();
+        wake_.WaitUntil(&mu_, std::chrono::steady_clock::now() + kLook);
+        continue;
+      }
+      const uint32_t id = to_fill_.front();
+      to_fill_.pop_front();
+      // Still ours and still unplaced (a reader may have brought it up).
+      if (!Unplaced(ns.entry(id)) || !driver_.IsKept(id)) continue;
+      filling_ = true;
+      mu_.Unlock();
+      fill_(id);
+      fills_.fetch_add(1, std::memory_order_relaxed);
+      mu_.Lock();
+      filling_ = false;
+    }
+    idle_.SignalAll();
+  }
+
+  const PeerDriver& driver_;
+  PeerDriver::FillFn fill_;
+  ThreadGroup thread_;  // The keeper thread, once started.
+  Mutex mu_;
+  CondVar wake_;
+  CondVar idle_;
+  std::deque<uint32_t> to_fill_ ABSL_GUARDED_BY(mu_);
+  bool filling_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t looks_ ABSL_GUARDED_BY(mu_) = 0;            // Looks for lost peers so far.
+  std::vector<bool> adopted_ ABSL_GUARDED_BY(mu_);  // By file id, once a peer is lost.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<uint64_t> fills_{0};
+  std::atomic<uint64_t> adopted_files_{0};
+};
 
 absl::StatusOr<std::unique_ptr<PeerDriver>> PeerDriver::Create(const RemoteConfig& config,
                                                                const Namespace* ns) {
@@ -53,7 +193,8 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
       ns_(ns),
       rank_(rank),
       size_(size),
-      replicas_(std::clamp(config.replicas, 1, size)) {
+      replicas_(std::clamp(config.replicas, 1, size)),
+      keeper_(std::make_unique<PeerKeeper>(*this)) {
   // Extents have homes of their own, striped over the peers
   // (HolderOrder): a few big files spread over every peer. A file cached by
   // extents is never fetched whole, and is no one's to keep.
@@ -203,113 +344,22 @@ absl::Status PeerDriver::Connect(PeerNetwork::ServeFn serve, FillFn fill) {
   MONARCH_LOG(kInfo, "remote: rank ", rank_, " of ", size_, ", home of ", home_files_,
               " files (and replica of ", replica_files_, "), receive buffers of ", buffer_bytes_,
               " bytes over '", config_.transports, "'");
-  fill_ = std::move(fill);
+  std::vector<uint32_t> replicas;  // None with one replica: a file's only holder is its home.
   if (replicas_ > 1) {
-    std::vector<uint32_t> replicas;
     for (uint32_t id = 0; id < ns_->entry_count(); ++id) {
       if (Holders(id)[0] != rank_ && IsKept(id)) replicas.push_back(id);
     }
-    MutexLock lock(&keeper_mu_);
-    QueueUnplaced(replicas);
   }
-  {
-    MutexLock lock(&keeper_mu_);
-    keeper_started_ = true;
-  }
-  keeper_.Start([this] { KeeperLoop(); });
+  keeper_->Start(std::move(fill), replicas);
   // Only now: serving a request reads network_ (and a faster peer may have
   // asked already; its request waited).
   network_->StartServing();
   return absl::OkStatus();
 }
 
-namespace {
-// Not in a tier and not on its way there: on the source, or declined by the
-// placement policy (as another node's file, before this one kept it).
-bool Unplaced(const FileEntry& entry) {
-  const PlacementState state = entry.state.load();
-  return state == PlacementState::kOnSource || state == PlacementState::kStaysOnSource;
-}
-}  // namespace
+void PeerDriver::WaitForFills() { keeper_->WaitForFills(); }
 
-void PeerDriver::QueueUnplaced(const std::vector<uint32_t>& ids) {
-  for (uint32_t id : ids) {
-    if (Unplaced(ns_->entry(id))) to_fill_.push_back(id);
-  }
-  if (!to_fill_.empty()) keeper_wake_.Signal();
-}
-
-void PeerDriver::KeeperLoop() {
-  // Peers are marked down by whichever thread meets the failure; the keeper
-  // looks a few times a second and adopts what falls to this process when a
-  // peer fails. A peer that said goodbye is not adopted ahead of reads: at
-  // the end of a job every peer leaves, and the last ones running must not
-  // fetch the others' files for nothing (they still move, a read at a time).
-  constexpr auto kLook = std::chrono::milliseconds(200);
-  std::vector<char> was_alive(size_, 1);
-  MutexLock lock(&keeper_mu_);
-  while (!keeper_stop_) {
-    ++looks_;
-    std::vector<char> failed(size_, 0);
-    bool any_failed = false;
-    for (int r = 0; r < size_; ++r) {
-      const bool alive = Alive(r);
-      if (!alive && was_alive[r] && !network_->HasLeft(r)) failed[r] = any_failed = true;
-      was_alive[r] = alive;
-    }
-    if (any_failed) {
-      // Kept now, and not before these failures: whichever ranks failed
-      // earlier, each file falls to the first live ranks of its order.
-      auto alive_before = [&](int r) { return failed[r] || Alive(r); };
-      std::vector<uint32_t> adopted;
-      adopted_.resize(ns_->entry_count());
-      for (uint32_t id = 0; id < ns_->entry_count(); ++id) {
-        if (!IsKept(id) || KeptGiven(id, alive_before)) continue;
-        adopted.push_back(id);
-        if (!adopted_[id]) {
-          adopted_[id] = true;
-          adopted_files_.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
-      MONARCH_LOG(kInfo, "remote: a peer failed; this process now keeps ", adopted.size(),
-                  " more files");
-      QueueUnplaced(adopted);
-    }
-    if (to_fill_.empty()) {
-      keeper_idle_.SignalAll();
-      keeper_wake_.WaitUntil(&keeper_mu_, std::chrono::steady_clock::now() + kLook);
-      continue;
-    }
-    const uint32_t id = to_fill_.front();
-    to_fill_.pop_front();
-    // Still ours and still unplaced (a reader may have brought it up).
-    if (!Unplaced(ns_->entry(id)) || !IsKept(id)) continue;
-    filling_ = true;
-    keeper_mu_.Unlock();
-    fill_(id);
-    fills_.fetch_add(1, std::memory_order_relaxed);
-    keeper_mu_.Lock();
-    filling_ = false;
-  }
-  keeper_idle_.SignalAll();
-}
-
-void PeerDriver::WaitForFills() {
-  MutexLock lock(&keeper_mu_);
-  if (!keeper_started_) return;
-  // A peer marked down just now counts: wait for one more look at them.
-  const uint64_t look = looks_ + 1;
-  keeper_wake_.Signal();
-  while (!keeper_stop_ && (looks_ < look || filling_ || !to_fill_.empty())) {
-    keeper_idle_.Wait(&keeper_mu_);
-  }
-}
-
-void PeerDriver::StopFilling() {
-  MutexLock lock(&keeper_mu_);
-  keeper_stop_ = true;
-  keeper_wake_.Signal();
-}
+void PeerDriver::StopFilling() { keeper_->StopFilling(); }
 
 void PeerDriver::CancelFetches() {
   if (network_ != nullptr) network_->CancelFetches();
@@ -318,7 +368,7 @@ void PeerDriver::CancelFetches() {
 bool PeerDriver::Shutdown(Deadline deadline) {
   StopFilling();
   // A fill in progress is a promotion: cancelled with placement, or done.
-  bool clean = keeper_.JoinUntil(deadline);
+  bool clean = keeper_->JoinUntil(deadline);
   if (!clean) MONARCH_LOG(kWarning, "remote: gave up waiting at shutdown for a fill in progress");
   if (network_ == nullptr) return clean;
   clean &= network_->Shutdown(deadline);
@@ -426,10 +476,7 @@ void PeerDriver::ReportCounters(CounterSink& sink) const {
   sink.Gauge("remote.replicas", static_cast<uint64_t>(replicas_), "Peers that keep each file.");
   sink.Gauge("remote.replica_files", replica_files_,
              "Files this process keeps a second (or later) copy of.");
-  sink.Counter("remote.adopted_files", adopted_files_.load(),
-               "Files this process took over from peers marked down.");
-  sink.Counter("remote.fills", fills_.load(),
-               "Replicas and adopted files this process fetched in the background.");
+  keeper_->ReportCounters(sink);
   sink.Counter("remote.rehomed_fetches", rehomed_fetches_.load(),
                "Fetches sent past a file's home, to the next live rank of its order.");
   sink.Counter("remote.fallbacks", fallbacks_.load(),

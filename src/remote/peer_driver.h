@@ -29,15 +29,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/counters.h"
-#include "common/mutex.h"
 #include "drivers/storage_driver.h"
 #include "metadata/namespace.h"
 #include "monarch/config.h"
@@ -46,6 +43,8 @@
 #include "remote/rendezvous_hash.h"
 
 namespace monarch {
+
+class PeerKeeper;
 
 class PeerDriver final : public StorageDriver {
  public:
@@ -103,6 +102,8 @@ class PeerDriver final : public StorageDriver {
   void ReportCounters(CounterSink& sink) const;
 
  private:
+  friend class PeerKeeper;  // Asks who keeps a file and who is alive.
+
   PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank, int size);
 
   // Whether a read may ask `rank` now (a peer marked down is tried again
@@ -124,9 +125,6 @@ class PeerDriver final : public StorageDriver {
   // The rank a read of `id` asks: the first of its order not marked down
   // (this process, when every rank before it is down).
   int FirstUpHolder(uint32_t id) const;
-  void KeeperLoop();
-  // Queues the files this process keeps but has not placed among `ids`.
-  void QueueUnplaced(const std::vector<uint32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_);
 
   const RemoteConfig config_;
   const Namespace* const ns_;
@@ -140,22 +138,10 @@ class PeerDriver final : public StorageDriver {
   std::unique_ptr<PeerNetwork> network_;  // Null until Connect() (and when alone).
   std::string rendezvous_dir_;            // Expanded; empty with MPI.
 
-  FillFn fill_;
-  ThreadGroup keeper_;  // The keeper thread, once connected.
-  Mutex keeper_mu_;
-  CondVar keeper_wake_;
-  CondVar keeper_idle_;
-  std::deque<uint32_t> to_fill_ ABSL_GUARDED_BY(keeper_mu_);
-  bool filling_ ABSL_GUARDED_BY(keeper_mu_) = false;
-  bool keeper_started_ ABSL_GUARDED_BY(keeper_mu_) = false;
-  uint64_t looks_ ABSL_GUARDED_BY(keeper_mu_) = 0;  // Looks for lost peers so far.
-  std::vector<bool> adopted_ ABSL_GUARDED_BY(keeper_mu_);  // By file id, once a peer is lost.
-  bool keeper_stop_ ABSL_GUARDED_BY(keeper_mu_) = false;
+  const std::unique_ptr<PeerKeeper> keeper_;  // Its thread starts once connected.
 
   std::atomic<uint64_t> fallbacks_{0};
   std::atomic<uint64_t> rehomed_fetches_{0};
-  std::atomic<uint64_t> fills_{0};
-  std::atomic<uint64_t> adopted_files_{0};
   std::atomic<uint64_t> down_skips_{0};
   std::atomic<uint64_t> wait_ns_{0};
 };

@@ -61,23 +61,11 @@ class PeerNetwork::Impl {
     MONARCH_ASSIGN_OR_RETURN(std::vector<std::string> addresses, ExchangeAddresses(exchange));
     // Before the progress thread starts: it only reads secret_ from then on.
     MONARCH_ASSIGN_OR_RETURN(secret_, ReadSecret());
-    MONARCH_RETURN_IF_ERROR(worker_.Connect(std::move(addresses)));
-    worker_.Start();
-    return absl::OkStatus();
+    return worker_.Start(std::move(addresses));
   }
-
-  absl::StatusOr<size_t> Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
-                               size_t n) {
-    return requester_.Fetch(rank, file, offset, dst, n);
-  }
-  bool IsUp(int rank) const { return peers_.IsUp(rank); }
-  bool IsLost(int rank) const { return peers_.IsLost(rank); }
-  bool HasLeft(int rank) const { return peers_.HasLeft(rank); }
-  void StartServing() { server_.StartServing(); }
-  void CancelFetches() { requester_.CancelFetches(); }
 
   bool Shutdown(Deadline deadline) {
-    CancelFetches();
+    requester_.CancelFetches();
     // Shut down already, or Start failed: nothing left to stop but the wait
     // for the serve pool.
     if (!worker_.Running()) return server_.WaitForServes(deadline);
@@ -106,6 +94,8 @@ class PeerNetwork::Impl {
   }
 
  private:
+  friend class PeerNetwork;  // Its calls go straight to the parts.
+
   // Publishes this worker's address; every rank's, by rank.
   absl::StatusOr<std::vector<std::string>> ExchangeAddresses(const AddressExchange& exchange) {
     MONARCH_ASSIGN_OR_RETURN(const std::string mine, worker_.LocalAddress());
@@ -229,13 +219,13 @@ absl::StatusOr<std::unique_ptr<PeerNetwork>> PeerNetwork::Start(const Options& o
 
 absl::StatusOr<size_t> PeerNetwork::Fetch(int rank, const FileRef& file, uint64_t offset, char* dst,
                                           size_t n) {
-  return impl_->Fetch(rank, file, offset, dst, n);
+  return impl_->requester_.Fetch(rank, file, offset, dst, n);
 }
-bool PeerNetwork::IsUp(int rank) const { return impl_->IsUp(rank); }
-bool PeerNetwork::IsLost(int rank) const { return impl_->IsLost(rank); }
-bool PeerNetwork::HasLeft(int rank) const { return impl_->HasLeft(rank); }
-void PeerNetwork::StartServing() { impl_->StartServing(); }
-void PeerNetwork::CancelFetches() { impl_->CancelFetches(); }
+bool PeerNetwork::IsUp(int rank) const { return impl_->peers_.IsUp(rank); }
+bool PeerNetwork::IsLost(int rank) const { return impl_->peers_.IsLost(rank); }
+bool PeerNetwork::HasLeft(int rank) const { return impl_->peers_.HasLeft(rank); }
+void PeerNetwork::StartServing() { impl_->server_.StartServing(); }
+void PeerNetwork::CancelFetches() { impl_->requester_.CancelFetches(); }
 bool PeerNetwork::Shutdown(Deadline deadline) { return impl_->Shutdown(deadline); }
 void PeerNetwork::ReportCounters(CounterSink& sink) const { impl_->ReportCounters(sink); }
 

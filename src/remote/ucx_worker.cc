@@ -17,8 +17,158 @@
 
 namespace monarch {
 
+// UcxEndpoints: the worker's endpoint to each peer, by rank, from creation
+// to close. Each is created at start-up with UCX's peer error handling; an
+// error marks the peer down and closes that endpoint, and the next request
+// to the peer after its retry time creates it again. At the end they all
+// close, after a goodbye. Apart from UcxWorker, which owns UCX's context,
+// worker and progress thread: this part follows the peers' comings and
+// goings, and their goodbyes. It uses the worker's UCX handles and, on an
+// error, its lock, peer table and commands. Progress thread only, but for
+// Connect() (from UcxWorker::Start(), before the thread starts).
+class UcxEndpoints final {
+ public:
+  explicit UcxEndpoints(UcxWorker& worker)
+      : worker_(worker), ucx_(worker.ucx_), endpoints_(worker.options_.size) {}
+
+  absl::Status Connect(std::vector<std::string> addresses) {
+    for (int r = 0; r < worker_.options_.size; ++r) {
+      endpoints_[r].table = this;
+      endpoints_[r].rank = r;
+      endpoints_[r].address = std::move(addresses[r]);
+      if (r != worker_.options_.rank) MONARCH_RETURN_IF_ERROR(Create(endpoints_[r]));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Reconnect(int rank, const std::string& address) {
+    Endpoint& endpoint = endpoints_[rank];
+    if (endpoint.ep != nullptr) return absl::OkStatus();
+    // Closed after a failure: this is the retry. A peer that restarted has
+    // published a new address.
+    if (!address.empty()) endpoint.address = address;
+    return Create(endpoint);
+  }
+
+  // Null after a failure, until Reconnect().
+  ucp_ep_h ep(int rank) const { return endpoints_[rank].ep; }
+
+  // Tells the peers we are leaving, so they stop asking (quietly) instead of
+  // discovering it through an endpoint error. Best effort, bounded.
+  void SayGoodbye() {
+    std::vector<void*> sending;
+    const int32_t me = worker_.options_.rank;
+    for (Endpoint& endpoint : endpoints_) {
+      if (endpoint.ep == nullptr) continue;
+      ucp_request_param_t param = {};
+      void* request =
+          ucx_.ucp_am_send_nbx(endpoint.ep, static_cast<unsigned>(PeerMessage::kGoodbye), &me,
+                               sizeof(me), nullptr, 0, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) sending.push_back(request);
+    }
+    Finish(sending, std::chrono::seconds(1));
+  }
+
+  void CloseAll() {
+    std::vector<void*> closing;
+    for (Endpoint& endpoint : endpoints_) {
+      if (endpoint.ep == nullptr) continue;
+      if (void* request = StartClose(endpoint.ep)) closing.push_back(request);
+      endpoint.ep = nullptr;
+    }
+    Finish(closing, std::chrono::seconds(5));
+  }
+
+  // UCX's handler of a goodbye, with the table as `arg`: the sender has left.
+  static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void*, size_t,
+                                const ucp_am_recv_param_t*) {
+    UcxEndpoints* self = static_cast<UcxEndpoints*>(arg);
+    const absl::StatusOr<int> decoded = peer_wire::DecodeGoodbye(
+        absl::string_view(static_cast<const char*>(header), header_length),
+        self->worker_.options_.rank, self->worker_.options_.size);
+    if (decoded.ok()) self->worker_.peers().MarkLeft(*decoded);
+    return UCS_OK;
+  }
+
+ private:
+  struct Endpoint {
+    UcxEndpoints* table = nullptr;
+    int rank = 0;
+    std::string address;
+    ucp_ep_h ep = nullptr;
+  };
+
+  absl::Status Create(Endpoint& endpoint) {
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(endpoint.address.data());
+    // Peer failure detection: a dead peer fails its requests instead of
+    // hanging them. (It also rules out UCX's shared-memory transports, see DESIGN.md.)
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = OnError;
+    params.err_handler.arg = &endpoint;
+    const ucs_status_t status = ucx_.ucp_ep_create(worker_.worker_, &params, &endpoint.ep);
+    if (status != UCS_OK) {
+      endpoint.ep = nullptr;
+      return absl::UnavailableError(absl::StrCat("remote: cannot reach peer ", endpoint.rank,
+                                                 " over '", worker_.options_.transports,
+                                                 "': ", ucx_.ucs_status_string(status)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Starts closing `ep`, at once (force): the request to wait for, or null.
+  void* StartClose(ucp_ep_h ep) {
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* request = ucx_.ucp_ep_close_nbx(ep, &param);
+    return request != nullptr && !UCS_PTR_IS_ERR(request) ? request : nullptr;
+  }
+
+  // Progresses the worker until each of `requests` is done or `bound` has
+  // passed, and frees them.
+  void Finish(const std::vector<void*>& requests, Clock::duration bound) {
+    const Clock::time_point give_up = Clock::now() + bound;
+    for (void* request : requests) {
+      while (ucx_.ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
+        ucx_.ucp_worker_progress(worker_.worker_);
+      }
+      ucx_.ucp_request_free(request);
+    }
+  }
+
+  // Outside the error callback; the next request after retry_after reconnects.
+  void CloseFailed(Endpoint& endpoint, ucp_ep_h ep) {
+    if (endpoint.ep == ep) endpoint.ep = nullptr;
+    if (void* request = StartClose(ep)) ucx_.ucp_request_free(request);
+  }
+
+  // UCX's error callback, on the progress thread.
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    Endpoint* endpoint = static_cast<Endpoint*>(arg);
+    UcxEndpoints* self = endpoint->table;
+    UcxWorker& worker = self->worker_;
+    {
+      MutexLock lock(&worker.mu());
+      worker.peers().MarkDownLocked(
+          endpoint->rank, absl::StrCat("failed (", self->ucx_.ucs_status_string(status), ")"));
+      worker.PostLocked([self, endpoint, ep] { self->CloseFailed(*endpoint, ep); });
+    }
+    worker.Wake();
+  }
+
+  UcxWorker& worker_;
+  const UcxApi& ucx_;
+  std::vector<Endpoint> endpoints_;  // Never resized: UCX points into it.
+};
+
 UcxWorker::UcxWorker(const UcxApi& ucx, const PeerNetwork::Options& options, PeerTable& peers)
-    : ucx_(ucx), options_(options), peers_(peers), endpoints_(options.size) {}
+    : ucx_(ucx),
+      options_(options),
+      peers_(peers),
+      endpoints_(std::make_unique<UcxEndpoints>(*this)) {}
 
 // After Stop(), or when the progress thread never started.
 UcxWorker::~UcxWorker() { Close(); }
@@ -80,9 +230,10 @@ absl::Status UcxWorker::SetMessageHandlers() {
     ucp_am_recv_callback_t callback;
     void* arg;
   };
-  for (const Handler& h : {Handler{PeerMessage::kRequest, OnMessage, request_handler_},
-                           Handler{PeerMessage::kReply, OnMessage, reply_handler_},
-                           Handler{PeerMessage::kGoodbye, OnGoodbye, this}}) {
+  for (const Handler& h :
+       {Handler{PeerMessage::kRequest, OnMessage, request_handler_},
+        Handler{PeerMessage::kReply, OnMessage, reply_handler_},
+        Handler{PeerMessage::kGoodbye, UcxEndpoints::OnGoodbye, endpoints_.get()}}) {
     ucp_am_handler_param_t handler = {};
     handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                          UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -125,18 +276,10 @@ absl::StatusOr<std::string> UcxWorker::LocalAddress() {
   return mine;
 }
 
-absl::Status UcxWorker::Connect(std::vector<std::string> addresses) {
-  for (int r = 0; r < options_.size; ++r) {
-    endpoints_[r].worker = this;
-    endpoints_[r].rank = r;
-    endpoints_[r].address = std::move(addresses[r]);
-    if (r != options_.rank) MONARCH_RETURN_IF_ERROR(CreateEndpoint(endpoints_[r]));
-  }
-  return absl::OkStatus();
-}
-
-void UcxWorker::Start() {
+absl::Status UcxWorker::Start(std::vector<std::string> addresses) {
+  MONARCH_RETURN_IF_ERROR(endpoints_->Connect(std::move(addresses)));
   progress_thread_ = std::thread([this] { ProgressLoop(); });
+  return absl::OkStatus();
 }
 
 void UcxWorker::PostLocked(std::function<void()> command) {
@@ -186,20 +329,15 @@ void UcxWorker::Close() {
 // ---- Progress thread ----
 
 absl::Status UcxWorker::Reconnect(int rank, const std::string& address) {
-  Endpoint& endpoint = endpoints_[rank];
-  if (endpoint.ep != nullptr) return absl::OkStatus();
-  // Closed after a failure: this is the retry. A peer that restarted has
-  // published a new address.
-  if (!address.empty()) endpoint.address = address;
-  return CreateEndpoint(endpoint);
+  return endpoints_->Reconnect(rank, address);
 }
 
 absl::StatusOr<UcxWorker::Started> UcxWorker::Send(int rank, PeerMessage message,
                                                    const void* header, size_t header_length,
                                                    const void* data, size_t length,
                                                    const Region* region, Transfer* transfer) {
-  const Endpoint& endpoint = endpoints_[rank];
-  if (endpoint.ep == nullptr) {
+  const ucp_ep_h ep = endpoints_->ep(rank);
+  if (ep == nullptr) {
     // The peer failed (and has not been asked since): it reads the source.
     return absl::UnavailableError(absl::StrCat("remote: no endpoint to peer ", rank));
   }
@@ -212,7 +350,7 @@ absl::StatusOr<UcxWorker::Started> UcxWorker::Send(int rank, PeerMessage message
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     param.memh = region->memh_;
   }
-  return Outcome(ucx_.ucp_am_send_nbx(endpoint.ep, static_cast<unsigned>(message), header,
+  return Outcome(ucx_.ucp_am_send_nbx(ep, static_cast<unsigned>(message), header,
                                       header_length, data, length, &param));
 }
 
@@ -242,26 +380,6 @@ absl::Status UcxWorker::UcxError(absl::string_view what, ucs_status_t status) co
 absl::Status UcxWorker::TransferStatus(ucs_status_t status) const {
   if (status == UCS_OK) return absl::OkStatus();
   return absl::UnavailableError(ucx_.ucs_status_string(status));
-}
-
-absl::Status UcxWorker::CreateEndpoint(Endpoint& endpoint) {
-  ucp_ep_params_t params = {};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(endpoint.address.data());
-  // Peer failure detection: a dead peer fails its requests instead of
-  // hanging them. (It also rules out UCX's shared-memory transports, see DESIGN.md.)
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = OnEndpointError;
-  params.err_handler.arg = &endpoint;
-  const ucs_status_t status = ucx_.ucp_ep_create(worker_, &params, &endpoint.ep);
-  if (status != UCS_OK) {
-    endpoint.ep = nullptr;
-    return absl::UnavailableError(absl::StrCat("remote: cannot reach peer ", endpoint.rank,
-                                               " over '", options_.transports,
-                                               "': ", ucx_.ucs_status_string(status)));
-  }
-  return absl::OkStatus();
 }
 
 void UcxWorker::ProgressLoop() {
@@ -295,8 +413,8 @@ void UcxWorker::ProgressLoop() {
       }
     }
   }
-  SayGoodbye();
-  CloseEndpoints();
+  endpoints_->SayGoodbye();
+  endpoints_->CloseAll();
   os::Close(epoll_fd);
 }
 
@@ -309,57 +427,6 @@ void UcxWorker::RunCommands() {
   for (auto& command : commands) command();
 }
 
-// Tells the peers we are leaving, so they stop asking (quietly) instead of
-// discovering it through an endpoint error. Best effort, bounded.
-void UcxWorker::SayGoodbye() {
-  std::vector<void*> sending;
-  const int32_t me = options_.rank;
-  for (Endpoint& endpoint : endpoints_) {
-    if (endpoint.ep == nullptr) continue;
-    ucp_request_param_t param = {};
-    void* request = ucx_.ucp_am_send_nbx(endpoint.ep, static_cast<unsigned>(PeerMessage::kGoodbye),
-                                         &me, sizeof(me), nullptr, 0, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sending.push_back(request);
-  }
-  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(1);
-  for (void* request : sending) {
-    while (ucx_.ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
-      ucx_.ucp_worker_progress(worker_);
-    }
-    ucx_.ucp_request_free(request);
-  }
-}
-
-void UcxWorker::CloseEndpoints() {
-  std::vector<void*> closing;
-  for (Endpoint& endpoint : endpoints_) {
-    if (endpoint.ep == nullptr) continue;
-    ucp_request_param_t param = {};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* request = ucx_.ucp_ep_close_nbx(endpoint.ep, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
-    endpoint.ep = nullptr;
-  }
-  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
-  for (void* request : closing) {
-    while (ucx_.ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < give_up) {
-      ucx_.ucp_worker_progress(worker_);
-    }
-    ucx_.ucp_request_free(request);
-  }
-}
-
-// Outside the error callback; the next request after retry_after reconnects.
-void UcxWorker::CloseFailedEndpoint(Endpoint& endpoint, ucp_ep_h ep) {
-  if (endpoint.ep == ep) endpoint.ep = nullptr;
-  ucp_request_param_t param = {};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* request = ucx_.ucp_ep_close_nbx(ep, &param);
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucx_.ucp_request_free(request);
-}
-
 // ---- UCX's callbacks, on the progress thread ----
 
 ucs_status_t UcxWorker::OnMessage(void* arg, const void* header, size_t header_length, void* data,
@@ -368,16 +435,6 @@ ucs_status_t UcxWorker::OnMessage(void* arg, const void* header, size_t header_l
       Message{absl::string_view(static_cast<const char*>(header), header_length), data, length,
               (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0});
   return UCS_OK;  // The data is not kept: UCX drops it (an unreceived rendezvous too).
-}
-
-ucs_status_t UcxWorker::OnGoodbye(void* arg, const void* header, size_t header_length, void*,
-                                  size_t, const ucp_am_recv_param_t*) {
-  UcxWorker* self = static_cast<UcxWorker*>(arg);
-  const absl::StatusOr<int> decoded =
-      peer_wire::DecodeGoodbye(absl::string_view(static_cast<const char*>(header), header_length),
-                               self->options_.rank, self->options_.size);
-  if (decoded.ok()) self->peers().MarkLeft(*decoded);
-  return UCS_OK;
 }
 
 void UcxWorker::OnSendDone(void* request, ucs_status_t status, void* user_data) {
@@ -389,18 +446,6 @@ void UcxWorker::OnSendDone(void* request, ucs_status_t status, void* user_data) 
 
 void UcxWorker::OnReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
   OnSendDone(request, status, user_data);  // The same, but for the length received.
-}
-
-void UcxWorker::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  Endpoint* endpoint = static_cast<Endpoint*>(arg);
-  UcxWorker* self = endpoint->worker;
-  {
-    MutexLock lock(&self->mu());
-    self->peers().MarkDownLocked(
-        endpoint->rank, absl::StrCat("failed (", self->ucx_.ucs_status_string(status), ")"));
-    self->PostLocked([self, endpoint, ep] { self->CloseFailedEndpoint(*endpoint, ep); });
-  }
-  self->Wake();
 }
 
 }  // namespace monarch

@@ -5,29 +5,30 @@
 // the transports of remote.transports), the worker (single-thread mode), the
 // memory regions registered once at start-up (the requester's receive
 // buffers and the server's staging buffers), one endpoint per peer (with
-// UCX's peer error handling: a dead peer fails its transfers at once), and
-// the progress thread. That thread sleeps on the worker's event fd and on an
-// eventfd that other threads write after they queue a command for it (no
-// busy polling: the cores belong to the training job). UCX is called only
-// through the table LoadUcx() opens (ucx_loader.h), and a UCX status becomes
-// a Status here and nowhere else.
+// UCX's peer error handling: a dead peer fails its transfers at once; its
+// part UcxEndpoints, in the .cc), and the progress thread. That thread
+// sleeps on the worker's event fd and on an eventfd that other threads write
+// after they queue a command for it (no busy polling: the cores belong to
+// the training job). UCX is called only through the table LoadUcx() opens
+// (ucx_loader.h), and a UCX status becomes a Status here and nowhere else.
 //
 // Messages. Each incoming request or reply is passed, as bytes, to the
 // handler set for it (PeerServer: requests; PeerRequester: replies). A
-// goodbye it handles itself: the peer table marks the sender as left. When
+// goodbye UcxEndpoints handles: the peer table marks the sender as left. When
 // it stops it says goodbye to every peer (at most 1 s) and closes the
 // endpoints (at most 5 s). An endpoint error marks the peer down and closes
 // that endpoint; the next request to the peer after its retry time creates
 // it again (Reconnect).
 //
 // Lifetime: SetHandler() for requests and replies, Open(), RegisterRegion()
-// as needed, LocalAddress(), Connect(), Start(); then Stop() (which joins the
-// progress thread) and Close() (also done by the destructor), which releases
-// UCX. Close() must come after Stop(), or when Start() never ran. A transfer
-// or handler may be called back while Close() destroys the UCP worker.
+// as needed, LocalAddress(), Start() (which connects first); then Stop()
+// (which joins the progress thread) and Close() (also done by the
+// destructor), which releases UCX. Close() must come after Stop(), or when
+// Start() never ran. A transfer or handler may be called back while Close()
+// destroys the UCP worker.
 //
 // Threads: after Start() only the progress thread calls into UCX (Open,
-// RegisterRegion, LocalAddress and Connect run before it on the starting
+// RegisterRegion, LocalAddress and connecting run before it on the starting
 // thread, Close after it). The methods under "Progress thread" may be called
 // only there: from a command, a message handler or a transfer's Done. Every
 // other method may be called from any thread.
@@ -63,6 +64,8 @@ enum class PeerMessage : unsigned {
   kReply = 2,    // home -> requester: ReplyHeader, data = the bytes.
   kGoodbye = 3,  // "I am shutting down": header = the sender's rank.
 };
+
+class UcxEndpoints;
 
 class UcxWorker {
  public:
@@ -144,11 +147,10 @@ class UcxWorker {
   absl::StatusOr<const Region*> RegisterRegion(size_t buffers, size_t buffer_bytes);
   // This worker's address, for the exchange.
   absl::StatusOr<std::string> LocalAddress();
-  // Creates an endpoint to every other rank, at `addresses[rank]`.
-  // Unavailable naming the first peer that cannot be reached.
-  absl::Status Connect(std::vector<std::string> addresses);
-  // Starts the progress thread.
-  void Start();
+  // Creates an endpoint to every other rank, at `addresses[rank]`, then
+  // starts the progress thread. Unavailable naming the first peer that
+  // cannot be reached (and no thread started).
+  absl::Status Start(std::vector<std::string> addresses);
 
   // ---- Any thread ----
 
@@ -193,12 +195,7 @@ class UcxWorker {
                                   Transfer* transfer);
 
  private:
-  struct Endpoint {
-    UcxWorker* worker = nullptr;
-    int rank = 0;
-    std::string address;
-    ucp_ep_h ep = nullptr;  // Progress thread (and Connect) only.
-  };
+  friend class UcxEndpoints;  // Creates and closes endpoints on worker_.
 
   // Open()'s steps.
   absl::Status CreateContext();
@@ -209,24 +206,17 @@ class UcxWorker {
   absl::Status UcxError(absl::string_view what, ucs_status_t status) const;
   // The same with UCX's words only (a transfer's outcome).
   absl::Status TransferStatus(ucs_status_t status) const;
-  absl::Status CreateEndpoint(Endpoint& endpoint);
   // What UCX's answer to a non-blocking call (a request, null or an error) means.
   absl::StatusOr<Started> Outcome(void* request) const;
 
   void ProgressLoop();
   void RunCommands();
-  void SayGoodbye();
-  void CloseEndpoints();
-  void CloseFailedEndpoint(Endpoint& endpoint, ucp_ep_h ep);
 
   // UCX's callbacks.
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t OnGoodbye(void* arg, const void* header, size_t header_length, void* data,
-                                size_t length, const ucp_am_recv_param_t* param);
   static void OnSendDone(void* request, ucs_status_t status, void* user_data);
   static void OnReceiveDone(void* request, ucs_status_t status, size_t length, void* user_data);
-  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const UcxApi& ucx_;  // Every call into UCX goes through it (ucx_loader.h).
   const PeerNetwork::Options& options_;
@@ -239,7 +229,7 @@ class UcxWorker {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   std::vector<std::unique_ptr<Region>> regions_;  // Released in registration order.
-  std::vector<Endpoint> endpoints_;               // By rank; never resized (UCX points into it).
+  const std::unique_ptr<UcxEndpoints> endpoints_;
 
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu());
   int sends_to_finish_ ABSL_GUARDED_BY(mu()) = 0;
