@@ -171,6 +171,34 @@ TEST_CASE("C API: a bad config gives INVALID_ARGUMENT and a message naming the k
   monarch_free(error);
 }
 
+TEST_CASE("C API: sharing the node by default keeps a config's explicit node.shared: false") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  monarch::testing::MakeDataset(ds, 2, {100});
+  monarch_t* m = nullptr;
+  char* error = nullptr;
+  const std::string yaml = "dataset: {path: " + ds +
+                           "}\ntiers: [{kind: ram, capacity: 1MiB}, {kind: source}]\n"
+                           "node: {shared: false}\n";
+  REQUIRE(monarch_open_sharing_node(nullptr, yaml.c_str(), nullptr, &m, &error) == MONARCH_OK);
+  CHECK(monarch_usable_after_fork(m) == 0);  // In process, as the config says.
+  monarch_close(m);
+  // Exactly one source of the config.
+  CHECK(monarch_open_sharing_node(nullptr, nullptr, nullptr, &m, &error) ==
+        MONARCH_INVALID_ARGUMENT);
+  CHECK(m == nullptr);
+  REQUIRE(error != nullptr);
+  CHECK(std::strstr(error, "exactly one") != nullptr);
+  monarch_free(error);
+  CHECK(monarch_open_sharing_node("/x.yaml", yaml.c_str(), nullptr, &m, &error) ==
+        MONARCH_INVALID_ARGUMENT);
+  monarch_free(error);
+  // A config it cannot read is the same error as monarch_open_yaml_file's.
+  CHECK(monarch_open_sharing_node("/nonexistent.yaml", nullptr, nullptr, &m, &error) ==
+        MONARCH_NOT_FOUND);
+  monarch_free(error);
+}
+
 TEST_CASE("C API: announcing a read order prefetches it") {
   ScratchDir dir;
   std::string ds = dir.Sub("ds");

@@ -41,8 +41,14 @@ class Monarch {
   // discarding stale ones) and starts the placement threads. Fails with
   // InvalidArgument for a bad config, NotFound for a missing dataset.
   static absl::StatusOr<std::unique_ptr<Monarch>> Create(const Config& config);
-  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlFile(const std::string& path);
-  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlString(std::string_view yaml);
+  // From a YAML config. `share_node_by_default`, for a front end whose
+  // readers are other processes (monarch.torch's DataLoader workers, any
+  // program that forks readers): node.shared is true unless the config sets
+  // it, so that the readers of a node share one cache across processes.
+  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlFile(
+      const std::string& path, bool share_node_by_default = false);
+  static absl::StatusOr<std::unique_ptr<Monarch>> CreateFromYamlString(
+      std::string_view yaml, bool share_node_by_default = false);
 
   // Shuts down (cancelling queued promotions) if Shutdown() was not called.
   virtual ~Monarch() = default;

@@ -53,6 +53,12 @@ monarch_code monarch_open_yaml_file(const char* path, monarch_t** out, char** er
 monarch_code monarch_open_yaml_string(const char* yaml, monarch_t** out, char** error);
 /* The embedded default: a RAM tier, then the source at dataset_dir. */
 monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char** error);
+/* As the three above (exactly one of path, yaml and dataset_dir given), for
+ * a front end whose readers are other processes (DataLoader workers, any
+ * program that forks readers): node.shared is true unless the config sets
+ * it, so that the readers of a node share one cache. */
+monarch_code monarch_open_sharing_node(const char* path, const char* yaml, const char* dataset_dir,
+                                       monarch_t** out, char** error);
 
 /* Shuts down background placement (cancelling queued work) and frees. */
 void monarch_close(monarch_t* m);

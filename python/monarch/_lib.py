@@ -63,6 +63,8 @@ def _declare(lib):
         "monarch_open_yaml_file": (c.c_int, [c.c_char_p, c.POINTER(handle), err]),
         "monarch_open_yaml_string": (c.c_int, [c.c_char_p, c.POINTER(handle), err]),
         "monarch_open_default": (c.c_int, [c.c_char_p, c.POINTER(handle), err]),
+        "monarch_open_sharing_node": (c.c_int, [c.c_char_p, c.c_char_p, c.c_char_p,
+                                                c.POINTER(handle), err]),
         "monarch_close": (None, [handle]),
         "monarch_read": (c.c_int, [handle, c.c_char_p, c.c_void_p, c.c_size_t, c.c_uint64,
                                    c.POINTER(c.c_size_t), err]),

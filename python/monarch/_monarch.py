@@ -90,13 +90,17 @@ class Monarch:
     used, as the TensorFlow plugin and the preload library do. With
     `node: {shared: true}` in the config, the handle is a client of the
     node's `monarch serve` (started on demand with the bundled binary).
+    `share_node=True`, for a program whose readers are other processes
+    (DataLoader workers, forked readers): the handle is such a client unless
+    the config says `node: {shared: false}`, so that the readers of a node
+    share one cache (monarch.torch's datasets open theirs this way).
 
     Use it as a context manager or call close(). It is safe to use from many
     threads; after os.fork() the child transparently reopens the same config
     on first use, and pickling sends the config, not the handle.
     """
 
-    def __init__(self, config=None, dataset=None):
+    def __init__(self, config=None, dataset=None, share_node=False):
         if config is None and dataset is None:
             config = os.environ.get("MONARCH_CONFIG") or None
             dataset = None if config else (os.environ.get("MONARCH_DATASET") or None)
@@ -117,6 +121,7 @@ class Monarch:
             dataset = os.path.abspath(os.fsdecode(os.fspath(dataset)))
         self._config = config
         self._dataset = dataset
+        self._share_node = bool(share_node)
         self._handle = None
         self._pid = None
         self._root = None
@@ -125,17 +130,17 @@ class Monarch:
         self._reopen()
 
     @classmethod
-    def _unpickled(cls, config, dataset):
+    def _unpickled(cls, config, dataset, share_node=False):
         # Opened on first use, in whatever process that is.
         self = cls.__new__(cls)
-        self._config, self._dataset = config, dataset
+        self._config, self._dataset, self._share_node = config, dataset, share_node
         self._handle = self._pid = self._root = None
         self._fork_safe = False
         self._closed = False
         return self
 
     def __reduce__(self):
-        return (Monarch._unpickled, (self._config, self._dataset))
+        return (Monarch._unpickled, (self._config, self._dataset, self._share_node))
 
     @property
     def config(self):
@@ -168,7 +173,15 @@ class Monarch:
             lib = _lib.lib()
             handle = ctypes.c_void_p()
             error = ctypes.c_void_p()
-            if self._config is None:
+            if self._share_node:
+                is_text = self._config is not None and "\n" in self._config
+                code = lib.monarch_open_sharing_node(
+                    None if is_text or self._config is None else os.fsencode(self._config),
+                    self._config.encode() if is_text else None,
+                    os.fsencode(self._dataset) if self._config is None else None,
+                    ctypes.byref(handle), ctypes.byref(error))
+                what = None if is_text else (self._config or self._dataset)
+            elif self._config is None:
                 code = lib.monarch_open_default(os.fsencode(self._dataset),
                                                 ctypes.byref(handle), ctypes.byref(error))
                 what = self._dataset

@@ -7,12 +7,14 @@
 RecordDataset reads records inside big files instead (fixed-size records,
 or an index of (file, offset, length)): a token file, packed arrays.
 
-Each DataLoader worker reads through its own Monarch handle, opened lazily in
-the worker on its first sample: a handle inherited through fork() is never
-used (its threads stayed in the parent), and a dataset pickled for a spawned
-worker carries the config, not the handle. With `node: {shared: true}` in the
-config every worker is a client of one node service, so the whole job reads
-each file from the source once.
+A dataset opened from `config=` or `dataset=` is a client of the node's
+Monarch service (started on demand) unless the config says `node: {shared:
+false}`: DataLoader workers are other processes, by default fresh each
+epoch, and they all read through that one cache, so the whole job reads each
+file from the source once and a fresh worker's first sample can be a hit. A
+dataset pickled for a spawned worker carries the config, not the handle. A
+handle passed as `monarch=` is used as it is (with an in-process handle each
+worker opens its own instance).
 
 The datasets tell Monarch each epoch's order by themselves when the
 DataLoader's sampler is PyTorch's RandomSampler (shuffle=True),
@@ -70,7 +72,9 @@ def _monarch_for(monarch, config, dataset):
         if config is not None or dataset is not None:
             raise ValueError("pass either monarch= or config=/dataset=, not both")
         return monarch
-    return Monarch(config=config, dataset=dataset)
+    # DataLoader workers are other processes, fresh each epoch by default:
+    # one cache per node for all of them, unless the config says otherwise.
+    return Monarch(config=config, dataset=dataset, share_node=True)
 
 
 # Samplers whose order a dataset can replay as the epoch starts: it depends

@@ -99,6 +99,29 @@ class SharedService:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_directory():
+    """Services the tests start on demand in default runtime directories
+    (monarch.torch's datasets share the node unless told otherwise) live
+    under a private XDG_RUNTIME_DIR, and none outlives the session."""
+    base = tempfile.mkdtemp(prefix="mxdg", dir="/tmp")  # Short: socket paths.
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = base
+    yield base
+    for pid in service_pids(base):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while service_pids(base) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in service_pids(base):
+        os.kill(pid, signal.SIGKILL)
+    if saved is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = saved
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
 def shared_service(dataset):
     service = SharedService(dataset)

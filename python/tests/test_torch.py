@@ -475,3 +475,32 @@ def test_workers_of_the_node_service_get_the_order_without_asking(dataset):
         handle.close()
     finally:
         service.stop()
+
+
+def test_a_newcomers_config_shares_one_cache_across_fresh_workers(tmp_path):
+    """A RAM tier and no `node:` section, read by a DataLoader whose workers
+    are fresh each epoch (PyTorch's default): one service holds the copies
+    for all of them, so the source is read once and later epochs hit."""
+    import torch.utils.data as data
+    root = tmp_path / "ds"
+    root.mkdir()
+    names = []
+    for i in range(24):
+        (root / f"f{i:02d}.bin").write_bytes(bytes([i]) * (20_000 + i))
+        names.append(f"f{i:02d}.bin")
+    config = tmp_path / "job.yaml"
+    config.write_text(f"dataset: {{path: {root}}}\n"
+                      "tiers:\n  - {kind: ram, capacity: 64MiB}\n  - {kind: source}\n")
+    ds = mt.FileListDataset(names, config=str(config), loader=len)
+    assert ds.monarch.node_shared
+    loader = data.DataLoader(ds, batch_size=None, shuffle=True, num_workers=2)
+    for _ in range(3):
+        assert sorted(loader) == sorted(20_000 + i for i in range(24))
+        ds.monarch.wait_for_placement()
+    node = ds.monarch.stats()
+    assert node["tiers"][-1]["bytes_read"] == sum(20_000 + i for i in range(24))
+    assert node["tiers"][0]["files"] == 24
+    # The config's own word wins.
+    config.write_text(config.read_text() + "node: {shared: false}\n")
+    assert not mt.FileListDataset(names, config=str(config)).monarch.node_shared
+    ds.monarch.close()

@@ -15,6 +15,7 @@
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
 #include "api/process_instance.h"
+#include "config/valid_config.h"
 #include "monarch/monarch.h"
 #include "monarch/monarch_c.h"
 #include "monarch/sampled_order.h"
@@ -113,6 +114,21 @@ monarch_code monarch_open_default(const char* dataset_dir, monarch_t** out, char
   *out = nullptr;
   MONARCH_C_CHECK(error, {"dataset_dir", dataset_dir});
   return Open(monarch::Monarch::Create(monarch::DefaultConfig(dataset_dir)), out, error);
+}
+
+monarch_code monarch_open_sharing_node(const char* path, const char* yaml, const char* dataset_dir,
+                                       monarch_t** out, char** error) {
+  MONARCH_C_CHECK(error, {"out", out});
+  *out = nullptr;
+  if ((path != nullptr) + (yaml != nullptr) + (dataset_dir != nullptr) != 1) {
+    return Report(absl::InvalidArgumentError(
+                      "exactly one of path, yaml and dataset_dir must be given"),
+                  error);
+  }
+  if (path != nullptr) return Open(monarch::Monarch::CreateFromYamlFile(path, true), out, error);
+  // The embedded default as text: a service started for it must run it.
+  const std::string text = yaml != nullptr ? yaml : monarch::DefaultConfigYaml(dataset_dir);
+  return Open(monarch::Monarch::CreateFromYamlString(text, true), out, error);
 }
 
 void monarch_close(monarch_t* m) {

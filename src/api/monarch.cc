@@ -32,13 +32,17 @@ absl::StatusOr<std::unique_ptr<Monarch>> Monarch::Create(const Config& config) {
   return CreateValid(valid, service::ConfigSource{});
 }
 
-absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path) {
-  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigFile(path));
+absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlFile(const std::string& path,
+                                                                     bool share_node_by_default) {
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid,
+                           ParseValidConfigFile(path, nullptr, share_node_by_default));
   return CreateValid(valid, service::ConfigSource{path, ""});
 }
 
-absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml) {
-  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid, ParseValidConfigString(yaml));
+absl::StatusOr<std::unique_ptr<Monarch>> Monarch::CreateFromYamlString(std::string_view yaml,
+                                                                       bool share_node_by_default) {
+  MONARCH_ASSIGN_OR_RETURN(ValidConfig valid,
+                           ParseValidConfigString(yaml, nullptr, share_node_by_default));
   return CreateValid(valid, service::ConfigSource{"", std::string(yaml)});
 }
 

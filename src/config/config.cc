@@ -549,7 +549,8 @@ absl::StatusOr<ValidConfig> ValidConfig::Validate(Config config) {
 }
 
 absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
-                                                   const ConfigAdjustment& adjust) {
+                                                   const ConfigAdjustment& adjust,
+                                                   bool share_node_by_default) {
   if (yaml.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", yaml.size(),
                                                    " bytes; a config larger than ",
@@ -557,7 +558,12 @@ absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
   }
   absl::StatusOr<Config> config;
   try {
-    config = ParseNode(YAML::Load(std::string(yaml)));
+    const YAML::Node root = YAML::Load(std::string(yaml));
+    config = ParseNode(root);
+    // Parsed: `node`, if present, is a mapping.
+    if (config.ok() && share_node_by_default && !(root["node"] && root["node"]["shared"])) {
+      config->node.shared = true;
+    }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: malformed YAML at line ",
                                                    e.mark.line + 1, ", column ", e.mark.column + 1,
@@ -569,13 +575,15 @@ absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
 }
 
 absl::StatusOr<ValidConfig> ParseValidConfigFile(const std::string& path,
-                                                 const ConfigAdjustment& adjust) {
+                                                 const ConfigAdjustment& adjust,
+                                                 bool share_node_by_default) {
   absl::StatusOr<std::string> text = ReadSmallFile(path);
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("config file ", Quote(path), " cannot be read: ",
                                             text.status().message()));
   }
-  absl::StatusOr<ValidConfig> config = ParseValidConfigString(*text, adjust);
+  absl::StatusOr<ValidConfig> config =
+      ParseValidConfigString(*text, adjust, share_node_by_default);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));
@@ -616,19 +624,28 @@ int DefaultMaxOpenFiles(int descriptor_caches) {
 }
 
 Config DefaultConfig(const std::string& dataset_dir) {
-  Config config;
-  config.dataset.path = dataset_dir;
-  TierConfig ram;
-  ram.name = "ram";
-  ram.kind = TierKind::kRam;
+  // The same text a node service started for it runs; it always parses (the
+  // path is quoted, validation comes later).
+  absl::StatusOr<Config> config = ParseNode(YAML::Load(DefaultConfigYaml(dataset_dir)));
+  if (config.ok()) return *std::move(config);
+  Config unparsed;
+  unparsed.dataset.path = dataset_dir;
+  return unparsed;
+}
+
+std::string DefaultConfigYaml(const std::string& dataset_dir) {
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap
+      << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << dataset_dir << YAML::EndMap;
   // Half of what is free now: the training process needs the rest.
-  ram.capacity_bytes = std::max<uint64_t>(AvailableMemoryBytes() / 2, 1);
-  TierConfig source;
-  source.name = "source";
-  source.kind = TierKind::kSource;
-  config.tiers = {ram, source};
-  config.placement.max_open_files = DefaultMaxOpenFiles(DescriptorCaches(config));
-  return config;
+  out << YAML::Key << "tiers" << YAML::Value << YAML::BeginSeq;
+  out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "ram"
+      << YAML::Key << "kind" << YAML::Value << "ram" << YAML::Key << "capacity" << YAML::Value
+      << std::max<uint64_t>(AvailableMemoryBytes() / 2, 1) << YAML::EndMap;
+  out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "source"
+      << YAML::Key << "kind" << YAML::Value << "source" << YAML::EndMap;
+  out << YAML::EndSeq << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace monarch

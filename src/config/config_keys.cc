@@ -693,8 +693,11 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "One Monarch service per node: every process that opens this config becomes a client of "
       "the node's single `monarch serve`, which owns the namespace, the tiers, placement and the "
       "peers, so processes on a node share one set of copies (see "
-      "[src/service/DESIGN.md](../src/service/DESIGN.md)). `false` (or no `node:` section): each "
-      "process runs Monarch in process. The other `node.*` keys are checked either way."));
+      "[src/service/DESIGN.md](../src/service/DESIGN.md)). `false`: each process runs Monarch in "
+      "process. Without the key, in process too, except for front ends whose readers are other "
+      "processes, which share the node unless the key says `false`: `monarch.torch`'s datasets "
+      "(DataLoader workers), `Monarch(share_node=True)` in Python, `monarch_open_sharing_node` "
+      "in C, and the preload library (always). The other `node.*` keys are checked either way."));
   keys.push_back(StringKey<Config>(
       "node", "runtime_dir", [](auto& c) -> auto& { return c.node.runtime_dir; },
       "absolute directory",

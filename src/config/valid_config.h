@@ -45,10 +45,17 @@ void RaiseDescriptorLimit();
 using ConfigAdjustment = std::function<void(Config&)>;
 
 // ParseConfigString / ParseConfigFile, validated once (after `adjust`).
+// `share_node_by_default`: node.shared is true unless the YAML sets it.
 absl::StatusOr<ValidConfig> ParseValidConfigString(std::string_view yaml,
-                                                   const ConfigAdjustment& adjust = nullptr);
+                                                   const ConfigAdjustment& adjust = nullptr,
+                                                   bool share_node_by_default = false);
 absl::StatusOr<ValidConfig> ParseValidConfigFile(const std::string& path,
-                                                 const ConfigAdjustment& adjust = nullptr);
+                                                 const ConfigAdjustment& adjust = nullptr,
+                                                 bool share_node_by_default = false);
+
+// DefaultConfig(dataset_dir) as YAML text: what a node service started for
+// a process opened on the embedded default must run.
+std::string DefaultConfigYaml(const std::string& dataset_dir);
 
 }  // namespace monarch
 
