@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """A PyTorch DataLoader (4 workers) over an ImageNet-like dataset, 3 epochs,
-three arms in one run:
+these arms in one run:
 
   (a) monarch  monarch.torch.FileListDataset, node service (`node: {shared:
                true}`, RAM tier) over the PFS emulator's mount
+      announced  the same with AnnouncingSampler over the RandomSampler
+      newcomer   the config a new user writes (a RAM tier, no `node:`
+               section), the dataset opened from it (`config=`), under a
+               plain `shuffle=True` DataLoader: what monarch.torch does by
+               default (it shares the node, and announces the order itself)
   (b) pfs      plain open()/read() of the files on the PFS emulator's mount
   (c) local    plain open()/read() of a local copy, pre-read (page cache warm)
 
@@ -124,15 +129,16 @@ def main():
                          "compare with those")
     ap.add_argument("--huge-pages", action="store_true",
                     help="the RAM tier with huge_pages: true, shmem_enabled set to advise")
-    ap.add_argument("--arms", default="pfs,local,monarch,announced",
+    ap.add_argument("--arms", default="pfs,local,monarch,announced,newcomer",
                     help="the arms to run, comma-separated (an A/B of two builds needs no pfs arm)")
     ap.add_argument("--settle", action="store_true",
                     help="between epochs, wait (untimed) until the node has written the copies "
                          "the epoch started, so later epochs measure hits alone")
     a = ap.parse_args()
-    unknown = set(a.arms.split(",")) - {"pfs", "local", "monarch", "announced"}
+    known = {"pfs", "local", "monarch", "announced", "newcomer"}
+    unknown = set(a.arms.split(",")) - known
     if unknown:
-        ap.error(f"--arms: unknown arm(s) {sorted(unknown)}; expected pfs, local, monarch, announced")
+        ap.error(f"--arms: unknown arm(s) {sorted(unknown)}; expected {', '.join(sorted(known))}")
     global PERSISTENT
     PERSISTENT = a.persistent_workers
     import monarch
@@ -171,15 +177,23 @@ def main():
                 f"tiers: [{{kind: ram, capacity: {2 * total}"
                 f"{', huge_pages: true' if a.huge_pages else ''}}}, {{kind: source}}]\n"
                 f"node: {{shared: true, runtime_dir: {runtime}, idle_exit: 0}}\n")
-    results = {arm: [] for arm in ("pfs", "local", "monarch", "announced",
-                                   "local|monarch", "local|announced")}
+    newcomer = os.path.join(a.work, "newcomer.yaml")  # No node: section.
+    with open(newcomer, "w") as f:
+        f.write(f"dataset: {{path: {mount}}}\n"
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n")
+    results = {arm: [] for arm in ("pfs", "local", "monarch", "announced", "newcomer",
+                                   "local|monarch", "local|announced", "local|newcomer")}
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
 
-    def through_monarch(announce):
+    def through_monarch(announce, newcomers=False):
         subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
-        m = monarch.Monarch(config)  # starts a fresh node service (walks the mount)
-        try:
+        if newcomers:  # The dataset opens its own handle, as a new user's would.
+            ds = mt.FileListDataset(names, config=newcomer, loader=len)
+            m = ds.monarch
+        else:
+            m = monarch.Monarch(config)  # starts a fresh node service (walks the mount)
             ds = mt.FileListDataset(names, monarch=m, loader=len)
+        try:
             times = run_epochs(ds, a.epochs, a.workers, total, announce=announce,
                                between=m.wait_for_placement if a.settle else None,
                                alongside=PlainFiles(copy, names) if a.interleave else None)
@@ -191,7 +205,8 @@ def main():
                   f"PFS emulator bytes_read {pfs.get('bytes_read')}", flush=True)
         finally:
             m.close()
-            subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
+            subprocess.run([monarch_binary, "stop", "--config", newcomer if newcomers else config],
+                           capture_output=True)
         return times
 
     shmem = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
@@ -215,7 +230,8 @@ def main():
                 elif arm == "local":
                     times = run_epochs(PlainFiles(copy, names), a.epochs, a.workers, total)
                 else:
-                    times = through_monarch(announce=(arm == "announced"))
+                    times = through_monarch(announce=(arm == "announced"),
+                                            newcomers=(arm == "newcomer"))
                     if a.interleave:
                         times, local_times = times
                         results["local|" + arm].append(local_times)
@@ -225,7 +241,8 @@ def main():
                 print(f"rep {rep + 1} {arm:10s}", " ".join(f"{t:7.3f}s" for t in times),
                       flush=True)
     finally:
-        subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
+        for c in (config, newcomer):
+            subprocess.run([monarch_binary, "stop", "--config", c], capture_output=True)
         subprocess.run([script, "stop", mount], capture_output=True, env=env)
         if shmem_before is not None:
             with open(shmem, "w") as f:
@@ -236,13 +253,13 @@ def main():
                   for x, y in zip(results[arm], results[base])]
         return statistics.median(ratios), min(ratios), max(ratios)
 
-    for arm in ("monarch", "announced"):
+    for arm in ("monarch", "announced", "newcomer"):
         if not results[arm] or not results["pfs"]:
             continue
         med, lo, hi = median_ratio(arm, "pfs", 0, 1)
         print(f"epoch 1: {arm}/pfs = {med:.3f} (min {lo:.3f}, max {hi:.3f})")
     if a.epochs > 1:
-        for arm in ("monarch", "announced"):
+        for arm in ("monarch", "announced", "newcomer"):
             local = "local|" + arm if a.interleave else "local"
             if not results[arm] or not results[local]:
                 continue

@@ -108,12 +108,25 @@ def private_runtime_directory():
     saved = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = base
     yield base
-    for pid in service_pids(base):
+
+    def holders():
+        """The services still running under `base`: each holds its runtime
+        directory's monarch.lock, which names its pid."""
+        pids = set(service_pids(base))
+        for directory, _, files in os.walk(base):
+            if "monarch.lock" in files:
+                with open(os.path.join(directory, "monarch.lock")) as f:
+                    pid = f.read().strip()
+                if pid.isdigit() and os.path.exists(f"/proc/{pid}") and int(pid) != os.getpid():
+                    pids.add(int(pid))
+        return pids
+
+    for pid in holders():
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while service_pids(base) and time.monotonic() < deadline:
+    while holders() and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in service_pids(base):
+    for pid in holders():
         os.kill(pid, signal.SIGKILL)
     if saved is None:
         os.environ.pop("XDG_RUNTIME_DIR", None)
