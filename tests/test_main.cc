@@ -1,4 +1,4 @@
-// doctest's main, shared by every test binary, with two additions:
+// doctest's main, shared by every test binary, with three additions:
 // - A run filtered to named test cases (ctest runs each case with
 //   --test-case=NAME) that matches none fails. Otherwise a name ctest cannot
 //   pass through whole (a ';' splits it into two entries, neither of which
@@ -7,11 +7,16 @@
 //   MONARCH_SKIP(reason) (skip.h): a run in which nothing failed and
 //   something skipped exits 77, which ctest reports as skipped
 //   (SKIP_RETURN_CODE, tests/CMakeLists.txt), not passed.
+// - The user's runtime directory (XDG_RUNTIME_DIR: where namespaces are kept
+//   on the node, dataset.keep_namespace, and default service directories)
+//   is a fresh one of this run's, removed at its end.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "skip.h"
 
@@ -52,6 +57,15 @@ bool NamesTestCases(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  char runtime[] = "/tmp/mtest.XXXXXX";  // Short: service sockets go below it.
+  if (::mkdtemp(runtime) != nullptr) ::setenv("XDG_RUNTIME_DIR", runtime, 1);
+  struct RemoveRuntime {
+    const char* dir;
+    ~RemoveRuntime() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_runtime{runtime};
   doctest::Context context(argc, argv);
   const int result = context.run();
   if (context.shouldExit() || result != 0) return result;

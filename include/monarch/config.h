@@ -110,6 +110,7 @@ struct DatasetConfig {
   int scan_threads = 8;    // Threads that walk the dataset at start-up.
   SymlinkPolicy symlinks = SymlinkPolicy::kFollow;
   std::string manifest;  // A manifest to build the namespace from instead of a walk.
+  bool keep_namespace = true;  // A walk's namespace is kept on the node for the next start.
 };
 
 // The default of PlacementConfig::max_open_files, for a process whose file
@@ -218,6 +219,11 @@ absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
 // key to set. InvalidArgument naming node.runtime_dir for an unset
 // variable or a relative result.
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config);
+
+// Where a walk's namespace is kept on this node for the next start
+// (dataset.keep_namespace): <base>/namespaces/<dataset key>.manifest, <base>
+// as in NodeRuntimeDirectory, so per user and shared by the user's jobs.
+std::string KeptNamespacePath(const DatasetConfig& dataset);
 
 // What tells datasets apart: 16 hex digits hashed from the dataset
 // directory's path (as written, less empty and "." components),

@@ -197,6 +197,28 @@ absl::Status MakeDirectories(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::Status MakePrivateDirectory(const std::string& dir, absl::string_view what) {
+  if (os::Mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(dir));  // A parent was missing.
+    os::Chmod(dir.c_str(), 0700);
+  }
+  struct stat st;
+  if (os::Lstat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(what, ": ", dir));
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": '", dir, "' is not a directory (or is a symlink)"));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(what, ": '", dir, "' belongs to uid ",
+                                                    st.st_uid, ", not to this user (uid ",
+                                                    ::geteuid(), ")"));
+  }
+  if ((st.st_mode & 077) != 0 && os::Chmod(dir.c_str(), 0700) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat(what, ": chmod 0700 ", dir));
+  }
+  return absl::OkStatus();
+}
+
 std::string JoinPath(absl::string_view a, absl::string_view b) {
   if (a.empty()) return std::string(b);
   if (b.empty()) return std::string(a);

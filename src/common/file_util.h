@@ -99,6 +99,12 @@ absl::Status PwriteFull(int fd, const char* buffer, size_t n, uint64_t offset,
 // Creates `dir` and its missing parents (mode 0755). OK if it exists.
 absl::Status MakeDirectories(const std::string& dir);
 
+// Creates `dir` 0700 (its parents as MakeDirectories) if needed, and checks
+// that it is a real directory of this user closed to others (tightening
+// its mode if it is not): what may hold what other users must not read or
+// replace. Errors name `what` (a config key) and the directory.
+absl::Status MakePrivateDirectory(const std::string& dir, absl::string_view what);
+
 // "a/b/c" + "d" -> "a/b/c/d".
 std::string JoinPath(absl::string_view a, absl::string_view b);
 

@@ -381,22 +381,34 @@ std::string BatchJobTag() {
   return "";
 }
 
+namespace {
+
+// The user's directory for runtime state: $XDG_RUNTIME_DIR/monarch, or
+// /tmp/monarch-<uid>. XDG_RUNTIME_DIR is per user, 0700 and removed when the
+// user's last session ends: the right home for a socket. Batch jobs often
+// lack it.
+std::string RuntimeBase() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg == nullptr || xdg[0] != '/') return absl::StrCat("/tmp/monarch-", ::getuid());
+  std::string base = xdg;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  return absl::StrCat(base, "/monarch");
+}
+
+}  // namespace
+
+std::string KeptNamespacePath(const DatasetConfig& dataset) {
+  return absl::StrCat(RuntimeBase(), "/namespaces/", DatasetKey(dataset), ".manifest");
+}
+
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
   const NodeConfig& node = config.node;
   if (node.runtime_dir.empty()) {
-    // XDG_RUNTIME_DIR is per user, 0700 and removed when the user's last
-    // session ends: the right home for a socket. Batch jobs often lack it.
-    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-    std::string base = absl::StrCat("/tmp/monarch-", ::getuid());
-    if (xdg != nullptr && xdg[0] == '/') {
-      base = xdg;
-      while (!base.empty() && base.back() == '/') base.pop_back();
-      absl::StrAppend(&base, "/monarch");
-    }
     // One service per job and dataset: two jobs on a node, or two datasets
     // of one user, never share (or stop) each other's service.
     const std::string job = BatchJobTag();
-    return absl::StrCat(base, "/", job, job.empty() ? "" : "-", DatasetKey(config.dataset));
+    return absl::StrCat(RuntimeBase(), "/", job, job.empty() ? "" : "-",
+                        DatasetKey(config.dataset));
   }
   MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(node.runtime_dir, "node.runtime_dir"));
   if (dir.empty() || dir[0] != '/') {

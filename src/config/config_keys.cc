@@ -371,6 +371,19 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "1 to 256",
       "Threads that walk the dataset at start-up (each readdir/stat on a PFS is a metadata round "
       "trip)."));
+  keys.push_back(BoolKey<Config>(
+      "dataset", "keep_namespace", [](auto& c) -> auto& { return c.dataset.keep_namespace; },
+      "After a walk, the namespace is kept on the node as a manifest (in the user's runtime "
+      "directory: `$XDG_RUNTIME_DIR/monarch/namespaces/`, or `/tmp/monarch-<uid>/namespaces/`), "
+      "and the next start on the node, this job's or another's, builds from it instead of "
+      "walking when it passes the checks: every directory of the dataset has the mtime it had "
+      "(an entry added, removed or renamed anywhere changes its directory's), and a sample of "
+      "64 files stat as they did. Copies kept in file tiers are adopted only after a stat of "
+      "their source file. A file rewritten in place (its directory untouched) and missed by "
+      "the sample keeps the size and times the namespace had; its bytes are still read from "
+      "the source, never from a copy of the old version. Not used with `dataset.manifest`, "
+      "nor by ranks that build from rank 0's manifest. `false`: every start walks. Stats: "
+      "`namespace_built_from_manifest`, `namespace_build_ms`."));
   keys.push_back(EnumKey<Config, SymlinkPolicy>(
       "dataset", "symlinks", [](auto& c) -> auto& { return c.dataset.symlinks; },
       kSymlinkPolicies,
@@ -384,11 +397,11 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "none (walk)",
       "A manifest of the dataset written by `monarch manifest --config FILE` (the output defaults "
       "to this path). The namespace is built from it instead of walking the dataset: the start-up "
-      "costs one stat of the root and of each top-level directory instead of a metadata "
-      "operation or two per file. Refused, with the reason, when it was written for another "
-      "`dataset.path`, `file_regex` or `symlinks`, when the root or a top-level directory changed "
-      "since (an entry added, removed or renamed in it changes its mtime; a change deeper down is "
-      "not seen), or when it is damaged (checksummed). `$VAR` and `${VAR}` are expanded. Without "
+      "costs one stat per directory instead of a metadata operation or two per file. Refused, "
+      "with the reason, when it was written for another `dataset.path`, `file_regex` or "
+      "`symlinks`, when a directory changed since (an entry added, removed or renamed in it "
+      "changes its mtime; a file rewritten in place is not seen), or when it is damaged "
+      "(checksummed). `$VAR` and `${VAR}` are expanded. Without "
       "it, peers meeting in a directory (`remote.bootstrap: directory`) still walk once per job: "
       "rank 0 walks and writes `namespace.manifest` to `remote.rendezvous_dir`, the other ranks "
       "wait for it (up to `remote.rendezvous_timeout`) and build from it after the same checks. "

@@ -55,9 +55,9 @@ uint64_t BufferedCopyBudget(const Config& config) {
 
 namespace {
 
-// BuildNamespace's plan: the config asked once, for the manifest's path and,
-// where ranks share one walk through the rendezvous directory, for the
-// job's rank (rank 0 makes the directory here, before it walks).
+// BuildNamespace's plan: the config asked once, for the manifest's path, the
+// namespace kept on the node and, where ranks share one walk through the
+// rendezvous directory, the job's rank (rank 0 makes the directory here).
 absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_index) {
   NamespacePlan plan;
   plan.origin = ManifestOriginOf(config.dataset);
@@ -68,6 +68,7 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
     MONARCH_ASSIGN_OR_RETURN(plan.manifest, DatasetManifestPath(config.dataset));
     return plan;
   }
+  if (config.dataset.keep_namespace) plan.kept = KeptNamespacePath(config.dataset);
   if (!config.remote.enabled || config.remote.bootstrap != BootstrapKind::kDirectory) return plan;
   MONARCH_ASSIGN_OR_RETURN(JobRank job, ResolveJobRank(config.remote));
   if (job.size == 1) return plan;
@@ -75,6 +76,7 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
                                                               "remote.rendezvous_dir"));
   plan.shared_manifest = absl::StrCat(dir, "/", kSharedManifestName);
   plan.publishes = job.rank == 0;
+  if (!plan.publishes) plan.kept.clear();  // It builds from rank 0's.
   plan.await_seconds = config.remote.rendezvous_timeout_seconds;
   if (absl::Status made = plan.publishes ? MakeRendezvousDirectory(dir) : absl::OkStatus();
       !made.ok()) {
@@ -542,7 +544,8 @@ class MonarchImpl final : public MonarchCore {
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
   // when they are copies of the source files as the walk found them (the
-  // identity in their trailers), delete the others. Their blocks are checked
+  // identity in their trailers, and a stat when the namespace was not
+  // walked), delete the others. Their blocks are checked
   // against their checksums as they are read, like any copy's.
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
@@ -553,7 +556,11 @@ class MonarchImpl final : public MonarchCore {
                                                    const SourceIdentity* source) {
         FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
-        const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id);
+        // A namespace from a manifest cannot see a file rewritten in place:
+        // its copy is adopted only if the source still stats the same.
+        const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id) &&
+                           (!namespace_->built_from_manifest() ||
+                            namespace_->SourceUnchanged(entry->ref.id));
         // A whole copy of a file now cached by extents is never read.
         const bool wanted = valid && entry->extent_count == 0 &&
                             entry->tier->load() == source_index_ &&

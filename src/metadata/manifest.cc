@@ -33,6 +33,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -477,7 +478,7 @@ absl::StatusOr<uint64_t> CheckDirectories(const Manifest& manifest, int threads)
     }
   };
   // On a PFS each stat is a metadata round trip; a dataset with thousands
-  // of top-level directories is checked by several threads.
+  // of directories is checked by several threads.
   const size_t workers = std::min<size_t>(std::max(threads, 1), (stamps.size() + 15) / 16);
   std::vector<std::thread> pool;
   for (size_t w = 1; w < workers; ++w) pool.emplace_back(check);
@@ -545,6 +546,63 @@ absl::StatusOr<std::unique_ptr<Namespace>> AwaitSharedManifest(
       "manifest ", QuoteForError(path), "; the last one seen was refused or missing: ", problem));
 }
 
+namespace {
+
+// How many files the check of a kept namespace stats: a file rewritten in
+// place changes no directory, so a few are looked at directly. A dataset
+// this small is checked whole.
+constexpr uint32_t kKeptSampleFiles = 64;
+
+std::string KeptDirectory(const NamespacePlan& plan) {
+  return plan.kept.substr(0, plan.kept.rfind('/'));
+}
+
+// The namespace kept on the node (dataset.keep_namespace), or null when
+// there is none or it no longer describes the dataset.
+std::unique_ptr<Namespace> FromKeptNamespace(const NamespacePlan& plan,
+                                             const Namespace::TierSlotAllocator& slots) {
+  // Only from a directory no other user can write to.
+  absl::Status own = MakePrivateDirectory(KeptDirectory(plan), "dataset.keep_namespace");
+  absl::StatusOr<std::unique_ptr<Manifest>> manifest =
+      own.ok() ? ReadManifest(plan.kept) : absl::StatusOr<std::unique_ptr<Manifest>>(own);
+  absl::StatusOr<std::unique_ptr<Namespace>> ns =
+      manifest.ok() ? NamespaceFromManifest(**manifest, plan.origin, plan.source_tier, slots,
+                                            plan.scan_threads, plan.extents)
+                    : manifest.status();
+  if (ns.ok()) {
+    const uint32_t files = (*ns)->file_count();
+    std::mt19937 random{std::random_device{}()};
+    for (uint32_t i = 0; i < std::min(files, kKeptSampleFiles) && ns.ok(); ++i) {
+      const uint32_t id = files <= kKeptSampleFiles ? i : random() % files;
+      if (!(*ns)->SourceUnchanged(id)) {
+        ns = absl::FailedPreconditionError(absl::StrCat(
+            QuoteForError((*ns)->file_name(id)), " changed since the namespace was kept"));
+      }
+    }
+  }
+  if (ns.ok()) return std::move(*ns);
+  if (!absl::IsNotFound(ns.status())) {
+    MONARCH_LOG(kInfo, "walking the dataset: the namespace kept on the node does not describe it "
+                       "now (", ns.status().message(), ")");
+  }
+  return nullptr;
+}
+
+// Keeps a walk's namespace for the next start; a failure only costs that
+// start a walk. A directory changed within 2 s before the walk is not kept:
+// on a file system with whole-second times a change later in that second
+// would leave its mtime as stamped (git's "racily clean" entries).
+void KeepNamespace(const Namespace& ns, const NamespacePlan& plan, int64_t walk_began_ns) {
+  for (const DirectoryStamp& stamp : ns.stamps()) {
+    if (stamp.mtime_ns >= walk_began_ns - 2'000'000'000) return;
+  }
+  absl::Status kept = MakePrivateDirectory(KeptDirectory(plan), "dataset.keep_namespace");
+  if (kept.ok()) kept = WriteManifest(ns, plan.origin, plan.kept);
+  if (!kept.ok()) MONARCH_LOG(kInfo, "the namespace is not kept on the node: ", kept.message());
+}
+
+}  // namespace
+
 absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
                                               const Namespace::TierSlotAllocator& slots) {
   const auto began = std::chrono::steady_clock::now();
@@ -575,13 +633,18 @@ absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
       return ns.status();
     }
   }
+  if (built.ns == nullptr && !plan.kept.empty()) built.ns = FromKeptNamespace(plan, slots);
   const bool walks = built.ns == nullptr;
   if (walks) {
     // One a crashed earlier job left must not be taken for this walk's.
     if (plan.publishes) os::Unlink(plan.shared_manifest.c_str());
+    const int64_t began_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
     MONARCH_ASSIGN_OR_RETURN(built.ns, Namespace::Build(plan.origin.root, plan.origin.file_regex,
                                                         plan.source_tier, plan.scan_threads, slots,
                                                         plan.origin.symlinks, plan.extents));
+    if (!plan.kept.empty()) KeepNamespace(*built.ns, plan, began_ns);
   }
   if (walks && plan.publishes) {
     if (absl::Status written = WriteManifest(*built.ns, plan.origin, plan.shared_manifest);

@@ -5,8 +5,8 @@
 //
 // A manifest holds every file's dataset-relative name, size, mtime and the
 // rest of its stat (FileAttributes), the directory tree, what the walk was
-// built with (root, file_regex, symlink policy), the mtimes of the root and
-// top-level directories (DirectoryStamp), and a CRC32C of all of it. The
+// built with (root, file_regex, symlink policy), the mtime of every
+// directory (DirectoryStamp), and a CRC32C of all of it. The
 // byte layout is at the top of manifest.cc.
 //
 // Using one is two checks: CheckOrigin (built with the same root, regex and
@@ -101,8 +101,8 @@ absl::StatusOr<std::unique_ptr<Manifest>> ReadManifest(const std::string& path);
 // `expected` (another root, regex or symlink policy).
 absl::Status CheckOrigin(const Manifest& manifest, const ManifestOrigin& expected);
 
-// Stats each stamped directory (the root, the top-level directories; with
-// up to `threads` threads) under `manifest`'s root. FailedPrecondition
+// Stats each stamped directory (every directory of the walk; with up to
+// `threads` threads) under `manifest`'s root. FailedPrecondition
 // naming the first one that is gone or whose mtime changed; on success, the
 // root's device number here.
 absl::StatusOr<uint64_t> CheckDirectories(const Manifest& manifest, int threads);
@@ -142,6 +142,9 @@ struct NamespacePlan {
   std::string shared_manifest;
   bool publishes = false;
   double await_seconds = 0;
+  // dataset.keep_namespace: where a walk's namespace is kept on the node,
+  // and built from at the next start when it passes the checks. "": never.
+  std::string kept;
 };
 
 struct BuiltNamespace {
@@ -151,9 +154,11 @@ struct BuiltNamespace {
 
 // The namespace, in one pass and with at most one walk of the dataset per
 // job: from the manifest the plan names (every process reads it, no one
-// walks); else, with a shared manifest, rank 0 walks and publishes it and
+// walks); else, with a shared manifest, rank 0 publishes its namespace and
 // the others build from it (walking themselves if it does not come in
-// time: rank 0 may still be walking a large dataset); else by a walk.
+// time: rank 0 may still be walking a large dataset); else from the one
+// kept on the node, when every directory and a sample of files are as they
+// were; else by a walk, which is then kept.
 absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
                                               const Namespace::TierSlotAllocator& slots);
 

@@ -44,7 +44,7 @@ int64_t Nanoseconds(const struct timespec& t) {
 struct WalkedDirectory {
   std::string name;  // Dataset-relative; "" for the root.
   uint32_t parent;   // Index of the parent; the root's is itself.
-  bool stamped = false;  // The root and top-level directories: mtime_ns is set.
+  bool stamped = false;  // mtime_ns is set (its fstat worked).
   int64_t mtime_ns = 0;
 };
 
@@ -120,15 +120,13 @@ class ParallelWalk {
       return;
     }
     const int dir_fd = ::dirfd(dir);
-    // The root and the top-level directories are stamped (DirectoryStamp),
-    // before they are listed: an entry added while the walk lists them
-    // then shows as a change later, never the other way round.
-    if (relative.find('/') == std::string::npos) {
-      struct stat st;
-      if (os::Fstat(dir_fd, &st) == 0) {
-        *stamp = Nanoseconds(st.st_mtim);
-        if (index == 0) root_device_ = st.st_dev;  // Read after Run() joins the workers.
-      }
+    // Every directory is stamped (DirectoryStamp), before it is listed: an
+    // entry added while the walk lists it then shows as a change later,
+    // never the other way round. An fstat of an open directory: no lookup.
+    struct stat st;
+    if (os::Fstat(dir_fd, &st) == 0) {
+      *stamp = Nanoseconds(st.st_mtim);
+      if (index == 0) root_device_ = st.st_dev;  // Read after Run() joins the workers.
     }
     while (struct dirent* d = os::ReadDir(dir)) {
       absl::string_view base = d->d_name;
@@ -488,6 +486,13 @@ SourceIdentity Namespace::identity(uint32_t id) const {
   identity.mtime_ns = file.mtime_ns;
   identity.ctime_ns = attributes_[file.id].ctime_ns;
   return identity;
+}
+
+bool Namespace::SourceUnchanged(uint32_t id) const {
+  const FileRef& file = entries_[id].ref.source_file();
+  struct stat st;
+  return os::Stat(absl::StrCat(root_, "/", file.name).c_str(), &st) == 0 &&
+         SourceIdentity::Of(st) == identity(file.id);
 }
 
 FileEntry* Namespace::FindCopy(absl::string_view name) const {

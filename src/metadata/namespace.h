@@ -120,9 +120,9 @@ struct ListedDirectory {
 // A directory's mtime as the walk read it, just before listing it. Adding,
 // removing or renaming an entry changes a directory's mtime, so these tell
 // cheaply (one stat each) whether a listing still describes the dataset.
-// The walk stamps the root and the top-level directories only: checking
-// them costs a few metadata operations per process, whatever the number of
-// files, and a change deeper down is not seen.
+// The walk stamps every directory: checking them costs a metadata operation
+// per directory, not per file. A file rewritten in place changes no
+// directory's mtime.
 struct DirectoryStamp {
   uint32_t directory = 0;
   int64_t mtime_ns = 0;
@@ -258,7 +258,13 @@ class Namespace final : public NamespaceView {
     built_from_manifest_ = from_manifest;
     build_milliseconds_ = milliseconds;
   }
+  bool built_from_manifest() const { return built_from_manifest_; }
   void ReportCounters(CounterSink& sink) const;
+
+  // Whether the source file of `id` still stats as the namespace has it
+  // (one stat): what a namespace built from a manifest checks before it
+  // trusts a file it cannot see rewritten in place.
+  bool SourceUnchanged(uint32_t id) const;
 
  private:
   struct Directory {
