@@ -8,6 +8,7 @@
 #ifndef MONARCH_COMMON_FILE_UTIL_H_
 #define MONARCH_COMMON_FILE_UTIL_H_
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,17 @@ class ScopedFd {
  private:
   int fd_ = -1;
 };
+
+// Calls `open` (which returns a descriptor, or -1 with errno set) again for
+// as long as it fails with EINTR; returns its last result.
+template <typename Open>
+int RetryOnEintr(Open open) {
+  int fd;
+  do {
+    fd = open();
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
 
 // The whole of a small file (a config, a log, /proc/meminfo), read through
 // the OS seam; fails with ResourceExhausted past `limit` bytes.

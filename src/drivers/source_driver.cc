@@ -78,7 +78,9 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     const FileRef& file = part.source_file();
     MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
     struct stat st;
-    if (os::Fstat(fd->get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    if (os::Fstat(fd->get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    }
     // A FIFO, a directory or a device put in the file's place.
     if (!S_ISREG(st.st_mode)) {
       return absl::FailedPreconditionError(
@@ -127,10 +129,8 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     auto it = directories_.find(relative);
     if (it != directories_.end()) return it->second.get();
     if (root_.fd() < 0 || directories_.size() >= kMaxDirectories) return -1;
-    int fd;
-    do {
-      fd = os::OpenAt(root_.fd(), relative.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    const int fd = RetryOnEintr(
+        [&] { return os::OpenAt(root_.fd(), relative.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); });
     if (fd < 0) return -1;
     directories_.emplace(relative, ScopedFd(fd));
     return fd;
