@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,11 @@ class ScopedFd {
  private:
   int fd_ = -1;
 };
+
+// A timespec (a stat's st_mtim, a clock's reading) in nanoseconds.
+inline int64_t TimespecNanos(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
 
 // Calls `open` (which returns a descriptor, or -1 with errno set) again for
 // as long as it fails with EINTR; returns its last result.
