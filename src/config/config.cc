@@ -99,14 +99,11 @@ uint64_t DescriptorLimit() {
 // The descriptor caches a config's instance keeps: one per file tier, one
 // for the source.
 int DescriptorCaches(const Config& config) {
-  int caches = 0;
-  for (const TierConfig& tier : config.tiers) {
-    if (tier.kind == TierKind::kPmem || tier.kind == TierKind::kPosix ||
-        tier.kind == TierKind::kSource) {
-      ++caches;
-    }
-  }
-  return std::max(caches, 1);
+  const auto caches = std::count_if(config.tiers.begin(), config.tiers.end(), [](const auto& tier) {
+    return tier.kind == TierKind::kPmem || tier.kind == TierKind::kPosix ||
+           tier.kind == TierKind::kSource;
+  });
+  return std::max(static_cast<int>(caches), 1);
 }
 
 // Reads `tiers`: a list of mappings of the tier keys, with the keys each
