@@ -339,9 +339,7 @@ absl::StatusOr<PurgeReport> PurgeCopyTree(const std::string& root, const PurgeOp
   }
   // Unreadable (no read or search permission): refused as a whole, so that
   // the caller names the tier rather than a purge that found nothing.
-  if (absl::StatusOr<std::vector<std::string>> names = ListDirectory(fd.get(), root); !names.ok()) {
-    return names.status();
-  }
+  MONARCH_RETURN_IF_ERROR(ListDirectory(fd.get(), root).status());
   Purge purge(root, st.st_dev, options);
   purge.Walk(fd.get(), "", 0);
   return purge.report();
