@@ -53,17 +53,36 @@ monarch_code Open(absl::StatusOr<std::unique_ptr<monarch::Monarch>> created, mon
   return Report(absl::OkStatus(), error);
 }
 
-absl::Status NullArgument(const char* what) {
-  return absl::InvalidArgumentError(std::string(what) + " must not be NULL");
-}
-
 // Returns the first of `args` (name, pointer) pairs whose pointer is NULL,
 // as an INVALID_ARGUMENT status; OK when none is.
 absl::Status CheckArguments(std::initializer_list<std::pair<const char*, const void*>> args) {
   for (const auto& [name, pointer] : args) {
-    if (pointer == nullptr) return NullArgument(name);
+    if (pointer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must not be NULL"));
+    }
   }
   return absl::OkStatus();
+}
+
+// The same for an array of `count` strings named `what`: the array itself
+// (unless empty), then each entry.
+absl::Status CheckEntries(const char* what, const char* const* entries, size_t count) {
+  if (count > 0 && entries == nullptr) return CheckArguments({{what, entries}});
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] is NULL"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `strings` as a NULL-terminated array of malloc'ed copies, for
+// monarch_free_list.
+char** CopyList(const std::vector<std::string>& strings, size_t* count) {
+  char** list = static_cast<char**>(std::calloc(strings.size() + 1, sizeof(char*)));
+  for (size_t i = 0; i < strings.size(); ++i) list[i] = CopyString(strings[i]);
+  *count = strings.size();
+  return list;
 }
 
 // Python declares this struct field by field (ctypes, python/monarch/_lib.py):
@@ -85,11 +104,13 @@ monarch::SampledOrder ToSampledOrder(const monarch_sampled_order& how) {
   return order;
 }
 
-#define MONARCH_C_CHECK(error, ...)                                     \
-  do {                                                                  \
-    absl::Status checked_ = CheckArguments({__VA_ARGS__});              \
-    if (!checked_.ok()) return Report(checked_, error);                 \
+#define MONARCH_C_RETURN_IF_ERROR(error, expr)          \
+  do {                                                  \
+    absl::Status checked_ = (expr);                     \
+    if (!checked_.ok()) return Report(checked_, error); \
   } while (false)
+
+#define MONARCH_C_CHECK(error, ...) MONARCH_C_RETURN_IF_ERROR(error, CheckArguments({__VA_ARGS__}))
 
 }  // namespace
 
@@ -170,9 +191,7 @@ monarch_code monarch_glob(const monarch_t* m, const char* pattern, char*** paths
   MONARCH_C_CHECK(error, {"m", m}, {"pattern", pattern});
   const std::vector<std::string> matches =
       monarch::frontend::Glob(*m->instance, m->paths, pattern);
-  *paths = static_cast<char**>(std::calloc(matches.size() + 1, sizeof(char*)));
-  for (size_t i = 0; i < matches.size(); ++i) (*paths)[i] = CopyString(matches[i]);
-  *count = matches.size();
+  *paths = CopyList(matches, count);
   return Report(absl::OkStatus(), error);
 }
 
@@ -238,9 +257,7 @@ monarch_code monarch_list_directory(const monarch_t* m, const char* dir, char***
   MONARCH_C_CHECK(error, {"m", m}, {"dir", dir});
   absl::StatusOr<std::vector<std::string>> listed = m->instance->ListDirectory(dir);
   if (!listed.ok()) return Report(listed.status(), error);
-  *names = static_cast<char**>(std::calloc(listed->size() + 1, sizeof(char*)));
-  for (size_t i = 0; i < listed->size(); ++i) (*names)[i] = CopyString((*listed)[i]);
-  *count = listed->size();
+  *names = CopyList(*listed, count);
   return Report(absl::OkStatus(), error);
 }
 
@@ -269,16 +286,8 @@ void monarch_wait_for_placement(monarch_t* m) {
 monarch_code monarch_announce_order(monarch_t* m, const char* const* names, size_t count,
                                     char** error) {
   MONARCH_C_CHECK(error, {"m", m});
-  if (count > 0) MONARCH_C_CHECK(error, {"names", names});
-  std::vector<std::string> order;
-  order.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    if (names[i] == nullptr) {
-      return Report(absl::InvalidArgumentError(absl::StrCat("names[", i, "] is NULL")), error);
-    }
-    order.emplace_back(names[i]);
-  }
-  return Report(m->instance->AnnounceOrder(order), error);
+  MONARCH_C_RETURN_IF_ERROR(error, CheckEntries("names", names, count));
+  return Report(m->instance->AnnounceOrder(std::vector<std::string>(names, names + count)), error);
 }
 
 monarch_code monarch_announce_ranges(monarch_t* m, const char* const* names,
@@ -290,12 +299,8 @@ monarch_code monarch_announce_ranges(monarch_t* m, const char* const* names,
   }
   std::vector<monarch::Monarch::SampleRange> samples;
   samples.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    if (names[i] == nullptr) {
-      return Report(absl::InvalidArgumentError(absl::StrCat("names[", i, "] is NULL")), error);
-    }
-    samples.push_back({names[i], offsets[i], lengths[i]});
-  }
+  MONARCH_C_RETURN_IF_ERROR(error, CheckEntries("names", names, count));
+  for (size_t i = 0; i < count; ++i) samples.push_back({names[i], offsets[i], lengths[i]});
   return Report(m->instance->AnnounceRanges(samples), error);
 }
 
@@ -327,16 +332,10 @@ monarch_code monarch_sampled_epoch(const monarch_sampled_order* how, uint64_t sa
 monarch_code monarch_announce_sampled_order(monarch_t* m, const char* const* files, size_t count,
                                             const monarch_sampled_order* how, char** error) {
   MONARCH_C_CHECK(error, {"m", m}, {"how", how});
-  if (count > 0) MONARCH_C_CHECK(error, {"files", files});
-  std::vector<std::string> names;
-  names.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    if (files[i] == nullptr) {
-      return Report(absl::InvalidArgumentError(absl::StrCat("files[", i, "] is NULL")), error);
-    }
-    names.emplace_back(files[i]);
-  }
-  return Report(m->instance->AnnounceSampledOrder(names, ToSampledOrder(*how)), error);
+  MONARCH_C_RETURN_IF_ERROR(error, CheckEntries("files", files, count));
+  return Report(m->instance->AnnounceSampledOrder(std::vector<std::string>(files, files + count),
+                                                  ToSampledOrder(*how)),
+                error);
 }
 
 int monarch_usable_after_fork(const monarch_t* m) {

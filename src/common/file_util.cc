@@ -53,10 +53,8 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit)
 }
 
 absl::Status WriteSmallFile(const std::string& path, absl::string_view contents) {
-  int fd;
-  do {
-    fd = os::Open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  } while (fd < 0 && errno == EINTR);
+  const int fd = RetryOnEintr(
+      [&] { return os::Open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666); });
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", path));
   ScopedFd owned(fd);
   size_t done = 0;
@@ -73,10 +71,7 @@ absl::Status WriteSmallFile(const std::string& path, absl::string_view contents)
 }
 
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path) {
-  int fd;
-  do {
-    fd = os::Open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
+  const int fd = RetryOnEintr([&] { return os::Open(path.c_str(), O_RDONLY | O_CLOEXEC); });
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   return ScopedFd(fd);
 }
@@ -98,15 +93,13 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenShared(
 
 absl::StatusOr<std::shared_ptr<ScopedFd>> OpenSharedAt(int directory, const std::string& name,
                                                        absl::string_view path) {
-  int fd;
   // O_NONBLOCK: a dataset file replaced by a FIFO during the run must not
   // block the open (a regular file's reads ignore the flag; a FIFO's pread
   // fails with ESPIPE, a directory's with EISDIR). No fstat to check the
   // type: on a PFS that is one more metadata round trip per file, and a
   // copy is only committed after Identify(), which checks it.
-  do {
-    fd = os::OpenAt(directory, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  } while (fd < 0 && errno == EINTR);
+  const int fd = RetryOnEintr(
+      [&] { return os::OpenAt(directory, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); });
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   return std::make_shared<ScopedFd>(fd);
 }
@@ -122,23 +115,17 @@ absl::StatusOr<std::shared_ptr<ScopedFd>> DirectoryHandle::OpenBeneath(
     open_how how = {};
     how.flags = kFlags;
     how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-    do {
-      fd = static_cast<int>(::syscall(SYS_openat2, fd_.get(), name.c_str(), &how, sizeof(how)));
-    } while (fd < 0 && errno == EINTR);
+    fd = RetryOnEintr([&] {
+      return static_cast<int>(::syscall(SYS_openat2, fd_.get(), name.c_str(), &how, sizeof(how)));
+    });
     // No openat2 (before Linux 5.6, or filtered by seccomp): O_NOFOLLOW only.
     if (fd < 0 && (errno == ENOSYS || errno == EPERM)) fd = -2;
 #else
     fd = -2;
 #endif
-    if (fd == -2) {
-      do {
-        fd = os::OpenAt(fd_.get(), name.c_str(), kFlags);
-      } while (fd < 0 && errno == EINTR);
-    }
+    if (fd == -2) fd = RetryOnEintr([&] { return os::OpenAt(fd_.get(), name.c_str(), kFlags); });
   } else {
-    do {
-      fd = os::Open(path.c_str(), kFlags);
-    } while (fd < 0 && errno == EINTR);
+    fd = RetryOnEintr([&] { return os::Open(path.c_str(), kFlags); });
   }
   if (fd < 0) {
     if (errno == ELOOP || errno == EXDEV || errno == ENXIO) {

@@ -8,8 +8,10 @@
 #ifndef MONARCH_COMMON_FILE_UTIL_H_
 #define MONARCH_COMMON_FILE_UTIL_H_
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 
@@ -41,6 +43,22 @@ class ScopedFd {
  private:
   int fd_ = -1;
 };
+
+// A timespec (a stat's st_mtim, a clock's reading) in nanoseconds.
+inline int64_t TimespecNanos(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+// Calls `open` (which returns a descriptor, or -1 with errno set) again for
+// as long as it fails with EINTR; returns its last result.
+template <typename Open>
+int RetryOnEintr(Open open) {
+  int fd;
+  do {
+    fd = open();
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
 
 // The whole of a small file (a config, a log, /proc/meminfo), read through
 // the OS seam; fails with ResourceExhausted past `limit` bytes.

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "absl/algorithm/container.h"
@@ -62,8 +63,7 @@ bool WriteTrigger(int fd, const std::string& text) {
 std::string CgroupMemory::FindDirectory(absl::string_view cgroup_text,
                                         absl::string_view mountinfo_text, Version version) {
   // /proc/self/cgroup: "4:memory:/job/42" (v1), "0::/job/42" (v2).
-  std::string relative;
-  bool found = false;
+  std::optional<std::string> relative;
   for (absl::string_view line : absl::StrSplit(cgroup_text, '\n', absl::SkipEmpty())) {
     std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (fields.size() != 3) continue;
@@ -74,11 +74,10 @@ std::string CgroupMemory::FindDirectory(absl::string_view cgroup_text,
     const bool v2 = version == Version::kV2 && fields[0] == "0" && fields[1].empty();
     if (v1_memory || v2) {
       relative = std::string(fields[2]);
-      found = true;
       break;
     }
   }
-  if (!found) return "";
+  if (!relative) return "";
   // /proc/self/mountinfo: "id parent dev root mountpoint options ... - fstype source superopts".
   for (absl::string_view line : absl::StrSplit(mountinfo_text, '\n', absl::SkipEmpty())) {
     std::vector<absl::string_view> halves = absl::StrSplit(line, absl::MaxSplits(" - ", 1));
@@ -96,7 +95,7 @@ std::string CgroupMemory::FindDirectory(absl::string_view cgroup_text,
     // The mount shows the hierarchy from `root` down (a container sees its
     // own cgroup as "/"): the process's path is relative to it.
     absl::string_view root = fields[3];
-    absl::string_view path = relative;
+    absl::string_view path = *relative;
     if (root != "/") {
       if (!absl::ConsumePrefix(&path, root)) continue;
     }
@@ -131,15 +130,8 @@ CgroupMemory CgroupMemory::At(Version version, std::string directory) {
 }
 
 std::string CgroupMemory::Describe() const {
-  switch (version_) {
-    case Version::kV1:
-      return absl::StrCat("cgroup v1 ", directory_);
-    case Version::kV2:
-      return absl::StrCat("cgroup v2 ", directory_);
-    case Version::kNone:
-      break;
-  }
-  return "no memory cgroup";
+  if (version_ == Version::kNone) return "no memory cgroup";
+  return absl::StrCat("cgroup v", version_ == Version::kV1 ? 1 : 2, " ", directory_);
 }
 
 absl::StatusOr<MemorySample> CgroupMemory::Read() const {

@@ -95,7 +95,7 @@ bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey
 int64_t BootTimeNanos() {
   struct timespec now;
   ::clock_gettime(CLOCK_BOOTTIME, &now);
-  return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+  return TimespecNanos(now);
 }
 
 absl::StatusOr<std::vector<MappedFileRange>> FindPrivateMappings(

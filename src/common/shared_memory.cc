@@ -15,39 +15,40 @@
 #include "common/status_macros.h"
 
 namespace monarch {
-namespace {
-constexpr uint64_t kPage = 4096;
-constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
-}  // namespace
 
 // memfd_create and the seals (fcntl) name no file, so they stay outside the
 // seam of common/os.h; sizing and mapping go through it.
 
-absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
+namespace {
+constexpr uint64_t kPage = 4096;
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+// A memfd of `bytes` rounded up to whole pages (one at least), its size
+// sealed along with `more_seals`.
+absl::StatusOr<ScopedFd> SizeSealedMemfd(const std::string& name, uint64_t bytes,
+                                         int more_seals) {
   const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
   ScopedFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
   if (os::Ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
   }
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | more_seals) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name));
   }
   return fd;
 }
 
+}  // namespace
+
+absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
+  return SizeSealedMemfd(name, bytes, F_SEAL_SEAL);
+}
+
 absl::StatusOr<WriteSealedRegion> CreateWriteSealedRegion(const std::string& name,
                                                           uint64_t bytes, bool seal_writes) {
-  const uint64_t size = (bytes == 0 ? kPage : bytes + kPage - 1) / kPage * kPage;
   WriteSealedRegion region;
-  region.fd = ScopedFd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!region.fd.valid()) return ErrnoToStatus(errno, absl::StrCat("memfd_create ", name));
-  if (os::Ftruncate(region.fd.get(), static_cast<off_t>(size)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("size the shared region ", name));
-  }
-  if (::fcntl(region.fd.get(), F_ADD_SEALS, kSizeSeals) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("seal the shared region ", name));
-  }
+  MONARCH_ASSIGN_OR_RETURN(region.fd, SizeSealedMemfd(name, bytes, /*more_seals=*/0));
   // The one writable mapping, made before the write seal forbids new ones.
   MONARCH_ASSIGN_OR_RETURN(region.writable, MappedRegion::Map(region.fd.get(), /*writable=*/true));
   // Without the write seal, F_SEAL_SEAL alone: nobody may add one later,

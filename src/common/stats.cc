@@ -2,6 +2,7 @@
 
 #include "monarch/stats.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -58,10 +59,8 @@ uint64_t Stats::Get(std::string_view name) const {
 std::vector<std::string> Stats::TierNames() const {
   std::vector<std::string> names;
   for (const Metric& m : metrics) {
-    if (!m.tier.empty() && (names.empty() || names.back() != m.tier)) {
-      bool seen = false;
-      for (const std::string& n : names) seen = seen || n == m.tier;
-      if (!seen) names.push_back(m.tier);
+    if (!m.tier.empty() && std::find(names.begin(), names.end(), m.tier) == names.end()) {
+      names.push_back(m.tier);
     }
   }
   return names;
@@ -84,11 +83,14 @@ uint64_t Stats::Source(std::string_view name) const {
 std::string Stats::ToJson() const {
   std::string out = "{";
   bool first = true;
-  auto key = [&](std::string* s, bool* first_in, std::string_view k) {
+  // Appends "k":value to the object `s`, whose first member is still to come
+  // if `*first_in`.
+  auto member = [&](std::string* s, bool* first_in, std::string_view k,
+                    const absl::AlphaNum& value) {
     if (!*first_in) s->push_back(',');
     *first_in = false;
     AppendJsonString(s, k);
-    s->push_back(':');
+    absl::StrAppend(s, ":", value);
   };
   // General metrics; a "group." prefix becomes a nested object.
   std::map<std::string, std::string> groups;  // group -> its members' JSON
@@ -97,23 +99,19 @@ std::string Stats::ToJson() const {
     if (!m.tier.empty()) continue;
     const size_t dot = m.name.find('.');
     if (dot == std::string::npos) {
-      key(&out, &first, m.name);
-      absl::StrAppend(&out, m.value);
+      member(&out, &first, m.name, m.value);
       continue;
     }
     const std::string group = m.name.substr(0, dot);
     auto [it, inserted] = groups.emplace(group, "");
     if (inserted) group_order.push_back(group);
     bool group_first = it->second.empty();
-    key(&it->second, &group_first, m.name.substr(dot + 1));
-    absl::StrAppend(&it->second, m.value);
+    member(&it->second, &group_first, m.name.substr(dot + 1), m.value);
   }
   for (const std::string& group : group_order) {
-    key(&out, &first, group);
-    absl::StrAppend(&out, "{", groups[group], "}");
+    member(&out, &first, group, absl::StrCat("{", groups[group], "}"));
   }
-  key(&out, &first, "tiers");
-  out.push_back('[');
+  member(&out, &first, "tiers", "[");
   const std::vector<std::string> tiers = TierNames();
   for (size_t t = 0; t < tiers.size(); ++t) {
     if (t > 0) out.push_back(',');
@@ -123,8 +121,7 @@ std::string Stats::ToJson() const {
     for (const Metric& m : metrics) {
       if (m.tier != tiers[t]) continue;
       kind = m.tier_kind;
-      key(&body, &tier_first, m.name);
-      absl::StrAppend(&body, m.value);
+      member(&body, &tier_first, m.name, m.value);
     }
     out.append("{\"name\":");
     AppendJsonString(&out, tiers[t]);

@@ -99,14 +99,11 @@ uint64_t DescriptorLimit() {
 // The descriptor caches a config's instance keeps: one per file tier, one
 // for the source.
 int DescriptorCaches(const Config& config) {
-  int caches = 0;
-  for (const TierConfig& tier : config.tiers) {
-    if (tier.kind == TierKind::kPmem || tier.kind == TierKind::kPosix ||
-        tier.kind == TierKind::kSource) {
-      ++caches;
-    }
-  }
-  return std::max(caches, 1);
+  const auto caches = std::count_if(config.tiers.begin(), config.tiers.end(), [](const auto& tier) {
+    return tier.kind == TierKind::kPmem || tier.kind == TierKind::kPosix ||
+           tier.kind == TierKind::kSource;
+  });
+  return std::max(static_cast<int>(caches), 1);
 }
 
 // Reads `tiers`: a list of mappings of the tier keys, with the keys each
@@ -327,17 +324,22 @@ static absl::Status ValidateNode(const Config& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset) {
-  MONARCH_ASSIGN_OR_RETURN(std::string path,
-                           ExpandEnvironment(dataset.manifest, "dataset.manifest"));
+// The path `value` of `key` with its environment variables expanded, which
+// must then be absolute.
+static absl::StatusOr<std::string> ExpandAbsolutePath(const std::string& value,
+                                                      absl::string_view key) {
+  MONARCH_ASSIGN_OR_RETURN(std::string path, ExpandEnvironment(value, key));
   if (path.empty() || path[0] != '/') {
-    return KeyError("dataset.manifest",
-                    path == dataset.manifest
-                        ? absl::StrCat("expected an absolute path, got ", Quote(path))
-                        : absl::StrCat("expected an absolute path, got ", Quote(dataset.manifest),
-                                       " (", Quote(path), " after expansion)"));
+    return KeyError(key, path == value
+                             ? absl::StrCat("expected an absolute path, got ", Quote(path))
+                             : absl::StrCat("expected an absolute path, got ", Quote(value), " (",
+                                            Quote(path), " after expansion)"));
   }
   return path;
+}
+
+absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset) {
+  return ExpandAbsolutePath(dataset.manifest, "dataset.manifest");
 }
 
 std::string DatasetKey(const DatasetConfig& dataset) {
@@ -410,15 +412,7 @@ absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
     return absl::StrCat(RuntimeBase(), "/", job, job.empty() ? "" : "-",
                         DatasetKey(config.dataset));
   }
-  MONARCH_ASSIGN_OR_RETURN(std::string dir, ExpandEnvironment(node.runtime_dir, "node.runtime_dir"));
-  if (dir.empty() || dir[0] != '/') {
-    return KeyError("node.runtime_dir",
-                    dir == node.runtime_dir
-                        ? absl::StrCat("expected an absolute path, got ", Quote(dir))
-                        : absl::StrCat("expected an absolute path, got ", Quote(node.runtime_dir),
-                                       " (", Quote(dir), " after expansion)"));
-  }
-  return dir;
+  return ExpandAbsolutePath(node.runtime_dir, "node.runtime_dir");
 }
 
 absl::Status ValidateConfig(const Config& config) {
@@ -472,11 +466,8 @@ absl::Status ValidateConfig(const Config& config) {
       if (sources > 1)
         return KeyError(absl::StrCat(where, ".kind"),
                         "a second source tier; expected exactly one, last");
-      bool another_follows = false;
-      for (size_t j = i + 1; j < config.tiers.size(); ++j) {
-        another_follows = another_follows || config.tiers[j].kind == TierKind::kSource;
-      }
-      if (another_follows) {
+      if (std::any_of(config.tiers.begin() + i + 1, config.tiers.end(),
+                      [](const TierConfig& t) { return t.kind == TierKind::kSource; })) {
         continue;  // Reported as "a second source tier" at the next one.
       }
       if (i + 1 != config.tiers.size()) {

@@ -37,10 +37,6 @@ static_assert(sizeof(Footer) == 64, "the footer's layout is part of the copy for
 
 uint64_t BlockCount(uint64_t size) { return (size + kChecksumBlockBytes - 1) / kChecksumBlockBytes; }
 
-int64_t TimeNs(const struct timespec& t) {
-  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
-
 // How long after a copy's ctime a check of its bytes may be remembered
 // (CopyState::Settled). The kernel stamps ctime from the coarse clock, which
 // lags the time by up to one of its ticks, so a change that begins more
@@ -52,7 +48,7 @@ int64_t SettleNs(int64_t ctime_ns) {
   static const int64_t tick_ns = [] {
     struct timespec resolution;
     if (::clock_getres(CLOCK_REALTIME_COARSE, &resolution) != 0) return int64_t{10000000};
-    return std::max<int64_t>(TimeNs(resolution), 1000000);
+    return std::max<int64_t>(TimespecNanos(resolution), 1000000);
   }();
   const int64_t whole_seconds = ctime_ns % 1000000000 == 0 ? 2000000000 : 0;
   return 2 * tick_ns + whole_seconds;
@@ -176,7 +172,7 @@ bool CopyState::Settled() {
   if (settled_.load(std::memory_order_acquire)) return true;
   struct timespec now;
   ::clock_gettime(CLOCK_REALTIME, &now);
-  if (TimeNs(now) <= settled_after_ns_) return false;
+  if (TimespecNanos(now) <= settled_after_ns_) return false;
   settled_.store(true, std::memory_order_release);
   return true;
 }
@@ -184,7 +180,7 @@ bool CopyState::Settled() {
 int64_t CopyState::NsUntilSettled() const {
   struct timespec now;
   ::clock_gettime(CLOCK_REALTIME, &now);
-  return std::max<int64_t>(0, settled_after_ns_ - TimeNs(now));
+  return std::max<int64_t>(0, settled_after_ns_ - TimespecNanos(now));
 }
 
 size_t CopyState::bytes() const {
@@ -373,7 +369,7 @@ bool CheckedCopy::Unchanged() {
   if (os::Fstat(fd_->get(), &now) != 0) return false;
   // The copy's state was made for this inode as Open() found it.
   const bool unchanged = static_cast<uint64_t>(now.st_size) == state_->stamp().size &&
-                         TimeNs(now.st_ctim) == state_->stamp().ctime_ns;
+                         TimespecNanos(now.st_ctim) == state_->stamp().ctime_ns;
   if (retaken && unchanged) {
     leased_.store(true, std::memory_order_release);
     states_->CountLeased();

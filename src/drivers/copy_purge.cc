@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,21 +36,16 @@ constexpr int kMaxDepth = 128;
 absl::StatusOr<std::vector<std::string>> ListDirectory(int fd, const std::string& path) {
   // fdopendir takes over the descriptor it is given: a duplicate. (os.h has
   // no fdopendir; the directory is already open through the seam.)
-  const int copy = os::Dup(fd);
-  if (copy < 0) return ErrnoToStatus(errno, absl::StrCat("dup ", path));
+  ScopedFd copy(os::Dup(fd));
+  if (!copy.valid()) return ErrnoToStatus(errno, absl::StrCat("dup ", path));
   // The duplicate shares the directory's offset, which an earlier listing
   // left at its end.
-  if (os::Lseek(copy, 0, SEEK_SET) != 0) {
-    const int error = errno;
-    os::Close(copy);
-    return ErrnoToStatus(error, absl::StrCat("rewind ", path));
+  if (os::Lseek(copy.get(), 0, SEEK_SET) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rewind ", path));
   }
-  DIR* dir = ::fdopendir(copy);
-  if (dir == nullptr) {
-    const int error = errno;
-    os::Close(copy);
-    return ErrnoToStatus(error, absl::StrCat("opendir ", path));
-  }
+  DIR* dir = ::fdopendir(copy.get());
+  if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("opendir ", path));
+  copy.release();  // The DIR's now.
   std::vector<std::string> names;
   errno = 0;
   while (struct dirent* entry = os::ReadDir(dir)) {
@@ -75,18 +71,15 @@ class Purge {
     bool removed_any = false;  // Something below was removed (or would be).
     bool left_any = false;     // Something below stays.
   };
+  // A directory left as it is (it could not be opened or listed).
+  static Outcome LeftAlone() { return Outcome{/*removed_any=*/false, /*left_any=*/true}; }
 
   // Walks the directory open at `fd` (`relative` to the root, "" for the
   // root itself).
   Outcome Walk(int fd, const std::string& relative, int depth) {
+    std::optional<std::vector<std::string>> names = List(fd, relative);
+    if (!names) return LeftAlone();
     Outcome outcome;
-    const std::string path = PathOf(relative);
-    absl::StatusOr<std::vector<std::string>> names = ListDirectory(fd, path);
-    if (!names.ok()) {
-      report_.errors.emplace_back(names.status().message());
-      outcome.left_any = true;
-      return outcome;
-    }
     for (const std::string& name : *names) {
       const std::string child = relative.empty() ? name : absl::StrCat(relative, "/", name);
       struct stat st;
@@ -124,6 +117,15 @@ class Purge {
   void Error(int error, absl::string_view what, const std::string& relative) {
     report_.errors.push_back(
         absl::StrCat(what, " ", PathOf(relative), ": ", std::strerror(error)));
+  }
+
+  // The names in the directory open at `fd`; none, the error reported, if
+  // it cannot be listed.
+  std::optional<std::vector<std::string>> List(int fd, const std::string& relative) {
+    absl::StatusOr<std::vector<std::string>> names = ListDirectory(fd, PathOf(relative));
+    if (names.ok()) return *std::move(names);
+    report_.errors.emplace_back(names.status().message());
+    return std::nullopt;
   }
 
   static void Merge(const Outcome& from, Outcome* into) {
@@ -192,18 +194,11 @@ class Purge {
   // "<root>/.monarch": Monarch's own, holding "tmp/" and its temporaries,
   // and "extents/", the copies of extents.
   Outcome WalkReserved(int root_fd, const std::string& name, const struct stat& st) {
-    Outcome outcome;
     ScopedFd reserved = OpenDirectory(root_fd, name, name, st);
-    if (!reserved.valid()) {
-      outcome.left_any = true;
-      return outcome;
-    }
-    absl::StatusOr<std::vector<std::string>> entries = ListDirectory(reserved.get(), PathOf(name));
-    if (!entries.ok()) {
-      report_.errors.emplace_back(entries.status().message());
-      outcome.left_any = true;
-      return outcome;
-    }
+    if (!reserved.valid()) return LeftAlone();
+    std::optional<std::vector<std::string>> entries = List(reserved.get(), name);
+    if (!entries) return LeftAlone();
+    Outcome outcome;
     const absl::string_view tmp =
         CopyTree::kTemporaryDirectory.substr(CopyTree::kReservedDirectory.size() + 1);
     bool left = false;
@@ -252,18 +247,11 @@ class Purge {
 
   Outcome WalkTemporaries(int fd, const std::string& name, const std::string& relative,
                           const struct stat& st) {
-    Outcome outcome;
     ScopedFd dir = OpenDirectory(fd, name, relative, st);
-    if (!dir.valid()) {
-      outcome.left_any = true;
-      return outcome;
-    }
-    absl::StatusOr<std::vector<std::string>> entries = ListDirectory(dir.get(), PathOf(relative));
-    if (!entries.ok()) {
-      report_.errors.emplace_back(entries.status().message());
-      outcome.left_any = true;
-      return outcome;
-    }
+    if (!dir.valid()) return LeftAlone();
+    std::optional<std::vector<std::string>> entries = List(dir.get(), relative);
+    if (!entries) return LeftAlone();
+    Outcome outcome;
     for (const std::string& entry : *entries) {
       const std::string child = absl::StrCat(relative, "/", entry);
       struct stat entry_st;
@@ -351,9 +339,7 @@ absl::StatusOr<PurgeReport> PurgeCopyTree(const std::string& root, const PurgeOp
   }
   // Unreadable (no read or search permission): refused as a whole, so that
   // the caller names the tier rather than a purge that found nothing.
-  if (absl::StatusOr<std::vector<std::string>> names = ListDirectory(fd.get(), root); !names.ok()) {
-    return names.status();
-  }
+  MONARCH_RETURN_IF_ERROR(ListDirectory(fd.get(), root).status());
   Purge purge(root, st.st_dev, options);
   purge.Walk(fd.get(), "", 0);
   return purge.report();

@@ -254,7 +254,7 @@ namespace {
 bool RacyCopy(const SourceIdentity& source, const struct stat& copy) {
   constexpr int64_t kSecond = 1000000000;
   if (source.ctime_ns % kSecond != 0 || source.mtime_ns % kSecond != 0) return false;
-  const int64_t committed = int64_t{copy.st_ctim.tv_sec} * kSecond + copy.st_ctim.tv_nsec;
+  const int64_t committed = TimespecNanos(copy.st_ctim);
   return committed < std::max(source.ctime_ns, source.mtime_ns) + 2 * kSecond;
 }
 

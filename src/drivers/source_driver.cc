@@ -37,10 +37,8 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // one cached descriptor.
   absl::StatusOr<size_t> Read(const FileRef& part, uint64_t offset, char* dst, size_t n) override {
     const FileRef& file = part.source_file();
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return Open(file.name); });
-    if (!fd.ok()) return fd.status();
-    return PreadFull((*fd)->get(), dst, n, part.part_offset + offset, file.name);
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
+    return PreadFull(fd->get(), dst, n, part.part_offset + offset, file.name);
   }
 
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
@@ -50,12 +48,10 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     if (!in_memory_supported_.load(std::memory_order_relaxed)) {
       return absl::UnimplementedError("the source's file system cannot tell");
     }
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return Open(file.name); });
-    if (!fd.ok()) return fd.status();
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
     size_t done = 0;
     while (done < n) {
-      const ssize_t got = os::PreadNoWait((*fd)->get(), dst + done, n - done,
+      const ssize_t got = os::PreadNoWait(fd->get(), dst + done, n - done,
                                           static_cast<off_t>(offset + done));
       if (got < 0) {
         if (errno == EINTR) continue;
@@ -80,11 +76,11 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // one until its descriptor leaves the cache).
   absl::StatusOr<SourceIdentity> Identify(const FileRef& part) override {
     const FileRef& file = part.source_file();
-    absl::StatusOr<std::shared_ptr<ScopedFd>> fd =
-        descriptors_.Get(file.id, [&] { return Open(file.name); });
-    if (!fd.ok()) return fd.status();
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
     struct stat st;
-    if (os::Fstat((*fd)->get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    if (os::Fstat(fd->get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    }
     // A FIFO, a directory or a device put in the file's place.
     if (!S_ISREG(st.st_mode)) {
       return absl::FailedPreconditionError(
@@ -109,6 +105,11 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // root): a dataset has far fewer directories than files.
   static constexpr size_t kMaxDirectories = 1 << 16;
 
+  // The file's cached descriptor, opened on first use.
+  absl::StatusOr<std::shared_ptr<ScopedFd>> Descriptor(const FileRef& file) {
+    return descriptors_.Get(file.id, [&] { return Open(file.name); });
+  }
+
   absl::StatusOr<std::shared_ptr<ScopedFd>> Open(absl::string_view name) {
     const size_t slash = name.rfind('/');
     const int directory =
@@ -128,10 +129,8 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     auto it = directories_.find(relative);
     if (it != directories_.end()) return it->second.get();
     if (root_.fd() < 0 || directories_.size() >= kMaxDirectories) return -1;
-    int fd;
-    do {
-      fd = os::OpenAt(root_.fd(), relative.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    const int fd = RetryOnEintr(
+        [&] { return os::OpenAt(root_.fd(), relative.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); });
     if (fd < 0) return -1;
     directories_.emplace(relative, ScopedFd(fd));
     return fd;

@@ -8,15 +8,12 @@
 namespace monarch {
 
 SourceIdentity SourceIdentity::Of(const struct stat& st) {
-  auto nanoseconds = [](const struct timespec& t) {
-    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-  };
   SourceIdentity identity;
   identity.device = st.st_dev;
   identity.inode = st.st_ino;
   identity.size = static_cast<uint64_t>(st.st_size);
-  identity.mtime_ns = nanoseconds(st.st_mtim);
-  identity.ctime_ns = nanoseconds(st.st_ctim);
+  identity.mtime_ns = TimespecNanos(st.st_mtim);
+  identity.ctime_ns = TimespecNanos(st.st_ctim);
   return identity;
 }
 

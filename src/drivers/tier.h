@@ -27,7 +27,6 @@ class Tier {
   Tier(TierConfig config, std::unique_ptr<StorageDriver> driver);
 
   const TierConfig& config() const { return config_; }
-  bool is_source() const { return config_.kind == TierKind::kSource; }
   // Holds copies Monarch makes (not the source, not the peers).
   bool is_cache() const {
     return config_.kind != TierKind::kSource && config_.kind != TierKind::kPeers;

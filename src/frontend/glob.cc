@@ -7,19 +7,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_split.h"
+
 namespace monarch::frontend {
 
 std::vector<std::string> Glob(const Monarch& monarch, const DatasetPaths& paths,
                               std::string_view pattern) {
   // Split into components; the leading ones without wildcards are the fixed
   // directory the walk starts from.
-  std::vector<std::string> components;
-  for (size_t start = 0; start <= pattern.size();) {
-    size_t end = pattern.find('/', start);
-    if (end == std::string_view::npos) end = pattern.size();
-    if (end > start) components.emplace_back(pattern.substr(start, end - start));
-    start = end + 1;
-  }
+  const std::vector<std::string> components =
+      absl::StrSplit(absl::string_view(pattern.data(), pattern.size()), '/', absl::SkipEmpty());
   std::string fixed;
   size_t first_wild = 0;
   while (first_wild < components.size() &&

@@ -64,12 +64,8 @@ absl::StatusOr<Hello> SayHello(const std::string& socket_path, const DatasetConf
   service::Hello hello;
   hello.dataset_root = dataset.path;
   hello.dataset_key = DatasetKey(dataset);
-  MONARCH_RETURN_IF_ERROR(SendFrame(socket.get(), MessageType::kHello, Encode(hello)));
-  MONARCH_ASSIGN_OR_RETURN(Frame frame, ReceiveFrame(socket.get(), kMaxDescriptors));
-  if (frame.type == MessageType::kError) {
-    MONARCH_ASSIGN_OR_RETURN(ErrorReply error, DecodeErrorReply(frame.payload));
-    return error.ToStatus();
-  }
+  MONARCH_ASSIGN_OR_RETURN(
+      Frame frame, Call(socket.get(), MessageType::kHello, Encode(hello), kMaxDescriptors));
   if (frame.type != MessageType::kHelloReply) {
     return absl::InternalError("the Monarch service answered hello with something else");
   }
@@ -135,9 +131,8 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
   for (const TierDescription& tier : reply.tiers) {
     std::vector<ScopedFd> tier_fds;
     for (uint32_t i = 0; i < tier.descriptors; ++i) {
-      absl::StatusOr<ScopedFd> copy = ReopenReadOnly(fds[next + i].get());
-      if (!copy.ok()) return copy.status();
-      tier_fds.push_back(std::move(*copy));
+      MONARCH_ASSIGN_OR_RETURN(ScopedFd copy, ReopenReadOnly(fds[next + i].get()));
+      tier_fds.push_back(std::move(copy));
     }
     next += tier.descriptors;
     std::unique_ptr<StorageDriver> reader;

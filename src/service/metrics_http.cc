@@ -86,11 +86,7 @@ bool IsTokenChar(char c) {
 }
 
 bool IsToken(absl::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!IsTokenChar(c)) return false;
-  }
-  return true;
+  return !s.empty() && std::all_of(s.begin(), s.end(), IsTokenChar);
 }
 
 // One line of the request without its "\n" or "\r\n".
@@ -191,10 +187,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   if (!render) return absl::InvalidArgumentError("metrics endpoint: no render function");
   const std::string where = absl::StrCat("metrics endpoint on 127.0.0.1:", port);
+  // `call` failed with `error`.
+  const auto failed = [&](absl::string_view call, int error) {
+    return absl::UnavailableError(absl::StrCat(where, ": ", call, ": ", std::strerror(error)));
+  };
   ScopedFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) {
-    return absl::UnavailableError(absl::StrCat(where, ": socket: ", std::strerror(errno)));
-  }
+  if (!listener.valid()) return failed("socket", errno);
   // A restarted service re-binds at once even while connections of its
   // predecessor sit in TIME_WAIT. (On Linux this does not let two listeners
   // share the port; that still fails below.)
@@ -212,20 +210,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                        " is taken by another process; choose another node.metrics_port, or 0 "
                        "for no endpoint)"));
     }
-    return absl::UnavailableError(
-        absl::StrCat(where, ": cannot bind: ", std::strerror(error)));
+    return failed("cannot bind", error);
   }
-  if (::listen(listener.get(), 16) != 0) {
-    return absl::UnavailableError(absl::StrCat(where, ": listen: ", std::strerror(errno)));
-  }
+  if (::listen(listener.get(), 16) != 0) return failed("listen", errno);
   socklen_t length = sizeof(address);
   if (::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return absl::UnavailableError(absl::StrCat(where, ": getsockname: ", std::strerror(errno)));
+    return failed("getsockname", errno);
   }
   ScopedFd stop(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!stop.valid()) {
-    return absl::UnavailableError(absl::StrCat(where, ": eventfd: ", std::strerror(errno)));
-  }
+  if (!stop.valid()) return failed("eventfd", errno);
   return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(
       std::move(listener), std::move(stop), ntohs(address.sin_port), std::move(render)));
 }

@@ -148,14 +148,10 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
   std::vector<char*> envp;
   for (std::string& variable : environment) envp.push_back(variable.data());
   envp.push_back(nullptr);
-  const int log = os::Open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (log < 0) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
+  ScopedFd log(os::Open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!log.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
   const pid_t child = ::fork();
-  if (child < 0) {
-    const int error = errno;
-    os::Close(log);
-    return ErrnoToStatus(error, "fork to start the Monarch service");
-  }
+  if (child < 0) return ErrnoToStatus(errno, "fork to start the Monarch service");
   if (child == 0) {
     // A new session, then a grandchild: the service is nobody's child in
     // the job (no zombie, no SIGHUP from the client's terminal).
@@ -164,8 +160,8 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     // dup2 and close_range only arrange descriptors: outside the seam.
     const int null = os::Open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
-    ::dup2(log, 1);
-    ::dup2(log, 2);
+    ::dup2(log.get(), 1);
+    ::dup2(log.get(), 2);
     ::close_range(3, ~0U, 0);
     ::execvpe(argv[0], argv.data(), envp.data());
     const char message[] = "monarch: cannot execute the service binary\n";
@@ -173,7 +169,7 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
     (void)ignored;
     ::_exit(127);
   }
-  os::Close(log);
+  log = ScopedFd();
   // The child only forks the service and exits.
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
