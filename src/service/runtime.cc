@@ -38,40 +38,11 @@ ServicePaths ServicePathsIn(const std::string& dir) {
                       JoinPath(dir, "monarch.log")};
 }
 
-namespace {
-
-// Creates `dir` 0700 if needed and checks that it is a real directory owned
-// by this user and closed to others.
-absl::Status PrepareOwnDirectory(const std::string& dir) {
-  if (os::Mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    // A parent may be missing too (a node.runtime_dir of several levels).
-    MONARCH_RETURN_IF_ERROR(MakeDirectories(dir));
-    os::Chmod(dir.c_str(), 0700);
-  }
-  struct stat st;
-  if (os::Lstat(dir.c_str(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: ", dir));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node.runtime_dir: '", dir, "' is not a directory (or is a symlink)"));
-  }
-  if (st.st_uid != ::geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat("node.runtime_dir: '", dir,
-                                                    "' belongs to uid ", st.st_uid,
-                                                    ", not to this user (uid ", ::geteuid(), ")"));
-  }
-  if ((st.st_mode & 077) != 0 && os::Chmod(dir.c_str(), 0700) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("node.runtime_dir: chmod 0700 ", dir));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
-  if (!paths.base.empty()) MONARCH_RETURN_IF_ERROR(PrepareOwnDirectory(paths.base));
-  return PrepareOwnDirectory(paths.dir);
+  if (!paths.base.empty()) {
+    MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(paths.base, "node.runtime_dir"));
+  }
+  return MakePrivateDirectory(paths.dir, "node.runtime_dir");
 }
 
 absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
