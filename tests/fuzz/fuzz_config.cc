@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "config/config_keys.h"
 #include "fuzz_check.h"
 #include "monarch/config.h"
 
@@ -29,8 +30,16 @@ constexpr size_t kMaxMessageBytes = 1024;
 
 bool StartsWithKey(absl::string_view message) {
   if (absl::StartsWith(message, "config: ")) return true;
-  for (absl::string_view section : {"dataset", "tiers", "placement", "remote", "node", "memory",
-                                    "logging"}) {
+  // The sections from the config's own table (a list written here missed
+  // `prefetch`), and the tier list.
+  static const absl::flat_hash_set<absl::string_view>* const sections = [] {
+    auto* names = new absl::flat_hash_set<absl::string_view>{"tiers"};
+    for (const config_keys::Key<Config>& key : config_keys::SectionKeys()) {
+      names->insert(key.section);
+    }
+    return names;
+  }();
+  for (absl::string_view section : *sections) {
     if (absl::StartsWith(message, section) && message.size() > section.size() &&
         (message[section.size()] == '.' || message[section.size()] == '[' ||
          message[section.size()] == ':')) {
