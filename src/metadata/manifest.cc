@@ -646,7 +646,7 @@ absl::StatusOr<BuiltNamespace> BuildNamespace(const NamespacePlan& plan,
                                                         plan.origin.symlinks, plan.extents));
     if (!plan.kept.empty()) KeepNamespace(*built.ns, plan, began_ns);
   }
-  if (walks && plan.publishes) {
+  if (plan.publishes) {  // Walked or kept: the other ranks wait for it either way.
     if (absl::Status written = WriteManifest(*built.ns, plan.origin, plan.shared_manifest);
         !written.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
