@@ -131,7 +131,7 @@ class _AnnouncesOrder:
         order announced here: the node service's, or this process's own when
         the DataLoader has no workers. An in-process handle's prefetch would
         otherwise read files into the main process that workers never use."""
-        if self.monarch.node_shared:
+        if getattr(self.monarch, "node_shared", False):
             return True
         single = getattr(torch.utils.data.dataloader, "_SingleProcessDataLoaderIter", None)
         for _ in range(16):  # The loader's iterator is a few calls up.
