@@ -68,13 +68,19 @@ def _read_share(config, rank, paths):
         ds[index]
 
 
+def _numbered_files(root, count, size):
+    """`count` files f00.bin... under `root`, file i holding `size + i` bytes of
+    value i (each file's bytes distinct); their names."""
+    root.mkdir()
+    names = [f"f{i:02d}.bin" for i in range(count)]
+    for i, name in enumerate(names):
+        (root / name).write_bytes(bytes([i]) * (size + i))
+    return names
+
+
 def test_distributed_shares_are_announced_and_merged(tmp_path):
     root = tmp_path / "ds"
-    root.mkdir()
-    paths = []
-    for i in range(40):
-        (root / f"f{i:02d}.bin").write_bytes(bytes([i]) * (1000 + i))
-        paths.append(f"f{i:02d}.bin")
+    paths = _numbered_files(root, 40, 1000)
     service = SharedService(str(root))
     try:
         import multiprocessing
@@ -483,11 +489,7 @@ def test_a_newcomers_config_shares_one_cache_across_fresh_workers(tmp_path):
     for all of them, so the source is read once and later epochs hit."""
     import torch.utils.data as data
     root = tmp_path / "ds"
-    root.mkdir()
-    names = []
-    for i in range(24):
-        (root / f"f{i:02d}.bin").write_bytes(bytes([i]) * (20_000 + i))
-        names.append(f"f{i:02d}.bin")
+    names = _numbered_files(root, 24, 20_000)
     config = tmp_path / "job.yaml"
     config.write_text(f"dataset: {{path: {root}}}\n"
                       "tiers:\n  - {kind: ram, capacity: 64MiB}\n  - {kind: source}\n")
