@@ -760,38 +760,61 @@ TEST_CASE("NodeRuntimeDirectory applies the default and expands variables") {
   ScopedEnv pbs("PBS_JOBID", std::nullopt);
   ScopedEnv lsf("LSB_JOBID", std::nullopt);
   ScopedEnv flux("FLUX_JOB_ID", std::nullopt);
-  SUBCASE("default under XDG_RUNTIME_DIR when it is set, one per dataset") {
+  const std::string dir_name = key + "-" + CacheShapeKey(config);
+  SUBCASE("default under XDG_RUNTIME_DIR when it is set, one per dataset and cache shape") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
     absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-    CHECK(*dir == "/run/user/4242/monarch/" + key);
+    CHECK(*dir == "/run/user/4242/monarch/" + dir_name);
   }
   SUBCASE("default in /tmp per user when XDG_RUNTIME_DIR is unset") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", std::nullopt);
     absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
     REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-    CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", key));
+    CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", dir_name));
   }
   SUBCASE("an empty or relative XDG_RUNTIME_DIR is ignored") {
     for (const char* value : {"", "run/user/1"}) {
       ScopedEnv xdg("XDG_RUNTIME_DIR", std::string(value));
       absl::StatusOr<std::string> dir = NodeRuntimeDirectory(config);
       REQUIRE_MESSAGE(dir.ok(), dir.status().ToString());
-      CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", key));
+      CHECK(*dir == absl::StrCat("/tmp/monarch-", ::getuid(), "/", dir_name));
     }
   }
-  SUBCASE("a batch job's id makes its own directory") {
+  SUBCASE("every batch job of the user meets in the dataset's directory") {
     ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
     {
       ScopedEnv job("SLURM_JOB_ID", "81234");
-      CHECK(NodeRuntimeDirectory(config).value_or("") ==
-            "/run/user/4242/monarch/slurm-81234-" + key);
+      CHECK(NodeRuntimeDirectory(config).value_or("") == "/run/user/4242/monarch/" + dir_name);
       CHECK(BatchJobTag() == "slurm-81234");
     }
     ScopedEnv job("PBS_JOBID", "77.head node/../x");  // Made a safe name.
     CHECK(BatchJobTag() == "pbs-77.head_node_.._x");
-    CHECK(NodeRuntimeDirectory(config).value_or("") ==
-          "/run/user/4242/monarch/pbs-77.head_node_.._x-" + key);
+    CHECK(NodeRuntimeDirectory(config).value_or("") == "/run/user/4242/monarch/" + dir_name);
+  }
+  SUBCASE("configs that cache differently get directories of their own") {
+    ScopedEnv xdg("XDG_RUNTIME_DIR", "/run/user/4242");
+    Config cached = config;
+    cached.tiers = {TierConfig{"ram", TierKind::kRam, "", 1 << 30},
+                    TierConfig{"source", TierKind::kSource}};
+    Config same = cached;
+    same.tiers[0].name = "memory";  // A name caches nothing.
+    same.placement.threads = 7;     // Nor do other sections.
+    CHECK(CacheShapeKey(same) == CacheShapeKey(cached));
+    CHECK(CacheShape(cached) == "ram 1073741824 B");
+    Config larger = cached;
+    larger.tiers[0].capacity_bytes = uint64_t{2} << 30;
+    Config disk = cached;
+    disk.tiers.insert(disk.tiers.begin() + 1,
+                      TierConfig{"nvme", TierKind::kPosix, scratch.Sub("nvme"), 1 << 30});
+    const std::string base = "/run/user/4242/monarch/" + key + "-";
+    for (const Config* c : {&cached, &larger, &disk}) {
+      CHECK(absl::StartsWith(NodeRuntimeDirectory(*c).value_or(""), base));
+      CHECK(CacheShapeKey(*c).size() == 8);
+    }
+    CHECK(CacheShapeKey(larger) != CacheShapeKey(cached));
+    CHECK(CacheShapeKey(disk) != CacheShapeKey(cached));
+    CHECK(CacheShapeKey(disk) != CacheShapeKey(larger));
   }
   SUBCASE("the dataset key tells datasets apart, not spellings of one path") {
     DatasetConfig same = config.dataset;

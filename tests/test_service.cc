@@ -720,8 +720,9 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   StatsReply stats;
   stats.node.metrics.push_back(Metric{"reads", Metric::Kind::kCounter, 5, "h", "ram", "ram"});
   stats.clients.push_back(ClientStats{1, 2, 3, 4, 5, 6});
+  stats.jobs.push_back(JobStats{"slurm-7", 2, 3, 4, 5, 6, 7});
   const std::vector<std::string> valid = {
-      Encode(Hello{kProtocolVersion, "/data"}), Encode(hello),
+      Encode(Hello{kProtocolVersion, "/data", "k", "slurm-7"}), Encode(hello),
       Encode(ReadRequest{1, 2, 3}),            Encode(ReadReply{4}),
       Encode(ErrorReply{5, "no"}),             Encode(stats),
       Encode(StageRequest{{"a/*", "b"}}),      Encode(StageProgress{1, 2, 3, 4, 5, 1}),
@@ -756,15 +757,18 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   CHECK_FALSE(DecodeHelloReply(valid[1])->tiers[1].huge_pages);
   {
     // The first tier's huge_pages byte comes just before the last tier's 28
-    // bytes (kind, name, path, descriptors, huge_pages). Only 0 and 1
-    // re-encode as sent.
+    // bytes (kind, name, path, descriptors, huge_pages) and the empty cache
+    // shape's length. Only 0 and 1 re-encode as sent.
     std::string two = valid[1];
-    const size_t at = valid[1].size() - (4 + 4 + 6 + 4 + 5 + 4 + 1) - 1;
+    const size_t at = valid[1].size() - (4 + 4 + 6 + 4 + 5 + 4 + 1) - 4 - 1;
     REQUIRE(two[at] == 1);
     two[at] = 2;
     CHECK(absl::StartsWith(DecodeHelloReply(two).status().message(), "malformed hello reply"));
   }
   CHECK(DecodeStatsReply(valid[5])->clients[0].miss_bytes == 6);
+  CHECK(DecodeStatsReply(valid[5])->jobs[0].name == "slurm-7");
+  CHECK(DecodeStatsReply(valid[5])->jobs[0].source_bytes == 7);
+  CHECK(DecodeHello(valid[0])->job == "slurm-7");
   CHECK(DecodeStageRequest(valid[6])->globs[1] == "b");
   CHECK(DecodeAnnounceRequest(valid[9])->file_ids[2] == 3);
   CHECK_FALSE(DecodeAnnounceRequest(valid[9])->last);

@@ -171,7 +171,7 @@ struct RemoteConfig {
 // One Monarch service per node (src/service/DESIGN.md).
 struct NodeConfig {
   bool shared = false;
-  std::string runtime_dir;  // Empty: one per job and dataset (NodeRuntimeDirectory).
+  std::string runtime_dir;  // Empty: one per dataset and cache shape (NodeRuntimeDirectory).
   bool autostart = true;
   double idle_exit_seconds = 300;  // 0: never.
   double request_timeout_seconds = 60;
@@ -212,12 +212,13 @@ struct Config {
 absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
 
 // The runtime directory of `config`'s node service (not created): the
-// expanded node.runtime_dir, or by default <base>/[<job>-]<dataset key>,
+// expanded node.runtime_dir, or by default <base>/<dataset key>-<shape key>,
 // where <base> is $XDG_RUNTIME_DIR/monarch (or /tmp/monarch-<uid> without
-// it), <job> is BatchJobTag() and <dataset key> DatasetKey(): so two jobs on
-// one node, or two datasets of one user, each get their own service with no
-// key to set. InvalidArgument naming node.runtime_dir for an unset
-// variable or a relative result.
+// it), <dataset key> is DatasetKey() and <shape key> CacheShapeKey(): so
+// every job of a user that reads one dataset through the same tiers meets
+// in one service, with no key to set, while two datasets, two users, or two
+// configs that cache differently each get their own. InvalidArgument
+// naming node.runtime_dir for an unset variable or a relative result.
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config);
 
 // Where a walk's namespace is kept on this node for the next start
@@ -229,6 +230,14 @@ std::string KeptNamespacePath(const DatasetConfig& dataset);
 // directory's path (as written, less empty and "." components),
 // file_regex, symlinks and manifest. Stable across processes and builds.
 std::string DatasetKey(const DatasetConfig& dataset);
+
+// What a config caches, for people: its tiers but the source, each as
+// kind, path, capacity in bytes and huge_pages, e.g. "ram 8589934592 B,
+// posix /nvme/cache 107374182400 B".
+std::string CacheShape(const Config& config);
+// CacheShape() hashed to 8 hex digits: configs with one shape share a
+// service (NodeRuntimeDirectory).
+std::string CacheShapeKey(const Config& config);
 
 // The batch job this process belongs to, as part of a directory name:
 // "slurm-<SLURM_JOB_ID>" (or pbs-, lsf-, flux- from PBS_JOBID, LSB_JOBID,

@@ -42,6 +42,30 @@ struct TierReadTotals {
   uint64_t bytes = 0;
 };
 
+// Who pays for the source reads a thread's misses make. The node service
+// charges each client's misses to that client's job (`monarch status`):
+// while a ChargeSourceReads lives, placement adds to its counter the bytes
+// a miss on this thread makes the source read, the whole file (or extent)
+// for a miss that starts a promotion, and a miss that joins a promotion in
+// flight pays nothing, so what readers of one file pay adds up to one read.
+// Misses on other threads (prefetch streams, in-process readers) charge
+// nobody.
+class ChargeSourceReads {
+ public:
+  explicit ChargeSourceReads(std::atomic<uint64_t>* counter) { payer_ = counter; }
+  ~ChargeSourceReads() { payer_ = nullptr; }
+  ChargeSourceReads(const ChargeSourceReads&) = delete;
+  ChargeSourceReads& operator=(const ChargeSourceReads&) = delete;
+
+  // Called where the source is read for a miss.
+  static void Add(uint64_t bytes) {
+    if (payer_ != nullptr) payer_->fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+ private:
+  static inline thread_local std::atomic<uint64_t>* payer_ = nullptr;
+};
+
 class CounterSink {
  public:
   explicit CounterSink(Stats* out) : out_(out) {}

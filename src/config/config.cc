@@ -342,6 +342,21 @@ absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset) {
   return ExpandAbsolutePath(dataset.manifest, "dataset.manifest");
 }
 
+namespace {
+
+// FNV-1a over `parts`: stable across processes and builds, unlike
+// absl::Hash. A separator after each part: ("ab","c") != ("a","bc").
+uint64_t StableHash(std::initializer_list<absl::string_view> parts) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (absl::string_view part : parts) {
+    for (char c : part) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    hash = (hash ^ 0xffu) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
 std::string DatasetKey(const DatasetConfig& dataset) {
   // The path as written, less empty and "." components and trailing
   // slashes. Not resolved: on a PFS each component would cost every
@@ -352,15 +367,24 @@ std::string DatasetKey(const DatasetConfig& dataset) {
     if (part != ".") absl::StrAppend(&root, "/", part);
   }
   if (root.empty()) root = "/";
-  // FNV-1a: stable across processes and builds, unlike absl::Hash.
-  uint64_t hash = 0xcbf29ce484222325ull;
-  const std::string symlinks = NameOf(dataset.symlinks);
-  for (const std::string* part : std::initializer_list<const std::string*>{
-           &root, &dataset.file_regex, &symlinks, &dataset.manifest}) {
-    for (char c : *part) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-    hash = (hash ^ 0xffu) * 0x100000001b3ull;  // Separator: ("ab","c") != ("a","bc").
+  return absl::StrFormat(
+      "%016x", StableHash({root, dataset.file_regex, NameOf(dataset.symlinks), dataset.manifest}));
+}
+
+std::string CacheShape(const Config& config) {
+  std::string shape;
+  for (const TierConfig& tier : config.tiers) {
+    if (tier.kind == TierKind::kSource) continue;
+    absl::StrAppend(&shape, shape.empty() ? "" : ", ", NameOf(tier.kind));
+    if (!tier.path.empty()) absl::StrAppend(&shape, " ", tier.path);
+    if (tier.capacity_bytes > 0) absl::StrAppend(&shape, " ", tier.capacity_bytes, " B");
+    if (tier.huge_pages) absl::StrAppend(&shape, " huge_pages");
   }
-  return absl::StrFormat("%016x", hash);
+  return shape.empty() ? "no tier" : shape;
+}
+
+std::string CacheShapeKey(const Config& config) {
+  return absl::StrFormat("%08x", static_cast<uint32_t>(StableHash({CacheShape(config)})));
 }
 
 std::string BatchJobTag() {
@@ -406,11 +430,11 @@ std::string KeptNamespacePath(const DatasetConfig& dataset) {
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
   const NodeConfig& node = config.node;
   if (node.runtime_dir.empty()) {
-    // One service per job and dataset: two jobs on a node, or two datasets
-    // of one user, never share (or stop) each other's service.
-    const std::string job = BatchJobTag();
-    return absl::StrCat(RuntimeBase(), "/", job, job.empty() ? "" : "-",
-                        DatasetKey(config.dataset));
+    // One service per user, dataset and cache shape: every job of a user
+    // that reads the dataset through the same tiers meets in it, and one
+    // that caches differently gets its own (the client says so).
+    return absl::StrCat(RuntimeBase(), "/", DatasetKey(config.dataset), "-",
+                        CacheShapeKey(config));
   }
   return ExpandAbsolutePath(node.runtime_dir, "node.runtime_dir");
 }
@@ -640,11 +664,14 @@ std::string DefaultConfigYaml(const std::string& dataset_dir) {
   YAML::Emitter out;
   out << YAML::BeginMap << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap
       << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << dataset_dir << YAML::EndMap;
-  // Half of what is free now: the training process needs the rest.
+  // Half of the node's memory: the same figure for every job on the node,
+  // so their embedded defaults have one cache shape and meet in one node
+  // service (CacheShapeKey). memory.watch, on by default, lowers the tier
+  // whenever the node runs short, so the training processes keep the rest.
   out << YAML::Key << "tiers" << YAML::Value << YAML::BeginSeq;
   out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "ram"
       << YAML::Key << "kind" << YAML::Value << "ram" << YAML::Key << "capacity" << YAML::Value
-      << std::max<uint64_t>(AvailableMemoryBytes() / 2, 1) << YAML::EndMap;
+      << std::max<uint64_t>(PhysicalMemoryBytes() / 2, 1) << YAML::EndMap;
   out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "source"
       << YAML::Key << "kind" << YAML::Value << "source" << YAML::EndMap;
   out << YAML::EndSeq << YAML::EndMap;

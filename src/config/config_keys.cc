@@ -714,17 +714,22 @@ std::vector<Key<Config>> MakeSectionKeys() {
   keys.push_back(StringKey<Config>(
       "node", "runtime_dir", [](auto& c) -> auto& { return c.node.runtime_dir; },
       "absolute directory",
-      "one per job and dataset: `<base>/[<job>-]<key>`, where `<base>` is "
+      "one per user, dataset and cache shape: `<base>/<key>-<shape>`, where `<base>` is "
       "`$XDG_RUNTIME_DIR/monarch` (or `/tmp/monarch-<uid>` when `XDG_RUNTIME_DIR` is unset), "
-      "`<job>` is `slurm-$SLURM_JOB_ID` (or `pbs-`, `lsf-`, `flux-` from `PBS_JOBID`, "
-      "`LSB_JOBID`, `FLUX_JOB_ID`; nothing outside a batch job) and `<key>` 16 hex digits hashed "
-      "from `dataset.path`, `file_regex`, `symlinks` and `manifest`",
+      "`<key>` 16 hex digits hashed from `dataset.path`, `file_regex`, `symlinks` and "
+      "`manifest`, and `<shape>` 8 hex digits hashed from the tiers' kinds, paths, capacities and "
+      "`huge_pages` (the source's aside)",
       "Holds the service's socket (`monarch.sock`), lock and log; created `0700` (and so is "
-      "`<base>`). By default two jobs on a node, or two datasets of one user, each get their own "
-      "service, and every `monarch` command given a config reaches only that config's service. "
-      "Two configs that name the same directory share it only if they name the same dataset: a "
-      "client, `monarch stop`, `status`, `stats` and `stage` of another dataset are refused with "
-      "a message naming both. `$VAR` and `${VAR}` are expanded. At most 80 characters after "
+      "`<base>`). By default every job of a user on a node that reads one dataset through the "
+      "same tiers is a client of one service, which holds one copy of the dataset for them all, "
+      "counts each job apart (`monarch status`; a job is `$MONARCH_JOB`, else the batch job's id, "
+      "else the process group) and outlives their ends by `node.idle_exit`. A config with other "
+      "tiers gets a service of its own, and its first client says why; two datasets, or two "
+      "users, never share one. Every `monarch` command given a config reaches only that "
+      "config's service. Two configs that name the same directory share it only if they name "
+      "the same dataset: a client, `monarch stop`, `status`, `stats` and `stage` of another "
+      "dataset are refused with a message naming both (and a client whose tiers differ is told "
+      "that the service's are used). `$VAR` and `${VAR}` are expanded. At most 80 characters after "
       "expansion: the socket path must fit in a Unix socket address (108 bytes)."));
   keys.push_back(BoolKey<Config>(
       "node", "autostart", [](auto& c) -> auto& { return c.node.autostart; },
@@ -733,7 +738,9 @@ std::vector<Key<Config>> MakeSectionKeys() {
   keys.push_back(DurationKey<Config>(
       "node", "idle_exit", [](auto& c) -> auto& { return c.node.idle_exit_seconds; }, 0, false,
       1e15, "duration, or `0`", "a duration such as 300s or 10m, or 0 for never",
-      "The service exits this long after its last client disconnected. `0`: never."));
+      "The service exits this long after its last client disconnected, freeing its memory: "
+      "until then it keeps its copies for the next job on the node, whose epoch 1 is then hot. "
+      "`0`: never."));
   keys.push_back(DurationKey<Config>(
       "node", "request_timeout", [](auto& c) -> auto& { return c.node.request_timeout_seconds; },
       0.001, false, kDay, "duration, 1ms to 24h", "a duration from 1ms to 24h",

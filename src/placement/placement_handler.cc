@@ -63,6 +63,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
                                                                        bool may_defer) {
   // The cold path: a file that stays on the source takes no lock at all.
   if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
+    ChargeSourceReads::Add(n);
     return promoter_.origin().Read(entry.ref, offset, dst, n);
   }
   if (deferred_ != nullptr && may_defer &&
@@ -72,6 +73,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
     // all in memory; Unimplemented: cannot tell) promoted as usual.
     absl::StatusOr<size_t> got = source_->ReadIfInMemory(entry.ref, offset, dst, n);
     if (got.ok() && *got == n) {
+      ChargeSourceReads::Add(n);
       deferred_->Add(entry.ref.id);
       return got;
     }
@@ -84,7 +86,12 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   absl::Cleanup count_miss_done = [&] {
     if (own_miss) reader_misses_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   };
-  if (admission.promotion == nullptr) return promoter_.origin().Read(entry.ref, offset, dst, n);
+  if (admission.promotion == nullptr) {
+    ChargeSourceReads::Add(n);
+    return promoter_.origin().Read(entry.ref, offset, dst, n);
+  }
+  // A promotion reads the whole file: its starter pays for it.
+  if (admission.found == Promoter::Found::kStarted) ChargeSourceReads::Add(entry.ref.size);
   return promoter_.ReadThrough(admission.promotion, offset, dst, n);
 }
 

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/copy_bytes.h"
 #include "common/counters.h"
 #include "common/file_util.h"
@@ -64,6 +65,8 @@ absl::StatusOr<Hello> SayHello(const std::string& socket_path, const DatasetConf
   service::Hello hello;
   hello.dataset_root = dataset.path;
   hello.dataset_key = DatasetKey(dataset);
+  static const std::string* const job = new std::string(ThisJobName());
+  hello.job = *job;
   MONARCH_ASSIGN_OR_RETURN(
       Frame frame, Call(socket.get(), MessageType::kHello, Encode(hello), kMaxDescriptors));
   if (frame.type != MessageType::kHelloReply) {
@@ -376,7 +379,17 @@ class ChannelPool {
           ": start one with `monarch serve --config FILE`, or set node.autostart: true"));
     }
     MONARCH_ASSIGN_OR_RETURN(std::string file, AutostartConfigFile());
-    if (!ServiceLockHeld(paths_)) MONARCH_RETURN_IF_ERROR(StartServiceDetached(paths_, file));
+    if (!ServiceLockHeld(paths_)) {
+      if (const std::vector<std::string> others = OtherShapesRunning(config_, paths_);
+          !others.empty()) {
+        MONARCH_LOG(kWarning, "starting a Monarch service of this job's own for ",
+                    config_.dataset.path, " in ", paths_.dir, ": the one(s) already reading it (",
+                    absl::StrJoin(others, ", "), ") have other tiers than this config's (",
+                    CacheShape(config_), "). Jobs share one service, and one copy of the "
+                    "dataset, only when their configs give the same tiers.");
+      }
+      MONARCH_RETURN_IF_ERROR(StartServiceDetached(paths_, file));
+    }
     const Clock::time_point began = Clock::now();
     Clock::time_point lock_last_seen = began;
     auto wait = std::chrono::milliseconds(5);
@@ -797,6 +810,12 @@ class ServiceClient final : public Front {
   absl::Status Start() {
     MONARCH_RETURN_IF_ERROR(PrepareRuntimeDirectory(paths_));
     MONARCH_ASSIGN_OR_RETURN(Hello hello, channels_.ConnectOrStart());
+    if (const std::string shape = CacheShape(config_); hello.reply.cache_shape != shape) {
+      MONARCH_LOG(kWarning, "the Monarch service at ", paths_.socket, " caches this dataset in ",
+                  hello.reply.cache_shape, ", not in this config's ", shape,
+                  ": its tiers are used. Both configs name this node.runtime_dir; leave it unset "
+                  "to get a service of this config's own.");
+    }
     return process_.Start(std::move(hello));
   }
 

@@ -140,10 +140,13 @@ class ClientRequests {
                            buffer_bytes_, ")")));
     }
     // A file's id, or an extent's (a client reads a file cached by extents
-    // extent by extent, as the service would).
-    absl::StatusOr<size_t> n = core_.ReadFile(request->file_id, transfer,
-                                               static_cast<size_t>(request->length),
-                                               request->offset);
+    // extent by extent, as the service would). The source reads it makes
+    // are this client's to pay (`monarch status`).
+    absl::StatusOr<size_t> n = [&] {
+      ChargeSourceReads charged(&source_bytes);
+      return core_.ReadFile(request->file_id, transfer, static_cast<size_t>(request->length),
+                            request->offset);
+    }();
     if (!n.ok()) return SendError(socket, n.status());
     misses.fetch_add(1, std::memory_order_relaxed);
     miss_bytes.fetch_add(*n, std::memory_order_relaxed);
@@ -258,6 +261,7 @@ class ClientRequests {
  public:
   std::atomic<uint64_t> misses{0};
   std::atomic<uint64_t> miss_bytes{0};
+  std::atomic<uint64_t> source_bytes{0};  // What its misses made the source read.
 };
 
 // `monarch stage`: promotes the files the request's globs name (all when
@@ -371,6 +375,7 @@ struct NodeService::Connection {
   Connection(MonarchCore& core, uint64_t buffer_bytes) : requests(core, buffer_bytes) {}
   ScopedFd socket;
   PeerCredentials peer;
+  std::string job;  // Hello::job; set with `buffer`.
   MappedRegion buffer;  // The counters page, then the transfer buffer.
   ClientRequests requests;
   std::atomic<bool> finished{false};
@@ -382,6 +387,12 @@ struct NodeService::Connection {
                                     : reinterpret_cast<const ClientCounters*>(buffer.data());
   }
   char* transfer() const { return buffer.data() + kCountersPageBytes; }
+  ConnectionReads reads() const {
+    return ConnectionReads{peer.pid, job, counters(),
+                           requests.misses.load(std::memory_order_relaxed),
+                           requests.miss_bytes.load(std::memory_order_relaxed),
+                           requests.source_bytes.load(std::memory_order_relaxed)};
+  }
 };
 
 NodeService::NodeService(const ValidConfig& config, const ServeOptions& options,
@@ -494,13 +505,7 @@ void NodeService::ReapFinished() {
       continue;
     }
     c.thread.join();
-    if (const ClientCounters* counters = c.counters()) {
-      for (int t = 0; t < kMaxSharedTiers; ++t) {
-        departed_reads_[t].reads += counters->tiers[t].reads.load(std::memory_order_relaxed);
-        departed_reads_[t].bytes += counters->tiers[t].bytes.load(std::memory_order_relaxed);
-      }
-      departed_fallbacks_ += counters->source_fallbacks.load(std::memory_order_relaxed);
-    }
+    ledger_.Depart(c.reads());
     it = connections_.erase(it);
   }
 }
@@ -687,8 +692,8 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
         "the Monarch service at ", paths_.socket, " serves dataset '", core_->dataset_root(),
         "' (key ", dataset_key_, "), not this config's '", hello->dataset_root, "' (key ",
         hello->dataset_key,
-        "): both configs name this node.runtime_dir; leave it unset (one service per job "
-        "and dataset) or give each config its own"));
+        "): both configs name this node.runtime_dir; leave it unset (one service per dataset "
+        "and cache shape) or give each config its own"));
   }
   if (!refused.ok()) {
     MONARCH_LOG(kWarning, "monarch service: refused client pid ", c->peer.pid, ": ",
@@ -704,54 +709,40 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
   MONARCH_ASSIGN_OR_RETURN(MappedRegion buffer,
                            MappedRegion::Map(buffer_fd.get(), /*writable=*/true));
   {
-    MutexLock lock(&mu_);  // NodeStats() reads it from other threads.
+    MutexLock lock(&mu_);  // NodeStats() reads them from other threads.
     c->buffer = std::move(buffer);
+    c->job = hello->job.empty() ? absl::StrCat("pid-", c->peer.pid) : SafeJobName(hello->job);
+    ledger_.Attach(c->job);
   }
   HelloReply reply;
   reply.instance_id = instance_id_;
   reply.buffer_bytes = options_.buffer_bytes;
+  reply.cache_shape = CacheShape(*config_);
   return SendHelloReply(*core_, std::move(reply), c->socket.get(), image_fd_.get(),
                         tier_slots_fd_.get(), buffer_fd.get());
 }
 
+ClientLedger::Tally NodeService::Tally() {
+  std::vector<ConnectionReads> open;
+  MutexLock lock(&mu_);
+  for (const auto& c : connections_) open.push_back(c->reads());
+  return ledger_.Count(open);
+}
+
 StatsReply NodeService::NodeStats() {
   StatsReply reply;
+  ClientLedger::Tally tally = Tally();
   // Clients' own hits are reads of the tiers too: summed by tier index.
-  std::vector<TierReadTotals> elsewhere(core_->tier_count());
-  uint64_t fallbacks;
-  std::map<uint32_t, ClientStats> clients;
-  {
-    MutexLock lock(&mu_);
-    for (size_t t = 0; t < elsewhere.size(); ++t) elsewhere[t] = departed_reads_[t];
-    fallbacks = departed_fallbacks_;
-    for (const auto& c : connections_) {
-      if (c->counters() == nullptr) continue;  // An administrative command, not a client.
-      ClientStats& client = clients[static_cast<uint32_t>(c->peer.pid)];
-      client.pid = static_cast<uint32_t>(c->peer.pid);
-      ++client.connections;
-      client.misses += c->requests.misses.load(std::memory_order_relaxed);
-      client.miss_bytes += c->requests.miss_bytes.load(std::memory_order_relaxed);
-      const ClientCounters* counters = c->counters();
-      if (counters == nullptr || c->finished.load(std::memory_order_acquire)) continue;
-      fallbacks += counters->source_fallbacks.load(std::memory_order_relaxed);
-      for (size_t t = 0; t < elsewhere.size(); ++t) {
-        const uint64_t reads = counters->tiers[t].reads.load(std::memory_order_relaxed);
-        const uint64_t bytes = counters->tiers[t].bytes.load(std::memory_order_relaxed);
-        elsewhere[t].reads += reads;
-        elsewhere[t].bytes += bytes;
-        client.hits += reads;
-        client.hit_bytes += bytes;
-      }
-    }
-  }
-  reply.node = core_->GetStatsWith(elsewhere);
+  reply.node = core_->GetStatsWith(std::vector<TierReadTotals>(
+      std::begin(tally.tiers), std::begin(tally.tiers) + core_->tier_count()));
   CounterSink sink(&reply.node);
-  sink.Counter("service.client_source_fallbacks", fallbacks,
+  sink.Counter("service.client_source_fallbacks", tally.source_fallbacks,
                "Reads clients served from the source themselves while no service answered.");
   sink.Counter("service.refused_connections", refused_.load(std::memory_order_relaxed),
                "Connections refused: another user's process.");
-  sink.Gauge("service.clients", clients.size(), "Client processes connected now.");
-  for (auto& [pid, client] : clients) reply.clients.push_back(client);
+  sink.Gauge("service.clients", tally.clients.size(), "Client processes connected now.");
+  reply.clients = std::move(tally.clients);
+  reply.jobs = std::move(tally.jobs);
   return reply;
 }
 
@@ -775,14 +766,11 @@ StatusReply NodeService::Status() {
       status.bytes_in_tiers += entry.ref.size;
     }
   }
-  MutexLock lock(&mu_);
-  absl::flat_hash_map<pid_t, int> pids;
-  for (const auto& c : connections_) {
-    if (c->counters() != nullptr && !c->finished.load(std::memory_order_relaxed)) {
-      ++pids[c->peer.pid];
-    }
-  }
-  status.clients = static_cast<uint32_t>(pids.size());
+  status.cache_shape = CacheShape(*config_);
+  status.source_bytes = core_->GetStatsWith({}).Source("bytes_read");
+  ClientLedger::Tally tally = Tally();
+  status.clients = static_cast<uint32_t>(tally.clients.size());
+  status.jobs = std::move(tally.jobs);
   return status;
 }
 

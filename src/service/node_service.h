@@ -43,6 +43,7 @@
 #include "common/shared_memory.h"
 #include "monarch/config.h"
 #include "core/monarch_internal.h"
+#include "service/client_ledger.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"
@@ -98,6 +99,7 @@ class NodeService {
   void Serve(Connection* connection);
   absl::Status Handshake(Connection* connection, const Frame& hello);
   StatusReply Status();
+  ClientLedger::Tally Tally();
   void Shutdown();
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -124,9 +126,8 @@ class NodeService {
   // read order: it is withdrawn when the last of their connections closes.
   absl::flat_hash_map<pid_t, int> connections_per_pid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<pid_t> announced_pids_ ABSL_GUARDED_BY(mu_);
-  // Counters of clients gone, per tier, so node totals never go down.
-  TierReadTotals departed_reads_[kMaxSharedTiers] ABSL_GUARDED_BY(mu_);
-  uint64_t departed_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  // What clients read, those gone included, so node totals never go down.
+  ClientLedger ledger_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool left_behind_ ABSL_GUARDED_BY(mu_) = false;  // A connection's thread did not end.
   std::atomic<bool> stopping_{false};

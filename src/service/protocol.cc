@@ -191,6 +191,15 @@ template <typename Codec>
 void Fields(Codec& c, Hello& m) {
   c.Put(m.version).String(m.dataset_root, 4096);
   if (m.version >= 4) c.String(m.dataset_key, 64);
+  if (m.version >= 8) c.String(m.job, 256);
+}
+
+template <typename Codec>
+void JobFields(Codec& c, std::vector<JobStats>& jobs) {
+  c.List(jobs, 48, [](Codec& c, auto& job) {
+    c.String(job.name, 256).Put(job.processes).Put(job.hits).Put(job.hit_bytes);
+    c.Put(job.misses).Put(job.miss_bytes).Put(job.source_bytes);
+  });
 }
 
 template <typename Codec>
@@ -200,6 +209,7 @@ void Fields(Codec& c, HelloReply& m) {
   c.List(m.tiers, 17, [](Codec& c, auto& t) {
     c.Put(t.kind).String(t.name, 4096).String(t.path, 4096).Put(t.descriptors).Flag(t.huge_pages);
   });
+  c.String(m.cache_shape, 64 * 1024);
   Check(c, m.tiers.size() <= 64 && m.TotalDescriptors() <= kMaxDescriptors);
 }
 
@@ -228,6 +238,7 @@ void Fields(Codec& c, StatsReply& m) {
     c.Put(client.pid).Put(client.connections).Put(client.hits).Put(client.hit_bytes);
     c.Put(client.misses).Put(client.miss_bytes);
   });
+  JobFields(c, m.jobs);
 }
 
 template <typename Codec>
@@ -278,7 +289,8 @@ template <typename Codec>
 void Fields(Codec& c, StatusReply& m) {
   c.Put(m.service_pid).Put(m.uptime_seconds).String(m.dataset_root, 4096).Put(m.clients);
   c.Put(m.files).Put(m.dataset_bytes).Put(m.files_in_tiers).Put(m.bytes_in_tiers);
-  c.String(m.dataset_key, 64);
+  c.String(m.dataset_key, 64).String(m.cache_shape, 64 * 1024).Put(m.source_bytes);
+  JobFields(c, m.jobs);
 }
 
 template <typename M>

@@ -36,7 +36,8 @@ constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // 5: ClientCounters holds a TierReads per tier. 6: kAnnounce may carry ranges;
 // kReadAhead; extents in the namespace image (read by clients).
 // 7: kCheckedCopies (a client maps copies the service checked).
-constexpr uint32_t kProtocolVersion = 7;
+// 8: the job in Hello, the cache shape in HelloReply, jobs in StatusReply and StatsReply.
+constexpr uint32_t kProtocolVersion = 8;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -90,6 +91,9 @@ struct Hello {
   // DatasetKey() of the client's config (version 4 on; encoded only then, so
   // that an older client is answered with the version mismatch).
   std::string dataset_key;
+  // The job the client process belongs to (ThisJobName()), version 8 on:
+  // the service counts each job's processes and reads.
+  std::string job;
 };
 
 // One tier as the service has it. `descriptors` of them follow in the
@@ -113,6 +117,9 @@ struct HelloReply {
   uint64_t buffer_bytes = 0;  // Of the transfer buffer (after its counters page).
   std::string dataset_root;
   std::vector<TierDescription> tiers;
+  // CacheShape() of the service's config: a client whose config caches
+  // differently says so (both named one node.runtime_dir).
+  std::string cache_shape;
   uint32_t TotalDescriptors() const;
 };
 
@@ -141,9 +148,22 @@ struct ClientStats {
   uint64_t misses = 0;      // Reads the service served for it.
   uint64_t miss_bytes = 0;
 };
+// One job (Hello::job) the service serves or served: its processes' reads.
+struct JobStats {
+  std::string name;
+  uint32_t processes = 0;   // Client processes connected now; 0: the job left.
+  uint64_t hits = 0;        // Reads its processes served themselves.
+  uint64_t hit_bytes = 0;
+  uint64_t misses = 0;      // Reads the service served it.
+  uint64_t miss_bytes = 0;
+  // Of miss_bytes, those the service read from the source for it: what it
+  // waited on the PFS for. Prefetch streams' reads are the node's, no job's.
+  uint64_t source_bytes = 0;
+};
 struct StatsReply {
   Stats node;  // The node's counters, clients' own hits included per tier.
   std::vector<ClientStats> clients;
+  std::vector<JobStats> jobs;  // Attached ones first, then those that left.
 };
 
 // A client's read order for prefetch (Monarch::AnnounceOrder), sent in
@@ -216,6 +236,9 @@ struct StatusReply {
   uint64_t files_in_tiers = 0;
   uint64_t bytes_in_tiers = 0;
   std::string dataset_key;  // DatasetKey() of the config the service runs.
+  std::string cache_shape;  // CacheShape() of that config.
+  uint64_t source_bytes = 0;  // Read from the source since the service started.
+  std::vector<JobStats> jobs;  // As in StatsReply.
 };
 
 std::string Encode(const Hello& m);

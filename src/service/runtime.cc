@@ -2,18 +2,21 @@
 
 #include "service/runtime.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -146,6 +149,39 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   return absl::OkStatus();
+}
+
+std::string SafeJobName(absl::string_view name) {
+  std::string job(name.substr(0, 200));
+  for (char& c : job) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  return job;
+}
+
+std::string ThisJobName() {
+  const char* named = std::getenv("MONARCH_JOB");
+  std::string job = named != nullptr && named[0] != '\0' ? named : BatchJobTag();
+  if (job.empty()) job = absl::StrCat("pgid-", ::getpgrp());
+  return SafeJobName(job);
+}
+
+std::vector<std::string> OtherShapesRunning(const Config& config, const ServicePaths& paths) {
+  std::vector<std::string> others;
+  if (paths.base.empty()) return others;  // node.runtime_dir names the directory.
+  const std::string prefix = absl::StrCat(DatasetKey(config.dataset), "-");
+  DIR* dir = os::OpenDir(paths.base.c_str());
+  if (dir == nullptr) return others;
+  while (const struct dirent* entry = os::ReadDir(dir)) {
+    const std::string path = JoinPath(paths.base, entry->d_name);
+    if (absl::StartsWith(entry->d_name, prefix) && path != paths.dir &&
+        ServiceLockHeld(ServicePathsIn(path))) {
+      others.push_back(path);
+    }
+  }
+  os::CloseDir(dir);
+  std::sort(others.begin(), others.end());
+  return others;
 }
 
 std::string LogTail(const ServicePaths& paths, int lines) {

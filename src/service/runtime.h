@@ -15,6 +15,7 @@
 #define MONARCH_SERVICE_RUNTIME_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,7 +27,7 @@ namespace monarch::service {
 
 struct ServicePaths {
   // The per-user directory holding the default runtime directories (one
-  // per job and dataset), checked like `dir` itself; empty when
+  // per dataset and cache shape), checked like `dir` itself; empty when
   // node.runtime_dir names `dir`.
   std::string base;
   std::string dir;
@@ -59,6 +60,20 @@ bool ServiceLockHeld(const ServicePaths& paths);
 std::string WithoutPreloadLibrary(absl::string_view ld_preload);
 
 absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file);
+
+// The job this process belongs to, as the service counts it: $MONARCH_JOB,
+// else BatchJobTag() (slurm-<id>, ...), else "pgid-<process group>" (a
+// shell runs each command line in a group of its own, and a DataLoader's
+// workers stay in their parent's), made a SafeJobName.
+std::string ThisJobName();
+// `name` cut to 200 characters, each one but letters, digits, '.' and '-'
+// made '_': what a job's name may be in a log, a table or JSON.
+std::string SafeJobName(absl::string_view name);
+
+// Other services running for `config`'s dataset with another cache shape
+// (default runtime directories only): their directories, for the message
+// that tells a job why it did not join them.
+std::vector<std::string> OtherShapesRunning(const Config& config, const ServicePaths& paths);
 
 // The last lines of the service log, for an error message.
 std::string LogTail(const ServicePaths& paths, int lines = 5);

@@ -44,9 +44,19 @@ and service, always stopped at the end:
                        reads exact bytes, all from the source again.
   two-jobs             two jobs of one user, datasets with the same file names,
                        no node.runtime_dir: a service each, at once and one
-                       after the other (and per Slurm job); stopping one leaves
-                       the other; a config naming the other's directory is
-                       refused by stop, status, stats, stage and its clients.
+                       after the other; a Slurm job of dataset A joins A's;
+                       stopping one leaves the other; a config naming the
+                       other's directory is refused by stop, status, stats,
+                       stage and its clients.
+  many-jobs            3 jobs of one user (3 Slurm job ids) reading one
+                       dataset at once, no node.runtime_dir: one service, the
+                       source read once and one copy in RAM for all three;
+                       `monarch status` lists each job with its processes and
+                       reads; a job's end leaves the others reading hits; a
+                       config with other tiers gets its own service and a
+                       warning saying why; after the last job, the service
+                       keeps the copies for node.idle_exit, a job started
+                       within it reads only hits, then the service exits.
 
 usage: service_processes_test.py --build-dir BUILD SCENARIO
 Exit code: 0 pass, 1 fail, 77 skip (the machine cannot run the scenario).
@@ -1457,13 +1467,13 @@ def scenario_two_jobs(env):
     check(pid_a2 not in (pid_a, pid_b), "job A reused a service: %d" % pid_a2)
     check(service_of("B")[0] == pid_b, "job A touched B's service")
 
-    # The same dataset in another batch job: a service of its own.
+    # The same dataset in a batch job: the user's service of that dataset,
+    # which counts the job apart.
     finish(job("A", {"SLURM_JOB_ID": "7001"}), "job A in Slurm job 7001")
     pid_slurm, _ = service_of("A", {"SLURM_JOB_ID": "7001"})
-    check(pid_slurm not in (pid_a2, pid_b), "two batch jobs share a service")
-    r = env.run([env.monarch, "stop", "--config", configs["A"]], timeout=90,
-                env=dict(os.environ, SLURM_JOB_ID="7001"))
-    check(r.returncode == 0 and service_of("A")[0] == pid_a2, "stopping job 7001's service")
+    check(pid_slurm == pid_a2, "a batch job of the same dataset got a service of its own")
+    r = env.run([env.monarch, "status", "--config", configs["A"]], timeout=30)
+    check(re.search(r"\n    slurm-7001 +left +read ", r.stdout), "status: %s" % r.stdout)
 
     # A config of dataset B naming A's runtime directory: every command
     # refuses A's service rather than act on it, and A runs on.
@@ -1747,6 +1757,162 @@ def scenario_busy_cpus(env):
     check(node["staging_bytes"] == 0, "staging_bytes %d at the end" % node["staging_bytes"])
 
 
+def worker_job(lib, config, dataset):
+    """One job's reader: reads every file (verified), says so on stdout,
+    then again each time a line comes on stdin, until stdin closes."""
+    api = CApi(lib)
+    m = api.open(config)
+    names = dataset_files(dataset)
+    while True:
+        bad = verify_files(api, m, dataset, names)
+        print("read %d files, %d bad %s" % (len(names), len(bad), bad[:3]), flush=True)
+        if not sys.stdin.readline():
+            break
+    api.lib.monarch_close(m)
+    return 0
+
+
+def status_jobs(env, config, environ=None):
+    """(service pid, {job: (processes or 'left', line)}) from `monarch status`."""
+    r = env.run([env.monarch, "status", "--config", config], timeout=30, env=environ)
+    check(r.returncode == 0, "status: exit %d: %s%s" % (r.returncode, r.stdout, r.stderr))
+    pid = int(re.search(r"Monarch service pid (\d+)", r.stdout).group(1))
+    jobs = {}
+    for line in r.stdout.splitlines():
+        match = re.match(r"    (\S+) +(\d+ processes|left) +read ", line)
+        if match:
+            jobs[match.group(1)] = (match.group(2), line.strip())
+    return pid, jobs, r.stdout
+
+
+def scenario_many_jobs(env):
+    """Jobs of one user reading one dataset meet in one service."""
+    xdg = os.path.join(env.work, "xdg")
+    os.makedirs(xdg, mode=0o700)
+    os.environ["XDG_RUNTIME_DIR"] = xdg
+    for variable in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB"):
+        os.environ.pop(variable, None)
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 80)
+    total = sum(sizes.values())
+    idle = 6
+
+    def config(name, capacity, idle_exit=idle):
+        path = os.path.join(env.work, "%s.yaml" % name)
+        with open(path, "w") as f:
+            # cached_source promote: every miss promotes, so the source's
+            # count is exact although the dataset sits in the page cache.
+            f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
+                    "placement: {cached_source: promote}\n"
+                    "node: {shared: true, autostart: true, idle_exit: %ds}\n" % (
+                        dataset, capacity, idle_exit))
+        return path
+
+    shared = config("shared", 4 * total)
+    lib = os.path.join(env.build, "libmonarch_c.so")
+    script = os.path.abspath(__file__)
+
+    def start_job(job_id, cfg=shared):
+        environ = dict(os.environ, SLURM_JOB_ID=str(job_id))
+        proc = env.popen([sys.executable, script, "--build-dir", env.build, "_job", lib, cfg,
+                          dataset], stdin=subprocess.PIPE, env=environ)
+        return proc
+
+    def read_line(proc, what, timeout=120):
+        # A deadline on the child's answer, not a sleep.
+        result = []
+        reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()))
+        reader.start()
+        reader.join(timeout)
+        check(result and result[0], "%s said nothing in %d s (exit %s): %s" % (
+            what, timeout, proc.poll(), proc.stderr.read() if proc.poll() is not None else ""))
+        check(" 0 bad" in result[0], "%s: %s" % (what, result[0]))
+        return result[0]
+
+    def again(proc, what):
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        return read_line(proc, what)
+
+    def end(proc, what):
+        proc.stdin.close()
+        check(proc.wait(timeout=60) == 0, "%s exited %s: %s" % (what, proc.returncode,
+                                                               proc.stderr.read()))
+
+    # Three jobs at once, each reading the whole dataset.
+    jobs = {job_id: start_job(job_id) for job_id in (101, 102, 103)}
+    for job_id, proc in jobs.items():
+        read_line(proc, "job %d, first pass" % job_id)
+    pid, listed, text = status_jobs(env, shared)
+    rt = os.path.dirname(re.search(r"pid \d+ at (\S+)", text).group(1))
+    env.runtime_dirs.append(rt)
+    log("status with 3 jobs:\n" + text)
+    for job_id in jobs:
+        check(listed.get("slurm-%d" % job_id, ("",))[0] == "1 processes",
+              "job %d not listed as attached with 1 process: %s" % (job_id, listed))
+    settled_node_stats(env, rt)  # Promotions land after the reads that started them.
+    node = node_stats(env, rt)
+    src = node["node"]["tiers"][-1]
+    ram = node["node"]["tiers"][0]
+    check(src["bytes_read"] == total, "3 jobs read %d source bytes, dataset %d: %s" % (
+        src["bytes_read"], total, json.dumps(node["node"])))
+    check(ram["bytes_used"] == total, "RAM holds %d bytes, dataset %d" % (ram["bytes_used"], total))
+    by_job = {j["name"]: j for j in node["jobs"]}
+    for job_id in jobs:
+        j = by_job["slurm-%d" % job_id]
+        check(j["hit_bytes"] + j["miss_bytes"] == total,
+              "job %d read %d bytes, dataset %d" % (job_id, j["hit_bytes"] + j["miss_bytes"], total))
+    check(sum(j["source_bytes"] for j in by_job.values()) <= total,
+          "the jobs' source shares add up to more than the source read: %s" % by_job)
+
+    # Job 101 ends; the others read on, all hits, and 101 is listed as left.
+    end(jobs.pop(101), "job 101")
+    _, listed, text = status_jobs(env, shared)
+    check(listed.get("slurm-101", ("",))[0] == "left", "job 101 not listed as left:\n" + text)
+    for job_id, proc in jobs.items():
+        again(proc, "job %d, second pass" % job_id)
+    node = node_stats(env, rt)
+    check(node["node"]["tiers"][-1]["bytes_read"] == total, "a job's end cost source reads")
+    for job_id in jobs:
+        j = [j for j in node["jobs"] if j["name"] == "slurm-%d" % job_id][0]
+        check(j["hit_bytes"] + j["miss_bytes"] == 2 * total, "job %d: %s" % (job_id, j))
+
+    # A config with other tiers: a service of its own, and a warning why.
+    other = config("other", 8 * total, idle_exit=600)
+    r = env.run([env.epochs_bin, "--config", other, "--epochs", "1", "--verify"], timeout=120,
+                env=dict(os.environ, SLURM_JOB_ID="104"))
+    check(r.returncode == 0 and " 0 mismatches" in r.stdout, r.stdout + r.stderr)
+    check("have other tiers than this config's" in r.stderr and rt in r.stderr,
+          "no warning naming the other service: %s" % r.stderr)
+    other_pid, _, other_text = status_jobs(env, other)
+    env.runtime_dirs.append(os.path.dirname(re.search(r"pid \d+ at (\S+)", other_text).group(1)))
+    check(other_pid != pid, "a config with other tiers joined the service")
+    r = env.run([env.monarch, "stop", "--config", other], timeout=90)
+    check(r.returncode == 0, "stop the other: %s" % r.stderr)
+
+    # The last jobs end. Within idle_exit the service keeps the copies: a
+    # new job reads only hits.
+    for job_id in list(jobs):
+        end(jobs.pop(job_id), "job %d" % job_id)
+    late = start_job(105)
+    read_line(late, "job 105, started after the others ended")
+    node = node_stats(env, rt)
+    check(node["node"]["tiers"][-1]["bytes_read"] == total, "the warm job read the source")
+    j = [j for j in node["jobs"] if j["name"] == "slurm-105"][0]
+    check(j["miss_bytes"] == 0 and j["hit_bytes"] == total, "job 105 was not all hits: %s" % j)
+    check(status_jobs(env, shared)[0] == pid, "job 105 got another service")
+    end(late, "job 105")
+    ended = time.monotonic()
+    # Then it exits by itself, idle_exit after the last job.
+    deadline = ended + idle + 15
+    while time.monotonic() < deadline and (pid_alive(pid) or lock_held(rt)):
+        time.sleep(0.1)
+    check(not pid_alive(pid) and not lock_held(rt),
+          "the service still runs %.0f s after the last job" % (time.monotonic() - ended))
+    log("the service exited %.1f s after the last job (idle_exit %d s)" % (
+        time.monotonic() - ended, idle))
+
+
 SCENARIOS = {
     "clients-ram": scenario_clients_ram,
     "clients-posix": scenario_clients_posix,
@@ -1759,6 +1925,7 @@ SCENARIOS = {
     "bad-config": scenario_bad_config,
     "busy-cpus": scenario_busy_cpus,
     "two-jobs": scenario_two_jobs,
+    "many-jobs": scenario_many_jobs,
     "purge": scenario_purge,
 }
 
@@ -1772,6 +1939,8 @@ def main():
     # Internal: ctypes clients run as processes of their own.
     if a.scenario == "_open-close":
         return worker_open_close(os.path.join(a.build_dir, "libmonarch_c.so"), *a.args)
+    if a.scenario == "_job":
+        return worker_job(*a.args)
     if a.scenario == "_fork-spawn":
         return worker_fork_spawn(os.path.join(os.path.abspath(a.build_dir), "libmonarch_c.so"),
                                  *a.args)

@@ -12,7 +12,8 @@
 //
 // Each command talks to the service of the config it is given (--config,
 // else MONARCH_CONFIG): the one in its runtime directory, which by default
-// is the job's and the dataset's own (NodeRuntimeDirectory). A service found
+// is the one of the user's jobs reading that dataset through the same tiers
+// (NodeRuntimeDirectory). A service found
 // there that serves another dataset (two configs naming one
 // node.runtime_dir) is refused, not stopped, staged into or reported on.
 // --runtime-dir names a directory instead, whatever it serves.
@@ -243,8 +244,8 @@ absl::StatusOr<monarch::service::StatusReply> StatusOfTarget(const Target& targe
         "the Monarch service at ", target.paths.socket, " serves dataset '",
         status->dataset_root, "', not '", target.dataset, "' (", target.config_file,
         "'s): refusing to ", verb,
-        " it. Both configs name this node.runtime_dir: leave it unset (one service per job "
-        "and dataset) or give each config its own"));
+        " it. Both configs name this node.runtime_dir: leave it unset (one service per dataset "
+        "and cache shape) or give each config its own"));
   }
   return status;
 }
@@ -274,6 +275,24 @@ int Stop(const Args& args) {
   return 0;
 }
 
+// Each job: its processes, what it read, its hit rate and the source bytes
+// its misses waited for, as a share of the node's.
+void PrintJobs(const std::vector<monarch::service::JobStats>& jobs, uint64_t source_bytes) {
+  size_t attached = 0;
+  for (const auto& job : jobs) attached += job.processes > 0 ? 1 : 0;
+  std::printf("  jobs      %zu attached, %zu left\n", attached, jobs.size() - attached);
+  for (const auto& job : jobs) {
+    const uint64_t read = job.hit_bytes + job.miss_bytes;
+    std::printf("    %-24s %-13s read %s, %.1f%% hits, waited on the source for %s (%.1f%%)\n",
+                job.name.c_str(),
+                job.processes > 0 ? absl::StrCat(job.processes, " processes").c_str() : "left",
+                Bytes(static_cast<double>(read)).c_str(),
+                read == 0 ? 0.0 : 100.0 * job.hit_bytes / read,
+                Bytes(static_cast<double>(job.source_bytes)).c_str(),
+                source_bytes == 0 ? 0.0 : 100.0 * job.source_bytes / source_bytes);
+  }
+}
+
 int Status(const Args& args) {
   absl::StatusOr<Target> target = FindService(args);
   if (!target.ok()) return Failed(target.status());
@@ -297,6 +316,9 @@ int Status(const Args& args) {
       static_cast<unsigned long long>(status->files_in_tiers),
       Bytes(static_cast<double>(status->bytes_in_tiers)).c_str(),
       status->dataset_bytes == 0 ? 100.0 : 100.0 * status->bytes_in_tiers / status->dataset_bytes);
+  std::printf("  tiers     %s\n  source    %s read\n", status->cache_shape.c_str(),
+              Bytes(static_cast<double>(status->source_bytes)).c_str());
+  PrintJobs(status->jobs, status->source_bytes);
   return 0;
 }
 
@@ -309,8 +331,16 @@ void PrintStats(const monarch::service::StatsReply& stats, bool json) {
                       ", \"hit_bytes\": ", c.hit_bytes, ", \"misses\": ", c.misses,
                       ", \"miss_bytes\": ", c.miss_bytes, "}");
     }
-    std::printf("{\"node\": %s, \"clients\": [%s]}\n", stats.node.ToJson().c_str(),
-                clients.c_str());
+    std::string jobs;
+    for (const auto& j : stats.jobs) {  // Names are SafeJobName()s: nothing to escape.
+      absl::StrAppend(&jobs, jobs.empty() ? "" : ", ", "{\"name\": \"", j.name,
+                      "\", \"processes\": ", j.processes, ", \"hits\": ", j.hits,
+                      ", \"hit_bytes\": ", j.hit_bytes, ", \"misses\": ", j.misses,
+                      ", \"miss_bytes\": ", j.miss_bytes, ", \"source_bytes\": ", j.source_bytes,
+                      "}");
+    }
+    std::printf("{\"node\": %s, \"clients\": [%s], \"jobs\": [%s]}\n",
+                stats.node.ToJson().c_str(), clients.c_str(), jobs.c_str());
     return;
   }
   std::printf("%-12s %-7s %12s %12s %10s %12s %12s %8s\n", "tier", "kind", "reads", "read",
