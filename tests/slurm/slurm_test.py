@@ -24,6 +24,14 @@ machine, waits until sinfo shows the node idle, and then:
             bytes [dataset, 0, 0], the processes' source bytes_read sum to the
             dataset) and peers served bytes every epoch; the one directory
             under rdv/ is named after the job id srun got.
+  jobs      jobs of one user reading one dataset through one config with no
+            node.runtime_dir meet in one autostarted service: job A
+            (`srun -n 2`, 2 epochs) starts it and ends, and the service
+            outlives the step, listing A as left with both tasks' reads; job
+            B, cancelled (`scancel`) mid-read, is listed as left soon after,
+            its copies kept; job C reads everything as hits (the source was
+            read once for the three); then the node is drained and, with no
+            job left, the service exits by itself after node.idle_exit.
 
 Nothing of Slurm's or munge's is left running at the end, whatever happens;
 daemons (and job processes) left by an earlier run in the same build
@@ -639,6 +647,121 @@ def scenario_peers(cluster, dataset, sizes):
 # --------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------
+# 3. Jobs of one user sharing one service.
+
+
+def scenario_jobs(cluster, dataset, sizes):
+    total = sum(sizes.values())
+    work = cluster.work
+    out = os.path.join(work, "jobs-out")
+    os.makedirs(out)
+    # The user's runtime base: the test's own (the default directory is made
+    # under it, named after the dataset and the tiers, not the job).
+    xdg = os.path.join(work, "xdg")
+    os.makedirs(xdg, mode=0o700)
+    env = dict(cluster.env, XDG_RUNTIME_DIR=xdg, MONARCH_BINARY=cluster.monarch, OUT=out)
+    idle = 8
+    config = os.path.join(work, "jobs.yaml")
+    with open(config, "w") as f:
+        f.write("dataset: {path: %s}\n"
+                "tiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
+                "node: {shared: true, autostart: true, idle_exit: %ds}\n"
+                "placement: {cached_source: promote}\n" % (dataset, 2 * total, idle))
+
+    def status():
+        r = subprocess.run([cluster.monarch, "status", "--config", config], capture_output=True,
+                           text=True, env=env, timeout=30)
+        jobs = dict(re.findall(r"\n    slurm-(\d+) +(\d+ processes|left) +read", r.stdout))
+        return r.returncode, r.stdout, {int(k): v for k, v in jobs.items()}
+
+    def stats():
+        r = subprocess.run([cluster.monarch, "stats", "--json", "--config", config],
+                           capture_output=True, text=True, env=env, timeout=30)
+        check(r.returncode == 0, "monarch stats: %s%s" % (r.stdout, r.stderr))
+        return json.loads(r.stdout)
+
+    def wait_for(what, predicate, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = predicate()
+            if result:
+                return result
+            time.sleep(0.1)
+        raise Failure("%s: not within %d s" % (what, timeout))
+
+    # Job A: 2 tasks, 2 epochs; its first client starts the service.
+    r = subprocess.run(["srun", "-v", "-n", "2", "--job-name=monarch-a", "--output",
+                        os.path.join(out, "a-%t.out"), cluster.epochs_bin, "--config", config,
+                        "--epochs", "2", "--threads", "2", "--verify"],
+                       capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    job_a = srun_job_id(r.stderr)
+    check(r.returncode == 0 and job_a is not None, "job A exited %d:\n%s\n%s" % (
+        r.returncode, r.stderr, "\n".join(tail(os.path.join(out, "a-%d.out" % t)) for t in (0, 1))))
+    for t in (0, 1):
+        text = read_text(os.path.join(out, "a-%d.out" % t))
+        check(" 0 mismatches" in text and "1 mismatches" not in text, "job A task %d:\n%s" % (
+            t, text))
+    code, text, jobs = status()
+    check(code == 0, "the service did not outlive job A's step (status %d):\n%s" % (code, text))
+    service_pid = int(re.search(r"Monarch service pid (\d+)", text).group(1))
+    check(jobs.get(job_a) == "left", "job A not listed as left:\n" + text)
+    by_job = {j["name"]: j for j in stats()["jobs"]}
+    a = by_job["slurm-%d" % job_a]
+    check(a["hit_bytes"] + a["miss_bytes"] == 2 * 2 * total,
+          "job A's 2 tasks x 2 epochs read %d bytes, want %d" % (
+              a["hit_bytes"] + a["miss_bytes"], 4 * total))
+    log("job %d (2 tasks) ended; service %d outlived it: %s" % (
+        job_a, service_pid, [l.strip() for l in text.splitlines() if l.startswith("    slurm-")]))
+
+    # Job B: cancelled mid-read; it detaches, the service and copies stay.
+    b_out = os.path.join(out, "b.out")
+    with open(b_out, "w") as f:
+        b = subprocess.Popen(["srun", "-v", "--job-name=monarch-b", cluster.epochs_bin, "--config",
+                              config, "--epochs", "100000", "--threads", "2"],
+                             stdout=f, stderr=subprocess.STDOUT, env=env, cwd=work)
+    try:
+        job_b = wait_for("job B attached", lambda: next(
+            (j for j, state in status()[2].items() if j != job_a and state != "left"), None))
+        cluster.run(["scancel", str(job_b)], timeout=30)
+        b_code = b.wait(timeout=60)
+    finally:
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+    wait_for("job B listed as left after scancel", lambda: status()[2].get(job_b) == "left")
+    code, text, _ = status()
+    check(code == 0 and int(re.search(r"pid (\d+)", text).group(1)) == service_pid,
+          "the service did not survive job B's cancellation:\n" + text)
+    log("job %d cancelled (srun exit %d); listed as left; service %d serves on" % (
+        job_b, b_code, service_pid))
+
+    # Job C: every file a hit; the source was read once for the three jobs.
+    r = subprocess.run(["srun", "-v", "--job-name=monarch-c", cluster.epochs_bin, "--config",
+                        config, "--epochs", "1", "--threads", "2", "--verify"],
+                       capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    job_c = srun_job_id(r.stderr)
+    check(r.returncode == 0 and " 0 mismatches" in r.stdout, "job C: %s%s" % (r.stdout, r.stderr))
+    node = stats()
+    c = {j["name"]: j for j in node["jobs"]}["slurm-%d" % job_c]
+    check(c["miss_bytes"] == 0 and c["hit_bytes"] == total, "job C: %s" % c)
+    source = tier(node["node"], "source")["bytes_read"]
+    check(source == total, "source read %d bytes for three jobs, dataset %d" % (source, total))
+    log("job %d read all %d bytes as hits; source read once (%d bytes)" % (job_c, total, source))
+
+    # Drain the node: no job comes, and the service leaves with its memory
+    # after node.idle_exit.
+    cluster.run(["scontrol", "update", "nodename=%s" % cluster.host, "state=drain",
+                 "reason=monarch-test"], timeout=30)
+    began = time.monotonic()
+    wait_for("the service exiting after the drain", lambda: not alive(service_pid),
+             timeout=idle + 30)
+    check(status()[0] == 3, "a service still answers after the drain")
+    log("node drained: service %d exited %.1f s later (idle_exit %d s)" % (
+        service_pid, time.monotonic() - began, idle))
+    cluster.run(["scontrol", "update", "nodename=%s" % cluster.host, "state=resume"], timeout=30)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", required=True)
@@ -675,8 +798,10 @@ def main():
         log("dataset: %d files, %d bytes" % (len(sizes), sum(sizes.values())))
         scenario_serve(cluster, dataset, sizes)
         scenario_peers(cluster, dataset, sizes)
+        scenario_jobs(cluster, dataset, sizes)
         code = 0
-        print("PASS: monarch serve and 4 peers under Slurm (%.1f s)" % (time.monotonic() - START))
+        print("PASS: monarch serve, 4 peers and jobs sharing a service under Slurm (%.1f s)" % (
+            time.monotonic() - START))
     except Skip as e:
         print("SKIP: Slurm cannot run here: %s" % e)
         code = SKIP
