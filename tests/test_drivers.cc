@@ -256,6 +256,36 @@ TEST_CASE("handle cache: bounded, least recently used out, an erase of one handl
   CHECK(*first == 10);  // An evicted handle stays valid for whoever holds it.
 }
 
+TEST_CASE("handle cache shrinks below a descriptor limit instead of failing opens") {
+  // The system allows 5 open handles (a FUSE server's limit, say); the
+  // cache was told 16. (`live` first: the caches' handles count it down.)
+  int live = 0, refused = 0;
+  HandleCache<int> cache(16);
+  auto open = [&]() -> absl::StatusOr<std::shared_ptr<int>> {
+    if (live >= 5) {
+      ++refused;
+      return absl::ResourceExhaustedError("open: Too many open files");
+    }
+    ++live;
+    return std::shared_ptr<int>(new int(live), [&live](int* p) {
+      --live;
+      delete p;
+    });
+  };
+  for (uint32_t key = 0; key < 40; ++key) {
+    absl::StatusOr<std::shared_ptr<int>> got = cache.Get(key, open);
+    REQUIRE_MESSAGE(got.ok(), "key ", key, ": ", got.status().ToString());
+  }
+  CHECK(refused > 0);                // It did meet the limit...
+  CHECK(cache.capacity() < 5);       // ...and settled below it,
+  CHECK(cache.size() <= cache.capacity());
+  CHECK(live == static_cast<int>(cache.size()));
+  // A failure with nothing cached to give back is the caller's.
+  HandleCache<int> empty(4);
+  live += 5;
+  CHECK(absl::IsResourceExhausted(empty.Get(1, open).status()));
+}
+
 TEST_CASE("source driver reads the dataset and refuses to write or delete") {
   ScratchDir dir;
   testing::WriteFile(dir.path() + "/d/s.bin", 4, 10000);

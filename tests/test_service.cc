@@ -923,6 +923,12 @@ TEST_CASE("service: an announced order is prefetched for the node, clients' read
   CHECK(stats.Get("prefetch_hits") >= 64);
   CHECK(SourceBytes(stats) == testing::TotalBytes(files));  // Each file once.
   CHECK(stats.Tier(0, "files") == files.size());
+  // The job pays for what the streams fetched for its order and what its
+  // misses read: the node's source bytes, each file once.
+  const std::vector<service::JobStats> jobs = (*node)->NodeStats().jobs;
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].processes == 1);
+  CHECK(jobs[0].source_bytes == testing::TotalBytes(files));
 
   // A name outside the dataset: NotFound, and the service keeps the order.
   CHECK(absl::IsNotFound((*client)->AnnounceOrder({"dir0/nope.bin"})));

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -41,6 +42,11 @@ struct TierReadTotals {
   uint64_t reads = 0;
   uint64_t bytes = 0;
 };
+
+// A counter of source bytes that someone pays for, shared with whoever
+// charges it for longer than the payer may live (an announced order's
+// prefetch).
+using SourcePayer = std::shared_ptr<std::atomic<uint64_t>>;
 
 // Who pays for the source reads a thread's misses make. The node service
 // charges each client's misses to that client's job (`monarch status`):

@@ -8,12 +8,21 @@
 // still uses it is never left with a closed descriptor. At most `capacity`
 // handles live in the cache, plus at most two per concurrent caller.
 //
+// Descriptors can run out below that bound: the process's limit is shared
+// with the rest of the program, and a FUSE or network file system's server
+// has a limit of its own for all its clients (several node services on one
+// mount). An open that fails for want of resources (ResourceExhausted:
+// EMFILE, ENFILE) halves the capacity, drops the least recently used
+// handles down to it and is tried once more, so the cache settles below
+// what the system allows instead of failing reads.
+//
 // Thread-safe. Opening happens outside the lock, so a slow open() on the PFS
 // does not serialize other readers.
 
 #ifndef MONARCH_COMMON_HANDLE_CACHE_H_
 #define MONARCH_COMMON_HANDLE_CACHE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -22,6 +31,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 
@@ -45,6 +55,7 @@ class HandleCache {
       }
     }
     absl::StatusOr<HandlePtr> opened = open();
+    if (absl::IsResourceExhausted(opened.status()) && Shrink()) opened = open();
     if (!opened.ok()) return opened.status();
     std::vector<HandlePtr> evicted;  // Released after unlocking: closing may block.
     MutexLock lock(&mu_);
@@ -76,10 +87,29 @@ class HandleCache {
     MutexLock lock(&mu_);
     return lru_.size();
   }
+  size_t capacity() {
+    MutexLock lock(&mu_);
+    return capacity_;
+  }
 
  private:
+  // Halves the capacity (to half the handles cached, if fewer) and drops
+  // the handles past it; false if none was cached to drop.
+  bool Shrink() {
+    std::vector<HandlePtr> evicted;  // Released after unlocking: closing may block.
+    MutexLock lock(&mu_);
+    if (lru_.empty()) return false;
+    capacity_ = std::max<size_t>(1, std::min(capacity_, lru_.size()) / 2);
+    while (lru_.size() > capacity_) {
+      evicted.push_back(std::move(lru_.back().second));
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return true;
+  }
+
   using Lru = std::list<std::pair<uint32_t, HandlePtr>>;
-  const size_t capacity_;
+  size_t capacity_ ABSL_GUARDED_BY(mu_);
   Mutex mu_;
   Lru lru_ ABSL_GUARDED_BY(mu_);  // Most recently used first.
   absl::flat_hash_map<uint32_t, typename Lru::iterator> index_ ABSL_GUARDED_BY(mu_);

@@ -457,7 +457,7 @@ class MonarchImpl final : public MonarchCore {
       prefetcher_->Announce(kThisProcess, std::move(ids));
       return absl::OkStatus();
     }
-    return AnnounceRangesOf(kThisProcess, ranges);
+    return AnnounceRangesOf(kThisProcess, ranges, /*payer=*/nullptr);
   }
 
   // MonarchCore.
@@ -473,10 +473,11 @@ class MonarchImpl final : public MonarchCore {
     return shared != nullptr ? shared->SharedMemoryDescriptors() : std::vector<int>{};
   }
   int max_open_files() const override { return config_.placement.max_open_files; }
-  void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) override {
-    prefetcher_->Announce(reader, std::move(ids));
+  void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids, SourcePayer payer) override {
+    prefetcher_->Announce(reader, std::move(ids), std::move(payer));
   }
-  absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) override {
+  absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples,
+                                SourcePayer payer) override {
     std::vector<uint32_t> ids;
     ids.reserve(samples.size());
     for (const FileRange& sample : samples) {
@@ -486,7 +487,7 @@ class MonarchImpl final : public MonarchCore {
       MONARCH_RETURN_IF_ERROR(AppendSampleEntries(namespace_->entry(sample.file_id), sample.offset,
                                                   sample.length, &ids));
     }
-    prefetcher_->Announce(reader, std::move(ids));
+    prefetcher_->Announce(reader, std::move(ids), std::move(payer));
     return absl::OkStatus();
   }
   void ReadAheadOf(uint32_t id, uint64_t end) override {

@@ -53,11 +53,14 @@ class MonarchCore : public Front {
   // Prefetch on behalf of one of several readers (the node service's
   // clients): `reader` announces its order of file ids (AnnounceOrder), and
   // reports the files it started reading, hits it served itself included.
-  virtual void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids) = 0;
+  // `payer` is charged what the prefetch streams fetch for the order.
+  virtual void AnnounceOrderOf(uint64_t reader, std::vector<uint32_t> ids,
+                               SourcePayer payer) = 0;
   virtual void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) = 0;
   // AnnounceRanges on behalf of `reader`, with files given by id (each
   // below name_space().file_count()); the same errors.
-  virtual absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples) = 0;
+  virtual absl::Status AnnounceRangesOf(uint64_t reader, const std::vector<FileRange>& samples,
+                                        SourcePayer payer) = 0;
   // A client's scan of file `id` (cached by extents) reached `end`: the
   // extents past it are read ahead (PlacementHandler::ReadAheadPast).
   virtual void ReadAheadOf(uint32_t id, uint64_t end) = 0;

@@ -26,14 +26,14 @@ Prefetcher::Prefetcher(const PrefetchConfig& config, Namespace* ns, PlacementHan
 // An owner whose Shutdown() gave up must abandon the prefetcher instead.
 Prefetcher::~Prefetcher() { Shutdown(DeadlineIn(kCancelGraceSeconds)); }
 
-void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order) {
+void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order, SourcePayer payer) {
   const size_t files = order.size();
   MutexLock lock(&mu_);
   if (stopping_) return;
   if (order.empty()) {
     orders_.erase(reader);
   } else {
-    orders_[reader] = Order{std::move(order), 0};
+    orders_[reader] = Order{std::move(order), 0, std::move(payer)};
   }
   // A new epoch: what the streams fetched for the last one and nobody read
   // (a shorter epoch, a changed order) no longer holds the lookahead back.
@@ -84,15 +84,22 @@ void Prefetcher::MergeLocked() {
   std::sort(readers.begin(), readers.end());
   std::vector<const Order*> orders;
   size_t longest = 0;
+  merged_payers_.clear();
   for (uint64_t reader : readers) {
     const Order& order = orders_.at(reader);
     orders.push_back(&order);
+    if (merged_payers_.size() < kNobody) merged_payers_.push_back(order.payer);
     longest = std::max(longest, order.ids.size() - order.consumed);
   }
   merged_.clear();
+  merged_order_.clear();
   for (size_t i = 0; i < longest; ++i) {
-    for (const Order* order : orders) {
-      if (order->consumed + i < order->ids.size()) merged_.push_back(order->ids[order->consumed + i]);
+    for (size_t o = 0; o < orders.size(); ++o) {
+      const Order& order = *orders[o];
+      if (order.consumed + i >= order.ids.size()) continue;
+      merged_.push_back(order.ids[order.consumed + i]);
+      // Past 65,535 readers (never, in practice) the rest pay nobody.
+      merged_order_.push_back(static_cast<uint16_t>(std::min<size_t>(o, kNobody)));
     }
   }
   next_ = 0;
@@ -129,6 +136,7 @@ void Prefetcher::StreamLoop() {
   for (;;) {
     uint32_t id;
     uint64_t size;
+    SourcePayer payer;
     {
       MutexLock lock(&mu_);
       for (;;) {
@@ -160,6 +168,7 @@ void Prefetcher::StreamLoop() {
           changed_.WaitUntil(&mu_, std::chrono::steady_clock::now() + kYieldPoll);
           continue;
         }
+        if (merged_order_[next_] < merged_payers_.size()) payer = merged_payers_[merged_order_[next_]];
         ++next_;
         ++fetching_;
         ahead_.emplace(id, size);
@@ -174,6 +183,7 @@ void Prefetcher::StreamLoop() {
     if (outcome == PlacementHandler::PrefetchOutcome::kFetched) {
       fetched_files_.fetch_add(1, std::memory_order_relaxed);
       fetched_bytes_.fetch_add(size, std::memory_order_relaxed);
+      if (payer != nullptr) payer->fetch_add(size, std::memory_order_relaxed);
     } else {
       // A reader or another stream got there first, or no tier had room:
       // this stream read nothing, so the file takes no lookahead.

@@ -55,8 +55,9 @@ class Prefetcher final : public NextUseOracle {
 
   // Replaces `reader`'s order (file ids, in the order it will read them);
   // an empty one withdraws it. The lookahead starts afresh: an announcement
-  // begins an epoch.
-  void Announce(uint64_t reader, std::vector<uint32_t> order);
+  // begins an epoch. `payer`, if any, is charged the bytes the streams
+  // fetch for this order's positions (the node service's jobs' shares).
+  void Announce(uint64_t reader, std::vector<uint32_t> order, SourcePayer payer = nullptr);
   // `reader` started reading these files (its first read of each).
   void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
   // Whether any order is announced: readers skip Consumed() when none is.
@@ -86,6 +87,7 @@ class Prefetcher final : public NextUseOracle {
   struct Order {
     std::vector<uint32_t> ids;
     size_t consumed = 0;  // How many of its files the reader started.
+    SourcePayer payer;
   };
 
   void StreamLoop();
@@ -106,6 +108,12 @@ class Prefetcher final : public NextUseOracle {
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // The streams, at the first announcement.
   absl::flat_hash_map<uint64_t, Order> orders_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> merged_ ABSL_GUARDED_BY(mu_);
+  // Whose order each position of merged_ comes from: an index into
+  // merged_payers_, which holds the orders' payers as of the merge, or
+  // kNobody for readers past the 65,535th, which pay nothing.
+  static constexpr uint16_t kNobody = 0xffff;
+  std::vector<uint16_t> merged_order_ ABSL_GUARDED_BY(mu_);
+  std::vector<SourcePayer> merged_payers_ ABSL_GUARDED_BY(mu_);
   // Where each file occurs in merged_: its positions, ascending, are
   // occurrences_[first_[id] .. first_[id + 1]); next_[id] indexes the first
   // not yet behind the readers (advanced lazily by NextUse).

@@ -203,11 +203,11 @@ class ClientRequests {
       if (pending_is_ranges_) {
         // A sample past its file's end is the client's mistake, not a
         // hostile message: answered, and the connection stays.
-        absl::Status announced = core_.AnnounceRangesOf(pid, pending_ranges_);
+        absl::Status announced = core_.AnnounceRangesOf(pid, pending_ranges_, prefetched);
         pending_ranges_ = {};
         if (!announced.ok()) return SendError(socket, announced);
       } else {
-        core_.AnnounceOrderOf(pid, std::move(pending_order_));
+        core_.AnnounceOrderOf(pid, std::move(pending_order_), prefetched);
         pending_order_ = {};
       }
     }
@@ -262,6 +262,8 @@ class ClientRequests {
   std::atomic<uint64_t> misses{0};
   std::atomic<uint64_t> miss_bytes{0};
   std::atomic<uint64_t> source_bytes{0};  // What its misses made the source read.
+  // What the prefetch streams fetched for its read order.
+  const SourcePayer prefetched = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 // `monarch stage`: promotes the files the request's globs name (all when
@@ -391,7 +393,8 @@ struct NodeService::Connection {
     return ConnectionReads{peer.pid, job, counters(),
                            requests.misses.load(std::memory_order_relaxed),
                            requests.miss_bytes.load(std::memory_order_relaxed),
-                           requests.source_bytes.load(std::memory_order_relaxed)};
+                           requests.source_bytes.load(std::memory_order_relaxed) +
+                               requests.prefetched->load(std::memory_order_relaxed)};
   }
 };
 
@@ -673,7 +676,7 @@ void NodeService::Serve(Connection* c) {
       withdraw = announced_pids_.erase(c->peer.pid) > 0;
     }
   }
-  if (withdraw) core_->AnnounceOrderOf(c->peer.pid, {});
+  if (withdraw) core_->AnnounceOrderOf(c->peer.pid, {}, /*payer=*/nullptr);
   c->finished.store(true, std::memory_order_release);
 }
 
