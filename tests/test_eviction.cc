@@ -17,6 +17,7 @@
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "service/node_service.h"
+#include "core/monarch_internal.h"
 #include "test_util.h"
 
 namespace monarch {
@@ -159,6 +160,45 @@ TEST_CASE("lru with an announced order: the copy read again last is evicted, a f
     ReadWholeAndCheck(*m, c);
     CHECK(source.BytesOf(c.name) == 10000);  // A hit.
   }
+}
+
+TEST_CASE("lru with two readers' orders: each reader's next file is judged at its own pace") {
+  // A fast reader (F, 4 reads so far) and a slow one (S, 1 read) share the
+  // instance, as two jobs share a node service. Their orders merged
+  // position by position put S's next file, s2, behind them both once F
+  // read on; at each reader's own pace s2 is the next file S reads, and
+  // the copy to go is s3 (S reads it after F reads every copy of its own).
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const auto files = testing::MakeDataset(ds, 10, {10000});
+  const TestFile &f1 = files[0], &f2 = files[1], &f3 = files[2], &f4 = files[3], &w = files[4],
+                 &f5 = files[5], &f6 = files[6], &s1 = files[7], &s2 = files[8], &s3 = files[9];
+  FaultInjectingDriver::Faults source;
+  Config config = LruConfig(ds, 40000);  // Four copies fit.
+  config.prefetch.streams = 0;           // The orders inform eviction only.
+  auto m = MustCreate(config, &source);
+  auto* core = dynamic_cast<MonarchCore*>(m.get());
+  REQUIRE(core != nullptr);
+  for (const TestFile* f : {&s2, &s3, &f5, &f6}) ReadAndSettle(*m, *f);  // The tier is full.
+  auto ids = [&](std::initializer_list<const TestFile*> names) {
+    std::vector<uint32_t> out;
+    for (const TestFile* f : names) out.push_back(core->name_space().Find(f->name)->ref.id);
+    return out;
+  };
+  constexpr uint64_t kFast = 1, kSlow = 2;
+  core->AnnounceOrderOf(kFast, ids({&f1, &f2, &f3, &f4, &w, &f5, &f6}), nullptr);
+  core->AnnounceOrderOf(kSlow, ids({&s1, &s2, &s3}), nullptr);
+  const std::vector<uint32_t> fast_read = ids({&f1, &f2, &f3, &f4});
+  const std::vector<uint32_t> slow_read = ids({&s1});
+  core->ConsumedBy(kFast, fast_read.data(), fast_read.size());
+  core->ConsumedBy(kSlow, slow_read.data(), slow_read.size());
+
+  ReadAndSettle(*m, w);  // F's next file: admitted, one copy goes.
+  CHECK(m->GetStats().Get("evictions") == 1);
+  ReadWholeAndCheck(*m, s2);
+  CHECK(source.BytesOf(s2.name) == 10000);  // Kept: a hit.
+  ReadWholeAndCheck(*m, s3);
+  CHECK(source.BytesOf(s3.name) == 20000);  // The one that went.
 }
 
 // Two cache tiers and an announced order: files read sooner take the RAM

@@ -54,13 +54,15 @@
 namespace monarch {
 
 // What eviction may know of the future (the Prefetcher, from announced read
-// orders): how many reads from now a file is next read.
+// orders): how soon a file is next read.
 class NextUseOracle {
  public:
   virtual ~NextUseOracle() = default;
   // Whether an order is known at all; without one, eviction goes by recency.
   virtual bool known() const = 0;
-  // Reads from now until `id` is read again; ~0 if not in the known order.
+  // How soon `id` is read again, in a unit of the oracle's own that orders
+  // files by it (the Prefetcher's: microseconds); ~0 if not in the known
+  // order.
   virtual uint64_t NextUse(uint32_t id) const = 0;
 };
 

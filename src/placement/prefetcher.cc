@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 namespace monarch {
 namespace {
@@ -33,7 +34,7 @@ void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order, SourcePa
   if (order.empty()) {
     orders_.erase(reader);
   } else {
-    orders_[reader] = Order{std::move(order), 0, std::move(payer)};
+    orders_[reader] = Order{std::move(order), 0, std::move(payer), Clock::now()};
   }
   // A new epoch: what the streams fetched for the last one and nobody read
   // (a shorter epoch, a changed order) no longer holds the lookahead back.
@@ -73,7 +74,6 @@ void Prefetcher::Consumed(uint64_t reader, const uint32_t* ids, size_t count) {
     freed = true;
   }
   consumed_files_.fetch_add(count, std::memory_order_relaxed);
-  position_ += count;
   if (freed) changed_.SignalAll();
 }
 
@@ -85,14 +85,20 @@ void Prefetcher::MergeLocked() {
   std::vector<const Order*> orders;
   size_t longest = 0;
   merged_payers_.clear();
+  merged_orders_.clear();
   for (uint64_t reader : readers) {
     const Order& order = orders_.at(reader);
     orders.push_back(&order);
-    if (merged_payers_.size() < kNobody) merged_payers_.push_back(order.payer);
+    if (merged_orders_.size() < kNobody) {
+      merged_orders_.push_back(&order);
+      merged_payers_.push_back(order.payer);
+    }
     longest = std::max(longest, order.ids.size() - order.consumed);
   }
+  const bool evicts = placement_->evicts();
   merged_.clear();
   merged_order_.clear();
+  merged_index_.clear();
   for (size_t i = 0; i < longest; ++i) {
     for (size_t o = 0; o < orders.size(); ++o) {
       const Order& order = *orders[o];
@@ -100,16 +106,16 @@ void Prefetcher::MergeLocked() {
       merged_.push_back(order.ids[order.consumed + i]);
       // Past 65,535 readers (never, in practice) the rest pay nobody.
       merged_order_.push_back(static_cast<uint16_t>(std::min<size_t>(o, kNobody)));
+      if (evicts) merged_index_.push_back(static_cast<uint32_t>(order.consumed + i));
     }
   }
   next_ = 0;
-  position_ = 0;
   // Each file's positions, for NextUse (a counting sort by file id): only
   // eviction asks for them.
   first_.clear();
   occurrences_.clear();
   next_occurrence_.clear();
-  if (!placement_->evicts()) return;
+  if (!evicts) return;
   const uint32_t files = namespace_->entry_count();  // Extents too (announced ranges).
   first_.assign(files + 1, 0);
   for (uint32_t id : merged_) ++first_[id + 1];
@@ -123,9 +129,35 @@ void Prefetcher::MergeLocked() {
 uint64_t Prefetcher::NextUse(uint32_t id) const {
   MutexLock lock(&mu_);
   if (merged_.empty() || id + 1 >= first_.size()) return kNever;
+  // Where the reader of merged_ position q is in its order against where q
+  // lies in it: reads of that reader from now, or none if behind it.
+  auto reads_until = [this](uint32_t q) -> std::optional<uint64_t> {
+    if (merged_order_[q] >= merged_orders_.size()) return std::nullopt;
+    const Order& order = *merged_orders_[merged_order_[q]];
+    if (merged_index_[q] < order.consumed) return std::nullopt;
+    return merged_index_[q] - order.consumed;
+  };
+  // Occurrences behind their reader stay behind (readers only move on).
   uint32_t& next = next_occurrence_[id];
-  while (next < first_[id + 1] && occurrences_[next] < position_) ++next;
-  return next < first_[id + 1] ? occurrences_[next] - position_ : kNever;
+  while (next < first_[id + 1] && !reads_until(occurrences_[next])) ++next;
+  // Each reader at its own pace: its reads since its announcement, per
+  // second. A fast job's next use of a file comes sooner than a slow
+  // job's at the same distance, and a slow job's is not behind just
+  // because the other job read on.
+  const auto now = Clock::now();
+  uint64_t soonest = kNever;
+  for (uint32_t k = next; k < first_[id + 1]; ++k) {
+    const uint32_t q = occurrences_[k];
+    const std::optional<uint64_t> reads = reads_until(q);
+    if (!reads) continue;
+    const Order& order = *merged_orders_[merged_order_[q]];
+    const double seconds = std::max(
+        1e-3, std::chrono::duration<double>(now - order.announced_at).count());
+    const double reads_per_second = (static_cast<double>(order.consumed) + 1) / seconds;
+    soonest = std::min(soonest, static_cast<uint64_t>(1e6 * static_cast<double>(*reads) /
+                                                      reads_per_second));
+  }
+  return soonest;
 }
 
 int Prefetcher::AllowedStreams() const {

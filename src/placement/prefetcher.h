@@ -18,8 +18,9 @@
 //   it is triggered; files already in a tier, in flight, or left on the
 //   source (no room) are skipped without a read.
 // - The orders also tell eviction what is read next (NextUse, for
-//   placement.policy lru): positions are counted in the merged order, the
-//   readers' position being the first reads they reported.
+//   placement.policy lru): how soon, at each reader's own pace, its
+//   position being the first reads it reported. Readers at different
+//   speeds (jobs sharing a node service) each keep their next files.
 // - Readers come first. A read of a file the streams have not reached is a
 //   miss like any other, served at once. While readers have misses of their
 //   own in flight, each takes one of the `streams` slots (one stream always
@@ -31,6 +32,7 @@
 #ifndef MONARCH_PLACEMENT_PREFETCHER_H_
 #define MONARCH_PLACEMENT_PREFETCHER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -65,10 +67,11 @@ class Prefetcher final : public NextUseOracle {
   // Whether streams are copying an announced order (prefetch.streams > 0).
   bool copying() const { return streams_ > 0 && active(); }
 
-  // The future the announced orders tell, for eviction: how many reads from
-  // now (in the merged order, the readers' position being the number of
-  // first reads they reported since the announcement) file `id` is next
-  // read; kNever if the order does not read it again (or none is known).
+  // The future the announced orders tell, for eviction: how soon file `id`
+  // is next read, in microseconds: for each reader whose order reads it
+  // again, its reads until then (from the first reads it reported) at its
+  // pace since its announcement; the soonest. kNever if no order reads it
+  // again (or none is known).
   static constexpr uint64_t kNever = ~uint64_t{0};
   uint64_t NextUse(uint32_t id) const override;
   bool known() const override { return active(); }
@@ -84,10 +87,12 @@ class Prefetcher final : public NextUseOracle {
   void ReportCounters(CounterSink& sink) const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Order {
     std::vector<uint32_t> ids;
     size_t consumed = 0;  // How many of its files the reader started.
     SourcePayer payer;
+    Clock::time_point announced_at;  // Its pace: `consumed` since then.
   };
 
   void StreamLoop();
@@ -114,13 +119,16 @@ class Prefetcher final : public NextUseOracle {
   static constexpr uint16_t kNobody = 0xffff;
   std::vector<uint16_t> merged_order_ ABSL_GUARDED_BY(mu_);
   std::vector<SourcePayer> merged_payers_ ABSL_GUARDED_BY(mu_);
+  std::vector<const Order*> merged_orders_ ABSL_GUARDED_BY(mu_);  // Into orders_, as merged.
+  // Where each position of merged_ lies in its reader's order (for NextUse;
+  // only when placement evicts).
+  std::vector<uint32_t> merged_index_ ABSL_GUARDED_BY(mu_);
   // Where each file occurs in merged_: its positions, ascending, are
   // occurrences_[first_[id] .. first_[id + 1]); next_[id] indexes the first
   // not yet behind the readers (advanced lazily by NextUse).
   std::vector<uint32_t> first_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<uint32_t> next_occurrence_ ABSL_GUARDED_BY(mu_);
-  uint64_t position_ ABSL_GUARDED_BY(mu_) = 0;  // First reads reported since the merge.
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // The next position of merged_ to fetch.
   // Files started by a stream since the last announcement and not read yet,
   // with their sizes: the lookahead in use.
