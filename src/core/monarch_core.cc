@@ -23,6 +23,7 @@
 #include "config/valid_config.h"
 #include "core/read_path.h"
 #include "core/read_speeds.h"
+#include "drivers/ram_keep.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
@@ -88,7 +89,8 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
                                                          const Config& config,
-                                                         const Namespace& ns) {
+                                                         const Namespace& ns,
+                                                         const std::string& kept_ram_for) {
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
     case TierKind::kRam: {
@@ -102,6 +104,16 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       // The tier never holds more than the dataset: backing more would only
       // take memory from the job.
       options.back_ahead = std::min(tier.back_ahead_bytes, ns.total_bytes());
+      if (!kept_ram_for.empty() && !config.node.keep_ram) DiscardKeptRam(kept_ram_for);
+      if (!kept_ram_for.empty() && config.node.keep_ram) {
+        absl::StatusOr<std::string> dir = KeptRamDirectory(kept_ram_for);
+        if (dir.ok()) {
+          options.kept_dir = JoinPath(*dir, tier.name);
+          MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(options.kept_dir, "node.keep_ram"));
+        } else {
+          MONARCH_LOG(kWarning, "node.keep_ram: RAM copies are not kept: ", dir.status().message());
+        }
+      }
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.entry_count(), options);
     }
     case TierKind::kPmem:
@@ -654,7 +666,7 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   };
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);
+    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns, options.kept_ram_for);
     if (!driver.ok()) {
       return absl::Status(driver.status().code(),
                           absl::StrCat("tiers[", i, "] ('", config.tiers[i].name,

@@ -235,7 +235,9 @@ class FileIdentity {
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) = 0;
 };
 
-// Copies kept across runs: the file tiers.
+// Copies kept across runs: the file tiers, and a RAM tier whose memory is
+// kept (RamTierOptions::kept_dir), which frees what no visit adopted once
+// ScanCopies() returns.
 class KeptCopies {
  public:
   // Calls `visit` for every copy an earlier run left: its dataset-relative
@@ -299,7 +301,7 @@ struct DriverCapabilities {
   InMemoryReads* in_memory = nullptr;   // Reading only what is in memory: the source.
   MemoryBacking* memory = nullptr;      // Backing memory ahead, giving it back: RAM.
   FileIdentity* identity = nullptr;     // What a file is now: the source.
-  KeptCopies* kept = nullptr;           // Copies kept across runs: posix, pmem.
+  KeptCopies* kept = nullptr;           // Copies kept across runs: posix, pmem, a kept RAM tier.
   SharedCopies* shared = nullptr;       // Memory other processes share: the RAM tier.
 };
 
@@ -314,6 +316,10 @@ struct RamTierOptions {
   // MemoryBacking::ReleaseFreeMemory() can give it back (memory.watch).
   bool releasable = false;
   uint64_t back_ahead = 0;  // TierConfig::back_ahead.
+  // Not empty: the tier's memory is files in this directory on a tmpfs
+  // (KeptRamDirectory), kept for the next driver made on it, which adopts
+  // the copies its journal lists (KeptCopies: ram_keep.h).
+  std::string kept_dir;
 };
 // A RAM tier named `name` of `capacity` bytes for a namespace of
 // `file_count` files (ids 0..file_count-1).
