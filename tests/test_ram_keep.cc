@@ -260,5 +260,30 @@ TEST_CASE("kept RAM tier: the journal stays bounded however often copies come an
   CHECK(Exact(*driver, files.refs[4]));
 }
 
+TEST_CASE("kept RAM tier: kept for the runtime directory as it is, not one made again, nor one gone") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  testing::ScratchDir other;
+  const std::string gone = other.Sub("gone"), again = other.Sub("again");
+  absl::StatusOr<std::string> gone_kept = KeptRamDirectory(gone);
+  absl::StatusOr<std::string> again_kept = KeptRamDirectory(again);
+  REQUIRE(gone_kept.ok());
+  REQUIRE(again_kept.ok());
+  CHECK(*KeptRamDirectory(again) == *again_kept);
+  for (const std::string& kept : {*gone_kept, *again_kept}) {
+    ScopedFd(::open((kept + "/journal").c_str(), O_CREAT | O_WRONLY, 0600));
+  }
+  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  struct stat st;
+  CHECK(::stat((*again_kept + "/journal").c_str(), &st) == 0);  // Still its own.
+  REQUIRE(::rmdir(gone.c_str()) == 0);
+  REQUIRE(::rmdir(again.c_str()) == 0);
+  REQUIRE(::mkdir(again.c_str(), 0700) == 0);
+  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  CHECK(::stat((*again_kept + "/journal").c_str(), &st) != 0);  // Another directory's.
+  CHECK(::stat(gone_kept->c_str(), &st) != 0);                 // Its directory is gone.
+  DiscardKeptRam(again);
+}
+
 }  // namespace
 }  // namespace monarch

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -50,12 +51,12 @@ struct RecordHead {
 };
 static_assert(sizeof(RecordHead) == 80, "no padding");
 
+// The runtime directory's path, '%' and '/' escaped: one name per
+// directory, which a user (or a test) can tell from the path.
 std::string KeptPath(const std::string& runtime_dir) {
-  std::string base = runtime_dir;
-  while (base.size() > 1 && base.back() == '/') base.pop_back();
-  base = base.substr(base.rfind('/') + 1);
-  return absl::StrFormat("%s/monarch-%d/%s-%08x", kShm, ::geteuid(), base.substr(0, 64),
-                         Crc32c(runtime_dir.data(), runtime_dir.size()));
+  std::string name;
+  for (char c : runtime_dir) name += c == '%' ? "%25" : c == '/' ? "%2F" : std::string(1, c);
+  return absl::StrFormat("%s/monarch-%d/%s", kShm, ::geteuid(), name);
 }
 
 std::string Serialize(Kind kind, const KeptCopy& copy) {
@@ -100,6 +101,17 @@ void RemoveTree(const std::string& dir, int depth) {
   os::UnlinkAt(AT_FDCWD, dir.c_str(), AT_REMOVEDIR);
 }
 
+// Whether `kept` holds what runtime directory `runtime_dir`, as it is now,
+// kept: the device and inode it had then are its own now. `unknown` if
+// `kept` does not say whose it is (yet: it is being made).
+bool KeptFor(const std::string& runtime_dir, const std::string& kept, bool unknown = false) {
+  struct stat st;
+  absl::StatusOr<std::string> owner = ReadSmallFile(JoinPath(kept, "runtime-dir"), 64);
+  if (!owner.ok()) return unknown;
+  return os::Stat(runtime_dir.c_str(), &st) == 0 &&
+         *owner == absl::StrCat(st.st_dev, ":", st.st_ino);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
@@ -111,8 +123,32 @@ absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
     return absl::FailedPreconditionError(absl::StrCat(kShm, " is not a tmpfs"));
   }
   const std::string dir = KeptPath(runtime_dir);
-  MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(dir.substr(0, dir.rfind('/')), "node.keep_ram"));
+  const std::string root = dir.substr(0, dir.rfind('/'));
+  // What runtime directories that are gone kept (tests', benchmarks') goes.
+  if (DIR* d = os::OpenDir(root.c_str())) {
+    while (struct dirent* entry = os::ReadDir(d)) {
+      std::string path = entry->d_name;
+      for (size_t at = 0; (at = path.find('%', at)) != std::string::npos; ++at) {
+        path.replace(at, 3, path.compare(at, 3, "%2F") == 0 ? "/" : "%");
+      }
+      if (path[0] == '/' && !KeptFor(path, JoinPath(root, entry->d_name), true)) {
+        RemoveTree(JoinPath(root, entry->d_name), 1);
+      }
+    }
+    os::CloseDir(d);
+  }
+  // Kept for this runtime directory only, not for one made again at the
+  // same path (a benchmark's or a test's, which expects a cold start).
+  struct stat st;
+  if (os::Stat(runtime_dir.c_str(), &st) != 0) return ErrnoToStatus(errno, runtime_dir);
+  const std::string owner_path = JoinPath(dir, "runtime-dir");
+  const bool ours = KeptFor(runtime_dir, dir);
+  if (!ours) RemoveTree(dir, 1);
+  MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(root, "node.keep_ram"));
   MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(dir, "node.keep_ram"));
+  if (!ours) {
+    MONARCH_RETURN_IF_ERROR(WriteSmallFile(owner_path, absl::StrCat(st.st_dev, ":", st.st_ino)));
+  }
   return dir;
 }
 

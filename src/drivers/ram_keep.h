@@ -5,7 +5,7 @@
 // end may kill every process of the job, a keeper included. A file on a
 // tmpfs survives any process: a node service's RAM tier keeps its stripes,
 // its slot table and its journal as files in a private directory,
-// /dev/shm/monarch-<uid>/<runtime dir's name>-<hash>/ (0700). The next
+// /dev/shm/monarch-<uid>/<runtime dir, '/' as %2F>/<tier>/ (0700). The next
 // service on the same runtime directory (it holds monarch.lock: one owner at
 // a time) adopts the copies the journal lists whose source is unchanged and
 // whose bytes still have their CRC32C (ram_driver.cc). An idle exit, or
