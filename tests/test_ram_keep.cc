@@ -88,24 +88,31 @@ bool Exact(StorageDriver& driver, const FileRef& file) {
   return true;
 }
 
-// As the instance adopts (monarch_core.cc's ReuseEarlierCopies): a copy
-// whose recorded source is `files` as now, else removed. Returns what was
-// visited: name -> whether it came with a source.
+// As the instance adopts (monarch_core.cc's ReuseEarlierCopies): after the
+// scan, a copy whose recorded source is `files` as now, else removed.
+// Returns what was visited: name -> whether it came with a source.
 std::map<std::string, bool> Adopt(StorageDriver& driver, const std::vector<FileRef>& files) {
   KeptCopies* kept = driver.capabilities().kept;
   REQUIRE(kept != nullptr);
   std::map<std::string, bool> visited;
+  std::vector<std::pair<const FileRef*, bool>> found;
   REQUIRE(kept->ScanCopies([&](absl::string_view name, const SourceIdentity* source) {
                 visited[std::string(name)] = source != nullptr;
                 for (const FileRef& file : files) {
-                  if (file.name != name) continue;
-                  if (source != nullptr && *source == SourceIdentity::Of(file)) {
-                    kept->CopyAdopted(file);
-                  } else {
-                    CHECK(driver.Remove(file).ok());
+                  if (file.name == name) {
+                    found.emplace_back(&file,
+                                       source != nullptr && *source == SourceIdentity::Of(file));
                   }
                 }
               }).ok());
+  for (const auto& [file, valid] : found) {
+    if (valid) {
+      kept->CopyAdopted(*file);
+    } else {
+      CHECK(driver.Remove(*file).ok());
+    }
+  }
+  kept->AdoptionDone();
   return visited;
 }
 

@@ -9,7 +9,10 @@
 #include "core/monarch_internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -555,24 +558,45 @@ class MonarchImpl final : public MonarchCore {
   }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
-  // when they are copies of the source files as the walk found them (the
-  // identity in their trailers, and a stat when the namespace was not
-  // walked), delete the others. Their blocks are checked
+  // (and a kept RAM tier) when they are copies of the source files as the
+  // walk found them (the identity recorded with them, and a stat when the
+  // namespace was not walked), delete the others. Their blocks are checked
   // against their checksums as they are read, like any copy's.
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
       KeptCopies* kept = tier.can().kept;
       if (!tier.is_cache() || kept == nullptr) continue;
+      struct Found {
+        FileEntry* entry;
+        bool valid;
+      };
+      std::vector<Found> found;
       MONARCH_RETURN_IF_ERROR(kept->ScanCopies([&](absl::string_view name,
                                                    const SourceIdentity* source) {
         FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
-        // A namespace from a manifest cannot see a file rewritten in place:
-        // its copy is adopted only if the source still stats the same.
-        const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id) &&
-                           (!namespace_->built_from_manifest() ||
-                            namespace_->SourceUnchanged(entry->ref.id));
+        found.push_back(
+            {entry, source != nullptr && *source == namespace_->identity(entry->ref.id)});
+      }));
+      // A namespace from a manifest cannot see a file rewritten in place:
+      // a copy is adopted only if the source still stats the same. The
+      // stats go in parallel (dataset.scan_threads), as a walk's do: a PFS
+      // answers each in a millisecond or more.
+      if (namespace_->built_from_manifest()) {
+        std::atomic<size_t> next{0};
+        auto stat_sources = [&] {
+          for (size_t i; (i = next.fetch_add(1)) < found.size();) {
+            if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry->ref.id);
+          }
+        };
+        std::vector<std::thread> threads;
+        const size_t count = std::min<size_t>(found.size() / 64, config_.dataset.scan_threads);
+        for (size_t i = 1; i < count; ++i) threads.emplace_back(stat_sources);
+        stat_sources();
+        for (std::thread& thread : threads) thread.join();
+      }
+      for (const auto& [entry, valid] : found) {
         // A whole copy of a file now cached by extents is never read.
         const bool wanted = valid && entry->extent_count == 0 &&
                             entry->tier->load() == source_index_ &&
@@ -583,13 +607,14 @@ class MonarchImpl final : public MonarchCore {
           entry->state.store(PlacementState::kInTier);
           kept->CopyAdopted(entry->ref);
           ++warm_reused_;
-          return;
+          continue;
         }
         // Stale, damaged, a duplicate of a faster tier's copy, or over capacity.
         absl::Status removed = tier.driver().Remove(entry->ref);
         if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
         if (!valid) ++warm_discarded_;
-      }));
+      }
+      kept->AdoptionDone();
     }
     if (warm_reused_ + warm_discarded_ > 0) {
       MONARCH_LOG(kInfo, "warm restart: reused ", warm_reused_, " copies, discarded ",

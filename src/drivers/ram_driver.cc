@@ -257,8 +257,10 @@ class RamDriver final : public StorageDriver,
   }
 
   // The copies the journal listed, each checked against its CRC32C where it
-  // lies; then what none adopted is freed, and the journal starts afresh.
+  // lies; AdoptionDone() frees what none adopted, and starts the journal
+  // afresh.
   absl::Status ScanCopies(CopyVisitor visit) override {
+    adopting_ = true;
     std::map<uint64_t, uint64_t> taken;  // Begin -> end, as stripe << 56 | offset.
     auto overlaps = [&](const KeptCopy& copy) {
       const uint64_t begin = uint64_t{copy.stripe} << 56 | copy.offset;
@@ -270,7 +272,8 @@ class RamDriver final : public StorageDriver,
       taken.emplace(begin, end);
       return false;
     };
-    for (const auto& [name, copy] : kept_) {
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      const KeptCopy& copy = it->second;
       const bool fits = copy.stripe < static_cast<uint32_t>(arena_->stripe_count()) &&
                         copy.offset % 64 == 0 && copy.offset <= arena_->stripe_bytes() &&
                         copy.length <= arena_->stripe_bytes() - copy.offset &&
@@ -279,25 +282,32 @@ class RamDriver final : public StorageDriver,
           fits && !overlaps(copy) &&
           Crc32c(arena_->data(RamArena::Extent{copy.stripe, copy.offset}), copy.length) ==
               copy.crc32c;
-      scanning_ = &copy;
-      visit(name, intact ? &copy.source : nullptr);
+      visit(it->first, intact ? &copy.source : nullptr);
+      it = intact ? std::next(it) : kept_.erase(it);  // Only an intact copy may be adopted.
     }
-    scanning_ = nullptr;
+    return absl::OkStatus();
+  }
+  void CopyAdopted(const FileRef& file) override {
+    auto it = kept_.find(std::string(file.name));
+    if (!adopting_ || it == kept_.end() || file.id >= file_count_ ||
+        file.size != it->second.length) {
+      return;
+    }
+    slots_[file.id].location.store(Pack({it->second.stripe, it->second.offset}),
+                                   std::memory_order_release);
+    adopted_[file.id] = std::move(it->second);
+    kept_.erase(it);
+  }
+  void AdoptionDone() override {
     std::vector<std::pair<RamArena::Extent, uint64_t>> extents;
     for (const auto& [id, copy] : adopted_) {
       if (copy.length > 0) extents.push_back({{copy.stripe, copy.offset}, copy.length});
     }
     arena_->Adopt(extents);
     kept_.clear();
+    adopting_ = false;
     MutexLock lock(&remove_mu_);
     journal_->Rewrite(std::move(adopted_));
-    return absl::OkStatus();
-  }
-  void CopyAdopted(const FileRef& file) override {
-    if (scanning_ == nullptr || file.id >= file_count_ || file.size != scanning_->length) return;
-    slots_[file.id].location.store(Pack({scanning_->stripe, scanning_->offset}),
-                                   std::memory_order_release);
-    adopted_[file.id] = *scanning_;
   }
 
   uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
@@ -408,9 +418,9 @@ class RamDriver final : public StorageDriver,
   }
 
   absl::Status Remove(const FileRef& file) override {
-    // A kept copy not adopted: ScanCopies() frees it.
-    if (scanning_ != nullptr && file.name == scanning_->name) return absl::OkStatus();
     if (file.id >= file_count_) return absl::NotFoundError("no RAM copy");
+    // A kept copy not adopted: AdoptionDone() frees it.
+    if (adopting_ && slots_[file.id].location.load() == 0) return absl::OkStatus();
     Slot& slot = slots_[file.id];
     MutexLock lock(&remove_mu_);  // Serializes removers of the same slot; readers never take it.
     const uint64_t location = slot.location.load(std::memory_order_relaxed);
@@ -534,10 +544,11 @@ class RamDriver final : public StorageDriver,
   std::vector<MappedFileKey> stripe_keys_;  // By stripe: how /proc/<pid>/maps names it.
   // A kept arena's: written under remove_mu_ once ScanCopies() began it.
   const std::unique_ptr<RamJournal> journal_;
-  // Only during ScanCopies() (one thread, before any other call): what the
-  // journal listed, the copy being visited, and those adopted so far.
+  // From ScanCopies() to AdoptionDone() (one thread, before any other
+  // call): what the journal listed (once visited, the intact copies only),
+  // and the copies adopted.
+  bool adopting_ = false;
   std::map<std::string, KeptCopy> kept_;
-  const KeptCopy* scanning_ = nullptr;
   absl::flat_hash_map<uint32_t, KeptCopy> adopted_;
   Mutex remove_mu_;
   int64_t first_handed_out_ ABSL_GUARDED_BY(remove_mu_) = 0;  // BootTimeNanos().

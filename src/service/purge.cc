@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "drivers/ram_keep.h"
 #include "config/valid_config.h"
 
 namespace monarch::service {
@@ -130,6 +131,7 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     result.status = missing[i];
     if (tier.kind == TierKind::kRam) {
       result.holders = RamTierHolders(tier.name);
+      if (!options.dry_run) DiscardKeptRam(purge.paths.dir);  // What a stop kept (node.keep_ram).
     } else if (HasDirectory(tier) && result.status.ok()) {
       absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier.path, options);
       if (report.ok()) {
