@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -265,6 +266,37 @@ TEST_CASE("kept RAM tier: the journal stays bounded however often copies come an
   driver = MustKept(dir.tier());
   CHECK(Adopt(*driver, files.refs).size() == 1);
   CHECK(Exact(*driver, files.refs[4]));
+}
+
+TEST_CASE("kept RAM tier: a copy a process maps in place is never reused: the kept arena is left "
+          "to it") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  Files files;
+  const FileRef& big = files.refs[2];  // 2 MiB: starts on a page, may be mapped.
+  {
+    std::unique_ptr<StorageDriver> first = MustKept(dir.tier());
+    Adopt(*first, files.refs);
+    Store(*first, big);
+  }
+  const KeptCopy copy =
+      RamJournal(dir.tier() + "/journal", kStripes, kCapacity).Read()->at(files.names[2]);
+  ScopedFd stripe(::open(absl::StrCat(dir.tier(), "/stripe-", copy.stripe).c_str(), O_RDONLY));
+  void* map = ::mmap(nullptr, big.size, PROT_READ, MAP_PRIVATE, stripe.get(),
+                     static_cast<off_t>(copy.offset));
+  REQUIRE(map != MAP_FAILED);
+  {
+    std::unique_ptr<StorageDriver> second = MustKept(dir.tier());
+    CHECK(Adopt(*second, files.refs).empty());
+    for (const FileRef& file : files.refs) Store(*second, file);
+    for (const FileRef& file : files.refs) CHECK(Exact(*second, file));
+  }
+  bool exact = true;
+  for (uint64_t i = 0; i < big.size; ++i) {
+    exact = exact && static_cast<const char*>(map)[i] == testing::ExpectedByte(2, i);
+  }
+  CHECK(exact);  // Its pages were not reused.
+  ::munmap(map, big.size);
 }
 
 TEST_CASE("kept RAM tier: kept for the runtime directory as it is, not one made again, nor one gone") {

@@ -44,6 +44,7 @@
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,13 +59,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/crc32c.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/process_mappings.h"
 #include "common/status_macros.h"
 #include "common/shared_memory.h"
 #include "drivers/copy_integrity.h"
-#include "common/log.h"
 #include "drivers/ram_arena.h"
 #include "drivers/ram_keep.h"
 #include "drivers/storage_driver.h"
@@ -664,6 +665,37 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   arena_options.releasable = options.releasable;
   arena_options.back_ahead = options.back_ahead;
   arena_options.kept_dir = options.kept_dir;
+  // A copy of the service before mapped in place (Monarch::MapCopies) is a
+  // private mapping of a stripe file, which no seqlock guards: while any
+  // process may map one, the kept arena is left to it, and this one starts
+  // on new files.
+  std::vector<MappedFileKey> kept_files;
+  for (int i = 0; !options.kept_dir.empty() && i < kStripes; ++i) {
+    struct stat st;
+    if (os::Stat(JoinPath(options.kept_dir, absl::StrCat("stripe-", i)).c_str(), &st) == 0) {
+      kept_files.push_back({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+    }
+  }
+  if (!kept_files.empty()) {
+    // No process older than the kept directory (KeptRamDirectory) can map it.
+    int64_t since = 0;
+    struct stat made;
+    if (os::Stat(JoinPath(options.kept_dir, "../runtime-dir").c_str(), &made) == 0) {
+      struct timespec now;
+      ::clock_gettime(CLOCK_REALTIME, &now);
+      since = BootTimeNanos() - (TimespecNanos(now) - TimespecNanos(made.st_mtim)) - 1000000000;
+    }
+    absl::StatusOr<std::vector<MappedFileRange>> mapped = FindPrivateMappings(kept_files, since);
+    if (!mapped.ok() || !mapped->empty()) {
+      MONARCH_LOG(kWarning, "RAM tier ", name, ": discarding the copies kept in ",
+                  options.kept_dir, ": ",
+                  mapped.ok() ? "a process maps them in place" : mapped.status().message());
+      for (const char* file : {"journal", "slots"}) os::Unlink(JoinPath(options.kept_dir, file).c_str());
+      for (int i = 0; i < kStripes; ++i) {
+        os::Unlink(JoinPath(options.kept_dir, absl::StrCat("stripe-", i)).c_str());
+      }
+    }
+  }
   const uint64_t arena_bytes = capacity + capacity / 256 + 64 * uint64_t{file_count};
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(arena_bytes, kStripes,
