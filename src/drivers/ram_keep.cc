@@ -154,6 +154,8 @@ absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
 
 void DiscardKeptRam(const std::string& runtime_dir) { RemoveTree(KeptPath(runtime_dir), 1); }
 
+std::string KeptRamPath(const std::string& runtime_dir) { return KeptPath(runtime_dir); }
+
 absl::StatusOr<std::map<std::string, KeptCopy>> RamJournal::Read() const {
   ScopedFd fd(os::Open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoToStatus(errno, "no journal");

@@ -40,6 +40,9 @@ absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir);
 // Removes that directory and what it holds, if there is one: the kept
 // copies' memory goes back once nobody maps it.
 void DiscardKeptRam(const std::string& runtime_dir);
+// Its path, whether or not it exists (a RAM tier's files are under
+// <path>/<tier name>/).
+std::string KeptRamPath(const std::string& runtime_dir);
 
 // What the journal says the arena holds: one copy.
 struct KeptCopy {

@@ -1516,17 +1516,19 @@ def tier_files(root):
     return files
 
 
-def memfd_holders(name):
-    """Pids whose mappings include the RAM tier `name`'s memfds (ram_driver.cc names them)."""
+def memfd_holders(name, rt):
+    """Pids whose mappings include the RAM tier `name`'s memfds (ram_driver.cc names them), or
+    its files kept for runtime directory rt (ram_keep.cc)."""
     wanted = ("/memfd:monarch-ram:%s (deleted)" % name,
               "/memfd:monarch-ram-slots:%s (deleted)" % name)
+    kept = "%s/%s/" % (kept_ram_dir(rt), name)
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open("/proc/%s/maps" % entry) as f:
-                if any(line.rstrip("\n").endswith(wanted) for line in f):
+                if any(line.rstrip("\n").endswith(wanted) or kept in line for line in f):
                     pids.append(int(entry))
         except OSError:
             continue
@@ -1606,7 +1608,7 @@ def scenario_purge(env):
         ram["files"], ram["bytes_used"], nvme["files"], nvme["bytes_used"]))
     check(ram["files"] > 0 and nvme["files"] > 0, "a tier stayed empty: ram %d, nvme %d files" % (
         ram["files"], nvme["files"]))
-    check(service.pid in memfd_holders(ram_name),
+    check(service.pid in memfd_holders(ram_name, rt),
           "the service %d maps no memfd monarch-ram:%s: the RAM tier's naming changed, and "
           "purge's report of it with it" % (service.pid, ram_name))
     held = copies()
@@ -1624,8 +1626,8 @@ def scenario_purge(env):
     check(copies() == held, "purge under a running service removed copies")
     service.stop()
     check(not lock_held(rt), "the service still holds its lock after stop")
-    check(memfd_holders(ram_name) == [], "the RAM tier is still mapped after the service stopped: "
-          "pids %s" % memfd_holders(ram_name))
+    check(memfd_holders(ram_name, rt) == [], "the RAM tier is still mapped after the service stopped: "
+          "pids %s" % memfd_holders(ram_name, rt))
 
     # A dry run lists every copy and removes nothing.
     r = purge(env, config, "--dry-run")
@@ -1660,6 +1662,7 @@ def scenario_purge(env):
           "the tier directory holds %d bytes after purge" % posix_dir_bytes(tier_dir))
     check(file_digests(dataset) == dataset_before, "purge changed the dataset")
     check(own_shm() == shm_before, "/dev/shm changed: %s" % sorted(own_shm() ^ shm_before))
+    check(not os.path.exists(kept_ram_dir(rt)), "purge left the kept RAM tier")
 
     # The next run reads exact bytes, every one from the source again, and
     # fills the tiers again.
