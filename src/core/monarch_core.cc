@@ -110,11 +110,12 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       if (!kept_ram_for.empty() && !config.node.keep_ram) DiscardKeptRam(kept_ram_for);
       if (!kept_ram_for.empty() && config.node.keep_ram) {
         absl::StatusOr<std::string> dir = KeptRamDirectory(kept_ram_for);
-        if (dir.ok()) {
+        absl::Status made = dir.status();
+        if (dir.ok()) made = MakePrivateDirectory(JoinPath(*dir, tier.name), "node.keep_ram");
+        if (made.ok()) {
           options.kept_dir = JoinPath(*dir, tier.name);
-          MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(options.kept_dir, "node.keep_ram"));
-        } else {
-          MONARCH_LOG(kWarning, "node.keep_ram: RAM copies are not kept: ", dir.status().message());
+        } else {  // Memfds, as without the key.
+          MONARCH_LOG(kWarning, "node.keep_ram: RAM copies are not kept: ", made.message());
         }
       }
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.entry_count(), options);
