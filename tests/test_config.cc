@@ -727,7 +727,8 @@ TEST_CASE("bad node values are refused with the key named") {
   SUBCASE("unknown node key") {
     CHECK(absl::StrContains(ErrorOf(base + "node: {sharde: true}\n"),
                             "node.sharde: unknown key; expected one of: shared, runtime_dir, "
-                            "autostart, idle_exit, request_timeout, start_timeout, metrics_port"));
+                            "autostart, idle_exit, keep_ram, request_timeout, start_timeout, "
+                            "metrics_port"));
   }
   SUBCASE("node that is not a mapping") {
     CHECK(absl::StrContains(ErrorOf(base + "node: shared\n"),

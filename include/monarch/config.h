@@ -174,6 +174,7 @@ struct NodeConfig {
   std::string runtime_dir;  // Empty: one per dataset and cache shape (NodeRuntimeDirectory).
   bool autostart = true;
   double idle_exit_seconds = 300;  // 0: never.
+  bool keep_ram = true;  // RAM copies outlive a service's restart (drivers/ram_keep.h).
   double request_timeout_seconds = 60;
   double start_timeout_seconds = 600;
   int metrics_port = 0;  // 0: no endpoint.

@@ -83,13 +83,14 @@ MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
   return *this;
 }
 
-absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, bool writable) {
+absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, bool writable, bool own_file) {
   const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
-    return absl::FailedPreconditionError("refusing to map a shared region whose size is not sealed");
-  }
   struct stat st;
   if (os::Fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat a shared region");
+  if ((seals < 0 || (seals & kSizeSeals) != kSizeSeals) &&
+      !(own_file && S_ISREG(st.st_mode) && st.st_uid == ::geteuid())) {
+    return absl::FailedPreconditionError("refusing to map a shared region whose size is not sealed");
+  }
   if (st.st_size <= 0) return absl::FailedPreconditionError("empty shared region");
   MappedRegion region;
   region.size_ = static_cast<uint64_t>(st.st_size);

@@ -43,7 +43,9 @@ class MappedRegion {
 
   // Maps all of `fd` (its size from fstat) shared, writable or read-only.
   // Refuses a memfd whose size is not sealed: a peer could shrink it.
-  static absl::StatusOr<MappedRegion> Map(int fd, bool writable);
+  // `own_file`: also a file of this user, which cannot be sealed (a kept RAM
+  // tier's on a tmpfs, which its service only grows: drivers/ram_keep.h).
+  static absl::StatusOr<MappedRegion> Map(int fd, bool writable, bool own_file = false);
 
   char* data() const { return data_; }
   uint64_t size() const { return size_; }

@@ -743,6 +743,13 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "The service exits this long after its last client disconnected, freeing its memory: "
       "until then it keeps its copies for the next job on the node, whose epoch 1 is then hot. "
       "`0`: never."));
+  keys.push_back(BoolKey<Config>(
+      "node", "keep_ram", [](auto& c) -> auto& { return c.node.keep_ram; },
+      "The service's RAM tiers are files on /dev/shm (a tmpfs), kept when the service is stopped "
+      "or killed: the next service on the same runtime directory adopts the copies whose source "
+      "is unchanged and whose bytes still match their CRC32C, so the next job's first epoch reads "
+      "them from memory. An idle exit (`node.idle_exit`) frees them. `false`: the RAM tiers are "
+      "memfds and die with the service. Without a tmpfs at /dev/shm they are not kept (logged)."));
   keys.push_back(DurationKey<Config>(
       "node", "request_timeout", [](auto& c) -> auto& { return c.node.request_timeout_seconds; },
       0.001, false, kDay, "duration, 1ms to 24h", "a duration from 1ms to 24h",

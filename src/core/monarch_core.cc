@@ -9,7 +9,10 @@
 #include "core/monarch_internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,7 @@
 #include "config/valid_config.h"
 #include "core/read_path.h"
 #include "core/read_speeds.h"
+#include "drivers/ram_keep.h"
 #include "drivers/tier.h"
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
@@ -88,7 +92,8 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
                                                          const Config& config,
-                                                         const Namespace& ns) {
+                                                         const Namespace& ns,
+                                                         const std::string& kept_ram_for) {
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
     case TierKind::kRam: {
@@ -102,6 +107,17 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       // The tier never holds more than the dataset: backing more would only
       // take memory from the job.
       options.back_ahead = std::min(tier.back_ahead_bytes, ns.total_bytes());
+      if (!kept_ram_for.empty() && !config.node.keep_ram) DiscardKeptRam(kept_ram_for);
+      if (!kept_ram_for.empty() && config.node.keep_ram) {
+        absl::StatusOr<std::string> dir = KeptRamDirectory(kept_ram_for);
+        absl::Status made = dir.status();
+        if (dir.ok()) made = MakePrivateDirectory(JoinPath(*dir, tier.name), "node.keep_ram");
+        if (made.ok()) {
+          options.kept_dir = JoinPath(*dir, tier.name);
+        } else {  // Memfds, as without the key.
+          MONARCH_LOG(kWarning, "node.keep_ram: RAM copies are not kept: ", made.message());
+        }
+      }
       return NewRamDriver(tier.name, tier.capacity_bytes, ns.entry_count(), options);
     }
     case TierKind::kPmem:
@@ -544,24 +560,45 @@ class MonarchImpl final : public MonarchCore {
   }
 
   // Warm restart: adopt the copies an earlier run left in file-backed tiers
-  // when they are copies of the source files as the walk found them (the
-  // identity in their trailers, and a stat when the namespace was not
-  // walked), delete the others. Their blocks are checked
+  // (and a kept RAM tier) when they are copies of the source files as the
+  // walk found them (the identity recorded with them, and a stat when the
+  // namespace was not walked), delete the others. Their blocks are checked
   // against their checksums as they are read, like any copy's.
   absl::Status ReuseEarlierCopies() {
     for (int t = 0; t < source_index_; ++t) {
       Tier& tier = *tiers_[t];
       KeptCopies* kept = tier.can().kept;
       if (!tier.is_cache() || kept == nullptr) continue;
+      struct Found {
+        FileEntry* entry;
+        bool valid;
+      };
+      std::vector<Found> found;
       MONARCH_RETURN_IF_ERROR(kept->ScanCopies([&](absl::string_view name,
                                                    const SourceIdentity* source) {
         FileEntry* entry = namespace_->FindCopy(name);
         if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
-        // A namespace from a manifest cannot see a file rewritten in place:
-        // its copy is adopted only if the source still stats the same.
-        const bool valid = source != nullptr && *source == namespace_->identity(entry->ref.id) &&
-                           (!namespace_->built_from_manifest() ||
-                            namespace_->SourceUnchanged(entry->ref.id));
+        found.push_back(
+            {entry, source != nullptr && *source == namespace_->identity(entry->ref.id)});
+      }));
+      // A namespace from a manifest cannot see a file rewritten in place:
+      // a copy is adopted only if the source still stats the same. The
+      // stats go in parallel (dataset.scan_threads), as a walk's do: a PFS
+      // answers each in a millisecond or more.
+      if (namespace_->built_from_manifest()) {
+        std::atomic<size_t> next{0};
+        auto stat_sources = [&] {
+          for (size_t i; (i = next.fetch_add(1)) < found.size();) {
+            if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry->ref.id);
+          }
+        };
+        std::vector<std::thread> threads;
+        const size_t count = std::min<size_t>(found.size() / 64, config_.dataset.scan_threads);
+        for (size_t i = 1; i < count; ++i) threads.emplace_back(stat_sources);
+        stat_sources();
+        for (std::thread& thread : threads) thread.join();
+      }
+      for (const auto& [entry, valid] : found) {
         // A whole copy of a file now cached by extents is never read.
         const bool wanted = valid && entry->extent_count == 0 &&
                             entry->tier->load() == source_index_ &&
@@ -572,13 +609,14 @@ class MonarchImpl final : public MonarchCore {
           entry->state.store(PlacementState::kInTier);
           kept->CopyAdopted(entry->ref);
           ++warm_reused_;
-          return;
+          continue;
         }
         // Stale, damaged, a duplicate of a faster tier's copy, or over capacity.
         absl::Status removed = tier.driver().Remove(entry->ref);
         if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
         if (!valid) ++warm_discarded_;
-      }));
+      }
+      kept->AdoptionDone();
     }
     if (warm_reused_ + warm_discarded_ > 0) {
       MONARCH_LOG(kInfo, "warm restart: reused ", warm_reused_, " copies, discarded ",
@@ -655,7 +693,7 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   };
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns);
+    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns, options.kept_ram_for);
     if (!driver.ok()) {
       return absl::Status(driver.status().code(),
                           absl::StrCat("tiers[", i, "] ('", config.tiers[i].name,

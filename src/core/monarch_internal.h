@@ -74,6 +74,9 @@ class MonarchCore : public Front {
 struct CoreOptions {
   DriverWrapper wrap;                            // As above; may be empty.
   Namespace::TierSlotAllocator tier_slots;       // Where the tier slots live; empty = heap.
+  // A node service's runtime directory: its RAM tiers are kept there
+  // (node.keep_ram, drivers/ram_keep.h). Empty: in-process, never kept.
+  std::string kept_ram_for;
 };
 
 // Builds an instance in this process whatever config.node says (the service

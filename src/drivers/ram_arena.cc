@@ -52,13 +52,32 @@ void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUG
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
                                                            const std::string& name,
                                                            const Options& options) {
-  const uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
+  uint64_t size = RoundUp(bytes == 0 ? kPage : bytes, kPage);
   const bool huge_pages = options.huge_pages;
-  std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable));
+  const bool kept = !options.kept_dir.empty();
+  std::vector<ScopedFd> files;  // A kept arena's, reopened or new.
+  for (int i = 0; kept && i < std::max(stripes, 1); ++i) {
+    const std::string path = JoinPath(options.kept_dir, absl::StrCat("stripe-", i));
+    files.emplace_back(os::Open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    struct stat st;
+    if (!files.back().valid() || os::Fstat(files.back().get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    }
+    size = std::max(size, RoundUp(static_cast<uint64_t>(st.st_size), kPage));
+  }
+  std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable || kept));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
-    MONARCH_ASSIGN_OR_RETURN(
-        WriteSealedRegion region,
-        CreateWriteSealedRegion(name, size, /*seal_writes=*/!options.releasable));
+    WriteSealedRegion region;
+    if (kept) {
+      region.fd = std::move(files[i]);
+      if (os::Ftruncate(region.fd.get(), static_cast<off_t>(size)) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("size ", options.kept_dir, "/stripe-", i));
+      }
+      MONARCH_ASSIGN_OR_RETURN(region.writable, MappedRegion::Map(region.fd.get(), true, true));
+    } else {
+      MONARCH_ASSIGN_OR_RETURN(
+          region, CreateWriteSealedRegion(name, size, /*seal_writes=*/!options.releasable));
+    }
     auto stripe = std::make_unique<Stripe>();
     stripe->fd = region.fd.release();
     stripe->writable = std::move(region.writable);
@@ -75,7 +94,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
       AdviseHugePages(s.base, size);
     }
   }
-  arena->backing_allowance_.store(options.releasable ? 0 : ~uint64_t{0});
+  arena->backing_allowance_.store(arena->releasable_ ? 0 : ~uint64_t{0});
   if (options.back_ahead > 0) {
     arena->back_ahead_per_stripe_ =
         RoundUp(std::max<uint64_t>(options.back_ahead / arena->stripes_.size(), kPage), kPage);
@@ -88,7 +107,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::MapReadOnly(std::vector<Scop
   if (fds.empty()) return absl::InvalidArgumentError("a RAM arena needs at least one stripe");
   std::unique_ptr<RamArena> arena;
   for (ScopedFd& fd : fds) {
-    MONARCH_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd.get(), /*writable=*/false));
+    MONARCH_ASSIGN_OR_RETURN(MappedRegion region,
+                             MappedRegion::Map(fd.get(), /*writable=*/false, /*own_file=*/true));
     if (arena == nullptr) arena.reset(new RamArena(region.size(), /*releasable=*/false));
     if (region.size() != arena->size_) {
       return absl::FailedPreconditionError("RAM arena stripes of different sizes");
@@ -305,21 +325,43 @@ uint64_t RamArena::ReleaseFreePages() {
     // Held while punching, so that no extent is handed out of a range being
     // punched (its writer's pages would vanish under it).
     MutexLock lock(&stripe->mu);
-    auto punch = [&](uint64_t begin, uint64_t end) {
-      begin = RoundUp(begin, kPage);
-      end = end / kPage * kPage;
-      if (end <= begin) return;
-      // A failure (a kernel without shmem hole punching) leaves the pages
-      // allocated: they are reused by later copies, as without the key.
-      (void)os::Fallocate(stripe->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                          static_cast<off_t>(begin), static_cast<off_t>(end - begin));
-    };
-    for (const auto& [offset, length] : stripe->free) punch(offset, offset + length);
-    punch(stripe->end, size_);
-    stripe->backed = stripe->end;
+    PunchFree(*stripe);
   }
   const uint64_t after = resident_bytes();
   return before > after ? before - after : 0;
+}
+
+void RamArena::PunchFree(Stripe& stripe) {
+  auto punch = [&](uint64_t begin, uint64_t end) {
+    begin = RoundUp(begin, kPage);
+    end = end / kPage * kPage;
+    if (end <= begin) return;
+    // A failure (a kernel without shmem hole punching) leaves the pages
+    // allocated: they are reused by later copies, as without the key.
+    (void)os::Fallocate(stripe.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        static_cast<off_t>(begin), static_cast<off_t>(end - begin));
+  };
+  for (const auto& [offset, length] : stripe.free) punch(offset, offset + length);
+  punch(stripe.end, size_);
+  stripe.backed = stripe.end;
+}
+
+void RamArena::Adopt(const std::vector<std::pair<Extent, uint64_t>>& kept) {
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> used(stripes_.size());
+  for (const auto& [extent, n] : kept) used[extent.stripe].emplace_back(extent.offset, RoundUp(n, kAlign));
+  for (size_t i = 0; i < stripes_.size(); ++i) {
+    std::sort(used[i].begin(), used[i].end());
+    Stripe& stripe = *stripes_[i];
+    MutexLock lock(&stripe.mu);
+    stripe.free.clear();
+    uint64_t at = 0;
+    for (const auto& [offset, n] : used[i]) {
+      if (offset > at) stripe.free.emplace(at, offset - at);
+      at = offset + n;
+    }
+    stripe.end = at;
+    PunchFree(stripe);
+  }
 }
 
 void RamArena::PrepareForReading(Extent extent, uint64_t n) const {

@@ -28,6 +28,11 @@
 // ReleaseFreePages() punches the freed pages out when the tier shrinks.
 // The arena does not enforce the total: the tier's capacity accounting does.
 //
+// A kept arena (Options::kept_dir, a node service's: ram_keep.h) has files
+// on a tmpfs for stripes, which outlive the process. A tmpfs file cannot be
+// sealed: it is releasable, as above, and a process of the same user could
+// write it; clients still get read-only descriptors.
+//
 // Backing ahead (Options::back_ahead): the first store into a page the
 // tier never used costs the kernel allocating and zeroing it, and on a VM
 // the hypervisor backing it too; that is most of a copy's cost (0.8 ms per
@@ -51,6 +56,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,6 +78,10 @@ struct RamArenaOptions {
   // Bytes kept allocated past the stripes' ends, in all (TierConfig::
   // back_ahead); 0: none, and no thread.
   uint64_t back_ahead = 0;
+  // Not empty: the stripes are the files stripe-<i> in this directory (a
+  // tmpfs), created or reopened, grown to the size asked for but never
+  // shrunk (a reader of the service before may still map them).
+  std::string kept_dir;
 };
 
 class RamArena {
@@ -112,6 +122,10 @@ class RamArena {
   // never faults: the size does not change. Returns the bytes of memory the
   // arena held before less those it holds after.
   uint64_t ReleaseFreePages();
+  // A kept arena reopened: the extents (each with its length) that copies
+  // kept in it use become allocated, every other page is punched out.
+  // Before any Allocate().
+  void Adopt(const std::vector<std::pair<Extent, uint64_t>>& kept);
   // Memory the stripes hold now (their memfds' allocated pages).
   uint64_t resident_bytes() const;
   bool releasable() const { return releasable_; }
@@ -162,6 +176,9 @@ class RamArena {
     // the highest `end` so far, which freed extents keep allocated.
     uint64_t backed ABSL_GUARDED_BY(mu) = 0;
   };
+
+  // Punches the pages of `stripe` no extent uses out of its file.
+  void PunchFree(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
 
   RamArena(uint64_t size, bool releasable) : size_(size), releasable_(releasable) {}
 

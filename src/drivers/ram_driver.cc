@@ -29,16 +29,27 @@
 // mapper whose copy was removed before it asked finds the slot's sequence
 // moved (StillCopyOf) and drops its mapping: that memory may be reused.
 //
+// A node service's RAM tier is kept (RamTierOptions::kept_dir): its arena
+// and slot table are tmpfs files, and a journal (ram_keep.h) lists each
+// committed copy with its source's identity and its CRC32C. The next driver
+// on that directory first clears every slot of the table before (a client
+// of the dead service may still read through it: its seqlock then sends it
+// to the source), then adopts, through KeptCopies, the copies whose source
+// is unchanged and whose bytes still match their CRC; the rest is freed.
+//
 // With peers, the driver also keeps each copy's per-4 KiB CRC32Cs, computed
 // as the copy is written: a home then sends a RAM copy to a peer with the
 // CRC of the range combined from them, without reading the bytes.
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -48,6 +59,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "common/crc32c.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/os.h"
 #include "common/process_mappings.h"
@@ -55,6 +67,7 @@
 #include "common/shared_memory.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
+#include "drivers/ram_keep.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
@@ -191,16 +204,21 @@ Slot* ConstructSlots(char* memory, uint32_t file_count) {
 class RamDriver final : public StorageDriver,
                         public CopyMapping,
                         public MemoryBacking,
-                        public SharedCopies {
+                        public SharedCopies,
+                        public KeptCopies {
  public:
+  // `journal`: a kept arena's (null otherwise), and what it listed.
   RamDriver(std::unique_ptr<RamArena> arena, uint32_t file_count, ScopedFd slots_fd,
-            MappedRegion slots_region, bool keep_block_sums)
+            MappedRegion slots_region, bool keep_block_sums,
+            std::unique_ptr<RamJournal> journal, std::map<std::string, KeptCopy> kept)
       : arena_(std::move(arena)),
         file_count_(file_count),
         slots_fd_(std::move(slots_fd)),
         slots_region_(std::move(slots_region)),
         slots_(ConstructSlots(slots_region_.data(), file_count)),
-        keep_block_sums_(keep_block_sums) {
+        keep_block_sums_(keep_block_sums),
+        journal_(std::move(journal)),
+        kept_(std::move(kept)) {
     for (int i = 0; i < arena_->stripe_count(); ++i) {
       struct stat st;
       if (os::Fstat(arena_->stripe_fd(i), &st) == 0) {
@@ -231,6 +249,66 @@ class RamDriver final : public StorageDriver,
     if (!visited.ok()) return visited.status();
     if (*visited != n) return absl::OutOfRangeError("range outside the RAM copy");
     return absl::OkStatus();
+  }
+
+  DriverCapabilities capabilities() override {
+    DriverCapabilities can = StorageDriver::capabilities();
+    if (journal_ == nullptr) can.kept = nullptr;
+    return can;
+  }
+
+  // The copies the journal listed, each checked against its CRC32C where it
+  // lies; AdoptionDone() frees what none adopted, and starts the journal
+  // afresh.
+  absl::Status ScanCopies(CopyVisitor visit) override {
+    adopting_ = true;
+    std::map<uint64_t, uint64_t> taken;  // Begin -> end, as stripe << 56 | offset.
+    auto overlaps = [&](const KeptCopy& copy) {
+      const uint64_t begin = uint64_t{copy.stripe} << 56 | copy.offset;
+      const uint64_t end = begin + copy.length;
+      auto next = taken.lower_bound(begin);
+      if (copy.length == 0) return false;
+      if (next != taken.end() && next->first < end) return true;
+      if (next != taken.begin() && std::prev(next)->second > begin) return true;
+      taken.emplace(begin, end);
+      return false;
+    };
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      const KeptCopy& copy = it->second;
+      const bool fits = copy.stripe < static_cast<uint32_t>(arena_->stripe_count()) &&
+                        copy.offset % 64 == 0 && copy.offset <= arena_->stripe_bytes() &&
+                        copy.length <= arena_->stripe_bytes() - copy.offset &&
+                        copy.source.size == copy.length;
+      const bool intact =
+          fits && !overlaps(copy) &&
+          Crc32c(arena_->data(RamArena::Extent{copy.stripe, copy.offset}), copy.length) ==
+              copy.crc32c;
+      visit(it->first, intact ? &copy.source : nullptr);
+      it = intact ? std::next(it) : kept_.erase(it);  // Only an intact copy may be adopted.
+    }
+    return absl::OkStatus();
+  }
+  void CopyAdopted(const FileRef& file) override {
+    auto it = kept_.find(std::string(file.name));
+    if (!adopting_ || it == kept_.end() || file.id >= file_count_ ||
+        file.size != it->second.length) {
+      return;
+    }
+    slots_[file.id].location.store(Pack({it->second.stripe, it->second.offset}),
+                                   std::memory_order_release);
+    adopted_[file.id] = std::move(it->second);
+    kept_.erase(it);
+  }
+  void AdoptionDone() override {
+    std::vector<std::pair<RamArena::Extent, uint64_t>> extents;
+    for (const auto& [id, copy] : adopted_) {
+      if (copy.length > 0) extents.push_back({{copy.stripe, copy.offset}, copy.length});
+    }
+    arena_->Adopt(extents);
+    kept_.clear();
+    adopting_ = false;
+    MutexLock lock(&remove_mu_);
+    journal_->Rewrite(std::move(adopted_));
   }
 
   uint64_t ReleaseFreeMemory() override { return arena_->ReleaseFreePages(); }
@@ -342,6 +420,8 @@ class RamDriver final : public StorageDriver,
 
   absl::Status Remove(const FileRef& file) override {
     if (file.id >= file_count_) return absl::NotFoundError("no RAM copy");
+    // A kept copy not adopted: AdoptionDone() frees it.
+    if (adopting_ && slots_[file.id].location.load() == 0) return absl::OkStatus();
     Slot& slot = slots_[file.id];
     MutexLock lock(&remove_mu_);  // Serializes removers of the same slot; readers never take it.
     const uint64_t location = slot.location.load(std::memory_order_relaxed);
@@ -350,6 +430,7 @@ class RamDriver final : public StorageDriver,
     std::atomic_thread_fence(std::memory_order_release);
     slot.location.store(0, std::memory_order_relaxed);
     slot.sequence.fetch_add(1, std::memory_order_release);
+    if (journal_ != nullptr) journal_->Removed(file.id);
     if (keep_block_sums_) {
       MutexLock sums_lock(&sums_mu_);
       block_sums_.erase(file.id);
@@ -392,6 +473,7 @@ class RamDriver final : public StorageDriver,
    public:
     Writer(RamDriver* driver, const FileRef& file, RamArena::Extent extent)
         : driver_(driver), id_(file.id), size_(file.size), extent_(extent) {
+      if (driver->journal_ != nullptr) name_ = std::string(file.name);
       if (driver->keep_block_sums_) sums_.emplace(size_);
     }
     ~Writer() override {
@@ -413,9 +495,15 @@ class RamDriver final : public StorageDriver,
       CopyBytes(dst, driver_->arena_->data(extent_) + offset, count);
       return count;
     }
-    absl::Status Commit(const SourceIdentity&) override {
+    absl::Status Commit(const SourceIdentity& source) override {
       // The copy's first reader would otherwise fault on every page.
       if (size_ > 0) driver_->arena_->PrepareForReading(extent_, size_);
+      // Kept: the journal's record, its CRC computed off the lock.
+      std::optional<KeptCopy> kept;
+      if (driver_->journal_ != nullptr && source.size == size_) {
+        kept = KeptCopy{std::move(name_), source, extent_.stripe, extent_.offset, size_,
+                        size_ == 0 ? 0 : Crc32c(driver_->arena_->data(extent_), size_)};
+      }
       Slot& slot = driver_->slots_[id_];
       MutexLock lock(&driver_->remove_mu_);
       const uint64_t previous = slot.location.load(std::memory_order_relaxed);
@@ -430,6 +518,9 @@ class RamDriver final : public StorageDriver,
       // a reader that loads the location with acquire order.
       slot.location.store(Pack(extent_), std::memory_order_release);
       committed_ = true;
+      // After the bytes, which are in the tmpfs file already: a service
+      // killed from here on leaves the record and the copy.
+      if (kept) driver_->journal_->Committed(id_, std::move(*kept));
       return absl::OkStatus();
     }
 
@@ -439,6 +530,7 @@ class RamDriver final : public StorageDriver,
     const uint64_t size_;
     const RamArena::Extent extent_;
     bool committed_ = false;
+    std::string name_;  // Kept arena: the file's, for the journal.
     // With peers: filled by concurrent Write()s for disjoint blocks, taken
     // by Commit(), which comes after every Write().
     std::optional<BlockSums> sums_;
@@ -451,6 +543,14 @@ class RamDriver final : public StorageDriver,
   Slot* const slots_;  // In slots_region_.
   const bool keep_block_sums_;
   std::vector<MappedFileKey> stripe_keys_;  // By stripe: how /proc/<pid>/maps names it.
+  // A kept arena's: written under remove_mu_ once ScanCopies() began it.
+  const std::unique_ptr<RamJournal> journal_;
+  // From ScanCopies() to AdoptionDone() (one thread, before any other
+  // call): what the journal listed (once visited, the intact copies only),
+  // and the copies adopted.
+  bool adopting_ = false;
+  std::map<std::string, KeptCopy> kept_;
+  absl::flat_hash_map<uint32_t, KeptCopy> adopted_;
   Mutex remove_mu_;
   int64_t first_handed_out_ ABSL_GUARDED_BY(remove_mu_) = 0;  // BootTimeNanos().
   // Files whose copy may be mapped now (MayBeMapped): asked about
@@ -564,23 +664,92 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamDriver(const std::string& n
   arena_options.huge_pages = options.huge_pages;
   arena_options.releasable = options.releasable;
   arena_options.back_ahead = options.back_ahead;
+  arena_options.kept_dir = options.kept_dir;
+  // A copy of the service before mapped in place (Monarch::MapCopies) is a
+  // private mapping of a stripe file, which no seqlock guards: while any
+  // process may map one, the kept arena is left to it, and this one starts
+  // on new files.
+  std::vector<MappedFileKey> kept_files;
+  for (int i = 0; !options.kept_dir.empty() && i < kStripes; ++i) {
+    struct stat st;
+    if (os::Stat(JoinPath(options.kept_dir, absl::StrCat("stripe-", i)).c_str(), &st) == 0) {
+      kept_files.push_back({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+    }
+  }
+  if (!kept_files.empty()) {
+    // No process older than the kept directory (KeptRamDirectory) can map it.
+    int64_t since = 0;
+    struct stat made;
+    if (os::Stat(JoinPath(options.kept_dir, "../runtime-dir").c_str(), &made) == 0) {
+      struct timespec now;
+      ::clock_gettime(CLOCK_REALTIME, &now);
+      since = BootTimeNanos() - (TimespecNanos(now) - TimespecNanos(made.st_mtim)) - 1000000000;
+    }
+    absl::StatusOr<std::vector<MappedFileRange>> mapped = FindPrivateMappings(kept_files, since);
+    if (!mapped.ok() || !mapped->empty()) {
+      MONARCH_LOG(kWarning, "RAM tier ", name, ": discarding the copies kept in ",
+                  options.kept_dir, ": ",
+                  mapped.ok() ? "a process maps them in place" : mapped.status().message());
+      for (const char* file : {"journal", "slots"}) os::Unlink(JoinPath(options.kept_dir, file).c_str());
+      for (int i = 0; i < kStripes; ++i) {
+        os::Unlink(JoinPath(options.kept_dir, absl::StrCat("stripe-", i)).c_str());
+      }
+    }
+  }
   const uint64_t arena_bytes = capacity + capacity / 256 + 64 * uint64_t{file_count};
   MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
                            RamArena::Create(arena_bytes, kStripes,
                                             absl::StrCat("monarch-ram:", name), arena_options));
-  MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
-                           CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
-                                                   SlotTableBytes(file_count)));
+  if (options.kept_dir.empty()) {
+    MONARCH_ASSIGN_OR_RETURN(WriteSealedRegion slots,
+                             CreateWriteSealedRegion(absl::StrCat("monarch-ram-slots:", name),
+                                                     SlotTableBytes(file_count)));
+    return std::unique_ptr<StorageDriver>(new RamDriver(std::move(arena), file_count,
+                                                        std::move(slots.fd),
+                                                        std::move(slots.writable),
+                                                        options.keep_block_sums, nullptr, {}));
+  }
+  // Kept: the slot table before is cleared, as removals do, for a client of
+  // the service before that still reads through it; then a new one.
+  const std::string slots_path = JoinPath(options.kept_dir, "slots");
+  if (ScopedFd old(os::Open(slots_path.c_str(), O_RDWR | O_CLOEXEC)); old.valid()) {
+    if (absl::StatusOr<MappedRegion> before = MappedRegion::Map(old.get(), true, true); before.ok()) {
+      Slot* slot = reinterpret_cast<Slot*>(before->data());
+      for (uint64_t i = 0; i < before->size() / sizeof(Slot); ++i, ++slot) {
+        if (slot->location.load() == 0) continue;
+        slot->sequence.fetch_add(1);
+        slot->location.store(0);
+        slot->sequence.fetch_add(1);
+      }
+    }
+    os::Unlink(slots_path.c_str());
+  }
+  ScopedFd slots_fd(os::Open(slots_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!slots_fd.valid() ||
+      os::Ftruncate(slots_fd.get(), static_cast<off_t>(
+                                        (SlotTableBytes(file_count) + kPageBytes) / kPageBytes *
+                                        kPageBytes)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("create ", slots_path));
+  }
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(slots_fd.get(), true, true));
+  auto journal = std::make_unique<RamJournal>(JoinPath(options.kept_dir, "journal"), kStripes,
+                                              capacity);
+  absl::StatusOr<std::map<std::string, KeptCopy>> kept = journal->Read();
+  if (!kept.ok() && !absl::IsNotFound(kept.status())) {
+    MONARCH_LOG(kWarning, "RAM tier ", name, ": discarding the copies kept in ", options.kept_dir,
+                ": ", kept.status().message());
+  }
   return std::unique_ptr<StorageDriver>(
-      new RamDriver(std::move(arena), file_count, std::move(slots.fd), std::move(slots.writable),
-                    options.keep_block_sums));
+      new RamDriver(std::move(arena), file_count, std::move(slots_fd), std::move(slots),
+                    options.keep_block_sums, std::move(journal),
+                    kept.ok() ? std::move(*kept) : std::map<std::string, KeptCopy>{}));
 }
 
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewRamReader(std::vector<ScopedFd> fds,
                                                             uint32_t file_count,
                                                             bool map_from_start) {
   if (fds.size() < 2) return absl::InvalidArgumentError("a RAM reader needs slots and stripes");
-  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(fds[0].get(), false));
+  MONARCH_ASSIGN_OR_RETURN(MappedRegion slots, MappedRegion::Map(fds[0].get(), false, true));
   if (slots.size() < SlotTableBytes(file_count)) {
     return absl::FailedPreconditionError("RAM slot table smaller than the namespace");
   }

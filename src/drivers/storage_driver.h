@@ -6,9 +6,10 @@
 // hidden in their .cc files and built by the factories at the bottom.
 //
 // Threading: every method, the capabilities' included, may be called
-// concurrently, except KeptCopies::ScanCopies(), which runs once at
-// start-up before any other call. A caller never stores or removes the same
-// file concurrently with itself within one process.
+// concurrently, except KeptCopies' adoption (ScanCopies() to
+// AdoptionDone()), which runs once at start-up before any other call, on
+// one thread. A caller never stores or removes the same file concurrently
+// with itself within one process.
 
 #ifndef MONARCH_DRIVERS_STORAGE_DRIVER_H_
 #define MONARCH_DRIVERS_STORAGE_DRIVER_H_
@@ -235,7 +236,8 @@ class FileIdentity {
   virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) = 0;
 };
 
-// Copies kept across runs: the file tiers.
+// Copies kept across runs: the file tiers, and a RAM tier whose memory is
+// kept (RamTierOptions::kept_dir).
 class KeptCopies {
  public:
   // Calls `visit` for every copy an earlier run left: its dataset-relative
@@ -246,9 +248,13 @@ class KeptCopies {
   using CopyVisitor =
       absl::FunctionRef<void(absl::string_view name, const SourceIdentity* source)>;
   virtual absl::Status ScanCopies(CopyVisitor visit) = 0;
-  // A copy ScanCopies() found was adopted as the copy of `file` (from its
-  // visitor): readied ahead of its first read (WaitForBackgroundWork).
+  // A copy ScanCopies() found was adopted as the copy of `file` (during the
+  // scan or after it, before AdoptionDone()): readied ahead of its first
+  // read (WaitForBackgroundWork). A copy it found is otherwise removed.
   virtual void CopyAdopted(const FileRef& file) = 0;
+  // Every copy found was adopted or removed: a kept RAM tier frees the
+  // memory of those it found and nobody adopted (another dataset's).
+  virtual void AdoptionDone() {}
 };
 
 // Memory other processes share (the RAM tier): clients read its copies
@@ -299,7 +305,7 @@ struct DriverCapabilities {
   InMemoryReads* in_memory = nullptr;   // Reading only what is in memory: the source.
   MemoryBacking* memory = nullptr;      // Backing memory ahead, giving it back: RAM.
   FileIdentity* identity = nullptr;     // What a file is now: the source.
-  KeptCopies* kept = nullptr;           // Copies kept across runs: posix, pmem.
+  KeptCopies* kept = nullptr;           // Copies kept across runs: posix, pmem, a kept RAM tier.
   SharedCopies* shared = nullptr;       // Memory other processes share: the RAM tier.
 };
 
@@ -314,6 +320,10 @@ struct RamTierOptions {
   // MemoryBacking::ReleaseFreeMemory() can give it back (memory.watch).
   bool releasable = false;
   uint64_t back_ahead = 0;  // TierConfig::back_ahead.
+  // Not empty: the tier's memory is files in this directory on a tmpfs
+  // (KeptRamDirectory), kept for the next driver made on it, which adopts
+  // the copies its journal lists (KeptCopies: ram_keep.h).
+  std::string kept_dir;
 };
 // A RAM tier named `name` of `capacity` bytes for a namespace of
 // `file_count` files (ids 0..file_count-1).

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "drivers/ram_keep.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
 #include "service/metrics_http.h"
@@ -436,6 +437,7 @@ absl::Status NodeService::Init(ScopedFd lock) {
   absl::Status slots_status;
   CoreOptions core_options;
   core_options.wrap = options_.wrap;
+  core_options.kept_ram_for = paths_.dir;
   core_options.tier_slots = [this, &slots_status](uint32_t count) -> TierSlot* {
     absl::StatusOr<WriteSealedRegion> region =
         CreateWriteSealedRegion("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
@@ -554,6 +556,7 @@ void NodeService::AcceptLoop() {
     } else if (idle_exit > 0 &&
                std::chrono::duration<double>(now - idle_since).count() >= idle_exit) {
       MONARCH_LOG(kInfo, "monarch service: no client for ", idle_exit, " s, exiting");
+      DiscardKeptRam(paths_.dir);  // Only an idle exit frees the kept RAM copies.
       break;
     }
   }

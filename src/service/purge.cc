@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "drivers/ram_keep.h"
 #include "config/valid_config.h"
 
 namespace monarch::service {
@@ -45,11 +46,13 @@ absl::Status ConfigPurge::Overall() const {
   return absl::OkStatus();
 }
 
-std::vector<pid_t> RamTierHolders(const std::string& tier) {
+std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& runtime_dir) {
   // memfd_create's name shows in /proc/<pid>/maps as "/memfd:<name>
-  // (deleted)" (shared_memory.h; the names are ram_driver.cc's).
+  // (deleted)" (shared_memory.h; the names are ram_driver.cc's); a kept
+  // tier's files by their path (ram_keep.h).
   const std::string arena = absl::StrCat("/memfd:monarch-ram:", tier, " (deleted)");
   const std::string slots = absl::StrCat("/memfd:monarch-ram-slots:", tier, " (deleted)");
+  const std::string kept = absl::StrCat(KeptRamPath(runtime_dir), "/", tier, "/");
   std::vector<pid_t> holders;
   DIR* proc = os::OpenDir("/proc");
   if (proc == nullptr) return holders;
@@ -60,7 +63,8 @@ std::vector<pid_t> RamTierHolders(const std::string& tier) {
     absl::StatusOr<std::string> maps = ReadSmallFile(absl::StrCat("/proc/", pid, "/maps"));
     if (!maps.ok()) continue;
     for (absl::string_view line : absl::StrSplit(*maps, '\n')) {
-      if (absl::EndsWith(line, arena) || absl::EndsWith(line, slots)) {
+      if (absl::EndsWith(line, arena) || absl::EndsWith(line, slots) ||
+          absl::StrContains(line, kept)) {
         holders.push_back(pid);
         break;
       }
@@ -129,7 +133,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     result.path = tier.path;
     result.status = missing[i];
     if (tier.kind == TierKind::kRam) {
-      result.holders = RamTierHolders(tier.name);
+      result.holders = RamTierHolders(tier.name, purge.paths.dir);
+      if (!options.dry_run) DiscardKeptRam(purge.paths.dir);  // What a stop kept (node.keep_ram).
     } else if (HasDirectory(tier) && result.status.ok()) {
       absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier.path, options);
       if (report.ok()) {

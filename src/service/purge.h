@@ -80,8 +80,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
                                             const PurgeOptions& options);
 
 // Processes of this user, other than this one, that map a RAM tier named
-// `tier` (its memfds), in pid order.
-std::vector<pid_t> RamTierHolders(const std::string& tier);
+// `tier` (its memfds, or its files kept for `runtime_dir`), in pid order.
+std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& runtime_dir);
 
 }  // namespace monarch::service
 

@@ -73,6 +73,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,7 @@ class Env:
                 pass
         for rt in self.runtime_dirs:
             stop_service(self, rt)
+            shutil.rmtree(kept_ram_dir(rt), ignore_errors=True)  # A stop keeps RAM copies.
         for mount in self.mounts:
             subprocess.run([self.pfs, "stop", mount], capture_output=True, timeout=60)
         for proc in self.procs:
@@ -187,6 +189,11 @@ def lock_held(rt):
         return True
     finally:
         os.close(fd)
+
+
+def kept_ram_dir(rt):
+    """Where the service of rt keeps its RAM tiers (drivers/ram_keep.cc)."""
+    return "/dev/shm/monarch-%d/%s" % (os.geteuid(), rt.replace("%", "%25").replace("/", "%2F"))
 
 
 def pid_alive(pid):
@@ -1519,17 +1526,19 @@ def tier_files(root):
     return files
 
 
-def memfd_holders(name):
-    """Pids whose mappings include the RAM tier `name`'s memfds (ram_driver.cc names them)."""
+def memfd_holders(name, rt):
+    """Pids whose mappings include the RAM tier `name`'s memfds (ram_driver.cc names them), or
+    its files kept for runtime directory rt (ram_keep.cc)."""
     wanted = ("/memfd:monarch-ram:%s (deleted)" % name,
               "/memfd:monarch-ram-slots:%s (deleted)" % name)
+    kept = "%s/%s/" % (kept_ram_dir(rt), name)
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open("/proc/%s/maps" % entry) as f:
-                if any(line.rstrip("\n").endswith(wanted) for line in f):
+                if any(line.rstrip("\n").endswith(wanted) or kept in line for line in f):
                     pids.append(int(entry))
         except OSError:
             continue
@@ -1609,7 +1618,7 @@ def scenario_purge(env):
         ram["files"], ram["bytes_used"], nvme["files"], nvme["bytes_used"]))
     check(ram["files"] > 0 and nvme["files"] > 0, "a tier stayed empty: ram %d, nvme %d files" % (
         ram["files"], nvme["files"]))
-    check(service.pid in memfd_holders(ram_name),
+    check(service.pid in memfd_holders(ram_name, rt),
           "the service %d maps no memfd monarch-ram:%s: the RAM tier's naming changed, and "
           "purge's report of it with it" % (service.pid, ram_name))
     held = copies()
@@ -1627,8 +1636,8 @@ def scenario_purge(env):
     check(copies() == held, "purge under a running service removed copies")
     service.stop()
     check(not lock_held(rt), "the service still holds its lock after stop")
-    check(memfd_holders(ram_name) == [], "the RAM tier is still mapped after the service stopped: "
-          "pids %s" % memfd_holders(ram_name))
+    check(memfd_holders(ram_name, rt) == [], "the RAM tier is still mapped after the service stopped: "
+          "pids %s" % memfd_holders(ram_name, rt))
 
     # A dry run lists every copy and removes nothing.
     r = purge(env, config, "--dry-run")
@@ -1663,6 +1672,7 @@ def scenario_purge(env):
           "the tier directory holds %d bytes after purge" % posix_dir_bytes(tier_dir))
     check(file_digests(dataset) == dataset_before, "purge changed the dataset")
     check(own_shm() == shm_before, "/dev/shm changed: %s" % sorted(own_shm() ^ shm_before))
+    check(not os.path.exists(kept_ram_dir(rt)), "purge left the kept RAM tier")
 
     # The next run reads exact bytes, every one from the source again, and
     # fills the tiers again.
@@ -1911,9 +1921,112 @@ def scenario_many_jobs(env):
           "the service still runs %.0f s after the last job" % (time.monotonic() - ended))
     log("the service exited %.1f s after the last job (idle_exit %d s)" % (
         time.monotonic() - ended, idle))
+def kept_journal(path):
+    """The copies a kept RAM tier's journal lists: {name: (stripe, offset, length)}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    copies, at = {}, 32  # The header, then records of an 80-byte head and a name.
+    while at + 80 <= len(data):
+        size, kind, stripe, offset, length = struct.unpack_from("<IIIQQ", data, at + 4)
+        name_len = struct.unpack_from("<I", data, at + 76)[0]
+        name = data[at + 80:at + 80 + name_len].decode()
+        if kind == 1:
+            copies[name] = (stripe, offset, length)
+        else:
+            copies.pop(name, None)
+        at += size
+    return copies
+
+
+def scenario_keep_ram(env):
+    """RAM copies outlive a killed service: the next one adopts the intact copies of unchanged
+    files (0 source bytes for them), not a changed file's nor a damaged copy; a damaged
+    journal is discarded; an idle exit frees them."""
+    if not os.path.isdir("/dev/shm"):
+        raise Skip("no /dev/shm")
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 300)
+    names = sorted(sizes)
+    total = sum(sizes.values())
+    rt = env.runtime_dir()
+    tiers = ["{kind: ram, capacity: %d}" % (2 * total)]
+    config = write_config(os.path.join(env.work, "keep.yaml"), dataset, tiers, rt,
+                          autostart=False)
+    kept = os.path.join(kept_ram_dir(rt), "ram")
+
+    # Job 1 fills the RAM tier; the service is then killed.
+    first = Service(env, config, rt, "first")
+    job = Clients(env, config, 1, "job1", epochs=2)
+    job.wait()
+    job.check_ok()
+    check(tier(node_stats(env, rt)["node"], "ram")["files"] == len(names), "RAM tier not full")
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait(timeout=30)
+    copies = kept_journal(os.path.join(kept, "journal"))
+    check(sorted(copies) == names, "the journal lists %d copies of %d" % (len(copies), len(names)))
+
+    # Meanwhile: one file touched, one grown, one kept copy damaged.
+    touched, grown, damaged = names[3], names[100], names[200]
+    os.utime(os.path.join(dataset, touched), ns=(0, 10**18))
+    with open(os.path.join(dataset, grown), "ab") as f:
+        f.write(b"more")
+    stripe, offset, length = copies[damaged]
+    with open(os.path.join(kept, "stripe-%d" % stripe), "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    second = Service(env, config, rt, "second")
+    node = node_stats(env, rt)["node"]
+    ram = tier(node, "ram")
+    log("after SIGKILL: warm_files_reused %d, discarded %d, RAM files %d" % (
+        node["warm_files_reused"], node["warm_files_discarded"], ram["files"]))
+    check(ram["files"] == len(names) - 3 and node["warm_files_reused"] == len(names) - 3,
+          "RAM files %d, reused %d, want %d" % (ram["files"], node["warm_files_reused"],
+                                                 len(names) - 3))
+    check(node["tiers"][-1]["bytes_read"] == 0, "the source was read at start-up")
+    api = CApi(env.libc_api)
+    m = api.open(config)
+    bad = verify_files(api, m, dataset, names)
+    api.lib.monarch_close(m)
+    check(not bad, "wrong bytes after the restart: %s" % bad[:5])
+    changed = sum(os.path.getsize(os.path.join(dataset, n)) for n in (touched, grown, damaged))
+    source = node_stats(env, rt)["node"]["tiers"][-1]["bytes_read"]
+    log("source bytes read by the second service: %d (the 3 files not adopted: %d)" % (
+        source, changed))
+    check(changed <= source <= 2 * changed, "source bytes %d, want the 3 files' %d" % (
+        source, changed))
+
+    # A stop keeps them too; a journal of garbage is discarded, with a line in the log.
+    second.stop()
+    check(os.path.exists(os.path.join(kept, "journal")), "monarch stop removed the kept RAM")
+    with open(os.path.join(kept, "journal"), "wb") as f:
+        f.write(os.urandom(1000))
+    third = Service(env, config, rt, "third")
+    node = node_stats(env, rt)["node"]
+    check(node["warm_files_reused"] == 0 and tier(node, "ram")["files"] == 0,
+          "copies adopted from a garbage journal: %s" % node)
+    check("discarding the copies kept" in third.log(), "no log line:\n%s" % third.log())
+    m = api.open(config)
+    bad = verify_files(api, m, dataset, names[:50])
+    api.lib.monarch_close(m)
+    check(not bad, "wrong bytes after a garbage journal: %s" % bad[:5])
+    third.stop()
+
+    # An idle exit frees the kept RAM.
+    idle = write_config(os.path.join(env.work, "idle.yaml"), dataset, tiers, rt,
+                        autostart=False, idle_exit="2s")
+    fourth = Service(env, idle, rt, "fourth")
+    try:
+        fourth.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise Failure("no idle exit in 60 s:\n%s" % fourth.log())
+    check(not os.path.exists(kept_ram_dir(rt)), "an idle exit left %s" % kept_ram_dir(rt))
 
 
 SCENARIOS = {
+    "keep-ram": scenario_keep_ram,
     "clients-ram": scenario_clients_ram,
     "clients-posix": scenario_clients_posix,
     "startup-source-ops": scenario_startup_source_ops,

@@ -1,0 +1,328 @@
+// Unit tests of a kept RAM tier (drivers/ram_keep.h): a driver made again
+// on the same tmpfs directory adopts the copies whose source is unchanged
+// and whose bytes match their CRC, frees the rest, and discards a journal
+// that is damaged or of another tier; a reader of the driver before is sent
+// to the source.
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
+#include "drivers/ram_keep.h"
+#include "drivers/storage_driver.h"
+#include "skip.h"
+#include "test_util.h"
+
+namespace monarch {
+namespace {
+
+constexpr uint64_t kCapacity = 16 << 20;
+constexpr uint32_t kFiles = 8;
+constexpr uint32_t kStripes = 8;  // ram_driver.cc's.
+
+// A kept directory of its own, removed at the end.
+class KeptDir {
+ public:
+  KeptDir() {
+    absl::StatusOr<std::string> dir = KeptRamDirectory(scratch_.Sub("runtime"));
+    if (dir.ok()) tier_ = *dir + "/ram";
+    if (dir.ok()) ::mkdir(tier_.c_str(), 0700);
+  }
+  ~KeptDir() { DiscardKeptRam(scratch_.path() + "/runtime"); }
+  bool ok() const { return !tier_.empty(); }
+  const std::string& tier() const { return tier_; }
+  std::string runtime() const { return scratch_.path() + "/runtime"; }
+
+ private:
+  testing::ScratchDir scratch_;
+  std::string tier_;
+};
+
+struct Files {
+  std::vector<std::string> names;
+  std::vector<FileRef> refs;
+  Files() {
+    const uint64_t sizes[kFiles] = {100000, 0, 2 << 20, 4097, 333, 70000, 1 << 20, 12345};
+    for (uint32_t i = 0; i < kFiles; ++i) names.push_back(absl::StrCat("d/f", i, ".bin"));
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      FileRef ref;
+      ref.id = i;
+      ref.name = names[i];
+      ref.size = sizes[i];
+      ref.mtime_ns = 1000 + i;
+      refs.push_back(ref);
+    }
+  }
+};
+
+std::unique_ptr<StorageDriver> MustKept(const std::string& dir, uint64_t capacity = kCapacity) {
+  RamTierOptions options;
+  options.kept_dir = dir;
+  options.releasable = true;
+  absl::StatusOr<std::unique_ptr<StorageDriver>> driver =
+      NewRamDriver("ram", capacity, kFiles, options);
+  REQUIRE_MESSAGE(driver.ok(), driver.status().ToString());
+  return std::move(*driver);
+}
+
+void Store(StorageDriver& driver, const FileRef& file) {
+  std::vector<char> image(file.size + 4096);
+  for (uint64_t i = 0; i < file.size; ++i) image[i] = testing::ExpectedByte(file.id, i);
+  REQUIRE(StoreCopy(driver, file, image.data(), file.size).ok());
+}
+
+bool Exact(StorageDriver& driver, const FileRef& file) {
+  std::vector<char> bytes(file.size + 1);
+  absl::StatusOr<size_t> n = driver.Read(file, 0, bytes.data(), bytes.size());
+  if (!n.ok() || *n != file.size) return false;
+  for (uint64_t i = 0; i < file.size; ++i) {
+    if (bytes[i] != testing::ExpectedByte(file.id, i)) return false;
+  }
+  return true;
+}
+
+// As the instance adopts (monarch_core.cc's ReuseEarlierCopies): after the
+// scan, a copy whose recorded source is `files` as now, else removed.
+// Returns what was visited: name -> whether it came with a source.
+std::map<std::string, bool> Adopt(StorageDriver& driver, const std::vector<FileRef>& files) {
+  KeptCopies* kept = driver.capabilities().kept;
+  REQUIRE(kept != nullptr);
+  std::map<std::string, bool> visited;
+  std::vector<std::pair<const FileRef*, bool>> found;
+  REQUIRE(kept->ScanCopies([&](absl::string_view name, const SourceIdentity* source) {
+                visited[std::string(name)] = source != nullptr;
+                for (const FileRef& file : files) {
+                  if (file.name == name) {
+                    found.emplace_back(&file,
+                                       source != nullptr && *source == SourceIdentity::Of(file));
+                  }
+                }
+              }).ok());
+  for (const auto& [file, valid] : found) {
+    if (valid) {
+      kept->CopyAdopted(*file);
+    } else {
+      CHECK(driver.Remove(*file).ok());
+    }
+  }
+  kept->AdoptionDone();
+  return visited;
+}
+
+uint64_t AllocatedBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < kStripes; ++i) {
+    struct stat st;
+    if (::stat(absl::StrCat(dir, "/stripe-", i).c_str(), &st) == 0) bytes += st.st_blocks * 512;
+  }
+  return bytes;
+}
+
+TEST_CASE("kept RAM tier: the next driver adopts intact copies of unchanged files, frees the rest") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  Files files;
+  std::unique_ptr<StorageDriver> reader;
+  {
+    std::unique_ptr<StorageDriver> first = MustKept(dir.tier());
+    CHECK(Adopt(*first, files.refs).empty());  // Nothing kept yet; starts the journal.
+    for (const FileRef& file : files.refs) Store(*first, file);
+    CHECK(first->Remove(files.refs[5]).ok());
+    // A client of this driver, which outlives it (as a client may outlive
+    // its service).
+    std::vector<ScopedFd> fds;
+    for (int fd : first->capabilities().shared->SharedMemoryDescriptors()) {
+      fds.push_back(*ReopenReadOnly(fd));
+    }
+    absl::StatusOr<std::unique_ptr<StorageDriver>> r = NewRamReader(std::move(fds), kFiles, true);
+    REQUIRE(r.ok());
+    reader = std::move(*r);
+    CHECK(Exact(*reader, files.refs[0]));
+  }  // Gone, as if killed: nothing is written at the end.
+
+  // File 2's bytes damaged where they rest; file 3 changed on the source.
+  absl::StatusOr<std::map<std::string, KeptCopy>> journal =
+      RamJournal(dir.tier() + "/journal", kStripes, kCapacity).Read();
+  REQUIRE_MESSAGE(journal.ok(), journal.status().ToString());
+  CHECK(journal->size() == kFiles - 1);
+  CHECK(journal->count(files.names[5]) == 0);
+  const KeptCopy& damaged = journal->at(files.names[2]);
+  {
+    ScopedFd stripe(::open(absl::StrCat(dir.tier(), "/stripe-", damaged.stripe).c_str(), O_RDWR));
+    char byte = ~testing::ExpectedByte(2, 1000);
+    REQUIRE(::pwrite(stripe.get(), &byte, 1, damaged.offset + 1000) == 1);
+  }
+  std::vector<FileRef> now = files.refs;
+  now[3].mtime_ns += 1;
+
+  std::unique_ptr<StorageDriver> second = MustKept(dir.tier());
+  // The reader of the driver before finds no copy, and goes to the source.
+  char byte;
+  CHECK(reader->Read(files.refs[0], 0, &byte, 1).status().code() == absl::StatusCode::kNotFound);
+  const std::map<std::string, bool> visited = Adopt(*second, now);
+  CHECK(visited.size() == kFiles - 1);
+  CHECK(visited.at(files.names[2]) == false);  // Its CRC.
+  CHECK(visited.at(files.names[3]) == true);   // Intact, but the source changed: removed.
+  for (uint32_t i : {0, 1, 4, 6, 7}) CHECK_MESSAGE(Exact(*second, now[i]), "file ", i);
+  for (uint32_t i : {2, 3, 5}) {
+    CHECK(second->Read(now[i], 0, &byte, 1).status().code() == absl::StatusCode::kNotFound);
+  }
+  // What was not adopted was given back: the adopted copies' pages, a few
+  // more at their edges.
+  uint64_t adopted = 0;
+  for (uint32_t i : {0, 1, 4, 6, 7}) adopted += now[i].size;
+  CHECK(AllocatedBytes(dir.tier()) >= adopted);
+  CHECK(AllocatedBytes(dir.tier()) <= adopted + 5 * 2 * 4096);
+  // New copies never land on adopted ones.
+  for (uint32_t i : {2, 3, 5}) Store(*second, now[i]);
+  for (const FileRef& file : now) CHECK_MESSAGE(Exact(*second, file), "file ", file.id);
+  second.reset();
+
+  // A third driver finds all of them, the second's included.
+  std::unique_ptr<StorageDriver> third = MustKept(dir.tier());
+  const std::map<std::string, bool> all = Adopt(*third, now);
+  CHECK(all.size() == kFiles);
+  for (const FileRef& file : now) CHECK_MESSAGE(Exact(*third, file), "file ", file.id);
+
+  // An idle exit's discard removes every file.
+  third.reset();
+  DiscardKeptRam(dir.runtime());
+  struct stat st;
+  CHECK(::stat(dir.tier().c_str(), &st) != 0);
+}
+
+TEST_CASE("kept RAM tier: a damaged, cut or foreign journal discards the kept copies") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  Files files;
+  const std::string journal = dir.tier() + "/journal";
+  auto fill = [&] {
+    std::unique_ptr<StorageDriver> driver = MustKept(dir.tier());
+    Adopt(*driver, files.refs);
+    for (const FileRef& file : files.refs) {
+      if (driver->Read(file, 0, nullptr, 0).ok()) continue;
+      Store(*driver, file);
+    }
+  };
+  auto expect_empty = [&](uint64_t capacity) {
+    std::unique_ptr<StorageDriver> driver = MustKept(dir.tier(), capacity);
+    CHECK(Adopt(*driver, files.refs).empty());
+    CHECK(AllocatedBytes(dir.tier()) == 0);
+    char byte;
+    CHECK(driver->Read(files.refs[0], 0, &byte, 1).status().code() == absl::StatusCode::kNotFound);
+    Store(*driver, files.refs[0]);  // And it works as ever.
+    CHECK(Exact(*driver, files.refs[0]));
+  };
+  SUBCASE("cut short") {
+    fill();
+    struct stat st;
+    REQUIRE(::stat(journal.c_str(), &st) == 0);
+    REQUIRE(::truncate(journal.c_str(), st.st_size - 7) == 0);
+    expect_empty(kCapacity);
+  }
+  SUBCASE("garbage in a record") {
+    fill();
+    ScopedFd fd(::open(journal.c_str(), O_RDWR));
+    REQUIRE(::pwrite(fd.get(), "garbage!", 8, 100) == 8);
+    fd = ScopedFd();
+    expect_empty(kCapacity);
+  }
+  SUBCASE("garbage for a header") {
+    fill();
+    ScopedFd fd(::open(journal.c_str(), O_RDWR | O_TRUNC));
+    REQUIRE(::write(fd.get(), "not a journal at all, really", 28) == 28);
+    fd = ScopedFd();
+    expect_empty(kCapacity);
+  }
+  SUBCASE("a tier of another size") {
+    fill();
+    expect_empty(kCapacity * 2);
+  }
+}
+
+TEST_CASE("kept RAM tier: the journal stays bounded however often copies come and go") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  Files files;
+  std::unique_ptr<StorageDriver> driver = MustKept(dir.tier());
+  Adopt(*driver, files.refs);
+  for (int round = 0; round < 3000; ++round) {
+    Store(*driver, files.refs[4]);
+    REQUIRE(driver->Remove(files.refs[4]).ok());
+  }
+  Store(*driver, files.refs[4]);
+  struct stat st;
+  REQUIRE(::stat((dir.tier() + "/journal").c_str(), &st) == 0);
+  CHECK(st.st_size < 3 * (64 << 10));  // 6,001 records of ~90 bytes were written.
+  driver.reset();
+  driver = MustKept(dir.tier());
+  CHECK(Adopt(*driver, files.refs).size() == 1);
+  CHECK(Exact(*driver, files.refs[4]));
+}
+
+TEST_CASE("kept RAM tier: a copy a process maps in place is never reused: the kept arena is left "
+          "to it") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  Files files;
+  const FileRef& big = files.refs[2];  // 2 MiB: starts on a page, may be mapped.
+  {
+    std::unique_ptr<StorageDriver> first = MustKept(dir.tier());
+    Adopt(*first, files.refs);
+    Store(*first, big);
+  }
+  const KeptCopy copy =
+      RamJournal(dir.tier() + "/journal", kStripes, kCapacity).Read()->at(files.names[2]);
+  ScopedFd stripe(::open(absl::StrCat(dir.tier(), "/stripe-", copy.stripe).c_str(), O_RDONLY));
+  void* map = ::mmap(nullptr, big.size, PROT_READ, MAP_PRIVATE, stripe.get(),
+                     static_cast<off_t>(copy.offset));
+  REQUIRE(map != MAP_FAILED);
+  {
+    std::unique_ptr<StorageDriver> second = MustKept(dir.tier());
+    CHECK(Adopt(*second, files.refs).empty());
+    for (const FileRef& file : files.refs) Store(*second, file);
+    for (const FileRef& file : files.refs) CHECK(Exact(*second, file));
+  }
+  bool exact = true;
+  for (uint64_t i = 0; i < big.size; ++i) {
+    exact = exact && static_cast<const char*>(map)[i] == testing::ExpectedByte(2, i);
+  }
+  CHECK(exact);  // Its pages were not reused.
+  ::munmap(map, big.size);
+}
+
+TEST_CASE("kept RAM tier: kept for the runtime directory as it is, not one made again, nor one gone") {
+  KeptDir dir;
+  if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
+  testing::ScratchDir other;
+  const std::string gone = other.Sub("gone"), again = other.Sub("again");
+  absl::StatusOr<std::string> gone_kept = KeptRamDirectory(gone);
+  absl::StatusOr<std::string> again_kept = KeptRamDirectory(again);
+  REQUIRE(gone_kept.ok());
+  REQUIRE(again_kept.ok());
+  CHECK(*KeptRamDirectory(again) == *again_kept);
+  for (const std::string& kept : {*gone_kept, *again_kept}) {
+    ScopedFd(::open((kept + "/journal").c_str(), O_CREAT | O_WRONLY, 0600));
+  }
+  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  struct stat st;
+  CHECK(::stat((*again_kept + "/journal").c_str(), &st) == 0);  // Still its own.
+  REQUIRE(::rmdir(gone.c_str()) == 0);
+  REQUIRE(::rmdir(again.c_str()) == 0);
+  REQUIRE(::mkdir(again.c_str(), 0700) == 0);
+  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  CHECK(::stat((*again_kept + "/journal").c_str(), &st) != 0);  // Another directory's.
+  CHECK(::stat(gone_kept->c_str(), &st) != 0);                 // Its directory is gone.
+  DiscardKeptRam(again);
+}
+
+}  // namespace
+}  // namespace monarch
