@@ -9,7 +9,8 @@ the dataset (default 1.5: two thirds of it). Two jobs read it through one
 node service, each with its own SLURM_JOB_ID and shuffle seed, announcing
 each epoch's order (the prefetch streams serve both orders in turn, and
 eviction sees both): the fast one with --fast-threads readers, the slow one
-with --slow-threads. Each job's PFS bytes per epoch are the source bytes
+with --slow-threads, each of which spends --slow-sample-us on every sample
+after reading it (a model's step: `monarch-epochs --sample-us`). Each job's PFS bytes per epoch are the source bytes
 the service charges to it (`monarch status`): the files its misses started
 reading, and what the prefetch streams fetched for its order.
 
@@ -51,18 +52,19 @@ def write_config(path, dataset, ram_bytes, policy):
 
 
 def run(a, work, arm, config, jobs):
-    """Runs the jobs ({job id: threads}) at once; returns {job id: {"seconds":
+    """Runs the jobs ({job id: (threads, sample_us)}) at once; returns {job id: {"seconds":
     [...], "source": [per-epoch bytes charged to it]}}."""
     monarch = os.path.join(a.build, "monarch")
     procs = {}
-    for job, threads in jobs.items():
+    for job, (threads, sample_us) in jobs.items():
         prefix = os.path.join(work, "%s-%d" % (arm, job))
         # Before each epoch (and after the last): the service's per-job
         # figures, while this job is still attached.
         hook = '"%s" stats --json --config "%s" > "%s-stats-$MONARCH_EPOCH.json"' % (
             monarch, config, prefix)
         cmd = [os.path.join(a.build, "monarch-epochs"), "--config", config, "--epochs",
-               str(a.epochs), "--threads", str(threads), "--seed", str(job), "--announce",
+               str(a.epochs), "--threads", str(threads), "--sample-us", str(sample_us),
+               "--seed", str(job), "--announce",
                "--json", prefix + ".json", "--before-epoch", hook]
         procs[job] = (subprocess.Popen(cmd, env=dict(os.environ, SLURM_JOB_ID=str(job)),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -94,6 +96,7 @@ def main():
                     help="the dataset's size in RAM tiers (default 1.5)")
     ap.add_argument("--fast-threads", type=int, default=4)
     ap.add_argument("--slow-threads", type=int, default=1)
+    ap.add_argument("--slow-sample-us", type=int, default=1000)
     ap.add_argument("--policies", default="first-fit,lru")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
@@ -104,14 +107,16 @@ def main():
         os.environ.pop(variable, None)
     ram = int(total / a.oversize)
     print("%d files, %.1f MiB; RAM tier %.1f MiB (dataset %.2fx it); source: %s; jobs: fast %d "
-          "threads, slow %d threads, %d epochs, orders announced" % (
+          "threads, slow %d threads with %d us per sample, %d epochs, orders announced" % (
               files, total / 2**20, ram / 2**20, a.oversize, " ".join(pfs.flags), a.fast_threads,
-              a.slow_threads, a.epochs), flush=True)
+              a.slow_threads, a.slow_sample_us, a.epochs), flush=True)
     results = {"files": files, "dataset_bytes": total, "ram_bytes": ram, "epochs": a.epochs,
                "fast_threads": a.fast_threads, "slow_threads": a.slow_threads,
+               "slow_sample_us": a.slow_sample_us,
                "source": " ".join(pfs.flags), "runs": []}
-    arms = (("alone-fast", {FAST: a.fast_threads}), ("alone-slow", {SLOW: a.slow_threads}),
-            ("together", {FAST: a.fast_threads, SLOW: a.slow_threads}))
+    fast, slow = (a.fast_threads, 0), (a.slow_threads, a.slow_sample_us)
+    arms = (("alone-fast", {FAST: fast}), ("alone-slow", {SLOW: slow}),
+            ("together", {FAST: fast, SLOW: slow}))
     try:
         for rep in range(a.reps):
             for policy in a.policies.split(","):

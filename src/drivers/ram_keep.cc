@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -101,15 +102,19 @@ void RemoveTree(const std::string& dir, int depth) {
   os::UnlinkAt(AT_FDCWD, dir.c_str(), AT_REMOVEDIR);
 }
 
+// A runtime directory carries a random token while it lives (kKeptToken),
+// and its kept arena records it: a directory made again at the same path
+// has none. (Its device and inode could not tell: a file system hands a
+// freed inode number to the next directory made.)
+constexpr char kKeptToken[] = "kept-ram.token";
+
 // Whether `kept` holds what runtime directory `runtime_dir`, as it is now,
-// kept: the device and inode it had then are its own now. `unknown` if
-// `kept` does not say whose it is (yet: it is being made).
+// kept. `unknown` if `kept` does not say whose it is (yet: it is being made).
 bool KeptFor(const std::string& runtime_dir, const std::string& kept, bool unknown = false) {
-  struct stat st;
   absl::StatusOr<std::string> owner = ReadSmallFile(JoinPath(kept, "runtime-dir"), 64);
   if (!owner.ok()) return unknown;
-  return os::Stat(runtime_dir.c_str(), &st) == 0 &&
-         *owner == absl::StrCat(st.st_dev, ":", st.st_ino);
+  absl::StatusOr<std::string> token = ReadSmallFile(JoinPath(runtime_dir, kKeptToken), 64);
+  return token.ok() && *owner == *token;
 }
 
 }  // namespace
@@ -138,16 +143,19 @@ absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
     os::CloseDir(d);
   }
   // Kept for this runtime directory only, not for one made again at the
-  // same path (a benchmark's or a test's, which expects a cold start).
+  // same path (a benchmark's or a test's, which expects a cold start). The
+  // caller holds the directory's service lock: nobody else writes these.
   struct stat st;
   if (os::Stat(runtime_dir.c_str(), &st) != 0) return ErrnoToStatus(errno, runtime_dir);
-  const std::string owner_path = JoinPath(dir, "runtime-dir");
   const bool ours = KeptFor(runtime_dir, dir);
   if (!ours) RemoveTree(dir, 1);
   MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(root, "node.keep_ram"));
   MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(dir, "node.keep_ram"));
   if (!ours) {
-    MONARCH_RETURN_IF_ERROR(WriteSmallFile(owner_path, absl::StrCat(st.st_dev, ":", st.st_ino)));
+    std::random_device random;
+    const std::string token = absl::StrFormat("%08x%08x", random(), random());
+    MONARCH_RETURN_IF_ERROR(WriteSmallFile(JoinPath(runtime_dir, kKeptToken), token));
+    MONARCH_RETURN_IF_ERROR(WriteSmallFile(JoinPath(dir, "runtime-dir"), token));
   }
   return dir;
 }

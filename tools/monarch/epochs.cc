@@ -100,6 +100,7 @@ struct Options {
   uint64_t read_size = 0;  // 0: whole file (or record) in one call.
   uint64_t record_bytes = 0;  // --records: the unit of the order; 0: whole files.
   uint64_t buffer_offset = 0;  // Where each reader's buffer starts in its page.
+  uint64_t sample_us = 0;      // --sample-us: each reader's time per sample after its read.
   int epochs = 3;
   int threads = 4;
   uint64_t seed = 42;
@@ -129,6 +130,8 @@ struct Options {
                "  --buffer-offset BYTES  each reader's buffer starts this many bytes into a\n"
                "                         page (default 0). 16 is where malloc() puts a\n"
                "                         buffer above 128 KiB (a std::vector of 256 KiB)\n"
+               "  --sample-us US         each reader spends US microseconds on each sample\n"
+               "                         after reading it (sleeping), as a model's step would\n"
                "  --generate N           first write N synthetic files into --dataset\n"
                "  --profile imagenet|shards  sizes for --generate (~110 KiB / 64 MiB)\n"
                "  --file-size BYTES      fixed size for --generate instead of the profile\n"
@@ -194,6 +197,8 @@ Options ParseArgs(int argc, char** argv) {
       o.read_size = ParseCount("--read-size", value());
     else if (flag == "--records")
       o.record_bytes = ParseCount("--records", value());
+    else if (flag == "--sample-us")
+      o.sample_us = ParseCount("--sample-us", value());
     else if (flag == "--buffer-offset") {
       o.buffer_offset = ParseCount("--buffer-offset", value());
       if (o.buffer_offset >= 4096) {
@@ -510,6 +515,7 @@ int RunEpochs(int argc, char** argv) {
           bytes.fetch_add(static_cast<uint64_t>(got));
         }
         if (fd >= 0 && record_fds.empty()) ::close(fd);
+        if (o.sample_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(o.sample_us));
       }
     };
     auto start = std::chrono::steady_clock::now();

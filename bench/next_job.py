@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The next job on a node (issue 42's warm start): a job started while the
+last one's node service still keeps its copies (within node.idle_exit)
+reads its epoch 1 from them.
+
+--files ImageNet-like files (~110 KiB) sit behind the PFS emulator (its
+Lustre-like defaults, read-ahead on). Job A (`monarch-epochs`, its own
+SLURM_JOB_ID, --threads readers) reads --epochs epochs through a config
+with a RAM tier of 1.05 copies, node sharing on and node.idle_exit of 10
+minutes, and ends. Job B, another SLURM_JOB_ID with the same config, starts
+right after and reads 2 epochs. Each rep starts cold (service stopped,
+emulator counters zeroed). Reports B's epoch 1 against A's hot epochs
+(mean of its epochs 2..N), and the PFS bytes B's run cost.
+
+  sudo .venv/bin/python bench/next_job.py --build build --files 20000 \\
+    --out /tmp/next_job.json
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from emulated_dataset import mounted_dataset, parser  # noqa: E402
+
+
+def job(a, config, job_id, epochs, out):
+    r = subprocess.run([os.path.join(a.build, "monarch-epochs"), "--config", config, "--epochs",
+                        str(epochs), "--threads", str(a.threads), "--seed", str(job_id), "--json",
+                        out], env=dict(os.environ, SLURM_JOB_ID=str(job_id)),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("job %d failed (%d):\n%s%s" % (job_id, r.returncode, r.stdout, r.stderr[-3000:]))
+    with open(out) as f:
+        return [e["seconds"] for e in json.load(f)]
+
+
+def main():
+    ap = parser(reps=3, out=os.path.join(HERE, "results", "next_job.json"))
+    ap.set_defaults(files=20000, threads=2, dir="/var/tmp/monarch-many-jobs")
+    ap.add_argument("--epochs", type=int, default=3)
+    a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    pfs, files, total = mounted_dataset(a)
+    work = tempfile.mkdtemp(prefix="mnext", dir="/tmp")
+    os.environ["XDG_RUNTIME_DIR"] = work
+    for variable in ("PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB", "MONARCH_CONFIG"):
+        os.environ.pop(variable, None)
+    config = os.path.join(work, "job.yaml")
+    with open(config, "w") as f:
+        f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
+                "node: {shared: true, autostart: true, idle_exit: 10m}\n" % (
+                    pfs.mount, int(total * 1.05)))
+    print("%d files, %.1f MiB; source: %s; jobs of %d threads; node.idle_exit 10m" % (
+        files, total / 2**20, " ".join(pfs.flags), a.threads), flush=True)
+    runs = []
+    monarch = os.path.join(a.build, "monarch")
+    try:
+        for rep in range(a.reps):
+            subprocess.run([monarch, "stop", "--config", config], capture_output=True)
+            pfs.reset()
+            first = job(a, config, 300 + 2 * rep, a.epochs, os.path.join(work, "a.json"))
+            before = pfs.stats().get("bytes_read", 0)
+            second = job(a, config, 301 + 2 * rep, 2, os.path.join(work, "b.json"))
+            b_source = pfs.stats().get("bytes_read", 0) - before
+            hot = statistics.mean(first[1:])
+            runs.append({"a": first, "b": second, "b_source_bytes": b_source,
+                         "b_epoch1_vs_a_hot": second[0] / hot})
+            print("rep %d: job A epochs %s s; job B epochs %s s; B's epoch 1 / A's hot epoch "
+                  "%.3f; PFS bytes in B's run %.4fx the dataset" % (
+                      rep, " ".join("%.2f" % s for s in first),
+                      " ".join("%.2f" % s for s in second), second[0] / hot, b_source / total),
+                  flush=True)
+    finally:
+        subprocess.run([monarch, "stop", "--config", config], capture_output=True)
+        pfs.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = sorted(r["b_epoch1_vs_a_hot"] for r in runs)
+    print("job B's epoch 1 / job A's hot epoch: min %.3f, median %.3f, max %.3f" % (
+        ratios[0], statistics.median(ratios), ratios[-1]))
+    with open(a.out, "w") as f:
+        json.dump({"files": files, "dataset_bytes": total, "threads": a.threads,
+                   "source": " ".join(pfs.flags), "runs": runs}, f, indent=1)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
