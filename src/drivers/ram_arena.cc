@@ -47,6 +47,23 @@ uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 // "always", "within_size"); at its default, "never", it does nothing.
 void AdviseHugePages(char* base, uint64_t size) { ::madvise(base, size, MADV_HUGEPAGE); }
 
+// A kept arena's stripe files in `dir`, opened or made; `size` grows to
+// the largest one's.
+absl::StatusOr<std::vector<ScopedFd>> OpenKeptStripes(const std::string& dir, int stripes,
+                                                      uint64_t* size) {
+  std::vector<ScopedFd> files;
+  for (int i = 0; i < std::max(stripes, 1); ++i) {
+    const std::string path = JoinPath(dir, absl::StrCat("stripe-", i));
+    files.emplace_back(os::Open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    struct stat st;
+    if (!files.back().valid() || os::Fstat(files.back().get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    }
+    *size = std::max(*size, RoundUp(static_cast<uint64_t>(st.st_size), kPage));
+  }
+  return files;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int stripes,
@@ -56,14 +73,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
   const bool huge_pages = options.huge_pages;
   const bool kept = !options.kept_dir.empty();
   std::vector<ScopedFd> files;  // A kept arena's, reopened or new.
-  for (int i = 0; kept && i < std::max(stripes, 1); ++i) {
-    const std::string path = JoinPath(options.kept_dir, absl::StrCat("stripe-", i));
-    files.emplace_back(os::Open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    struct stat st;
-    if (!files.back().valid() || os::Fstat(files.back().get(), &st) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("open ", path));
-    }
-    size = std::max(size, RoundUp(static_cast<uint64_t>(st.st_size), kPage));
+  if (kept) {
+    MONARCH_ASSIGN_OR_RETURN(files, OpenKeptStripes(options.kept_dir, stripes, &size));
   }
   std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable || kept));
   for (int i = 0; i < std::max(stripes, 1); ++i) {
