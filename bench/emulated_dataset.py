@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -56,3 +57,14 @@ def mounted_dataset(a):
     if not pfs.ok:
         sys.exit("source unavailable: " + pfs.why)
     return pfs, len(sizes), sum(sizes)
+
+
+def private_runtime_base(prefix):
+    """A fresh directory as this process's XDG_RUNTIME_DIR, so its node
+    services live apart from any other run's (or the user's), with no batch
+    job or config named by the environment; returns it."""
+    work = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.environ["XDG_RUNTIME_DIR"] = work
+    for variable in ("PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB", "MONARCH_CONFIG"):
+        os.environ.pop(variable, None)
+    return work

@@ -32,12 +32,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from emulated_dataset import mounted_dataset, parser  # noqa: E402
+from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
 
 FAST, SLOW = 201, 202
 
@@ -101,10 +100,7 @@ def main():
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     pfs, files, total = mounted_dataset(a)
-    work = tempfile.mkdtemp(prefix="mcont", dir="/tmp")
-    os.environ["XDG_RUNTIME_DIR"] = work
-    for variable in ("PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB", "MONARCH_CONFIG"):
-        os.environ.pop(variable, None)
+    work = private_runtime_base("mcont")
     ram = int(total / a.oversize)
     print("%d files, %.1f MiB; RAM tier %.1f MiB (dataset %.2fx it); source: %s; jobs: fast %d "
           "threads, slow %d threads with %d us per sample, %d epochs, orders announced" % (

@@ -37,12 +37,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from emulated_dataset import mounted_dataset, parser  # noqa: E402
+from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
 
 
 def write_config(path, dataset, ram_bytes, runtime_dir=None):
@@ -119,12 +118,7 @@ def main():
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     pfs, files, total = mounted_dataset(a)
-    work = tempfile.mkdtemp(prefix="mjobs", dir="/tmp")
-    # The user's runtime base, private to this run: no service of another
-    # run (or of the user) is met.
-    os.environ["XDG_RUNTIME_DIR"] = work
-    for variable in ("PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB", "MONARCH_CONFIG"):
-        os.environ.pop(variable, None)
+    work = private_runtime_base("mjobs")
     ram = int(total * a.ram_copies)
     shared_cfg = os.path.join(work, "shared.yaml")
     write_config(shared_cfg, pfs.mount, ram)

@@ -22,11 +22,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from emulated_dataset import mounted_dataset, parser  # noqa: E402
+from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
 
 
 def job(a, config, job_id, epochs, out):
@@ -47,10 +46,7 @@ def main():
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     pfs, files, total = mounted_dataset(a)
-    work = tempfile.mkdtemp(prefix="mnext", dir="/tmp")
-    os.environ["XDG_RUNTIME_DIR"] = work
-    for variable in ("PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "MONARCH_JOB", "MONARCH_CONFIG"):
-        os.environ.pop(variable, None)
+    work = private_runtime_base("mnext")
     config = os.path.join(work, "job.yaml")
     with open(config, "w") as f:
         f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
