@@ -126,20 +126,19 @@ void Prefetcher::MergeLocked() {
   for (uint32_t q = 0; q < merged_.size(); ++q) occurrences_[fill[merged_[q]]++] = q;
 }
 
+std::optional<uint64_t> Prefetcher::ReadsUntil(uint32_t q) const {
+  if (merged_order_[q] >= merged_orders_.size()) return std::nullopt;
+  const Order& order = *merged_orders_[merged_order_[q]];
+  if (merged_index_[q] < order.consumed) return std::nullopt;
+  return merged_index_[q] - order.consumed;
+}
+
 uint64_t Prefetcher::NextUse(uint32_t id) const {
   MutexLock lock(&mu_);
   if (merged_.empty() || id + 1 >= first_.size()) return kNever;
-  // Where the reader of merged_ position q is in its order against where q
-  // lies in it: reads of that reader from now, or none if behind it.
-  auto reads_until = [this](uint32_t q) -> std::optional<uint64_t> {
-    if (merged_order_[q] >= merged_orders_.size()) return std::nullopt;
-    const Order& order = *merged_orders_[merged_order_[q]];
-    if (merged_index_[q] < order.consumed) return std::nullopt;
-    return merged_index_[q] - order.consumed;
-  };
   // Occurrences behind their reader stay behind (readers only move on).
   uint32_t& next = next_occurrence_[id];
-  while (next < first_[id + 1] && !reads_until(occurrences_[next])) ++next;
+  while (next < first_[id + 1] && !ReadsUntil(occurrences_[next])) ++next;
   // Each reader at its own pace: its reads since its announcement, per
   // second. A fast job's next use of a file comes sooner than a slow
   // job's at the same distance, and a slow job's is not behind just
@@ -148,7 +147,7 @@ uint64_t Prefetcher::NextUse(uint32_t id) const {
   uint64_t soonest = kNever;
   for (uint32_t k = next; k < first_[id + 1]; ++k) {
     const uint32_t q = occurrences_[k];
-    const std::optional<uint64_t> reads = reads_until(q);
+    const std::optional<uint64_t> reads = ReadsUntil(q);
     if (!reads) continue;
     const Order& order = *merged_orders_[merged_order_[q]];
     const double seconds = std::max(

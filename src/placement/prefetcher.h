@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -96,6 +97,9 @@ class Prefetcher final : public NextUseOracle {
   };
 
   void StreamLoop();
+  // Where the reader of merged_ position q is in its order against where q
+  // lies in it: reads of that reader from now, or none if it is past it.
+  std::optional<uint64_t> ReadsUntil(uint32_t q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds merged_ from the readers' orders, each from where its reader is.
   void MergeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Streams allowed to fetch now: `streams` less the readers' own misses,
