@@ -741,7 +741,8 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "node", "idle_exit", [](auto& c) -> auto& { return c.node.idle_exit_seconds; }, 0, false,
       1e15, "duration, or `0`", "a duration such as 300s or 10m, or 0 for never",
       "The service exits this long after its last client disconnected, freeing its memory: "
-      "until then it keeps its copies for the next job on the node, whose epoch 1 is then hot. "
+      "until then it keeps its copies for the next job on the node, whose epoch 1 then reads "
+      "nothing from the source. "
       "`0`: never."));
   keys.push_back(BoolKey<Config>(
       "node", "keep_ram", [](auto& c) -> auto& { return c.node.keep_ram; },
