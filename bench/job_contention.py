@@ -122,8 +122,9 @@ def main():
                     pfs.reset()
                     figures = run(a, work, "%s-%s-%d" % (arm, policy, rep), config, jobs)
                     node = pfs.stats().get("bytes_read", 0)
-                    subprocess.run([os.path.join(a.build, "monarch"), "stop", "--config", config],
-                                   capture_output=True)
+                    for command in ("stop", "purge"):  # Cold next: no copy kept either.
+                        subprocess.run([os.path.join(a.build, "monarch"), command, "--config",
+                                        config], capture_output=True)
                     results["runs"].append({"rep": rep, "policy": policy, "arm": arm,
                                             "node_source_bytes": node,
                                             "jobs": {str(j): f for j, f in figures.items()}})

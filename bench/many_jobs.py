@@ -99,9 +99,12 @@ def services_memory(a, config, job_ids):
 
 
 def stop_services(a, config, job_ids):
+    """Stops the jobs' services and drops the RAM copies they keep
+    (node.keep_ram), so that the next arm starts cold."""
     for job in job_ids:
-        subprocess.run([os.path.join(a.build, "monarch"), "stop", "--config", config],
-                       env=dict(os.environ, SLURM_JOB_ID=str(job)), capture_output=True)
+        for command in ("stop", "purge"):
+            subprocess.run([os.path.join(a.build, "monarch"), command, "--config", config],
+                           env=dict(os.environ, SLURM_JOB_ID=str(job)), capture_output=True)
 
 
 def hot_seconds(epochs):
