@@ -1789,7 +1789,7 @@ def status_jobs(env, config, environ=None):
     pid = int(re.search(r"Monarch service pid (\d+)", r.stdout).group(1))
     jobs = {}
     for line in r.stdout.splitlines():
-        match = re.match(r"    (\S+) +(\d+ processes|left) +read ", line)
+        match = re.match(r"    (\S+) +(\d+ process(?:es)?|left) +read ", line)
         if match:
             jobs[match.group(1)] = (match.group(2), line.strip())
     return pid, jobs, r.stdout
@@ -1858,7 +1858,7 @@ def scenario_many_jobs(env):
     env.runtime_dirs.append(rt)
     log("status with 3 jobs:\n" + text)
     for job_id in jobs:
-        check(listed.get("slurm-%d" % job_id, ("",))[0] == "1 processes",
+        check(listed.get("slurm-%d" % job_id, ("",))[0] == "1 process",
               "job %d not listed as attached with 1 process: %s" % (job_id, listed))
     settled_node_stats(env, rt)  # Promotions land after the reads that started them.
     node = node_stats(env, rt)

@@ -672,7 +672,7 @@ def scenario_jobs(cluster, dataset, sizes):
     def status():
         r = subprocess.run([cluster.monarch, "status", "--config", config], capture_output=True,
                            text=True, env=env, timeout=30)
-        jobs = dict(re.findall(r"\n    slurm-(\d+) +(\d+ processes|left) +read", r.stdout))
+        jobs = dict(re.findall(r"\n    slurm-(\d+) +(\d+ process(?:es)?|left) +read", r.stdout))
         return r.returncode, r.stdout, {int(k): v for k, v in jobs.items()}
 
     def stats():

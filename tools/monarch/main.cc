@@ -285,7 +285,9 @@ void PrintJobs(const std::vector<monarch::service::JobStats>& jobs, uint64_t sou
     const uint64_t read = job.hit_bytes + job.miss_bytes;
     std::printf("    %-24s %-13s read %s, %.1f%% hits, waited on the source for %s (%.1f%%)\n",
                 job.name.c_str(),
-                job.processes > 0 ? absl::StrCat(job.processes, " processes").c_str() : "left",
+                job.processes == 0   ? "left"
+                : job.processes == 1 ? "1 process"
+                                     : absl::StrCat(job.processes, " processes").c_str(),
                 Bytes(static_cast<double>(read)).c_str(),
                 read == 0 ? 0.0 : 100.0 * job.hit_bytes / read,
                 Bytes(static_cast<double>(job.source_bytes)).c_str(),
