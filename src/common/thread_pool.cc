@@ -2,6 +2,9 @@
 
 #include "common/thread_pool.h"
 
+#include <algorithm>
+#include <atomic>
+
 namespace monarch {
 
 ThreadPool::ThreadPool(size_t threads, std::function<void()> init) {
@@ -89,6 +92,20 @@ void ThreadPool::WorkerLoop() {
       if (running_ == 0 && queue_.empty()) idle_.SignalAll();
     }
   }
+}
+
+void ForEachInParallel(size_t count, size_t threads, size_t per_thread,
+                       absl::FunctionRef<void(size_t)> work) {
+  std::atomic<size_t> next{0};
+  auto drain = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < count;) work(i);
+  };
+  const size_t wanted = std::min(std::max<size_t>(threads, 1),
+                                 (count + per_thread - 1) / std::max<size_t>(per_thread, 1));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < wanted; ++t) helpers.emplace_back(drain);
+  drain();
+  for (std::thread& helper : helpers) helper.join();
 }
 
 }  // namespace monarch

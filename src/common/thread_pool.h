@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "common/mutex.h"
 
 namespace monarch {
@@ -74,6 +75,13 @@ class ThreadPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
+
+// Calls `work(i)` for every i in [0, count) on up to `threads` threads, this
+// one among them, with a thread more only per `per_thread` items: for a
+// batch of metadata calls, each a round trip on a PFS, too short-lived for
+// a pool. `work` must be safe to run concurrently for different i.
+void ForEachInParallel(size_t count, size_t threads, size_t per_thread,
+                       absl::FunctionRef<void(size_t)> work);
 
 }  // namespace monarch
 

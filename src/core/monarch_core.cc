@@ -9,9 +9,7 @@
 #include "core/monarch_internal.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -23,6 +21,7 @@
 #include "common/os.h"
 #include "common/shutdown.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "config/valid_config.h"
 #include "core/read_path.h"
 #include "core/read_speeds.h"
@@ -586,17 +585,9 @@ class MonarchImpl final : public MonarchCore {
       // stats go in parallel (dataset.scan_threads), as a walk's do: a PFS
       // answers each in a millisecond or more.
       if (namespace_->built_from_manifest()) {
-        std::atomic<size_t> next{0};
-        auto stat_sources = [&] {
-          for (size_t i; (i = next.fetch_add(1)) < found.size();) {
-            if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry->ref.id);
-          }
-        };
-        std::vector<std::thread> threads;
-        const size_t count = std::min<size_t>(found.size() / 64, config_.dataset.scan_threads);
-        for (size_t i = 1; i < count; ++i) threads.emplace_back(stat_sources);
-        stat_sources();
-        for (std::thread& thread : threads) thread.join();
+        ForEachInParallel(found.size(), config_.dataset.scan_threads, 64, [&](size_t i) {
+          if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry->ref.id);
+        });
       }
       for (const auto& [entry, valid] : found) {
         // A whole copy of a file now cached by extents is never read.
@@ -693,7 +684,8 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   };
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<StorageDriver>> driver = NewDriver(config.tiers[i], config, *ns, options.kept_ram_for);
+    absl::StatusOr<std::unique_ptr<StorageDriver>> driver =
+        NewDriver(config.tiers[i], config, *ns, options.kept_ram_for);
     if (!driver.ok()) {
       return absl::Status(driver.status().code(),
                           absl::StrCat("tiers[", i, "] ('", config.tiers[i].name,

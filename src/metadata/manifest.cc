@@ -34,7 +34,6 @@
 #include <chrono>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +42,7 @@
 #include "common/log.h"
 #include "common/os.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 
 namespace monarch {
 namespace {
@@ -451,39 +451,31 @@ absl::StatusOr<uint64_t> CheckDirectories(const Manifest& manifest, int threads)
   const std::string& root = manifest.origin().root;
   std::vector<absl::Status> results(stamps.size());
   uint64_t root_device = manifest.listing().root_device;
-  std::atomic<size_t> next{0};
-  auto check = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < stamps.size();) {
-      const std::string& name = manifest.listing().directories[stamps[i].directory].name;
-      const std::string shown =
-          name.empty() ? absl::StrCat("the dataset root ", QuoteForError(root))
-                       : absl::StrCat("directory ", QuoteForError(name));
-      struct stat st;
-      if (os::Stat((name.empty() ? root : absl::StrCat(root, "/", name)).c_str(), &st) != 0) {
-        results[i] = absl::FailedPreconditionError(absl::StrCat(
-            "the dataset changed since the manifest was written: ", shown, " is gone (",
-            std::strerror(errno), ")"));
-        continue;
-      }
-      const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                            st.st_mtim.tv_nsec;
-      if (!S_ISDIR(st.st_mode) || mtime != stamps[i].mtime_ns) {
-        results[i] = absl::FailedPreconditionError(absl::StrCat(
-            "the dataset changed since the manifest was written: ", shown,
-            S_ISDIR(st.st_mode) ? " has a new mtime (entries were added, removed or renamed in it)"
-                                : " is no longer a directory"));
-        continue;
-      }
-      if (name.empty()) root_device = st.st_dev;  // Only this thread writes it.
-    }
-  };
   // On a PFS each stat is a metadata round trip; a dataset with thousands
   // of directories is checked by several threads.
-  const size_t workers = std::min<size_t>(std::max(threads, 1), (stamps.size() + 15) / 16);
-  std::vector<std::thread> pool;
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(check);
-  check();
-  for (std::thread& t : pool) t.join();
+  ForEachInParallel(stamps.size(), threads, 16, [&](size_t i) {
+    const std::string& name = manifest.listing().directories[stamps[i].directory].name;
+    const std::string shown =
+        name.empty() ? absl::StrCat("the dataset root ", QuoteForError(root))
+                     : absl::StrCat("directory ", QuoteForError(name));
+    struct stat st;
+    if (os::Stat((name.empty() ? root : absl::StrCat(root, "/", name)).c_str(), &st) != 0) {
+      results[i] = absl::FailedPreconditionError(absl::StrCat(
+          "the dataset changed since the manifest was written: ", shown, " is gone (",
+          std::strerror(errno), ")"));
+      return;
+    }
+    const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                          st.st_mtim.tv_nsec;
+    if (!S_ISDIR(st.st_mode) || mtime != stamps[i].mtime_ns) {
+      results[i] = absl::FailedPreconditionError(absl::StrCat(
+          "the dataset changed since the manifest was written: ", shown,
+          S_ISDIR(st.st_mode) ? " has a new mtime (entries were added, removed or renamed in it)"
+                              : " is no longer a directory"));
+      return;
+    }
+    if (name.empty()) root_device = st.st_dev;  // Only the root's call writes it.
+  });
   for (const absl::Status& result : results) MONARCH_RETURN_IF_ERROR(result);
   return root_device;
 }
