@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -1166,6 +1167,163 @@ TEST_CASE("service: an order of ranges from a client prefetches the extents that
   CHECK(absl::IsNotFound((*client)->AnnounceRanges({{"nope.bin", 0, 10}})));
   CHECK(absl::IsOutOfRange((*client)->AnnounceRanges({{big.name, big.size, 10}})));
   CHECK((*client)->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
+}
+
+// What a forked guest saw, as lines of failures ("" when all held).
+std::string GuestChecks(const Config& config, const std::vector<TestFile>& files) {
+  std::string failures;
+  auto expect = [&failures](bool held, const std::string& what) {
+    if (!held) absl::StrAppend(&failures, what, "\n");
+  };
+  // Through the client: the files it may open, exact; the secret, refused.
+  auto client = Monarch::Create(config);
+  expect(client.ok(), absl::StrCat("guest client: ", client.status().ToString()));
+  if (!client.ok()) return failures;
+  for (size_t i = 1; i < files.size(); ++i) {
+    std::string buffer(files[i].size, '\0');
+    absl::StatusOr<size_t> n = (*client)->Read(files[i].name, buffer.data(), buffer.size(), 0);
+    expect(n.ok() && *n == files[i].size &&
+               testing::BytesMatch(files[i], buffer.data(), 0, files[i].size),
+           absl::StrCat("guest read of ", files[i].name, " not exact"));
+  }
+  std::string secret(files[0].size, '\0');
+  absl::StatusOr<size_t> denied = (*client)->Read(files[0].name, secret.data(), secret.size(), 0);
+  expect(absl::IsPermissionDenied(denied.status()),
+         absl::StrCat("guest read of the secret: ", denied.status().ToString()));
+  expect(secret == std::string(files[0].size, '\0'), "secret bytes reached the guest's buffer");
+
+  // By hand, as a hostile guest would: no proof, false proofs, mappings, stop.
+  auto socket = service::ConnectUnix(JoinPath(config.node.runtime_dir, "monarch.sock"));
+  expect(socket.ok(), "connect");
+  if (!socket.ok()) return failures;
+  service::Hello hello;
+  hello.dataset_root = config.dataset.path;
+  hello.dataset_key = DatasetKey(config.dataset);
+  auto reply = service::Call(socket->get(), service::MessageType::kHello, service::Encode(hello),
+                             service::kMaxDescriptors);
+  expect(reply.ok(), "hello");
+  if (!reply.ok()) return failures;
+  auto hello_reply = service::DecodeHelloReply(reply->payload);
+  expect(hello_reply.ok() && hello_reply->guest, "the service did not call the guest a guest");
+  expect(reply->fds.size() == service::HelloReply::kFixedDescriptors,
+         absl::StrCat("a guest got ", reply->fds.size(), " descriptors"));
+  if (reply->fds.empty()) return failures;
+  auto image = service::NamespaceImage::Open(reply->fds[0]);
+  expect(image.ok(), "image");
+  if (!image.ok()) return failures;
+  const uint32_t secret_id = *(*image)->FindId(files[0].name);
+  const uint32_t open_id = *(*image)->FindId(files[1].name);
+  auto refused = [&](service::MessageType type, const std::string& payload,
+                     const std::vector<int>& fds, const std::string& what) {
+    absl::Status sent = service::SendFrame(socket->get(), type, payload, fds);
+    auto answer = service::ReceiveFrame(socket->get());
+    bool denied = false;
+    if (sent.ok() && answer.ok() && answer->type == service::MessageType::kError) {
+      auto error = service::DecodeErrorReply(answer->payload);
+      denied = error.ok() && absl::IsPermissionDenied(error->ToStatus());
+    }
+    expect(denied, absl::StrCat(what, ": not refused (sent ", sent.ToString(), ", answer ",
+                                answer.ok() ? static_cast<int>(answer->type) : -1, " ",
+                                answer.ok() && service::DecodeErrorReply(answer->payload).ok()
+                                    ? service::DecodeErrorReply(answer->payload)->message
+                                    : "", ")"));
+  };
+  refused(service::MessageType::kRead, service::Encode(service::ReadRequest{secret_id, 0, 100}),
+          {}, "a read with no proof");
+  const std::string secret_path = JoinPath(config.dataset.path, files[0].name);
+  const int path_only = ::open(secret_path.c_str(), O_PATH | O_CLOEXEC);
+  expect(path_only >= 0, "O_PATH open of the secret");
+  refused(service::MessageType::kProveAccess, service::Encode(service::ProveAccessRequest{secret_id}),
+          {path_only}, "an O_PATH descriptor as proof");
+  const int other = ::open(JoinPath(config.dataset.path, files[1].name).c_str(), O_RDONLY | O_CLOEXEC);
+  refused(service::MessageType::kProveAccess, service::Encode(service::ProveAccessRequest{secret_id}),
+          {other}, "another file's descriptor as proof");
+  refused(service::MessageType::kRead, service::Encode(service::ReadRequest{secret_id, 0, 100}),
+          {}, "a read after false proofs");
+  service::CheckedCopiesRequest copies;
+  copies.ids = {open_id};
+  refused(service::MessageType::kCheckedCopies, service::Encode(copies), {}, "a mapping");
+  refused(service::MessageType::kStop, "", {}, "a stop");
+  ::close(path_only);
+  ::close(other);
+  return failures;
+}
+
+// node.share_with_group: another user of the group reads through the
+// service (root's here) only what it can open on the source itself, in a
+// forked process that became that user.
+TEST_CASE("service: a guest of node.share_with_group reads only files it proved it may open") {
+  if (::geteuid() != 0) MONARCH_SKIP("needs root, to become two other users");
+  constexpr gid_t kGroup = 4242;
+  ScratchDir dir;
+  REQUIRE(::chmod(dir.path().c_str(), 0755) == 0);  // The guest reaches the dataset.
+  const auto files = testing::MakeDataset(dir.Sub("data"), 6, {5000, 70000});
+  const std::string secret_path = dir.path() + "/data/" + files[0].name;
+  REQUIRE(::chmod(secret_path.c_str(), 0600) == 0);  // Root's alone.
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(16 << 20)},
+                               dir.path() + "/run");  // Made by the service, the group's.
+  config.node.share_with_group = std::to_string(kGroup);
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  struct stat st;
+  REQUIRE(::stat((dir.path() + "/run").c_str(), &st) == 0);
+  CHECK(st.st_gid == kGroup);
+  CHECK((st.st_mode & 07777) == 02770);
+  REQUIRE(::stat((*node)->paths().socket.c_str(), &st) == 0);
+  CHECK(st.st_gid == kGroup);
+  CHECK((st.st_mode & 0777) == 0660);
+  {
+    auto owner = Monarch::Create(config);  // The service's own user reads all, the secret too.
+    REQUIRE(owner.ok());
+    ReadAllExact(**owner, files);
+    (*owner)->WaitForPlacement();
+    REQUIRE((*owner)->GetStats().Tier(0, "files") == files.size());  // The secret is in RAM.
+  }
+
+  // As uid 4241 in the group, and as uid 4244 outside it.
+  for (const bool member : {true, false}) {
+    CAPTURE(member);
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const gid_t groups[] = {kGroup};
+      std::string failures;
+      if (::setgroups(member ? 1 : 0, groups) != 0 || ::setresgid(4243, 4243, 4243) != 0 ||
+          ::setresuid(member ? 4241 : 4244, member ? 4241 : 4244, member ? 4241 : 4244) != 0) {
+        failures = "could not become the other user\n";
+      } else if (member) {
+        failures = GuestChecks(config, files);
+      } else {
+        // The socket is the group's: an outsider cannot even connect.
+        auto socket = service::ConnectUnix((*node)->paths().socket);
+        if (socket.ok() || !absl::IsPermissionDenied(socket.status())) {
+          failures = absl::StrCat("an outsider's connect: ", socket.status().ToString(), "\n");
+        }
+      }
+      const bool sent = ::write(pipe_fds[1], failures.data(), failures.size()) ==
+                        static_cast<ssize_t>(failures.size());
+      ::_exit(sent ? 0 : 1);
+    }
+    ::close(pipe_fds[1]);
+    std::string failures;
+    char chunk[512];
+    for (ssize_t n; (n = ::read(pipe_fds[0], chunk, sizeof(chunk))) > 0;) failures.append(chunk, n);
+    ::close(pipe_fds[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(failures == "");
+  }
+  // Refused: the client's secret read never reached the service (its own
+  // open failed); the hand-made read, two false proofs, the read after
+  // them. The mapping and the stop are refused without a count. The
+  // guest's other reads came through the service, none from the source
+  // behind its back.
+  const Stats stats = (*node)->NodeStats().node;
+  CHECK(stats.Get("service.guest_refusals") == 4);
+  CHECK(stats.Get("service.client_source_fallbacks") == 0);
 }
 
 }  // namespace

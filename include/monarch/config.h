@@ -15,7 +15,10 @@
 #ifndef MONARCH_CONFIG_H_
 #define MONARCH_CONFIG_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -175,6 +178,9 @@ struct NodeConfig {
   bool autostart = true;
   double idle_exit_seconds = 300;  // 0: never.
   bool keep_ram = true;  // RAM copies outlive a service's restart (drivers/ram_keep.h).
+  // A group (name or gid) whose members share this user's service: empty,
+  // nobody else. Members read through it as guests (service/DESIGN.md).
+  std::string share_with_group;
   double request_timeout_seconds = 60;
   double start_timeout_seconds = 600;
   int metrics_port = 0;  // 0: no endpoint.
@@ -220,7 +226,13 @@ absl::StatusOr<std::string> DatasetManifestPath(const DatasetConfig& dataset);
 // in one service, with no key to set, while two datasets, two users, or two
 // configs that cache differently each get their own. InvalidArgument
 // naming node.runtime_dir for an unset variable or a relative result.
+// With node.share_with_group, <base> is /tmp/monarch-group-<gid> instead,
+// one for all the group's members.
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config);
+
+// The group node.share_with_group names (a name, or a number), or nullopt
+// when it is empty. InvalidArgument naming the key when no such group exists.
+absl::StatusOr<std::optional<gid_t>> NodeShareGroup(const NodeConfig& node);
 
 // Where a walk's namespace is kept on this node for the next start
 // (dataset.keep_namespace): <base>/namespaces/<dataset key>.manifest, <base>

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/copy_bytes.h"
 #include "common/os.h"
@@ -202,6 +203,42 @@ absl::Status MakePrivateDirectory(const std::string& dir, absl::string_view what
   }
   if ((st.st_mode & 077) != 0 && os::Chmod(dir.c_str(), 0700) != 0) {
     return ErrnoToStatus(errno, absl::StrCat(what, ": chmod 0700 ", dir));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeGroupDirectory(const std::string& dir, gid_t gid, mode_t mode,
+                                absl::string_view what) {
+  int made = os::Mkdir(dir.c_str(), 0700);
+  if (made != 0 && errno == ENOENT && dir.rfind('/') > 0) {  // A parent was missing.
+    MONARCH_RETURN_IF_ERROR(MakeDirectories(dir.substr(0, dir.rfind('/'))));
+    made = os::Mkdir(dir.c_str(), 0700);
+  }
+  if (made == 0) {
+    // Made 0700 first: nobody may enter before the group owns it.
+    if (os::Chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      const int error = errno;
+      os::UnlinkAt(AT_FDCWD, dir.c_str(), AT_REMOVEDIR);
+      return ErrnoToStatus(error, absl::StrCat(what, ": give '", dir, "' to group ", gid,
+                                               " (is this user a member?)"));
+    }
+    if (os::Chmod(dir.c_str(), mode) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat(what, ": chmod ", dir));
+    }
+  } else if (errno != EEXIST) {
+    return ErrnoToStatus(errno, absl::StrCat(what, ": mkdir ", dir));
+  }
+  struct stat st;
+  if (os::Lstat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(what, ": ", dir));
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": '", dir, "' is not a directory (or is a symlink)"));
+  }
+  if (st.st_gid != gid || (st.st_mode & 07) != 0 || (st.st_mode & 070) != 070) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: '%s' is group %d with mode %04o; a directory group %d shares must be that group's, "
+        "open to it (rwx) and closed to others",
+        what, dir, st.st_gid, st.st_mode & 07777, gid));
   }
   return absl::OkStatus();
 }

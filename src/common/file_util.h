@@ -8,6 +8,8 @@
 #ifndef MONARCH_COMMON_FILE_UTIL_H_
 #define MONARCH_COMMON_FILE_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -122,6 +124,14 @@ absl::Status MakeDirectories(const std::string& dir);
 // its mode if it is not): what may hold what other users must not read or
 // replace. Errors name `what` (a config key) and the directory.
 absl::Status MakePrivateDirectory(const std::string& dir, absl::string_view what);
+// The same for a directory that group `gid` shares: created with `mode`
+// (02770, or 03770 for a parent that must keep members from removing each
+// other's entries) and given to the group (EPERM, named, for a user not in
+// it). An existing one may be any member's: it must be the group's and
+// closed to others. Only a member (or root) can give a directory to a
+// group, so one passing the check was made by the group, not by an outsider.
+absl::Status MakeGroupDirectory(const std::string& dir, gid_t gid, mode_t mode,
+                                absl::string_view what);
 
 // "a/b/c" + "d" -> "a/b/c/d".
 std::string JoinPath(absl::string_view a, absl::string_view b);

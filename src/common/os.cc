@@ -181,6 +181,11 @@ int RawChmod(const char* path, mode_t mode) {
   return static_cast<int>(::syscall(SYS_fchmodat, AT_FDCWD, path, mode));
 }
 
+int RawChown(const char* path, uid_t owner, gid_t group) {
+  if (MONARCH_OS_VIA_LIBC) return ::chown(path, owner, group);
+  return static_cast<int>(::syscall(SYS_fchownat, AT_FDCWD, path, owner, group, 0));
+}
+
 int RawAccess(const char* path, int mode) {
   if (MONARCH_OS_VIA_LIBC) return ::access(path, mode);
   return static_cast<int>(::syscall(SYS_faccessat, AT_FDCWD, path, mode));
@@ -247,6 +252,7 @@ int Env::UtimensAt(int dir_fd, const char* path, const struct timespec times[2],
   return RawUtimensAt(dir_fd, path, times, flags);
 }
 int Env::Chmod(const char* path, mode_t mode) { return RawChmod(path, mode); }
+int Env::Chown(const char* path, uid_t owner, gid_t group) { return RawChown(path, owner, group); }
 int Env::Access(const char* path, int mode) { return RawAccess(path, mode); }
 int Env::Statvfs(const char* path, struct statvfs* fs) { return ::statvfs(path, fs); }
 char* Env::RealPath(const char* path, char* resolved) { return ::realpath(path, resolved); }
@@ -327,6 +333,9 @@ int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int 
   MONARCH_OS_DISPATCH(UtimensAt, RawUtimensAt, dir_fd, path, times, flags);
 }
 int Chmod(const char* path, mode_t mode) { MONARCH_OS_DISPATCH(Chmod, RawChmod, path, mode); }
+int Chown(const char* path, uid_t owner, gid_t group) {
+  MONARCH_OS_DISPATCH(Chown, RawChown, path, owner, group);
+}
 int Access(const char* path, int mode) { MONARCH_OS_DISPATCH(Access, RawAccess, path, mode); }
 int Statvfs(const char* path, struct statvfs* fs) {
   MONARCH_OS_DISPATCH(Statvfs, ::statvfs, path, fs);

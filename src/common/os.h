@@ -109,6 +109,7 @@ class Env {
   virtual int Mkdir(const char* path, mode_t mode);
   virtual int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
   virtual int Chmod(const char* path, mode_t mode);
+  virtual int Chown(const char* path, uid_t owner, gid_t group);  // -1: unchanged.
 
   // Lookups by path.
   virtual int Access(const char* path, int mode);
@@ -166,6 +167,7 @@ int UnlinkAt(int dir_fd, const char* path, int flags);
 int Mkdir(const char* path, mode_t mode);
 int UtimensAt(int dir_fd, const char* path, const struct timespec times[2], int flags);
 int Chmod(const char* path, mode_t mode);
+int Chown(const char* path, uid_t owner, gid_t group);
 int Access(const char* path, int mode);
 int Statvfs(const char* path, struct statvfs* fs);
 char* RealPath(const char* path, char* resolved);

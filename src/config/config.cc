@@ -6,6 +6,7 @@
 #include "common/os.h"
 #include "monarch/config.h"
 
+#include <grp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -427,14 +428,36 @@ std::string KeptNamespacePath(const DatasetConfig& dataset) {
   return absl::StrCat(RuntimeBase(), "/namespaces/", DatasetKey(dataset), ".manifest");
 }
 
+absl::StatusOr<std::optional<gid_t>> NodeShareGroup(const NodeConfig& node) {
+  if (node.share_with_group.empty()) return std::nullopt;
+  std::vector<char> buffer(16384);
+  group entry{};
+  group* found = nullptr;
+  if (::getgrnam_r(node.share_with_group.c_str(), &entry, buffer.data(), buffer.size(),
+                   &found) == 0 &&
+      found != nullptr) {
+    return found->gr_gid;
+  }
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(node.share_with_group, &gid) && gid != static_cast<uint32_t>(-1)) {
+    return static_cast<gid_t>(gid);
+  }
+  return KeyError("node.share_with_group",
+                  absl::StrCat("expected a group of this node (a name or a gid), got ",
+                               Quote(node.share_with_group), ": no such group"));
+}
+
 absl::StatusOr<std::string> NodeRuntimeDirectory(const Config& config) {
   const NodeConfig& node = config.node;
   if (node.runtime_dir.empty()) {
     // One service per user, dataset and cache shape: every job of a user
     // that reads the dataset through the same tiers meets in it, and one
-    // that caches differently gets its own (the client says so).
-    return absl::StrCat(RuntimeBase(), "/", DatasetKey(config.dataset), "-",
-                        CacheShapeKey(config));
+    // that caches differently gets its own (the client says so). A group
+    // shares one base, so that its members find each other's services.
+    MONARCH_ASSIGN_OR_RETURN(std::optional<gid_t> group, NodeShareGroup(node));
+    const std::string base =
+        group ? absl::StrCat("/tmp/monarch-group-", *group) : RuntimeBase();
+    return absl::StrCat(base, "/", DatasetKey(config.dataset), "-", CacheShapeKey(config));
   }
   return ExpandAbsolutePath(node.runtime_dir, "node.runtime_dir");
 }

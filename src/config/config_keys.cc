@@ -751,6 +751,23 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "is unchanged and whose bytes still match their CRC32C, so the next job's first epoch reads "
       "them from memory. An idle exit (`node.idle_exit`) frees them. `false`: the RAM tiers are "
       "memfds and die with the service. Without a tmpfs at /dev/shm they are not kept (logged)."));
+  Key<Config> share_with_group = StringKey<Config>(
+      "node", "share_with_group", [](auto& c) -> auto& { return c.node.share_with_group; },
+      "a group name or gid", "empty: nobody but this user",
+      "Users of this group share one service per dataset and cache shape, whoever started it: "
+      "its runtime directory defaults to `/tmp/monarch-group-<gid>/<key>-<shape>` (`02770`, "
+      "the group's), its socket is the group's (`0660`), and the service lets in the group's "
+      "members. A member other than the service's own user is a guest: it never maps the "
+      "service's memory or opens its copies, and it reads a file through the service only "
+      "after opening it on the source itself and passing the descriptor, which the service "
+      "checks is that file, opened for reading: so nobody reads a byte of a file they could "
+      "not open (permissions, ACLs, the file system's own checks). File names and sizes are "
+      "visible to the whole group. Members trust each other's services to serve the right bytes, "
+      "as they trust each other with the cache.");
+  share_with_group.check = [](const Config& config, absl::string_view) {
+    return NodeShareGroup(config.node).status();
+  };
+  keys.push_back(std::move(share_with_group));
   keys.push_back(DurationKey<Config>(
       "node", "request_timeout", [](auto& c) -> auto& { return c.node.request_timeout_seconds; },
       0.001, false, kDay, "duration, 1ms to 24h", "a duration from 1ms to 24h",

@@ -16,6 +16,7 @@
 
 #include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -107,6 +108,19 @@ struct Session {
   const TierSlot& slot(uint32_t id) const {
     return reinterpret_cast<const TierSlot*>(tier_slots.data())[id];
   }
+
+  // A guest's files the service took its proof of access for
+  // (ProveAccessRequest): this process's, as the service's grants are.
+  bool Proven(uint32_t id) {
+    MutexLock lock(&proven_mu);
+    return proven.contains(id);
+  }
+  void MarkProven(uint32_t id) {
+    MutexLock lock(&proven_mu);
+    proven.insert(id);
+  }
+  Mutex proven_mu;
+  absl::flat_hash_set<uint32_t> proven ABSL_GUARDED_BY(proven_mu);
 };
 
 // `fds`: the image, the tier slots, then each tier's (not the transfer
@@ -128,6 +142,16 @@ absl::StatusOr<std::unique_ptr<Session>> MapSession(const HelloReply& reply,
   session->source_index = static_cast<int>(reply.tiers.size()) - 1;
   if (session->source_index < 0 || reply.tiers.size() > static_cast<size_t>(kMaxSharedTiers)) {
     return absl::InternalError("the Monarch service described no usable tiers");
+  }
+  if (reply.guest) {
+    // Another user's service: no copy is read here, every read is a miss
+    // (SessionFiles::Miss proves access first).
+    if (reply.TotalDescriptors() != HelloReply::kFixedDescriptors) {
+      return absl::InternalError("the Monarch service sent a guest its tiers' descriptors");
+    }
+    session->readers.resize(reply.tiers.size());
+    session->fds = std::move(fds);
+    return session;
   }
   size_t next = 2;
   const int max_open = std::max<int>(1, static_cast<int>(reply.max_open_files));
@@ -587,7 +611,8 @@ class SessionFiles {
   // The image holds the extents of the files the service caches by
   // extents, and their tier slots: their copies are read here as a file's.
   bool HasExtents(const Handle& file) const {
-    return file->id < session_->image->file_count() &&
+    // A guest reads whole files through the service, which proves them.
+    return !session_->reply.guest && file->id < session_->image->file_count() &&
            session_->image->first_extent(file->id) != 0;
   }
   Handle ExtentAt(const Handle& file, uint64_t offset) const {
@@ -676,6 +701,9 @@ class SessionFiles {
                                              size_t n) {
     const FileRef& ref = *file;
     MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, channels_.Take(state_, session_));
+    if (session_->reply.guest && channel != nullptr) {
+      MONARCH_RETURN_IF_ERROR(ProveAccess(channel, ref.id));
+    }
     size_t done = 0;
     while (channel != nullptr && done < n) {
       const uint64_t piece = std::min<uint64_t>(n - done, session_->reply.buffer_bytes);
@@ -691,6 +719,11 @@ class SessionFiles {
         absl::StatusOr<ErrorReply> error = DecodeErrorReply(reply->payload);
         if (error.ok()) {
           channels_.Return(state_, std::move(channel));
+          // A file the service's user may not read, but this guest may
+          // (it proved so): read with this process's own credentials.
+          if (session_->reply.guest && error->ToStatus().code() == absl::StatusCode::kPermissionDenied) {
+            break;
+          }
           return error->ToStatus();
         }
       }
@@ -711,8 +744,10 @@ class SessionFiles {
       channels_.Return(state_, std::move(channel));
       return done;
     }
-    // No service: the source itself, as an embedded instance would. An
-    // extent's bytes are its file's, at its place in it.
+    // No service (or a guest's file the service may not read, or would not
+    // take the proof of): the source itself, as an embedded instance
+    // would, with this process's credentials. An extent's bytes are its
+    // file's, at its place in it.
     const NamespaceImage& image = *session_->image;
     FileRef source_ref = ref;
     uint64_t source_offset = offset + done;
@@ -726,6 +761,39 @@ class SessionFiles {
                              session_->Source().Read(source_ref, source_offset, dst + done, n - done));
     state_.counters.load()->source_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return done + rest;
+  }
+
+  // A guest proves, once per file and session, that it may read file `id`:
+  // it opens the file on the source itself, which is the kernel's check
+  // (and the caller's error when it refuses), and passes the descriptor.
+  // When the service does not take the proof, `channel` is returned to the
+  // pool (or dropped, if the connection broke) and left null: the caller
+  // reads the source itself.
+  absl::Status ProveAccess(std::unique_ptr<Channel>& channel, uint32_t id) {
+    if (session_->Proven(id)) return absl::OkStatus();
+    const std::string path =
+        JoinPath(session_->reply.dataset_root, session_->image->file_name(id));
+    ScopedFd fd(os::Open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      const int error = errno;
+      channels_.Return(state_, std::move(channel));
+      return ErrnoToStatus(error, absl::StrCat("open ", path));
+    }
+    absl::StatusOr<Frame> reply = absl::InternalError("unsent");
+    if (SendFrame(channel->socket.get(), MessageType::kProveAccess,
+                  Encode(ProveAccessRequest{id}), {fd.get()})
+            .ok()) {
+      reply = ReceiveFrame(channel->socket.get());
+    }
+    if (reply.ok() && reply->type == MessageType::kOk) {
+      session_->MarkProven(id);
+    } else if (reply.ok() && reply->type == MessageType::kError) {
+      channels_.Return(state_, std::move(channel));
+    } else {
+      channel.reset();  // Out of step, or the service is gone.
+      session_->alive.store(false);
+    }
+    return absl::OkStatus();
   }
 
   // The service's word: it checked the copies (this process has not).
@@ -840,7 +908,8 @@ class ServiceClient final : public Front {
                                      uint64_t length, int protection, int flags) override {
     ProcessState& state = process_.State();
     Session* session = process_.CurrentSession(state);
-    if (session == nullptr) return 0;  // Nobody to say which copies were checked.
+    // Nobody to say which copies were checked, or a guest, which maps none.
+    if (session == nullptr || session->reply.guest) return 0;
     SessionFiles files(channels_, state, session, /*first_attempt=*/false);
     const SessionFiles::Handle file = files.Find(ToAbsl(name));
     if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));

@@ -59,6 +59,8 @@ absl::Status CheckFileIds(const std::vector<uint32_t>& ids, uint32_t count,
 // the service shares.
 absl::Status SendHelloReply(const MonarchCore& core, HelloReply reply, int socket, int image_fd,
                             int slots_fd, int buffer_fd) {
+  // A guest gets no tier's descriptors: it reads every byte through the
+  // service, which checks each file (guest_access.h).
   reply.service_pid = static_cast<uint32_t>(::getpid());
   reply.file_count = core.name_space().file_count();
   reply.max_open_files = static_cast<uint32_t>(core.max_open_files());
@@ -76,7 +78,7 @@ absl::Status SendHelloReply(const MonarchCore& core, HelloReply reply, int socke
     const TierConfig& tier = core.tier_config(t);
     TierDescription description{static_cast<uint32_t>(tier.kind), tier.name, tier.path, 0,
                                 tier.huge_pages};
-    for (int fd : core.SharedMemoryDescriptors(t)) {
+    for (int fd : reply.guest ? std::vector<int>{} : core.SharedMemoryDescriptors(t)) {
       MONARCH_ASSIGN_OR_RETURN(ScopedFd reopened, ReopenReadOnly(fd));
       fds.push_back(reopened.get());
       owned.push_back(std::move(reopened));
@@ -106,12 +108,15 @@ std::string MetricsText(const StatsReply& stats) {
 // read order and its hints (first reads, scans, which copies to map).
 class ClientRequests {
  public:
-  ClientRequests(MonarchCore& core, uint64_t buffer_bytes) : core_(core), buffer_bytes_(buffer_bytes) {}
+  // `guest`: the grants of the service's guests when this connection is
+  // one's (its reads then need them), else null.
+  ClientRequests(MonarchCore& core, uint64_t buffer_bytes, GuestAccess* guest)
+      : core_(core), buffer_bytes_(buffer_bytes), guest_(guest) {}
 
   static bool Handles(MessageType type) {
     return type == MessageType::kRead || type == MessageType::kAnnounce ||
            type == MessageType::kConsumed || type == MessageType::kReadAhead ||
-           type == MessageType::kCheckedCopies;
+           type == MessageType::kCheckedCopies || type == MessageType::kProveAccess;
   }
   // One of them. `transfer` is null before the hello: reads, orders and copy
   // checks need its session; hints come on bare connections too.
@@ -120,20 +125,33 @@ class ClientRequests {
     const bool hint = frame.type == MessageType::kConsumed || frame.type == MessageType::kReadAhead;
     if (transfer == nullptr && !hint) return absl::InvalidArgumentError("request before hello");
     switch (frame.type) {
-      case MessageType::kRead: return Read(socket, transfer, frame);
+      case MessageType::kRead: return Read(socket, transfer, pid, frame);
       case MessageType::kAnnounce: return Announce(socket, pid, frame, mark_announced);
       case MessageType::kConsumed: return Consumed(pid, frame);
       case MessageType::kReadAhead: return ReadAhead(frame);
-      default: return CheckedCopies(socket, frame);
+      case MessageType::kProveAccess: return ProveAccess(socket, pid, frame);
+      default:
+        // A guest maps no copy: it would read bytes nobody checked it may.
+        if (guest_ != nullptr) {
+          return SendError(socket, absl::PermissionDeniedError(
+                                       "a guest of the service maps no copies"));
+        }
+        return CheckedCopies(socket, frame);
     }
   }
 
  private:
 
   // A miss: the bytes go into `transfer`, the connection's buffer.
-  absl::Status Read(int socket, char* transfer, const Frame& frame) {
+  absl::Status Read(int socket, char* transfer, pid_t pid, const Frame& frame) {
     absl::StatusOr<ReadRequest> request = DecodeReadRequest(frame.payload);
     if (!request.ok()) return request.status();  // Answered and closed by Serve().
+    if (guest_ != nullptr && !guest_->Granted(pid, request->file_id)) {
+      return SendError(socket, absl::PermissionDeniedError(absl::StrCat(
+                                   "entry ", request->file_id,
+                                   ": this process has not proved it may read the file "
+                                   "(node.share_with_group)")));
+    }
     if (request->length > buffer_bytes_) {
       return SendError(socket,
                        absl::InvalidArgumentError(absl::StrCat(
@@ -152,6 +170,25 @@ class ClientRequests {
     misses.fetch_add(1, std::memory_order_relaxed);
     miss_bytes.fetch_add(*n, std::memory_order_relaxed);
     return SendFrame(socket, MessageType::kReadReply, Encode(ReadReply{*n}));
+  }
+
+  // A guest's proof that it may read a file; the service's own user needs
+  // none, and is answered yes.
+  absl::Status ProveAccess(int socket, pid_t pid, const Frame& frame) {
+    absl::StatusOr<ProveAccessRequest> request = DecodeProveAccessRequest(frame.payload);
+    if (!request.ok()) return request.status();  // Answered and closed by Serve().
+    if (guest_ != nullptr) {
+      if (frame.fds.size() != 1) {
+        return absl::InvalidArgumentError("prove access: expected one descriptor");
+      }
+      absl::Status proved = guest_->Prove(pid, request->file_id, frame.fds[0].get());
+      if (absl::IsInvalidArgument(proved)) return proved;
+      if (!proved.ok()) {
+        MONARCH_LOG(kWarning, "monarch service: guest pid ", pid, ": ", proved.message());
+        return SendError(socket, proved);
+      }
+    }
+    return SendFrame(socket, MessageType::kOk, "");
   }
 
   // A piece of the read order; `mark` is called once it is complete, before
@@ -253,6 +290,7 @@ class ClientRequests {
 
   MonarchCore& core_;
   const uint64_t buffer_bytes_;
+  GuestAccess* const guest_;
   // The read order this client is sending in pieces (kAnnounce): file ids,
   // or samples inside files.
   std::vector<uint32_t> pending_order_;
@@ -375,9 +413,12 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
 }  // namespace
 
 struct NodeService::Connection {
-  Connection(MonarchCore& core, uint64_t buffer_bytes) : requests(core, buffer_bytes) {}
+  // `guest`: the service's guests' grants, for another user's connection.
+  Connection(MonarchCore& core, uint64_t buffer_bytes, PeerCredentials peer, GuestAccess* guest)
+      : peer(std::move(peer)), guest(guest != nullptr), requests(core, buffer_bytes, guest) {}
   ScopedFd socket;
-  PeerCredentials peer;
+  const PeerCredentials peer;
+  const bool guest;  // Another user of node.share_with_group's group.
   std::string job;  // Hello::job; set with `buffer`.
   MappedRegion buffer;  // The counters page, then the transfer buffer.
   ClientRequests requests;
@@ -466,7 +507,8 @@ absl::Status NodeService::Init(ScopedFd lock) {
     }
     metrics_ = std::move(*metrics);
   }
-  MONARCH_ASSIGN_OR_RETURN(listen_, ListenUnix(paths_.socket));
+  if (paths_.group) guests_ = std::make_unique<GuestAccess>(core_->name_space());
+  MONARCH_ASSIGN_OR_RETURN(listen_, ListenUnix(paths_.socket, 128, paths_.group));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   MONARCH_LOG(kInfo, "monarch service ", ::getpid(), " serving ", core_->dataset_root(), " at ",
               paths_.socket, " (", core_->name_space().file_count(), " files)");
@@ -530,16 +572,20 @@ void NodeService::AcceptLoop() {
       ScopedFd socket(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (socket.valid()) {
         absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(socket.get());
-        if (!peer.ok() || peer->uid != ::geteuid()) {
+        const bool owner = peer.ok() && peer->uid == ::geteuid();
+        const bool guest = !owner && peer.ok() && paths_.group && peer->InGroup(*paths_.group);
+        if (!owner && !guest) {
           refused_.fetch_add(1, std::memory_order_relaxed);
           MONARCH_LOG(kWarning, "monarch service: refused a connection from ",
                       peer.ok() ? absl::StrCat("pid ", peer->pid, " uid ", peer->uid)
                                 : peer.status().ToString(),
-                      ": only uid ", ::geteuid(), " may use this service");
+                      ": only uid ", ::geteuid(),
+                      paths_.group ? absl::StrCat(" and group ", *paths_.group) : "",
+                      " may use this service");
         } else {
-          auto connection = std::make_unique<Connection>(*core_, options_.buffer_bytes);
+          auto connection = std::make_unique<Connection>(*core_, options_.buffer_bytes, *peer,
+                                                         guest ? guests_.get() : nullptr);
           connection->socket = std::move(socket);
-          connection->peer = *peer;
           Connection* raw = connection.get();
           MutexLock lock(&mu_);
           ++connections_per_pid_[raw->peer.pid];
@@ -616,7 +662,8 @@ void NodeService::Serve(Connection* c) {
   bool first = true;
   absl::Status status;
   while (status.ok() && !stopping_.load(std::memory_order_relaxed)) {
-    absl::StatusOr<Frame> frame = ReceiveFrame(c->socket.get());
+    // One descriptor at most: a guest's proof of access carries one.
+    absl::StatusOr<Frame> frame = ReceiveFrame(c->socket.get(), /*max_fds=*/1);
     if (first) SetIoTimeout(c->socket.get(), 0).IgnoreError();
     if (!frame.ok()) {
       // A malformed message gets its reason, then the connection closes:
@@ -651,6 +698,12 @@ void NodeService::Serve(Connection* c) {
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
         break;
       case MessageType::kStop:
+        if (c->guest) {
+          status = SendError(c->socket.get(), absl::PermissionDeniedError(absl::StrCat(
+                                                  "only uid ", ::geteuid(),
+                                                  ", who started it, may stop this service")));
+          break;
+        }
         MONARCH_LOG(kInfo, "monarch service: stop requested by pid ", c->peer.pid);
         status = SendFrame(c->socket.get(), MessageType::kOk, "");
         RequestStop();
@@ -677,6 +730,7 @@ void NodeService::Serve(Connection* c) {
     if (live != connections_per_pid_.end() && --live->second == 0) {
       connections_per_pid_.erase(live);
       withdraw = announced_pids_.erase(c->peer.pid) > 0;
+      if (guests_ != nullptr) guests_->Forget(c->peer.pid);
     }
   }
   if (withdraw) core_->AnnounceOrderOf(c->peer.pid, {}, /*payer=*/nullptr);
@@ -724,6 +778,7 @@ absl::Status NodeService::Handshake(Connection* c, const Frame& frame) {
   reply.instance_id = instance_id_;
   reply.buffer_bytes = options_.buffer_bytes;
   reply.cache_shape = CacheShape(*config_);
+  reply.guest = c->guest;
   return SendHelloReply(*core_, std::move(reply), c->socket.get(), image_fd_.get(),
                         tier_slots_fd_.get(), buffer_fd.get());
 }
@@ -745,7 +800,9 @@ StatsReply NodeService::NodeStats() {
   sink.Counter("service.client_source_fallbacks", tally.source_fallbacks,
                "Reads clients served from the source themselves while no service answered.");
   sink.Counter("service.refused_connections", refused_.load(std::memory_order_relaxed),
-               "Connections refused: another user's process.");
+               "Connections refused: another user's process (not of node.share_with_group's group).");
+  sink.Counter("service.guest_refusals", guests_ != nullptr ? guests_->refusals() : 0,
+               "Guests' proofs of access and reads refused (node.share_with_group).");
   sink.Gauge("service.clients", tally.clients.size(), "Client processes connected now.");
   reply.clients = std::move(tally.clients);
   reply.jobs = std::move(tally.jobs);

@@ -18,7 +18,9 @@
 // client's behalf), and its counters are folded into the departed totals.
 //
 // Only this user's processes get in: every connection's SO_PEERCRED uid
-// must be the service's, others are refused and logged.
+// must be the service's, others are refused and logged. With
+// node.share_with_group, the group's members get in too, as guests, who
+// read only files they proved they may open (guest_access.h).
 
 #ifndef MONARCH_SERVICE_NODE_SERVICE_H_
 #define MONARCH_SERVICE_NODE_SERVICE_H_
@@ -44,6 +46,7 @@
 #include "monarch/config.h"
 #include "core/monarch_internal.h"
 #include "service/client_ledger.h"
+#include "service/guest_access.h"
 #include "service/protocol.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"
@@ -117,6 +120,7 @@ class NodeService {
   ScopedFd tier_slots_fd_;
   MappedRegion tier_slots_;
   std::unique_ptr<MonarchCore> core_;  // After the regions it points into.
+  std::unique_ptr<GuestAccess> guests_;  // With node.share_with_group; after core_.
   std::unique_ptr<MetricsHttpServer> metrics_;
 
   Mutex mu_;

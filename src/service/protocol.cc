@@ -154,7 +154,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char in[kFrameHeaderBytes]) 
   std::memcpy(&length, in + 8, 4);
   if (magic != kFrameMagic) return absl::InvalidArgumentError("not a Monarch service frame");
   if (type < static_cast<uint32_t>(MessageType::kHello) ||
-      type > static_cast<uint32_t>(MessageType::kCheckedCopiesReply)) {
+      type > static_cast<uint32_t>(MessageType::kProveAccess)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message type ", type));
   }
   if (length > kMaxPayloadBytes) {
@@ -210,6 +210,7 @@ void Fields(Codec& c, HelloReply& m) {
     c.Put(t.kind).String(t.name, 4096).String(t.path, 4096).Put(t.descriptors).Flag(t.huge_pages);
   });
   c.String(m.cache_shape, 64 * 1024);
+  c.Flag(m.guest);
   Check(c, m.tiers.size() <= 64 && m.TotalDescriptors() <= kMaxDescriptors);
 }
 
@@ -221,6 +222,11 @@ void Fields(Codec& c, ReadRequest& m) {
 template <typename Codec>
 void Fields(Codec& c, ReadReply& m) {
   c.Put(m.bytes);
+}
+
+template <typename Codec>
+void Fields(Codec& c, ProveAccessRequest& m) {
+  c.Put(m.file_id);
 }
 
 template <typename Codec>
@@ -315,6 +321,7 @@ std::string Encode(const Hello& m) { return EncodeFields(m); }
 std::string Encode(const HelloReply& m) { return EncodeFields(m); }
 std::string Encode(const ReadRequest& m) { return EncodeFields(m); }
 std::string Encode(const ReadReply& m) { return EncodeFields(m); }
+std::string Encode(const ProveAccessRequest& m) { return EncodeFields(m); }
 std::string Encode(const ErrorReply& m) { return EncodeFields(m); }
 std::string Encode(const StatsReply& m) { return EncodeFields(m); }
 std::string Encode(const StageRequest& m) { return EncodeFields(m); }
@@ -334,6 +341,9 @@ absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view p) {
 }
 absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view p) {
   return DecodeFields<ReadReply>(p, "read reply");
+}
+absl::StatusOr<ProveAccessRequest> DecodeProveAccessRequest(absl::string_view p) {
+  return DecodeFields<ProveAccessRequest>(p, "prove access");
 }
 absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view p) {
   return DecodeFields<ErrorReply>(p, "error");

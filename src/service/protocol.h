@@ -37,7 +37,8 @@ constexpr uint32_t kFrameMagic = 0x4d4f4e31;  // "MON1"
 // kReadAhead; extents in the namespace image (read by clients).
 // 7: kCheckedCopies (a client maps copies the service checked).
 // 8: the job in Hello, the cache shape in HelloReply, jobs in StatusReply and StatsReply.
-constexpr uint32_t kProtocolVersion = 8;
+// 9: guests (node.share_with_group): HelloReply::guest, kProveAccess.
+constexpr uint32_t kProtocolVersion = 9;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // Stats of many tiers, stage lists.
 constexpr size_t kMaxStringBytes = 1u << 20;
@@ -63,6 +64,7 @@ enum class MessageType : uint16_t {
   kReadAhead = 17,         // A client's scan of a file cached by extents; not answered.
   kCheckedCopies = 18,     // Which copies may be mapped; answered with kCheckedCopiesReply.
   kCheckedCopiesReply = 19,
+  kProveAccess = 20,  // A guest's proof it may read a file; answered with kOk or an Error.
 };
 
 struct FrameHeader {
@@ -120,6 +122,10 @@ struct HelloReply {
   // CacheShape() of the service's config: a client whose config caches
   // differently says so (both named one node.runtime_dir).
   std::string cache_shape;
+  // The client is another user (node.share_with_group): it gets no tier's
+  // descriptors (every tier has none), maps no copy and opens none, and
+  // reads every byte through the service, each file after kProveAccess.
+  bool guest = false;
   uint32_t TotalDescriptors() const;
 };
 
@@ -130,6 +136,15 @@ struct ReadRequest {
 };
 struct ReadReply {
   uint64_t bytes = 0;  // In the transfer buffer.
+};
+
+// A guest's proof that it may read file `file_id`: one descriptor beside
+// the frame, the file opened on the source by the guest itself. The
+// service grants the file to the guest's process if the descriptor is
+// open for reading (not O_PATH) and is that file (device and inode);
+// the kernel, the file system and its ACLs judged the open, not Monarch.
+struct ProveAccessRequest {
+  uint32_t file_id = 0;
 };
 
 struct ErrorReply {
@@ -245,6 +260,7 @@ std::string Encode(const Hello& m);
 std::string Encode(const HelloReply& m);
 std::string Encode(const ReadRequest& m);
 std::string Encode(const ReadReply& m);
+std::string Encode(const ProveAccessRequest& m);
 std::string Encode(const ErrorReply& m);
 std::string Encode(const StatsReply& m);
 std::string Encode(const StageRequest& m);
@@ -260,6 +276,7 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
 absl::StatusOr<HelloReply> DecodeHelloReply(absl::string_view payload);
 absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload);
 absl::StatusOr<ReadReply> DecodeReadReply(absl::string_view payload);
+absl::StatusOr<ProveAccessRequest> DecodeProveAccessRequest(absl::string_view payload);
 absl::StatusOr<ErrorReply> DecodeErrorReply(absl::string_view payload);
 absl::StatusOr<StatsReply> DecodeStatsReply(absl::string_view payload);
 absl::StatusOr<StageRequest> DecodeStageRequest(absl::string_view payload);

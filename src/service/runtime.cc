@@ -33,23 +33,54 @@ absl::StatusOr<ServicePaths> ServicePathsFor(const Config& config) {
   // The default's parent is this user's too, and must stay so: whoever can
   // write it could swap the service's directory for their own.
   if (config.node.runtime_dir.empty()) paths.base = dir.substr(0, dir.rfind('/'));
+  MONARCH_ASSIGN_OR_RETURN(paths.group, NodeShareGroup(config.node));
   return paths;
 }
 
 ServicePaths ServicePathsIn(const std::string& dir) {
   return ServicePaths{"", dir, JoinPath(dir, "monarch.sock"), JoinPath(dir, "monarch.lock"),
-                      JoinPath(dir, "monarch.log")};
+                      JoinPath(dir, "monarch.log"), std::nullopt};
 }
 
 absl::Status PrepareRuntimeDirectory(const ServicePaths& paths) {
+  if (paths.group) {
+    // The base sticky: members cannot remove each other's directories.
+    if (!paths.base.empty()) {
+      MONARCH_RETURN_IF_ERROR(
+          MakeGroupDirectory(paths.base, *paths.group, 03770, "node.share_with_group"));
+    }
+    return MakeGroupDirectory(paths.dir, *paths.group, 02770, "node.share_with_group");
+  }
   if (!paths.base.empty()) {
     MONARCH_RETURN_IF_ERROR(MakePrivateDirectory(paths.base, "node.runtime_dir"));
   }
   return MakePrivateDirectory(paths.dir, "node.runtime_dir");
 }
 
+mode_t RuntimeFileMode(const ServicePaths& paths) { return paths.group ? 0660 : 0600; }
+
+namespace {
+
+// Opens (creating) a file of the runtime directory, with its mode
+// RuntimeFileMode's whatever the umask: a member of the group may be the
+// next to write it.
+ScopedFd OpenRuntimeFile(const ServicePaths& paths, const std::string& path, int flags) {
+  ScopedFd fd(os::Open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                       RuntimeFileMode(paths)));
+  if (fd.valid() && paths.group) {
+    struct stat st;
+    if (os::Fstat(fd.get(), &st) == 0 && st.st_uid == ::geteuid() &&
+        (st.st_mode & 0777) != RuntimeFileMode(paths)) {
+      os::Chmod(path.c_str(), RuntimeFileMode(paths));  // Our own file; the directory gave the group.
+    }
+  }
+  return fd;
+}
+
+}  // namespace
+
 absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths) {
-  ScopedFd fd(os::Open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  ScopedFd fd = OpenRuntimeFile(paths, paths.lock, O_RDWR);
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.lock));
   if (os::Flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) return ErrnoToStatus(errno, absl::StrCat("flock ", paths.lock));
@@ -122,7 +153,7 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
   std::vector<char*> envp;
   for (std::string& variable : environment) envp.push_back(variable.data());
   envp.push_back(nullptr);
-  ScopedFd log(os::Open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  ScopedFd log = OpenRuntimeFile(paths, paths.log, O_WRONLY | O_APPEND);
   if (!log.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
   const pid_t child = ::fork();
   if (child < 0) return ErrnoToStatus(errno, "fork to start the Monarch service");

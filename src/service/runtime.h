@@ -3,7 +3,9 @@
 // The runtime directory (node.runtime_dir) holds the service's socket, its
 // lock and its log. It is created 0700 and must belong to the user: the
 // socket's own 0600 mode and the uid check on every connection are then a
-// second and third fence.
+// second and third fence. With node.share_with_group the three fences are
+// the group's: the directory 02770 of the group, the socket 0660, and the
+// service's check that a connecting process is in the group.
 //
 // One service per directory: `monarch serve` holds an exclusive flock on
 // monarch.lock for its whole life, taken before anything else, so of two
@@ -14,6 +16,9 @@
 #ifndef MONARCH_SERVICE_RUNTIME_H_
 #define MONARCH_SERVICE_RUNTIME_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,9 @@ struct ServicePaths {
   std::string socket;  // dir/monarch.sock
   std::string lock;    // dir/monarch.lock
   std::string log;     // dir/monarch.log: an auto-started service's output.
+  // node.share_with_group's: the group whose members share the service;
+  // nullopt, this user alone.
+  std::optional<gid_t> group;
 };
 
 // The paths of `config`'s service (NodeRuntimeDirectory); does not touch
@@ -42,8 +50,12 @@ absl::StatusOr<ServicePaths> ServicePathsFor(const Config& config);
 // The paths in runtime directory `dir`.
 ServicePaths ServicePathsIn(const std::string& dir);
 // Creates the directory (0700) if needed and checks that it is a real
-// directory owned by this user and closed to others.
+// directory owned by this user and closed to others; with `group`, 02770
+// and the group's (MakeGroupDirectory), its base 03770.
 absl::Status PrepareRuntimeDirectory(const ServicePaths& paths);
+// The mode of the files a service makes in its directory (lock, log,
+// socket): 0600, or 0660 with `group`.
+mode_t RuntimeFileMode(const ServicePaths& paths);
 
 // The service's lock, held for its life; FailedPrecondition (naming the
 // holder's pid when known) if another service holds it.

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -76,7 +77,8 @@ absl::Status ReceiveAll(int socket, char* data, size_t n, std::vector<ScopedFd>*
 
 }  // namespace
 
-absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog) {
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog,
+                                    std::optional<gid_t> group) {
   MONARCH_ASSIGN_OR_RETURN(sockaddr_un address, SocketAddress(path));
   ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
@@ -84,7 +86,12 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog) {
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("bind ", path));
   }
-  if (os::Chmod(path.c_str(), 0600) != 0) return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
+  if (group && os::Chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("give ", path, " to group ", *group));
+  }
+  if (os::Chmod(path.c_str(), group ? 0660 : 0600) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
+  }
   if (::listen(fd.get(), backlog) != 0) return ErrnoToStatus(errno, absl::StrCat("listen ", path));
   return fd;
 }
@@ -187,7 +194,24 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket) {
   if (::getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) {
     return ErrnoToStatus(errno, "SO_PEERCRED");
   }
-  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+  PeerCredentials peer{cred.pid, cred.uid, cred.gid, {}};
+  // The supplementary groups the peer had when it connected (Linux 4.13+).
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(socket, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      peer.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE) break;  // No groups known: only the primary counts.
+    groups.resize(bytes / sizeof(gid_t) + 1);
+  }
+  return peer;
+}
+
+bool PeerCredentials::InGroup(gid_t group) const {
+  return gid == group || std::find(groups.begin(), groups.end(), group) != groups.end();
 }
 
 absl::Status SetIoTimeout(int socket, double seconds) {

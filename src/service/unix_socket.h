@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,10 @@ struct Frame {
   std::vector<ScopedFd> fds;
 };
 
-// A listening socket at `path` (replacing a stale one), mode 0600.
-absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog = 128);
+// A listening socket at `path` (replacing a stale one), mode 0600; with
+// `group`, 0660 and that group's.
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, int backlog = 128,
+                                    std::optional<gid_t> group = std::nullopt);
 // NotFound/Unavailable when nothing listens at `path`. With `timeout_seconds`,
 // the socket has that I/O timeout (SetIoTimeout), the connect included: a
 // service that stopped accepting (its backlog full) cannot hold it up.
@@ -47,6 +50,8 @@ struct PeerCredentials {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  // Supplementary (SO_PEERGROUPS), as at connect().
+  bool InGroup(gid_t group) const;
 };
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
 

@@ -106,6 +106,9 @@ void DecodePayload(MessageType type, absl::string_view payload) {
     case MessageType::kReadReply:
       RoundTrip(payload, DecodeReadReply, [](const ReadReply&) {});
       break;
+    case MessageType::kProveAccess:
+      RoundTrip(payload, DecodeProveAccessRequest, [](const ProveAccessRequest&) {});
+      break;
     case MessageType::kStatsReply:
       CheckStatsReply(payload);
       break;

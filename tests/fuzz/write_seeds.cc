@@ -143,6 +143,10 @@ bool WriteServiceSeeds(const std::string& dir) {
                                                                     1700000000000000000,
                                                                     1700000000123456789}}}})) +
                     Frame(MessageType::kReadAhead, Encode(ReadAheadNotice{3, 8 << 20})));
+  // A guest's proof of access (its descriptor travels beside the frame).
+  good &= Write(dir + "/prove-access",
+                Frame(MessageType::kProveAccess, Encode(ProveAccessRequest{17})) +
+                    Frame(MessageType::kRead, Encode(ReadRequest{17, 0, 4096})));
   return good;
 }
 
