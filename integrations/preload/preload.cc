@@ -275,6 +275,9 @@ bool FindDatasetFile(int dir_fd, const char* path, std::string* name, Monarch::F
   InsideMonarch inside;
   absl::StatusOr<Monarch::FileStat> found = monarch->Stat(clean);
   if (!found.ok()) return false;  // Not a dataset file, or no service session: the real one.
+  // A guest of another user's service (node.share_with_group) proves it may
+  // read the file; if not, the real open fails as the kernel says.
+  if (!service::ProveAccess(*monarch, clean).ok()) return false;
   *name = std::move(clean);
   *stat = *found;
   return true;

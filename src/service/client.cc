@@ -763,6 +763,16 @@ class SessionFiles {
     return done + rest;
   }
 
+  // Proves access to `file` on a channel of its own (ProveAccess below).
+  absl::Status ProveAccessTo(const FileRef& file) {
+    if (session_->Proven(file.id)) return absl::OkStatus();
+    MONARCH_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, channels_.Take(state_, session_));
+    if (channel == nullptr) return absl::OkStatus();  // No service: reads go to the source.
+    MONARCH_RETURN_IF_ERROR(ProveAccess(channel, file.id));
+    if (channel != nullptr) channels_.Return(state_, std::move(channel));
+    return absl::OkStatus();
+  }
+
   // A guest proves, once per file and session, that it may read file `id`:
   // it opens the file on the source itself, which is the kernel's check
   // (and the caller's error when it refuses), and passes the descriptor.
@@ -917,6 +927,17 @@ class ServiceClient final : public Front {
                           flags);
   }
 
+  // service::ProveAccess.
+  absl::Status ProveAccessTo(std::string_view name) {
+    ProcessState& state = process_.State();
+    Session* session = process_.CurrentSession(state);
+    if (session == nullptr || !session->reply.guest) return absl::OkStatus();
+    SessionFiles files(channels_, state, session, /*first_attempt=*/false);
+    const SessionFiles::Handle file = files.Find(ToAbsl(name));
+    if (!file) return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
+    return files.ProveAccessTo(*file);
+  }
+
   const std::string& dataset_root() const override { return process_.root(); }
 
   // The node's counters (every client's included) from the service; this
@@ -1011,6 +1032,11 @@ class ServiceClient final : public Front {
 
 bool IsServiceClient(const Monarch& monarch) {
   return dynamic_cast<const ServiceClient*>(&monarch) != nullptr;
+}
+
+absl::Status ProveAccess(Monarch& monarch, std::string_view name) {
+  auto* client = dynamic_cast<ServiceClient*>(&monarch);
+  return client != nullptr ? client->ProveAccessTo(name) : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const ValidConfig& config,

@@ -26,6 +26,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "config/valid_config.h"
@@ -53,6 +54,14 @@ absl::StatusOr<std::unique_ptr<Monarch>> ConnectToNodeService(const ValidConfig&
 // connections (no config parsing, no handshake). An in-process instance
 // does not survive fork (its placement threads stay in the parent).
 bool IsServiceClient(const Monarch& monarch);
+
+// For a guest of another user's service (node.share_with_group), proves
+// that this process may read dataset file `name`, as its first read would:
+// opens it on the source (the kernel's check; its error is returned) and
+// passes the descriptor to the service. OK at once for any other Monarch.
+// The preload calls it when a program opens a file, so that an open the
+// kernel would refuse is refused then, by the kernel, not at a read.
+absl::Status ProveAccess(Monarch& monarch, std::string_view name);
 
 }  // namespace monarch::service
 

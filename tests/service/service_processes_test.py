@@ -42,6 +42,12 @@ and service, always stopped at the end:
                        /dev/shm; --dry-run removes nothing; a missing tier is named
                        (exit 1) and the others are still purged; the next run
                        reads exact bytes, all from the source again.
+  two-users            (root, setpriv) node.share_with_group: one user's
+                       auto-started service, another user of the group a
+                       guest through the C API, Python and the preload: the
+                       files it may open exact and through the service, one it
+                       may not refused with no byte served; an outsider cannot
+                       connect; the guest cannot stop the service.
   two-jobs             two jobs of one user, datasets with the same file names,
                        no node.runtime_dir: a service each, at once and one
                        after the other; a Slurm job of dataset A joins A's;
@@ -2025,6 +2031,207 @@ def scenario_keep_ram(env):
     check(not os.path.exists(kept_ram_dir(rt)), "an idle exit left %s" % kept_ram_dir(rt))
 
 
+# What a guest runs in each front end: every allowed file, then the secret,
+# through Monarch; prints one JSON line.
+GUEST_PROGRAM = r"""
+import ctypes, json, os, sys
+front, config, dataset, names, secret = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
+out = {"bad": [], "secret": None}
+def want(name):
+    with open(os.path.join(dataset, name), "rb") as f:
+        return f.read()
+if front == "c-api":
+    lib = ctypes.CDLL(os.environ["MONARCH_C_LIBRARY"])
+    vp = ctypes.c_void_p
+    lib.monarch_open_yaml_file.argtypes = [ctypes.c_char_p, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+    lib.monarch_read.argtypes = [vp, ctypes.c_char_p, vp, ctypes.c_size_t, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(vp)]
+    m, err = vp(), vp()
+    if lib.monarch_open_yaml_file(config.encode(), ctypes.byref(m), ctypes.byref(err)) != 0:
+        print(json.dumps({"open_failed": ctypes.string_at(err.value).decode()}))
+        sys.exit(0)
+    def read(name, size):
+        buf = ctypes.create_string_buffer(size + 1)
+        got, err = ctypes.c_size_t(), vp()
+        code = lib.monarch_read(m, name.encode(), buf, size + 1, 0, ctypes.byref(got), ctypes.byref(err))
+        if code != 0:
+            return None, ctypes.string_at(err.value).decode(errors="replace")
+        return buf.raw[:got.value], ""
+    for name in names:
+        got, error = read(name, len(want(name)))
+        if got != want(name):
+            out["bad"].append("%s: %s" % (name, error or "%d bytes differ" % len(got)))
+    size = os.path.getsize(os.path.join(dataset, secret))
+    got, error = read(secret, size)
+    out["secret"] = {"bytes": len(got or b""), "error": error, "content": (got or b"").hex()[:64]}
+elif front == "python":
+    import monarch
+    m = monarch.Monarch(config)
+    for name in names:
+        got = m.read(name)
+        if got != want(name):
+            out["bad"].append("%s: %d bytes differ" % (name, len(got)))
+    try:
+        got = m.read(secret)
+        out["secret"] = {"bytes": len(got), "error": "", "content": got.hex()[:64]}
+    except PermissionError as e:
+        out["secret"] = {"bytes": 0, "error": "PermissionError: %s" % e, "content": ""}
+    m.close()
+print(json.dumps(out))
+"""
+
+
+def scenario_two_users(env):
+    """node.share_with_group: alice's auto-started service, bob a guest of it
+    who may not read one file (alice's, 0600), through the C API, Python and
+    the preload; an outsider refused."""
+    if os.geteuid() != 0:
+        raise Skip("needs root, to become three other users")
+    if shutil.which("setpriv") is None:
+        raise Skip("needs setpriv")
+    group, alice, bob, outsider = 4242, 4241, 4245, 4246
+    python = None  # An interpreter the other users can run (not one under /root).
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        r = env.run(["setpriv", "--reuid", str(bob), "--regid", str(bob), "--clear-groups",
+                     candidate, "-c", "print(1)"])
+        if r.returncode == 0:
+            python = candidate
+            break
+    if python is None:
+        raise Skip("no Python the other users can run")
+    os.chmod(env.work, 0o755)
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 30)
+    names = sorted(sizes)
+    secret = names[0]
+    allowed = names[1:]
+    secret_path = os.path.join(dataset, secret)
+    os.chown(secret_path, alice, alice)
+    os.chmod(secret_path, 0o600)
+    with open(secret_path, "rb") as f:
+        secret_bytes = f.read()
+    config = write_config(os.path.join(env.work, "shared.yaml"), dataset,
+                          ["{kind: ram, capacity: 64MiB}"], "/unused",
+                          extra_node={"share_with_group": '"%d"' % group})
+    # No node.runtime_dir: the group's default, /tmp/monarch-group-<gid>/...
+    with open(config) as f:
+        text = f.read().replace("  runtime_dir: /unused\n", "")
+    with open(config, "w") as f:
+        f.write(text)
+    os.chmod(config, 0o644)
+    base_env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "LD_PRELOAD")}
+    base_env["MONARCH_C_LIBRARY"] = env.libc_api
+    base_env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "python")
+
+    def as_user(uid, groups):
+        cmd = ["setpriv", "--reuid", str(uid), "--regid", str(uid)]
+        return cmd + (["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"])
+
+    def run_as(uid, groups, cmd, job, extra_env=None, timeout=120):
+        e = dict(base_env, MONARCH_JOB=job, **(extra_env or {}))
+        return env.run(as_user(uid, groups) + cmd, env=e, timeout=timeout)
+
+    def monarch_as_alice(*args):
+        return run_as(alice, [group], [env.monarch] + list(args) + ["--config", config], "admin")
+
+    try:
+        # 1. Alice reads everything, the secret included: her client starts
+        # the service (as alice), which holds every file in RAM.
+        r = run_as(alice, [group], [python, "-c", GUEST_PROGRAM, "c-api", config, dataset,
+                                    json.dumps(names), secret], "alice")
+        check(r.returncode == 0, "alice's reads failed:\n%s%s" % (r.stdout, r.stderr))
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+        check(result.get("bad") == [], "alice's reads: %s" % result)
+        check(result["secret"]["bytes"] == len(secret_bytes),
+              "alice could not read her own file: %s" % result["secret"])
+        r = monarch_as_alice("status")
+        log("status as alice:\n%s%s" % (r.stdout, r.stderr))
+        check(r.returncode == 0, "monarch status as alice failed")
+        rt = re.search(r"(/tmp/monarch-group-%d/\S+?)/monarch\.sock" % group, r.stdout + r.stderr)
+        check(rt is not None, "no runtime directory in the status:\n%s" % r.stdout)
+        rt = rt.group(1)
+        env.runtime_dirs.append(rt)
+        st = os.stat(rt)
+        check(st.st_gid == group and stat.S_IMODE(st.st_mode) == 0o2770,
+              "runtime dir %s: gid %d mode %o" % (rt, st.st_gid, stat.S_IMODE(st.st_mode)))
+        st = os.stat(os.path.join(rt, "monarch.sock"))
+        check(st.st_uid == alice and st.st_gid == group and stat.S_IMODE(st.st_mode) == 0o660,
+              "socket: uid %d gid %d mode %o" % (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+        shm = "/dev/shm/monarch-%d" % alice
+        if os.path.isdir(shm):  # The kept RAM tier: alice's alone.
+            st = os.stat(shm)
+            check(st.st_uid == alice and stat.S_IMODE(st.st_mode) & 0o077 == 0,
+                  "%s: uid %d mode %o" % (shm, st.st_uid, stat.S_IMODE(st.st_mode)))
+        node = json.loads(monarch_as_alice("stats", "--json").stdout)
+        check(tier(node["node"], "ram")["files"] == len(names),
+              "RAM tier holds %d files" % tier(node["node"], "ram")["files"])
+
+        # 2. Bob, in the group, through each front end: every allowed file
+        # exact, the secret refused, none of its bytes.
+        allowed_bytes = sum(sizes[n] for n in allowed)
+        for front in ("c-api", "python", "preload"):
+            job = "bob-" + front
+            if front == "preload":
+                program = ("import json,os,sys\nnames=json.loads(sys.argv[2]);out={'bad':[]}\n"
+                           "for n in names:\n"
+                           "    got=open(os.path.join(sys.argv[1],n),'rb').read()\n"
+                           "    if len(got)!=os.path.getsize(os.path.join(sys.argv[1],n)): out['bad'].append(n)\n"
+                           "try:\n"
+                           "    got=open(os.path.join(sys.argv[1],sys.argv[3]),'rb').read()\n"
+                           "    out['secret']={'bytes':len(got),'error':'','content':got.hex()[:64]}\n"
+                           "except PermissionError as e:\n"
+                           "    out['secret']={'bytes':0,'error':'PermissionError: %s'%e,'content':''}\n"
+                           "print(json.dumps(out))\n")
+                preload = os.path.join(env.build, "integrations", "preload",
+                                       "libmonarch_preload.so")
+                if not os.path.exists(preload):
+                    raise Failure("missing %s (build the project first)" % preload)
+                r = run_as(bob, [group], [python, "-c", program, dataset, json.dumps(allowed),
+                                          secret], job,
+                           {"LD_PRELOAD": preload, "MONARCH_CONFIG": config,
+                            "MONARCH_PRELOAD_STRICT": "1"})
+            else:
+                r = run_as(bob, [group], [python, "-c", GUEST_PROGRAM, front, config, dataset,
+                                          json.dumps(allowed), secret], job)
+            log("bob via %s: exit %d: %s %s" % (front, r.returncode, r.stdout.strip()[-400:],
+                                                r.stderr.strip()[-400:]))
+            check(r.returncode == 0, "bob via %s failed:\n%s%s" % (front, r.stdout, r.stderr))
+            result = json.loads(r.stdout.strip().splitlines()[-1])
+            check(result.get("bad") == [], "bob via %s: bad reads %s" % (front, result))
+            check(result["secret"]["bytes"] == 0 and result["secret"]["content"] == "",
+                  "bob via %s got %d bytes of the secret" % (front, result["secret"]["bytes"]))
+            check("ermission" in result["secret"]["error"],
+                  "bob via %s: the secret's error is not a permission error: %s"
+                  % (front, result["secret"]["error"]))
+            check(secret_bytes[:64].hex() not in r.stdout + r.stderr, "secret bytes in the output")
+            # The allowed files came through the service (not from the
+            # source behind its back), and not a byte of the secret.
+            node = json.loads(monarch_as_alice("stats", "--json").stdout)
+            jobs = {j["name"]: j for j in node.get("jobs", [])}
+            check(job in jobs, "no job %s in the service's stats: %s" % (job, sorted(jobs)))
+            check(jobs[job]["miss_bytes"] == allowed_bytes,
+                  "bob via %s: the service served %d bytes, the allowed files are %d"
+                  % (front, jobs[job]["miss_bytes"], allowed_bytes))
+        check(node["node"]["service"]["client_source_fallbacks"] == 0,
+              "a guest read the source behind the service's back")
+
+        # 3. An outsider (not in the group) cannot reach the service.
+        r = run_as(outsider, [], [python, "-c", GUEST_PROGRAM, "c-api", config, dataset,
+                                  json.dumps(allowed[:1]), secret], "outsider")
+        log("outsider: exit %d: %s %s" % (r.returncode, r.stdout.strip()[-300:], r.stderr.strip()[-300:]))
+        check("open_failed" in r.stdout, "the outsider opened Monarch: %s" % r.stdout)
+        check("share_with_group" in r.stdout or "ermission" in r.stdout,
+              "the outsider's error does not say why: %s" % r.stdout)
+        # Bob may not stop alice's service.
+        r = run_as(bob, [group], [env.monarch, "stop", "--config", config], "bob")
+        check(r.returncode != 0 and "may stop" in r.stdout + r.stderr,
+              "bob's stop: exit %d %s%s" % (r.returncode, r.stdout, r.stderr))
+    finally:
+        monarch_as_alice("stop")
+        monarch_as_alice("purge")
+
+
 SCENARIOS = {
     "keep-ram": scenario_keep_ram,
     "clients-ram": scenario_clients_ram,
@@ -2040,6 +2247,7 @@ SCENARIOS = {
     "two-jobs": scenario_two_jobs,
     "many-jobs": scenario_many_jobs,
     "purge": scenario_purge,
+    "two-users": scenario_two_users,
 }
 
 
