@@ -349,6 +349,32 @@ TEST_CASE("under pressure the RAM tier shrinks, drops copies, gives memory back,
   CHECK((*governor)->Stop(DeadlineIn(1)));
 }
 
+// A node service between jobs (no client) only keeps its copies for the
+// next job: they yield at four times the headroom, before a running job's.
+TEST_CASE("kept copies (no reader attached) yield to memory pressure first") {
+  constexpr uint64_t kSize = 256 << 10;
+  Tiers t(/*ram=*/16 << 20, /*posix=*/0, /*count=*/48, kSize);
+  t.ReadAll();
+  Tier& ram = *t.tiers[0];
+  REQUIRE(ram.reserved_bytes() == 12 << 20);
+  absl::StatusOr<std::unique_ptr<MemoryGovernor>> governor = MemoryGovernor::Start(
+      GovernorConfig(), CgroupMemory::At(CgroupMemory::Version::kNone, ""), &t.tiers, t.ns.get(),
+      t.placement.get(), /*start_watcher=*/false);
+  REQUIRE(governor.ok());
+  // 10 MiB left, 4 MiB of headroom wanted: no pressure while readers attach.
+  (*governor)->OnSample(Headroom(10 << 20));
+  CHECK(Counter(**governor, "memory_shrinks") == 0);
+  CHECK(ram.reserved_bytes() == 12 << 20);
+  // Kept for the next job: 16 MiB wanted, so shed 2 * 16 - 10 = 22 MiB, all 12 it holds.
+  (*governor)->SetKeeping(true);
+  (*governor)->OnSample(Headroom(10 << 20));
+  CHECK(Counter(**governor, "memory_shrinks") == 1);
+  CHECK(ram.reserved_bytes() == 0);
+  CHECK(ram.limit() == 0);
+  for (const TestFile& f : t.files) t.CheckFile(f);  // Exact, from the source.
+  CHECK((*governor)->Stop(DeadlineIn(1)));
+}
+
 TEST_CASE("under pressure copies move down to a file tier with room, bytes exact") {
   constexpr uint64_t kSize = 128 << 10;
   Tiers t(/*ram=*/8 << 20, /*posix=*/64 << 20, /*count=*/64, kSize);

@@ -519,6 +519,9 @@ class MonarchImpl final : public MonarchCore {
     }
     return files_->CheckedCopies(pieces, tiers);
   }
+  void SetKeeping(bool keeping) override {
+    if (parts_->memory != nullptr) parts_->memory->SetKeeping(keeping);
+  }
   void ConsumedBy(uint64_t reader, const uint32_t* ids, size_t count) override {
     // Clients' hits, which the service does not see otherwise: uses for
     // eviction's CLOCK too.

@@ -69,6 +69,10 @@ class MonarchCore : public Front {
   // tier if that copy was checked whole (CopyMapping::MarkMapped).
   virtual std::vector<std::optional<SourceIdentity>> CheckedCopiesOf(
       const std::vector<uint32_t>& ids) = 0;
+  // Whether no reader is attached (a node service between jobs): the RAM
+  // tiers then only keep copies for the next job, and under memory
+  // pressure yield first (MemoryGovernor::SetKeeping).
+  virtual void SetKeeping(bool keeping) = 0;
 };
 
 struct CoreOptions {

@@ -70,6 +70,11 @@ bool MemoryGovernor::Stop(Deadline deadline) {
   return watcher_ == nullptr || watcher_->Stop(deadline);
 }
 
+uint64_t MemoryGovernor::Headroom() const {
+  return keeping_.load(std::memory_order_relaxed) ? kKeepingHeadroomFactor * config_.headroom_bytes
+                                                  : config_.headroom_bytes;
+}
+
 void MemoryGovernor::OnSample(const MemorySample& sample) {
   headroom_bytes_.store(sample.headroom_bytes, std::memory_order_relaxed);
   limit_bytes_.store(sample.limit_bytes, std::memory_order_relaxed);
@@ -77,14 +82,15 @@ void MemoryGovernor::OnSample(const MemorySample& sample) {
   // Memory the RAM tiers may take ahead of their copies (back_ahead): what
   // stays free above four times the headroom, so that it never brings a
   // shrink on (one leaves twice the headroom free), shared between them.
-  const uint64_t keep = 4 * config_.headroom_bytes;
+  const uint64_t headroom = Headroom();
+  const uint64_t keep = 4 * headroom;
   const uint64_t ahead = sample.headroom_bytes > keep ? sample.headroom_bytes - keep : 0;
   for (int t : ram_tiers_) {
     MemoryBacking* memory = (*tiers_)[t]->can().memory;
     if (memory != nullptr) memory->AllowMemoryAhead(ahead / std::max<size_t>(ram_tiers_.size(), 1));
   }
   const Clock::time_point now = Clock::now();
-  if (sample.headroom_bytes < config_.headroom_bytes || sample.psi_fired) {
+  if (sample.headroom_bytes < headroom || sample.psi_fired) {
     last_pressure_ = now;
     Shrink(sample);
     return;
@@ -101,9 +107,8 @@ void MemoryGovernor::Shrink(const MemorySample& sample) {
   // go on allocating, and one shrink per threshold crossing is cheaper than
   // many small ones.
   uint64_t need = 0;
-  if (sample.headroom_bytes < config_.headroom_bytes) {
-    need = 2 * config_.headroom_bytes - sample.headroom_bytes;
-  }
+  const uint64_t headroom = Headroom();
+  if (sample.headroom_bytes < headroom) need = 2 * headroom - sample.headroom_bytes;
   // Stalls without the limit near (the system's memory, or a PSI trigger
   // of the cgroup's): give back an eighth at a time.
   if (sample.psi_fired) need = std::max(need, held / kGrowSteps);
@@ -156,7 +161,7 @@ void MemoryGovernor::Grow(const MemorySample& sample) {
     const Tier& tier = *(*tiers_)[t];
     if (tier.limit() > tier.reserved_bytes()) granted += tier.limit() - tier.reserved_bytes();
   }
-  const uint64_t keep = 2 * config_.headroom_bytes + granted;
+  const uint64_t keep = 2 * Headroom() + granted;
   if (sample.headroom_bytes <= keep) return;
   uint64_t allowed = sample.headroom_bytes - keep;
   for (int t : ram_tiers_) {

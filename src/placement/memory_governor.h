@@ -16,6 +16,10 @@
 //   stays free after the step, up to the configured capacity. Files that
 //   found no room while it was shrunk (left on the source for good under
 //   first-fit) may be placed again then (PlacementHandler::Reconsider).
+// - Keeping (SetKeeping: a node service with no client, holding its copies
+//   for the next job): the same, with the headroom counted four times, so
+//   that copies nobody reads yield before the memory of any running job,
+//   its own Monarch service's tiers included.
 // Each shrink and grow is logged once (info) with its figures, and counted
 // (ReportCounters).
 //
@@ -67,6 +71,11 @@ class MemoryGovernor final {
   // without a watcher. Runs on one thread at a time.
   void OnSample(const MemorySample& sample);
 
+  // Whether the tiers only keep copies for a later reader (no reader
+  // attached): they then yield at kKeepingHeadroomFactor times the headroom.
+  void SetKeeping(bool keeping) { keeping_.store(keeping, std::memory_order_relaxed); }
+  static constexpr uint64_t kKeepingHeadroomFactor = 4;
+
   // memory_shrinks, memory_grows, memory_shed_bytes, memory_demoted_bytes,
   // memory_dropped_bytes, memory_released_bytes, memory_psi_events,
   // memory_headroom_bytes, memory_limit_bytes.
@@ -76,6 +85,8 @@ class MemoryGovernor final {
   MemoryGovernor(const MemoryConfig& config, std::vector<std::unique_ptr<Tier>>* tiers,
                  Namespace* ns, PlacementHandler* placement);
 
+  // memory.headroom, times kKeepingHeadroomFactor while keeping.
+  uint64_t Headroom() const;
   void Shrink(const MemorySample& sample);
   void Grow(const MemorySample& sample);
 
@@ -86,6 +97,7 @@ class MemoryGovernor final {
   std::vector<int> ram_tiers_;  // Indices into tiers_, fastest first.
   std::unique_ptr<MemoryWatcher> watcher_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> keeping_{false};
 
   // Only on the thread that calls OnSample.
   Clock::time_point last_pressure_;

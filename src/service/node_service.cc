@@ -596,6 +596,9 @@ void NodeService::AcceptLoop() {
     }
     MutexLock lock(&mu_);
     ReapFinished();
+    // Between jobs the copies are only kept: they yield to memory pressure
+    // first.
+    core_->SetKeeping(connections_.empty());
     const auto now = std::chrono::steady_clock::now();
     if (!connections_.empty()) {
       idle_since = now;
