@@ -21,6 +21,10 @@ start (services stopped, the source's counters zeroed):
             page-cached) by one job and by --jobs jobs at once: what running
             N jobs on this machine's cores costs any reader, Monarch or not
 
+--sample-us gives every reader a model's step per sample (slept): on a
+machine with fewer cores than the jobs' readers, reading alone makes the
+jobs compete for the cores whatever they read through (local-N shows it).
+
 Per arm: the source's bytes over the whole arm against the dataset, the
 node memory the RAM tiers hold (bytes_used and resident, summed over the
 services), and each job's epoch times. A job's epochs 2-3 are compared with
@@ -61,6 +65,8 @@ def run_jobs(a, work, name, job_ids, config=None, plain_dir=None, dataset=None):
         out = os.path.join(work, "%s-%d.json" % (name, job))
         cmd = [os.path.join(a.build, "monarch-epochs"), "--epochs", str(a.epochs),
                "--threads", str(a.threads), "--seed", str(job), "--json", out]
+        if a.sample_us:
+            cmd += ["--sample-us", str(a.sample_us)]
         if plain_dir:
             cmd += ["--mode", "plain", "--dataset", dataset, "--plain-dir", plain_dir]
         else:
@@ -118,6 +124,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--ram-copies", type=float, default=1.05,
                     help="the RAM tier's capacity, in copies of the dataset")
+    ap.add_argument("--sample-us", type=int, default=0,
+                    help="each reader spends this long on each sample after reading it (a "
+                         "model's step, slept), in every arm; 0: reading only")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     pfs, files, total = mounted_dataset(a)
@@ -130,10 +139,12 @@ def main():
     backing = os.path.join(a.dir, "backing")
     jobs = list(range(101, 101 + a.jobs))
     print("%d files, %.1f MiB; source: %s; RAM tier %.1f MiB (%.2f copies); %d jobs x %d "
-          "epochs x %d threads" % (files, total / 2**20, " ".join(pfs.flags), ram / 2**20,
-                                   a.ram_copies, a.jobs, a.epochs, a.threads), flush=True)
+          "epochs x %d threads; %d us per sample" % (
+              files, total / 2**20, " ".join(pfs.flags), ram / 2**20, a.ram_copies, a.jobs,
+              a.epochs, a.threads, a.sample_us), flush=True)
     results = {"files": files, "dataset_bytes": total, "ram_bytes": ram, "jobs": a.jobs,
-               "epochs": a.epochs, "threads": a.threads, "source": " ".join(pfs.flags),
+               "epochs": a.epochs, "threads": a.threads, "sample_us": a.sample_us,
+               "source": " ".join(pfs.flags),
                "reps": []}
     try:
         for rep in range(a.reps):
