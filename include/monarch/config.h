@@ -150,6 +150,9 @@ struct PlacementConfig {
 struct PrefetchConfig {
   int streams = 8;  // Files fetched at once; 0: no read-ahead.
   uint64_t lookahead_bytes = 1ull << 30;
+  // With no order announced, a node service stages a dataset its tiers
+  // hold at the first miss (Prefetcher::StageAhead).
+  bool stage_ahead = true;
 };
 
 // Peers: other Monarch processes of the same job, each with its own tiers,

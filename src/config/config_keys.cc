@@ -602,6 +602,14 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "reader has started yet. A new announcement starts it afresh. With `placement.policy: "
       "lru`, at most half of the cache tiers' capacity (further ahead, fetched copies would be "
       "evicted before they are read)."));
+  keys.push_back(BoolKey<Config>(
+      "prefetch", "stage_ahead", [](auto& c) -> auto& { return c.prefetch.stage_ahead; },
+      "A node service whose readers announced no order, and whose cache tiers hold the whole "
+      "dataset, gives the `prefetch.streams` the dataset in the walk's order at its first miss: "
+      "epoch 1 of a job that announces nothing (the preload, a custom sampler) is then not "
+      "bounded by its readers' own misses. Each file is still read from the source once, and "
+      "the first order a reader announces replaces the staging. `false`: only announced orders "
+      "are prefetched. (An in-process instance never stages.)"));
   // remote
   keys.push_back(BoolKey<Config>(
       "remote", "enabled", [](auto& c) -> auto& { return c.remote.enabled; },

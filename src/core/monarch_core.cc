@@ -519,6 +519,33 @@ class MonarchImpl final : public MonarchCore {
     }
     return files_->CheckedCopies(pieces, tiers);
   }
+  void StageAheadIfFits() override {
+    // Once per instance, at its first miss: an atomic load per miss after.
+    if (stage_tried_.load(std::memory_order_relaxed) || stage_tried_.exchange(true)) return;
+    if (!config_.prefetch.stage_ahead || config_.prefetch.streams == 0) return;
+    uint64_t room = 0;  // The cache tiers' (peers' and the source's aside).
+    for (const auto& tier : tiers_) {
+      const TierKind kind = tier->config().kind;
+      if (kind != TierKind::kSource && kind != TierKind::kPeers) room += tier->limit();
+    }
+    if (namespace_->total_bytes() > room) return;  // Staging would evict what it staged.
+    std::vector<uint32_t> order;  // The walk's order: directory by directory.
+    order.reserve(namespace_->file_count());
+    for (uint32_t id = 0; id < namespace_->file_count(); ++id) {
+      const FileEntry& entry = namespace_->entry(id);
+      if (entry.ref.size == 0) continue;
+      if (entry.extent_count == 0) {
+        order.push_back(id);
+      } else {
+        for (uint32_t k = 0; k < entry.extent_count; ++k) order.push_back(entry.first_extent + k);
+      }
+    }
+    if (prefetcher_->StageAhead(std::move(order))) {
+      MONARCH_LOG(kInfo, "no read order announced: staging the dataset (",
+                  namespace_->file_count(), " files, ", namespace_->total_bytes(),
+                  " bytes) into the tiers ahead of the readers (prefetch.stage_ahead)");
+    }
+  }
   void SetKeeping(bool keeping) override {
     if (parts_->memory != nullptr) parts_->memory->SetKeeping(keeping);
   }
@@ -653,6 +680,7 @@ class MonarchImpl final : public MonarchCore {
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
   std::string published_manifest_;               // Rank 0's, or empty.
+  std::atomic<bool> stage_tried_{false};         // StageAheadIfFits ran.
 };
 
 }  // namespace

@@ -34,15 +34,31 @@ void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order, SourcePa
   if (order.empty()) {
     orders_.erase(reader);
   } else {
+    orders_.erase(kStagingReader);  // A reader's own order comes first.
     orders_[reader] = Order{std::move(order), 0, std::move(payer), Clock::now()};
   }
+  announced_files_.fetch_add(files, std::memory_order_relaxed);
+  StartLocked();
+}
+
+bool Prefetcher::StageAhead(std::vector<uint32_t> order) {
+  const size_t files = order.size();
+  MutexLock lock(&mu_);
+  if (stopping_ || !orders_.empty() || order.empty()) return false;
+  orders_[kStagingReader] = Order{std::move(order), 0, nullptr, Clock::now(), /*staged=*/true};
+  staged_files_.fetch_add(files, std::memory_order_relaxed);
+  StartLocked();
+  return true;
+}
+
+void Prefetcher::StartLocked() {
   // A new epoch: what the streams fetched for the last one and nobody read
   // (a shorter epoch, a changed order) no longer holds the lookahead back.
   ahead_.clear();
   ahead_bytes_ = 0;
   MergeLocked();
   active_.store(!orders_.empty(), std::memory_order_relaxed);
-  announced_files_.fetch_add(files, std::memory_order_relaxed);
+  announced_.store(orders_.size() > orders_.count(kStagingReader), std::memory_order_relaxed);
   // The streams start with the first announcement: an instance nobody
   // announces to has no prefetch threads.
   if (!started_ && !orders_.empty()) {
@@ -129,7 +145,7 @@ void Prefetcher::MergeLocked() {
 std::optional<uint64_t> Prefetcher::ReadsUntil(uint32_t q) const {
   if (merged_order_[q] >= merged_orders_.size()) return std::nullopt;
   const Order& order = *merged_orders_[merged_order_[q]];
-  if (merged_index_[q] < order.consumed) return std::nullopt;
+  if (order.staged || merged_index_[q] < order.consumed) return std::nullopt;
   return merged_index_[q] - order.consumed;
 }
 
@@ -188,7 +204,9 @@ void Prefetcher::StreamLoop() {
           continue;
         }
         size = entry.ref.size;
-        if (ahead_bytes_ > 0 && ahead_bytes_ + size > lookahead_bytes_) {
+        const bool staged = merged_order_[next_] < merged_orders_.size() &&
+                            merged_orders_[merged_order_[next_]]->staged;
+        if (!staged && ahead_bytes_ > 0 && ahead_bytes_ + size > lookahead_bytes_) {
           ++held_by_lookahead_;
           changed_.Wait(&mu_);  // Until readers read what is ahead.
           --held_by_lookahead_;
@@ -245,6 +263,8 @@ bool Prefetcher::Shutdown(Deadline deadline) {
 void Prefetcher::ReportCounters(CounterSink& sink) const {
   sink.Counter("prefetch_announced_files", announced_files_.load(),
                "Files in the read orders announced for prefetch.");
+  sink.Counter("prefetch_staged_files", staged_files_.load(),
+               "Files of the dataset given to the streams with no order (StageAhead).");
   sink.Counter("prefetch_files", fetched_files_.load(),
                "Files the prefetch streams promoted ahead of the readers.");
   sink.Counter("prefetch_bytes", fetched_bytes_.load(), "Bytes of those files.");

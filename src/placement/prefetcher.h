@@ -26,6 +26,12 @@
 //   own in flight, each takes one of the `streams` slots (one stream always
 //   keeps going, so the prefetch catches up once readers hit).
 //
+// - With no order at all, StageAhead() gives the streams the whole dataset
+//   (when the tiers hold it): epoch 1 of a job that announces nothing is
+//   then not bounded by its readers' own misses. That order has no
+//   lookahead bound (it evicts nothing), tells eviction nothing, and gives
+//   way to the first order a reader announces.
+//
 // Thread-safe. Start: the constructor starts the streams; Shutdown() (also
 // run by the destructor) stops them after the files they are fetching.
 
@@ -63,6 +69,10 @@ class Prefetcher final : public NextUseOracle {
   void Announce(uint64_t reader, std::vector<uint32_t> order, SourcePayer payer = nullptr);
   // `reader` started reading these files (its first read of each).
   void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
+  // Unless some reader announced an order: the streams fetch `order` (every
+  // file, or extent, of a dataset the tiers hold), with no lookahead bound,
+  // until a reader's announcement replaces it. False if an order was there.
+  bool StageAhead(std::vector<uint32_t> order);
   // Whether any order is announced: readers skip Consumed() when none is.
   bool active() const { return active_.load(std::memory_order_relaxed); }
   // Whether streams are copying an announced order (prefetch.streams > 0).
@@ -75,7 +85,7 @@ class Prefetcher final : public NextUseOracle {
   // again (or none is known).
   static constexpr uint64_t kNever = ~uint64_t{0};
   uint64_t NextUse(uint32_t id) const override;
-  bool known() const override { return active(); }
+  bool known() const override { return announced_.load(std::memory_order_relaxed); }
 
   // Stop(): no stream starts another file. Shutdown(): Stop(), then waits
   // until `deadline` for the files the streams are fetching (cancel the
@@ -94,8 +104,14 @@ class Prefetcher final : public NextUseOracle {
     size_t consumed = 0;  // How many of its files the reader started.
     SourcePayer payer;
     Clock::time_point announced_at;  // Its pace: `consumed` since then.
+    bool staged = false;  // StageAhead's: no lookahead bound, no next use.
   };
+  // StageAhead's order's reader: no client's (pids, kThisProcess).
+  static constexpr uint64_t kStagingReader = ~uint64_t{0};
 
+  // After a change of orders: merges them, and starts the streams at the
+  // first.
+  void StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StreamLoop();
   // Where the reader of merged_ position q is in its order against where q
   // lies in it: reads of that reader from now, or none if it is past it.
@@ -141,9 +157,11 @@ class Prefetcher final : public NextUseOracle {
   int fetching_ ABSL_GUARDED_BY(mu_) = 0;
   int held_by_lookahead_ ABSL_GUARDED_BY(mu_) = 0;  // Streams waiting for the readers.
   std::atomic<bool> active_{false};
+  std::atomic<bool> announced_{false};  // A reader's order, not only StageAhead's.
 
   // Counters.
   std::atomic<uint64_t> announced_files_{0};
+  std::atomic<uint64_t> staged_files_{0};
   std::atomic<uint64_t> fetched_files_{0};
   std::atomic<uint64_t> fetched_bytes_{0};
   std::atomic<uint64_t> skipped_files_{0};  // Already placed or in flight.

@@ -158,6 +158,7 @@ class ClientRequests {
                            "read of ", request->length, " bytes is larger than the transfer buffer (",
                            buffer_bytes_, ")")));
     }
+    core_.StageAheadIfFits();  // The first miss of a job that announces nothing.
     // A file's id, or an extent's (a client reads a file cached by extents
     // extent by extent, as the service would). The source reads it makes
     // are this client's to pay (`monarch status`).
