@@ -1169,6 +1169,51 @@ TEST_CASE("service: an order of ranges from a client prefetches the extents that
   CHECK((*client)->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
 }
 
+// prefetch.stage_ahead: a job that announces no order, on a service whose
+// RAM tier holds the dataset, gets it staged by the prefetch streams from
+// its first miss; each file still read from the source once. A dataset
+// larger than the tiers, or `stage_ahead: false`, is not staged.
+TEST_CASE("service: with no order announced, the dataset is staged from the first miss when it fits") {
+  for (const char* arm : {"fits", "too big", "off"}) {
+    CAPTURE(arm);
+    ScratchDir dir;
+    const auto files = testing::MakeDataset(dir.Sub("data"), 40, {30000, 90000});
+    uint64_t dataset_bytes = 0;
+    for (const TestFile& f : files) dataset_bytes += f.size;
+    const bool fits = std::string(arm) != "too big";
+    Config config = SharedConfig(dir.path() + "/data",
+                                 {testing::RamTier(fits ? 16 << 20 : dataset_bytes / 2)},
+                                 dir.Sub("run"));
+    config.prefetch.stage_ahead = std::string(arm) != "off";
+    auto node = NodeService::Start(testing::Valid(config));
+    REQUIRE(node.ok());
+    auto client = Monarch::Create(config);
+    REQUIRE(client.ok());
+    ReadAllExact(**client, {files[7]});  // One miss.
+    const bool staged = std::string(arm) == "fits";
+    // The streams go on after the miss: wait for them (bounded).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    Stats stats = (*client)->GetStats();
+    while (staged && stats.Tier(0, "files") < files.size() &&
+           std::chrono::steady_clock::now() < deadline) {
+      (*client)->WaitForPlacement();
+      stats = (*client)->GetStats();
+    }
+    (*client)->WaitForPlacement();
+    stats = (*client)->GetStats();
+    CHECK(stats.Get("prefetch_staged_files") == (staged ? files.size() : 0));
+    if (staged) {
+      CHECK(stats.Tier(0, "files") == files.size());
+      CHECK(SourceBytes(stats) == dataset_bytes);  // Each file once, the miss's included.
+      CHECK(stats.Get("prefetch_files") == files.size() - 1);
+    } else {
+      CHECK(stats.Tier(0, "files") == 1);
+      CHECK(SourceBytes(stats) == files[7].size);
+    }
+    ReadAllExact(**client, files);
+  }
+}
+
 // What a forked guest saw, as lines of failures ("" when all held).
 std::string GuestChecks(const Config& config, const std::vector<TestFile>& files) {
   std::string failures;

@@ -158,7 +158,6 @@ class ClientRequests {
                            "read of ", request->length, " bytes is larger than the transfer buffer (",
                            buffer_bytes_, ")")));
     }
-    core_.StageAheadIfFits();  // The first miss of a job that announces nothing.
     // A file's id, or an extent's (a client reads a file cached by extents
     // extent by extent, as the service would). The source reads it makes
     // are this client's to pay (`monarch status`).
@@ -170,7 +169,11 @@ class ClientRequests {
     if (!n.ok()) return SendError(socket, n.status());
     misses.fetch_add(1, std::memory_order_relaxed);
     miss_bytes.fetch_add(*n, std::memory_order_relaxed);
-    return SendFrame(socket, MessageType::kReadReply, Encode(ReadReply{*n}));
+    absl::Status sent = SendFrame(socket, MessageType::kReadReply, Encode(ReadReply{*n}));
+    // After the miss was answered (and its promotion started): the first
+    // miss of a job that announces nothing may stage the dataset.
+    core_.StageAheadIfFits();
+    return sent;
   }
 
   // A guest's proof that it may read a file; the service's own user needs
