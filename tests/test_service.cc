@@ -52,6 +52,9 @@ Config SharedConfig(const std::string& dataset, std::vector<TierConfig> tiers,
   // clients: `promote`, since its local files are in the page cache, which
   // `defer` would serve from there (test_read_path.cc covers that).
   config.placement.cached_source = CachedSourcePolicy::kPromote;
+  // Each test counts the misses its reads make: no staging behind them
+  // (the stage-ahead test turns it on).
+  config.prefetch.stage_ahead = false;
   return config;
 }
 
@@ -741,7 +744,8 @@ TEST_CASE("service: decoders survive mutated and random messages") {
       Encode(AnnounceRequest{false, true, {}, true, {{7, 1 << 20, 4096}, {8, 0, 0}}}),
       Encode(ReadAheadNotice{3, 5 << 20}),
       Encode(CheckedCopiesRequest{{9, 10}}),
-      Encode(CheckedCopiesReply{{{9, SourceIdentity{1, 2, 3, 4, 5}}}})};
+      Encode(CheckedCopiesReply{{{9, SourceIdentity{1, 2, 3, 4, 5}}}}),
+      Encode(ProveAccessRequest{11})};
   auto decode_all = [](absl::string_view p) {
     (void)DecodeHello(p);
     (void)DecodeHelloReply(p);
@@ -757,6 +761,7 @@ TEST_CASE("service: decoders survive mutated and random messages") {
     (void)DecodeReadAheadNotice(p);
     (void)DecodeCheckedCopiesRequest(p);
     (void)DecodeCheckedCopiesReply(p);
+    (void)DecodeProveAccessRequest(p);
     char header[kFrameHeaderBytes] = {};
     std::memcpy(header, p.data(), std::min(p.size(), sizeof(header)));
     (void)DecodeFrameHeader(header);
@@ -767,13 +772,20 @@ TEST_CASE("service: decoders survive mutated and random messages") {
   CHECK_FALSE(DecodeHelloReply(valid[1])->tiers[1].huge_pages);
   {
     // The first tier's huge_pages byte comes just before the last tier's 28
-    // bytes (kind, name, path, descriptors, huge_pages) and the empty cache
-    // shape's length. Only 0 and 1 re-encode as sent.
+    // bytes (kind, name, path, descriptors, huge_pages), the empty cache
+    // shape's length and the guest flag. Only 0 and 1 re-encode as sent.
     std::string two = valid[1];
-    const size_t at = valid[1].size() - (4 + 4 + 6 + 4 + 5 + 4 + 1) - 4 - 1;
+    const size_t at = valid[1].size() - (4 + 4 + 6 + 4 + 5 + 4 + 1) - 4 - 1 - 1;
     REQUIRE(two[at] == 1);
     two[at] = 2;
     CHECK(absl::StartsWith(DecodeHelloReply(two).status().message(), "malformed hello reply"));
+  }
+  CHECK(DecodeProveAccessRequest(valid.back())->file_id == 11);
+  {
+    HelloReply guest = hello;
+    guest.guest = true;
+    CHECK(DecodeHelloReply(Encode(guest))->guest);
+    CHECK_FALSE(DecodeHelloReply(valid[1])->guest);
   }
   CHECK(DecodeStatsReply(valid[5])->clients[0].miss_bytes == 6);
   CHECK(DecodeStatsReply(valid[5])->jobs[0].name == "slurm-7");
