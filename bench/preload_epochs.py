@@ -98,6 +98,8 @@ def main():
     p.add_argument("--hot-passes", type=int, default=8)
     p.add_argument("--outside-reads", type=int, default=1000000)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--no-stage-ahead", action="store_true",
+                   help="prefetch.stage_ahead: false (epoch 1 served by the reader's own misses)")
     add_emulator_flags(p)
     p.add_argument("--out", default=os.path.join(HERE, "results", "preload.md"))
     a = p.parse_args()
@@ -132,6 +134,8 @@ def main():
         f.write("dataset:\n  path: %s\ntiers:\n  - {kind: ram, capacity: 2GiB}\n"
                 "  - {kind: source}\nnode:\n  shared: true\n  runtime_dir: %s\n"
                 "  autostart: false\n  idle_exit: 0\n" % (mount, runtime))
+        if a.no_stage_ahead:
+            f.write("prefetch: {stage_ahead: false}\n")
     plain_env = dict(os.environ)
     plain_env.pop("LD_PRELOAD", None)
     preload_env = dict(plain_env, LD_PRELOAD=preload, MONARCH_CONFIG=config)
@@ -208,10 +212,14 @@ def main():
                     walls[tag], _, sums[tag] = timed(small_cmd, env)
                 record("outside", walls["a"], walls["b"])
             stop_service(a, config, proc, log)
+            # The next repetition's epoch 1 starts cold: no kept RAM copies.
+            subprocess.run([monarch, "purge", "--config", config], check=True,
+                           capture_output=True)
         print("rep %d done (%.0f s)" % (rep + 1, time.monotonic() - started), flush=True)
     pfs.stop()
 
-    targets = {"hot-small": 1.05, "hot-shards": 1.05, "epoch1-small": 1.05,
+    # Epoch 1 of small files: issue 41's 0.6x of plain reads on the emulator.
+    targets = {"hot-small": 1.05, "hot-shards": 1.05, "epoch1-small": 0.6,
                "epoch1-shards": 1.05, "outside": 1.02}
     what = {
         "hot-small": "hot, %d small files (%.0f MiB) whole, x%d" % (
@@ -226,8 +234,9 @@ def main():
                 "epoch1-small": "emulator, no preload", "epoch1-shards": "emulator, no preload",
                 "outside": "no preload"}
     lines = ["<!-- preload_epochs.py: begin -->",
-             "Command: `sudo python3 bench/preload_epochs.py --reps %d` (%s, %d cores). "
-             "Emulator: %s." % (a.reps, time.strftime("%Y-%m-%d"), os.cpu_count(),
+             "Command: `sudo python3 bench/preload_epochs.py --reps %d%s` (%s, %d cores). "
+             "Emulator: %s." % (a.reps, " --no-stage-ahead" if a.no_stage_ahead else "",
+                                time.strftime("%Y-%m-%d"), os.cpu_count(),
                                 " ".join(pfs.flags)), "",
              "Whole-process wall seconds, min / median / max over %d repetitions; ratio = "
              "preload / baseline per repetition." % a.reps, "",

@@ -721,7 +721,7 @@ class SessionFiles {
           channels_.Return(state_, std::move(channel));
           // A file the service's user may not read, but this guest may
           // (it proved so): read with this process's own credentials.
-          if (session_->reply.guest && error->ToStatus().code() == absl::StatusCode::kPermissionDenied) {
+          if (session_->reply.guest && absl::IsPermissionDenied(error->ToStatus())) {
             break;
           }
           return error->ToStatus();

@@ -104,6 +104,20 @@ std::string MetricsText(const StatsReply& stats) {
   return text;
 }
 
+// Who a connecting process is to the service: its own user, a guest (a
+// member of node.share_with_group's `group`), or refused (logged).
+enum class Admission { kOwner, kGuest, kRefused };
+Admission Admit(const absl::StatusOr<PeerCredentials>& peer, std::optional<gid_t> group) {
+  if (peer.ok() && peer->uid == ::geteuid()) return Admission::kOwner;
+  if (peer.ok() && group && peer->InGroup(*group)) return Admission::kGuest;
+  MONARCH_LOG(kWarning, "monarch service: refused a connection from ",
+              peer.ok() ? absl::StrCat("pid ", peer->pid, " uid ", peer->uid)
+                        : peer.status().ToString(),
+              ": only uid ", ::geteuid(), group ? absl::StrCat(" and group ", *group) : "",
+              " may use this service");
+  return Admission::kRefused;
+}
+
 // A client's requests on the instance, on one connection: its misses, its
 // read order and its hints (first reads, scans, which copies to map).
 class ClientRequests {
@@ -576,19 +590,13 @@ void NodeService::AcceptLoop() {
       ScopedFd socket(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (socket.valid()) {
         absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(socket.get());
-        const bool owner = peer.ok() && peer->uid == ::geteuid();
-        const bool guest = !owner && peer.ok() && paths_.group && peer->InGroup(*paths_.group);
-        if (!owner && !guest) {
+        const Admission admitted = Admit(peer, paths_.group);
+        if (admitted == Admission::kRefused) {
           refused_.fetch_add(1, std::memory_order_relaxed);
-          MONARCH_LOG(kWarning, "monarch service: refused a connection from ",
-                      peer.ok() ? absl::StrCat("pid ", peer->pid, " uid ", peer->uid)
-                                : peer.status().ToString(),
-                      ": only uid ", ::geteuid(),
-                      paths_.group ? absl::StrCat(" and group ", *paths_.group) : "",
-                      " may use this service");
         } else {
-          auto connection = std::make_unique<Connection>(*core_, options_.buffer_bytes, *peer,
-                                                         guest ? guests_.get() : nullptr);
+          auto connection = std::make_unique<Connection>(
+              *core_, options_.buffer_bytes, *peer,
+              admitted == Admission::kGuest ? guests_.get() : nullptr);
           connection->socket = std::move(socket);
           Connection* raw = connection.get();
           MutexLock lock(&mu_);
