@@ -1181,46 +1181,55 @@ TEST_CASE("service: an order of ranges from a client prefetches the extents that
   CHECK((*client)->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
 }
 
-// prefetch.stage_ahead: a job that announces no order, on a service whose
-// RAM tier holds the dataset, gets it staged by the prefetch streams from
-// its first miss; each file still read from the source once. A dataset
+// prefetch.stage_ahead: a job that announces no order gets the top-level
+// directory of each of its misses staged by the prefetch streams when the
+// tiers hold it; each file still read from the source once. A directory
 // larger than the tiers, or `stage_ahead: false`, is not staged.
-TEST_CASE("service: with no order announced, the dataset is staged from the first miss when it fits") {
+TEST_CASE("service: with no order announced, a miss's directory is staged when it fits") {
   for (const char* arm : {"fits", "too big", "off"}) {
     CAPTURE(arm);
     ScratchDir dir;
+    // dir0: 10 files of 30,000 bytes (file0, 4, ... 36); dir3: 10 of 90,000.
     const auto files = testing::MakeDataset(dir.Sub("data"), 40, {30000, 90000});
-    uint64_t dataset_bytes = 0;
-    for (const TestFile& f : files) dataset_bytes += f.size;
+    auto bytes_in = [&files](const std::string& top) {
+      uint64_t bytes = 0;
+      for (const TestFile& f : files) bytes += absl::StartsWith(f.name, top + "/") ? f.size : 0;
+      return bytes;
+    };
     const bool fits = std::string(arm) != "too big";
     Config config = SharedConfig(dir.path() + "/data",
-                                 {testing::RamTier(fits ? 16 << 20 : dataset_bytes / 2)},
-                                 dir.Sub("run"));
+                                 {testing::RamTier(fits ? 16 << 20 : 600000)}, dir.Sub("run"));
     config.prefetch.stage_ahead = std::string(arm) != "off";
     auto node = NodeService::Start(testing::Valid(config));
     REQUIRE(node.ok());
     auto client = Monarch::Create(config);
     REQUIRE(client.ok());
-    ReadAllExact(**client, {files[7]});  // One miss.
     const bool staged = std::string(arm) == "fits";
-    // The streams go on after the miss: wait for them (bounded).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    Stats stats = (*client)->GetStats();
-    while (staged && stats.Tier(0, "files") < files.size() &&
-           std::chrono::steady_clock::now() < deadline) {
+    // A miss, then the streams: wait for them (bounded).
+    auto miss_and_wait = [&](const TestFile& f, uint64_t files_wanted) {
+      ReadAllExact(**client, {f});
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      Stats stats = (*client)->GetStats();
+      while (stats.Tier(0, "files") < files_wanted && std::chrono::steady_clock::now() < deadline) {
+        (*client)->WaitForPlacement();
+        stats = (*client)->GetStats();
+      }
       (*client)->WaitForPlacement();
-      stats = (*client)->GetStats();
-    }
-    (*client)->WaitForPlacement();
-    stats = (*client)->GetStats();
-    CHECK(stats.Get("prefetch_staged_files") == (staged ? files.size() : 0));
+      return (*client)->GetStats();
+    };
+    REQUIRE(absl::StartsWith(files[7].name, "dir3/"));
+    Stats stats = miss_and_wait(files[7], staged ? 10 : 1);
+    CHECK(stats.Get("prefetch_staged_files") == (staged ? 10 : 0));
+    CHECK(stats.Tier(0, "files") == (staged ? 10 : 1));
+    // Each file of dir3 once (the miss's included); nothing of dir0-2.
+    CHECK(SourceBytes(stats) == (staged ? bytes_in("dir3") : files[7].size));
     if (staged) {
-      CHECK(stats.Tier(0, "files") == files.size());
-      CHECK(SourceBytes(stats) == dataset_bytes);  // Each file once, the miss's included.
-      CHECK(stats.Get("prefetch_files") == files.size() - 1);
-    } else {
-      CHECK(stats.Tier(0, "files") == 1);
-      CHECK(SourceBytes(stats) == files[7].size);
+      CHECK(stats.Get("prefetch_files") == 9);
+      // A miss in another directory stages it too.
+      stats = miss_and_wait(files[0], 20);
+      CHECK(stats.Get("prefetch_staged_files") == 20);
+      CHECK(stats.Tier(0, "files") == 20);
+      CHECK(SourceBytes(stats) == bytes_in("dir3") + bytes_in("dir0"));
     }
     ReadAllExact(**client, files);
   }

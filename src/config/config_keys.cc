@@ -604,12 +604,15 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "evicted before they are read)."));
   keys.push_back(BoolKey<Config>(
       "prefetch", "stage_ahead", [](auto& c) -> auto& { return c.prefetch.stage_ahead; },
-      "A node service whose readers announced no order, and whose cache tiers hold the whole "
-      "dataset, gives the `prefetch.streams` the dataset in the walk's order at its first miss: "
-      "epoch 1 of a job that announces nothing (the preload, a custom sampler) is then not "
-      "bounded by its readers' own misses. Each file is still read from the source once, and "
-      "the first order a reader announces replaces the staging. `false`: only announced orders "
-      "are prefetched. (An in-process instance never stages.)"));
+      "A node service whose readers announced no order stages what they read from: at the "
+      "first miss in a top-level directory of the dataset (`train/`, `val/`, a class "
+      "directory; the root's own files are one more), the `prefetch.streams` fetch the whole "
+      "directory in the walk's order, if it fits in the cache tiers beside what was staged "
+      "before. Epoch 1 of a job that announces nothing (the preload, a custom sampler) is then "
+      "not bounded by its readers' own misses, and a job reading `val/` never stages `train/`. "
+      "Each file is still read from the source once, and the first order a reader announces "
+      "replaces the staging. `false`: only announced orders are prefetched. (An in-process "
+      "instance never stages.)"));
   // remote
   keys.push_back(BoolKey<Config>(
       "remote", "enabled", [](auto& c) -> auto& { return c.remote.enabled; },

@@ -30,6 +30,7 @@
 #include "metadata/manifest.h"
 #include "metadata/namespace.h"
 #include "placement/memory_governor.h"
+#include "placement/stage_ahead.h"
 #include "placement/placement_handler.h"
 #include "placement/placement_policy.h"
 #include "placement/prefetcher.h"
@@ -292,7 +293,7 @@ class MonarchImpl final : public MonarchCore {
               std::unique_ptr<Namespace> ns, PeerDriver* peers)
       : config_(std::move(config)),
         parts_(new Parts{std::move(tiers), std::move(ns), nullptr, nullptr, nullptr, nullptr, nullptr,
-                         nullptr}),
+                         nullptr, nullptr}),
         tiers_(parts_->tiers),
         source_index_(static_cast<int>(tiers_.size()) - 1),
         namespace_(parts_->ns.get()),
@@ -333,6 +334,13 @@ class MonarchImpl final : public MonarchCore {
     }
     parts_->prefetcher = std::make_unique<Prefetcher>(prefetch, namespace_, placement_);
     prefetcher_ = parts_->prefetcher.get();
+    if (config_.prefetch.stage_ahead && config_.prefetch.streams > 0) {
+      parts_->stage_ahead = std::make_unique<StageAhead>(namespace_, prefetcher_, [this] {
+        uint64_t room = 0;  // The cache tiers' capacity in force.
+        for (const auto& tier : tiers_) room += tier->is_cache() ? tier->limit() : 0;
+        return room;
+      });
+    }
     std::vector<ReadSpeeds::TierName> names;
     for (const auto& tier : tiers_) names.push_back({tier->config().name, tier->config().kind});
     parts_->speeds = ReadSpeeds::For(config_.placement.route_by_speed, std::move(names));
@@ -519,32 +527,8 @@ class MonarchImpl final : public MonarchCore {
     }
     return files_->CheckedCopies(pieces, tiers);
   }
-  void StageAheadIfFits() override {
-    // Once per instance, at its first miss: an atomic load per miss after.
-    if (stage_tried_.load(std::memory_order_relaxed) || stage_tried_.exchange(true)) return;
-    if (!config_.prefetch.stage_ahead || config_.prefetch.streams == 0) return;
-    uint64_t room = 0;  // The cache tiers' (peers' and the source's aside).
-    for (const auto& tier : tiers_) {
-      const TierKind kind = tier->config().kind;
-      if (kind != TierKind::kSource && kind != TierKind::kPeers) room += tier->limit();
-    }
-    if (namespace_->total_bytes() > room) return;  // Staging would evict what it staged.
-    std::vector<uint32_t> order;  // The walk's order: directory by directory.
-    order.reserve(namespace_->file_count());
-    for (uint32_t id = 0; id < namespace_->file_count(); ++id) {
-      const FileEntry& entry = namespace_->entry(id);
-      if (entry.ref.size == 0) continue;
-      if (entry.extent_count == 0) {
-        order.push_back(id);
-      } else {
-        for (uint32_t k = 0; k < entry.extent_count; ++k) order.push_back(entry.first_extent + k);
-      }
-    }
-    if (prefetcher_->StageAhead(std::move(order))) {
-      MONARCH_LOG(kInfo, "no read order announced: staging the dataset (",
-                  namespace_->file_count(), " files, ", namespace_->total_bytes(),
-                  " bytes) into the tiers ahead of the readers (prefetch.stage_ahead)");
-    }
+  void StageAheadOnMiss(uint32_t id) override {
+    if (parts_->stage_ahead != nullptr) parts_->stage_ahead->OnMiss(id);
   }
   void SetKeeping(bool keeping) override {
     if (parts_->memory != nullptr) parts_->memory->SetKeeping(keeping);
@@ -656,6 +640,7 @@ class MonarchImpl final : public MonarchCore {
     std::unique_ptr<MappingWatch> mappings;  // Who maps the RAM copies it hands out.
     std::unique_ptr<PlacementHandler> placement;
     std::unique_ptr<Prefetcher> prefetcher;  // Its streams drive promotions.
+    std::unique_ptr<StageAhead> stage_ahead;  // prefetch.stage_ahead; may be null.
     std::unique_ptr<ReadSpeeds> speeds;  // placement.route_by_speed; may be null.
     std::unique_ptr<LocalFiles> files;  // The read path's view of them.
     // memory.watch: sheds through placement and the tiers, so it goes first.
@@ -680,7 +665,6 @@ class MonarchImpl final : public MonarchCore {
   uint64_t warm_reused_ = 0;                     // Written only during Start().
   uint64_t warm_discarded_ = 0;                  // Written only during Start().
   std::string published_manifest_;               // Rank 0's, or empty.
-  std::atomic<bool> stage_tried_{false};         // StageAheadIfFits ran.
 };
 
 }  // namespace

@@ -73,10 +73,10 @@ class MonarchCore : public Front {
   // tiers then only keep copies for the next job, and under memory
   // pressure yield first (MemoryGovernor::SetKeeping).
   virtual void SetKeeping(bool keeping) = 0;
-  // A reader's first miss with no order announced: if prefetch.stage_ahead
-  // and the cache tiers hold the whole dataset, the prefetch streams stage
-  // it (Prefetcher::StageAhead). Once per instance; cheap after.
-  virtual void StageAheadIfFits() = 0;
+  // A reader (a node service's client) missed entry `id` with no order
+  // announced: the top-level directory it is in may be staged
+  // (placement/stage_ahead.h, prefetch.stage_ahead).
+  virtual void StageAheadOnMiss(uint32_t id) = 0;
 };
 
 struct CoreOptions {

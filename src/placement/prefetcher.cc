@@ -44,8 +44,13 @@ void Prefetcher::Announce(uint64_t reader, std::vector<uint32_t> order, SourcePa
 bool Prefetcher::StageAhead(std::vector<uint32_t> order) {
   const size_t files = order.size();
   MutexLock lock(&mu_);
-  if (stopping_ || !orders_.empty() || order.empty()) return false;
-  orders_[kStagingReader] = Order{std::move(order), 0, nullptr, Clock::now(), /*staged=*/true};
+  if (stopping_ || order.empty() || orders_.size() > orders_.count(kStagingReader)) return false;
+  auto staging = orders_.find(kStagingReader);
+  if (staging != orders_.end()) {  // Another directory: after those staged before.
+    staging->second.ids.insert(staging->second.ids.end(), order.begin(), order.end());
+  } else {
+    orders_[kStagingReader] = Order{std::move(order), 0, nullptr, Clock::now(), /*staged=*/true};
+  }
   staged_files_.fetch_add(files, std::memory_order_relaxed);
   StartLocked();
   return true;

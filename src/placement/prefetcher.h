@@ -26,9 +26,9 @@
 //   own in flight, each takes one of the `streams` slots (one stream always
 //   keeps going, so the prefetch catches up once readers hit).
 //
-// - With no order at all, StageAhead() gives the streams the whole dataset
-//   (when the tiers hold it): epoch 1 of a job that announces nothing is
-//   then not bounded by its readers' own misses. That order has no
+// - With no order at all, StageAhead() gives the streams the directories
+//   the readers read from (placement/stage_ahead.h): epoch 1 of a job that
+//   announces nothing is then not bounded by its readers' own misses. That order has no
 //   lookahead bound (it evicts nothing), tells eviction nothing, and gives
 //   way to the first order a reader announces.
 //
@@ -69,9 +69,10 @@ class Prefetcher final : public NextUseOracle {
   void Announce(uint64_t reader, std::vector<uint32_t> order, SourcePayer payer = nullptr);
   // `reader` started reading these files (its first read of each).
   void Consumed(uint64_t reader, const uint32_t* ids, size_t count);
-  // Unless some reader announced an order: the streams fetch `order` (every
-  // file, or extent, of a dataset the tiers hold), with no lookahead bound,
-  // until a reader's announcement replaces it. False if an order was there.
+  // Unless some reader announced an order: the streams fetch `order` (the
+  // files, or extents, of a part of the dataset the tiers hold; after the
+  // parts staged before), with no lookahead bound, until a reader's
+  // announcement replaces it. False if a reader's order was there.
   bool StageAhead(std::vector<uint32_t> order);
   // Whether any order is announced: readers skip Consumed() when none is.
   bool active() const { return active_.load(std::memory_order_relaxed); }

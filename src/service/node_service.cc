@@ -184,9 +184,9 @@ class ClientRequests {
     misses.fetch_add(1, std::memory_order_relaxed);
     miss_bytes.fetch_add(*n, std::memory_order_relaxed);
     absl::Status sent = SendFrame(socket, MessageType::kReadReply, Encode(ReadReply{*n}));
-    // After the miss was answered (and its promotion started): the first
-    // miss of a job that announces nothing may stage the dataset.
-    core_.StageAheadIfFits();
+    // After the miss was answered (and its promotion started): a miss of
+    // a job that announces nothing may stage the directory it is in.
+    core_.StageAheadOnMiss(request->file_id);
     return sent;
   }
 
