@@ -727,8 +727,20 @@ TEST_CASE("bad node values are refused with the key named") {
   SUBCASE("unknown node key") {
     CHECK(absl::StrContains(ErrorOf(base + "node: {sharde: true}\n"),
                             "node.sharde: unknown key; expected one of: shared, runtime_dir, "
-                            "autostart, idle_exit, keep_ram, request_timeout, start_timeout, "
-                            "metrics_port"));
+                            "autostart, idle_exit, keep_ram, share_with_group, request_timeout, "
+                            "start_timeout, metrics_port"));
+  }
+  SUBCASE("share_with_group naming no group") {
+    std::string e = ErrorOf(base + "node: {share_with_group: no-such-group-of-monarch}\n");
+    CHECK(absl::StrContains(e, "node.share_with_group:"));
+    CHECK(absl::StrContains(e, "no such group"));
+  }
+  SUBCASE("share_with_group: the group's runtime base") {
+    absl::StatusOr<Config> config = ParseConfigString(base + "node: {share_with_group: '0'}\n");
+    REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+    absl::StatusOr<std::string> dir = NodeRuntimeDirectory(*config);
+    REQUIRE(dir.ok());
+    CHECK(absl::StartsWith(*dir, "/tmp/monarch-group-0/"));
   }
   SUBCASE("node that is not a mapping") {
     CHECK(absl::StrContains(ErrorOf(base + "node: shared\n"),

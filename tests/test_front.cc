@@ -154,6 +154,9 @@ TEST_CASE("front: a scan reads ahead and a random reader does not, in process an
     config.placement.extent_bytes = 1 << 20;
     config.placement.extent_threshold = 4 << 20;
     config.placement.cached_source = CachedSourcePolicy::kPromote;
+    // What a scan reads ahead, alone: no staging of the file's directory
+    // by the service (prefetch.stage_ahead) behind the reads.
+    config.prefetch.stage_ahead = false;
     Opened o = Open(config, shared, dir.Sub(shared ? "run" : "unused"));
     Monarch& m = *o.m;
     std::vector<char> piece(256 << 10);

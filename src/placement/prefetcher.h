@@ -28,9 +28,9 @@
 //
 // - With no order at all, StageAhead() gives the streams the directories
 //   the readers read from (placement/stage_ahead.h): epoch 1 of a job that
-//   announces nothing is then not bounded by its readers' own misses. That order has no
-//   lookahead bound (it evicts nothing), tells eviction nothing, and gives
-//   way to the first order a reader announces.
+//   announces nothing is then not bounded by its readers' own misses. That
+//   order has no lookahead bound (it evicts nothing), tells eviction
+//   nothing, and gives way to the first order a reader announces.
 //
 // Thread-safe. Start: the constructor starts the streams; Shutdown() (also
 // run by the destructor) stops them after the files they are fetching.

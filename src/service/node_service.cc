@@ -815,7 +815,8 @@ StatsReply NodeService::NodeStats() {
   sink.Counter("service.client_source_fallbacks", tally.source_fallbacks,
                "Reads clients served from the source themselves while no service answered.");
   sink.Counter("service.refused_connections", refused_.load(std::memory_order_relaxed),
-               "Connections refused: another user's process (not of node.share_with_group's group).");
+               "Connections refused: another user's process (not of "
+               "node.share_with_group's group).");
   sink.Counter("service.guest_refusals", guests_ != nullptr ? guests_->refusals() : 0,
                "Guests' proofs of access and reads refused (node.share_with_group).");
   sink.Gauge("service.clients", tally.clients.size(), "Client processes connected now.");

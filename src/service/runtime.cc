@@ -30,8 +30,9 @@ namespace monarch::service {
 absl::StatusOr<ServicePaths> ServicePathsFor(const Config& config) {
   MONARCH_ASSIGN_OR_RETURN(std::string dir, NodeRuntimeDirectory(config));
   ServicePaths paths = ServicePathsIn(dir);
-  // The default's parent is this user's too, and must stay so: whoever can
-  // write it could swap the service's directory for their own.
+  // The default's parent is this user's too (or the group's, with
+  // node.share_with_group), and must stay so: whoever can write it could
+  // swap the service's directory for their own.
   if (config.node.runtime_dir.empty()) paths.base = dir.substr(0, dir.rfind('/'));
   MONARCH_ASSIGN_OR_RETURN(paths.group, NodeShareGroup(config.node));
   return paths;
