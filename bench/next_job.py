@@ -33,7 +33,8 @@ from emulated_dataset import mounted_dataset, parser, private_runtime_base  # no
 def job(a, config, job_id, epochs, out):
     r = subprocess.run([os.path.join(a.build, "monarch-epochs"), "--config", config, "--epochs",
                         str(epochs), "--threads", str(a.threads), "--seed", str(job_id), "--json",
-                        out], env=dict(os.environ, SLURM_JOB_ID=str(job_id)),
+                        out] + (["--sample-us", str(a.sample_us)] if a.sample_us else []),
+                       env=dict(os.environ, SLURM_JOB_ID=str(job_id)),
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("job %d failed (%d):\n%s%s" % (job_id, r.returncode, r.stdout, r.stderr[-3000:]))
@@ -45,6 +46,9 @@ def main():
     ap = parser(reps=3, out=os.path.join(HERE, "results", "next_job.json"))
     ap.set_defaults(files=20000, threads=2, dir="/var/tmp/monarch-many-jobs")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--sample-us", type=int, default=0,
+                    help="each reader spends this long on each sample after reading it (a "
+                         "model's step, slept); 0: reading only")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     pfs, files, total = mounted_dataset(a)
@@ -54,8 +58,9 @@ def main():
         f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
                 "node: {shared: true, autostart: true, idle_exit: 10m}\n" % (
                     pfs.mount, int(total * 1.05)))
-    print("%d files, %.1f MiB; source: %s; jobs of %d threads; node.idle_exit 10m" % (
-        files, total / 2**20, " ".join(pfs.flags), a.threads), flush=True)
+    print("%d files, %.1f MiB; source: %s; jobs of %d threads; node.idle_exit 10m; %d us per "
+          "sample" % (files, total / 2**20, " ".join(pfs.flags), a.threads, a.sample_us),
+          flush=True)
     runs = []
     monarch = os.path.join(a.build, "monarch")
     try:
@@ -90,6 +95,7 @@ def main():
             what, ratios[0], statistics.median(ratios), ratios[-1]))
     with open(a.out, "w") as f:
         json.dump({"files": files, "dataset_bytes": total, "threads": a.threads,
+                   "sample_us": a.sample_us,
                    "source": " ".join(pfs.flags), "runs": runs}, f, indent=1)
     print("wrote", a.out)
 
