@@ -150,8 +150,9 @@ struct PlacementConfig {
 struct PrefetchConfig {
   int streams = 8;  // Files fetched at once; 0: no read-ahead.
   uint64_t lookahead_bytes = 1ull << 30;
-  // With no order announced, a node service stages a dataset its tiers
-  // hold at the first miss (Prefetcher::StageAhead).
+  // With no order announced, a node service stages each top-level
+  // directory its readers miss in, if the tiers hold it
+  // (placement/stage_ahead.h).
   bool stage_ahead = true;
 };
 
