@@ -106,12 +106,12 @@ void CheckSameNamespace(const Namespace& walked, const Namespace& built) {
     CHECK(a.size == b.size);
     CHECK(a.mtime_ns == b.mtime_ns);
     CHECK(walked.identity(id) == built.identity(id));
-    const FileAttributes& x = walked.attributes(id);
-    const FileAttributes& y = built.attributes(id);
+    const FileAttributes x = walked.attributes(id);
+    const FileAttributes y = built.attributes(id);
     CHECK((x.atime_ns == y.atime_ns && x.blocks == y.blocks && x.mode == y.mode &&
            x.link_count == y.link_count && x.uid == y.uid && x.gid == y.gid &&
            x.block_size == y.block_size && x.via_symlink == y.via_symlink));
-    CHECK(built.Find(a.name) == &built.entry(id));
+    CHECK(built.Find(a.name)->ref.id == id);
     CHECK(built.entry(id).tier->load() == walked.entry(id).tier->load());
   }
   REQUIRE(built.directory_count() == walked.directory_count());

@@ -247,8 +247,8 @@ struct Tiers {
   }
   // Reads `f` whole from where it lives now, as the read path does.
   void CheckFile(const TestFile& f) {
-    FileEntry* entry = ns->Find(f.name);
-    REQUIRE(entry != nullptr);
+    std::optional<FileEntry> entry = ns->Find(f.name);
+    REQUIRE(entry.has_value());
     std::vector<char> buffer(f.size);
     const int tier = placement->BeginTierRead(*entry);
     absl::StatusOr<size_t> got;
@@ -312,7 +312,7 @@ TEST_CASE("under pressure the RAM tier shrinks, drops copies, gives memory back,
       t.placement.get(), /*start_watcher=*/false);
   REQUIRE(governor.ok());
   // A reader inside one copy: it is left alone.
-  FileEntry* pinned = t.ns->Find(t.files[0].name);
+  std::optional<FileEntry> pinned = t.ns->Find(t.files[0].name);
   REQUIRE(t.placement->BeginTierRead(*pinned) == 0);
 
   // 1 MiB left, 4 MiB wanted: shed 2 * 4 - 1 = 7 MiB.
@@ -421,7 +421,7 @@ TEST_CASE("readers racing a shrink read exact bytes") {
       std::vector<char> buffer(kSize);
       for (size_t i = r; !done.load(); i = (i + 7) % t.files.size()) {
         const TestFile& f = t.files[i];
-        FileEntry* entry = t.ns->Find(f.name);
+        std::optional<FileEntry> entry = t.ns->Find(f.name);
         const int tier = t.placement->BeginTierRead(*entry);
         absl::StatusOr<size_t> got =
             t.tiers[tier]->Read(entry->ref, 0, buffer.data(), buffer.size());

@@ -31,13 +31,13 @@ TEST_CASE("the walk records every file with its size") {
   REQUIRE(ns.ok());
   CHECK((*ns)->file_count() == 4);  // The symlinked directory is not followed.
   CHECK((*ns)->total_bytes() == 10 + 2000 + 0 + 10);
-  FileEntry* deep = (*ns)->Find("a/b/deep.bin");
-  REQUIRE(deep != nullptr);
+  std::optional<FileEntry> deep = (*ns)->Find("a/b/deep.bin");
+  REQUIRE(deep.has_value());
   CHECK(deep->ref.size == 2000);
   CHECK(deep->ref.mtime_ns > 0);
   struct stat st;
   REQUIRE(::stat((dir.path() + "/a/b/deep.bin").c_str(), &st) == 0);
-  const FileAttributes& attributes = (*ns)->attributes(deep->ref.id);
+  const FileAttributes attributes = (*ns)->attributes(deep->ref.id);
   CHECK(attributes.inode == st.st_ino);
   CHECK(attributes.mode == st.st_mode);
   CHECK(attributes.gid == st.st_gid);
@@ -46,16 +46,16 @@ TEST_CASE("the walk records every file with its size") {
   CHECK(attributes.via_symlink == 0);
   CHECK((*ns)->attributes((*ns)->Find("link.bin")->ref.id).via_symlink == 1);
   CHECK(deep->tier->load() == 3);
-  CHECK(deep->state.load() == PlacementState::kOnSource);
-  CHECK((*ns)->Find(dir.path() + "/a/b/deep.bin") == deep);
-  CHECK((*ns)->Find("./a//b/deep.bin") == deep);
-  CHECK((*ns)->Find("a/with space.jpg") != nullptr);
-  CHECK((*ns)->Find("link.bin") != nullptr);
-  CHECK((*ns)->Find("a/b/missing.bin") == nullptr);
-  CHECK((*ns)->Find("a/b") == nullptr);
-  CHECK((*ns)->Find("../" + dir.path().substr(dir.path().rfind('/') + 1) + "/top.bin") == nullptr);
-  CHECK((*ns)->Find(dir.path() + "x/top.bin") == nullptr);
-  CHECK((*ns)->Find("/elsewhere/top.bin") == nullptr);
+  CHECK(deep->state->load() == PlacementState::kOnSource);
+  CHECK((*ns)->Find(dir.path() + "/a/b/deep.bin")->ref.id == deep->ref.id);
+  CHECK((*ns)->Find("./a//b/deep.bin")->ref.id == deep->ref.id);
+  CHECK((*ns)->Find("a/with space.jpg") != std::nullopt);
+  CHECK((*ns)->Find("link.bin") != std::nullopt);
+  CHECK((*ns)->Find("a/b/missing.bin") == std::nullopt);
+  CHECK((*ns)->Find("a/b") == std::nullopt);
+  CHECK((*ns)->Find("../" + dir.path().substr(dir.path().rfind('/') + 1) + "/top.bin") == std::nullopt);
+  CHECK((*ns)->Find(dir.path() + "x/top.bin") == std::nullopt);
+  CHECK((*ns)->Find("/elsewhere/top.bin") == std::nullopt);
 }
 
 // A directory without a dataset file is not the dataset's, in process and
@@ -88,9 +88,9 @@ TEST_CASE("the regex keeps only matching relative names") {
   testing::WriteFile(dir.path() + "/val/b.jpg", 1, 1);
   auto ns = *Namespace::Build(dir.path(), "train/.*\\.jpg", 1);
   CHECK(ns->file_count() == 1);
-  CHECK(ns->Find("train/a.jpg") != nullptr);
-  CHECK(ns->Find("train/a.txt") == nullptr);
-  CHECK(ns->Find("val/b.jpg") == nullptr);
+  CHECK(ns->Find("train/a.jpg") != std::nullopt);
+  CHECK(ns->Find("train/a.txt") == std::nullopt);
+  CHECK(ns->Find("val/b.jpg") == std::nullopt);
   CHECK(*ns->List("train") == std::vector<std::string>{"a.jpg"});
 }
 
@@ -114,8 +114,8 @@ TEST_CASE("walks with 1 and 8 threads find the same files and directories") {
   }
   CHECK(*one->List("") == *eight->List(""));
   for (uint32_t id = 0; id < one->file_count(); ++id) {
-    const FileEntry* other = eight->Find(one->entry(id).ref.name);
-    REQUIRE(other != nullptr);
+    const std::optional<FileEntry> other = eight->Find(one->entry(id).ref.name);
+    REQUIRE(other.has_value());
     CHECK(other->ref.size == one->entry(id).ref.size);
   }
 }

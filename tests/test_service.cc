@@ -696,8 +696,8 @@ TEST_CASE("service: the namespace image holds the extents of files cached by ext
   CHECK((*image)->entry_count() == (*ns)->entry_count());
   CHECK((*image)->extent_bytes() == 1 << 20);
   for (const TestFile& f : {big, small, other}) {
-    const FileEntry* file = (*ns)->Find(f.name);
-    REQUIRE(file != nullptr);
+    const std::optional<FileEntry> file = (*ns)->Find(f.name);
+    REQUIRE(file.has_value());
     const uint32_t id = *(*image)->FindId(f.name);
     CHECK(id == file->ref.id);
     CHECK((*image)->first_extent(id) == file->first_extent);
@@ -709,7 +709,7 @@ TEST_CASE("service: the namespace image holds the extents of files cached by ext
       CHECK(got.size == want.size);
       CHECK(got.mtime_ns == want.mtime_ns);
       CHECK(got.part_offset == want.part_offset);
-      CHECK(got.part_of == nullptr);
+      CHECK_FALSE(got.is_extent);
       CHECK((*image)->file_of(got.id) == id);
     }
     // Extents are not files: not found by name, not listed.

@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
 // when the instance is abandoned.
 class LocalFiles {
  public:
-  using Handle = FileEntry*;
+  using Handle = std::optional<FileEntry>;
 
   // All must outlive this. `tiers`: the cache tiers, the peers tier (if
   // any), then the source.
@@ -167,29 +167,29 @@ class LocalFiles {
   }
 
   Handle Find(absl::string_view name) { return namespace_->Find(name); }
-  const FileRef& Ref(Handle file) const { return file->ref; }
-  bool HasExtents(Handle file) const { return file->extent_count > 0; }
-  Handle ExtentAt(Handle file, uint64_t offset) const {
-    return &namespace_->ExtentAt(*file, offset);
+  const FileRef& Ref(const Handle& file) const { return file->ref; }
+  bool HasExtents(const Handle& file) const { return file->extent_count > 0; }
+  Handle ExtentAt(const Handle& file, uint64_t offset) const {
+    return namespace_->ExtentAt(*file, offset);
   }
-  void ReadingRange(Handle file, uint64_t offset, size_t n) {
+  void ReadingRange(const Handle& file, uint64_t offset, size_t n) {
     placement_->ReadingRange(*file, offset, n);
   }
-  void FirstRead(Handle file) {
+  void FirstRead(const Handle& file) {
     // A reader's first read of a file frees the prefetch lookahead it took.
     if (prefetcher_->active()) prefetcher_->Consumed(kThisProcess, &file->ref.id, 1);
   }
   // Pinned only where copies are evicted (by the policy, or by memory
   // pressure): an eviction waits for its readers.
-  int BeginRead(Handle file) {
+  int BeginRead(const Handle& file) {
     return pins_ ? placement_->BeginTierRead(*file) : file->tier->load(std::memory_order_acquire);
   }
-  void EndRead(Handle file) {
+  void EndRead(const Handle& file) {
     if (pins_) placement_->EndTierRead(file->ref.id);
   }
   int source_tier() const { return source_index_; }
   StorageDriver* Reader(int tier) { return &tiers_[tier]->driver(); }
-  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, Handle file, int tier, uint64_t offset,
+  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier, uint64_t offset,
                                   char* dst, size_t n) {
     if (speeds_ != nullptr && speeds_->Routes(tier)) {
       return speeds_->ReadHit(tiers_[source_index_]->can().in_memory, reader, file->ref, tier,
@@ -203,10 +203,10 @@ class LocalFiles {
   // A copy that cannot be read (deleted behind our back, EIO, damaged) is
   // dropped from the namespace and the read is served from the source: a
   // read never fails or returns wrong bytes because a cache copy went bad.
-  std::optional<absl::StatusOr<size_t>> CopyFailed(Handle file, int tier,
+  std::optional<absl::StatusOr<size_t>> CopyFailed(const Handle& file, int tier,
                                                    const absl::StatusOr<size_t>& result,
                                                    uint64_t offset, char* dst, size_t n) {
-    FileEntry& entry = *file;
+    const FileEntry& entry = *file;
     int expected = tier;
     if (entry.tier->compare_exchange_strong(expected, source_index_)) {
       // This thread dropped it (readers racing on the same bad copy count
@@ -221,7 +221,7 @@ class LocalFiles {
                   result.ok() ? absl::StrCat("short read of ", *result, " bytes")
                               : result.status().ToString(),
                   "); serving it from the source from now on");
-      entry.state.store(PlacementState::kStaysOnSource);
+      entry.state->store(PlacementState::kStaysOnSource);
       absl::Status removed = dropped.driver().Remove(entry.ref);
       if (!removed.ok() && !absl::IsNotFound(removed)) {
         MONARCH_LOG(kWarning, "cannot remove the bad copy: ", removed.ToString());
@@ -234,7 +234,8 @@ class LocalFiles {
     return read;
   }
 
-  std::optional<absl::StatusOr<size_t>> Miss(Handle file, uint64_t offset, char* dst, size_t n) {
+  std::optional<absl::StatusOr<size_t>> Miss(const Handle& file, uint64_t offset, char* dst,
+                                             size_t n) {
     return placement_->ReadIfOnSource(*file, offset, dst, n,
                                       /*may_defer=*/!prefetcher_->copying());
   }
@@ -258,7 +259,7 @@ class LocalFiles {
   // memory (the RAM tier), as a read of it; false if it is not (or was
   // removed meanwhile: the caller reads it the usual way). For the peers,
   // who are sent a RAM copy's bytes without a staging copy.
-  bool VisitInMemory(Handle file, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
+  bool VisitInMemory(const Handle& file, uint64_t offset, size_t n, PeerNetwork::TakeFn visit) {
     const int tier = BeginRead(file);
     const bool visited = tier != source_index_ &&
                          tiers_[tier]
@@ -363,8 +364,8 @@ class MonarchImpl final : public MonarchCore {
       auto serve = [ns = namespace_, peers = peers_, files = files_](
                        const PeerNetwork::FileRequest& request, char* staging,
                        PeerNetwork::TakeFn take) -> absl::Status {
-        FileEntry* entry = ns->FindCopy(request.name);  // A file or an extent.
-        MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry, request));
+        const std::optional<FileEntry> entry = ns->FindCopy(request.name);  // A file or an extent.
+        MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry.has_value() ? &*entry : nullptr, request));
         if (files->VisitInMemory(entry, request.offset, request.length, take)) {
           return absl::OkStatus();
         }
@@ -379,7 +380,7 @@ class MonarchImpl final : public MonarchCore {
       };
       // Replicas and a lost peer's files are promoted like prefetched ones.
       auto fill = [ns = namespace_, placement = placement_](uint32_t id) {
-        FileEntry& entry = ns->entry(id);
+        const FileEntry& entry = ns->entry(id);
         placement->Reconsider(entry);  // Declined as someone else's file before.
         placement->Prefetch(entry);
       };
@@ -395,8 +396,8 @@ class MonarchImpl final : public MonarchCore {
 
   absl::StatusOr<uint64_t> MapCopies(std::string_view name, void* mapping, uint64_t offset,
                                      uint64_t length, int protection, int flags) override {
-    FileEntry* entry = namespace_->Find(ToAbsl(name));
-    if (entry == nullptr) {
+    const std::optional<FileEntry> entry = namespace_->Find(ToAbsl(name));
+    if (!entry.has_value()) {
       return absl::NotFoundError(absl::StrCat("not a dataset file: ", ToAbsl(name)));
     }
     return MapCopiesFound(*files_, entry, static_cast<char*>(mapping), offset, length, protection,
@@ -487,7 +488,7 @@ class MonarchImpl final : public MonarchCore {
   const Namespace& name_space() const override { return *namespace_; }
   absl::StatusOr<size_t> ReadFile(uint32_t id, char* dst, size_t n, uint64_t offset) override {
     if (id >= namespace_->entry_count()) return absl::NotFoundError("no such file id");
-    return ReadFound(*files_, &namespace_->entry(id), dst, n, offset);
+    return ReadFound(*files_, LocalFiles::Handle(namespace_->entry(id)), dst, n, offset);
   }
   int tier_count() const override { return static_cast<int>(tiers_.size()); }
   const TierConfig& tier_config(int tier) const override { return tiers_[tier]->config(); }
@@ -518,12 +519,11 @@ class MonarchImpl final : public MonarchCore {
   }
   std::vector<std::optional<SourceIdentity>> CheckedCopiesOf(
       const std::vector<uint32_t>& ids) override {
-    std::vector<FileEntry*> pieces;
+    std::vector<LocalFiles::Handle> pieces;
     std::vector<int> tiers;
     for (uint32_t id : ids) {
-      FileEntry* entry = &namespace_->entry(id);
-      pieces.push_back(entry);
-      tiers.push_back(entry->tier->load(std::memory_order_acquire));
+      pieces.push_back(namespace_->entry(id));
+      tiers.push_back(namespace_->tier(id).load(std::memory_order_acquire));
     }
     return files_->CheckedCopies(pieces, tiers);
   }
@@ -583,16 +583,16 @@ class MonarchImpl final : public MonarchCore {
       KeptCopies* kept = tier.can().kept;
       if (!tier.is_cache() || kept == nullptr) continue;
       struct Found {
-        FileEntry* entry;
+        FileEntry entry;
         bool valid;
       };
       std::vector<Found> found;
       MONARCH_RETURN_IF_ERROR(kept->ScanCopies([&](absl::string_view name,
                                                    const SourceIdentity* source) {
-        FileEntry* entry = namespace_->FindCopy(name);
-        if (entry == nullptr) return;  // Not ours to judge (another dataset or filter).
+        const std::optional<FileEntry> entry = namespace_->FindCopy(name);
+        if (!entry.has_value()) return;  // Not ours to judge (another dataset or filter).
         found.push_back(
-            {entry, source != nullptr && *source == namespace_->identity(entry->ref.id)});
+            {*entry, source != nullptr && *source == namespace_->identity(entry->ref.id)});
       }));
       // A namespace from a manifest cannot see a file rewritten in place:
       // a copy is adopted only if the source still stats the same. The
@@ -600,24 +600,24 @@ class MonarchImpl final : public MonarchCore {
       // answers each in a millisecond or more.
       if (namespace_->built_from_manifest()) {
         ForEachInParallel(found.size(), config_.dataset.scan_threads, 64, [&](size_t i) {
-          if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry->ref.id);
+          if (found[i].valid) found[i].valid = namespace_->SourceUnchanged(found[i].entry.ref.id);
         });
       }
       for (const auto& [entry, valid] : found) {
         // A whole copy of a file now cached by extents is never read.
-        const bool wanted = valid && entry->extent_count == 0 &&
-                            entry->tier->load() == source_index_ &&
-                            tier.TryReserve(entry->ref.size);
+        const bool wanted = valid && entry.extent_count == 0 &&
+                            entry.tier->load() == source_index_ &&
+                            tier.TryReserve(entry.ref.size);
         if (wanted) {
-          tier.Commit(entry->ref.size);
-          entry->tier->store(t, std::memory_order_release);
-          entry->state.store(PlacementState::kInTier);
-          kept->CopyAdopted(entry->ref);
+          tier.Commit(entry.ref.size);
+          entry.tier->store(t, std::memory_order_release);
+          entry.state->store(PlacementState::kInTier);
+          kept->CopyAdopted(entry.ref);
           ++warm_reused_;
           continue;
         }
         // Stale, damaged, a duplicate of a faster tier's copy, or over capacity.
-        absl::Status removed = tier.driver().Remove(entry->ref);
+        absl::Status removed = tier.driver().Remove(entry.ref);
         if (!removed.ok()) MONARCH_LOG(kWarning, "cannot remove stale copy: ", removed.ToString());
         if (!valid) ++warm_discarded_;
       }

@@ -33,7 +33,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   SourceDriver(const SourceDriver&) = delete;
   SourceDriver& operator=(const SourceDriver&) = delete;
 
-  // An extent is read from its file (FileRef::part_of), through the file's
+  // An extent is read from its file (FileRef::is_extent), through the file's
   // one cached descriptor.
   absl::StatusOr<size_t> Read(const FileRef& part, uint64_t offset, char* dst, size_t n) override {
     const FileRef& file = part.source_file();
@@ -86,7 +86,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
       return absl::FailedPreconditionError(
           absl::StrCat(JoinPath(root_.path(), file.name), " is no longer a regular file"));
     }
-    return part.part_of == nullptr ? SourceIdentity::Of(st)
+    return !part.is_extent ? SourceIdentity::Of(st)
                                    : SourceIdentity::OfExtent(SourceIdentity::Of(st), part);
   }
 

@@ -35,7 +35,8 @@
 
 namespace monarch {
 
-// What a driver needs to know about a dataset file.
+// What a driver needs to know about a dataset file. A small value, made
+// from the namespace's table when asked for (metadata/namespace.h).
 struct FileRef {
   uint32_t id = 0;         // Dense namespace id, stable for the instance's life.
   absl::string_view name;  // Dataset-relative path, e.g. "train/a.jpg".
@@ -45,11 +46,22 @@ struct FileRef {
   // (metadata/namespace.h), names here the file it is part of and where in
   // it it starts; a whole file has none. Tiers hold an extent's copy under
   // its own name; only the source reads through these.
-  const FileRef* part_of = nullptr;
+  bool is_extent = false;
+  uint32_t file_id = 0;         // An extent's file: its id, name and size.
+  absl::string_view file_name;
+  uint64_t file_size = 0;
   uint64_t part_offset = 0;
 
   // The file on the source that holds these bytes, and where they start.
-  const FileRef& source_file() const { return part_of != nullptr ? *part_of : *this; }
+  FileRef source_file() const {
+    if (!is_extent) return *this;
+    FileRef file;
+    file.id = file_id;
+    file.name = file_name;
+    file.size = file_size;
+    file.mtime_ns = mtime_ns;
+    return file;
+  }
 };
 
 // Which version of a source file a copy holds: what stat() said of the
@@ -73,12 +85,12 @@ struct SourceIdentity {
   }
   // What fstat() says of a file (the source's, or a copy's own inode).
   static SourceIdentity Of(const struct stat& st);
-  // An extent's (FileRef::part_of): its file's identity, `file`, with the
+  // An extent's (FileRef::is_extent): its file's identity, `file`, with the
   // extent's length for `size` while the file is as long as the walk found
   // it. An extent's copy records, and a copy's trailer then checks, how
   // many bytes it holds; any change to the file also changes its ctime.
   static SourceIdentity OfExtent(SourceIdentity file, const FileRef& extent) {
-    if (file.size == extent.part_of->size) file.size = extent.size;
+    if (file.size == extent.file_size) file.size = extent.size;
     return file;
   }
   bool operator==(const SourceIdentity& o) const {

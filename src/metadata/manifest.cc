@@ -146,11 +146,8 @@ ManifestOrigin ManifestOriginOf(const DatasetConfig& dataset) {
 }
 
 std::string EncodeManifest(const Namespace& ns, const ManifestOrigin& origin) {
-  // Which directory holds each file: the namespace keeps it the other way round.
-  std::vector<uint32_t> directory_of(ns.file_count(), 0);
   size_t name_bytes = 0;
   for (uint32_t d = 0; d < ns.directory_count(); ++d) {
-    for (uint32_t id : ns.directory_files(d)) directory_of[id] = d;
     name_bytes += LastComponent(ns.directory_name(d)).size();
   }
   for (uint32_t id = 0; id < ns.file_count(); ++id) {
@@ -188,9 +185,9 @@ std::string EncodeManifest(const Namespace& ns, const ManifestOrigin& origin) {
   }
   for (uint32_t id = 0; id < ns.file_count(); ++id) {
     const FileRef& ref = ns.entry(id).ref;
-    const FileAttributes& a = ns.attributes(id);
+    const FileAttributes a = ns.attributes(id);
     const absl::string_view name = LastComponent(ref.name);
-    Put32(&out, directory_of[id]);
+    Put32(&out, ns.directory_of(id));
     Put32(&out, static_cast<uint32_t>(name.size()));
     Put64(&out, ref.size);
     Put64(&out, static_cast<uint64_t>(ref.mtime_ns));

@@ -295,11 +295,10 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
   std::unique_ptr<Namespace> ns(new Namespace());
   ns->root_ = root;
   while (ns->root_.size() > 1 && ns->root_.back() == '/') ns->root_.pop_back();
-  ns->root_device_ = listing.root_device;
 
-  // Reserved up front: the lookup maps hold views into these strings.
+  // Reserved up front: the lookup map holds views into these strings.
   ns->directory_names_.reserve(directories.size());
-  ns->directories_.resize(directories.size());
+  ns->directory_parents_.assign(directories.size(), 0);
   for (uint32_t i = 0; i < directories.size(); ++i) {
     const ListedDirectory& d = directories[i];
     if (i > 0) {
@@ -309,7 +308,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
                       QuoteForError(directories[d.parent].name));
       }
       if (d.parent == 0 && d.name == ".monarch") return refuse("'.monarch' is reserved");
-      ns->directories_[i].parent = d.parent;
+      ns->directory_parents_[i] = d.parent;
     }
     ns->directory_names_.push_back(d.name);
   }
@@ -323,7 +322,6 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
   }
   ns->stamps_ = listing.stamps;
 
-  size_t name_bytes = 0;
   for (uint32_t id = 0; id < files.size(); ++id) {
     const ListedFile& f = files[id];
     if (f.directory >= directories.size() || !IsChildName(directories[f.directory].name, f.name)) {
@@ -333,88 +331,61 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
                         : absl::StrCat(f.directory, " of ", directories.size()));
     }
     if (f.directory == 0 && f.name == ".monarch") return refuse("'.monarch' is reserved");
-    ns->directories_[f.directory].files.push_back(id);
-    name_bytes += f.name.size();
+    if (ns->directory_by_name_.contains(f.name)) return refuse(QuoteForError(f.name), " is listed twice");
   }
-  // Extents: counted first, for the ids and the names' arena.
+  // The table refuses two files of one name, and more ids than 32 bits hold.
   ns->extent_layout_ = extents;
-  const std::string extent_prefix =
-      absl::StrCat(".monarch/extents/", extents.extent_bytes, "/");
-  uint64_t extent_count = 0;
-  for (const ListedFile& f : files) {
-    if (!extents.Splits(f.size)) continue;
-    const uint64_t count = (f.size + extents.extent_bytes - 1) / extents.extent_bytes;
-    extent_count += count;
-    // "<prefix><name>/<index>", the index at most 20 digits.
-    name_bytes += count * (extent_prefix.size() + f.name.size() + 21);
-  }
-  if (files.size() + extent_count >= UINT32_MAX) {
-    return refuse(files.size(), " files and ", extent_count,
-                  " extents are more than 2^32-2 ids; set a larger placement.extent_bytes");
-  }
-  std::vector<size_t> name_offsets(files.size());
-  ns->names_.reserve(name_bytes);
-  for (size_t id = 0; id < files.size(); ++id) {
-    name_offsets[id] = ns->names_.size();
-    ns->names_.append(files[id].name.data(), files[id].name.size());
-  }
-  ns->file_count_ = static_cast<uint32_t>(files.size());
-  ns->entry_count_ = static_cast<uint32_t>(files.size() + extent_count);
-  ns->entries_ = std::make_unique<FileEntry[]>(ns->entry_count_);
-  ns->attributes_ = std::make_unique<FileAttributes[]>(files.size());
-  TierSlot* slots = nullptr;
+  MONARCH_ASSIGN_OR_RETURN(ns->table_region_, FileTable::Write(ns->root_, listing, extents));
+  MONARCH_ASSIGN_OR_RETURN(
+      ns->table_, FileTable::Open(ns->table_region_.writable.data(), ns->table_region_.writable.size()));
+  const uint32_t entry_count = ns->table_.entry_count();
   if (allocate) {
-    slots = allocate(ns->entry_count_);
-    if (slots == nullptr) {
+    ns->slots_ = allocate(entry_count);
+    if (ns->slots_ == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("no memory for the tier slots of ", ns->entry_count_, " files and extents"));
+          absl::StrCat("no memory for the tier slots of ", entry_count, " files and extents"));
     }
   } else {
-    ns->own_tier_slots_ = std::make_unique<TierSlot[]>(ns->entry_count_);
-    slots = ns->own_tier_slots_.get();
+    ns->own_tier_slots_ = std::make_unique<TierSlot[]>(entry_count);
+    ns->slots_ = ns->own_tier_slots_.get();
   }
-  ns->by_name_.reserve(files.size());
-  for (uint32_t id = 0; id < files.size(); ++id) {
-    FileEntry& entry = ns->entries_[id];
-    entry.ref.id = id;
-    entry.ref.name = absl::string_view(ns->names_).substr(name_offsets[id], files[id].name.size());
-    entry.ref.size = files[id].size;
-    entry.ref.mtime_ns = files[id].mtime_ns;
-    ns->attributes_[id] = files[id].attributes;
-    entry.tier = new (&slots[id]) TierSlot(source_tier);
-    ns->total_bytes_ += files[id].size;
-    if (!ns->by_name_.emplace(entry.ref.name, id).second ||
-        ns->directory_by_name_.contains(entry.ref.name)) {
-      return refuse(QuoteForError(entry.ref.name), " is listed twice");
-    }
+  for (uint32_t id = 0; id < entry_count; ++id) new (&ns->slots_[id]) TierSlot(source_tier);
+  ns->states_ = std::make_unique<std::atomic<PlacementState>[]>(entry_count);
+  for (uint32_t id = 0; id < entry_count; ++id) {
+    ns->states_[id].store(PlacementState::kOnSource, std::memory_order_relaxed);
   }
-  uint32_t next = ns->file_count_;
-  for (uint32_t id = 0; id < ns->file_count_; ++id) {
-    FileEntry& file = ns->entries_[id];
-    if (!extents.Splits(file.ref.size)) continue;
-    file.first_extent = next;
-    file.extent_count =
-        static_cast<uint32_t>((file.ref.size + extents.extent_bytes - 1) / extents.extent_bytes);
-    for (uint32_t k = 0; k < file.extent_count; ++k, ++next) {
-      FileEntry& extent = ns->entries_[next];
-      const size_t start = ns->names_.size();
-      // Appended piece by piece: the file's name is a view into the arena
-      // itself (which has the room reserved, so it does not move).
-      ns->names_.append(extent_prefix);
-      ns->names_.append(file.ref.name.data(), file.ref.name.size());
-      absl::StrAppend(&ns->names_, "/", k);
-      extent.ref.id = next;
-      extent.ref.name = absl::string_view(ns->names_).substr(start);
-      extent.ref.part_of = &file.ref;
-      extent.ref.part_offset = uint64_t{k} * extents.extent_bytes;
-      extent.ref.size = std::min(extents.extent_bytes, file.ref.size - extent.ref.part_offset);
-      extent.ref.mtime_ns = file.ref.mtime_ns;
-      extent.tier = new (&slots[next]) TierSlot(source_tier);
-    }
-  }
-  // The arena is complete: it was reserved for every name, so the views
-  // into it stay valid from here on.
   return ns;
+}
+
+FileEntry Namespace::entry(uint32_t id) const {
+  FileEntry entry;
+  entry.ref.id = id;
+  entry.ref.name = table_.name(id);
+  entry.ref.size = table_.size(id);
+  entry.tier = &slots_[id];
+  entry.state = &states_[id];
+  if (id < table_.file_count()) {
+    entry.ref.mtime_ns = table_.mtime_ns(id);
+    entry.first_extent = table_.first_extent(id);
+    entry.extent_count = entry.first_extent == 0 ? 0 : table_.extent_count(id);
+  } else {
+    const uint32_t file = table_.source_file(id);
+    entry.ref.is_extent = true;
+    entry.ref.file_id = file;
+    entry.ref.file_name = table_.name(file);
+    entry.ref.file_size = table_.size(file);
+    entry.ref.mtime_ns = table_.mtime_ns(file);
+    entry.ref.part_offset = table_.part_offset(id);
+  }
+  return entry;
+}
+
+uint32_t Namespace::directory_of(uint32_t id) const {
+  const absl::string_view name = table_.name(id);
+  const size_t slash = name.rfind('/');
+  if (slash == absl::string_view::npos) return 0;
+  auto it = directory_by_name_.find(name.substr(0, slash));
+  return it == directory_by_name_.end() ? 0 : it->second;
 }
 
 void Namespace::ReportCounters(CounterSink& sink) const {
@@ -478,46 +449,53 @@ bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::s
 }
 
 SourceIdentity Namespace::identity(uint32_t id) const {
-  const FileRef& file = entries_[id].ref.source_file();
+  const uint32_t file = table_.source_file(id);
+  const FileAttributes attributes = table_.attributes(file);
   SourceIdentity identity;
-  identity.device = attributes_[file.id].device;
-  identity.inode = attributes_[file.id].inode;
-  identity.size = entries_[id].ref.size;  // An extent's: see SourceIdentity::OfExtent.
-  identity.mtime_ns = file.mtime_ns;
-  identity.ctime_ns = attributes_[file.id].ctime_ns;
+  identity.device = attributes.device;
+  identity.inode = attributes.inode;
+  identity.size = table_.size(id);  // An extent's: see SourceIdentity::OfExtent.
+  identity.mtime_ns = table_.mtime_ns(file);
+  identity.ctime_ns = attributes.ctime_ns;
   return identity;
 }
 
 bool Namespace::SourceUnchanged(uint32_t id) const {
-  const FileRef& file = entries_[id].ref.source_file();
+  const uint32_t file = table_.source_file(id);
   struct stat st;
-  return os::Stat(absl::StrCat(root_, "/", file.name).c_str(), &st) == 0 &&
-         SourceIdentity::Of(st) == identity(file.id);
+  return os::Stat(absl::StrCat(root_, "/", table_.name(file)).c_str(), &st) == 0 &&
+         SourceIdentity::Of(st) == identity(file);
 }
 
-FileEntry* Namespace::FindCopy(absl::string_view name) const {
-  if (FileEntry* file = Find(name)) return file;
-  if (extent_layout_.extent_bytes == 0) return nullptr;
+std::optional<FileEntry> Namespace::FindCopy(absl::string_view name) const {
+  if (std::optional<FileEntry> file = Find(name)) return file;
+  if (extent_layout_.extent_bytes == 0) return std::nullopt;
   const std::string prefix = absl::StrCat(".monarch/extents/", extent_layout_.extent_bytes, "/");
-  if (!absl::ConsumePrefix(&name, prefix)) return nullptr;
+  if (!absl::ConsumePrefix(&name, prefix)) return std::nullopt;
   const size_t slash = name.rfind('/');
   uint32_t index;
   if (slash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(slash + 1), &index)) {
-    return nullptr;
+    return std::nullopt;
   }
-  FileEntry* file = Find(name.substr(0, slash));
-  if (file == nullptr || index >= file->extent_count) return nullptr;
-  FileEntry* extent = &entries_[file->first_extent + index];
+  std::optional<FileEntry> file = Find(name.substr(0, slash));
+  if (!file.has_value() || index >= file->extent_count) return std::nullopt;
+  FileEntry extent = entry(file->first_extent + index);
   // "007" parses as 7: only the name exactly as built is this extent's.
-  return extent->ref.name == absl::StrCat(prefix, file->ref.name, "/", index) ? extent : nullptr;
+  if (extent.ref.name != absl::StrCat(prefix, file->ref.name, "/", index)) return std::nullopt;
+  return extent;
 }
 
-FileEntry* Namespace::Find(absl::string_view name) const {
+std::optional<uint32_t> Namespace::FindId(absl::string_view name) const {
   std::string scratch;
   absl::string_view canonical;
-  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return nullptr;
-  auto it = by_name_.find(canonical);
-  return it == by_name_.end() ? nullptr : &entries_[it->second];
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return std::nullopt;
+  return table_.FindFile(canonical);
+}
+
+std::optional<FileEntry> Namespace::Find(absl::string_view name) const {
+  const std::optional<uint32_t> id = FindId(name);
+  if (!id.has_value()) return std::nullopt;
+  return entry(*id);
 }
 
 const NamespaceView::Directories& NamespaceView::directories() const {

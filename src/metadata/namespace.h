@@ -8,8 +8,11 @@
 // lookups take no lock and scale across reader threads; only each file's
 // tier and state change, and those are atomics.
 //
-// Names are stored once, in one arena, and the lookup map holds views into
-// it: a million files cost a few tens of MB.
+// What never changes after Build() (names, sizes, the rest of stat(), the
+// lookup by name) lives in one compact, position-independent region, the
+// FileTable (metadata/file_table.h), in a memfd: a node service sends that
+// memfd to its clients as the namespace image, so a node keeps one copy of
+// the names however many processes read them.
 //
 // Each file's tier index lives in an array of its own, which a node service
 // places in shared memory (src/service): its clients then see where every
@@ -45,7 +48,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/counters.h"
+#include "common/shared_memory.h"
 #include "drivers/storage_driver.h"
+#include "metadata/file_table.h"
 #include "monarch/monarch.h"
 
 namespace monarch {
@@ -82,6 +87,11 @@ struct FileAttributes {
 // What Monarch::Stat returns for a file.
 Monarch::FileStat MakeFileStat(const FileRef& ref, const FileAttributes& attributes);
 
+// One entry of the namespace, a file or an extent, as a small value made
+// when asked for: what never changes comes from the namespace's table, and
+// the two things that do (the tier holding a copy, the placement state)
+// are pointers to the namespace's atomics. Cheap to copy; valid as long as
+// its namespace.
 struct FileEntry {
   FileRef ref;
   // A file cached by extents: its first extent's id and how many it has.
@@ -89,10 +99,10 @@ struct FileEntry {
   uint32_t extent_count = 0;
   // Index (in the tier list) of the fastest tier with a complete copy. Set
   // with release order only after the copy is complete, so a reader that
-  // loads it with acquire order can read that copy. Points into the
-  // namespace's tier slots.
+  // loads it with acquire order can read that copy. One of the namespace's
+  // tier slots.
   TierSlot* tier = nullptr;
-  std::atomic<PlacementState> state{PlacementState::kOnSource};
+  std::atomic<PlacementState>* state = nullptr;
 };
 
 // Turns `name` (dataset-relative, or absolute inside `root`) into the
@@ -209,48 +219,53 @@ class Namespace final : public NamespaceView {
       const TierSlotAllocator& allocate = {}, const ExtentLayout& extents = {});
 
   // The entry for `name` (dataset-relative, or absolute inside the root),
-  // or nullptr if it is not a dataset file.
-  FileEntry* Find(absl::string_view name) const;
+  // or nullopt if it is not a dataset file.
+  std::optional<FileEntry> Find(absl::string_view name) const;
 
   // NamespaceView.
-  std::optional<uint32_t> FindId(absl::string_view name) const override {
-    const FileEntry* entry = Find(name);
-    return entry == nullptr ? std::nullopt : std::optional<uint32_t>(entry->ref.id);
-  }
-  uint32_t file_count() const override { return file_count_; }
-  absl::string_view file_name(uint32_t id) const override { return entries_[id].ref.name; }
+  std::optional<uint32_t> FindId(absl::string_view name) const override;
+  uint32_t file_count() const override { return table_.file_count(); }
+  absl::string_view file_name(uint32_t id) const override { return table_.name(id); }
   Monarch::FileStat Stat(uint32_t id) const override {
-    return MakeFileStat(entries_[id].ref, attributes(id));
+    return MakeFileStat(entry(id).ref, attributes(id));
   }
   const std::string& root() const override { return root_; }
 
   // Files and extents: every id a tier slot, a pin or a copy may have.
-  uint32_t entry_count() const { return entry_count_; }
-  uint64_t total_bytes() const { return total_bytes_; }
-  FileEntry& entry(uint32_t id) const { return entries_[id]; }
+  uint32_t entry_count() const { return table_.entry_count(); }
+  uint64_t total_bytes() const { return table_.total_bytes(); }
+  // Entry `id` (< entry_count()): a file, or an extent.
+  FileEntry entry(uint32_t id) const;
+  TierSlot& tier(uint32_t id) const { return slots_[id]; }
+  std::atomic<PlacementState>& state(uint32_t id) const { return states_[id]; }
+  uint64_t size(uint32_t id) const { return table_.size(id); }
   // A file's or an extent's (its file's).
-  const FileAttributes& attributes(uint32_t id) const {
-    return attributes_[entries_[id].ref.source_file().id];
-  }
+  FileAttributes attributes(uint32_t id) const { return table_.attributes(id); }
+  // The region holding the names, sizes and attributes (what a node
+  // service sends its clients as the namespace image), and its size.
+  const ScopedFd& table_fd() const { return table_region_.fd; }
+  uint64_t table_bytes() const { return table_.table_bytes(); }
   // The source file holding `id` as the walk found it: what its copies (an
   // extent's too) must be of.
   SourceIdentity identity(uint32_t id) const;
   const ExtentLayout& extent_layout() const { return extent_layout_; }
   // `file`'s extent that holds byte `offset` (file.extent_count > 0).
-  FileEntry& ExtentAt(const FileEntry& file, uint64_t offset) const {
-    return entries_[file.first_extent + offset / extent_layout_.extent_bytes];
+  FileEntry ExtentAt(const FileEntry& file, uint64_t offset) const {
+    return entry(file.first_extent +
+                 static_cast<uint32_t>(offset / extent_layout_.extent_bytes));
   }
   // The entry a tier's copy named `name` is of: a file, or an extent by its
-  // name (see above). Null if none.
-  FileEntry* FindCopy(absl::string_view name) const;
+  // name (see above). Nullopt if none.
+  std::optional<FileEntry> FindCopy(absl::string_view name) const;
 
   // The directory tree, for writing a manifest: index 0 is the root.
-  uint32_t directory_count() const { return static_cast<uint32_t>(directories_.size()); }
+  uint32_t directory_count() const { return static_cast<uint32_t>(directory_names_.size()); }
   const std::string& directory_name(uint32_t d) const { return directory_names_[d]; }
-  uint32_t directory_parent(uint32_t d) const { return directories_[d].parent; }
-  const std::vector<uint32_t>& directory_files(uint32_t d) const { return directories_[d].files; }
+  uint32_t directory_parent(uint32_t d) const { return directory_parents_[d]; }
+  // The directory holding file `id`.
+  uint32_t directory_of(uint32_t id) const;
   const std::vector<DirectoryStamp>& stamps() const { return stamps_; }
-  uint64_t root_device() const { return root_device_; }
+  uint64_t root_device() const { return table_.root_device(); }
 
   // How it was built, for the stats (namespace_*): set once by whoever
   // built it, before it is shared.
@@ -267,29 +282,20 @@ class Namespace final : public NamespaceView {
   bool SourceUnchanged(uint32_t id) const;
 
  private:
-  struct Directory {
-    uint32_t parent = 0;
-    std::vector<uint32_t> files;
-  };
-
   Namespace() = default;
 
   std::string root_;
-  std::string names_;  // Arena of all file names; never resized after Build.
-  std::unique_ptr<FileEntry[]> entries_;
-  std::unique_ptr<FileAttributes[]> attributes_;  // Apart from the entries: off the read path.
+  WriteSealedRegion table_region_;
+  FileTable table_;  // A view of table_region_.
+  TierSlot* slots_ = nullptr;  // entry_count(), from the allocator or own_tier_slots_.
   std::unique_ptr<TierSlot[]> own_tier_slots_;  // When no allocator was given.
-  uint32_t file_count_ = 0;
-  uint32_t entry_count_ = 0;
+  std::unique_ptr<std::atomic<PlacementState>[]> states_;  // entry_count().
   ExtentLayout extent_layout_;
-  uint64_t total_bytes_ = 0;
-  absl::flat_hash_map<absl::string_view, uint32_t> by_name_;
 
   std::vector<std::string> directory_names_;  // "" is the root.
-  std::vector<Directory> directories_;
+  std::vector<uint32_t> directory_parents_;
   absl::flat_hash_map<absl::string_view, uint32_t> directory_by_name_;
   std::vector<DirectoryStamp> stamps_;
-  uint64_t root_device_ = 0;
   bool built_from_manifest_ = false;
   uint64_t build_milliseconds_ = 0;
 };

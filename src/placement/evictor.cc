@@ -58,7 +58,7 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
        ++scanned) {
     const uint32_t id = hand_;
     hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-    FileEntry& victim = namespace_->entry(id);
+    const FileEntry& victim = namespace_->entry(id);
     if (victim.tier->load(std::memory_order_acquire) != target) continue;
     if (pins_->TakeReference(id)) continue;  // Second chance.
     if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
@@ -85,7 +85,7 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
        ++scanned) {
     const uint32_t id = hand_;
     hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-    FileEntry& victim = namespace_->entry(id);
+    const FileEntry& victim = namespace_->entry(id);
     if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
     if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
     // A copy a process maps frees no memory when dropped: it is held.
@@ -121,7 +121,7 @@ void Evictor::ReleaseUnmapped(int tier) {
 
 bool Evictor::WantsFasterTier(const FileEntry& entry) const {
   if (cache_tiers_ < 2 || !policy_->MakesRoomFor(entry.ref.id) ||
-      entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
+      entry.state->load(std::memory_order_relaxed) != PlacementState::kOnSource) {
     return false;
   }
   const NextUseOracle* future = oracle_.load(std::memory_order_acquire);
@@ -169,7 +169,7 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
   return true;
 }
 
-void Evictor::MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use,
+void Evictor::MoveDownLocked(const FileEntry& entry, int tier, uint64_t next_use,
                              const NextUseOracle& future) {
   // A copy never read again, or read after everything a tier below holds,
   // is not worth the copying: MakeRoomByNextUseLocked says no to it there.
@@ -184,10 +184,10 @@ void Evictor::MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use,
   EvictLocked(entry, tier);
 }
 
-bool Evictor::DemoteLocked(FileEntry& entry, int from, int to) {
+bool Evictor::DemoteLocked(const FileEntry& entry, int from, int to) {
   const uint32_t id = entry.ref.id;
   if (entry.tier->load(std::memory_order_acquire) != from ||
-      entry.state.load(std::memory_order_acquire) != PlacementState::kInTier) {
+      entry.state->load(std::memory_order_acquire) != PlacementState::kInTier) {
     return false;
   }
   if (!(*tiers_)[to]->TryReserve(entry.ref.size)) return false;
@@ -201,7 +201,7 @@ bool Evictor::DemoteLocked(FileEntry& entry, int from, int to) {
   return moved;
 }
 
-bool Evictor::CopyDown(FileEntry& entry, int from, int to) {
+bool Evictor::CopyDown(const FileEntry& entry, int from, int to) {
   const uint32_t id = entry.ref.id;
   Tier& upper = *(*tiers_)[from];
   Tier& lower = *(*tiers_)[to];
@@ -232,7 +232,7 @@ bool Evictor::CopyDown(FileEntry& entry, int from, int to) {
   if (copied.ok()) {
     MutexLock lock(&locks_->LockOf(id));
     int expected = from;
-    switched = entry.state.load(std::memory_order_relaxed) == PlacementState::kInTier &&
+    switched = entry.state->load(std::memory_order_relaxed) == PlacementState::kInTier &&
                entry.tier->compare_exchange_strong(expected, to, std::memory_order_seq_cst);
   }
   if (!switched) {
@@ -268,20 +268,20 @@ bool Evictor::CopyDown(FileEntry& entry, int from, int to) {
   return true;
 }
 
-bool Evictor::EvictLocked(FileEntry& entry, int tier_index) {
+bool Evictor::EvictLocked(const FileEntry& entry, int tier_index) {
   const uint32_t id = entry.ref.id;
   Mutex& file_lock = locks_->LockOf(id);
   {
     MutexLock lock(&file_lock);
     if (entry.tier->load(std::memory_order_relaxed) != tier_index ||
-        entry.state.load(std::memory_order_relaxed) != PlacementState::kInTier) {
+        entry.state->load(std::memory_order_relaxed) != PlacementState::kInTier) {
       return false;
     }
     // New readers go to the source from here on; while the copy is being
     // deleted no promotion may start (a new copy could be deleted with it),
     // so the file reads as staying on the source until then.
     entry.tier->store(source_index_, std::memory_order_seq_cst);
-    entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
+    entry.state->store(PlacementState::kStaysOnSource, std::memory_order_release);
   }
   // Readers already inside the copy finish first (ReadPins); each is one
   // read of the tier away, and new ones go to the source.
@@ -295,7 +295,7 @@ bool Evictor::EvictLocked(FileEntry& entry, int tier_index) {
   tier.Drop(entry.ref.size);
   {
     MutexLock lock(&file_lock);
-    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
+    entry.state->store(PlacementState::kOnSource, std::memory_order_release);
   }
   evictions_.fetch_add(1, std::memory_order_relaxed);
   evicted_bytes_.fetch_add(entry.ref.size, std::memory_order_relaxed);

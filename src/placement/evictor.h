@@ -140,18 +140,18 @@ class Evictor final {
                                const NextUseOracle& future) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `entry`'s copy out of tier `tier` to the fastest slower cache tier
   // that takes it by next use; evicts it if none does.
-  void MoveDownLocked(FileEntry& entry, int tier, uint64_t next_use, const NextUseOracle& future)
+  void MoveDownLocked(const FileEntry& entry, int tier, uint64_t next_use, const NextUseOracle& future)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies `entry`'s copy from tier `from` into tier `to` (which has room),
   // points the file at it and removes the old one; false (nothing changed)
   // if the copy is no longer in `from` or cannot be copied. Releases mu_
   // while it copies (CopyDown), so that other threads make room meanwhile:
   // on a disk tier, creating a file alone can take a millisecond.
-  bool DemoteLocked(FileEntry& entry, int from, int to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DemoteLocked(const FileEntry& entry, int from, int to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DemoteLocked's work once room is reserved in `to` and the copy pinned.
-  bool CopyDown(FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(mu_);
+  bool CopyDown(const FileEntry& entry, int from, int to) ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts `entry`'s copy from tier `tier`; false if it is no longer there.
-  bool EvictLocked(FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EvictLocked(const FileEntry& entry, int tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the copies tier `tier` holds for mappings that nobody maps any
   // more (a walk of the node's processes: outside mu_).
   void ReleaseUnmapped(int tier) ABSL_LOCKS_EXCLUDED(mu_);

@@ -47,8 +47,8 @@ PlacementHandler::PlacementHandler(const std::vector<std::unique_ptr<Tier>>* tie
 }
 
 void PlacementHandler::CopyFromMemory(uint32_t id) {
-  FileEntry& entry = namespace_->entry(id);
-  if (entry.state.load(std::memory_order_acquire) != PlacementState::kOnSource) return;
+  const FileEntry& entry = namespace_->entry(id);
+  if (entry.state->load(std::memory_order_acquire) != PlacementState::kOnSource) return;
   const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/false);
   if (admission.found != Promoter::Found::kStarted) return;
   // This thread is the promotion's placement task, as for a prefetch.
@@ -57,17 +57,17 @@ void PlacementHandler::CopyFromMemory(uint32_t id) {
   }
 }
 
-std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry& entry,
+std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(const FileEntry& entry,
                                                                        uint64_t offset, char* dst,
                                                                        size_t n,
                                                                        bool may_defer) {
   // The cold path: a file that stays on the source takes no lock at all.
-  if (entry.state.load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
+  if (entry.state->load(std::memory_order_acquire) == PlacementState::kStaysOnSource) {
     ChargeSourceReads::Add(n);
     return promoter_.origin().Read(entry.ref, offset, dst, n);
   }
   if (deferred_ != nullptr && may_defer &&
-      entry.state.load(std::memory_order_acquire) == PlacementState::kOnSource) {
+      entry.state->load(std::memory_order_acquire) == PlacementState::kOnSource) {
     // The source has the bytes in memory: a plain read serves them, and the
     // copy waits for idle CPU (deferred_copies.h). Else (Unavailable: not
     // all in memory; Unimplemented: cannot tell) promoted as usual.
@@ -95,7 +95,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(FileEntry
   return promoter_.ReadThrough(admission.promotion, offset, dst, n);
 }
 
-PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
+PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(const FileEntry& entry) {
   if (entry.extent_count > 0) {
     // A file cached by extents (announced by name) is fetched extent by
     // extent, into the room the tiers have: a file larger than the tiers
@@ -103,7 +103,7 @@ PlacementHandler::PrefetchOutcome PlacementHandler::Prefetch(FileEntry& entry) {
     // of ranges names the extents themselves.)
     PrefetchOutcome outcome = PrefetchOutcome::kNotNeeded;
     for (uint32_t k = 0; k < entry.extent_count; ++k) {
-      FileEntry& extent = namespace_->entry(entry.first_extent + k);
+      const FileEntry& extent = namespace_->entry(entry.first_extent + k);
       const Promoter::Admission admission = promoter_.StartOrJoin(extent, /*pin=*/false);
       if (admission.found == Promoter::Found::kNoTier ||
           admission.found == Promoter::Found::kNotPlaceable) {
@@ -154,8 +154,8 @@ void PlacementHandler::ReadAheadPast(const FileEntry& file, uint64_t end) {
   const uint32_t first = static_cast<uint32_t>((end - 1) / extent_bytes) + 1;
   const uint32_t last_extent = static_cast<uint32_t>((ahead_end - 1) / extent_bytes);
   for (uint32_t k = first; k <= last_extent && k < file.extent_count; ++k) {
-    FileEntry& extent = namespace_->entry(file.first_extent + k);
-    if (extent.state.load(std::memory_order_acquire) != PlacementState::kOnSource) continue;
+    const FileEntry& extent = namespace_->entry(file.first_extent + k);
+    if (extent.state->load(std::memory_order_acquire) != PlacementState::kOnSource) continue;
     // Never by eviction: in a tier smaller than the window, an extent read
     // ahead would push out the one the reader is about to read.
     const Promoter::Admission admission = promoter_.StartOrJoin(extent, /*pin=*/false);
@@ -169,7 +169,7 @@ void PlacementHandler::ReadAheadPast(const FileEntry& file, uint64_t end) {
   }
 }
 
-Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(FileEntry& entry, bool pin) {
+Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(const FileEntry& entry, bool pin) {
   bool room_made = false;
   if (WantsFasterTier(entry)) {
     // Whatever room this made (none, if every copy is read sooner), the
@@ -188,7 +188,7 @@ Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(FileEntry& entry, bo
   }
 }
 
-void PlacementHandler::Reconsider(FileEntry& entry) {
+void PlacementHandler::Reconsider(const FileEntry& entry) {
   // No eviction is under way meanwhile: one marks its file as staying on the
   // source until the copy is deleted.
   MutexLock no_eviction(&evictor_.mutex());

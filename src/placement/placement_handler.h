@@ -82,7 +82,7 @@ class PlacementHandler final {
   // files it names whatever the source holds in memory, so a reader taking
   // the bytes from there and deferring the copy (placement.cached_source)
   // would read the source a second time.
-  std::optional<absl::StatusOr<size_t>> ReadIfOnSource(FileEntry& entry, uint64_t offset, char* dst,
+  std::optional<absl::StatusOr<size_t>> ReadIfOnSource(const FileEntry& entry, uint64_t offset, char* dst,
                                                        size_t n, bool may_defer = true);
 
   // Prefetch: promotes `entry` in the calling thread, loading every chunk no
@@ -94,7 +94,7 @@ class PlacementHandler final {
     kNoRoom,      // Not placeable (no tier has room, failed before, shutting
                   // down): left alone, so the source is not read for nothing.
   };
-  PrefetchOutcome Prefetch(FileEntry& entry);
+  PrefetchOutcome Prefetch(const FileEntry& entry);
   // A reader reads [offset, offset + n) of `file`, cached by extents. A read
   // that begins the file (a shard's reader starts there and reads on), or
   // goes on where the last one of the file ended after an extent's worth of
@@ -113,7 +113,7 @@ class PlacementHandler final {
   void ReadAheadPast(const FileEntry& file, uint64_t end);
   // Lets a file that found no room earlier be placed again: the policy now
   // wants it (a peer's file this node took over).
-  void Reconsider(FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());
+  void Reconsider(const FileEntry& entry) ABSL_LOCKS_EXCLUDED(evictor_.mutex());
   // Readers loading bytes from the origin themselves right now (their own
   // misses, not reads sharing a promotion someone else drives). Prefetch
   // gives way to them.
@@ -136,7 +136,7 @@ class PlacementHandler final {
     return evictor_.ShedTier(tier, target, stop);
   }
   // With pins only (pins_readers()): ReadPins::BeginTierRead, EndTierRead, Touch.
-  int BeginTierRead(FileEntry& entry) { return pins_.BeginTierRead(entry); }
+  int BeginTierRead(const FileEntry& entry) { return pins_.BeginTierRead(entry); }
   void EndTierRead(uint32_t id) { pins_.EndTierRead(id); }
   void Touch(uint32_t id) { pins_.Touch(id); }
 
@@ -165,7 +165,7 @@ class PlacementHandler final {
   // once: first, in a faster tier, if its next use says it belongs there
   // (WantsFasterTier); else, if the policy finds no tier for it, before one
   // more try. Room is made outside the file's lock.
-  Promoter::Admission StartOrJoinMakingRoom(FileEntry& entry, bool pin);
+  Promoter::Admission StartOrJoinMakingRoom(const FileEntry& entry, bool pin);
   // DeferredCopies' work: promotes file `id` if it is still on the source,
   // from bytes the source holds in memory only.
   void CopyFromMemory(uint32_t id);

@@ -200,7 +200,7 @@ void Prefetcher::StreamLoop() {
         }
         id = merged_[next_];
         const FileEntry& entry = namespace_->entry(id);
-        const PlacementState state = entry.state.load(std::memory_order_acquire);
+        const PlacementState state = entry.state->load(std::memory_order_acquire);
         if (state != PlacementState::kOnSource || ahead_.contains(id)) {
           // Placed, on its way, or left on the source: nothing to read.
           ++next_;

@@ -87,7 +87,7 @@ Promoter::Promoter(const std::vector<std::unique_ptr<Tier>>* tiers, const Namesp
 
 Promoter::~Promoter() { Cancel(DeadlineIn(kCancelGraceSeconds)); }
 
-Promoter::Admission Promoter::StartOrJoin(FileEntry& entry, bool pin) {
+Promoter::Admission Promoter::StartOrJoin(const FileEntry& entry, bool pin) {
   Shard& shard = ShardOf(entry.ref.id);
   MutexLock lock(&shard.mu);
   // Publication changes `tier` under this lock, so this check and the
@@ -100,7 +100,7 @@ Promoter::Admission Promoter::StartOrJoin(FileEntry& entry, bool pin) {
   if (it != shard.in_flight.end()) {
     admission = {Found::kInFlight, it->second};
   } else if (!accepting_.load(std::memory_order_relaxed) ||
-             entry.state.load(std::memory_order_relaxed) != PlacementState::kOnSource) {
+             entry.state->load(std::memory_order_relaxed) != PlacementState::kOnSource) {
     return {Found::kNotPlaceable, nullptr};
   } else {
     admission.promotion = StartLocked(entry, shard);
@@ -132,17 +132,17 @@ absl::StatusOr<size_t> Promoter::ReadThrough(const std::shared_ptr<Promotion>& p
   return result;
 }
 
-void Promoter::Reconsider(FileEntry& entry) {
+void Promoter::Reconsider(const FileEntry& entry) {
   Shard& shard = ShardOf(entry.ref.id);
   MutexLock lock(&shard.mu);
   if (entry.tier->load(std::memory_order_acquire) == origin_.source_index() &&
       !shard.in_flight.contains(entry.ref.id) &&
-      entry.state.load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
-    entry.state.store(PlacementState::kOnSource, std::memory_order_release);
+      entry.state->load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
+    entry.state->store(PlacementState::kOnSource, std::memory_order_release);
   }
 }
 
-std::shared_ptr<Promotion> Promoter::StartLocked(FileEntry& entry, Shard& shard) {
+std::shared_ptr<Promotion> Promoter::StartLocked(const FileEntry& entry, Shard& shard) {
   std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
   if (!tier.has_value()) {
     skipped_.fetch_add(1, std::memory_order_relaxed);
@@ -150,13 +150,13 @@ std::shared_ptr<Promotion> Promoter::StartLocked(FileEntry& entry, Shard& shard)
     // eviction, only a file larger than every cache tier stops asking.
     const bool may_fit = evicts_ && policy_->MakesRoomFor(entry.ref.id) &&
                          FastestCacheTierFor(*tiers_, entry.ref.size) >= 0;
-    if (!may_fit) entry.state.store(PlacementState::kStaysOnSource, std::memory_order_release);
+    if (!may_fit) entry.state->store(PlacementState::kStaysOnSource, std::memory_order_release);
     return nullptr;
   }
   auto promotion =
-      std::make_shared<Promotion>(this, &entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_,
+      std::make_shared<Promotion>(this, entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_,
                                   /*checksum=*/evicts_);
-  entry.state.store(PlacementState::kPromoting, std::memory_order_relaxed);
+  entry.state->store(PlacementState::kPromoting, std::memory_order_relaxed);
   shard.in_flight.emplace(entry.ref.id, promotion);
   started_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&idle_mu_);
@@ -179,7 +179,7 @@ void Promoter::CommitLater(std::shared_ptr<Promotion> promotion) {
 
 void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
                              bool tier_failed) {
-  FileEntry& entry = promotion.entry();
+  const FileEntry& entry = promotion.entry();
   Tier& tier = *(*tiers_)[promotion.target_tier()];
   if (status.ok()) {
     tier.Commit(entry.ref.size);
@@ -204,11 +204,11 @@ void Promoter::PromotionDone(Promotion& promotion, const absl::Status& status,
     MutexLock lock(&shard.mu);
     if (status.ok()) {
       entry.tier->store(promotion.target_tier(), std::memory_order_release);
-      entry.state.store(PlacementState::kInTier, std::memory_order_release);
+      entry.state->store(PlacementState::kInTier, std::memory_order_release);
     } else {
       // A cancelled file may be promoted by a later instance; a failed one
       // stays on the source for this run rather than failing again.
-      entry.state.store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource,
+      entry.state->store(cancelled ? PlacementState::kOnSource : PlacementState::kStaysOnSource,
                         std::memory_order_release);
     }
     shard.in_flight.erase(entry.ref.id);

@@ -82,7 +82,7 @@ class Promoter final : public PromotionHost, public FileLocks {
   // may read chunks back from the copy, which can be committed, published
   // and then evicted while it does, so it is pinned like a reader of the
   // tier, before the promotion can publish. Never waits for I/O.
-  Admission StartOrJoin(FileEntry& entry, bool pin);
+  Admission StartOrJoin(const FileEntry& entry, bool pin);
   // Serves a read of [offset, offset + n) of `promotion`'s file, which
   // StartOrJoin returned to a reader (and pinned): from its chunks, loading
   // those nobody has loaded, or from the source if the promotion cannot
@@ -102,7 +102,7 @@ class Promoter final : public PromotionHost, public FileLocks {
   // again, if it is still on the source and not in flight. The caller holds
   // the Evictor's mutex: an eviction marks its file as staying on the
   // source until the copy is deleted, and that mark must stay.
-  void Reconsider(FileEntry& entry);
+  void Reconsider(const FileEntry& entry);
 
   // Shutdown, in two steps, each bounded by a deadline (the instance's
   // placement.shutdown_timeout). Both stop starting promotions, and are
@@ -151,7 +151,7 @@ class Promoter final : public PromotionHost, public FileLocks {
   };
   Shard& ShardOf(uint32_t id) { return shards_[id % kShards]; }
 
-  std::shared_ptr<Promotion> StartLocked(FileEntry& entry, Shard& shard)
+  std::shared_ptr<Promotion> StartLocked(const FileEntry& entry, Shard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // Every in-flight promotion, for shutdown.
   std::vector<std::shared_ptr<Promotion>> InFlight();

@@ -136,13 +136,13 @@ void ChunkTable::ReturnBuffer(size_t c) {
   chunks_[c].buffer = nullptr;
 }
 
-Promotion::Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
+Promotion::Promotion(PromotionHost* host, const FileEntry& entry, Tier* tier, int tier_index,
                      uint64_t chunk_bytes, bool checksum)
     : host_(host),
       entry_(entry),
       tier_(tier),
       tier_index_(tier_index),
-      layout_{entry->ref.size, chunk_bytes},
+      layout_{entry.ref.size, chunk_bytes},
       checksum_(checksum),
       chunks_(layout_, &host->chunk_pool(), checksum) {}
 
@@ -158,8 +158,8 @@ void Promotion::Load(size_t c, bool memory_only) {
   bool from_source = memory_only;
   Origin& origin = host_->origin();
   absl::StatusOr<size_t> got =
-      memory_only ? origin.ReadSourceIfInMemory(entry_->ref, layout_.Offset(c), buffer, length)
-                  : origin.Read(entry_->ref, layout_.Offset(c), buffer, length, &from_source);
+      memory_only ? origin.ReadSourceIfInMemory(entry_.ref, layout_.Offset(c), buffer, length)
+                  : origin.Read(entry_.ref, layout_.Offset(c), buffer, length, &from_source);
   if (memory_only && (absl::IsUnavailable(got.status()) || absl::IsUnimplemented(got.status()))) {
     // Before Fail(), which reports the outcome: not a failure of the file.
     gave_up_not_in_memory_.store(true, std::memory_order_release);
@@ -181,7 +181,7 @@ void Promotion::Load(size_t c, bool memory_only) {
   }
   chunk_settled_.SignalAll();
   if (failed_here) {
-    Fail(got.ok() ? absl::DataLossError(absl::StrCat(entry_->ref.name, ": bytes ", layout_.Offset(c),
+    Fail(got.ok() ? absl::DataLossError(absl::StrCat(entry_.ref.name, ": bytes ", layout_.Offset(c),
                                                      " to ", layout_.Offset(c) + length,
                                                      " came back short from the source"))
                   : got.status(),
@@ -202,7 +202,7 @@ absl::StatusOr<std::shared_ptr<CopyWriter>> Promotion::GetWriter() {
     if (writer_ != nullptr) return writer_;
     if (failed_) return absl::CancelledError("promotion abandoned");
   }
-  absl::StatusOr<std::unique_ptr<CopyWriter>> created = tier_->driver().NewWriter(entry_->ref);
+  absl::StatusOr<std::unique_ptr<CopyWriter>> created = tier_->driver().NewWriter(entry_.ref);
   if (!created.ok()) return created.status();
   std::shared_ptr<CopyWriter> writer(std::move(*created));
   MutexLock lock(&mu_);
@@ -252,7 +252,7 @@ void Promotion::Commit() {
   // cancelled placement meanwhile asks the source nothing more.
   absl::StatusOr<SourceIdentity> source =
       host_->cancelled() ? absl::StatusOr<SourceIdentity>(absl::CancelledError("shutting down"))
-                         : host_->origin().IdentityToCommit(*entry_, read_source, content_crc);
+                         : host_->origin().IdentityToCommit(entry_, read_source, content_crc);
   const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
   // A source that changed is no failure of the tier.
   const bool tier_failed = source.ok() && !status.ok();
@@ -300,7 +300,7 @@ std::string Promotion::Describe() {
     writing = chunks_.CountIn(ChunkTable::State::kWriting);
     committing = committing_;
   }
-  return absl::StrCat(entry_->ref.name, " to tier '", tier_->config().name, "' (",
+  return absl::StrCat(entry_.ref.name, " to tier '", tier_->config().name, "' (",
                       committing ? "committing the copy"
                                  : absl::StrCat(loading, " of ", layout_.count(),
                                                 " chunks being read from the source, ", writing,
@@ -363,7 +363,7 @@ absl::StatusOr<size_t> Promotion::Read(uint64_t offset, char* dst, size_t n,
     // The promotion failed or a chunk could not be had: the source decides
     // what this read gets.
     *outcome = ReadOutcome::kFellBack;
-    return host_->origin().Read(entry_->ref, offset, dst, n);
+    return host_->origin().Read(entry_.ref, offset, dst, n);
   }
   return n;
 }

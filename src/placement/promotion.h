@@ -240,12 +240,12 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
  public:
   // `checksum`: compute the CRC32C of the file's bytes as its chunks load,
   // for Origin::IdentityToCommit.
-  Promotion(PromotionHost* host, FileEntry* entry, Tier* tier, int tier_index,
+  Promotion(PromotionHost* host, const FileEntry& entry, Tier* tier, int tier_index,
             uint64_t chunk_bytes, bool checksum);
   Promotion(const Promotion&) = delete;
   Promotion& operator=(const Promotion&) = delete;
 
-  FileEntry& entry() const { return *entry_; }
+  const FileEntry& entry() const { return entry_; }
   int target_tier() const { return tier_index_; }
 
   // How Read() got its bytes.
@@ -315,7 +315,7 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   void Fail(const absl::Status& status, bool tier_failed);
 
   PromotionHost* const host_;
-  FileEntry* const entry_;
+  const FileEntry entry_;
   Tier* const tier_;
   const int tier_index_;
   const ChunkLayout layout_;

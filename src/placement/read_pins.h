@@ -63,7 +63,7 @@ class ReadPins final {
   // Pins `entry`'s copy, marks it referenced, and returns the tier to read
   // it from now (the source's index if it is in no cache tier). Every call
   // is paired with one EndTierRead(), whichever tier it returned.
-  int BeginTierRead(FileEntry& entry) {
+  int BeginTierRead(const FileEntry& entry) {
     const uint32_t id = entry.ref.id;
     readers_[id].fetch_add(1, std::memory_order_seq_cst);
     // Written only when clear: a hit does not dirty the line each time.

@@ -35,7 +35,7 @@ uint64_t AutoBufferBytes(const Namespace& ns) {
 // Not in a tier and not on its way there: on the source, or declined by the
 // placement policy (as another node's file, before this one kept it).
 bool Unplaced(const FileEntry& entry) {
-  const PlacementState state = entry.state.load();
+  const PlacementState state = entry.state->load();
   return state == PlacementState::kOnSource || state == PlacementState::kStaysOnSource;
 }
 
@@ -217,10 +217,10 @@ PeerDriver::PeerDriver(const RemoteConfig& config, const Namespace* ns, int rank
 }
 
 HolderOrder PeerDriver::OrderOf(uint32_t id) const {
-  const FileRef& ref = ns_->entry(id).ref;
-  if (ref.part_of == nullptr) return HolderOrder::OfFile(StableNameHash(ref.name));
-  const FileEntry& file = ns_->entry(ref.part_of->id);
-  return HolderOrder::OfExtent(StableNameHash(ref.name), StableNameHash(file.ref.name),
+  const FileEntry entry = ns_->entry(id);
+  if (!entry.ref.is_extent) return HolderOrder::OfFile(StableNameHash(entry.ref.name));
+  const FileEntry file = ns_->entry(entry.ref.file_id);
+  return HolderOrder::OfExtent(StableNameHash(entry.ref.name), StableNameHash(file.ref.name),
                                id - file.first_extent, size_);
 }
 
@@ -458,7 +458,7 @@ KeptShare PeerDriver::HomeShare() const {
     if (entry.extent_count > 0) continue;  // Kept by extents.
     const uint16_t* holders = Holders(id);
     if (std::find(holders, holders + replicas_, rank_) != holders + replicas_ &&
-        entry.state.load() == PlacementState::kOnSource) {
+        entry.state->load() == PlacementState::kOnSource) {
       share.pending_bytes += Tier::MaxFootprint(entry.ref.size);
     }
   }

@@ -343,7 +343,7 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
       const std::string pattern =
           absl::StartsWith(glob, "/") ? glob : absl::StrCat(core.dataset_root(), "/", glob);
       for (const std::string& match : frontend::Glob(core, paths, pattern)) {
-        if (const FileEntry* entry = ns.Find(match)) {
+        if (const std::optional<FileEntry> entry = ns.Find(match)) {
           chosen[entry->ref.id] = true;
           continue;
         }
@@ -381,8 +381,8 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
     for (uint32_t id : ids) {
       const FileEntry& entry = ns.entry(id);
       const bool in_tier = entry.tier->load(std::memory_order_acquire) < source &&
-                           entry.state.load() == PlacementState::kInTier;
-      const bool given_up = entry.state.load() == PlacementState::kStaysOnSource;
+                           entry.state->load() == PlacementState::kInTier;
+      const bool given_up = entry.state->load() == PlacementState::kStaysOnSource;
       if (in_tier) ++progress.files_in_tiers;
       if (in_tier || given_up) {
         ++progress.files_done;
@@ -397,7 +397,7 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
     // One byte is enough: the first read of a file starts its promotion,
     // and placement completes it whatever part was read.
     const FileEntry& entry = ns.entry(id);
-    if (entry.ref.size > 0 && entry.state.load() == PlacementState::kOnSource) {
+    if (entry.ref.size > 0 && entry.state->load() == PlacementState::kOnSource) {
       core.ReadFile(id, scratch, 1, 0).IgnoreError();
     }
     const auto now = std::chrono::steady_clock::now();
