@@ -2,6 +2,7 @@
 
 #include "common/copy_bytes.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -134,6 +135,18 @@ const AliasingProbe& ProbeAliasing() {
   static const AliasingProbe probe = Probe();
   return probe;
 }
+
+namespace {
+// A fork while another thread runs the probe would leave the child waiting
+// forever on the probe's initialisation guard, which only that thread, not
+// in the child, would release (seen: a client forking while its reader
+// thread made its first copy). The forking thread finishes the probe first;
+// glibc runs this before it takes its own locks for the fork.
+[[maybe_unused]] const int kProbeBeforeFork = [] {
+  ::pthread_atfork([] { (void)ProbeAliasing(); }, nullptr, nullptr);
+  return 0;
+}();
+}  // namespace
 
 void SetAliasingDetourForTesting(AliasingDetour mode) {
   g_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
