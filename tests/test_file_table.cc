@@ -100,7 +100,7 @@ TEST_CASE("every file is found by name and answers what the listing said, across
   CHECK(table->name(5000).empty());  // Out of range.
 }
 
-TEST_CASE("attributes shared by files are stored once, and a dataset of many owners still answers") {
+TEST_CASE("shared attributes are stored once, and a dataset of many owners still answers") {
   // 70,000 distinct owners: more classes than a 2-byte index holds.
   auto many = [](uint32_t i) {
     FileAttributes a = Plain(i);
@@ -141,7 +141,7 @@ TEST_CASE("block counts of 2^32-1 and more are answered exactly") {
   for (uint32_t i = 0; i < 10; ++i) CHECK(table->attributes(i).blocks == huge(i).blocks);
 }
 
-TEST_CASE("block counts follow from the size and the file system's unit, sparse files listed apart") {
+TEST_CASE("block counts follow from the size and the unit, sparse files listed apart") {
   auto blocks = [](uint32_t i) {
     FileAttributes a = Plain(i);
     const uint64_t size = uint64_t{i} * 7 + 1;

@@ -189,8 +189,8 @@ class LocalFiles {
   }
   int source_tier() const { return source_index_; }
   StorageDriver* Reader(int tier) { return &tiers_[tier]->driver(); }
-  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier, uint64_t offset,
-                                  char* dst, size_t n) {
+  absl::StatusOr<size_t> ReadCopy(StorageDriver& reader, const Handle& file, int tier,
+                                  uint64_t offset, char* dst, size_t n) {
     if (speeds_ != nullptr && speeds_->Routes(tier)) {
       return speeds_->ReadHit(tiers_[source_index_]->can().in_memory, reader, file->ref, tier,
                               offset, dst, n, tiers_[tier]->reads());
@@ -364,8 +364,10 @@ class MonarchImpl final : public MonarchCore {
       auto serve = [ns = namespace_, peers = peers_, files = files_](
                        const PeerNetwork::FileRequest& request, char* staging,
                        PeerNetwork::TakeFn take) -> absl::Status {
-        const std::optional<FileEntry> entry = ns->FindCopy(request.name);  // A file or an extent.
-        MONARCH_RETURN_IF_ERROR(peers->CheckServable(entry.has_value() ? &*entry : nullptr, request));
+        // A file or an extent.
+        const std::optional<FileEntry> entry = ns->FindCopy(request.name);
+        MONARCH_RETURN_IF_ERROR(
+            peers->CheckServable(entry.has_value() ? &*entry : nullptr, request));
         if (files->VisitInMemory(entry, request.offset, request.length, take)) {
           return absl::OkStatus();
         }

@@ -164,8 +164,8 @@ absl::StatusOr<WriteSealedRegion> FileTable::Write(const std::string& root,
     std::memcpy(base + header.offset[s] + byte, &value, sizeof(value));
   };
   auto put_record = [&](uint64_t id, uint64_t size, int64_t mtime_ns) {
-    put(kRecords, id * kRecordBytes, size);
-    put(kRecords, id * kRecordBytes + sizeof(uint64_t), mtime_ns);
+    put(kRecords, id * kRecordBytes + kSizeAt, size);
+    put(kRecords, id * kRecordBytes + kMtimeAt, mtime_ns);
   };
   // Names, files then extents, each entry's offset as its base plus a
   // remainder below 2^24 (kNamesPerBase).
@@ -334,7 +334,8 @@ FileAttributes FileTable::attributes(uint32_t id) const {
   uint32_t lo = 0, hi = header_.exception_count;
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    const BlockException entry = Load<BlockException>(kBlockExceptions, uint64_t{mid} * sizeof(BlockException));
+    const BlockException entry =
+        Load<BlockException>(kBlockExceptions, uint64_t{mid} * sizeof(BlockException));
     if (entry.file == file) {
       a.blocks = entry.blocks;
       break;
@@ -406,13 +407,15 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
     const uint32_t id = value.id_plus_one - 1;
     if (id >= header_.file_count) continue;
     // The name read from the slot's offset, and checked to be file id's
-    // whole name (a damaged slot could point elsewhere): the name's line is
-    // fetched while the record's loads, not after.
+    // whole name (a damaged slot could point elsewhere).
     const uint64_t start =
         Load<uint64_t>(kNameBase, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
         (value.tag_and_name & ((uint32_t{1} << kNameLowBits) - 1));
     if (start > names_.size() || canonical.size() > names_.size() - start) continue;
+    // Fetched while the record loads: the name, and the record's end.
     __builtin_prefetch(names_.data() + start);
+    __builtin_prefetch(data_ + header_.offset[kRecords] + uint64_t{id} * kRecordBytes +
+                       kRecordBytes - 1);
     const uint64_t own_start = NameOffset(id);
     const uint64_t own_end = NameOffset(id + 1);
     if (own_start == start && own_end == start + canonical.size() &&

@@ -331,13 +331,15 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
                         : absl::StrCat(f.directory, " of ", directories.size()));
     }
     if (f.directory == 0 && f.name == ".monarch") return refuse("'.monarch' is reserved");
-    if (ns->directory_by_name_.contains(f.name)) return refuse(QuoteForError(f.name), " is listed twice");
+    if (ns->directory_by_name_.contains(f.name)) {
+      return refuse(QuoteForError(f.name), " is listed twice");
+    }
   }
   // The table refuses two files of one name, and more ids than 32 bits hold.
   ns->extent_layout_ = extents;
   MONARCH_ASSIGN_OR_RETURN(ns->table_region_, FileTable::Write(ns->root_, listing, extents));
-  MONARCH_ASSIGN_OR_RETURN(
-      ns->table_, FileTable::Open(ns->table_region_.writable.data(), ns->table_region_.writable.size()));
+  const MappedRegion& table = ns->table_region_.writable;
+  MONARCH_ASSIGN_OR_RETURN(ns->table_, FileTable::Open(table.data(), table.size()));
   const uint32_t entry_count = ns->table_.entry_count();
   if (allocate) {
     ns->slots_ = allocate(entry_count);

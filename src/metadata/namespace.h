@@ -23,8 +23,8 @@
 // its own after the files (ids file_count() .. entry_count() - 1), with its
 // own tier slot and placement state. Promotion, eviction, pins and stats
 // then work per extent as they do per file, and a reader of the file reads
-// its extents (core/read_path.h). An extent's FileRef points at its file
-// (part_of, part_offset), which only the source reads by. Its name,
+// its extents (core/read_path.h). An extent's FileRef names its file
+// (file_id, file_name, part_offset), which only the source reads by. Its name,
 // ".monarch/extents/<extent_bytes>/<file>/<index>", is what tiers store its
 // copy under: inside the reserved ".monarch", so no dataset file has it, and
 // with the extent size, so a copy made with another size is never taken

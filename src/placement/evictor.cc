@@ -58,10 +58,12 @@ bool Evictor::MakeRoom(uint32_t id_wanted, uint64_t file_bytes) {
        ++scanned) {
     const uint32_t id = hand_;
     hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-    const FileEntry& victim = namespace_->entry(id);
-    if (victim.tier->load(std::memory_order_acquire) != target) continue;
+    // The tier slot first: most entries are elsewhere, and a whole entry
+    // is made from the namespace's table.
+    if (namespace_->tier(id).load(std::memory_order_acquire) != target) continue;
     if (pins_->TakeReference(id)) continue;  // Second chance.
     if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
+    const FileEntry victim = namespace_->entry(id);
     if (tier.MayBeMapped(victim.ref)) continue;  // Evicted, it would only be held.
     EvictLocked(victim, target);
   }
@@ -85,9 +87,9 @@ Evictor::ShedResult Evictor::ShedTier(int tier_index, uint64_t target,
        ++scanned) {
     const uint32_t id = hand_;
     hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-    const FileEntry& victim = namespace_->entry(id);
-    if (victim.tier->load(std::memory_order_acquire) != tier_index) continue;
+    if (namespace_->tier(id).load(std::memory_order_acquire) != tier_index) continue;
     if (scanned < files && pins_->TakeReference(id)) continue;  // Second chance, once.
+    const FileEntry victim = namespace_->entry(id);
     // A copy a process maps frees no memory when dropped: it is held.
     if (pins_->IsPinned(id) || tier.MayBeMapped(victim.ref)) continue;
     const uint64_t size = victim.ref.size;
@@ -152,10 +154,9 @@ bool Evictor::MakeRoomByNextUseLocked(int target, uint64_t need, uint64_t next_u
     for (uint32_t scanned = 0; scanned < files && found < kCandidates; ++scanned) {
       const uint32_t id = hand_;
       hand_ = hand_ + 1 < files ? hand_ + 1 : 0;
-      const FileEntry& candidate = namespace_->entry(id);
-      if (candidate.tier->load(std::memory_order_acquire) != target) continue;
+      if (namespace_->tier(id).load(std::memory_order_acquire) != target) continue;
       if (pins_->IsPinned(id) || !policy_->MayEvict(id)) continue;
-      if (tier.MayBeMapped(candidate.ref)) continue;
+      if (tier.MayBeMapped(namespace_->entry(id).ref)) continue;
       ++found;
       const uint64_t next = future.NextUse(id);
       if (victim < 0 || next > victim_next) {

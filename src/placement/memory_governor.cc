@@ -181,9 +181,9 @@ void MemoryGovernor::Grow(const MemorySample& sample) {
     // Files that found no room while the tier was shrunk were left on the
     // source for good (first-fit stops asking): they may be placed now.
     for (uint32_t id = 0; id < namespace_->entry_count(); ++id) {
-      const FileEntry& entry = namespace_->entry(id);
-      if (entry.state->load(std::memory_order_relaxed) == PlacementState::kStaysOnSource) {
-        placement_->Reconsider(entry);
+      const PlacementState state = namespace_->state(id).load(std::memory_order_relaxed);
+      if (state == PlacementState::kStaysOnSource) {
+        placement_->Reconsider(namespace_->entry(id));
       }
     }
     return;  // One step per grow.
