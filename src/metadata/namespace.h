@@ -238,7 +238,6 @@ class Namespace final : public NamespaceView {
   FileEntry entry(uint32_t id) const;
   TierSlot& tier(uint32_t id) const { return slots_[id]; }
   std::atomic<PlacementState>& state(uint32_t id) const { return states_[id]; }
-  uint64_t size(uint32_t id) const { return table_.size(id); }
   // A file's or an extent's (its file's).
   FileAttributes attributes(uint32_t id) const { return table_.attributes(id); }
   // The region holding the names, sizes and attributes (what a node
