@@ -97,6 +97,7 @@ TEST_CASE("every file is found by name and answers what the listing said, across
   CHECK_FALSE(table->FindFile("d0/f0.bin2").has_value());
   CHECK_FALSE(table->FindFile("d0").has_value());
   CHECK_FALSE(table->FindFile("").has_value());
+  CHECK_FALSE(table->FindFile(absl::string_view()).has_value());  // No bytes at all.
   CHECK(table->name(5000).empty());  // Out of range.
 }
 

@@ -56,7 +56,7 @@ uint64_t FileTable::HashName(absl::string_view name) {
     h ^= h >> 29;
   }
   uint64_t tail = 0;
-  std::memcpy(&tail, name.data() + i, name.size() - i);
+  if (i < name.size()) std::memcpy(&tail, name.data() + i, name.size() - i);  // data() may be null.
   h = (h ^ (tail * 0xFF51AFD7ED558CCDull)) * 0x9E3779B97F4A7C15ull;
   h ^= h >> 33;
   h *= 0xC4CEB9FE1A85EC53ull;
