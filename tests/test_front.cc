@@ -242,11 +242,18 @@ TEST_CASE("front: the speed model routes slow copies' hits to the source's page 
     m.WaitForPlacement();
     REQUIRE(m.GetStats().Tier(0, "files") == files.size());
 
-    env.SlowCopies(true);  // 2 ms a read of a copy; the source's bytes are in memory.
+    env.SlowCopies(true);  // 2 ms a read of a copy; the source's bytes are in memory,
     const Stats before = m.GetStats();
     constexpr int kRounds = 4;
     for (int round = 0; round < kRounds; ++round) {
-      for (const TestFile& f : files) testing::ReadWholeAndCheck(m, f);
+      for (size_t i = 0; i < files.size(); ++i) {
+        // but the first two files' are not, as a page cache under pressure
+        // may have it. The first hit measures the copies, the second asks
+        // the source and misses: that must not leave the copies serving for
+        // long.
+        env.EvictSource(round == 0 && i < 2);
+        testing::ReadWholeAndCheck(m, files[i]);
+      }
     }
     const Stats slow = m.GetStats();
     const uint64_t hits = kRounds * files.size();
@@ -254,7 +261,10 @@ TEST_CASE("front: the speed model routes slow copies' hits to the source's page 
     const uint64_t from_source =
         slow.Get("speed_source_cache_reads") - before.Get("speed_source_cache_reads");
     CHECK(from_copies + from_source == hits);
-    CHECK(from_copies <= 4);  // The first hit measures the copies; then the source serves.
+    INFO("through a client: ", shared, "; attempts that missed: ",
+         slow.Get("speed_source_cache_misses") - before.Get("speed_source_cache_misses"));
+    // The first hit measures the copies, the miss waits 2 hits; then the source serves.
+    CHECK(from_copies <= 4);
     CHECK(slow.Get("speed_source_first_chosen") > 0);
     CHECK(slow.Tier(0, "speed_ns_per_mib") > slow.Get("speed_source_cache_ns_per_mib"));
     CHECK(slow.Get("promotions_started") == before.Get("promotions_started"));

@@ -583,15 +583,38 @@ class MemoryLeavesEnv final : public os::Env {
 // placement.route_by_speed (core/read_speeds.h).
 TEST_CASE("speed model: the source's page cache first only when measured faster, and kept measured") {
   constexpr size_t kBytes = 64 << 10;
-  SUBCASE("nothing before the copy's own speed is known; then the source is asked once") {
+  SUBCASE("nothing before the copy's own speed is known; then the source is asked, and after "
+          "misses asked again after 2, 4, 8 ... up to 64 hits") {
     ReadSpeeds speeds(3);
     for (int i = 0; i < 200; ++i) CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
     speeds.CopyRead(0, kBytes, 5'000);
     CHECK(speeds.TrySourceFirst(0, kBytes));
     speeds.SourceAttempt(false, kBytes, 1'000);  // Not in memory.
+    std::vector<int> asked;
+    for (int i = 0; i < 640; ++i) {
+      if (!speeds.TrySourceFirst(0, kBytes)) continue;
+      asked.push_back(i);
+      speeds.SourceAttempt(false, kBytes, 1'000);  // Never in memory.
+    }
+    REQUIRE(asked.size() >= 4);
+    CHECK(asked[0] == 1);  // 2 hits after the first miss,
+    CHECK(asked[1] == 5);  // then 4,
+    CHECK(asked[2] == 13);  // then 8.
+    // Then no more often than exploration's one in 64 and a few doublings.
+    CHECK(asked.size() <= 640 / ReadSpeeds::kExploreEvery + 6);
+    for (size_t k = 1; k < asked.size(); ++k) CHECK(asked[k] - asked[k - 1] <= 64);
+  }
+  SUBCASE("a miss, then an attempt that serves: from then on the measured speeds decide") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 2'000'000);  // 2 ms: the device.
+    CHECK(speeds.TrySourceFirst(0, kBytes));
+    speeds.SourceAttempt(false, kBytes, 1'000);  // This file's pages were out of memory.
+    CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
+    CHECK(speeds.TrySourceFirst(0, kBytes));
+    speeds.SourceAttempt(true, kBytes, 5'000);  // This one's were in.
     int first = 0;
-    for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
-    CHECK(first == 640 / ReadSpeeds::kExploreEvery);
+    for (int i = 0; i < 128; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 128);
   }
   SUBCASE("a slow copy, a fast source that serves: the source") {
     ReadSpeeds speeds(3);

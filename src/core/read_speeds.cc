@@ -2,6 +2,7 @@
 
 #include "core/read_speeds.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace monarch {
@@ -89,12 +90,18 @@ bool ReadSpeeds::TrySourceFirst(int tier, size_t n) {
   PerTier& t = tiers_[tier];
   const uint64_t copy = t.ns_per_kib.Get();
   if (copy == 0) return false;  // The copy's own speed first.
-  if (t.hits.fetch_add(1, std::memory_order_relaxed) % kExploreEvery == kExploreEvery - 1) {
+  const bool explore =
+      t.hits.fetch_add(1, std::memory_order_relaxed) % kExploreEvery == kExploreEvery - 1;
+  const uint64_t source = source_ns_per_kib_.Get();
+  if (source == 0) {  // No attempt served yet: ask on the backoff's schedule (it ends at 64).
+    if (unknown_waited_.fetch_add(1, std::memory_order_relaxed) + 1 <
+        unknown_wait_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    unknown_waited_.store(0, std::memory_order_relaxed);
     return true;
   }
-  if (source_rate_.Get() == 0) return true;  // Never asked: ask once now.
-  const uint64_t source = source_ns_per_kib_.Get();
-  if (source == 0) return false;  // No attempt served yet: only exploration.
+  if (explore) return true;
   const double p = static_cast<double>(source_rate_.Get()) / kScale;
   const double copy_ns = Nanoseconds(copy, n);
   const double first = p * Nanoseconds(source, n) +
@@ -117,6 +124,10 @@ void ReadSpeeds::SourceAttempt(bool served, size_t n, uint64_t ns) {
   } else {
     missed_.fetch_add(1, std::memory_order_relaxed);
     miss_ns_.Add(ns * kScale);
+    if (source_ns_per_kib_.Get() == 0) {
+      const uint64_t wait = unknown_wait_.load(std::memory_order_relaxed);
+      unknown_wait_.store(std::min(2 * wait, kExploreEvery), std::memory_order_relaxed);
+    }
   }
   // A rate of 0 is a measurement too: stored as the smallest non-zero.
   source_rate_.Add(served ? kScale : 0);

@@ -20,8 +20,11 @@
 //
 // and, to keep p and source(n) current, one hit in 64 tries it anyway (an
 // attempt that succeeds serves the read; one that fails costs a system call
-// of about a microsecond). A source that cannot tell what is in memory
-// (Unimplemented) turns the model off for good.
+// of about a microsecond). Until some attempt has served, source(n) is
+// unknown: the first hit tries, and after each miss the wait doubles (2, 4,
+// ... 64 hits), so one file whose pages happened to be out of memory does
+// not leave a slow copy serving the next 63 hits. A source that cannot tell
+// what is in memory (Unimplemented) turns the model off for good.
 //
 // Thread-safe: relaxed atomics; a lost update of a mean is harmless.
 
@@ -113,6 +116,10 @@ class ReadSpeeds {
   std::atomic<uint64_t> served_bytes_{0};
   std::atomic<uint64_t> missed_{0};
   std::atomic<uint64_t> chosen_{0};  // Attempts the model asked for, not exploration.
+  // While no attempt has served: hits since the last attempt, and how many
+  // to wait for before the next.
+  std::atomic<uint64_t> unknown_waited_{0};
+  std::atomic<uint64_t> unknown_wait_{1};
 };
 
 }  // namespace monarch
