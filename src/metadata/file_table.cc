@@ -293,6 +293,9 @@ absl::StatusOr<FileTable> FileTable::Open(const char* data, uint64_t size) {
             h.bytes[s] >= need[s];
   }
   if (!valid) return absl::DataLossError("namespace table header is damaged");
+  table.records_ = data + h.offset[kRecords];
+  table.name_bases_ = data + h.offset[kNameBase];
+  table.slots_ = data + h.offset[kHash];
   table.names_ = absl::string_view(data + h.offset[kNames], h.bytes[kNames]);
   table.root_ = absl::string_view(data + h.offset[kRoot], h.bytes[kRoot]);
   return table;
@@ -401,7 +404,7 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
   uint32_t slot = SlotOf(h, slots);
   // At most every slot once: a damaged table cannot loop forever.
   for (uint32_t probes = 0; probes < slots; ++probes, slot = slot + 1 == slots ? 0 : slot + 1) {
-    const HashSlot value = Load<HashSlot>(kHash, uint64_t{slot} * sizeof(HashSlot));
+    const HashSlot value = Checked<HashSlot>(slots_, uint64_t{slot} * sizeof(HashSlot));
     if (value.id_plus_one == 0) return std::nullopt;
     if (value.tag_and_name >> kNameLowBits != tag) continue;
     const uint32_t id = value.id_plus_one - 1;
@@ -409,7 +412,7 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
     // The name read from the slot's offset, and checked to be file id's
     // whole name (a damaged slot could point elsewhere).
     const uint64_t start =
-        Load<uint64_t>(kNameBase, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
+        Checked<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
         (value.tag_and_name & ((uint32_t{1} << kNameLowBits) - 1));
     if (start > names_.size() || canonical.size() > names_.size() - start) continue;
     // Fetched while the record loads: the name, and the record's end.

@@ -82,10 +82,13 @@ class FileTable {
 
   // Entry `id`'s (< entry_count()) name; "" if the table is damaged.
   absl::string_view name(uint32_t id) const;
-  uint64_t size(uint32_t id) const { return Load<uint64_t>(kRecords, id * kRecordBytes + kSizeAt); }
+  uint64_t size(uint32_t id) const {
+    return id < header_.entry_count ? Checked<uint64_t>(records_, id * kRecordBytes + kSizeAt) : 0;
+  }
   // A file's; an extent's is its file's.
   int64_t mtime_ns(uint32_t id) const {
-    return Load<int64_t>(kRecords, id * kRecordBytes + kMtimeAt);
+    return id < header_.entry_count ? Checked<int64_t>(records_, id * kRecordBytes + kMtimeAt)
+                                    : 0;
   }
   // What stat() said of entry `id`'s file (an extent's: its file's).
   FileAttributes attributes(uint32_t id) const;
@@ -198,14 +201,29 @@ class FileTable {
     }
     return value;
   }
+  // A read of a section Open() has checked to hold what the header's
+  // counts index: the records and name bases (entry_count + 1 entries) and
+  // the lookup slots. The caller checks its index against the count; the
+  // region is sealed, so what Open() checked stays true.
+  template <typename T>
+  static T Checked(const char* section, uint64_t at) {
+    T value;
+    std::memcpy(&value, section + at, sizeof(T));
+    return value;
+  }
+  // Where entry `id`'s name starts (id <= entry_count: the last is the
+  // names' end), from its base; not yet checked against the names.
   uint64_t NameOffset(uint32_t id) const {
-    return Load<uint64_t>(kNameBase, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
-           Load<uint32_t>(kRecords, uint64_t{id} * kRecordBytes + kNameLowAt);
+    return Checked<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
+           Checked<uint32_t>(records_, uint64_t{id} * kRecordBytes + kNameLowAt);
   }
   uint32_t SearchFirstExtent(uint32_t file) const;
 
   const char* data_ = nullptr;
   uint64_t size_ = 0;
+  const char* records_ = nullptr;     // Sections read on every lookup and read,
+  const char* name_bases_ = nullptr;  // their places kept (see Checked).
+  const char* slots_ = nullptr;
   Header header_{};
   absl::string_view names_;
   absl::string_view root_;

@@ -425,10 +425,20 @@ bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::s
     name.remove_prefix(root.size());
     if (!name.empty() && name[0] != '/' && root != "/") return false;  // "/data2" vs "/data".
   }
-  // Fast path: already canonical.
-  bool clean = name.find("//") == absl::string_view::npos && !absl::StartsWith(name, "/") &&
-               !absl::StartsWith(name, "./") && !absl::EndsWith(name, "/") &&
-               name.find("/./") == absl::string_view::npos && name != ".";
+  // Fast path, on every read: already canonical, each component neither
+  // empty nor "." nor "..", seen in one pass.
+  bool clean = true;
+  for (const char *part = name.data(), *end = part + name.size(); part != end;) {
+    const char* slash = static_cast<const char*>(std::memchr(part, '/', end - part));
+    const size_t length = (slash == nullptr ? end : slash) - part;
+    if (length == 0 || (part[0] == '.' && (length == 1 || (length == 2 && part[1] == '.')))) {
+      clean = false;
+      break;
+    }
+    if (slash == nullptr) break;
+    part = slash + 1;
+    clean = part != end;  // A trailing slash.
+  }
   if (clean) {
     *out = name;
     return true;
