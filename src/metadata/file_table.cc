@@ -301,14 +301,6 @@ absl::StatusOr<FileTable> FileTable::Open(const char* data, uint64_t size) {
   return table;
 }
 
-absl::string_view FileTable::name(uint32_t id) const {
-  if (id >= header_.entry_count) return {};
-  const uint64_t start = NameOffset(id);
-  const uint64_t end = NameOffset(id + 1);
-  if (start > end || end > names_.size()) return {};
-  return names_.substr(start, end - start);
-}
-
 FileAttributes FileTable::attributes(uint32_t id) const {
   const uint32_t file = source_file(id);
   FileAttributes a;

@@ -81,7 +81,13 @@ class FileTable {
   uint64_t table_bytes() const { return size_; }
 
   // Entry `id`'s (< entry_count()) name; "" if the table is damaged.
-  absl::string_view name(uint32_t id) const;
+  absl::string_view name(uint32_t id) const {
+    if (id >= header_.entry_count) return {};
+    const uint64_t start = NameOffset(id);
+    const uint64_t end = NameOffset(id + 1);
+    if (start > end || end > names_.size()) return {};
+    return names_.substr(start, end - start);
+  }
   uint64_t size(uint32_t id) const {
     return id < header_.entry_count ? Checked<uint64_t>(records_, id * kRecordBytes + kSizeAt) : 0;
   }
