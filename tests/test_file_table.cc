@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "metadata/file_table.h"
+#include "metadata/file_table_writer.h"
 #include "metadata/namespace.h"
 
 namespace monarch {
@@ -72,7 +73,7 @@ void CheckSame(const FileAttributes& got, const FileAttributes& want) {
 TEST_CASE("every file is found by name and answers what the listing said, across name blocks") {
   // 5,000 files: three blocks of 2,048 names, so offsets cross block bases.
   const Listing in = MakeListing(5000, 7, Plain);
-  auto region = FileTable::Write("/data", in.listing, ExtentLayout{});
+  auto region = FileTableWriter::Write("/data", in.listing, ExtentLayout{});
   REQUIRE(region.ok());
   auto table = FileTable::Open(region->writable.data(), region->writable.size());
   REQUIRE(table.ok());
@@ -110,7 +111,7 @@ TEST_CASE("shared attributes are stored once, and a dataset of many owners still
     return a;
   };
   const Listing in = MakeListing(70000, 3, many);
-  auto region = FileTable::Write("/d", in.listing, ExtentLayout{});
+  auto region = FileTableWriter::Write("/d", in.listing, ExtentLayout{});
   REQUIRE(region.ok());
   auto table = FileTable::Open(region->writable.data(), region->writable.size());
   REQUIRE(table.ok());
@@ -120,7 +121,7 @@ TEST_CASE("shared attributes are stored once, and a dataset of many owners still
   // One class for all: the table of 70,000 plain files is smaller by at
   // least the 2 bytes per file the wide index costs.
   const Listing plain = MakeListing(70000, 3, Plain);
-  auto small = FileTable::Write("/d", plain.listing, ExtentLayout{});
+  auto small = FileTableWriter::Write("/d", plain.listing, ExtentLayout{});
   REQUIRE(small.ok());
   auto small_table = FileTable::Open(small->writable.data(), small->writable.size());
   REQUIRE(small_table.ok());
@@ -135,7 +136,7 @@ TEST_CASE("block counts of 2^32-1 and more are answered exactly") {
     return a;
   };
   const Listing in = MakeListing(10, 2, huge);
-  auto region = FileTable::Write("/d", in.listing, ExtentLayout{});
+  auto region = FileTableWriter::Write("/d", in.listing, ExtentLayout{});
   REQUIRE(region.ok());
   auto table = FileTable::Open(region->writable.data(), region->writable.size());
   REQUIRE(table.ok());
@@ -152,7 +153,7 @@ TEST_CASE("block counts follow from the size and the unit, sparse files listed a
     return a;
   };
   const Listing in = MakeListing(3000, 4, blocks);
-  auto region = FileTable::Write("/d", in.listing, ExtentLayout{});
+  auto region = FileTableWriter::Write("/d", in.listing, ExtentLayout{});
   REQUIRE(region.ok());
   auto table = FileTable::Open(region->writable.data(), region->writable.size());
   REQUIRE(table.ok());
@@ -166,7 +167,7 @@ TEST_CASE("block counts follow from the size and the unit, sparse files listed a
     return a;
   };
   const Listing whole = MakeListing(3000, 4, plain);
-  auto whole_region = FileTable::Write("/d", whole.listing, ExtentLayout{});
+  auto whole_region = FileTableWriter::Write("/d", whole.listing, ExtentLayout{});
   REQUIRE(whole_region.ok());
   auto whole_table = FileTable::Open(whole_region->writable.data(), whole_region->writable.size());
   REQUIRE(whole_table.ok());
@@ -180,7 +181,7 @@ TEST_CASE("files cached by extents: their extents' names, sizes and places in th
     return i == 1 ? 5 * (1 << 20) + 99 : i == 4 ? 9 * (1 << 20) : 1000;
   });
   const ExtentLayout layout{mib, 4 * mib};
-  auto region = FileTable::Write("/d", in.listing, layout);
+  auto region = FileTableWriter::Write("/d", in.listing, layout);
   REQUIRE(region.ok());
   auto table = FileTable::Open(region->writable.data(), region->writable.size());
   REQUIRE(table.ok());
@@ -210,7 +211,7 @@ TEST_CASE("two files of one name are refused") {
   Listing in = MakeListing(3, 1, Plain);
   in.names.push_back(std::string(in.names[1]));
   in.listing.files.push_back({in.names.back(), 1, 5, 0, Plain(9)});
-  auto region = FileTable::Write("/d", in.listing, ExtentLayout{});
+  auto region = FileTableWriter::Write("/d", in.listing, ExtentLayout{});
   REQUIRE_FALSE(region.ok());
   CHECK(absl::StrContains(region.status().message(), "'d0/f1.bin' is listed twice"));
 }
@@ -219,7 +220,7 @@ TEST_CASE("a damaged table is refused or answers nothing outside itself") {
   const Listing in = MakeListing(3000, 5, Plain, [](uint32_t i) -> uint64_t {
     return i % 1000 == 0 ? 6 * (1 << 20) : 100;
   });
-  auto region = FileTable::Write("/d", in.listing, ExtentLayout{1 << 20, 4 << 20});
+  auto region = FileTableWriter::Write("/d", in.listing, ExtentLayout{1 << 20, 4 << 20});
   REQUIRE(region.ok());
   const std::string good(region->writable.data(), region->writable.size());
   CHECK_FALSE(FileTable::Open(good.data(), 100).ok());  // Shorter than its header.

@@ -9,10 +9,6 @@
 // as the namespace image, so a node holds one copy however many processes
 // read it.
 //
-//   Header | records | name bases | inodes | ctimes | atimes | classes of
-//   files | classes | files by extents | extents' files | block exceptions |
-//   lookup slots | names | root
-//
 // What keeps it small (bench/results/namespace_memory.md):
 // - A read needs an entry's size, mtime and name: they are one 20-byte
 //   record, so a read takes one cache line of the table besides the name.
@@ -35,6 +31,9 @@
 // that every section lies inside the region, and every read checks its
 // offsets, so a damaged table gives empty names and NotFound, never a read
 // outside the region.
+//
+// The layout is in file_table_format.h; FileTableWriter
+// (file_table_writer.h) writes it.
 
 #ifndef MONARCH_METADATA_FILE_TABLE_H_
 #define MONARCH_METADATA_FILE_TABLE_H_
@@ -46,26 +45,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/shared_memory.h"
+#include "metadata/file_table_format.h"
 
 namespace monarch {
 
-struct NamespaceListing;
-struct ExtentLayout;
 struct FileAttributes;
 
-class FileTable {
+class FileTable : private FileTableFormat {
  public:
   FileTable() = default;
-
-  // Writes the table of `listing`'s files (ids in its order), then one
-  // entry per extent of each file `extents` splits, named
-  // ".monarch/extents/<extent bytes>/<file's name>/<index>", into a new
-  // memfd sealed against writes. InvalidArgument if two files have the same
-  // name, or the ids do not fit 32 bits.
-  static absl::StatusOr<WriteSealedRegion> Write(const std::string& root,
-                                                 const NamespaceListing& listing,
-                                                 const ExtentLayout& extents);
 
   // A view of the table in [data, data + size) (which must outlive it).
   // DataLoss if the header or any section does not fit.
@@ -118,86 +106,9 @@ class FileTable {
   std::optional<uint32_t> FindFile(absl::string_view canonical) const;
 
   // The hash the lookup slots are keyed by: the same in every process.
-  static uint64_t HashName(absl::string_view name);
+  using FileTableFormat::HashName;
 
  private:
-  enum Section : uint32_t {
-    kRecords,          // Record[entry_count + 1] (the last: the names' end).
-    kNameBase,         // uint64[(entry_count + 1 + kNamesPerBase - 1) / kNamesPerBase].
-    kInodes,           // uint64[file_count].
-    kCtimes,           // int64[file_count].
-    kAtimes,           // int64[file_count].
-    kClassOf,          // uint16 or uint32 [file_count] (class_index_bytes).
-    kClasses,          // Class[class_count].
-    kSplit,            // Split[split_count], by file id.
-    kExtentFile,       // uint32[entry_count - file_count].
-    kBlockExceptions,  // BlockException[exception_count], by file id.
-    kHash,             // HashSlot[hash_slots].
-    kNames,            // The names, back to back.
-    kRoot,             // The dataset root.
-    kSectionCount,
-  };
-  // A record, 20 bytes, unaligned: the name's offset from its base
-  // (uint32), size (uint64) and mtime (int64). The offset first: a lookup
-  // reads it, and the line it fetches then holds the rest too, most often.
-  static constexpr uint64_t kRecordBytes = 20;
-  static constexpr uint64_t kNameLowAt = 0;
-  static constexpr uint64_t kSizeAt = 4;
-  static constexpr uint64_t kMtimeAt = 12;
-
-  struct Header {
-    char magic[8];
-    uint32_t file_count;
-    uint32_t entry_count;
-    uint64_t extent_bytes;
-    uint64_t extent_threshold;
-    uint64_t total_bytes;
-    uint64_t root_device;
-    uint32_t hash_slots;
-    uint32_t class_count;
-    uint32_t class_index_bytes;  // 2 or 4.
-    uint32_t split_count;
-    uint32_t exception_count;
-    uint32_t reserved;
-    uint64_t offset[kSectionCount];  // From the region's start, 8-aligned.
-    uint64_t bytes[kSectionCount];
-  };
-  // The attributes most files of a dataset share. A file's block count is
-  // its size rounded up to 2^block_unit_log2 bytes, in 512-byte blocks,
-  // unless it is among the exceptions (block_unit_log2 = kListedBlocks).
-  struct Class {
-    uint64_t device;
-    uint32_t mode;
-    uint32_t link_count;
-    uint32_t uid;
-    uint32_t gid;
-    uint32_t block_size;
-    uint32_t via_symlink;
-    uint32_t block_unit_log2;
-    uint32_t reserved;
-  };
-  static constexpr uint32_t kListedBlocks = 0;
-  struct Split {
-    uint32_t file;
-    uint32_t first_extent;
-  };
-  struct BlockException {
-    uint32_t file;
-    uint32_t reserved;
-    uint64_t blocks;
-  };
-  // A slot of the lookup table: which file, and where its name starts,
-  // so that a lookup reads the slot, then the name, with nothing between.
-  struct HashSlot {
-    uint32_t id_plus_one;   // 0: empty.
-    uint32_t tag_and_name;  // 8 more bits of the name's hash, then the name's offset.
-  };
-  // Names per base: few enough that a base's names stay below 2^24 bytes
-  // (2,048 names of at most PATH_MAX bytes and an extent's prefix), so a
-  // slot holds a name's offset in 24 bits beside its tag.
-  static constexpr uint32_t kNamesPerBase = 2048;
-  static constexpr uint32_t kNameLowBits = 24;
-
   // The `T` at byte `at` of `section`; zero if it lies outside it.
   template <typename T>
   T Load(Section section, uint64_t at) const {

@@ -25,6 +25,7 @@
 #include "common/os.h"
 #include "common/status_macros.h"
 #include "config/file_regex.h"
+#include "metadata/file_table_writer.h"
 
 namespace monarch {
 namespace {
@@ -337,7 +338,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
   }
   // The table refuses two files of one name, and more ids than 32 bits hold.
   ns->extent_layout_ = extents;
-  MONARCH_ASSIGN_OR_RETURN(ns->table_region_, FileTable::Write(ns->root_, listing, extents));
+  MONARCH_ASSIGN_OR_RETURN(ns->table_region_, FileTableWriter::Write(ns->root_, listing, extents));
   const MappedRegion& table = ns->table_region_.writable;
   MONARCH_ASSIGN_OR_RETURN(ns->table_, FileTable::Open(table.data(), table.size()));
   const uint32_t entry_count = ns->table_.entry_count();
