@@ -63,7 +63,8 @@ def main():
     finally:
         m.close()
         monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
-        subprocess.run([monarch_binary, "stop", "--config", config], capture_output=True)
+        for command in ("stop", "purge"):  # Nothing kept on /dev/shm (node.keep_ram).
+            subprocess.run([monarch_binary, command, "--config", config], capture_output=True)
 
 
 if __name__ == "__main__":

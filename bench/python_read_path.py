@@ -107,7 +107,8 @@ def main():
         read_globals["_read_bytes_module"] = compiled
     finally:
         m.close()
-        subprocess.run([binary, "stop", "--config", config], capture_output=True)
+        for command in ("stop", "purge"):  # Nothing kept on /dev/shm (node.keep_ram).
+            subprocess.run([binary, command, "--config", config], capture_output=True)
 
     base = results["plain open().read()"]
     print(f"{len(names)} files, {sum(os.path.getsize(p) for p in paths) / 2**20:.1f} MiB; "

@@ -185,6 +185,10 @@ def main():
                                    "local|monarch", "local|announced", "local|newcomer")}
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
 
+    for leftover in (config, newcomer):  # Copies an earlier run kept: none adopted.
+        for command in ("stop", "purge"):
+            subprocess.run([monarch_binary, command, "--config", leftover], capture_output=True)
+
     def through_monarch(announce, newcomers=False):
         subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
         if newcomers:  # The dataset opens its own handle, as a new user's would.
@@ -205,8 +209,11 @@ def main():
                   f"PFS emulator bytes_read {pfs.get('bytes_read')}", flush=True)
         finally:
             m.close()
-            subprocess.run([monarch_binary, "stop", "--config", newcomer if newcomers else config],
-                           capture_output=True)
+            # A stop keeps the RAM copies for the next service (node.keep_ram); the next arm
+            # and rep must start cold, and nothing is left on /dev/shm after the run.
+            for command in ("stop", "purge"):
+                subprocess.run([monarch_binary, command, "--config",
+                                newcomer if newcomers else config], capture_output=True)
         return times
 
     shmem = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"

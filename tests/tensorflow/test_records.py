@@ -2,6 +2,8 @@
 from a faster tier (later epochs), with parallel interleaved readers."""
 
 import os
+import select
+import shutil
 import signal
 
 import pytest
@@ -49,4 +51,20 @@ def test_records_byte_exact_across_epochs(records_dataset, tmp_path, kind, share
         assert os.path.exists(os.path.join(node_dir, "monarch.lock"))
         with open(os.path.join(node_dir, "monarch.lock")) as lock:
             service_pid = int(lock.read().split()[0])
-        os.kill(service_pid, signal.SIGTERM)  # It also exits by itself after idle_exit.
+        # The client is gone: the service exits after idle_exit (3 s), and
+        # takes the RAM copies it kept on /dev/shm with it (node.keep_ram),
+        # so that repeated runs leave nothing in the node's memory.
+        try:
+            pidfd = os.pidfd_open(service_pid)
+        except ProcessLookupError:
+            pidfd = None  # Already gone.
+        if pidfd is not None:
+            exited = select.select([pidfd], [], [], 60)[0]  # Readable once it has exited.
+            os.close(pidfd)
+            if not exited:
+                os.kill(service_pid, signal.SIGKILL)
+                pytest.fail(f"the node service {service_pid} did not exit after idle_exit")
+        kept = f"/dev/shm/monarch-{os.geteuid()}/" + node_dir.replace("%", "%25").replace("/", "%2F")
+        assert not os.path.exists(kept), "an idle exit leaves the kept RAM copies"
+        shutil.rmtree(node_dir, ignore_errors=True)
+
