@@ -85,7 +85,8 @@ def main():
                       " ".join("%.2f" % s for s in second), second[0] / hot,
                       second[0] / first[1], b_source / total), flush=True)
     finally:
-        subprocess.run([monarch, "stop", "--config", config], capture_output=True)
+        for command in ("stop", "purge"):  # Nothing left on /dev/shm (node.keep_ram).
+            subprocess.run([monarch, command, "--config", config], capture_output=True)
         pfs.stop()
         shutil.rmtree(work, ignore_errors=True)
     for key, what in (("b_epoch1_vs_a_hot", "job A's hot (last) epoch"),
