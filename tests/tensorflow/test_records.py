@@ -64,7 +64,9 @@ def test_records_byte_exact_across_epochs(records_dataset, tmp_path, kind, share
             if not exited:
                 os.kill(service_pid, signal.SIGKILL)
                 pytest.fail(f"the node service {service_pid} did not exit after idle_exit")
-        kept = f"/dev/shm/monarch-{os.geteuid()}/" + node_dir.replace("%", "%25").replace("/", "%2F")
+        # Where the service kept them (drivers/ram_keep.h): the runtime
+        # directory's path with '%' and '/' escaped.
+        escaped = node_dir.replace("%", "%25").replace("/", "%2F")
+        kept = f"/dev/shm/monarch-{os.geteuid()}/{escaped}"
         assert not os.path.exists(kept), "an idle exit leaves the kept RAM copies"
         shutil.rmtree(node_dir, ignore_errors=True)
-
