@@ -302,7 +302,7 @@ def write_report(a, cells, bounds, device, load_before, cores, load_after):
            (f" --out {a.out}" if a.out != "bench/results/do_no_harm" else ""))
     lines = ["# Do no harm: Monarch against plain reads of the source", "",
              f"Command: `{cmd}` (needs a Release build: `cmake -S . -B build "
-             "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2`). "
+             "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2`). " +
              (f"Source: {a.source_line}. " if a.source_line else
               "Source: the local directory. ") +
              f"Measured at {a.commit}. {cores} cores; load average {load_before:.2f} before, {load_after or 0:.2f} after. "
