@@ -73,7 +73,7 @@ total = 0
 for line in open("/proc/self/maps"):
     fields = line.split()
     # Private: the client's own mappings of the RAM tier, to read it, are shared.
-    if sys.argv[2] in line and fields[1].endswith("p"):
+    if any(m in line for m in sys.argv[2].split("|")) and fields[1].endswith("p"):
         start, end = (int(x, 16) for x in fields[0].split("-"))
         total += end - start
 print(total)
@@ -98,8 +98,10 @@ def mapping_memory(address, length):
         head = line.split()
         if "-" in head[0] and ":" not in head[0]:
             start, end = (int(x, 16) for x in head[0].split("-"))
+            # The RAM tier: memfds, or with node.keep_ram (the default)
+            # files under /dev/shm/monarch-<uid>/.
             inside = (start < address + length and address < end and
-                      "/memfd:monarch-ram" not in line)
+                      "/memfd:monarch-ram" not in line and "/dev/shm/monarch-" not in line)
         elif inside and head[0] in ("Rss:", "Pss:"):
             out[head[0]] = out.get(head[0], 0) + int(head[1])
     return out.get("Rss:", 0), out.get("Pss:", 0)
@@ -284,7 +286,9 @@ def main():
     kept_ram = start_service(a, ram_config, ram_log)
     try:
         stage_copies(a, copies_env, copies_config, path, nvme + "/", a.gib << 30)
-        stage_copies(a, ram_env, ram_config, path, "/memfd:monarch-ram", a.gib << 30)
+        # The RAM tier's memory: memfds, or files on /dev/shm (node.keep_ram).
+        stage_copies(a, ram_env, ram_config, path, "/memfd:monarch-ram|/dev/shm/monarch-",
+                     a.gib << 30)
         for rep in range(a.repeat):
             order = arms[rep % len(arms):] + arms[:rep % len(arms)]
             for case, procs, pages in cases:

@@ -301,6 +301,10 @@ def stop_service(a, config, proc, log):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     log.close()
+    # A stop keeps the RAM copies on /dev/shm for the next service
+    # (node.keep_ram): the next run starts cold, and nothing is left behind.
+    subprocess.run([os.path.join(a.build, "monarch"), "purge", "--config", config],
+                   capture_output=True)
 
 
 def run_one(a, kind, n, rep, dataset, copy, pfs):
