@@ -314,6 +314,8 @@ def run_one(a, kind, n, rep, dataset, copy, pfs):
     capacity = int(a.dataset_bytes * 1.25)
     tiers = ("tiers:\n  - {name: ram, kind: ram, capacity: %d}\n"
              "  - {name: source, kind: source}\n" % capacity)
+    if a.no_stage_ahead:  # Epoch 1 served by the readers' own misses only.
+        tiers += "prefetch: {stage_ahead: false}\n"
     embedded_yaml = os.path.join(base, "embedded.yaml")
     with open(embedded_yaml, "w") as f:
         f.write("dataset: {path: %s}\n" % dataset + tiers)
@@ -364,6 +366,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     add_emulator_flags(ap)
     ap.add_argument("--group-timeout", type=float, default=300)
+    ap.add_argument("--no-stage-ahead", action="store_true",
+                    help="prefetch.stage_ahead: false in the Monarch groups' configs")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "service.md"))
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
