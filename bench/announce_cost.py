@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emulated_dataset import imagenet_like  # noqa: E402
+from service_epochs import drop_service  # noqa: E402
 
 
 def main():
@@ -63,8 +64,7 @@ def main():
     finally:
         m.close()
         monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
-        for command in ("stop", "purge"):  # Nothing kept on /dev/shm (node.keep_ram).
-            subprocess.run([monarch_binary, command, "--config", config], capture_output=True)
+        drop_service(monarch_binary, config)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ REPO = os.path.dirname(HERE)
 TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, HERE)
 from torch_epochs import PlainFiles  # noqa: E402  (the local copy's arm, as there)
-
+from service_epochs import drop_service  # noqa: E402
 
 
 def service_cpu(pid):
@@ -132,8 +132,7 @@ def main():
     with open(config, "w") as f:  # The config a newcomer writes: no node: section.
         f.write(f"dataset: {{path: {source}}}\n"
                 f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n")
-    subprocess.run([binary, "stop", "--config", config], capture_output=True)
-    subprocess.run([binary, "purge", "--config", config], capture_output=True)
+    drop_service(binary, config)  # Copies an earlier run kept: none adopted.
 
     ds = mt.FileListDataset(names, config=config, loader=len)
     rows = {"local": [], "monarch": []}
@@ -183,7 +182,7 @@ def main():
             print(f"PFS emulator counters after the hot epochs: {pfs['counters']}")
     finally:
         ds.monarch.close()
-        subprocess.run([binary, "stop", "--config", config], capture_output=True)
+        drop_service(binary, config)
         if a.emulator:
             subprocess.run([script, "stop", source], capture_output=True, env=env)
 

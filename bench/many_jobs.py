@@ -46,6 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
+from service_epochs import drop_service  # noqa: E402
 
 
 def write_config(path, dataset, ram_bytes, runtime_dir=None):
@@ -108,9 +109,8 @@ def stop_services(a, config, job_ids):
     """Stops the jobs' services and drops the RAM copies they keep
     (node.keep_ram), so that the next arm starts cold."""
     for job in job_ids:
-        for command in ("stop", "purge"):
-            subprocess.run([os.path.join(a.build, "monarch"), command, "--config", config],
-                           env=dict(os.environ, SLURM_JOB_ID=str(job)), capture_output=True)
+        drop_service(os.path.join(a.build, "monarch"), config,
+                     env=dict(os.environ, SLURM_JOB_ID=str(job)))
 
 
 def hot_seconds(epochs):

@@ -28,6 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
+from service_epochs import drop_service  # noqa: E402
 
 
 def job(a, config, job_id, epochs, out):
@@ -65,9 +66,7 @@ def main():
     monarch = os.path.join(a.build, "monarch")
     try:
         for rep in range(a.reps):
-            # Cold: no service, and none of its copies kept (node.keep_ram).
-            subprocess.run([monarch, "stop", "--config", config], capture_output=True)
-            subprocess.run([monarch, "purge", "--config", config], capture_output=True)
+            drop_service(monarch, config)  # Cold: no service, and none of its copies kept.
             pfs.reset()
             first = job(a, config, 300 + 2 * rep, a.epochs, os.path.join(work, "a.json"))
             before = pfs.stats().get("bytes_read", 0)
@@ -85,8 +84,7 @@ def main():
                       " ".join("%.2f" % s for s in second), second[0] / hot,
                       second[0] / first[1], b_source / total), flush=True)
     finally:
-        for command in ("stop", "purge"):  # Nothing left on /dev/shm (node.keep_ram).
-            subprocess.run([monarch, command, "--config", config], capture_output=True)
+        drop_service(monarch, config)
         pfs.stop()
         shutil.rmtree(work, ignore_errors=True)
     for key, what in (("b_epoch1_vs_a_hot", "job A's hot (last) epoch"),

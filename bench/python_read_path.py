@@ -29,6 +29,7 @@ import monarch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emulated_dataset import imagenet_like  # noqa: E402
+from service_epochs import drop_service  # noqa: E402
 
 
 PASSES = ("fresh process", "second pass", "third pass")
@@ -107,8 +108,7 @@ def main():
         read_globals["_read_bytes_module"] = compiled
     finally:
         m.close()
-        for command in ("stop", "purge"):  # Nothing kept on /dev/shm (node.keep_ram).
-            subprocess.run([binary, command, "--config", config], capture_output=True)
+        drop_service(binary, config)
 
     base = results["plain open().read()"]
     print(f"{len(names)} files, {sum(os.path.getsize(p) for p in paths) / 2**20:.1f} MiB; "

@@ -292,6 +292,15 @@ def start_service(a, config, base):
         time.sleep(0.02)
 
 
+def drop_service(monarch, config, env=None):
+    """Stops `config`'s node service, if one runs, and purges what it kept:
+    a stop leaves the RAM copies on /dev/shm for the next service
+    (node.keep_ram), so without the purge the next run would start warm and
+    the memory would stay taken after the benchmark."""
+    for command in ("stop", "purge"):
+        subprocess.run([monarch, command, "--config", config], env=env, capture_output=True)
+
+
 def stop_service(a, config, proc, log):
     subprocess.run([os.path.join(a.build, "monarch"), "stop", "--config", config],
                    capture_output=True)
@@ -301,10 +310,7 @@ def stop_service(a, config, proc, log):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     log.close()
-    # A stop keeps the RAM copies on /dev/shm for the next service
-    # (node.keep_ram): the next run starts cold, and nothing is left behind.
-    subprocess.run([os.path.join(a.build, "monarch"), "purge", "--config", config],
-                   capture_output=True)
+    drop_service(os.path.join(a.build, "monarch"), config)  # Nothing kept: the next run is cold.
 
 
 def run_one(a, kind, n, rep, dataset, copy, pfs):
@@ -312,18 +318,19 @@ def run_one(a, kind, n, rep, dataset, copy, pfs):
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(base)
     capacity = int(a.dataset_bytes * 1.25)
-    tiers = ("tiers:\n  - {name: ram, kind: ram, capacity: %d}\n"
-             "  - {name: source, kind: source}\n" % capacity)
+    # What both configs say after the dataset: the tiers, and prefetch's flag.
+    common = ("tiers:\n  - {name: ram, kind: ram, capacity: %d}\n"
+              "  - {name: source, kind: source}\n" % capacity)
     if a.no_stage_ahead:  # Epoch 1 served by the readers' own misses only.
-        tiers += "prefetch: {stage_ahead: false}\n"
+        common += "prefetch: {stage_ahead: false}\n"
     embedded_yaml = os.path.join(base, "embedded.yaml")
     with open(embedded_yaml, "w") as f:
-        f.write("dataset: {path: %s}\n" % dataset + tiers)
+        f.write("dataset: {path: %s}\n" % dataset + common)
     result = None
     if kind == "service":
         config = os.path.join(base, "node.yaml")
         with open(config, "w") as f:
-            f.write("dataset: {path: %s}\n" % dataset + tiers +
+            f.write("dataset: {path: %s}\n" % dataset + common +
                     "node: {shared: true, runtime_dir: %s, autostart: false, idle_exit: 0}\n"
                     % os.path.join(base, "run"))
         pfs.reset()

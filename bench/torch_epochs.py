@@ -46,7 +46,7 @@ import torch.utils.data
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
+from service_epochs import add_readahead_flag, drop_service, readahead_flags  # noqa: E402
 
 
 class PlainFiles(torch.utils.data.Dataset):
@@ -186,8 +186,7 @@ def main():
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
 
     for leftover in (config, newcomer):  # Copies an earlier run kept: none adopted.
-        for command in ("stop", "purge"):
-            subprocess.run([monarch_binary, command, "--config", leftover], capture_output=True)
+        drop_service(monarch_binary, leftover)
 
     def through_monarch(announce, newcomers=False):
         subprocess.run([script, "reset", mount], check=True, env=env, stdout=subprocess.DEVNULL)
@@ -209,11 +208,7 @@ def main():
                   f"PFS emulator bytes_read {pfs.get('bytes_read')}", flush=True)
         finally:
             m.close()
-            # A stop keeps the RAM copies for the next service (node.keep_ram); the next arm
-            # and rep must start cold, and nothing is left on /dev/shm after the run.
-            for command in ("stop", "purge"):
-                subprocess.run([monarch_binary, command, "--config",
-                                newcomer if newcomers else config], capture_output=True)
+            drop_service(monarch_binary, newcomer if newcomers else config)  # The next starts cold.
         return times
 
     shmem = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"

@@ -23,8 +23,9 @@
 // of about a microsecond). Until some attempt has served, source(n) is
 // unknown: the first hit tries, and after each miss the wait doubles (2, 4,
 // ... 64 hits), so one file whose pages happened to be out of memory does
-// not leave a slow copy serving the next 63 hits. A source that cannot tell
-// what is in memory (Unimplemented) turns the model off for good.
+// not leave a slow copy serving the next 63 hits. A source whose file
+// system cannot tell what is in memory (ReadIfInMemory returns the status
+// code Unimplemented) turns the model off for good.
 //
 // Thread-safe: relaxed atomics; a lost update of a mean is harmless.
 

@@ -148,7 +148,7 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
   uint32_t slot = SlotOf(h, slots);
   // At most every slot once: a damaged table cannot loop forever.
   for (uint32_t probes = 0; probes < slots; ++probes, slot = slot + 1 == slots ? 0 : slot + 1) {
-    const HashSlot value = Checked<HashSlot>(slots_, uint64_t{slot} * sizeof(HashSlot));
+    const HashSlot value = LoadInBounds<HashSlot>(slots_, uint64_t{slot} * sizeof(HashSlot));
     if (value.id_plus_one == 0) return std::nullopt;
     if (value.tag_and_name >> kNameLowBits != tag) continue;
     const uint32_t id = value.id_plus_one - 1;
@@ -156,7 +156,7 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
     // The name read from the slot's offset, and checked to be file id's
     // whole name (a damaged slot could point elsewhere).
     const uint64_t start =
-        Checked<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
+        LoadInBounds<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
         (value.tag_and_name & ((uint32_t{1} << kNameLowBits) - 1));
     if (start > names_.size() || canonical.size() > names_.size() - start) continue;
     // Fetched while the record loads: the name, and the record's end.

@@ -28,9 +28,10 @@
 //   and a hit reads the slot and then, together, the name and the record.
 //
 // A process that maps another's table trusts nothing in it: Open() checks
-// that every section lies inside the region, and every read checks its
-// offsets, so a damaged table gives empty names and NotFound, never a read
-// outside the region.
+// that every section lies inside the region and is as large as the
+// header's counts need; every read then checks its index against those
+// counts, or its offset against its section, so a damaged table gives
+// empty names and NotFound, never a read outside the region.
 //
 // The layout is in file_table_format.h; FileTableWriter
 // (file_table_writer.h) writes it.
@@ -77,11 +78,11 @@ class FileTable : private FileTableFormat {
     return names_.substr(start, end - start);
   }
   uint64_t size(uint32_t id) const {
-    return id < header_.entry_count ? Checked<uint64_t>(records_, id * kRecordBytes + kSizeAt) : 0;
+    return id < header_.entry_count ? LoadInBounds<uint64_t>(records_, id * kRecordBytes + kSizeAt) : 0;
   }
   // A file's; an extent's is its file's.
   int64_t mtime_ns(uint32_t id) const {
-    return id < header_.entry_count ? Checked<int64_t>(records_, id * kRecordBytes + kMtimeAt)
+    return id < header_.entry_count ? LoadInBounds<int64_t>(records_, id * kRecordBytes + kMtimeAt)
                                     : 0;
   }
   // What stat() said of entry `id`'s file (an extent's: its file's).
@@ -118,12 +119,13 @@ class FileTable : private FileTableFormat {
     }
     return value;
   }
-  // A read of a section Open() has checked to hold what the header's
-  // counts index: the records and name bases (entry_count + 1 entries) and
-  // the lookup slots. The caller checks its index against the count; the
-  // region is sealed, so what Open() checked stays true.
+  // The `T` at byte `at` of a section Open() has checked to hold what the
+  // header's counts index (the records and name bases: entry_count + 1
+  // entries; the lookup slots), with no check of its own: the caller has
+  // checked its index against the count, and the region is sealed, so
+  // what Open() checked stays true. On every lookup and read.
   template <typename T>
-  static T Checked(const char* section, uint64_t at) {
+  static T LoadInBounds(const char* section, uint64_t at) {
     T value;
     std::memcpy(&value, section + at, sizeof(T));
     return value;
@@ -131,15 +133,15 @@ class FileTable : private FileTableFormat {
   // Where entry `id`'s name starts (id <= entry_count: the last is the
   // names' end), from its base; not yet checked against the names.
   uint64_t NameOffset(uint32_t id) const {
-    return Checked<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
-           Checked<uint32_t>(records_, uint64_t{id} * kRecordBytes + kNameLowAt);
+    return LoadInBounds<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
+           LoadInBounds<uint32_t>(records_, uint64_t{id} * kRecordBytes + kNameLowAt);
   }
   uint32_t SearchFirstExtent(uint32_t file) const;
 
   const char* data_ = nullptr;
   uint64_t size_ = 0;
   const char* records_ = nullptr;     // Sections read on every lookup and read,
-  const char* name_bases_ = nullptr;  // their places kept (see Checked).
+  const char* name_bases_ = nullptr;  // their places kept (see LoadInBounds).
   const char* slots_ = nullptr;
   Header header_{};
   absl::string_view names_;
