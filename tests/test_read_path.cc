@@ -604,30 +604,49 @@ TEST_CASE("speed model: the source's page cache first only when measured faster,
     CHECK(asked.size() <= 640 / ReadSpeeds::kExploreEvery + 6);
     for (size_t k = 1; k < asked.size(); ++k) CHECK(asked[k] - asked[k - 1] <= 64);
   }
-  SUBCASE("a miss, then an attempt that serves: from then on the measured speeds decide") {
+  // Attempts that serve, each of `ns`, until the model trusts the source's mean.
+  auto warm_up = [](ReadSpeeds& speeds, uint64_t ns) {
+    for (uint64_t k = 0; k < ReadSpeeds::kWarmUp; ++k) speeds.SourceAttempt(true, kBytes, ns);
+  };
+  SUBCASE("a miss, then attempts that serve: after a few the measured speeds decide") {
     ReadSpeeds speeds(3);
     speeds.CopyRead(0, kBytes, 2'000'000);  // 2 ms: the device.
     CHECK(speeds.TrySourceFirst(0, kBytes));
     speeds.SourceAttempt(false, kBytes, 1'000);  // This file's pages were out of memory.
     CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
-    CHECK(speeds.TrySourceFirst(0, kBytes));
-    speeds.SourceAttempt(true, kBytes, 5'000);  // This one's were in.
+    for (uint64_t k = 0; k < ReadSpeeds::kWarmUp; ++k) {  // Others' were in: every hit asks.
+      CHECK(speeds.TrySourceFirst(0, kBytes));
+      speeds.SourceAttempt(true, kBytes, 5'000);
+    }
     int first = 0;
     for (int i = 0; i < 128; ++i) first += speeds.TrySourceFirst(0, kBytes);
     CHECK(first == 128);
   }
   SUBCASE("a slow copy, a fast source that serves: the source") {
     ReadSpeeds speeds(3);
-    speeds.CopyRead(0, kBytes, 2'000'000);     // 2 ms: the device.
-    speeds.SourceAttempt(true, kBytes, 5'000);  // 5 us: memory.
+    speeds.CopyRead(0, kBytes, 2'000'000);  // 2 ms: the device.
+    warm_up(speeds, 5'000);                 // 5 us: memory.
     int first = 0;
     for (int i = 0; i < 128; ++i) first += speeds.TrySourceFirst(0, kBytes);
     CHECK(first == 128);
   }
+  SUBCASE("one attempt that was slow (preempted) does not decide alone") {
+    ReadSpeeds speeds(3);
+    speeds.CopyRead(0, kBytes, 2'000'000);
+    CHECK(speeds.TrySourceFirst(0, kBytes));
+    speeds.SourceAttempt(true, kBytes, 4'000'000);  // Served, but slower than the copy.
+    for (uint64_t k = 1; k < ReadSpeeds::kWarmUp; ++k) {
+      CHECK(speeds.TrySourceFirst(0, kBytes));
+      speeds.SourceAttempt(true, kBytes, 5'000);
+    }
+    int first = 0;
+    for (int i = 0; i < 128; ++i) first += speeds.TrySourceFirst(0, kBytes);
+    CHECK(first == 128);  // (4 ms + 3 * 5 us) / 4 is below 0.9 * 2 ms.
+  }
   SUBCASE("a fast copy: the copy, but one hit in 64 asks the source") {
     ReadSpeeds speeds(3);
     speeds.CopyRead(0, kBytes, 5'000);
-    speeds.SourceAttempt(true, kBytes, 5'000);  // As fast: not worth it.
+    warm_up(speeds, 5'000);  // As fast: not worth it.
     int first = 0;
     for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
     CHECK(first == 640 / ReadSpeeds::kExploreEvery);
@@ -635,7 +654,7 @@ TEST_CASE("speed model: the source's page cache first only when measured faster,
   SUBCASE("a source that seldom has the bytes: the copy") {
     ReadSpeeds speeds(3);
     speeds.CopyRead(0, kBytes, 50'000);
-    speeds.SourceAttempt(true, kBytes, 5'000);
+    warm_up(speeds, 5'000);
     for (int i = 0; i < 40; ++i) speeds.SourceAttempt(false, kBytes, 40'000);
     int first = 0;
     for (int i = 0; i < 640; ++i) first += speeds.TrySourceFirst(0, kBytes);
@@ -644,7 +663,7 @@ TEST_CASE("speed model: the source's page cache first only when measured faster,
   SUBCASE("disabled (a source that cannot tell): never") {
     ReadSpeeds speeds(3);
     speeds.CopyRead(0, kBytes, 2'000'000);
-    speeds.SourceAttempt(true, kBytes, 5'000);
+    warm_up(speeds, 5'000);
     speeds.Disable();
     for (int i = 0; i < 200; ++i) CHECK_FALSE(speeds.TrySourceFirst(0, kBytes));
   }

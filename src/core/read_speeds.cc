@@ -24,12 +24,13 @@ double Nanoseconds(uint64_t scaled_ns_per_kib, size_t n) {
 
 void ReadSpeeds::Mean::Add(uint64_t value_scaled) {
   // A weight of 1/8: a few dozen reads follow a change, a single slow one
-  // (a page fault, a preemption) moves the mean little.
+  // (a page fault, a preemption) moves the mean little. The first 8 samples
+  // are averaged plainly, so the first one is not worth the next seven.
+  const uint64_t weight = std::min<uint64_t>(samples.fetch_add(1, std::memory_order_relaxed) + 1, 8);
   const uint64_t old = scaled.load(std::memory_order_relaxed);
-  const int64_t next = old == 0 ? static_cast<int64_t>(value_scaled)
-                                : static_cast<int64_t>(old) +
-                                      (static_cast<int64_t>(value_scaled) -
-                                       static_cast<int64_t>(old)) / 8;
+  const int64_t next = static_cast<int64_t>(old) +
+                       (static_cast<int64_t>(value_scaled) - static_cast<int64_t>(old)) /
+                           static_cast<int64_t>(weight);
   // Never 0 once measured: 0 means "no sample yet".
   scaled.store(next > 0 ? static_cast<uint64_t>(next) : 1, std::memory_order_relaxed);
 }
@@ -92,8 +93,9 @@ bool ReadSpeeds::TrySourceFirst(int tier, size_t n) {
   if (copy == 0) return false;  // The copy's own speed first.
   const bool explore =
       t.hits.fetch_add(1, std::memory_order_relaxed) % kExploreEvery == kExploreEvery - 1;
-  const uint64_t source = source_ns_per_kib_.Get();
-  if (source == 0) {  // No attempt served yet: ask on the backoff's schedule (it ends at 64).
+  if (served_.load(std::memory_order_relaxed) < kWarmUp) {
+    // The source's speed is not known well enough yet: ask on the backoff's
+    // schedule (every hit until a miss; it ends at 64).
     if (unknown_waited_.fetch_add(1, std::memory_order_relaxed) + 1 <
         unknown_wait_.load(std::memory_order_relaxed)) {
       return false;
@@ -102,6 +104,7 @@ bool ReadSpeeds::TrySourceFirst(int tier, size_t n) {
     return true;
   }
   if (explore) return true;
+  const uint64_t source = source_ns_per_kib_.Get();
   const double p = static_cast<double>(source_rate_.Get()) / kScale;
   const double copy_ns = Nanoseconds(copy, n);
   const double first = p * Nanoseconds(source, n) +
@@ -117,14 +120,16 @@ void ReadSpeeds::CopyRead(int tier, size_t n, uint64_t ns) {
 }
 
 void ReadSpeeds::SourceAttempt(bool served, size_t n, uint64_t ns) {
+  const bool warming_up = served_.load(std::memory_order_relaxed) < kWarmUp;
   if (served) {
     served_.fetch_add(1, std::memory_order_relaxed);
     served_bytes_.fetch_add(n, std::memory_order_relaxed);
     source_ns_per_kib_.Add(ScaledNsPerKib(ns, n));
+    if (warming_up) unknown_wait_.store(1, std::memory_order_relaxed);  // Its pages are in.
   } else {
     missed_.fetch_add(1, std::memory_order_relaxed);
     miss_ns_.Add(ns * kScale);
-    if (source_ns_per_kib_.Get() == 0) {
+    if (warming_up) {
       const uint64_t wait = unknown_wait_.load(std::memory_order_relaxed);
       unknown_wait_.store(std::min(2 * wait, kExploreEvery), std::memory_order_relaxed);
     }

@@ -20,10 +20,11 @@
 //
 // and, to keep p and source(n) current, one hit in 64 tries it anyway (an
 // attempt that succeeds serves the read; one that fails costs a system call
-// of about a microsecond). Until some attempt has served, source(n) is
-// unknown: the first hit tries, and after each miss the wait doubles (2, 4,
-// ... 64 hits), so one file whose pages happened to be out of memory does
-// not leave a slow copy serving the next 63 hits. A source whose file
+// of about a microsecond). Until kWarmUp attempts have served, source(n) is
+// not trusted (one read preempted on a busy machine would decide for
+// dozens of hits): every hit tries, and after each miss the wait doubles
+// (2, 4, ... 64 hits), so one file whose pages happened to be out of memory
+// does not leave a slow copy serving the next 63 hits. A source whose file
 // system cannot tell what is in memory (ReadIfInMemory returns the status
 // code Unimplemented) turns the model off for good.
 //
@@ -92,11 +93,14 @@ class ReadSpeeds {
 
   // One hit in this many tries the source whatever the model says.
   static constexpr uint64_t kExploreEvery = 64;
+  // Attempts that must serve before the source's mean decides.
+  static constexpr uint64_t kWarmUp = 4;
 
  private:
   // A mean of samples in fixed point (value * 1024), 0 until the first.
   struct Mean {
     std::atomic<uint64_t> scaled{0};
+    std::atomic<uint64_t> samples{0};
     void Add(uint64_t value_scaled);
     uint64_t Get() const { return scaled.load(std::memory_order_relaxed); }
   };
@@ -117,8 +121,8 @@ class ReadSpeeds {
   std::atomic<uint64_t> served_bytes_{0};
   std::atomic<uint64_t> missed_{0};
   std::atomic<uint64_t> chosen_{0};  // Attempts the model asked for, not exploration.
-  // While no attempt has served: hits since the last attempt, and how many
-  // to wait for before the next.
+  // While fewer than kWarmUp attempts have served: hits since the last
+  // attempt, and how many to wait for before the next.
   std::atomic<uint64_t> unknown_waited_{0};
   std::atomic<uint64_t> unknown_wait_{1};
 };
