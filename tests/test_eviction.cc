@@ -360,29 +360,36 @@ TEST_CASE("lru with an announced order and two tiers: concurrent readers read ex
   REQUIRE(m->AnnounceOrder(order).ok());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::vector<std::thread> readers;
-  for (int t = 0; t < 4; ++t) {
-    readers.emplace_back([&] {
-      std::vector<char> buffer(9000);
-      for (size_t i; (i = next.fetch_add(1)) < order.size() && !failed;) {
-        const TestFile& f = *std::find_if(files.begin(), files.end(),
-                                          [&](const TestFile& x) { return x.name == order[i]; });
-        for (uint64_t offset = 0; offset < f.size; offset += buffer.size()) {
-          absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), buffer.size(), offset);
-          const size_t want =
-              static_cast<size_t>(std::min<uint64_t>(buffer.size(), f.size - offset));
-          if (!n.ok() || *n != want || !testing::BytesMatch(f, buffer.data(), offset, *n)) {
-            MESSAGE(f.name, " at ", offset, ": ",
-                    n.ok() ? std::to_string(*n) : n.status().ToString(), " want ", want);
-            failed = true;
+  // Four readers per epoch. Placement settles between epochs: on a slow
+  // (sanitized) build the readers could otherwise outrun the copies, leave
+  // the tiers unfilled, and nothing would move down. Within an epoch the
+  // prefetch streams promote, and displace, while the readers read.
+  for (size_t epoch_end = files.size(); epoch_end <= order.size(); epoch_end += files.size()) {
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 4; ++t) {
+      readers.emplace_back([&] {
+        std::vector<char> buffer(9000);
+        for (size_t i; (i = next.fetch_add(1)) < epoch_end && !failed;) {
+          const TestFile& f = *std::find_if(files.begin(), files.end(),
+                                            [&](const TestFile& x) { return x.name == order[i]; });
+          for (uint64_t offset = 0; offset < f.size; offset += buffer.size()) {
+            absl::StatusOr<size_t> n = m->Read(f.name, buffer.data(), buffer.size(), offset);
+            const size_t want =
+                static_cast<size_t>(std::min<uint64_t>(buffer.size(), f.size - offset));
+            if (!n.ok() || *n != want || !testing::BytesMatch(f, buffer.data(), offset, *n)) {
+              MESSAGE(f.name, " at ", offset, ": ",
+                      n.ok() ? std::to_string(*n) : n.status().ToString(), " want ", want);
+              failed = true;
+            }
           }
         }
-      }
-    });
+      });
+    }
+    for (std::thread& t : readers) t.join();
+    next = epoch_end;  // Readers that stopped at the epoch's end took one index each.
+    m->WaitForPlacement();
   }
-  for (std::thread& t : readers) t.join();
   CHECK_FALSE(failed.load());
-  m->WaitForPlacement();
   const Stats stats = m->GetStats();
   INFO(stats.ToJson());
   CHECK(stats.Get("demotions") > 0);
