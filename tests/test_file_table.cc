@@ -85,8 +85,12 @@ TEST_CASE("every file is found by name and answers what the listing said, across
   for (uint32_t i = 0; i < 5000; ++i) {
     const ListedFile& f = in.listing.files[i];
     total += f.size;
-    REQUIRE(table->FindFile(f.name) == i);
+    absl::string_view stored;
+    REQUIRE(table->FindFile(f.name, &stored) == i);
     CHECK(table->name(i) == f.name);
+    // The table's own bytes, not the caller's.
+    CHECK(stored.data() == table->name(i).data());
+    CHECK(stored.size() == f.name.size());
     CHECK(table->size(i) == f.size);
     CHECK(table->mtime_ns(i) == f.mtime_ns);
     CheckSame(table->attributes(i), f.attributes);

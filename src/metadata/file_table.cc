@@ -141,7 +141,8 @@ uint64_t FileTable::part_offset(uint32_t id) const {
   return first != 0 && id >= first ? uint64_t{id - first} * header_.extent_bytes : 0;
 }
 
-std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
+std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical,
+                                            absl::string_view* stored) const {
   const uint32_t slots = header_.hash_slots;
   const uint64_t h = HashName(canonical);
   const uint32_t tag = TagOf(h);
@@ -167,6 +168,7 @@ std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical) const {
     const uint64_t own_end = NameOffset(id + 1);
     if (own_start == start && own_end == start + canonical.size() &&
         std::memcmp(names_.data() + start, canonical.data(), canonical.size()) == 0) {
+      if (stored != nullptr) *stored = names_.substr(start, canonical.size());
       return id;
     }
   }

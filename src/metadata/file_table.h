@@ -103,8 +103,11 @@ class FileTable : private FileTableFormat {
   // Where extent `id` starts in its file; 0 for a file.
   uint64_t part_offset(uint32_t id) const;
 
-  // The id of the file named `canonical` (CanonicalDatasetName's form).
-  std::optional<uint32_t> FindFile(absl::string_view canonical) const;
+  // The id of the file named `canonical` (CanonicalDatasetName's form);
+  // with `stored`, the table's own view of the name too (what name(id)
+  // returns, without computing it again).
+  std::optional<uint32_t> FindFile(absl::string_view canonical,
+                                   absl::string_view* stored = nullptr) const;
 
   // The hash the lookup slots are keyed by: the same in every process.
   using FileTableFormat::HashName;

@@ -360,10 +360,12 @@ absl::StatusOr<std::unique_ptr<Namespace>> Namespace::FromListing(
   return ns;
 }
 
-FileEntry Namespace::entry(uint32_t id) const {
+FileEntry Namespace::entry(uint32_t id) const { return EntryNamed(id, table_.name(id)); }
+
+FileEntry Namespace::EntryNamed(uint32_t id, absl::string_view name) const {
   FileEntry entry;
   entry.ref.id = id;
-  entry.ref.name = table_.name(id);
+  entry.ref.name = name;
   entry.ref.size = table_.size(id);
   entry.tier = &slots_[id];
   entry.state = &states_[id];
@@ -506,9 +508,13 @@ std::optional<uint32_t> Namespace::FindId(absl::string_view name) const {
 }
 
 std::optional<FileEntry> Namespace::Find(absl::string_view name) const {
-  const std::optional<uint32_t> id = FindId(name);
+  std::string scratch;
+  absl::string_view canonical;
+  if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return std::nullopt;
+  absl::string_view stored;  // The name the lookup just compared: no second computation.
+  const std::optional<uint32_t> id = table_.FindFile(canonical, &stored);
   if (!id.has_value()) return std::nullopt;
-  return entry(*id);
+  return EntryNamed(*id, stored);
 }
 
 const NamespaceView::Directories& NamespaceView::directories() const {

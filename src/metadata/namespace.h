@@ -282,6 +282,8 @@ class Namespace final : public NamespaceView {
 
  private:
   Namespace() = default;
+  // entry(id), given its name (the table's view of it).
+  FileEntry EntryNamed(uint32_t id, absl::string_view name) const;
 
   std::string root_;
   WriteSealedRegion table_region_;

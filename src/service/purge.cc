@@ -31,6 +31,24 @@ bool HasDirectory(const TierConfig& tier) {
   return tier.kind == TierKind::kPosix || tier.kind == TierKind::kPmem;
 }
 
+// The memory the regular files under `dir` take (tmpfs: their pages), 0
+// if there is no such directory.
+uint64_t BytesUnder(const std::string& dir) {
+  uint64_t bytes = 0;
+  DIR* d = os::OpenDir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (struct dirent* entry = os::ReadDir(d)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (os::Lstat(JoinPath(dir, name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  os::CloseDir(d);
+  return bytes;
+}
+
 }  // namespace
 
 absl::Status ConfigPurge::Overall() const {
@@ -134,7 +152,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     result.status = missing[i];
     if (tier.kind == TierKind::kRam) {
       result.holders = RamTierHolders(tier.name, purge.paths.dir);
-      if (!options.dry_run) DiscardKeptRam(purge.paths.dir);  // What a stop kept (node.keep_ram).
+      result.kept_path = JoinPath(KeptRamPath(purge.paths.dir), tier.name);
+      result.kept_bytes = BytesUnder(result.kept_path);
     } else if (HasDirectory(tier) && result.status.ok()) {
       absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier.path, options);
       if (report.ok()) {
@@ -146,6 +165,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     }
     purge.tiers.push_back(std::move(result));
   }
+  // What a stopped service kept (node.keep_ram), every RAM tier's at once.
+  if (!options.dry_run) DiscardKeptRam(purge.paths.dir);
 
   // A socket left by a service that died: no service holds the lock, and
   // we do, so it is nobody's.

@@ -14,12 +14,14 @@
 //
 // Tiers:
 // - posix, pmem: their directories, purged by PurgeCopyTree.
-// - ram: nothing on disk. Its copies live in memfds ("monarch-ram:<tier>",
-//   "monarch-ram-slots:<tier>"; not in /dev/shm) that the kernel frees when
-//   the last process holding them exits: the service, and clients of a
-//   service that died. Reported: the processes of this user that still map
-//   memfds of that name (a memfd names no job, so they may be another
-//   job's tier of the same name).
+// - ram: with node.keep_ram (the default), a stopped or killed service
+//   left its copies in files on /dev/shm for the next one
+//   (drivers/ram_keep.h): removed, and their bytes reported. Without it
+//   they live in memfds ("monarch-ram:<tier>"), which the kernel frees when
+//   the last process holding them exits. Either way, reported: the
+//   processes of this user that still map the tier (a memfd names no job,
+//   so they may be another job's tier of the same name); memory they map
+//   goes back when they exit.
 // - source: never touched.
 // A posix or pmem directory that is missing or unreadable is that tier's
 // error; the other tiers are still purged.
@@ -55,7 +57,9 @@ struct TierPurge {
   // This tier's failure (its directory missing or unreadable), naming it.
   absl::Status status;
   PurgeReport report;          // posix/pmem.
-  std::vector<pid_t> holders;  // ram: processes still mapping its memfds.
+  std::vector<pid_t> holders;  // ram: processes still mapping its memory.
+  std::string kept_path;       // ram: where a stopped service kept its copies,
+  uint64_t kept_bytes = 0;     // and the memory they took there (0: none kept).
 };
 
 struct ConfigPurge {

@@ -213,6 +213,7 @@ def run_scenario(build, watch, limit_mib, tier_mib, data_mib, job_mib, file_mib,
     procs = []
     service = None
     rt = os.path.join(work, "rt")
+    config = None
     try:
         cgroup = Cgroup(limit_mib * MiB)
         log("cgroup %s, limit %d MiB" % (cgroup.path, limit_mib))
@@ -332,6 +333,11 @@ def run_scenario(build, watch, limit_mib, tier_mib, data_mib, job_mib, file_mib,
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        # A stopped service keeps its RAM copies on /dev/shm for the next one
+        # (node.keep_ram); none follows, so they go with the test.
+        if config is not None:
+            subprocess.run([monarch, "purge", "--config", config], capture_output=True,
+                           timeout=60)
         if cgroup is not None:
             cgroup.close()
         if keep:

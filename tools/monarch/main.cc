@@ -539,15 +539,17 @@ int PurgeCommand(const Args& args) {
       case monarch::TierKind::kRam: {
         std::string holders;
         for (pid_t pid : tier.holders) absl::StrAppend(&holders, holders.empty() ? "" : " ", pid);
-        std::printf("%s: nothing on disk: its copies live in the service's memory (memfds "
-                    "monarch-ram:%s), freed when the service and its clients exited%s%s\n",
-                    label.c_str(), tier.name.c_str(),
+        const std::string kept =
+            tier.kept_bytes > 0
+                ? absl::StrCat(verb, " the copies a stopped service kept in ", tier.kept_path,
+                               " (", tier.kept_bytes, " bytes of memory)")
+                : absl::StrCat("no copies kept by a stopped service in ", tier.kept_path);
+        std::printf("%s: %s%s%s\n", label.c_str(), kept.c_str(),
                     tier.holders.empty()
-                        ? "; no process holds them now"
-                        : absl::StrCat("; processes of this user map a RAM tier of this name "
-                                       "now (a memfd names no job: this job's clients, or "
-                                       "another job's tier): pid ")
-                              .c_str(),
+                        ? "; no process maps this tier now"
+                        : "; processes of this user map a RAM tier of this name now, and hold "
+                          "what they map until they exit (this job's clients, or another "
+                          "job's tier): pid ",
                     holders.c_str());
         break;
       }
