@@ -26,7 +26,8 @@ void ReadSpeeds::Mean::Add(uint64_t value_scaled) {
   // A weight of 1/8: a few dozen reads follow a change, a single slow one
   // (a page fault, a preemption) moves the mean little. The first 8 samples
   // are averaged plainly, so the first one is not worth the next seven.
-  const uint64_t weight = std::min<uint64_t>(samples.fetch_add(1, std::memory_order_relaxed) + 1, 8);
+  const uint64_t weight =
+      std::min<uint64_t>(samples.fetch_add(1, std::memory_order_relaxed) + 1, 8);
   const uint64_t old = scaled.load(std::memory_order_relaxed);
   const int64_t next = static_cast<int64_t>(old) +
                        (static_cast<int64_t>(value_scaled) - static_cast<int64_t>(old)) /
