@@ -511,6 +511,8 @@ std::optional<FileEntry> Namespace::Find(absl::string_view name) const {
   std::string scratch;
   absl::string_view canonical;
   if (!CanonicalDatasetName(root_, name, &scratch, &canonical)) return std::nullopt;
+  // FindId's three lines again, by measure: sharing them through a helper
+  // cost 12-20 more instructions per in-process hit (bench/hit_instructions.sh).
   absl::string_view stored;  // The name the lookup just compared: no second computation.
   const std::optional<uint32_t> id = table_.FindFile(canonical, &stored);
   if (!id.has_value()) return std::nullopt;
