@@ -684,6 +684,78 @@ TEST_CASE("a promotion whose source changes mid-copy is not committed") {
   ReadWholeAndCheck(*m, files[0]);
 }
 
+// Counts the stats Monarch makes of open descriptors of files under `dir`:
+// those asking the file system (fstat) and those taking the attributes the
+// kernel holds (statx with AT_STATX_DONT_SYNC).
+class SourceStatCountingEnv final : public os::Env {
+ public:
+  explicit SourceStatCountingEnv(std::string dir) : prefix_(std::move(dir) + "/") {}
+  int FstatAt(int dir_fd, const char* path, struct stat* st, int flags) override {
+    const int result = os::Env::FstatAt(dir_fd, path, st, flags);
+    if (result == 0 && path[0] == '\0' && S_ISREG(st->st_mode) && Under(dir_fd)) {
+      asked.fetch_add(1);
+    }
+    return result;
+  }
+  int Statx(int dir_fd, const char* path, int flags, unsigned int mask,
+            struct statx* st) override {
+    if (path[0] == '\0' && (flags & AT_STATX_DONT_SYNC) != 0 && Under(dir_fd)) held.fetch_add(1);
+    return os::Env::Statx(dir_fd, path, flags, mask, st);
+  }
+  std::atomic<int> asked{0};
+  std::atomic<int> held{0};
+
+ private:
+  bool Under(int fd) const {
+    char target[4096];
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target));
+    return n > 0 && absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), prefix_);
+  }
+  const std::string prefix_;
+};
+
+// A copy of one chunk is the one read after its descriptor's open, so its
+// commit takes the attributes that open fetched (no metadata round trip to
+// a PFS); a longer copy asks the source after its last chunk. On a local
+// file system the held attributes are the inode's own, so a change made
+// after the walk is still caught either way.
+TEST_CASE("a one-chunk copy is checked by the attributes its open fetched, a longer one asks the source") {
+  ScratchDir dir;
+  const std::string ds = std::filesystem::canonical(dir.Sub("ds")).string();
+  auto files = testing::MakeDataset(ds, 3, {50000, 50000, 200000});
+  Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
+  config.placement.chunk_bytes = 64 << 10;  // Files 0 and 1: one chunk; file 2: four.
+  // The files are in the page cache: copy at the miss, as from a PFS,
+  // rather than serve the cache and copy later.
+  config.placement.cached_source = CachedSourcePolicy::kPromote;
+  SourceStatCountingEnv env(ds);
+  os::ScopedEnvForTesting scoped(&env);
+  {
+    auto m = MustCreate(config);
+    ReadWholeAndCheck(*m, files[0]);
+    ReadWholeAndCheck(*m, files[2]);
+    m->WaitForPlacement();
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("promotions_completed") == 2);
+    CHECK(env.held.load() == 1);   // File 0's commit.
+    CHECK(env.asked.load() == 1);  // File 2's.
+
+    // File 1 changes in place after the walk, its size and mtime kept: its
+    // one-chunk copy is refused by the attributes its open fetched.
+    RewriteKeepingMtime(ds + "/" + files[1].name, 55, files[1].size);
+    files[1].seed = 55;
+    ReadWholeAndCheck(*m, files[1]);
+    m->WaitForPlacement();
+    stats = m->GetStats();
+    CHECK(stats.Get("promotions_source_changed") == 1);
+    CHECK(stats.Get("promotions_completed") == 2);
+    CHECK(env.held.load() == 2);
+    CHECK(env.asked.load() == 1);
+    ReadWholeAndCheck(*m, files[1]);  // From the source: the new bytes.
+  }
+}
+
 TEST_CASE("lru: a file copied again after its eviction is checked by its bytes, not a stat, and a change is caught") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");

@@ -171,13 +171,14 @@ class SlowStatSource final : public ForwardingDriver {
  public:
   SlowStatSource(std::unique_ptr<StorageDriver> target, std::string slow_name)
       : ForwardingDriver(std::move(target)), slow_name_(std::move(slow_name)) {}
-  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file,
+                                          Clock::time_point opened_since) override {
     if (file.name == slow_name_) {
       MutexLock lock(&mu_);
       waiting_ = true;
       while (!released_) released_cv_.Wait(&mu_);
     }
-    return ForwardingDriver::Identify(file);
+    return ForwardingDriver::Identify(file, opened_since);
   }
   bool waiting() {
     MutexLock lock(&mu_);

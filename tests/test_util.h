@@ -327,9 +327,10 @@ class FaultInjectingDriver final : public ForwardingDriver {
     return r;
   }
 
-  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file,
+                                          Clock::time_point opened_since) override {
     faults_->identifies.fetch_add(1);
-    return ForwardingDriver::Identify(file);
+    return ForwardingDriver::Identify(file, opened_since);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {

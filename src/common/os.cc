@@ -106,6 +106,11 @@ int RawFstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
   return static_cast<int>(::syscall(SYS_newfstatat, dir_fd, path, st, flags));
 }
 
+int RawStatx(int dir_fd, const char* path, int flags, unsigned int mask, struct statx* st) {
+  if (MONARCH_OS_VIA_LIBC) return ::statx(dir_fd, path, flags, mask, st);
+  return static_cast<int>(::syscall(SYS_statx, dir_fd, path, flags, mask, st));
+}
+
 void* RawMmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
   if (MONARCH_OS_VIA_LIBC) return ::mmap(address, length, protection, flags, fd, offset);
   // The raw call returns -errno in the top page; syscall() turns that into -1
@@ -218,6 +223,9 @@ int Env::Dup(int fd) { return RawDup(fd); }
 int Env::FstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
   return RawFstatAt(dir_fd, path, st, flags);
 }
+int Env::Statx(int dir_fd, const char* path, int flags, unsigned int mask, struct statx* st) {
+  return RawStatx(dir_fd, path, flags, mask, st);
+}
 void* Env::Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
   return RawMmap(address, length, protection, flags, fd, offset);
 }
@@ -299,6 +307,9 @@ int Lstat(const char* path, struct stat* st) {
 }
 int FstatAt(int dir_fd, const char* path, struct stat* st, int flags) {
   MONARCH_OS_DISPATCH(FstatAt, RawFstatAt, dir_fd, path, st, flags);
+}
+int Statx(int dir_fd, const char* path, int flags, unsigned int mask, struct statx* st) {
+  MONARCH_OS_DISPATCH(Statx, RawStatx, dir_fd, path, flags, mask, st);
 }
 void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset) {
   MONARCH_OS_DISPATCH(Mmap, RawMmap, address, length, protection, flags, fd, offset);

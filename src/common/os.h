@@ -81,6 +81,11 @@ class Env {
   virtual int Close(int fd);
   virtual int Dup(int fd);
   virtual int FstatAt(int dir_fd, const char* path, struct stat* st, int flags);
+  // statx(2), for its AT_STATX_DONT_SYNC: the attributes the kernel holds,
+  // without a round trip to a network file system's server. ENOSYS on
+  // kernels before 4.11.
+  virtual int Statx(int dir_fd, const char* path, int flags, unsigned int mask,
+                    struct statx* st);
   virtual void* Mmap(void* address, size_t length, int protection, int flags, int fd,
                      off_t offset);
   virtual int Munmap(void* address, size_t length);
@@ -149,6 +154,7 @@ int Fstat(int fd, struct stat* st);
 int Stat(const char* path, struct stat* st);   // Follows symlinks.
 int Lstat(const char* path, struct stat* st);  // Does not.
 int FstatAt(int dir_fd, const char* path, struct stat* st, int flags);
+int Statx(int dir_fd, const char* path, int flags, unsigned int mask, struct statx* st);
 void* Mmap(void* address, size_t length, int protection, int flags, int fd, off_t offset);
 int Munmap(void* address, size_t length);
 // mremap(2) with a new address (flags MREMAP_MAYMOVE | MREMAP_FIXED), or none.

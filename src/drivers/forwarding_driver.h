@@ -29,8 +29,9 @@ class ForwardingDriver : public StorageDriver, public FileIdentity {
   }
   absl::Status Remove(const FileRef& file) override { return target_->Remove(file); }
   // Only if the target has the capability (capabilities()).
-  absl::StatusOr<SourceIdentity> Identify(const FileRef& file) override {
-    return target_can_.identity->Identify(file);
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& file,
+                                          Clock::time_point opened_since) override {
+    return target_can_.identity->Identify(file, opened_since);
   }
   void ReportTierCounters(CounterSink& sink) const override { target_->ReportTierCounters(sink); }
   DriverCapabilities capabilities() override {

@@ -37,8 +37,8 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // one cached descriptor.
   absl::StatusOr<size_t> Read(const FileRef& part, uint64_t offset, char* dst, size_t n) override {
     const FileRef& file = part.source_file();
-    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
-    return PreadFull(fd->get(), dst, n, part.part_offset + offset, file.name);
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<OpenFile> open, Descriptor(file));
+    return PreadFull(open->fd.get(), dst, n, part.part_offset + offset, file.name);
   }
 
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
@@ -48,10 +48,10 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     if (!in_memory_supported_.load(std::memory_order_relaxed)) {
       return absl::UnimplementedError("the source's file system cannot tell");
     }
-    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<OpenFile> open, Descriptor(file));
     size_t done = 0;
     while (done < n) {
-      const ssize_t got = os::PreadNoWait(fd->get(), dst + done, n - done,
+      const ssize_t got = os::PreadNoWait(open->fd.get(), dst + done, n - done,
                                           static_cast<off_t>(offset + done));
       if (got < 0) {
         if (errno == EINTR) continue;
@@ -74,20 +74,20 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // The descriptor reads use, so the answer is about the bytes they got
   // (a file replaced by rename keeps being read, and identified, as the old
   // one until its descriptor leaves the cache).
-  absl::StatusOr<SourceIdentity> Identify(const FileRef& part) override {
+  absl::StatusOr<SourceIdentity> Identify(const FileRef& part,
+                                          Clock::time_point opened_since) override {
     const FileRef& file = part.source_file();
-    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<ScopedFd> fd, Descriptor(file));
-    struct stat st;
-    if (os::Fstat(fd->get(), &st) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
-    }
+    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<OpenFile> open, Descriptor(file));
+    MONARCH_ASSIGN_OR_RETURN(const Attributes attributes,
+                             open->opened >= opened_since ? AttributesOfOpen(open->fd.get(), file)
+                                                          : AskedAttributes(open->fd.get(), file));
     // A FIFO, a directory or a device put in the file's place.
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(attributes.mode)) {
       return absl::FailedPreconditionError(
           absl::StrCat(JoinPath(root_.path(), file.name), " is no longer a regular file"));
     }
-    return !part.is_extent ? SourceIdentity::Of(st)
-                                   : SourceIdentity::OfExtent(SourceIdentity::Of(st), part);
+    return !part.is_extent ? attributes.identity
+                           : SourceIdentity::OfExtent(attributes.identity, part);
   }
 
   absl::StatusOr<std::unique_ptr<CopyWriter>> NewWriter(const FileRef& file) override {
@@ -105,9 +105,47 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // root): a dataset has far fewer directories than files.
   static constexpr size_t kMaxDirectories = 1 << 16;
 
+  // A source file's descriptor, and when it was opened (Identify).
+  struct OpenFile {
+    ScopedFd fd;
+    Clock::time_point opened;
+  };
+
+  struct Attributes {
+    SourceIdentity identity;
+    mode_t mode = 0;
+  };
+
   // The file's cached descriptor, opened on first use.
-  absl::StatusOr<std::shared_ptr<ScopedFd>> Descriptor(const FileRef& file) {
-    return descriptors_.Get(file.id, [&] { return Open(file.name); });
+  absl::StatusOr<std::shared_ptr<OpenFile>> Descriptor(const FileRef& file) {
+    return descriptors_.Get(file.id, [&]() -> absl::StatusOr<std::shared_ptr<OpenFile>> {
+      // Taken before the open, so that attributes the open fetched are
+      // never judged newer than they are.
+      const Clock::time_point opened = Clock::now();
+      MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, Open(file.name));
+      return std::make_shared<OpenFile>(OpenFile{std::move(*fd), opened});
+    });
+  }
+
+  // The attributes the kernel holds for `fd`, with no round trip to the
+  // file system's server; fstat's where statx is missing (kernels before
+  // 4.11) or leaves out a field the identity needs.
+  static absl::StatusOr<Attributes> AttributesOfOpen(int fd, const FileRef& file) {
+    constexpr unsigned int kNeeded = STATX_TYPE | STATX_MODE | STATX_INO | STATX_SIZE |
+                                     STATX_MTIME | STATX_CTIME;
+    struct statx st;
+    if (os::Statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, kNeeded, &st) != 0 ||
+        (st.stx_mask & kNeeded) != kNeeded) {
+      return AskedAttributes(fd, file);
+    }
+    return Attributes{SourceIdentity::Of(st), st.stx_mode};
+  }
+
+  // fstat(): the file system's answer now.
+  static absl::StatusOr<Attributes> AskedAttributes(int fd, const FileRef& file) {
+    struct stat st;
+    if (os::Fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", file.name));
+    return Attributes{SourceIdentity::Of(st), st.st_mode};
   }
 
   absl::StatusOr<std::shared_ptr<ScopedFd>> Open(absl::string_view name) {
@@ -137,7 +175,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   }
 
   const DirectoryHandle root_;
-  HandleCache<ScopedFd> descriptors_;
+  HandleCache<OpenFile> descriptors_;
   // Cleared when the file system (or kernel) refuses RWF_NOWAIT.
   std::atomic<bool> in_memory_supported_{true};
   Mutex directories_mu_;

@@ -3,6 +3,8 @@
 
 #include "drivers/storage_driver.h"
 
+#include <sys/sysmacros.h>
+
 #include "common/status_macros.h"
 
 namespace monarch {
@@ -14,6 +16,16 @@ SourceIdentity SourceIdentity::Of(const struct stat& st) {
   identity.size = static_cast<uint64_t>(st.st_size);
   identity.mtime_ns = TimespecNanos(st.st_mtim);
   identity.ctime_ns = TimespecNanos(st.st_ctim);
+  return identity;
+}
+
+SourceIdentity SourceIdentity::Of(const struct statx& st) {
+  SourceIdentity identity;
+  identity.device = makedev(st.stx_dev_major, st.stx_dev_minor);
+  identity.inode = st.stx_ino;
+  identity.size = st.stx_size;
+  identity.mtime_ns = st.stx_mtime.tv_sec * int64_t{1000000000} + st.stx_mtime.tv_nsec;
+  identity.ctime_ns = st.stx_ctime.tv_sec * int64_t{1000000000} + st.stx_ctime.tv_nsec;
   return identity;
 }
 

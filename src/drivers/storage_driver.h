@@ -16,6 +16,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -85,6 +86,7 @@ struct SourceIdentity {
   }
   // What fstat() says of a file (the source's, or a copy's own inode).
   static SourceIdentity Of(const struct stat& st);
+  static SourceIdentity Of(const struct statx& st);
   // An extent's (FileRef::is_extent): its file's identity, `file`, with the
   // extent's length for `size` while the file is as long as the walk found
   // it. An extent's copy records, and a copy's trailer then checks, how
@@ -243,9 +245,22 @@ class MemoryBacking {
 // before it commits a copy of it.
 class FileIdentity {
  public:
-  // The fstat() of the descriptor reads use. The open's errors (NotFound,
-  // ...); FailedPrecondition if it is no longer a regular file.
-  virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file) = 0;
+  // The identity of the file the descriptor reads use: its fstat(), one
+  // metadata round trip on a network file system. But if that descriptor
+  // was opened at or after `opened_since`, the attributes the kernel
+  // fetched with the open (statx with AT_STATX_DONT_SYNC; local file
+  // systems always answer with the inode as it is): an open on NFS (its
+  // close-to-open check), Lustre (the open intent's reply) or FUSE (the
+  // lookup, when entries are not cached) fetches them, so they describe
+  // the file as of the open, for no round trip. A file system that caches
+  // entries but not attributes may answer older ones; a restart's walk
+  // still finds the change and drops the copy. `kAlwaysAsk`: fstat().
+  // The open's errors (NotFound, ...); FailedPrecondition if it is no
+  // longer a regular file.
+  using Clock = std::chrono::steady_clock;
+  static constexpr Clock::time_point kAlwaysAsk = Clock::time_point::max();
+  virtual absl::StatusOr<SourceIdentity> Identify(const FileRef& file,
+                                                  Clock::time_point opened_since) = 0;
 };
 
 // Copies kept across runs: the file tiers, and a RAM tier whose memory is

@@ -57,7 +57,8 @@ absl::StatusOr<size_t> Origin::ReadSourceIfInMemory(const FileRef& file, uint64_
 }
 
 absl::StatusOr<SourceIdentity> Origin::IdentityToCommit(
-    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc) {
+    const FileEntry& entry, bool read_source, std::optional<uint32_t> content_crc,
+    FileIdentity::Clock::time_point opened_since) {
   const SourceIdentity identity = namespace_->identity(entry.ref.id);
   std::atomic<uint64_t>* known =
       content_crc.has_value() && content_crcs_ != nullptr ? &content_crcs_[entry.ref.id] : nullptr;
@@ -81,7 +82,7 @@ absl::StatusOr<SourceIdentity> Origin::IdentityToCommit(
   if (read_source) {
     FileIdentity* source = (*tiers_)[source_index_]->can().identity;
     if (source == nullptr) return absl::UnimplementedError("the source identifies no file");
-    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now, source->Identify(entry.ref));
+    MONARCH_ASSIGN_OR_RETURN(SourceIdentity now, source->Identify(entry.ref, opened_since));
     if (now != identity) {
       source_changed_.fetch_add(1, std::memory_order_relaxed);
       return absl::AbortedError(absl::StrCat(
@@ -248,11 +249,21 @@ void Promotion::Commit() {
     if (checksum_) content_crc = chunks_.ContentCrc();
   }
   // After the last chunk was read: a change to the source file at any time
-  // since the walk, during the copy included, shows here. A shutdown that
-  // cancelled placement meanwhile asks the source nothing more.
+  // since the walk, during the copy included, shows here. A copy of one
+  // chunk is the one read that followed its descriptor's open, so when
+  // this promotion opened it, the attributes the open fetched are as good
+  // and save a metadata round trip per file (FileIdentity::Identify): at 8
+  // processes of a node it was a second request in flight for each, which
+  // queued at the PFS behind the readers' (bench/results/service.md). A
+  // copy of several chunks was read over a longer time and asks the
+  // source. A shutdown that cancelled placement meanwhile asks the source
+  // nothing more.
+  const FileIdentity::Clock::time_point opened_since =
+      layout_.count() <= 1 ? began_ : FileIdentity::kAlwaysAsk;
   absl::StatusOr<SourceIdentity> source =
-      host_->cancelled() ? absl::StatusOr<SourceIdentity>(absl::CancelledError("shutting down"))
-                         : host_->origin().IdentityToCommit(entry_, read_source, content_crc);
+      host_->cancelled()
+          ? absl::StatusOr<SourceIdentity>(absl::CancelledError("shutting down"))
+          : host_->origin().IdentityToCommit(entry_, read_source, content_crc, opened_since);
   const absl::Status status = source.ok() ? writer->Commit(*source) : source.status();
   // A source that changed is no failure of the tier.
   const bool tier_failed = source.ok() && !status.ok();

@@ -184,9 +184,11 @@ class Origin {
   // the source rather than a peer), a file changed since the walk (size,
   // times, or replaced) is Aborted: its chunks may mix versions, or be of
   // a version the namespace never saw. `content_crc` is the CRC32C of the
-  // bytes copied, when the promotion was asked to compute it.
+  // bytes copied, when the promotion was asked to compute it. The source
+  // is asked as FileIdentity::Identify with `opened_since`.
   absl::StatusOr<SourceIdentity> IdentityToCommit(const FileEntry& entry, bool read_source,
-                                                  std::optional<uint32_t> content_crc);
+                                                  std::optional<uint32_t> content_crc,
+                                                  FileIdentity::Clock::time_point opened_since);
 
   // Counters, for the Promoter's report.
   uint64_t bytes_from_memory() const { return bytes_from_memory_.load(); }
@@ -320,6 +322,7 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   const int tier_index_;
   const ChunkLayout layout_;
   const bool checksum_;
+  const FileIdentity::Clock::time_point began_ = FileIdentity::Clock::now();
 
   Mutex writer_mu_;  // Serializes creating the writer; taken before mu_, never inside it.
 
