@@ -268,7 +268,7 @@ def report(files, total, source_line, plain, monarch, moosefs=False):
                         for i, (c, w) in enumerate(zip(r, widths))))
     if ops:
         print("source: bytes and metadata operations (lookups, opens, getattrs) that reached the "
-              "PFS in the epoch; Monarch makes a getattr per copy it commits")
+              "PFS in the epoch; Monarch's commit of a copy over one chunk (1 MiB) adds a getattr")
     elif moosefs:
         print("source: bytes that crossed the veth pair from MooseFS's chunk server in the epoch "
               "(data and protocol headers)")
