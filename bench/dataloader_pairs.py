@@ -29,7 +29,6 @@ Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from service_epochs import drop_service  # noqa: E402
-from torch_epochs import PlainFiles  # noqa: E402
+from torch_epochs import PlainFiles, image_dataset  # noqa: E402
 
 
 def epoch(loader, total_bytes):
@@ -64,19 +63,8 @@ def main():
     a = ap.parse_args()
     import monarch.torch as mt
 
-    backing = os.path.join(a.work, f"backing-{a.files}")
-    copy = os.path.join(a.work, f"copy-{a.files}")
+    backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     mount = os.path.join(a.work, "pfs")
-    os.makedirs(a.work, exist_ok=True)
-    if not os.path.isdir(backing):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, stdout=subprocess.DEVNULL)
-    if not os.path.isdir(copy):
-        shutil.copytree(backing, copy)
-    names = sorted(os.path.relpath(os.path.join(d, f), copy)
-                   for d, _, fs in os.walk(copy) for f in fs)
-    total = sum(os.path.getsize(os.path.join(copy, n)) for n in names)
 
     script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
     env = dict(os.environ, MONARCH_PFS_EMULATOR=os.path.join(a.build, "bin",

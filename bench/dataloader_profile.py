@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, HERE)
-from torch_epochs import PlainFiles  # noqa: E402  (the local copy's arm, as there)
+from torch_epochs import PlainFiles, image_dataset  # noqa: E402  (the local copy's arm, as there)
 from service_epochs import drop_service  # noqa: E402
 
 
@@ -102,18 +101,7 @@ def main():
     a = ap.parse_args()
     import monarch.torch as mt
 
-    backing = os.path.join(a.work, f"backing-{a.files}")
-    copy = os.path.join(a.work, f"copy-{a.files}")
-    os.makedirs(a.work, exist_ok=True)
-    if not os.path.isdir(backing):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, stdout=subprocess.DEVNULL)
-    if not os.path.isdir(copy):
-        shutil.copytree(backing, copy)
-    names = sorted(os.path.relpath(os.path.join(d, f), copy)
-                   for d, _, fs in os.walk(copy) for f in fs)
-    total = sum(os.path.getsize(os.path.join(copy, n)) for n in names)
+    backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     for root in (copy, backing):  # Both page-cache warm: only hits are timed.
         for n in names:
             with open(os.path.join(root, n), "rb") as f:

@@ -66,6 +66,25 @@ class PlainFiles(torch.utils.data.Dataset):
 PERSISTENT = False  # --persistent-workers
 
 
+def image_dataset(build, work, files):
+    """The dataset of the DataLoader benchmarks: `files` ImageNet-like files in
+    WORK/backing-FILES (what the PFS emulator serves) and a plain copy in
+    WORK/copy-FILES, each made once. Returns (backing, copy, names, total bytes)."""
+    backing = os.path.join(work, f"backing-{files}")
+    copy = os.path.join(work, f"copy-{files}")
+    os.makedirs(work, exist_ok=True)
+    if not os.path.isdir(backing):
+        subprocess.run([os.path.join(build, "monarch-epochs"), "--dataset", backing,
+                        "--generate", str(files), "--profile", "imagenet", "--epochs", "0"],
+                       check=True, stdout=subprocess.DEVNULL)
+    if not os.path.isdir(copy):
+        shutil.copytree(backing, copy)
+    names = sorted(os.path.relpath(os.path.join(d, f), copy)
+                   for d, _, fs in os.walk(copy) for f in fs)
+    total = sum(os.path.getsize(os.path.join(copy, n)) for n in names)
+    return backing, copy, names, total
+
+
 def loader_for(dataset, workers, generator):
     return torch.utils.data.DataLoader(
         dataset, batch_size=32, shuffle=True, num_workers=workers, generator=generator,
@@ -144,19 +163,8 @@ def main():
     import monarch
     import monarch.torch as mt
 
-    backing = os.path.join(a.work, f"backing-{a.files}")
-    copy = os.path.join(a.work, f"copy-{a.files}")
+    backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     mount = os.path.join(a.work, "pfs")
-    os.makedirs(a.work, exist_ok=True)
-    if not os.path.isdir(backing):
-        subprocess.run([os.path.join(a.build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(a.files), "--profile", "imagenet", "--epochs", "0"],
-                       check=True, stdout=subprocess.DEVNULL)
-    if not os.path.isdir(copy):
-        shutil.copytree(backing, copy)
-    names = sorted(os.path.relpath(os.path.join(d, f), copy)
-                   for d, _, fs in os.walk(copy) for f in fs)
-    total = sum(os.path.getsize(os.path.join(copy, n)) for n in names)
     for n in names:  # (c) is page-cache warm
         with open(os.path.join(copy, n), "rb") as f:
             f.read()
