@@ -248,16 +248,16 @@ void Promotion::Commit() {
     read_source = read_source_;
     if (checksum_) content_crc = chunks_.ContentCrc();
   }
-  // After the last chunk was read: a change to the source file at any time
-  // since the walk, during the copy included, shows here. A copy of one
-  // chunk is the one read that followed its descriptor's open, so when
-  // this promotion opened it, the attributes the open fetched are as good
-  // and save a metadata round trip per file (FileIdentity::Identify): at 8
-  // processes of a node it was a second request in flight for each, which
-  // queued at the PFS behind the readers' (bench/results/service.md). A
-  // copy of several chunks was read over a longer time and asks the
-  // source. A shutdown that cancelled placement meanwhile asks the source
-  // nothing more.
+  // After the last chunk was read: a change to the source file since the
+  // walk shows here. A copy of several chunks was read over a longer time
+  // and asks the source, so a change during the copy shows too. A copy of
+  // one chunk is the one read that followed its descriptor's open: when
+  // this promotion opened it, the attributes the open fetched serve
+  // (FileIdentity::Identify), and only a change within that one read goes
+  // unseen. That saves a metadata round trip per file: at 8 processes of a
+  // node it was a second request in flight for each, which queued at the
+  // PFS behind the readers' (bench/results/service.md). A shutdown that
+  // cancelled placement meanwhile asks the source nothing more.
   const FileIdentity::Clock::time_point opened_since =
       layout_.count() <= 1 ? began_ : FileIdentity::kAlwaysAsk;
   absl::StatusOr<SourceIdentity> source =

@@ -31,7 +31,8 @@
 // (PromotionHost::CommitLater), and the commit reports the outcome
 // (PromotionHost::PromotionDone), once. The copy is committed only if the
 // source file is still the one the namespace walk found
-// (Origin::IdentityToCommit), so a copy never mixes two versions.
+// (Origin::IdentityToCommit), so a copy never mixes two versions; a copy
+// of one chunk is checked as of its descriptor's open (Promotion::Commit).
 // A failure (the source, the tier, or cancellation) abandons the copy:
 // readers are then served from the source, and the temporary copy is
 // deleted.
