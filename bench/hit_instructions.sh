@@ -14,7 +14,11 @@ build=${1:-build}
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 77; }
 work=$(mktemp -d /var/tmp/monarch-hits.XXXXXX)
 cleanup() {
-  [ -f "$work/client.yaml" ] && "$build/monarch" stop --config "$work/client.yaml" >/dev/null 2>&1
+  # Stop, then purge the RAM copies the stop keeps on /dev/shm (node.keep_ram).
+  if [ -f "$work/client.yaml" ]; then
+    "$build/monarch" stop --config "$work/client.yaml" >/dev/null 2>&1 || true
+    "$build/monarch" purge --config "$work/client.yaml" >/dev/null 2>&1 || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
