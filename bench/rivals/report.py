@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes bench/results/rivals.md's measured part (between marker lines; the
-notes around them are kept) and the chart bench/results/rivals.png from the
-JSON files bench/rivals.py wrote (rivals.json, and rivals-shards.json when it
-exists).
+notes around them are kept) and its charts from the JSON files bench/rivals.py
+wrote: rivals.json and rivals-shards.json (the PFS emulator; chart
+rivals.png), rivals-moosefs.json and rivals-moosefs-shards.json (MooseFS;
+chart rivals-moosefs.png), each where it exists.
 
 usage: .venv/bin/python bench/rivals/report.py [--results bench/results]
 """
@@ -263,17 +264,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=RESULTS)
     a = ap.parse_args()
-    datasets = []
-    for name, title in (("rivals.json", "files"), ("rivals-shards.json", "shards")):
-        p = os.path.join(a.results, name)
-        if os.path.exists(p):
-            with open(p) as f:
-                datasets.append((title, json.load(f)))
-    if not datasets:
-        raise SystemExit("no rivals.json in " + a.results)
+    # Per source (issue 39: every headline figure on the emulator and on a
+    # real file system), its small-file and shard runs and its chart.
+    sources = []
+    for where, suffix in (("", ""), (" on MooseFS", "-moosefs")):
+        datasets = []
+        for kind, title in (("", "files"), ("-shards", "shards")):
+            p = os.path.join(a.results, f"rivals{suffix}{kind}.json")
+            if os.path.exists(p):
+                with open(p) as f:
+                    datasets.append((title, json.load(f)))
+        if datasets:
+            sources.append((where, suffix, datasets))
+    if not sources:
+        raise SystemExit("no rivals.json or rivals-moosefs.json in " + a.results)
     lines = [BEGIN]
-    for title, d in datasets:
-        lines += section({"files": "Small files", "shards": "Shards"}[title], d) + [""]
+    for where, _, datasets in sources:
+        for title, d in datasets:
+            lines += section({"files": "Small files", "shards": "Shards"}[title] + where,
+                             d) + [""]
     lines.append(END)
     block = "\n".join(lines) + "\n"
     md = os.path.join(a.results, "rivals.md")
@@ -284,8 +293,11 @@ def main():
         old += block
     with open(md, "w") as f:
         f.write(old)
-    chart(datasets, os.path.join(a.results, "rivals.png"))
-    print("wrote", md, "and rivals.png")
+    charts = []
+    for _, suffix, datasets in sources:
+        charts.append(f"rivals{suffix}.png")
+        chart(datasets, os.path.join(a.results, charts[-1]))
+    print("wrote", md, "and", ", ".join(charts))
 
 
 if __name__ == "__main__":
