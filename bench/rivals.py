@@ -66,7 +66,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from moosefs_source import MooseFS, add_source_flags  # noqa: E402
-from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
+from service_epochs import add_readahead_flag, drop_service, readahead_flags  # noqa: E402
 ALL_ARMS = ("pfs", "local", "monarch", "announced", "preload", "litdata", "mosaic",
             "webdataset", "fsspec", "simplecache")
 RIVALS = ("litdata", "mosaic", "webdataset", "fsspec", "simplecache")
@@ -421,8 +421,9 @@ def monarch_config(a, w, dataset, name, autostart=True):
 
 
 def stop_monarch(config):
-    binary = os.environ["MONARCH_BINARY"]
-    subprocess.run([binary, "stop", "--config", config], capture_output=True)
+    # And purge: a stop leaves a RAM tier's copies on /dev/shm for the next
+    # service (node.keep_ram), whose epoch 1 (the next run's) would be warm.
+    drop_service(os.environ["MONARCH_BINARY"], config)
 
 
 def arm_plain(a, w, run, root):
@@ -437,6 +438,7 @@ def arm_monarch(a, w, run, announce):
     import monarch.torch as mt
     config, tier_dir = monarch_config(a, w, w.dataset_on_pfs, run.arm)
     run.cache_dir = tier_dir
+    stop_monarch(config)  # Nothing an interrupted run kept: epoch 1 starts cold.
     records = w.records
 
     class Records(mt.FileListDataset):
@@ -480,6 +482,7 @@ def arm_preload(a, w, run):
     pipe-free protocol: it calls this script with --child."""
     config, tier_dir = monarch_config(a, w, w.dataset_on_pfs, "preload")
     run.cache_dir = tier_dir
+    stop_monarch(config)
     lib = os.path.join(a.build, "integrations", "preload", "libmonarch_preload.so")
     env = dict(os.environ, LD_PRELOAD=lib, MONARCH_CONFIG=config)
     out = os.path.join(w.work, "preload-child.json")
