@@ -545,8 +545,11 @@ std::map<std::string, uint64_t> ResidentKiBOfMemfd(const std::string& name) {
   std::string line;
   std::string current;  // The mapping whose fields follow, if it is one of name's.
   while (std::getline(smaps, line)) {
-    if (absl::StrContains(line, "-") && absl::StrContains(line, "/memfd:")) {
-      current = absl::StrContains(line, "/memfd:" + name + " ") ? line.substr(0, line.find('-'))
+    // A mapping's header ("start-end perms offset dev inode path") starts
+    // every block; its fields ("Rss:  12 kB") follow, each key with a colon.
+    const std::string first = line.substr(0, line.find(' '));
+    if (!first.empty() && first.back() != ':') {
+      current = absl::StrContains(line, "/memfd:" + name + " ") ? first.substr(0, first.find('-'))
                                                                  : "";
     } else if (!current.empty() && absl::StartsWith(line, "Rss:")) {
       resident[current] = std::strtoull(line.c_str() + 4, nullptr, 10);
