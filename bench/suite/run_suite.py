@@ -397,7 +397,7 @@ class Suite:
         self.work = os.path.abspath(a.workdir)
         self.out = os.path.abspath(a.out)
         self.emulators = []
-        self.cleanup = []  # tier dirs and TF cache files, removed at the end
+        self.cleanup = []  # tier dirs and TF cache files, freed after each run
         self.results = []
         self.tf = None  # (python, plugin) when the TF setups run
 
@@ -477,6 +477,16 @@ class Suite:
         os.makedirs(path)
         self.cleanup.append(path)
         return path
+
+    def drop_tiers(self):
+        """Frees the tiers (and the TF cache) of the runs so far, unless
+        --keep: kept to the end, a full-scale run's tiers (about 13 GiB of
+        imagenet's alone) filled the disk twice."""
+        if self.a.keep:
+            return
+        for path in self.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        self.cleanup.clear()
 
     def write_config(self, ds, source, label, capacity, node=False):
         """A posix tier of `capacity` on local disk over `source`; with
@@ -721,10 +731,12 @@ class Suite:
                 self.run_epochs_tool(ds, scenario, "monarch", ["--config", config, "--settle"],
                                      emulator,
                                      {"tier_capacity": capacity})
+                self.drop_tiers()
             if self.tf:
                 for setup in TF_SETUPS:
                     if setup in setups or "tf" in setups:
                         self.run_tf(ds, setup, source, emulator)
+                        self.drop_tiers()
             for setup in MP_SETUPS if self.mp else []:
                 # Announcing is about files: the shards' records would
                 # announce each shard once per record.
@@ -733,6 +745,7 @@ class Suite:
                     continue
                 if setup in setups or "mp" in setups:
                     self.run_mp(ds, setup, source, emulator)
+                    self.drop_tiers()
         finally:
             if emulator:
                 emulator.stop()
@@ -805,9 +818,7 @@ class Suite:
                 key=lambda kv: -kv[1])[:8])
             self.meta["emulator_config"] = self.emulator_config
             self.meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
-            if not a.keep:
-                for path in self.cleanup:
-                    shutil.rmtree(path, ignore_errors=True)
+            self.drop_tiers()
             if self.results:
                 self.save_json()
         report = Report(self.meta, self.results, datasets)
