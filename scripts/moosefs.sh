@@ -171,6 +171,9 @@ mount_client() {
   counters_now >"$dir/baseline.json"
   # One copy of each chunk (there is one chunk server); new files inherit it.
   mfssetgoal 1 "$mnt" >/dev/null
+  # Deleted files free their chunks at once (the default keeps them a day in
+  # the trash, and re-made benchmark data then fills the disk); inherited too.
+  mfssettrashtime 0 "$mnt" >/dev/null
   # Files land with the writer's umask; keep the tree world-readable so that
   # a test's second user reads what it is allowed to.
   chmod 755 "$mnt"

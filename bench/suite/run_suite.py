@@ -181,14 +181,17 @@ class MooseFSMount:
 class LoadSampler(threading.Thread):
     """Every 5 s: the 1-minute load average, and how many cores processes
     outside this suite used (the machine is shared). Ours are this process's
-    descendants and the emulators (which run in their own session); kernel
+    descendants, the emulators (which run in their own session) and the
+    processes that name one of `markers` (the work directory; MooseFS's
+    master, chunk server and client, which serve our reads); kernel
     threads are left out, since they also do our I/O."""
 
     PERIOD = 5.0
 
-    def __init__(self, work):
+    def __init__(self, work, markers=()):
         super().__init__(daemon=True)
         self.work = work
+        self.markers = (work,) + tuple(markers)
         self.samples, self.others, self.timeline, self.halt = [], [], [], threading.Event()
         self.other_cpu = {}  # comm -> CPU seconds over the run
         self.hz = os.sysconf("SC_CLK_TCK")
@@ -219,7 +222,7 @@ class LoadSampler(threading.Thread):
             while p in procs and seen < 64:
                 # The emulators and the node services run in sessions of
                 # their own; both name a path under the work directory.
-                if p == me or self.work in procs[p][3]:
+                if p == me or any(m in procs[p][3] for m in self.markers):
                     ours.add(pid)
                     break
                 p, seen = procs[p][1], seen + 1
@@ -786,7 +789,9 @@ class Suite:
             if a.shard_size and ds["profile"] == "shards":
                 ds["file_size"] = a.shard_size
         self.emulator_config = None
-        sampler = self.sampler = LoadSampler(self.work)
+        moosefs = [os.environ.get("MONARCH_MOOSEFS_DIR", "/var/tmp/monarch-moosefs")] \
+            if a.source == "moosefs" else []
+        sampler = self.sampler = LoadSampler(self.work, moosefs)
         self.meta = {
             "command": shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + sys.argv[1:]),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
