@@ -250,12 +250,13 @@ def chart(datasets, path):
         ax.set_xticklabels(arms, rotation=30, ha="right")
         ax.set_ylabel("epoch time, s (log; median of runs)")
         ax.set_yscale("log")
+        # Each panel's own commit: the runs of one source may be of two.
         ax.set_title(f"{title}: {d['files']} samples, {d['dataset_bytes'] / MIB:.0f} MiB, "
-                     f"{d['workers']} workers")
+                     f"{d['workers']} workers (commit {d['commit']})")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     where = datasets[0][1].get("source") or "the PFS emulator"
-    fig.suptitle(f"DataLoader epochs over {where.split(',')[0]} (commit {datasets[0][1]['commit']})")
+    fig.suptitle(f"DataLoader epochs over {where.split(',')[0]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
