@@ -17,6 +17,7 @@ bound from a latency bound.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from moosefs_source import MooseFS, add_source_flags  # noqa: E402
+from moosefs_source import STATE_DIR, MooseFS, add_source_flags  # noqa: E402
 
 MiB = 1 << 20
 DATASETS = (  # name, monarch-epochs --generate flags, read size
@@ -73,7 +74,6 @@ def main():
     epochs_bin = os.path.join(a.build, "monarch-epochs")
     hz = os.sysconf("SC_CLK_TCK")
     cores = os.cpu_count()
-    marker = os.environ.get("MONARCH_MOOSEFS_DIR", "/var/tmp/monarch-moosefs")
     mounts = {}
     for name, flags, _ in DATASETS:
         backing = os.path.join(a.work, name)
@@ -94,7 +94,7 @@ def main():
                 fs.drop_cache()
                 out = os.path.join(a.work, "floor-epoch.json")
                 busy0, total0 = cpu_times()
-                daemons0 = daemon_jiffies(marker)
+                daemons0 = daemon_jiffies(STATE_DIR)
                 t0 = time.monotonic()
                 subprocess.run([epochs_bin, "--dataset", fs.mount, "--mode", "plain",
                                 "--epochs", "1", "--threads", str(t), "--read-size",
@@ -102,7 +102,7 @@ def main():
                                stdout=subprocess.DEVNULL)
                 wall = time.monotonic() - t0
                 busy1, total1 = cpu_times()
-                daemons = (daemon_jiffies(marker) - daemons0) / hz
+                daemons = (daemon_jiffies(STATE_DIR) - daemons0) / hz
                 with open(out) as f:
                     epoch = json.load(f)[0]
                 row = {"rep": rep + 1, "dataset": name, "threads": t,
@@ -118,11 +118,9 @@ def main():
         fs.stop()
     print("\nmedian seconds, files / shards (ratio):")
     for t in threads:
-        med = {}
-        for name, _, _ in DATASETS:
-            s = sorted(r["seconds"] for r in rows if r["dataset"] == name and r["threads"] == t)
-            med[name] = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-        files, shards = (med[n] for n, _, _ in DATASETS)
+        files, shards = (statistics.median(r["seconds"] for r in rows
+                                           if r["dataset"] == name and r["threads"] == t)
+                         for name, _, _ in DATASETS)
         print(f"  threads {t:2}: {files:6.2f} / {shards:6.2f} s ({files / shards:.2f}x)")
     with open(a.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "cores": cores,

@@ -27,6 +27,9 @@ import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "moosefs.sh")
+# scripts/moosefs.sh's state (metadata, chunks, mount point); its daemons'
+# command lines name it.
+STATE_DIR = os.environ.get("MONARCH_MOOSEFS_DIR", "/var/tmp/monarch-moosefs")
 SETUPS = ("default", "direct", "throttled")
 
 

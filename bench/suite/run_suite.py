@@ -55,7 +55,8 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from moosefs_source import SCRIPT as MOOSEFS_SCRIPT, MooseFS, add_source_flags  # noqa: E402
+from moosefs_source import (  # noqa: E402
+    SCRIPT as MOOSEFS_SCRIPT, STATE_DIR as MOOSEFS_STATE_DIR, MooseFS, add_source_flags)
 VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 sys.path.insert(0, os.path.dirname(HERE))
 from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
@@ -188,10 +189,9 @@ class LoadSampler(threading.Thread):
 
     PERIOD = 5.0
 
-    def __init__(self, work, markers=()):
+    def __init__(self, markers):
         super().__init__(daemon=True)
-        self.work = work
-        self.markers = (work,) + tuple(markers)
+        self.markers = tuple(markers)
         self.samples, self.others, self.timeline, self.halt = [], [], [], threading.Event()
         self.other_cpu = {}  # comm -> CPU seconds over the run
         self.hz = os.sysconf("SC_CLK_TCK")
@@ -789,9 +789,8 @@ class Suite:
             if a.shard_size and ds["profile"] == "shards":
                 ds["file_size"] = a.shard_size
         self.emulator_config = None
-        moosefs = [os.environ.get("MONARCH_MOOSEFS_DIR", "/var/tmp/monarch-moosefs")] \
-            if a.source == "moosefs" else []
-        sampler = self.sampler = LoadSampler(self.work, moosefs)
+        sampler = self.sampler = LoadSampler(
+            [self.work] + ([MOOSEFS_STATE_DIR] if a.source == "moosefs" else []))
         self.meta = {
             "command": shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + sys.argv[1:]),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
