@@ -478,6 +478,142 @@ TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do 
   CHECK(ResidentPages(dir.path() + "/d/first.bin") == 1);
 }
 
+// Refuses RWF_NOWAIT as FUSE does, or mapping files (FUSE's direct_io), or
+// both; counts the asks.
+class InMemoryRefusedEnv final : public os::Env {
+ public:
+  InMemoryRefusedEnv(bool no_wait_refused, bool unmappable)
+      : no_wait_refused_(no_wait_refused), unmappable_(unmappable) {}
+  ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
+    no_wait_asked_.fetch_add(1);
+    if (no_wait_refused_) {
+      errno = EOPNOTSUPP;
+      return -1;
+    }
+    return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  void* Mmap(void* address, size_t length, int protection, int flags, int fd,
+             off_t offset) override {
+    maps_.fetch_add(1);
+    if (unmappable_) {
+      errno = ENODEV;
+      return MAP_FAILED;
+    }
+    return os::Env::Mmap(address, length, protection, flags, fd, offset);
+  }
+  int no_wait_asked() const { return no_wait_asked_.load(); }
+  int maps() const { return maps_.load(); }
+
+ private:
+  const bool no_wait_refused_;
+  const bool unmappable_;
+  std::atomic<int> no_wait_asked_{0};
+  std::atomic<int> maps_{0};
+};
+
+TEST_CASE("source driver: only bytes in the page cache are read in memory, by RWF_NOWAIT or, "
+          "where the file system refuses it, by the pages' residency (mincore)") {
+  ScratchDir dir;
+  constexpr uint64_t kSize = 1 << 20;
+  const std::string path = dir.path() + "/d/f.bin";
+  testing::WriteFile(path, 7, kSize);
+  {
+    // Written back and dropped, so that nothing of it is in memory.
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  if (ResidentPages(path) != 0) {
+    MONARCH_SKIP(dir.path() << " keeps file pages in memory whatever it is asked (tmpfs?); set "
+                               "TMPDIR to a disk to run this test");
+  }
+  // Reads [offset, offset + n) into the page cache, and no page around it.
+  auto cache = [&](uint64_t offset, size_t n) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // No read-ahead.
+    std::vector<char> bytes(n);
+    REQUIRE(::pread(fd, bytes.data(), n, static_cast<off_t>(offset)) == static_cast<ssize_t>(n));
+    ::close(fd);
+  };
+  const FileRef file = Ref(0, "d/f.bin", kSize);
+  std::vector<char> data(kSize);
+  // What the driver reads of [offset, offset + n), checked byte for byte.
+  auto in_memory = [&](StorageDriver& driver, uint64_t offset,
+                       size_t n) -> absl::StatusOr<size_t> {
+    std::fill(data.begin(), data.end(), 0);
+    absl::StatusOr<size_t> got =
+        driver.capabilities().in_memory->ReadIfInMemory(file, offset, data.data(), n);
+    if (got.ok()) {
+      CHECK(*got == n);
+      CHECK(testing::BytesMatch({"", 7, kSize}, data.data(), offset, n));
+    }
+    return got;
+  };
+  // Pages 64 to 95 ([256 KiB, 384 KiB)) in memory, the rest not.
+  auto check = [&](StorageDriver& driver) {
+    CHECK(absl::IsUnavailable(in_memory(driver, 0, kSize).status()));
+    cache(256 << 10, 128 << 10);
+    REQUIRE(ResidentPages(path) == 32);
+    CHECK(in_memory(driver, 256 << 10, 128 << 10).ok());
+    CHECK(in_memory(driver, (256 << 10) + 1000, 5000).ok());  // Not page-aligned.
+    CHECK(absl::IsUnavailable(in_memory(driver, (256 << 10) - 1, 2).status()));
+    CHECK(absl::IsUnavailable(in_memory(driver, (384 << 10) - 1, 2).status()));
+    CHECK(absl::IsUnavailable(in_memory(driver, 0, kSize).status()));
+    // Asking neither read nor mapped anything into memory.
+    CHECK(ResidentPages(path) == 32);
+  };
+
+  SUBCASE("mincore, then a read with RWF_NOWAIT: no read-ahead for what is refused") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/false);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      check(*driver);
+    }
+    CHECK(env.maps() == 1);           // One mapping for the open file.
+    CHECK(env.no_wait_asked() == 2);  // Only for the two reads whose pages were all in.
+  }
+  SUBCASE("RWF_NOWAIT refused (FUSE): mincore, then a plain read; RWF_NOWAIT asked once") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/true, /*unmappable=*/false);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      check(*driver);
+      // Past the size the walk saw (the file grew): read the usual way.
+      CHECK(absl::IsUnavailable(driver->capabilities()
+                                    .in_memory->ReadIfInMemory(file, kSize - 1, data.data(), 2)
+                                    .status()));
+    }
+    CHECK(env.no_wait_asked() == 1);
+    CHECK(env.maps() == 1);
+  }
+  SUBCASE("files that cannot be mapped: RWF_NOWAIT alone, mapping tried once") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/true);
+    os::ScopedEnvForTesting scoped(&env);
+    std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+    cache(0, kSize);
+    for (int i = 0; i < 3; ++i) CHECK(in_memory(*driver, 0, kSize).ok());
+    CHECK(env.maps() == 1);
+    CHECK(env.no_wait_asked() == 3);
+  }
+  SUBCASE("both refused (FUSE's direct_io): cannot tell, each asked once") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/true, /*unmappable=*/true);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      cache(0, kSize);
+      for (int i = 0; i < 3; ++i) {
+        CHECK(absl::IsUnimplemented(in_memory(*driver, 0, 4096).status()));
+      }
+    }
+    CHECK(env.no_wait_asked() == 1);
+    CHECK(env.maps() == 1);
+  }
+}
+
 // ShmemPmdMapped of this process: its shared-memory bytes mapped as whole
 // 2 MiB pages.
 uint64_t ShmemPmdMappedBytes() {

@@ -63,7 +63,9 @@ ssize_t RawPread(int fd, void* buffer, size_t n, off_t offset) {
 
 // The preload library interposes preadv2, so not libc's. RWF_NOWAIT needs
 // Linux 4.14; older kernels refuse the flag (EOPNOTSUPP), as do file systems
-// that cannot tell (FUSE, most network file systems).
+// that cannot tell (FUSE, most network file systems). A refused read still
+// starts read-ahead of what it refused (Linux, at least to 6.18), so the
+// source driver asks mincore(2) first.
 ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
 #ifndef RWF_NOWAIT
   constexpr int RWF_NOWAIT = 0x00000008;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -90,6 +91,18 @@ bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey
   }
   *range = MappedFileRange{key, offset, offset + (end - begin)};
   return true;
+}
+
+int MappingBudget() {
+  static const int budget = [] {
+    long count = 65530;
+    if (absl::StatusOr<std::string> text = ReadSmallFile("/proc/sys/vm/max_map_count"); text.ok()) {
+      long value = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value) && value > 0) count = value;
+    }
+    return static_cast<int>(std::clamp<long>(count / 4, 4, 1 << 30));
+  }();
+  return budget;
 }
 
 int64_t BootTimeNanos() {

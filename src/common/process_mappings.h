@@ -61,6 +61,12 @@ absl::StatusOr<std::vector<MappedFileRange>> FindPrivateMappings(
 // `since`, and of the start times in /proc/<pid>/stat.
 int64_t BootTimeNanos();
 
+// Mappings one cache of them keeps at most (a pmem tier's, the source's
+// for telling what is in memory): a quarter of vm.max_map_count (65530 by
+// default), which the process's libraries, heap, thread stacks and RAM
+// tiers share.
+int MappingBudget();
+
 // One line of /proc/<pid>/maps, if it is a private mapping of one of
 // `files`; for FindPrivateMappings and its tests.
 bool ParsePrivateMapping(absl::string_view line, const std::vector<MappedFileKey>& files,

@@ -19,12 +19,11 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/guarded_copy.h"
 #include "common/os.h"
+#include "common/process_mappings.h"
 #include "common/status_macros.h"
 #include "drivers/copy_tree.h"
 #include "drivers/file_tier_driver.h"
@@ -52,21 +51,6 @@ class Mapping {
   void* address_;
   size_t length_;
 };
-
-// Mappings a pmem tier keeps open at most, whatever placement.max_open_files
-// says: a quarter of vm.max_map_count (65530 by default), which the
-// process's libraries, heap, thread stacks and RAM tiers share.
-int MappingBudget() {
-  static const int budget = [] {
-    long count = 65530;
-    if (absl::StatusOr<std::string> text = ReadSmallFile("/proc/sys/vm/max_map_count"); text.ok()) {
-      long value = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value) && value > 0) count = value;
-    }
-    return static_cast<int>(std::clamp<long>(count / 4, 4, 1 << 30));
-  }();
-  return budget;
-}
 
 absl::Status PmemError(absl::string_view what, const std::string& path) {
   int saved = errno;

@@ -8,15 +8,20 @@
 // the MDS may have to answer).
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/os.h"
+#include "common/process_mappings.h"
 #include "common/handle_cache.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
@@ -41,14 +46,31 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     return PreadFull(open->fd.get(), dst, n, part.part_offset + offset, file.name);
   }
 
+  // Residency first, by mincore(2) on a mapping of the file, which reads
+  // nothing: a read with RWF_NOWAIT refuses bytes not in memory but starts
+  // the read-ahead that fetches them (Linux, at least to 6.18), so asking
+  // that way alone would read the source for bytes a copy then serves. Then
+  // the read itself, with RWF_NOWAIT where the file system takes it, so a
+  // page evicted between the two is refused rather than waited for.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
                                         size_t n) override {
     const FileRef& file = part.source_file();
     offset += part.part_offset;
-    if (!in_memory_supported_.load(std::memory_order_relaxed)) {
+    const bool no_wait = no_wait_works_.load(std::memory_order_relaxed);
+    if (!no_wait && !map_works_.load(std::memory_order_relaxed)) {
       return absl::UnimplementedError("the source's file system cannot tell");
     }
     MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<OpenFile> open, Descriptor(file));
+    switch (Resident(*open, file, offset, n)) {
+      case Residency::kNotAll:
+        return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
+      case Residency::kAll:
+        if (!no_wait) return PreadFull(open->fd.get(), dst, n, offset, file.name);
+        break;
+      case Residency::kUnknown:
+        if (!no_wait) return absl::UnimplementedError("the source's file system cannot tell");
+        break;
+    }
     size_t done = 0;
     while (done < n) {
       const ssize_t got = os::PreadNoWait(open->fd.get(), dst + done, n - done,
@@ -59,9 +81,10 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
           return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
         }
         if (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {
-          // Asked once: the answer is the file system's (or the kernel's).
-          in_memory_supported_.store(false, std::memory_order_relaxed);
-          return absl::UnimplementedError("the source's file system cannot tell");
+          // Asked once: the answer is the file system's (FUSE's, most
+          // network file systems') or the kernel's (before 4.14).
+          no_wait_works_.store(false, std::memory_order_relaxed);
+          return ReadIfInMemory(part, offset - part.part_offset, dst, n);
         }
         return ErrnoToStatus(errno, absl::StrCat("read ", file.name));
       }
@@ -107,9 +130,72 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
 
   // A source file's descriptor, and when it was opened (Identify).
   struct OpenFile {
+    OpenFile(ScopedFd fd, Clock::time_point opened, std::atomic<int>* mapped_files)
+        : fd(std::move(fd)), opened(opened), mapped_files(mapped_files) {}
+    ~OpenFile() {
+      if (mapping != nullptr) {
+        os::Munmap(mapping, mapped_length);
+        mapped_files->fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+    OpenFile(const OpenFile&) = delete;
+    OpenFile& operator=(const OpenFile&) = delete;
+
     ScopedFd fd;
     Clock::time_point opened;
+    // For Resident: the file mapped on its first ask and never read
+    // through. Mapping costs address space, not memory: its pages are the
+    // page cache's own, and none is faulted in.
+    std::atomic<int>* const mapped_files;
+    Mutex mapping_mu;
+    void* mapping ABSL_GUARDED_BY(mapping_mu) = nullptr;
+    size_t mapped_length ABSL_GUARDED_BY(mapping_mu) = 0;
   };
+
+  enum class Residency { kAll, kNotAll, kUnknown };
+
+  // Whether every page of [offset, offset + n) of `file` is in the page
+  // cache. kUnknown where the file cannot be mapped (FUSE's direct_io, whose
+  // reads skip the page cache anyway), or past MappingBudget() mappings.
+  Residency Resident(OpenFile& open, const FileRef& file, uint64_t offset, size_t n) {
+    if (n == 0 || !map_works_.load(std::memory_order_relaxed)) return Residency::kUnknown;
+    // Past the size the walk saw (the file grew): read the usual way.
+    if (offset + n > file.size) return Residency::kNotAll;
+    const char* mapping;
+    {
+      MutexLock lock(&open.mapping_mu);
+      if (open.mapping == nullptr) {
+        if (mapped_files_.fetch_add(1, std::memory_order_relaxed) >= MappingBudget()) {
+          mapped_files_.fetch_sub(1, std::memory_order_relaxed);
+          return Residency::kUnknown;
+        }
+        void* map = os::Mmap(nullptr, file.size, PROT_READ, MAP_SHARED, open.fd.get(), 0);
+        if (map == MAP_FAILED) {
+          mapped_files_.fetch_sub(1, std::memory_order_relaxed);
+          if (errno == ENODEV || errno == EOPNOTSUPP || errno == EACCES) {
+            map_works_.store(false, std::memory_order_relaxed);  // The file system's answer.
+          }
+          return Residency::kUnknown;
+        }
+        open.mapping = map;
+        open.mapped_length = file.size;
+      }
+      mapping = static_cast<const char*>(open.mapping);
+    }
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t first = offset / page * page;
+    const uint64_t pages = (offset + n - first + page - 1) / page;
+    unsigned char resident[64];  // Asked 64 pages at a time.
+    for (uint64_t done = 0; done < pages; done += sizeof(resident)) {
+      const uint64_t count = std::min<uint64_t>(sizeof(resident), pages - done);
+      void* start = const_cast<char*>(mapping) + first + done * page;
+      if (::mincore(start, count * page, resident) != 0) return Residency::kUnknown;
+      for (uint64_t k = 0; k < count; ++k) {
+        if ((resident[k] & 1) == 0) return Residency::kNotAll;
+      }
+    }
+    return Residency::kAll;
+  }
 
   struct Attributes {
     SourceIdentity identity;
@@ -123,7 +209,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
       // never judged newer than they are.
       const Clock::time_point opened = Clock::now();
       MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, Open(file.name));
-      return std::make_shared<OpenFile>(OpenFile{std::move(*fd), opened});
+      return std::make_shared<OpenFile>(std::move(*fd), opened, &mapped_files_);
     });
   }
 
@@ -175,9 +261,14 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   }
 
   const DirectoryHandle root_;
+  // Each cleared once the file system (or kernel) refuses: RWF_NOWAIT,
+  // mapping its files.
+  std::atomic<bool> no_wait_works_{true};
+  std::atomic<bool> map_works_{true};
+  // Files Resident maps now; declared before the descriptors, whose
+  // OpenFiles count themselves out of it as they go.
+  std::atomic<int> mapped_files_{0};
   HandleCache<OpenFile> descriptors_;
-  // Cleared when the file system (or kernel) refuses RWF_NOWAIT.
-  std::atomic<bool> in_memory_supported_{true};
   Mutex directories_mu_;
   absl::flat_hash_map<std::string, ScopedFd> directories_ ABSL_GUARDED_BY(directories_mu_);
 };

@@ -21,6 +21,13 @@ plain job that reads the dataset 3 times moves 3x the dataset, and the
               process: files rewritten on MooseFS between runs (same size
               with the mtime put back, a new size, deleted and made again)
               are served with their new bytes, never the old copy's.
+  page-cache  the client mounted with mfscachemode=AUTO instead, which keeps
+              file pages in the kernel's page cache, and the dataset read
+              once by plain reads: a job's misses are served from that
+              cache and copied from it later (placement.cached_source:
+              defer). MooseFS's client refuses RWF_NOWAIT, so this is the
+              source driver's mincore(2) at work: bytes exact, nothing
+              crosses from MooseFS, and the copies are deferred ones.
 
 usage: moosefs_test.py --build-dir BUILD [--python PY] SCENARIO
 Exit code: 0 pass, 1 fail, 77 skip (MooseFS cannot start here).
@@ -28,6 +35,7 @@ Exit code: 0 pass, 1 fail, 77 skip (MooseFS cannot start here).
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -73,10 +81,11 @@ sys.stdout.write("".join(out))
 """
 
 class MooseFS:
-    """The MooseFS mount of scripts/moosefs.sh, in DIRECT cache mode."""
+    """The MooseFS mount of scripts/moosefs.sh, in DIRECT cache mode unless
+    asked (it is mounted again where the last scenario's mode differs)."""
 
-    def __init__(self):
-        r = subprocess.run([MOOSEFS, "start", "--cache-mode", "DIRECT"], capture_output=True,
+    def __init__(self, cache_mode="DIRECT"):
+        r = subprocess.run([MOOSEFS, "start", "--cache-mode", cache_mode], capture_output=True,
                            text=True, timeout=300)
         if r.returncode == SKIP:
             raise Skip(r.stderr.strip())
@@ -355,8 +364,52 @@ def scenario_stale(env, fs):
           ", ".join(changed))
 
 
+STATS_READER = r"""
+import hashlib, json, sys
+import monarch
+config, listing = sys.argv[1], sys.argv[2]
+names = [l.rstrip("\n") for l in open(listing) if l.strip()]
+with monarch.Monarch(config) as m:
+    digests = {n: hashlib.sha256(m.read(n)).hexdigest() for n in names}
+    m.wait_for_placement()
+    print(json.dumps({"digests": digests, "stats": m.stats()}))
+"""
+
+
+def scenario_page_cache(env, fs):
+    ds = Dataset(env, fs, "pagecache")
+    root, files, names, total, listing = ds.root, ds.files, ds.names, ds.total, ds.listing
+    for n in names:  # A job before this one, or the files' writer, read them.
+        with open(os.path.join(root, n), "rb") as f:
+            check(f.read() == files[n], "plain read of %s differs" % n)
+    with Meter(fs, "plain reads again, AUTO cache mode", total) as again:
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                check(f.read() == files[n], "plain read of %s differs" % n)
+    check(again.ratio < 0.05, "a second plain read moved %.3fx the dataset: the client kept "
+          "no page cache, so there is nothing to serve from it" % again.ratio)
+    config = in_process_config(env, root, files, "pagecache")
+    with Meter(fs, "in process (RAM tier), from the page cache", total) as job:
+        got = json.loads(run_python(env, STATS_READER, [config, listing]))
+    for n in names:
+        check(got["digests"][n] == hashlib.sha256(files[n]).hexdigest(),
+              "in process: the bytes of %s differ from the file's" % n)
+    check(job.ratio < 0.05, "the job moved %.3fx the dataset from MooseFS, though its client "
+          "held every page" % job.ratio)
+    stats = got["stats"]
+    deferred = stats.get("deferred_copies_queued", 0)
+    from_memory = stats.get("promotion_bytes_from_memory", 0)
+    log("deferred copies %d of %d files; %d of %d bytes copied from the page cache" % (
+        deferred, len(names), from_memory, total))
+    check(deferred >= len(names) - 1, "only %d of %d misses were served from the page cache "
+          "and deferred: the source could not tell what it held" % (deferred, len(names)))
+    check(from_memory >= total * 9 // 10, "deferred copies took %d of %d bytes from the page "
+          "cache" % (from_memory, total))
+
+
 SCENARIOS = {"in-process": scenario_in_process, "service": scenario_service,
-             "preload": scenario_preload, "torch": scenario_torch, "stale": scenario_stale}
+             "preload": scenario_preload, "torch": scenario_torch, "stale": scenario_stale,
+             "page-cache": scenario_page_cache}
 
 
 def main():
@@ -374,7 +427,7 @@ def main():
         if not os.path.exists("/dev/fuse"):
             raise Skip("no /dev/fuse")
         env = Env(a, "mfs-" + a.scenario)
-        fs = MooseFS()
+        fs = MooseFS("AUTO" if a.scenario == "page-cache" else "DIRECT")
         SCENARIOS[a.scenario](env, fs)
     except Skip as e:
         print("SKIP %s: %s" % (a.scenario, e))
