@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -753,6 +754,54 @@ TEST_CASE("a one-chunk copy is checked by the attributes its open fetched, a lon
     CHECK(env.held.load() == 2);
     CHECK(env.asked.load() == 1);
     ReadWholeAndCheck(*m, files[1]);  // From the source: the new bytes.
+  }
+}
+
+// With cached_source: defer (the default) a miss first asks the source
+// whether it holds the bytes in memory, which opens the file's descriptor
+// before the promotion starts. The promotion's read still follows that open
+// within the same miss, so its commit takes the attributes the open fetched
+// too, rather than a second round trip to the PFS per file.
+TEST_CASE("a miss that asks the source what it holds in memory first still commits a one-chunk "
+          "copy by the attributes its open fetched") {
+  ScratchDir dir;
+  const std::string ds = std::filesystem::canonical(dir.Sub("ds")).string();
+  auto files = testing::MakeDataset(ds, 2, {50000});
+  for (const TestFile& f : files) {  // Out of the page cache: the ask finds nothing.
+    const int fd = ::open((ds + "/" + f.name).c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  {
+    const int fd = ::open((ds + "/" + files[0].name).c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    void* map = ::mmap(nullptr, files[0].size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(map != MAP_FAILED);
+    unsigned char resident[16] = {};
+    REQUIRE(::mincore(map, files[0].size, resident) == 0);
+    ::munmap(map, files[0].size);
+    if ((resident[0] & 1) != 0) {
+      MONARCH_SKIP(ds << " keeps file pages in memory whatever it is asked (tmpfs?); set "
+                         "TMPDIR to a disk to run this test");
+    }
+  }
+  Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
+  config.placement.chunk_bytes = 64 << 10;  // One chunk a file.
+  REQUIRE(config.placement.cached_source == CachedSourcePolicy::kDefer);
+  SourceStatCountingEnv env(ds);
+  os::ScopedEnvForTesting scoped(&env);
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+    Stats stats = m->GetStats();
+    CHECK(stats.Get("deferred_copies_queued") == 0);  // Not in memory: copied at the miss.
+    CHECK(stats.Get("promotions_completed") == 2);
+    CHECK(env.held.load() == 2);
+    CHECK(env.asked.load() == 0);
   }
 }
 

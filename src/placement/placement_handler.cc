@@ -66,6 +66,11 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(const Fil
     ChargeSourceReads::Add(n);
     return promoter_.origin().Read(entry.ref, offset, dst, n);
   }
+  // Taken before the source is asked what it holds in memory, which opens
+  // the file's descriptor: the promotion that follows then reads through a
+  // descriptor opened since it began, whose attributes it may commit
+  // without asking the PFS again (Promotion::Commit).
+  const FileIdentity::Clock::time_point began = FileIdentity::Clock::now();
   if (deferred_ != nullptr && may_defer &&
       entry.state->load(std::memory_order_acquire) == PlacementState::kOnSource) {
     // The source has the bytes in memory: a plain read serves them, and the
@@ -78,7 +83,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(const Fil
       return got;
     }
   }
-  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/true);
+  const Promoter::Admission admission = StartOrJoinMakingRoom(entry, /*pin=*/true, began);
   if (admission.found == Promoter::Found::kPublished) return std::nullopt;
   // Not a read of a promotion someone else started.
   const bool own_miss = admission.found != Promoter::Found::kInFlight;
@@ -169,7 +174,8 @@ void PlacementHandler::ReadAheadPast(const FileEntry& file, uint64_t end) {
   }
 }
 
-Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(const FileEntry& entry, bool pin) {
+Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(const FileEntry& entry, bool pin,
+                                                            FileIdentity::Clock::time_point began) {
   bool room_made = false;
   if (WantsFasterTier(entry)) {
     // Whatever room this made (none, if every copy is read sooner), the
@@ -178,7 +184,7 @@ Promoter::Admission PlacementHandler::StartOrJoinMakingRoom(const FileEntry& ent
     room_made = true;
   }
   for (;;) {
-    Promoter::Admission admission = promoter_.StartOrJoin(entry, pin);
+    Promoter::Admission admission = promoter_.StartOrJoin(entry, pin, began);
     // Eviction happens outside the file's lock: it takes the victims'.
     if (admission.found != Promoter::Found::kNoTier || !MayMakeRoomFor(entry) || room_made ||
         !evictor_.MakeRoom(entry.ref.id, entry.ref.size)) {

@@ -165,7 +165,9 @@ class PlacementHandler final {
   // once: first, in a faster tier, if its next use says it belongs there
   // (WantsFasterTier); else, if the policy finds no tier for it, before one
   // more try. Room is made outside the file's lock.
-  Promoter::Admission StartOrJoinMakingRoom(const FileEntry& entry, bool pin);
+  Promoter::Admission StartOrJoinMakingRoom(
+      const FileEntry& entry, bool pin,
+      FileIdentity::Clock::time_point began = FileIdentity::Clock::now());
   // DeferredCopies' work: promotes file `id` if it is still on the source,
   // from bytes the source holds in memory only.
   void CopyFromMemory(uint32_t id);

@@ -87,7 +87,8 @@ Promoter::Promoter(const std::vector<std::unique_ptr<Tier>>* tiers, const Namesp
 
 Promoter::~Promoter() { Cancel(DeadlineIn(kCancelGraceSeconds)); }
 
-Promoter::Admission Promoter::StartOrJoin(const FileEntry& entry, bool pin) {
+Promoter::Admission Promoter::StartOrJoin(const FileEntry& entry, bool pin,
+                                          FileIdentity::Clock::time_point began) {
   Shard& shard = ShardOf(entry.ref.id);
   MutexLock lock(&shard.mu);
   // Publication changes `tier` under this lock, so this check and the
@@ -103,7 +104,7 @@ Promoter::Admission Promoter::StartOrJoin(const FileEntry& entry, bool pin) {
              entry.state->load(std::memory_order_relaxed) != PlacementState::kOnSource) {
     return {Found::kNotPlaceable, nullptr};
   } else {
-    admission.promotion = StartLocked(entry, shard);
+    admission.promotion = StartLocked(entry, shard, began);
     admission.found = admission.promotion != nullptr ? Found::kStarted : Found::kNoTier;
   }
   // See the header: pinned before the promotion can publish.
@@ -142,7 +143,8 @@ void Promoter::Reconsider(const FileEntry& entry) {
   }
 }
 
-std::shared_ptr<Promotion> Promoter::StartLocked(const FileEntry& entry, Shard& shard) {
+std::shared_ptr<Promotion> Promoter::StartLocked(const FileEntry& entry, Shard& shard,
+                                                 FileIdentity::Clock::time_point began) {
   std::optional<int> tier = policy_->ChooseTier(entry.ref, *tiers_);
   if (!tier.has_value()) {
     skipped_.fetch_add(1, std::memory_order_relaxed);
@@ -155,7 +157,7 @@ std::shared_ptr<Promotion> Promoter::StartLocked(const FileEntry& entry, Shard& 
   }
   auto promotion =
       std::make_shared<Promotion>(this, entry, (*tiers_)[*tier].get(), *tier, chunk_bytes_,
-                                  /*checksum=*/evicts_);
+                                  /*checksum=*/evicts_, began);
   entry.state->store(PlacementState::kPromoting, std::memory_order_relaxed);
   shard.in_flight.emplace(entry.ref.id, promotion);
   started_.fetch_add(1, std::memory_order_relaxed);

@@ -82,7 +82,9 @@ class Promoter final : public PromotionHost, public FileLocks {
   // may read chunks back from the copy, which can be committed, published
   // and then evicted while it does, so it is pinned like a reader of the
   // tier, before the promotion can publish. Never waits for I/O.
-  Admission StartOrJoin(const FileEntry& entry, bool pin);
+  // `began`: when the miss began that would start it (Promotion's).
+  Admission StartOrJoin(const FileEntry& entry, bool pin,
+                        FileIdentity::Clock::time_point began = FileIdentity::Clock::now());
   // Serves a read of [offset, offset + n) of `promotion`'s file, which
   // StartOrJoin returned to a reader (and pinned): from its chunks, loading
   // those nobody has loaded, or from the source if the promotion cannot
@@ -151,7 +153,8 @@ class Promoter final : public PromotionHost, public FileLocks {
   };
   Shard& ShardOf(uint32_t id) { return shards_[id % kShards]; }
 
-  std::shared_ptr<Promotion> StartLocked(const FileEntry& entry, Shard& shard)
+  std::shared_ptr<Promotion> StartLocked(const FileEntry& entry, Shard& shard,
+                                         FileIdentity::Clock::time_point began)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // Every in-flight promotion, for shutdown.
   std::vector<std::shared_ptr<Promotion>> InFlight();

@@ -138,13 +138,14 @@ void ChunkTable::ReturnBuffer(size_t c) {
 }
 
 Promotion::Promotion(PromotionHost* host, const FileEntry& entry, Tier* tier, int tier_index,
-                     uint64_t chunk_bytes, bool checksum)
+                     uint64_t chunk_bytes, bool checksum, FileIdentity::Clock::time_point began)
     : host_(host),
       entry_(entry),
       tier_(tier),
       tier_index_(tier_index),
       layout_{entry.ref.size, chunk_bytes},
       checksum_(checksum),
+      began_(began),
       chunks_(layout_, &host->chunk_pool(), checksum) {}
 
 void Promotion::Load(size_t c, bool memory_only) {
@@ -252,9 +253,10 @@ void Promotion::Commit() {
   // walk shows here. A copy of several chunks was read over a longer time
   // and asks the source, so a change during the copy shows too. A copy of
   // one chunk is the one read that followed its descriptor's open: when
-  // this promotion opened it, the attributes the open fetched serve
-  // (FileIdentity::Identify), and only a change within that one read goes
-  // unseen. That saves a metadata round trip per file: at 8 processes of a
+  // it was opened since the miss that started this promotion began (by
+  // this promotion, or by that miss's ask of what the source holds in
+  // memory), the attributes the open fetched serve (FileIdentity::Identify),
+  // and only a change between that open and the read goes unseen. That saves a metadata round trip per file: at 8 processes of a
   // node it was a second request in flight for each, which queued at the
   // PFS behind the readers' (bench/results/service.md). A shutdown that
   // cancelled placement meanwhile asks the source nothing more.

@@ -242,9 +242,11 @@ class PromotionHost {
 class Promotion : public std::enable_shared_from_this<Promotion> {
  public:
   // `checksum`: compute the CRC32C of the file's bytes as its chunks load,
-  // for Origin::IdentityToCommit.
+  // for Origin::IdentityToCommit. `began`: when the miss that starts it
+  // began, before it asked the source what it holds in memory, which opens
+  // the descriptor this promotion then reads (see Commit).
   Promotion(PromotionHost* host, const FileEntry& entry, Tier* tier, int tier_index,
-            uint64_t chunk_bytes, bool checksum);
+            uint64_t chunk_bytes, bool checksum, FileIdentity::Clock::time_point began);
   Promotion(const Promotion&) = delete;
   Promotion& operator=(const Promotion&) = delete;
 
@@ -323,7 +325,7 @@ class Promotion : public std::enable_shared_from_this<Promotion> {
   const int tier_index_;
   const ChunkLayout layout_;
   const bool checksum_;
-  const FileIdentity::Clock::time_point began_ = FileIdentity::Clock::now();
+  const FileIdentity::Clock::time_point began_;
 
   Mutex writer_mu_;  // Serializes creating the writer; taken before mu_, never inside it.
 
