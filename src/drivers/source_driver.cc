@@ -161,7 +161,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     if (n == 0 || !map_works_.load(std::memory_order_relaxed)) return Residency::kUnknown;
     // Past the size the walk saw (the file grew): read the usual way.
     if (offset + n > file.size) return Residency::kNotAll;
-    const char* mapping;
+    char* mapping;
     {
       MutexLock lock(&open.mapping_mu);
       if (open.mapping == nullptr) {
@@ -172,7 +172,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
         void* map = os::Mmap(nullptr, file.size, PROT_READ, MAP_SHARED, open.fd.get(), 0);
         if (map == MAP_FAILED) {
           mapped_files_.fetch_sub(1, std::memory_order_relaxed);
-          if (errno == ENODEV || errno == EOPNOTSUPP || errno == EACCES) {
+          if (errno == ENODEV || errno == EOPNOTSUPP) {
             map_works_.store(false, std::memory_order_relaxed);  // The file system's answer.
           }
           return Residency::kUnknown;
@@ -180,7 +180,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
         open.mapping = map;
         open.mapped_length = file.size;
       }
-      mapping = static_cast<const char*>(open.mapping);
+      mapping = static_cast<char*>(open.mapping);
     }
     static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     const uint64_t first = offset / page * page;
@@ -188,8 +188,9 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     unsigned char resident[64];  // Asked 64 pages at a time.
     for (uint64_t done = 0; done < pages; done += sizeof(resident)) {
       const uint64_t count = std::min<uint64_t>(sizeof(resident), pages - done);
-      void* start = const_cast<char*>(mapping) + first + done * page;
-      if (::mincore(start, count * page, resident) != 0) return Residency::kUnknown;
+      if (::mincore(mapping + first + done * page, count * page, resident) != 0) {
+        return Residency::kUnknown;
+      }
       for (uint64_t k = 0; k < count; ++k) {
         if ((resident[k] & 1) == 0) return Residency::kNotAll;
       }
