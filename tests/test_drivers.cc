@@ -511,6 +511,25 @@ class InMemoryRefusedEnv final : public os::Env {
   std::atomic<int> maps_{0};
 };
 
+// The source's file system said to be FUSE's (remote); counts opens of
+// files (not directories).
+class RemoteSourceEnv final : public os::Env {
+ public:
+  int Fstatfs(int fd, struct statfs* fs) override {
+    const int result = os::Env::Fstatfs(fd, fs);
+    if (result == 0) fs->f_type = FUSE_SUPER_MAGIC;
+    return result;
+  }
+  int OpenAt(int dir_fd, const char* path, int flags, mode_t mode) override {
+    if ((flags & (O_DIRECTORY | O_PATH)) == 0) opens_.fetch_add(1);
+    return os::Env::OpenAt(dir_fd, path, flags, mode);
+  }
+  int opens() const { return opens_.load(); }
+
+ private:
+  std::atomic<int> opens_{0};
+};
+
 TEST_CASE("source driver: only bytes in the page cache are read in memory, by RWF_NOWAIT or, "
           "where the file system refuses it, by the pages' residency (mincore)") {
   ScratchDir dir;
@@ -541,11 +560,12 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
   const FileRef file = Ref(0, "d/f.bin", kSize);
   std::vector<char> data(kSize);
   // What the driver reads of [offset, offset + n), checked byte for byte.
-  auto in_memory = [&](StorageDriver& driver, uint64_t offset,
-                       size_t n) -> absl::StatusOr<size_t> {
+  auto in_memory = [&](StorageDriver& driver, uint64_t offset, size_t n,
+                       InMemoryReads::Opening opening =
+                           InMemoryReads::Opening::kMayOpen) -> absl::StatusOr<size_t> {
     std::fill(data.begin(), data.end(), 0);
     absl::StatusOr<size_t> got =
-        driver.capabilities().in_memory->ReadIfInMemory(file, offset, data.data(), n);
+        driver.capabilities().in_memory->ReadIfInMemory(file, offset, data.data(), n, opening);
     if (got.ok()) {
       CHECK(*got == n);
       CHECK(testing::BytesMatch({"", 7, kSize}, data.data(), offset, n));
@@ -583,12 +603,27 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
       std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
       check(*driver);
       // Past the size the walk saw (the file grew): read the usual way.
-      CHECK(absl::IsUnavailable(driver->capabilities()
-                                    .in_memory->ReadIfInMemory(file, kSize - 1, data.data(), 2)
-                                    .status()));
+      CHECK(absl::IsUnavailable(in_memory(*driver, kSize - 1, 2).status()));
     }
     CHECK(env.no_wait_asked() == 1);
     CHECK(env.maps() == 1);
+  }
+  SUBCASE("a hit's ask (kNoRemoteOpen) opens a file on a local disk, never on a remote source") {
+    const auto kNoRemoteOpen = InMemoryReads::Opening::kNoRemoteOpen;
+    cache(0, kSize);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      CHECK(in_memory(*driver, 0, 4096, kNoRemoteOpen).ok());
+    }
+    RemoteSourceEnv env;
+    os::ScopedEnvForTesting scoped(&env);
+    std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+    CHECK(absl::IsUnavailable(in_memory(*driver, 0, 4096, kNoRemoteOpen).status()));
+    CHECK(env.opens() == 0);
+    REQUIRE(*driver->Read(file, 0, data.data(), 1) == 1);  // Opens the file.
+    CHECK(env.opens() == 1);
+    CHECK(in_memory(*driver, 0, 4096, kNoRemoteOpen).ok());
+    CHECK(env.opens() == 1);
   }
   SUBCASE("files that cannot be mapped: RWF_NOWAIT alone, mapping tried once") {
     InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/true);

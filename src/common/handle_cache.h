@@ -71,6 +71,15 @@ class HandleCache {
     return *opened;
   }
 
+  // The cached handle for `key`, or null: never opens.
+  HandlePtr Find(uint32_t key) {
+    MutexLock lock(&mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
   // Drops the cached handle for `key`, if any (e.g. after the file was
   // replaced); with `only`, only if the handle cached is that one.
   void Erase(uint32_t key, const Handle* only = nullptr) {

@@ -77,6 +77,11 @@ ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
                    static_cast<unsigned long>(static_cast<uint64_t>(offset) >> 32), RWF_NOWAIT);
 }
 
+int RawFstatfs(int fd, struct statfs* fs) {
+  if (MONARCH_OS_VIA_LIBC) return ::fstatfs(fd, fs);
+  return static_cast<int>(::syscall(SYS_fstatfs, fd, fs));
+}
+
 ssize_t RawWrite(int fd, const void* buffer, size_t n) {
   if (MONARCH_OS_VIA_LIBC) return ::write(fd, buffer, n);
   return static_cast<ssize_t>(::syscall(SYS_write, fd, buffer, n));
@@ -265,6 +270,7 @@ int Env::Chmod(const char* path, mode_t mode) { return RawChmod(path, mode); }
 int Env::Chown(const char* path, uid_t owner, gid_t group) { return RawChown(path, owner, group); }
 int Env::Access(const char* path, int mode) { return RawAccess(path, mode); }
 int Env::Statvfs(const char* path, struct statvfs* fs) { return ::statvfs(path, fs); }
+int Env::Fstatfs(int fd, struct statfs* fs) { return RawFstatfs(fd, fs); }
 char* Env::RealPath(const char* path, char* resolved) { return ::realpath(path, resolved); }
 
 Env* SetEnvForTesting(Env* env) {
@@ -353,6 +359,7 @@ int Access(const char* path, int mode) { MONARCH_OS_DISPATCH(Access, RawAccess, 
 int Statvfs(const char* path, struct statvfs* fs) {
   MONARCH_OS_DISPATCH(Statvfs, ::statvfs, path, fs);
 }
+int Fstatfs(int fd, struct statfs* fs) { MONARCH_OS_DISPATCH(Fstatfs, RawFstatfs, fd, fs); }
 char* RealPath(const char* path, char* resolved) {
   MONARCH_OS_DISPATCH(RealPath, ::realpath, path, resolved);
 }

@@ -45,6 +45,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
 #include <time.h>
@@ -119,6 +120,8 @@ class Env {
   // Lookups by path.
   virtual int Access(const char* path, int mode);
   virtual int Statvfs(const char* path, struct statvfs* fs);
+  // fstatfs(2), for the file system's type (f_type).
+  virtual int Fstatfs(int fd, struct statfs* fs);
   // realpath's contract: `resolved` is PATH_MAX bytes, or null for a
   // malloc'ed result the caller frees; null and errno on failure.
   virtual char* RealPath(const char* path, char* resolved);
@@ -176,6 +179,7 @@ int Chmod(const char* path, mode_t mode);
 int Chown(const char* path, uid_t owner, gid_t group);
 int Access(const char* path, int mode);
 int Statvfs(const char* path, struct statvfs* fs);
+int Fstatfs(int fd, struct statfs* fs);
 char* RealPath(const char* path, char* resolved);
 
 }  // namespace monarch::os

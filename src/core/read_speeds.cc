@@ -66,7 +66,10 @@ absl::StatusOr<size_t> ReadSpeeds::ReadHit(InMemoryReads* source, StorageDriver&
   if (source == nullptr && enabled()) Disable();  // The source cannot tell: nothing to route to.
   if (source != nullptr && TrySourceFirst(tier, n)) {
     const Clock::time_point start = Clock::now();
-    absl::StatusOr<size_t> got = source->ReadIfInMemory(file, offset, dst, n);
+    // A hit never opens the file on the source to ask: that would cost a
+    // PFS a metadata operation for bytes the copy holds.
+    absl::StatusOr<size_t> got =
+        source->ReadIfInMemory(file, offset, dst, n, InMemoryReads::Opening::kNoRemoteOpen);
     const uint64_t ns = since(start);
     if (absl::IsUnimplemented(got.status())) {
       Disable();

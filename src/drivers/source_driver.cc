@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,7 +34,9 @@ namespace {
 class SourceDriver final : public StorageDriver, public InMemoryReads, public FileIdentity {
  public:
   SourceDriver(std::string root, int max_open_files)
-      : root_(std::move(root)), descriptors_(max_open_files) {}
+      : root_(std::move(root)),
+        opens_are_local_(OnLocalDisk(root_.fd())),
+        descriptors_(max_open_files) {}
 
   SourceDriver(const SourceDriver&) = delete;
   SourceDriver& operator=(const SourceDriver&) = delete;
@@ -53,14 +56,22 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // the read itself, with RWF_NOWAIT where the file system takes it, so a
   // page evicted between the two is refused rather than waited for.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
-                                        size_t n) override {
+                                        size_t n, Opening opening) override {
     const FileRef& file = part.source_file();
     offset += part.part_offset;
     const bool no_wait = no_wait_works_.load(std::memory_order_relaxed);
     if (!no_wait && !map_works_.load(std::memory_order_relaxed)) {
       return absl::UnimplementedError("the source's file system cannot tell");
     }
-    MONARCH_ASSIGN_OR_RETURN(const std::shared_ptr<OpenFile> open, Descriptor(file));
+    std::shared_ptr<OpenFile> open;
+    if (opening == Opening::kNoRemoteOpen && !opens_are_local_) {
+      open = descriptors_.Find(file.id);
+      if (open == nullptr) {
+        return absl::UnavailableError(absl::StrCat(file.name, ": not open on a remote source"));
+      }
+    } else {
+      MONARCH_ASSIGN_OR_RETURN(open, Descriptor(file));
+    }
     switch (Resident(*open, file, offset, n)) {
       case Residency::kNotAll:
         return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
@@ -84,7 +95,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
           // Asked once: the answer is the file system's (FUSE's, most
           // network file systems') or the kernel's (before 4.14).
           no_wait_works_.store(false, std::memory_order_relaxed);
-          return ReadIfInMemory(part, offset - part.part_offset, dst, n);
+          return ReadIfInMemory(part, offset - part.part_offset, dst, n, opening);
         }
         return ErrnoToStatus(errno, absl::StrCat("read ", file.name));
       }
@@ -153,6 +164,25 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   };
 
   enum class Residency { kAll, kNotAll, kUnknown };
+
+  // A file system on this node's own disks (or memory), where an open asks
+  // no server. Any other (FUSE, NFS, Lustre, GPFS, BeeGFS, Ceph, ...) or an
+  // unknown one counts as remote.
+  static bool OnLocalDisk(int fd) {
+    struct statfs fs;
+    if (fd < 0 || os::Fstatfs(fd, &fs) != 0) return false;
+    switch (static_cast<unsigned long>(fs.f_type)) {
+      case EXT4_SUPER_MAGIC:  // Also ext2 and ext3.
+      case XFS_SUPER_MAGIC:
+      case BTRFS_SUPER_MAGIC:
+      case F2FS_SUPER_MAGIC:
+      case TMPFS_MAGIC:
+      case 0x2fc12fc1:  // ZFS.
+        return true;
+      default:
+        return false;
+    }
+  }
 
   // Whether every page of [offset, offset + n) of `file` is in the page
   // cache. kUnknown where the file cannot be mapped (FUSE's direct_io, whose
@@ -262,6 +292,8 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   }
 
   const DirectoryHandle root_;
+  // Whether an open costs no round trip to a server (OnLocalDisk).
+  const bool opens_are_local_;
   // Each cleared once the file system (or kernel) refuses: RWF_NOWAIT,
   // mapping its files.
   std::atomic<bool> no_wait_works_{true};

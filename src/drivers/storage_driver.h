@@ -224,11 +224,17 @@ class CopyMapping {
 // its page cache is served at the cost of a plain read (cached_source).
 class InMemoryReads {
  public:
+  // Whether asking may open the file on the source: a miss's ask may (its
+  // copy opens the file anyway); a hit's only where an open is local (a
+  // disk file system), as on a network or FUSE one it is a metadata round
+  // trip to the PFS for bytes the copy holds (kNoRemoteOpen).
+  enum class Opening { kMayOpen, kNoRemoteOpen };
   // StorageDriver::Read(), if every byte asked for is in memory already:
-  // Unavailable if one would have to come from the device or the network,
+  // Unavailable if one would have to come from the device or the network
+  // (with kNoRemoteOpen, also a file not open on a remote source),
   // Unimplemented if the file system cannot tell. Never waits for I/O.
   virtual absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                                size_t n) = 0;
+                                                size_t n, Opening opening) = 0;
 };
 
 // Backing memory ahead, and giving it back: the RAM tier, for memory.watch.

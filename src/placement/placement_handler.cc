@@ -76,7 +76,8 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(const Fil
     // The source has the bytes in memory: a plain read serves them, and the
     // copy waits for idle CPU (deferred_copies.h). Else (Unavailable: not
     // all in memory; Unimplemented: cannot tell) promoted as usual.
-    absl::StatusOr<size_t> got = source_->ReadIfInMemory(entry.ref, offset, dst, n);
+    absl::StatusOr<size_t> got =
+        source_->ReadIfInMemory(entry.ref, offset, dst, n, InMemoryReads::Opening::kMayOpen);
     if (got.ok() && *got == n) {
       ChargeSourceReads::Add(n);
       deferred_->Add(entry.ref.id);
