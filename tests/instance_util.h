@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <cstdint>
@@ -154,6 +155,13 @@ class CopySpeedEnv final : public os::Env {
       return -1;
     }
     return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  int Mincore(void* address, size_t length, unsigned char* vector) override {
+    if (source_evicted_.load()) {  // Only the source's files are asked.
+      std::memset(vector, 0, (length + 4095) / 4096);
+      return 0;
+    }
+    return os::Env::Mincore(address, length, vector);
   }
   void SlowCopies(bool slow) { slow_copies_.store(slow); }
   void EvictSource(bool evicted) { source_evicted_.store(evicted); }

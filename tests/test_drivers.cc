@@ -586,17 +586,17 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
     CHECK(ResidentPages(path) == 32);
   };
 
-  SUBCASE("mincore, then a read with RWF_NOWAIT: no read-ahead for what is refused") {
+  SUBCASE("mincore, then a plain read: no read-ahead for what is refused, RWF_NOWAIT not asked") {
     InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/false);
     os::ScopedEnvForTesting scoped(&env);
     {
       std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
       check(*driver);
     }
-    CHECK(env.maps() == 1);           // One mapping for the open file.
-    CHECK(env.no_wait_asked() == 2);  // Only for the two reads whose pages were all in.
+    CHECK(env.maps() == 1);  // One mapping for the open file.
+    CHECK(env.no_wait_asked() == 0);
   }
-  SUBCASE("RWF_NOWAIT refused (FUSE): mincore, then a plain read; RWF_NOWAIT asked once") {
+  SUBCASE("RWF_NOWAIT refused (FUSE): mincore, then a plain read, RWF_NOWAIT never needed") {
     InMemoryRefusedEnv env(/*no_wait_refused=*/true, /*unmappable=*/false);
     os::ScopedEnvForTesting scoped(&env);
     {
@@ -605,7 +605,7 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
       // Past the size the walk saw (the file grew): read the usual way.
       CHECK(absl::IsUnavailable(in_memory(*driver, kSize - 1, 2).status()));
     }
-    CHECK(env.no_wait_asked() == 1);
+    CHECK(env.no_wait_asked() == 0);
     CHECK(env.maps() == 1);
   }
   SUBCASE("a hit's ask (kNoRemoteOpen) opens a file on a local disk, never on a remote source") {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -563,6 +564,13 @@ class MemoryLeavesEnv final : public os::Env {
       return -1;
     }
     return os::Env::PreadNoWait(fd, buffer, n, offset);
+  }
+  int Mincore(void* address, size_t length, unsigned char* vector) override {
+    if (everyone_.load() || OnCopiesThread()) {
+      std::memset(vector, 0, (length + 4095) / 4096);
+      return 0;
+    }
+    return os::Env::Mincore(address, length, vector);
   }
   ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) override {
     if (OnCopiesThread()) copies_thread_reads_.fetch_add(1);

@@ -65,7 +65,7 @@ ssize_t RawPread(int fd, void* buffer, size_t n, off_t offset) {
 // Linux 4.14; older kernels refuse the flag (EOPNOTSUPP), as do file systems
 // that cannot tell (FUSE, most network file systems). A refused read still
 // starts read-ahead of what it refused (Linux, at least to 6.18), so the
-// source driver asks mincore(2) first.
+// source driver asks mincore(2) instead where it can map the file.
 ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
 #ifndef RWF_NOWAIT
   constexpr int RWF_NOWAIT = 0x00000008;
@@ -271,6 +271,9 @@ int Env::Chown(const char* path, uid_t owner, gid_t group) { return RawChown(pat
 int Env::Access(const char* path, int mode) { return RawAccess(path, mode); }
 int Env::Statvfs(const char* path, struct statvfs* fs) { return ::statvfs(path, fs); }
 int Env::Fstatfs(int fd, struct statfs* fs) { return RawFstatfs(fd, fs); }
+int Env::Mincore(void* address, size_t length, unsigned char* vector) {
+  return ::mincore(address, length, vector);
+}
 char* Env::RealPath(const char* path, char* resolved) { return ::realpath(path, resolved); }
 
 Env* SetEnvForTesting(Env* env) {
@@ -360,6 +363,9 @@ int Statvfs(const char* path, struct statvfs* fs) {
   MONARCH_OS_DISPATCH(Statvfs, ::statvfs, path, fs);
 }
 int Fstatfs(int fd, struct statfs* fs) { MONARCH_OS_DISPATCH(Fstatfs, RawFstatfs, fd, fs); }
+int Mincore(void* address, size_t length, unsigned char* vector) {
+  MONARCH_OS_DISPATCH(Mincore, ::mincore, address, length, vector);
+}
 char* RealPath(const char* path, char* resolved) {
   MONARCH_OS_DISPATCH(RealPath, ::realpath, path, resolved);
 }

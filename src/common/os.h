@@ -122,6 +122,9 @@ class Env {
   virtual int Statvfs(const char* path, struct statvfs* fs);
   // fstatfs(2), for the file system's type (f_type).
   virtual int Fstatfs(int fd, struct statfs* fs);
+  // mincore(2) on a mapping of a file: which of its pages are in the page
+  // cache (a test Env says they left it).
+  virtual int Mincore(void* address, size_t length, unsigned char* vector);
   // realpath's contract: `resolved` is PATH_MAX bytes, or null for a
   // malloc'ed result the caller frees; null and errno on failure.
   virtual char* RealPath(const char* path, char* resolved);
@@ -180,6 +183,7 @@ int Chown(const char* path, uid_t owner, gid_t group);
 int Access(const char* path, int mode);
 int Statvfs(const char* path, struct statvfs* fs);
 int Fstatfs(int fd, struct statfs* fs);
+int Mincore(void* address, size_t length, unsigned char* vector);
 char* RealPath(const char* path, char* resolved);
 
 }  // namespace monarch::os

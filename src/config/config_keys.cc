@@ -543,8 +543,8 @@ std::vector<Key<Config>> MakeSectionKeys() {
       kCachedSourcePolicies,
       "What a miss does when the source holds the bytes asked for in memory already (the page "
       "cache of a local file system, or of a PFS client), as `mincore(2)` on a mapping of the "
-      "file tells without reading anything, then read with `RWF_NOWAIT` where the file system "
-      "takes it (FUSE does not). `defer`: the reader takes them from there, at the cost of a plain "
+      "file tells without reading anything (where files cannot be mapped, a read with "
+      "`RWF_NOWAIT`). `defer`: the reader takes them from there, at the cost of a plain "
       "read, and the file is copied into a tier later by a thread at the lowest CPU priority "
       "(`SCHED_IDLE`), once a core is free: at once with fewer readers than cores, between "
       "epochs when every core reads (`deferred_copies_queued`). That copy takes only bytes "

@@ -52,9 +52,11 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // Residency first, by mincore(2) on a mapping of the file, which reads
   // nothing: a read with RWF_NOWAIT refuses bytes not in memory but starts
   // the read-ahead that fetches them (Linux, at least to 6.18), so asking
-  // that way alone would read the source for bytes a copy then serves. Then
-  // the read itself, with RWF_NOWAIT where the file system takes it, so a
-  // page evicted between the two is refused rather than waited for.
+  // that way would read the source for bytes a copy then serves. It also
+  // refuses resident bytes, on a page that marks where read-ahead goes on,
+  // so the pages found resident are read plainly: only one evicted between
+  // the two calls makes that read wait for the file system. RWF_NOWAIT
+  // alone where files cannot be mapped.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
                                         size_t n, Opening opening) override {
     const FileRef& file = part.source_file();
@@ -76,8 +78,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
       case Residency::kNotAll:
         return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
       case Residency::kAll:
-        if (!no_wait) return PreadFull(open->fd.get(), dst, n, offset, file.name);
-        break;
+        return PreadFull(open->fd.get(), dst, n, offset, file.name);
       case Residency::kUnknown:
         if (!no_wait) return absl::UnimplementedError("the source's file system cannot tell");
         break;
@@ -218,7 +219,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     unsigned char resident[64];  // Asked 64 pages at a time.
     for (uint64_t done = 0; done < pages; done += sizeof(resident)) {
       const uint64_t count = std::min<uint64_t>(sizeof(resident), pages - done);
-      if (::mincore(mapping + first + done * page, count * page, resident) != 0) {
+      if (os::Mincore(mapping + first + done * page, count * page, resident) != 0) {
         return Residency::kUnknown;
       }
       for (uint64_t k = 0; k < count; ++k) {
