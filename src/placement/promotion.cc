@@ -257,9 +257,10 @@ void Promotion::Commit() {
   // it was opened since the miss that started this promotion began (by
   // this promotion, or by that miss's ask of what the source holds in
   // memory), the attributes the open fetched serve (FileIdentity::Identify),
-  // and only a change between that open and the read goes unseen. That saves a metadata round trip per file: at 8 processes of a
-  // node it was a second request in flight for each, which queued at the
-  // PFS behind the readers' (bench/results/service.md). A shutdown that
+  // and only a change between that open and the read goes unseen. That
+  // saves a metadata round trip per file: at 8 processes of a node it was a
+  // second request in flight for each, which queued at the PFS behind the
+  // readers' (bench/results/service.md). A shutdown that
   // cancelled placement meanwhile asks the source nothing more.
   const FileIdentity::Clock::time_point opened_since =
       layout_.count() <= 1 ? began_ : FileIdentity::kAlwaysAsk;
