@@ -143,34 +143,39 @@ uint64_t FileTable::part_offset(uint32_t id) const {
 
 std::optional<uint32_t> FileTable::FindFile(absl::string_view canonical,
                                             absl::string_view* stored) const {
-  const uint32_t slots = header_.hash_slots;
+  const uint32_t slots = header_.hash_slots;  // Whole lines: Open() checked.
   const uint64_t h = HashName(canonical);
   const uint32_t tag = TagOf(h);
-  uint32_t slot = SlotOf(h, slots);
-  // At most every slot once: a damaged table cannot loop forever.
-  for (uint32_t probes = 0; probes < slots; ++probes, slot = slot + 1 == slots ? 0 : slot + 1) {
-    const HashSlot value = LoadInBounds<HashSlot>(slots_, uint64_t{slot} * sizeof(HashSlot));
-    if (value.id_plus_one == 0) return std::nullopt;
-    if (value.tag_and_name >> kNameLowBits != tag) continue;
-    const uint32_t id = value.id_plus_one - 1;
-    if (id >= header_.file_count) continue;
-    // The name read from the slot's offset, and checked to be file id's
-    // whole name (a damaged slot could point elsewhere).
-    const uint64_t start =
-        LoadInBounds<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
-        (value.tag_and_name & ((uint32_t{1} << kNameLowBits) - 1));
-    if (start > names_.size() || canonical.size() > names_.size() - start) continue;
-    // Fetched while the record loads: the name, and the record's end.
-    __builtin_prefetch(names_.data() + start);
-    __builtin_prefetch(data_ + header_.offset[kRecords] + uint64_t{id} * kRecordBytes +
-                       kRecordBytes - 1);
-    const uint64_t own_start = NameOffset(id);
-    const uint64_t own_end = NameOffset(id + 1);
-    if (own_start == start && own_end == start + canonical.size() &&
-        std::memcmp(names_.data() + start, canonical.data(), canonical.size()) == 0) {
-      if (stored != nullptr) *stored = names_.substr(start, canonical.size());
-      return id;
+  uint32_t line = SlotOf(h, slots);
+  // Line by line, each at most once (a damaged table cannot loop forever),
+  // so the wrap is asked once a line, not once a slot.
+  for (uint32_t lines = slots / kSlotsPerLine; lines > 0; --lines) {
+    const char* at = slots_ + uint64_t{line} * sizeof(HashSlot);
+    for (uint32_t i = 0; i < kSlotsPerLine; ++i, at += sizeof(HashSlot)) {
+      const HashSlot value = LoadInBounds<HashSlot>(at, 0);
+      if (value.id_plus_one == 0) return std::nullopt;
+      if (value.tag_and_name >> kNameLowBits != tag) continue;
+      const uint32_t id = value.id_plus_one - 1;
+      if (id >= header_.file_count) continue;
+      // The name read from the slot's offset, and checked to be file id's
+      // whole name (a damaged slot could point elsewhere).
+      const uint64_t start =
+          LoadInBounds<uint64_t>(name_bases_, uint64_t{id / kNamesPerBase} * sizeof(uint64_t)) +
+          (value.tag_and_name & ((uint32_t{1} << kNameLowBits) - 1));
+      if (start > names_.size() || canonical.size() > names_.size() - start) continue;
+      // Fetched while the record loads: the name, and the record's end.
+      __builtin_prefetch(names_.data() + start);
+      __builtin_prefetch(data_ + header_.offset[kRecords] + uint64_t{id} * kRecordBytes +
+                         kRecordBytes - 1);
+      const uint64_t own_start = NameOffset(id);
+      const uint64_t own_end = NameOffset(id + 1);
+      if (own_start == start && own_end == start + canonical.size() &&
+          std::memcmp(names_.data() + start, canonical.data(), canonical.size()) == 0) {
+        if (stored != nullptr) *stored = names_.substr(start, canonical.size());
+        return id;
+      }
     }
+    line = line + kSlotsPerLine == slots ? 0 : line + kSlotsPerLine;
   }
   return std::nullopt;
 }
