@@ -223,12 +223,13 @@ int main(int argc, char** argv) {
         "%" PRIu64 " files (mean name %.1f chars): in process %.1f B/file (heap %.1f, table "
         "%.1f); node service %.1f B/file (image %.1f); ns per lookup back to back / one after "
         "another: Find %.1f / %.1f, a client's FindId %.1f / %.1f, flat_hash_map<string> "
-        "%.1f / %.1f\n",
+        "%.1f / %.1f; exact: heap %lld B, table %lld B, %" PRIu64 " name chars, %zu "
+        "directories\n",
         files, static_cast<double>(name_chars) / files,
         static_cast<double>(heap + table) / files, static_cast<double>(heap) / files,
         static_cast<double>(table) / files, static_cast<double>(service) / files,
         static_cast<double>(image_bytes) / files, find_ns, find_latency, image_ns, image_latency,
-        map_ns, map_latency);
+        map_ns, map_latency, heap, table, name_chars, listing.listing.directories.size());
     std::fflush(stdout);
   }
   return 0;

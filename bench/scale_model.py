@@ -6,9 +6,10 @@ bytes moved when nodes are lost, and requests per node per second.
 The homes are computed with the same rendezvous hash as
 src/remote/rendezvous_hash.cc (reimplemented here with numpy; --check-hash
 compares it with the C++ code through bench/scale_model/home_check.cc).
-Namespace memory comes from the structure sizes of src/metadata/namespace.cc
-and src/service/namespace_image.cc, checked against real builds measured by
-bench/scale_model/namespace_memory.cc. The formulas are checked against 2-4
+Namespace memory comes from the layout of the namespace's table
+(src/metadata/file_table_format.h) and the Namespace's own arrays, checked
+against build/bench/bench_namespace_memory, which builds the real namespace
+over the same ImageNet-21k-like names. The formulas are checked against 2-4
 process runs of build/monarch-epochs on this machine.
 
 usage: python3 bench/scale_model.py [--build build] [--src .] [--work DIR]
@@ -17,16 +18,16 @@ usage: python3 bench/scale_model.py [--build build] [--src .] [--work DIR]
            [--out bench/results/scale_model.md]
 
 Needs numpy (.venv/bin/python has it), g++ and a Release build
-(build/libmonarch.a, build/monarch-epochs) for the checks. ~4 minutes on
-2 cores with the default budget (the first run also creates 1.5M empty
-files for the namespace measurements, ~1 minute); --exact (every cell with
-the real hash, no sampling) takes ~10 minutes more.
+(build/libmonarch.a, build/monarch-epochs, build/bench/bench_namespace_memory)
+for the checks. ~4 minutes on 2 cores with the default budget; --exact
+(every cell with the real hash, no sampling) takes ~10 minutes more.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -338,92 +339,48 @@ def human_bytes(b):
 
 
 # ---------------------------------------------------------------------------
-# Namespace memory, from the structures in src/metadata/namespace.cc and
-# src/service/namespace_image.cc (sizes checked by namespace_memory.cc).
+# Namespace memory, from the layout of the namespace's table
+# (src/metadata/file_table_format.h, FileTableWriter::Layout) and the
+# Namespace's own arrays (src/metadata/namespace.h); checked against
+# build/bench/bench_namespace_memory (measure_namespace).
 
-FILE_ENTRY = 80       # sizeof(FileEntry): FileRef{id, name view, size, mtime, part_of, part_offset}
-                      # + first_extent, extent_count + tier* + state
-FILE_ATTRIBUTES = 64  # sizeof(FileAttributes)
-TIER_SLOT = 4         # sizeof(TierSlot)
-MAP_SLOT = 24         # pair<const string_view, uint32_t>
-IMAGE_RECORD = 96     # namespace_image.cc Record: name offset/len, size, mtime, FileAttributes
-IMAGE_HEADER = 96     # 80 until the extent fields (entry_count, extent_bytes) came
+TABLE_HEADER = 280    # sizeof(FileTableFormat::Header)
+TABLE_RECORD = 20     # name offset (uint32), size, mtime
+NAMES_PER_BASE = 2048  # a uint64 name base per 2,048 entries
+SLOTS_PER_LINE = 8    # lookup slots, 8 bytes each, in lines of 8 at load 3/4
+TABLE_CLASS = 40      # sizeof(FileTableFormat::Class): the stat() fields files share
+ENTRY_HEAP = 5        # per entry, per process: a tier slot (4 B) and a placement state (1 B)
+DIR_HEAP = 73.53      # per directory: its name, parent, by-name map entry and stamp (fitted:
+                      # bench_namespace_memory's heap less 5 B per file, 21,843 directories)
 HOME_ENTRY = 2        # PeerDriver::holders_: uint16_t per file (one home)
 RAM_SLOT = 16         # ram_driver.cc Slot: sequence + location, per file, per RAM tier
 
 
-def malloc_usable(k):
-    """glibc: what a malloc(k) really holds (16-byte granules, 24 minimum)."""
-    return max(24, (k + 8 + 15) // 16 * 16 - 8)
+def align8(k):
+    return (k + 7) // 8 * 8
 
 
-def absl_reserved_capacity(n):
-    """flat_hash_map::reserve(n) in Abseil 20220623: NormalizeCapacity(n + (n-1)/7)."""
-    if n == 0:
-        return 0
-    m = n + (n - 1) // 7
-    return (1 << m.bit_length()) - 1
+def table_bytes_model(n, name_chars, root_len, classes=1):
+    """The table's region for n files (no extents) as FileTableWriter lays it out."""
+    slots = -(-(n + n // 3 + 1) // SLOTS_PER_LINE) * SLOTS_PER_LINE
+    sections = [(n + 1) * TABLE_RECORD,                        # records
+                -(-(n + 1) // NAMES_PER_BASE) * 8,             # name bases
+                8 * n, 8 * n, 8 * n,                           # inodes, ctimes, atimes
+                n * (2 if classes <= 65536 else 4),            # class of each file
+                classes * TABLE_CLASS,                          # classes
+                0, 0, 0,                                        # extents, block exceptions
+                slots * 8,                                      # lookup slots
+                name_chars, root_len]
+    at = align8(TABLE_HEADER)
+    for index, size in enumerate(sections):
+        if index == 10:
+            at = (at + 63) // 64 * 64  # The slots start on a cache line.
+        at = align8(at + size)
+    return (at + 4095) // 4096 * 4096  # A sealed memfd of whole pages.
 
 
-def absl_grown_capacity(n):
-    """Capacity after n single inserts without reserve (doubling, 7/8 load)."""
-    cap = 0
-    while cap - cap // 8 < n or cap == 0:
-        if n == 0:
-            return 0
-        cap = 1 if cap == 0 else cap * 2 + 1
-    return cap
-
-
-def absl_alloc(cap, slot=MAP_SLOT, align=8):
-    if cap == 0:
-        return 0
-    return ((cap + 1 + 15) + align - 1) // align * align + cap * slot
-
-
-def pow2ceil(k):
-    return 1 if k <= 1 else 1 << (k - 1).bit_length()
-
-
-def string_heap(length):
-    return 0 if length <= 15 else malloc_usable(length + 1)
-
-
-def namespace_heap_model(n, name_chars, dir_names, files_per_dir, subdirs_per_dir=None):
-    """Bytes the Namespace keeps after Build(), component by component."""
-    parts = {}
-    parts["names arena"] = string_heap(name_chars)
-    parts["entries (80 B)"] = malloc_usable(FILE_ENTRY * n) if n else 0
-    parts["attributes (64 B)"] = malloc_usable(FILE_ATTRIBUTES * n) if n else 0
-    parts["tier slots (4 B)"] = malloc_usable(TIER_SLOT * n) if n else 0
-    parts["name -> id map"] = malloc_usable(absl_alloc(absl_reserved_capacity(n))) if n else 0
-    d = len(dir_names)
-    dir_bytes = malloc_usable(48 * d) + malloc_usable(32 * d)
-    dir_bytes += sum(string_heap(len(s)) for s in dir_names)
-    dir_bytes += sum(malloc_usable(4 * pow2ceil(c)) for c in files_per_dir if c)
-    for c in (subdirs_per_dir or []):
-        if c:
-            dir_bytes += malloc_usable(4 * pow2ceil(c))
-    dir_bytes += malloc_usable(absl_alloc(absl_grown_capacity(d)))
-    parts["directories"] = dir_bytes
-    return parts
-
-
-def image_bytes_model(n, name_chars, root_len):
-    slots = 2
-    while slots < 2 * n:
-        slots *= 2
-    raw = IMAGE_HEADER + IMAGE_RECORD * n + 4 * slots
-    raw = (raw + 7) // 8 * 8 + name_chars + root_len
-    return (raw + 4095) // 4096 * 4096
-
-
-def walk_peak_model(n, name_lengths_heap, d):
-    """What the walk holds on top of the finished namespace at the peak (the
-    end of Build): the walk's WalkedFile list (120 B each, vector doubling),
-    each name's own string, the id-ordered pointer and offset vectors, and
-    the walk's directory list."""
-    return (120 * pow2ceil(n) if n else 0) + name_lengths_heap + 16 * n + 40 * pow2ceil(d)
+def heap_model(n, dirs):
+    return ENTRY_HEAP * n + DIR_HEAP * dirs
 
 
 # ---------------------------------------------------------------------------
@@ -675,17 +632,13 @@ def compile_helpers(args, log):
         sys.exit("no %s: build first (see bench/results/scale_model.md)" % lib)
     common = ["g++", "-std=c++17", "-O2", "-I" + os.path.join(args.src, "src"),
               "-I" + os.path.join(args.src, "include")]
-    absl = ["-labsl_statusor", "-labsl_status", "-labsl_strings", "-labsl_hash",
-            "-labsl_raw_hash_set", "-labsl_str_format_internal", "-labsl_city",
-            "-labsl_low_level_hash", "-labsl_throw_delegate", "-labsl_raw_logging_internal",
-            "-labsl_synchronization", "-labsl_spinlock_wait", "-labsl_cord", "-lpthread"]
     # The library is built in layers (src/*/CMakeLists.txt): libmonarch.a
     # and one archive per layer beside it; the linker takes what it needs.
     layers = sorted(os.path.join(args.build, f) for f in os.listdir(args.build)
                     if f.startswith("libmonarch_") and f.endswith(".a"))
     archives = ["-Wl,--start-group", lib] + layers + ["-Wl,--end-group"]
     out = {}
-    for name, libs in (("home_check", []), ("namespace_memory", absl)):
+    for name, libs in (("home_check", []),):
         src = os.path.join(HERE, "scale_model", name + ".cc")
         exe = os.path.join(bin_dir, name)
         cmd = common + [src] + archives + libs + ["-o", exe]
@@ -755,90 +708,36 @@ def check_hash(helpers, extra_names, log):
     return result
 
 
-def make_tree(root, count, long_names):
-    marker = root + ".complete"
-    if os.path.exists(marker):
-        return
-    shutil.rmtree(root, ignore_errors=True)
-    classes = max(1, min(IMAGENET_CLASSES, count // 46))
-    for i in range(count):
-        wnid = 1000000 + 397 * (i % classes)
-        d = os.path.join(root, "train", "n%08d" % wnid)
-        if i < classes:
-            os.makedirs(d, exist_ok=True)
-        base = "n%08d_%d.JPEG" % (wnid, i // classes)
-        if long_names:
-            base = "augmented-variant-%s-%s" % ("x" * 48, base)
-        os.close(os.open(os.path.join(d, base), os.O_CREAT | os.O_WRONLY, 0o644))
-    open(marker, "w").close()
-
-
-def tree_layout(root):
-    dir_names, files_per_dir, subdirs, lengths = [], [], [], []
-    for d, sub, files in os.walk(root):
-        rel = os.path.relpath(d, root)
-        rel = "" if rel == "." else rel
-        dir_names.append(rel)
-        files_per_dir.append(len(files))
-        subdirs.append(len(sub))
-        for f in files:
-            lengths.append(len(os.path.join(rel, f)) if rel else len(f))
-    return dir_names, files_per_dir, subdirs, lengths
-
-
-def measure_namespace(helpers, args, log):
+def measure_namespace(args, log):
+    """bench_namespace_memory builds the real Namespace over ImageNet-21k-like
+    names (those of imagenet_like) and counts its heap and its table; each
+    against the model."""
+    exe = os.path.join(args.build, "bench", "bench_namespace_memory")
+    out = subprocess.run([exe] + [str(n) for n in args.ns_counts], check=True,
+                         capture_output=True, text=True).stdout
     rows = []
-    for count, long_names in args.ns_trees:
-        root = os.path.join(args.work, "ns-trees", "tree-%d%s" % (count, "-long" if long_names else ""))
-        t0 = time.time()
-        make_tree(root, count, long_names)
-        out = subprocess.run([helpers["namespace_memory"], root, "1"], check=True,
-                             capture_output=True, text=True).stdout
-        m = json.loads(out)
-        dir_names, files_per_dir, subdirs, lengths = tree_layout(root)
-        chars = sum(lengths)
-        assert chars == m["name_chars"] and len(lengths) == m["files"], (chars, m)
-        parts = namespace_heap_model(m["files"], chars, dir_names, files_per_dir, subdirs)
-        model = sum(parts.values())
-        image = image_bytes_model(m["files"], chars, len(root))
-        walk_names = sum(string_heap(l) for l in lengths)
-        peak = model + walk_peak_model(m["files"], walk_names, len(dir_names))
-        rows.append({"files": m["files"], "long": long_names, "name_chars": chars,
-                     "dirs": len(dir_names), "measured_heap": m["heap_bytes"],
-                     "model_heap": model, "measured_peak": m["peak_bytes"], "model_peak": peak,
-                     "measured_image": m["image_bytes"], "model_image": image,
-                     "sizeof": [m["sizeof_file_entry"], m["sizeof_file_attributes"],
-                                m["sizeof_tier_slot"]]})
-        log("namespace %d files%s: heap %d (model %d, %+.2f%%), peak %d (model %d, %+.1f%%), "
-            "image %d (model %d), %.1f s" % (
-                m["files"], " long names" if long_names else "", m["heap_bytes"], model,
-                100 * (model / m["heap_bytes"] - 1), m["peak_bytes"], peak,
-                100 * (peak / m["peak_bytes"] - 1), m["image_bytes"], image, time.time() - t0))
-    assert all(r["sizeof"] == [FILE_ENTRY, FILE_ATTRIBUTES, TIER_SLOT] for r in rows), rows
-    # The linear fit the issue asks for: bytes = a * files + b * name chars.
-    a_mat = np.array([[r["files"], r["name_chars"]] for r in rows], dtype=np.float64)
-    y = np.array([r["measured_heap"] for r in rows], dtype=np.float64)
-    (per_file, per_char), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
-    table = np.array([malloc_usable(absl_alloc(absl_reserved_capacity(r["files"]))) for r in rows],
-                     dtype=np.float64)
-    (per_file2, per_char2), *_ = np.linalg.lstsq(a_mat, y - table, rcond=None)
-    return rows, (float(per_file), float(per_char), float(per_file2), float(per_char2))
+    for line in out.splitlines():
+        m = re.search(r"^(\d+) files .*exact: heap (\d+) B, table (\d+) B, (\d+) name chars, "
+                      r"(\d+) directories", line)
+        if not m:
+            sys.exit("bench_namespace_memory printed an unexpected line: %s" % line)
+        n, heap, table, chars, dirs = (int(g) for g in m.groups())
+        row = {"files": n, "name_chars": chars, "dirs": dirs, "measured_heap": heap,
+               "model_heap": heap_model(n, dirs), "measured_table": table,
+               "model_table": table_bytes_model(n, chars, len("/data/imagenet"))}
+        rows.append(row)
+        log("namespace %d files: heap %d (model %d, %+.3f%%), table %d (model %d)" % (
+            n, heap, row["model_heap"], 100 * (row["model_heap"] / heap - 1), table,
+            row["model_table"]))
+    return rows
 
 
 def namespace_per_node(ds):
     chars = int(round(ds.mean_name * ds.n))
-    dir_names = ds.dirs
-    subdirs = [len(ds.dirs) - 1] + [0] * (len(ds.dirs) - 1) if len(ds.dirs) > 1 else [0]
-    files_per_dir = ([0] + ds.files_per_dir) if len(ds.dirs) > 1 else ds.files_per_dir
-    heap = sum(namespace_heap_model(ds.n, chars, dir_names, files_per_dir, subdirs).values())
-    image = image_bytes_model(ds.n, chars, 40)
-    name_heap = ds.n * string_heap(int(round(ds.mean_name)))
-    build_peak = heap + walk_peak_model(ds.n, name_heap, len(dir_names))
-    # The walk's lists are gone before the image is written and the homes
-    # assigned (with an 8-byte-per-file size list for the auto buffer).
-    peak = max(build_peak, heap + image + (HOME_ENTRY + 8) * ds.n)
-    return {"heap": heap, "image": image, "homes": HOME_ENTRY * ds.n, "ram_slots": RAM_SLOT * ds.n,
-            "peak": peak, "build_peak": build_peak, "chars": chars}
+    table = table_bytes_model(ds.n, chars, 40)
+    heap = heap_model(ds.n, len(ds.dirs) + 1)  # The root too.
+    return {"table": table, "heap": heap, "homes": HOME_ENTRY * ds.n,
+            "ram_slots": RAM_SLOT * ds.n, "chars": chars}
 
 
 def dataset_listing(root):
@@ -1067,15 +966,15 @@ def findings(datasets, results, mem, checks, ns_rows, t, extent_rows=None):
                  human_bytes(r1["lose10_norep_formula"]), 1023 / 9))
     m1, m20 = mem[img1.label], mem[img20.label]
     L.append("- **Namespace memory does not shrink with N**: every node holds the whole "
-             "namespace, ~%.0f B per file with the node service (the heap namespace and the "
-             "shared image both keep every name and stat: 1M files %s, 20M files %s per "
-             "node, %s at the start-up peak). Without the service, each process holds "
-             "its own %s (20M files), so 8 processes per node would hold %s." % (
-                 (m20["heap"] + m20["image"] + m20["homes"]) / img20.n,
-                 human_bytes(m1["heap"] + m1["image"] + m1["homes"]),
-                 human_bytes(m20["heap"] + m20["image"] + m20["homes"]), human_bytes(m20["peak"]),
-                 human_bytes(m20["heap"] + m20["homes"]),
-                 human_bytes(8 * (m20["heap"] + m20["homes"]))))
+             "namespace, ~%.0f B per file with the node service (one table of every name and "
+             "stat, shared by the service and its clients, plus 5 B per file of tier slot and "
+             "state and 2 B of home: 1M files %s, 20M files %s per node). A process that "
+             "builds its own namespace, without the service, holds all of it: 8 such "
+             "processes per node would hold %s (20M files)." % (
+                 (m20["table"] + m20["heap"] + m20["homes"]) / img20.n,
+                 human_bytes(m1["table"] + m1["heap"] + m1["homes"]),
+                 human_bytes(m20["table"] + m20["heap"] + m20["homes"]),
+                 human_bytes(8 * (m20["table"] + m20["heap"] + m20["homes"]))))
     a, b = by[(img20.label, 4)], by[(img20.label, 4096)]
     L.append("- **Load per node falls as 1/N; the PFS's does not.** For a %g s epoch over "
              "20M images each node serves %s peer requests/s at 4 nodes and %s at 4,096 "
@@ -1097,9 +996,9 @@ def findings(datasets, results, mem, checks, ns_rows, t, extent_rows=None):
                  "SIGKILLed rank, the survivors' source bytes per epoch within %.1f sd of the "
                  "dead rank's share in their partitions.%s" % (
                      "equal" if exact_all else "DIFFER FROM", worst_peer, worst_req, worst_loss,
-                     " Namespace heap within %.2f%% of the structural model at 20k-1M files, "
-                     "image size exact." % max(abs(r["model_heap"] / r["measured_heap"] - 1) * 100
-                                                for r in ns_rows) if ns_rows else ""))
+                     " Namespace table exact and heap within %.3f%% of the model at 20k-1M "
+                     "files." % max(abs(r["model_heap"] / r["measured_heap"] - 1) * 100
+                                    for r in ns_rows) if ns_rows else ""))
     L.append("")
     return L
 
@@ -1109,16 +1008,16 @@ def shown(path):
     return path if rel.startswith("..") else rel
 
 
-def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started, argv,
+def report(args, datasets, results, hash_check, ns_rows, checks, started, argv,
            extent_rows):
     L = []
     t = args.epoch_seconds
     L += ["# Scale model of the peer tier (issue 15)", "",
           "Written by `bench/scale_model.py` (command and run time at the end). Homes come from "
           "the same rendezvous hash as `src/remote/rendezvous_hash.cc` (reimplemented in numpy "
-          "and checked name by name against the C++ code); namespace memory from the structures "
-          "of `src/metadata/namespace.cc` and `src/service/namespace_image.cc`, checked against "
-          "real builds; everything is checked against 2-4 process runs of `monarch-epochs` on "
+          "and checked name by name against the C++ code); namespace memory from the layout of "
+          "the namespace's table (`src/metadata/file_table_format.h`) and its per-file arrays, "
+          "checked against the real code; everything is checked against 2-4 process runs of `monarch-epochs` on "
           "this machine at the end.", ""]
     mem = {ds.label: namespace_per_node(ds) for ds in datasets}
     L += findings(datasets, results, mem, checks, ns_rows, t, extent_rows)
@@ -1147,21 +1046,18 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
           "Notation: n files of total size T and mean size s̄ (coefficient of variation cv), N "
           "nodes (one Monarch peer per node, the node service's), epoch time t, k nodes lost, "
           "r homes per file.", "",
-          "1. **Namespace memory per node** = M_ns + M_image + M_homes, independent of N, "
+          "1. **Namespace memory per node** = M_table + M_heap + M_homes, independent of N, "
           "because every node holds the whole namespace:",
-          "   - M_ns = n·(80 + 64 + 4) + Σ|name| + 25·c(n) + dirs, where 80/64/4 bytes are the "
-          "`FileEntry`, `FileAttributes` and tier slot of each file, names live once in one "
-          "arena, and the name→id `flat_hash_map` (24-byte slots + 1 control byte) is reserved "
-          "to c(n) = 2^⌈log2(8n/7 + 1)⌉ − 1 slots (1.14-2.3 slots per file, so the per-file "
-          "cost steps at powers of two). Directories add a 4-byte id per file (vector "
-          "doubling) plus a few dozen bytes per directory.",
-          "   - M_image = 96·n + 4·2^⌈log2 2n⌉ + Σ|name| (the node service's shared "
-          "`NamespaceImage`: a 96-byte record per file and an open-addressing table of 2-4 "
-          "slots per file); one copy per node however many clients map it.",
+          "   - M_table = n·(20 + 3·8 + 2 + 8·⌈(4n/3 + 1)/8⌉·8/n) + Σ|name| + a 280-byte header "
+          "and 8 bytes per 2,048 files, in whole pages: a 20-byte record (name offset, size, mtime), inode, "
+          "ctime and atime, a 2-byte index into the stat() fields files share, and lookup "
+          "slots of 8 bytes at load 3/4 in lines of 8 (`src/metadata/file_table.h`): ~57 B "
+          "per file and the names. One memfd per node, mapped by the service and every client.",
+          "   - M_heap = 5·n + 73.5·d: a 4-byte tier slot and a 1-byte placement state per "
+          "file, and per directory its name, parent, by-name map entry and stamp (73.5 B "
+          "fitted to the measured heap).",
           "   - M_homes = 2·n (`PeerDriver::holders_`, a uint16 per file and home), plus 16·n per RAM tier "
           "(its slot table) - listed apart, it is tier metadata.",
-          "   - The walk's peak adds, until Build returns, a 120-byte `WalkedFile` per file "
-          "(vector doubling) with its own copy of the name, and 16 bytes of id-ordered vectors.",
           "2. **Home-share imbalance.** Each file's home is the rank with the highest score, "
           "so with a mixing hash the homes are independent and uniform: node j's home bytes "
           "B_j = Σ s_i·[home_i = j] have mean T/N and standard deviation "
@@ -1259,9 +1155,9 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
         L.append("| " + " | ".join(row) + " |")
     L += ["", "### Load per node for an epoch of %g s, and namespace memory per node" % t, "",
           "Rates scale as 1/t. Peer requests: sent = served on average; 'busiest' is the home "
-          "with the most requests. Memory: node-service layout (one namespace and one image "
-          "per node), the same for every N.", "",
-          "| dataset | N | files read/node/s | MiB/s read per node | peer requests/node/s (mean) | busiest home, requests/s | namespace + image + homes per node |",
+          "with the most requests. Memory: node-service layout (one table per node), the "
+          "same for every N.", "",
+          "| dataset | N | files read/node/s | MiB/s read per node | peer requests/node/s (mean) | busiest home, requests/s | namespace + homes per node |",
           "|---|---|---|---|---|---|---|"]
     for ds, r in results:
         m = mem[ds.label]
@@ -1269,24 +1165,21 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
             ds.label, r["peers"], "{:,.1f}".format(r["reads_per_node_s"]),
             "{:,.1f}".format(r["bytes_per_node_s"] / MIB), "{:,.1f}".format(r["peer_req_per_node_s"]),
             "{:,.1f}".format(r["peer_req_busiest_s"]),
-            human_bytes(m["heap"] + m["image"] + m["homes"])))
+            human_bytes(m["table"] + m["heap"] + m["homes"])))
     L += ["", "### Namespace memory per node, by part", "",
-          "| dataset | namespace heap | per file | image (shared) | homes | total per node | peak at start-up | RAM tier slot table |",
-          "|---|---|---|---|---|---|---|---|"]
+          "| dataset | table (shared) | heap | homes | total per node | RAM tier slot table |",
+          "|---|---|---|---|---|---|"]
     for ds in datasets:
         m = mem[ds.label]
-        tot = m["heap"] + m["image"] + m["homes"]
-        L.append("| %s | %s | %.0f B | %s | %s | %s (%.0f B/file) | %s | %s |" % (
-            ds.label, human_bytes(m["heap"]), m["heap"] / ds.n, human_bytes(m["image"]),
-            human_bytes(m["homes"]), human_bytes(tot), tot / ds.n,
-            human_bytes(m["peak"]), human_bytes(m["ram_slots"])))
-    L += ["", "Peak at start-up: the larger of the build's peak (namespace + the walk's "
-          "lists, 1 walk thread) and namespace + image + homes once the lists are freed. "
-          "Without the node service every process (e.g. 8 per node) holds its own "
-          "namespace heap and homes, and no image: multiply the heap column by the processes "
-          "per node. Not modelled: a client process that lists directories builds a "
-          "per-process index of every base name (`NamespaceImage::directories()`, a "
-          "`std::string` per file), a few dozen bytes per file per such process.", ""]
+        tot = m["table"] + m["heap"] + m["homes"]
+        L.append("| %s | %s (%.0f B/file) | %s | %s | %s (%.0f B/file) | %s |" % (
+            ds.label, human_bytes(m["table"]), m["table"] / ds.n, human_bytes(m["heap"]),
+            human_bytes(m["homes"]), human_bytes(tot), tot / ds.n, human_bytes(m["ram_slots"])))
+    L += ["", "Without the node service every process (e.g. 8 per node) that builds its own "
+          "namespace holds its own table, heap and homes: multiply the total by the processes per node. Not modelled: the "
+          "walk's lists while a namespace is built (`startup.md` keeps the namespace on the "
+          "node, so the next job does not walk), and a process that lists directories "
+          "indexes every base name once (`NamespaceView::directories()`).", ""]
 
     L += ["## Checks against the real code and real runs", ""]
     if hash_check:
@@ -1305,25 +1198,19 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
               "steps of 37) and their striped homes for the same N: %d mismatches." % (
                   hash_check["extents"], hash_check["extent_mismatches"]), ""]
     if ns_rows:
-        L += ["**Namespace memory.** `bench/scale_model/namespace_memory.cc` builds "
-              "`Namespace` with the real code over trees of empty files (1 walk thread) and "
-              "counts every C++ allocation (usable size), and writes the service's image:", "",
-              "| files | names | dirs | heap measured | heap model | error | peak measured | peak model | image measured | image model |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        L += ["**Namespace memory.** `build/bench/bench_namespace_memory` builds the real "
+              "`Namespace` from a listing of the ImageNet-21k-like names above (21,841 class "
+              "directories, root `/data/imagenet`), counts every C++ allocation it keeps "
+              "(usable size) and the table's bytes:", "",
+              "| files | mean name | dirs | table measured | table model | heap measured | heap model | error |",
+              "|---|---|---|---|---|---|---|---|"]
         for r in ns_rows:
-            L.append("| {:,} | {} ({:.1f} chars) | {:,} | {:,} | {:,} | {:+.2f}% | {:,} | {:,} ({:+.1f}%) | {:,} | {:,} |".format(
-                r["files"], "long" if r["long"] else "image-like", r["name_chars"] / r["files"],
-                r["dirs"], r["measured_heap"], r["model_heap"],
-                100 * (r["model_heap"] / r["measured_heap"] - 1), r["measured_peak"],
-                r["model_peak"], 100 * (r["model_peak"] / r["measured_peak"] - 1),
-                r["measured_image"], r["model_image"]))
-        L += ["", "Least-squares fits over these builds: heap = %.1f B per file + %.2f B per "
-              "name character, as a straight line; with the name→id table's own term taken "
-              "out first (25 B per slot of its power-of-two capacity c(n), known from Abseil), "
-              "heap = %.1f B per file + %.2f B per name character + 25·c(n), which is the "
-              "structure above (124 B of per-file arrays plus ~4-8 B of directory lists; one "
-              "byte per name character). The straight line cannot follow the table's steps "
-              "at powers of two, so the tables use the structural model." % ns_fit, ""]
+            L.append("| {:,} | {:.1f} chars | {:,} | {:,} | {:,} | {:,} | {:,.0f} | {:+.3f}% |".format(
+                r["files"], r["name_chars"] / r["files"], r["dirs"], r["measured_table"],
+                r["model_table"], r["measured_heap"], r["model_heap"],
+                100 * (r["model_heap"] / r["measured_heap"] - 1)))
+        L += ["", "`bench/results/namespace_memory.md` measures the same at 20 million files, and "
+              "the lookups.", ""]
     if checks:
         L += ["**Runs.** Dataset: `monarch-epochs --generate %d --profile imagenet` (seed 42; "
               "%s; receive buffer %s, pieces of %s). N `monarch-epochs` processes on this "
@@ -1389,8 +1276,8 @@ def report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started
           "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2   # if build/ is missing",
           ".venv/bin/python bench/scale_model.py %s" % " ".join(argv),
           "```", "",
-          "It compiles `bench/scale_model/home_check.cc` and `namespace_memory.cc` with g++ "
-          "against `%s` into `%s/bin`, keeps its empty-file trees and the "
+          "It compiles `bench/scale_model/home_check.cc` with g++ "
+          "against `%s` into `%s/bin`, keeps the "
           "check dataset under `%s`, and runs the processes itself (no root needed). This "
           "run took %.0f s on this 2-core machine (load average %.1f at the end: other "
           "jobs shared the cores)." % (
@@ -1420,8 +1307,7 @@ def main():
     ap.add_argument("--skip-hash-check", action="store_true")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "scale_model.md"))
     args = ap.parse_args()
-    args.ns_trees = [(20000, False), (100000, False), (300000, False), (1000000, False),
-                     (100000, True)]
+    args.ns_counts = [20000, 100000, 1000000]
     started = time.time()
 
     def log(msg):
@@ -1429,7 +1315,7 @@ def main():
 
     os.makedirs(args.work, exist_ok=True)
     helpers = None
-    if not (args.skip_runs and args.skip_namespace and args.skip_hash_check):
+    if not (args.skip_runs and args.skip_hash_check):
         helpers = compile_helpers(args, log)
     checks = None if args.skip_runs else check_runs(args, log)
     hash_check = None
@@ -1438,10 +1324,10 @@ def main():
         if checks:
             extra = dataset_listing(checks["dataset"])[0]
         hash_check = check_hash(helpers, extra, log)
-    ns_rows, ns_fit = (None, None) if args.skip_namespace else measure_namespace(helpers, args, log)
+    ns_rows = None if args.skip_namespace else measure_namespace(args, log)
     datasets, results = run_tables(args, log)
     extent_rows = run_extent_tables(args, log)
-    text = report(args, datasets, results, hash_check, ns_rows, ns_fit, checks, started,
+    text = report(args, datasets, results, hash_check, ns_rows, checks, started,
                   sys.argv[1:], extent_rows)
     if args.out:
         with open(args.out, "w") as f:
