@@ -163,6 +163,13 @@ class CopySpeedEnv final : public os::Env {
     }
     return os::Env::Mincore(address, length, vector);
   }
+  int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) override {
+    if (source_evicted_.load()) {
+      *cached_pages = 0;
+      return 0;
+    }
+    return os::Env::Cachestat(fd, offset, length, cached_pages);
+  }
   void SlowCopies(bool slow) { slow_copies_.store(slow); }
   void EvictSource(bool evicted) { source_evicted_.store(evicted); }
 

@@ -482,8 +482,16 @@ TEST_CASE("posix writes: buffered copies stay in the page cache, direct ones do 
 // both; counts the asks.
 class InMemoryRefusedEnv final : public os::Env {
  public:
-  InMemoryRefusedEnv(bool no_wait_refused, bool unmappable)
-      : no_wait_refused_(no_wait_refused), unmappable_(unmappable) {}
+  InMemoryRefusedEnv(bool no_wait_refused, bool unmappable, bool no_cachestat = false)
+      : no_wait_refused_(no_wait_refused), unmappable_(unmappable), no_cachestat_(no_cachestat) {}
+  int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) override {
+    cachestat_asked_.fetch_add(1);
+    if (no_cachestat_) {  // A kernel before 6.5.
+      errno = ENOSYS;
+      return -1;
+    }
+    return os::Env::Cachestat(fd, offset, length, cached_pages);
+  }
   ssize_t PreadNoWait(int fd, void* buffer, size_t n, off_t offset) override {
     no_wait_asked_.fetch_add(1);
     if (no_wait_refused_) {
@@ -503,12 +511,15 @@ class InMemoryRefusedEnv final : public os::Env {
   }
   int no_wait_asked() const { return no_wait_asked_.load(); }
   int maps() const { return maps_.load(); }
+  int cachestat_asked() const { return cachestat_asked_.load(); }
 
  private:
   const bool no_wait_refused_;
   const bool unmappable_;
+  const bool no_cachestat_;
   std::atomic<int> no_wait_asked_{0};
   std::atomic<int> maps_{0};
+  std::atomic<int> cachestat_asked_{0};
 };
 
 // The source's file system said to be FUSE's (remote); counts opens of
@@ -530,8 +541,8 @@ class RemoteSourceEnv final : public os::Env {
   std::atomic<int> opens_{0};
 };
 
-TEST_CASE("source driver: only bytes in the page cache are read in memory, by RWF_NOWAIT or, "
-          "where the file system refuses it, by the pages' residency (mincore)") {
+TEST_CASE("source driver: only bytes in the page cache are read in memory, asked by cachestat "
+          "or mincore, or by RWF_NOWAIT where files cannot be mapped") {
   ScratchDir dir;
   constexpr uint64_t kSize = 1 << 20;
   const std::string path = dir.path() + "/d/f.bin";
@@ -586,14 +597,28 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
     CHECK(ResidentPages(path) == 32);
   };
 
-  SUBCASE("mincore, then a plain read: no read-ahead for what is refused, RWF_NOWAIT not asked") {
+  SUBCASE("cachestat once a first mapping showed pages are kept, then a plain read: no "
+          "read-ahead for what is refused, RWF_NOWAIT not asked") {
     InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/false);
     os::ScopedEnvForTesting scoped(&env);
     {
       std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
       check(*driver);
     }
-    CHECK(env.maps() == 1);  // One mapping for the open file.
+    CHECK(env.maps() == 1);  // The first ask's, for the open file.
+    CHECK(env.cachestat_asked() == 5);  // Every ask after the first.
+    CHECK(env.no_wait_asked() == 0);
+  }
+  SUBCASE("no cachestat (before Linux 6.5): mincore on a mapping per open file") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/false,
+                           /*no_cachestat=*/true);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      check(*driver);
+    }
+    CHECK(env.maps() == 1);
+    CHECK(env.cachestat_asked() == 1);  // Refused once, then not asked again.
     CHECK(env.no_wait_asked() == 0);
   }
   SUBCASE("RWF_NOWAIT refused (FUSE): mincore, then a plain read, RWF_NOWAIT never needed") {
@@ -633,6 +658,7 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, by RW
     for (int i = 0; i < 3; ++i) CHECK(in_memory(*driver, 0, kSize).ok());
     CHECK(env.maps() == 1);
     CHECK(env.no_wait_asked() == 3);
+    CHECK(env.cachestat_asked() == 0);  // It would say "none" of a file that keeps no pages.
   }
   SUBCASE("both refused (FUSE's direct_io): cannot tell, each asked once") {
     InMemoryRefusedEnv env(/*no_wait_refused=*/true, /*unmappable=*/true);

@@ -572,6 +572,13 @@ class MemoryLeavesEnv final : public os::Env {
     }
     return os::Env::Mincore(address, length, vector);
   }
+  int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) override {
+    if (everyone_.load() || OnCopiesThread()) {
+      *cached_pages = 0;
+      return 0;
+    }
+    return os::Env::Cachestat(fd, offset, length, cached_pages);
+  }
   ssize_t Pread(int fd, void* buffer, size_t n, off_t offset) override {
     if (OnCopiesThread()) copies_thread_reads_.fetch_add(1);
     return os::Env::Pread(fd, buffer, n, offset);

@@ -77,6 +77,23 @@ ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
                    static_cast<unsigned long>(static_cast<uint64_t>(offset) >> 32), RWF_NOWAIT);
 }
 
+// The kernel's struct cachestat_range and struct cachestat (linux/mman.h
+// from 6.5; the build's headers may be older). The syscall's number is the
+// same on every architecture.
+int RawCachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) {
+  struct Range {
+    uint64_t offset;
+    uint64_t length;
+  } range = {offset, length};
+  struct Counts {
+    uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  } counts = {};
+  constexpr long kCachestat = 451;
+  const int result = static_cast<int>(::syscall(kCachestat, fd, &range, &counts, 0));
+  if (result == 0) *cached_pages = counts.cache;
+  return result;
+}
+
 int RawFstatfs(int fd, struct statfs* fs) {
   if (MONARCH_OS_VIA_LIBC) return ::fstatfs(fd, fs);
   return static_cast<int>(::syscall(SYS_fstatfs, fd, fs));
@@ -274,6 +291,9 @@ int Env::Fstatfs(int fd, struct statfs* fs) { return RawFstatfs(fd, fs); }
 int Env::Mincore(void* address, size_t length, unsigned char* vector) {
   return ::mincore(address, length, vector);
 }
+int Env::Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) {
+  return RawCachestat(fd, offset, length, cached_pages);
+}
 char* Env::RealPath(const char* path, char* resolved) { return ::realpath(path, resolved); }
 
 Env* SetEnvForTesting(Env* env) {
@@ -365,6 +385,9 @@ int Statvfs(const char* path, struct statvfs* fs) {
 int Fstatfs(int fd, struct statfs* fs) { MONARCH_OS_DISPATCH(Fstatfs, RawFstatfs, fd, fs); }
 int Mincore(void* address, size_t length, unsigned char* vector) {
   MONARCH_OS_DISPATCH(Mincore, ::mincore, address, length, vector);
+}
+int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages) {
+  MONARCH_OS_DISPATCH(Cachestat, RawCachestat, fd, offset, length, cached_pages);
 }
 char* RealPath(const char* path, char* resolved) {
   MONARCH_OS_DISPATCH(RealPath, ::realpath, path, resolved);

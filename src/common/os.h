@@ -51,6 +51,7 @@
 #include <time.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace monarch::os {
 
@@ -125,6 +126,10 @@ class Env {
   // mincore(2) on a mapping of a file: which of its pages are in the page
   // cache (a test Env says they left it).
   virtual int Mincore(void* address, size_t length, unsigned char* vector);
+  // cachestat(2) (Linux 6.5): how many pages of [offset, offset + length)
+  // of a file are in the page cache, asked with no mapping; -1 and ENOSYS
+  // on an older kernel.
+  virtual int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages);
   // realpath's contract: `resolved` is PATH_MAX bytes, or null for a
   // malloc'ed result the caller frees; null and errno on failure.
   virtual char* RealPath(const char* path, char* resolved);
@@ -184,6 +189,7 @@ int Access(const char* path, int mode);
 int Statvfs(const char* path, struct statvfs* fs);
 int Fstatfs(int fd, struct statfs* fs);
 int Mincore(void* address, size_t length, unsigned char* vector);
+int Cachestat(int fd, uint64_t offset, uint64_t length, uint64_t* cached_pages);
 char* RealPath(const char* path, char* resolved);
 
 }  // namespace monarch::os

@@ -49,14 +49,14 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     return PreadFull(open->fd.get(), dst, n, part.part_offset + offset, file.name);
   }
 
-  // Residency first, by mincore(2) on a mapping of the file, which reads
-  // nothing: a read with RWF_NOWAIT refuses bytes not in memory but starts
-  // the read-ahead that fetches them (Linux, at least to 6.18), so asking
-  // that way would read the source for bytes a copy then serves. It also
-  // refuses resident bytes, on a page that marks where read-ahead goes on,
-  // so the pages found resident are read plainly: only one evicted between
-  // the two calls makes that read wait for the file system. RWF_NOWAIT
-  // alone where files cannot be mapped.
+  // Residency first, by cachestat(2), or mincore(2) on a mapping of the
+  // file, which read nothing: a read with RWF_NOWAIT refuses bytes not in
+  // memory but starts the read-ahead that fetches them (Linux, at least to
+  // 6.18), so asking that way would read the source for bytes a copy then
+  // serves. It also refuses resident bytes, on a page that marks where
+  // read-ahead goes on, so the pages found resident are read plainly: only
+  // one evicted between the two calls makes that read wait for the file
+  // system. RWF_NOWAIT alone where files cannot be mapped.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
                                         size_t n, Opening opening) override {
     const FileRef& file = part.source_file();
@@ -192,6 +192,24 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     if (n == 0 || !map_works_.load(std::memory_order_relaxed)) return Residency::kUnknown;
     // Past the size the walk saw (the file grew): read the usual way.
     if (offset + n > file.size) return Residency::kNotAll;
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t first = offset / page * page;
+    const uint64_t pages = (offset + n - first + page - 1) / page;
+    // One system call and no mapping (whose mmap and munmap take the
+    // process's mmap lock, against every page fault of the tiers' copies),
+    // once a first mapping has shown this file system keeps pages at all:
+    // cachestat would call every file of FUSE's direct_io "not in memory",
+    // where the truth is "cannot tell".
+    if (cachestat_works_.load(std::memory_order_relaxed) &&
+        can_map_.load(std::memory_order_acquire)) {
+      uint64_t cached = 0;
+      if (os::Cachestat(open.fd.get(), first, pages * page, &cached) == 0) {
+        return cached >= pages ? Residency::kAll : Residency::kNotAll;
+      }
+      if (errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL) {
+        cachestat_works_.store(false, std::memory_order_relaxed);  // The kernel's answer.
+      }
+    }
     char* mapping;
     {
       MutexLock lock(&open.mapping_mu);
@@ -210,12 +228,10 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
         }
         open.mapping = map;
         open.mapped_length = file.size;
+        can_map_.store(true, std::memory_order_release);
       }
       mapping = static_cast<char*>(open.mapping);
     }
-    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t first = offset / page * page;
-    const uint64_t pages = (offset + n - first + page - 1) / page;
     unsigned char resident[64];  // Asked 64 pages at a time.
     for (uint64_t done = 0; done < pages; done += sizeof(resident)) {
       const uint64_t count = std::min<uint64_t>(sizeof(resident), pages - done);
@@ -299,6 +315,10 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
   // mapping its files.
   std::atomic<bool> no_wait_works_{true};
   std::atomic<bool> map_works_{true};
+  std::atomic<bool> cachestat_works_{true};
+  // Set by the first file mapped: the file system keeps files' pages, so
+  // cachestat's count is an answer (Resident).
+  std::atomic<bool> can_map_{false};
   // Files Resident maps now; declared before the descriptors, whose
   // OpenFiles count themselves out of it as they go.
   std::atomic<int> mapped_files_{0};
