@@ -572,11 +572,11 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, asked
   std::vector<char> data(kSize);
   // What the driver reads of [offset, offset + n), checked byte for byte.
   auto in_memory = [&](StorageDriver& driver, uint64_t offset, size_t n,
-                       InMemoryReads::Opening opening =
-                           InMemoryReads::Opening::kMayOpen) -> absl::StatusOr<size_t> {
+                       InMemoryReads::Asker asker =
+                           InMemoryReads::Asker::kDeferredCopy) -> absl::StatusOr<size_t> {
     std::fill(data.begin(), data.end(), 0);
     absl::StatusOr<size_t> got =
-        driver.capabilities().in_memory->ReadIfInMemory(file, offset, data.data(), n, opening);
+        driver.capabilities().in_memory->ReadIfInMemory(file, offset, data.data(), n, asker);
     if (got.ok()) {
       CHECK(*got == n);
       CHECK(testing::BytesMatch({"", 7, kSize}, data.data(), offset, n));
@@ -633,8 +633,39 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, asked
     CHECK(env.no_wait_asked() == 0);
     CHECK(env.maps() == 1);
   }
-  SUBCASE("a hit's ask (kNoRemoteOpen) opens a file on a local disk, never on a remote source") {
-    const auto kNoRemoteOpen = InMemoryReads::Opening::kNoRemoteOpen;
+  SUBCASE("a miss asks with RWF_NOWAIT where the file system takes it: one call, no mapping") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/false, /*unmappable=*/false);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      const auto kMiss = InMemoryReads::Asker::kMiss;
+      cache(256 << 10, 128 << 10);
+      CHECK(in_memory(*driver, 256 << 10, 128 << 10, kMiss).ok());
+      CHECK(in_memory(*driver, (256 << 10) + 1000, 5000, kMiss).ok());
+      CHECK(absl::IsUnavailable(in_memory(*driver, (384 << 10) - 1, 2, kMiss).status()));
+    }
+    CHECK(env.no_wait_asked() >= 3);
+    CHECK(env.maps() == 0);
+    CHECK(env.cachestat_asked() == 0);
+  }
+  SUBCASE("a miss on a file system that refuses RWF_NOWAIT (FUSE) asks residency instead") {
+    InMemoryRefusedEnv env(/*no_wait_refused=*/true, /*unmappable=*/false);
+    os::ScopedEnvForTesting scoped(&env);
+    {
+      std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
+      const auto kMiss = InMemoryReads::Asker::kMiss;
+      CHECK(absl::IsUnavailable(in_memory(*driver, 0, kSize, kMiss).status()));
+      cache(256 << 10, 128 << 10);
+      CHECK(in_memory(*driver, 256 << 10, 128 << 10, kMiss).ok());
+      CHECK(absl::IsUnavailable(in_memory(*driver, (384 << 10) - 1, 2, kMiss).status()));
+      CHECK(ResidentPages(path) == 32);  // Nothing read in.
+    }
+    CHECK(env.no_wait_asked() == 1);  // Refused once, then not asked again.
+    CHECK(env.maps() == 1);
+    CHECK(env.cachestat_asked() == 2);
+  }
+  SUBCASE("a hit's ask (kHit) opens a file on a local disk, never on a remote source") {
+    const auto kNoRemoteOpen = InMemoryReads::Asker::kHit;
     cache(0, kSize);
     {
       std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);

@@ -69,7 +69,7 @@ absl::StatusOr<size_t> ReadSpeeds::ReadHit(InMemoryReads* source, StorageDriver&
     // A hit never opens the file on the source to ask: that would cost a
     // PFS a metadata operation for bytes the copy holds.
     absl::StatusOr<size_t> got =
-        source->ReadIfInMemory(file, offset, dst, n, InMemoryReads::Opening::kNoRemoteOpen);
+        source->ReadIfInMemory(file, offset, dst, n, InMemoryReads::Asker::kHit);
     const uint64_t ns = since(start);
     if (absl::IsUnimplemented(got.status())) {
       Disable();

@@ -49,16 +49,18 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     return PreadFull(open->fd.get(), dst, n, part.part_offset + offset, file.name);
   }
 
-  // Residency first, by cachestat(2), or mincore(2) on a mapping of the
-  // file, which read nothing: a read with RWF_NOWAIT refuses bytes not in
-  // memory but starts the read-ahead that fetches them (Linux, at least to
-  // 6.18), so asking that way would read the source for bytes a copy then
-  // serves. It also refuses resident bytes, on a page that marks where
-  // read-ahead goes on, so the pages found resident are read plainly: only
-  // one evicted between the two calls makes that read wait for the file
-  // system. RWF_NOWAIT alone where files cannot be mapped.
+  // A miss asks with RWF_NOWAIT where the file system takes it: one call
+  // for the ask and the read. A refused read starts the read-ahead of what
+  // it refused (Linux, at least to 6.18), which the miss's copy reads next.
+  // Everyone else asks residency first, by cachestat(2), or mincore(2) on a
+  // mapping of the file, which read nothing in: a hit would otherwise read
+  // the source for bytes its copy serves, and a deferred copy that gives up
+  // for bytes nobody reads. RWF_NOWAIT also refuses resident bytes, on a
+  // page that marks where read-ahead goes on, so the pages found resident
+  // are read plainly: only one evicted between the two calls makes that read
+  // wait for the file system. RWF_NOWAIT alone where files cannot be mapped.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& part, uint64_t offset, char* dst,
-                                        size_t n, Opening opening) override {
+                                        size_t n, Asker asker) override {
     const FileRef& file = part.source_file();
     offset += part.part_offset;
     const bool no_wait = no_wait_works_.load(std::memory_order_relaxed);
@@ -66,7 +68,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
       return absl::UnimplementedError("the source's file system cannot tell");
     }
     std::shared_ptr<OpenFile> open;
-    if (opening == Opening::kNoRemoteOpen && !opens_are_local_) {
+    if (asker == Asker::kHit && !opens_are_local_) {
       open = descriptors_.Find(file.id);
       if (open == nullptr) {
         return absl::UnavailableError(absl::StrCat(file.name, ": not open on a remote source"));
@@ -74,14 +76,16 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
     } else {
       MONARCH_ASSIGN_OR_RETURN(open, Descriptor(file));
     }
-    switch (Resident(*open, file, offset, n)) {
-      case Residency::kNotAll:
-        return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
-      case Residency::kAll:
-        return PreadFull(open->fd.get(), dst, n, offset, file.name);
-      case Residency::kUnknown:
-        if (!no_wait) return absl::UnimplementedError("the source's file system cannot tell");
-        break;
+    if (!no_wait || asker != Asker::kMiss) {
+      switch (Resident(*open, file, offset, n)) {
+        case Residency::kNotAll:
+          return absl::UnavailableError(absl::StrCat(file.name, ": not all in memory"));
+        case Residency::kAll:
+          return PreadFull(open->fd.get(), dst, n, offset, file.name);
+        case Residency::kUnknown:
+          if (!no_wait) return absl::UnimplementedError("the source's file system cannot tell");
+          break;
+      }
     }
     size_t done = 0;
     while (done < n) {
@@ -96,7 +100,7 @@ class SourceDriver final : public StorageDriver, public InMemoryReads, public Fi
           // Asked once: the answer is the file system's (FUSE's, most
           // network file systems') or the kernel's (before 4.14).
           no_wait_works_.store(false, std::memory_order_relaxed);
-          return ReadIfInMemory(part, offset - part.part_offset, dst, n, opening);
+          return ReadIfInMemory(part, offset - part.part_offset, dst, n, asker);
         }
         return ErrnoToStatus(errno, absl::StrCat("read ", file.name));
       }

@@ -224,17 +224,24 @@ class CopyMapping {
 // its page cache is served at the cost of a plain read (cached_source).
 class InMemoryReads {
  public:
-  // Whether asking may open the file on the source: a miss's ask may (its
-  // copy opens the file anyway); a hit's only where an open is local (a
-  // disk file system), as on a network or FUSE one it is a metadata round
-  // trip to the PFS for bytes the copy holds (kNoRemoteOpen).
-  enum class Opening { kMayOpen, kNoRemoteOpen };
+  // Who asks, which decides what the asking may cost:
+  // - kMiss, a reader's miss: if the bytes are not in memory, its copy
+  //   reads them next, so the ask may open the file and may start the
+  //   read-ahead that fetches them (RWF_NOWAIT: one call for the ask and
+  //   the read, where the file system takes it).
+  // - kDeferredCopy, a copy that gives up if its bytes left memory: may
+  //   open the file, must read nothing in.
+  // - kHit, a read a copy serves: must read nothing in, and opens the file
+  //   only where an open is local (a disk file system), as on a network or
+  //   FUSE one it is a metadata round trip to the PFS for bytes the copy
+  //   holds.
+  enum class Asker { kMiss, kDeferredCopy, kHit };
   // StorageDriver::Read(), if every byte asked for is in memory already:
   // Unavailable if one would have to come from the device or the network
-  // (with kNoRemoteOpen, also a file not open on a remote source),
-  // Unimplemented if the file system cannot tell. Never waits for I/O.
+  // (for kHit, also a file not open on a remote source), Unimplemented if
+  // the file system cannot tell. Never waits for I/O.
   virtual absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                                size_t n, Opening opening) = 0;
+                                                size_t n, Asker asker) = 0;
 };
 
 // Backing memory ahead, and giving it back: the RAM tier, for memory.watch.

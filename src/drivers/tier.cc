@@ -19,9 +19,9 @@ absl::StatusOr<size_t> Tier::Read(const FileRef& file, uint64_t offset, char* ds
 }
 
 absl::StatusOr<size_t> Tier::ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                            size_t n, InMemoryReads::Opening opening) {
+                                            size_t n, InMemoryReads::Asker asker) {
   if (can_.in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
-  absl::StatusOr<size_t> result = can_.in_memory->ReadIfInMemory(file, offset, dst, n, opening);
+  absl::StatusOr<size_t> result = can_.in_memory->ReadIfInMemory(file, offset, dst, n, asker);
   if (result.ok()) reads_.Count(*result);
   return result;
 }

@@ -42,7 +42,7 @@ class Tier {
   absl::StatusOr<size_t> Read(const FileRef& file, uint64_t offset, char* dst, size_t n);
   // The same for InMemoryReads::ReadIfInMemory; Unimplemented without it.
   absl::StatusOr<size_t> ReadIfInMemory(const FileRef& file, uint64_t offset, char* dst,
-                                        size_t n, InMemoryReads::Opening opening);
+                                        size_t n, InMemoryReads::Asker asker);
   // Where reads of this tier are counted (the read path counts its hits
   // here itself).
   TierReads& reads() { return reads_; }

@@ -77,7 +77,7 @@ std::optional<absl::StatusOr<size_t>> PlacementHandler::ReadIfOnSource(const Fil
     // copy waits for idle CPU (deferred_copies.h). Else (Unavailable: not
     // all in memory; Unimplemented: cannot tell) promoted as usual.
     absl::StatusOr<size_t> got =
-        source_->ReadIfInMemory(entry.ref, offset, dst, n, InMemoryReads::Opening::kMayOpen);
+        source_->ReadIfInMemory(entry.ref, offset, dst, n, InMemoryReads::Asker::kMiss);
     if (got.ok() && *got == n) {
       ChargeSourceReads::Add(n);
       deferred_->Add(entry.ref.id);

@@ -48,7 +48,7 @@ absl::StatusOr<size_t> Origin::ReadSourceIfInMemory(const FileRef& file, uint64_
   InMemoryReads* in_memory = source.can().in_memory;
   if (in_memory == nullptr) return absl::UnimplementedError("cannot tell what is in memory");
   absl::StatusOr<size_t> result =
-      in_memory->ReadIfInMemory(file, offset, dst, n, InMemoryReads::Opening::kMayOpen);
+      in_memory->ReadIfInMemory(file, offset, dst, n, InMemoryReads::Asker::kDeferredCopy);
   if (result.ok()) {
     bytes_from_memory_.fetch_add(*result, std::memory_order_relaxed);
   } else if (!absl::IsUnavailable(result.status()) && !absl::IsUnimplemented(result.status())) {
