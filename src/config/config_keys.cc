@@ -542,10 +542,10 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "placement", "cached_source", [](auto& c) -> auto& { return c.placement.cached_source; },
       kCachedSourcePolicies,
       "What a miss does when the source holds the bytes asked for in memory already (the page "
-      "cache of a local file system, or of a PFS client), as `mincore(2)` on a mapping of the "
-      "file tells without reading anything (where files cannot be mapped, a read with "
-      "`RWF_NOWAIT`). `defer`: the reader takes them from there, at the cost of a plain "
-      "read, and the file is copied into a tier later by a thread at the lowest CPU priority "
+      "cache of a local file system, or of a PFS client), as a read with `RWF_NOWAIT` tells "
+      "where the file system takes it (a local disk), else `cachestat(2)` (`mincore(2)` on a "
+      "mapping before Linux 6.5), which reads nothing. `defer`: the reader takes them from "
+      "there, at the cost of a plain read, and the file is copied into a tier later by a thread at the lowest CPU priority "
       "(`SCHED_IDLE`), once a core is free: at once with fewer readers than cores, between "
       "epochs when every core reads (`deferred_copies_queued`). That copy takes only bytes "
       "still in memory, so a slow source is still read once per byte; if they were dropped "
