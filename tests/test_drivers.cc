@@ -542,7 +542,7 @@ class RemoteSourceEnv final : public os::Env {
 };
 
 TEST_CASE("source driver: only bytes in the page cache are read in memory, asked by cachestat "
-          "or mincore, or by RWF_NOWAIT where files cannot be mapped") {
+          "or mincore, a miss by RWF_NOWAIT where the file system takes it") {
   ScratchDir dir;
   constexpr uint64_t kSize = 1 << 20;
   const std::string path = dir.path() + "/d/f.bin";
@@ -665,20 +665,20 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, asked
     CHECK(env.cachestat_asked() == 2);
   }
   SUBCASE("a hit's ask (kHit) opens a file on a local disk, never on a remote source") {
-    const auto kNoRemoteOpen = InMemoryReads::Asker::kHit;
+    const auto kHit = InMemoryReads::Asker::kHit;
     cache(0, kSize);
     {
       std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
-      CHECK(in_memory(*driver, 0, 4096, kNoRemoteOpen).ok());
+      CHECK(in_memory(*driver, 0, 4096, kHit).ok());
     }
     RemoteSourceEnv env;
     os::ScopedEnvForTesting scoped(&env);
     std::unique_ptr<StorageDriver> driver = NewSourceDriver(dir.path(), 8);
-    CHECK(absl::IsUnavailable(in_memory(*driver, 0, 4096, kNoRemoteOpen).status()));
+    CHECK(absl::IsUnavailable(in_memory(*driver, 0, 4096, kHit).status()));
     CHECK(env.opens() == 0);
     REQUIRE(*driver->Read(file, 0, data.data(), 1) == 1);  // Opens the file.
     CHECK(env.opens() == 1);
-    CHECK(in_memory(*driver, 0, 4096, kNoRemoteOpen).ok());
+    CHECK(in_memory(*driver, 0, 4096, kHit).ok());
     CHECK(env.opens() == 1);
   }
   SUBCASE("files that cannot be mapped: RWF_NOWAIT alone, mapping tried once") {
