@@ -46,14 +46,7 @@ class HandleCache {
 
   // Returns the cached handle for `key`, or calls `open` and caches its result.
   absl::StatusOr<HandlePtr> Get(uint32_t key, absl::FunctionRef<absl::StatusOr<HandlePtr>()> open) {
-    {
-      MutexLock lock(&mu_);
-      auto it = index_.find(key);
-      if (it != index_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second);
-        return it->second->second;
-      }
-    }
+    if (HandlePtr cached = Find(key)) return cached;
     absl::StatusOr<HandlePtr> opened = open();
     if (absl::IsResourceExhausted(opened.status()) && Shrink()) opened = open();
     if (!opened.ok()) return opened.status();

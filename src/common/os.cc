@@ -65,7 +65,8 @@ ssize_t RawPread(int fd, void* buffer, size_t n, off_t offset) {
 // Linux 4.14; older kernels refuse the flag (EOPNOTSUPP), as do file systems
 // that cannot tell (FUSE, most network file systems). A refused read still
 // starts read-ahead of what it refused (Linux, at least to 6.18), so the
-// source driver asks mincore(2) instead where it can map the file.
+// source driver asks with it only for a miss, whose copy reads those bytes
+// next; everyone else asks cachestat(2) or mincore(2), which read nothing.
 ssize_t RawPreadNoWait(int fd, void* buffer, size_t n, off_t offset) {
 #ifndef RWF_NOWAIT
   constexpr int RWF_NOWAIT = 0x00000008;

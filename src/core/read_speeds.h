@@ -8,9 +8,10 @@
 // read from the device, while the same bytes may sit in the page cache of
 // the source, a local file system or a PFS client's cache. Taking them from
 // there costs the PFS nothing: the source is asked which pages it holds
-// (InMemoryReads::ReadIfInMemory: mincore(2) before the read), which never
-// reads the device or the network, and opens no file on a remote source,
-// so every source byte is still read from it once.
+// (InMemoryReads::ReadIfInMemory as Asker::kHit: cachestat(2), or
+// mincore(2), before the read), which never reads the device or the
+// network, and opens no file on a remote source, so every source byte is
+// still read from it once.
 //
 // The model keeps, per file tier, an exponentially weighted mean of its
 // hits' nanoseconds per KiB; and for the source's page cache, the same for
