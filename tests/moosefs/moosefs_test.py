@@ -26,8 +26,9 @@ plain job that reads the dataset 3 times moves 3x the dataset, and the
               once by plain reads: a job's misses are served from that
               cache and copied from it later (placement.cached_source:
               defer). MooseFS's client refuses RWF_NOWAIT, so this is the
-              source driver's mincore(2) at work: bytes exact, nothing
-              crosses from MooseFS, and the copies are deferred ones.
+              source driver's cachestat(2) (or mincore(2)) at work: bytes
+              exact, nothing crosses from MooseFS, and the copies are
+              deferred ones that take their bytes from memory.
 
 usage: moosefs_test.py --build-dir BUILD [--python PY] SCENARIO
 Exit code: 0 pass, 1 fail, 77 skip (MooseFS cannot start here).
@@ -399,12 +400,37 @@ def scenario_page_cache(env, fs):
     stats = got["stats"]
     deferred = stats.get("deferred_copies_queued", 0)
     from_memory = stats.get("promotion_bytes_from_memory", 0)
-    log("deferred copies %d of %d files; %d of %d bytes copied from the page cache" % (
-        deferred, len(names), from_memory, total))
-    check(deferred >= len(names) - 1, "only %d of %d misses were served from the page cache "
-          "and deferred: the source could not tell what it held" % (deferred, len(names)))
-    check(from_memory >= total * 9 // 10, "deferred copies took %d of %d bytes from the page "
-          "cache" % (from_memory, total))
+    gave_up = stats.get("promotions_not_in_memory", 0)
+    log("deferred copies %d of %d files, %d gave up; %d of %d bytes copied from the page cache"
+        % (deferred, len(names), gave_up, from_memory, total))
+    nonempty = sum(1 for n in names if files[n])
+    check(deferred >= nonempty, "only %d of %d misses were served from the page cache and "
+          "deferred: the source could not tell what it held" % (deferred, nonempty))
+    # The client drops a page of its cache now and then, with no memory
+    # pressure and nobody reading (seen: 3-4 pages of 14 MB in 10 s idle,
+    # /proc/vmstat's pgsteal unchanged), and a deferred copy that finds one
+    # gone gives up by design (deferred_copies.h); on a loaded machine the
+    # copies wait seconds for idle CPU. So a copy may give up only for a
+    # file that is short of a page now (nothing reads it after its copy gave
+    # up), and every other file's bytes must have come from memory.
+    short = files_short_of_pages(root, names, files)
+    check(gave_up <= len(short), "%d deferred copies gave up for bytes not in memory, but only "
+          "%d files are short of a page in the page cache (%s)" % (gave_up, len(short), short))
+    may_miss = sum(len(files[n]) for n in short)
+    check(from_memory >= total - may_miss, "deferred copies took %d of %d bytes from the page "
+          "cache; the files short of a page hold only %d" % (from_memory, total, may_miss))
+
+
+def files_short_of_pages(root, names, files):
+    """The files of which fincore(1) (util-linux) finds a page not in the
+    kernel's page cache."""
+    out = subprocess.run(["fincore", "--json", "--bytes", "--output", "RES,FILE"] +
+                         [os.path.join(root, n) for n in names],
+                         check=True, capture_output=True, text=True).stdout
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident = {r["file"]: int(r["res"]) for r in json.loads(out)["fincore"]}
+    return sorted(n for n in names
+                  if resident[os.path.join(root, n)] < -(-len(files[n]) // page) * page)
 
 
 SCENARIOS = {"in-process": scenario_in_process, "service": scenario_service,
