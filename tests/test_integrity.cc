@@ -999,6 +999,10 @@ TEST_CASE("chaos: random reads against damaged tiers and changing sources stay b
   std::atomic<bool> readers_done{false};
   std::atomic<uint64_t> over_capacity{0};
   std::string first_over_capacity;  // Written by the damager thread, read after it is joined.
+  // The first failed and the first wrong read, said in full: a failure seen
+  // once in a loaded batch run must tell what went wrong. Each written by
+  // the reader that counted the first, read after the readers are joined.
+  std::string first_failure, first_wrong;
   auto reader = [&](int t) {
     std::mt19937_64 rng(100 + t);
     std::vector<char> buffer(300000);
@@ -1017,20 +1021,29 @@ TEST_CASE("chaos: random reads against damaged tiers and changing sources stay b
       }
       size_t n = (rng() % 50 == 0) ? 1 + rng() % buffer.size() : 1 + rng() % 9000;
       absl::StatusOr<size_t> got = m->Read(files[i].name, buffer.data(), n, offset);
+      const auto where = [&] {
+        return absl::StrCat(files[i].name, " [", offset, ", +", n, ")");
+      };
       if (!got.ok()) {
-        failed.fetch_add(1);
+        if (failed.fetch_add(1) == 0) {
+          first_failure = absl::StrCat(where(), ": ", got.status().ToString());
+        }
         continue;
       }
       const uint64_t expect = offset >= size ? 0 : std::min<uint64_t>(n, size - offset);
       if (*got != expect) {
-        wrong.fetch_add(1);
+        if (wrong.fetch_add(1) == 0) {
+          first_wrong = absl::StrCat(where(), ": ", *got, " bytes, not ", expect);
+        }
         continue;
       }
       for (size_t k = 0; k < *got; ++k) {
         const char b = buffer[k];
         if (b != old_bytes[i][offset + k] &&
             (new_bytes[i].empty() || b != new_bytes[i][offset + k])) {
-          wrong.fetch_add(1);
+          if (wrong.fetch_add(1) == 0) {
+            first_wrong = absl::StrCat(where(), ": byte ", offset + k, " is neither version's");
+          }
           break;
         }
       }
@@ -1149,8 +1162,8 @@ TEST_CASE("chaos: random reads against damaged tiers and changing sources stay b
                     << stats.Tier(1, "damaged_copies") + stats.Tier(2, "damaged_copies")
                     << " damaged copies caught, " << stats.Get("promotions_source_changed")
                     << " promotions refused for a changed source");
-  CHECK(wrong.load() == 0);
-  CHECK(failed.load() == 0);
+  CHECK_MESSAGE(wrong.load() == 0, first_wrong);
+  CHECK_MESSAGE(failed.load() == 0, first_failure);
   CHECK_MESSAGE(over_capacity.load() == 0, first_over_capacity);
   CHECK(reads_done.load() == reads_wanted / 8 * 8);
   CHECK(damages.load() >= 50);
