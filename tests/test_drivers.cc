@@ -646,7 +646,7 @@ TEST_CASE("source driver: only bytes in the page cache are read in memory, asked
       // refusal starts the kernel's read of the refused page, which on a
       // loaded machine may land before the call looks at it again (then
       // the bytes are read, and in_memory checks them): so one refusal of
-      // three asks, on pages 128 KiB apart, beyond any read-ahead window.
+      // three asks, on pages 128 KiB apart (a disk's default read-ahead).
       int refused = 0;
       for (uint64_t end : {384u << 10, 512u << 10, 640u << 10}) {
         absl::StatusOr<size_t> got = in_memory(*driver, end - 1, 2, kMiss);
