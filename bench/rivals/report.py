@@ -96,7 +96,7 @@ def section(title, d):
              f"{reps} run{'s' if reps != 1 else ''} of every arm; "
              f"whole run {d['wall_seconds'] / 60:.1f} min"
              + (f"; load average {d['load_start'][0]:.1f} at the start, "
-                f"{d['load_end'][0]:.1f} at the end (2 cores; other work ran beside it)"
+                f"{d['load_end'][0]:.1f} at the end (2 cores)"
                 if d.get("load_start") else "") + ".", "",
              f"Seconds, the median of the runs and their range (min-max). Conversion is "
              "the rival's own format made from the PFS copy, once, before the runs; "
