@@ -18,6 +18,7 @@ copy is.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -35,6 +36,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, HERE)
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402  (the local copy's arm, as there)
 from service_epochs import drop_service  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 
 
 def service_cpu(pid):
@@ -98,8 +100,11 @@ def main():
                     help="record each arm's hot epochs with `perf record -a -g` into "
                          "DIR/<arm>.data (perf's start and stop are outside the timed epochs)")
     ap.add_argument("--out", help="write the per-epoch figures here as JSON")
+    add_huge_ram_flag(ap)
     a = ap.parse_args()
     import monarch.torch as mt
+    ram_dir = contextlib.ExitStack()
+    node_keys = ram_dir.enter_context(huge_ram_dir(a))
 
     backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     for root in (copy, backing):  # Both page-cache warm: only hits are timed.
@@ -119,7 +124,8 @@ def main():
     config = os.path.join(a.work, "profile-newcomer.yaml")
     with open(config, "w") as f:  # The config a newcomer writes: no node: section.
         f.write(f"dataset: {{path: {source}}}\n"
-                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n")
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
+                + (f"node: {{{node_keys}}}\n" if node_keys else ""))
     drop_service(binary, config)  # Copies an earlier run kept: none adopted.
 
     ds = mt.FileListDataset(names, config=config, loader=len)
@@ -173,6 +179,7 @@ def main():
         drop_service(binary, config)
         if a.emulator:
             subprocess.run([script, "stop", source], capture_output=True, env=env)
+        ram_dir.close()
 
     n = len(names)
     print("\nmedian per sample (µs), over the hot epochs:")
@@ -190,7 +197,8 @@ def main():
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"files": n, "bytes": total, "workers": a.workers, "rows": rows,
+            json.dump({"files": n, "bytes": total, "workers": a.workers,
+                       "ram_dir": a.huge_ram_dir or "/dev/shm", "rows": rows,
                        "ratios": ratios}, f, indent=1)
 
 

@@ -34,6 +34,7 @@ the single job's, and that slowdown with local-N's over local-1's.
     --out /tmp/many_jobs.json
 """
 
+import contextlib
 import json
 import os
 import re
@@ -46,16 +47,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 
 
-def write_config(path, dataset, ram_bytes, runtime_dir=None):
+def write_config(path, dataset, ram_bytes, runtime_dir=None, node_keys=""):
     with open(path, "w") as f:
         f.write("dataset: {path: %s}\n"
                 "tiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
                 "node:\n  shared: true\n  autostart: true\n  idle_exit: 0\n" % (dataset, ram_bytes))
         if runtime_dir:
             f.write("  runtime_dir: %s\n" % runtime_dir)
+        if node_keys:
+            f.write("  %s\n" % node_keys)
 
 
 def run_jobs(a, work, name, job_ids, config=None, plain_dir=None, dataset=None):
@@ -127,15 +131,19 @@ def main():
     ap.add_argument("--sample-us", type=int, default=0,
                     help="each reader spends this long on each sample after reading it (a "
                          "model's step, slept), in every arm; 0: reading only")
+    add_huge_ram_flag(ap)
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    ram_dir = contextlib.ExitStack()
+    node_keys = ram_dir.enter_context(huge_ram_dir(a))
     pfs, files, total = mounted_dataset(a)
     work = private_runtime_base("mjobs")
     ram = int(total * a.ram_copies)
     shared_cfg = os.path.join(work, "shared.yaml")
-    write_config(shared_cfg, pfs.mount, ram)
+    write_config(shared_cfg, pfs.mount, ram, node_keys=node_keys)
     per_job_cfg = os.path.join(work, "per-job.yaml")
-    write_config(per_job_cfg, pfs.mount, ram, runtime_dir=os.path.join(work, "job-${SLURM_JOB_ID}"))
+    write_config(per_job_cfg, pfs.mount, ram, runtime_dir=os.path.join(work, "job-${SLURM_JOB_ID}"),
+                 node_keys=node_keys)
     backing = os.path.join(a.dir, "backing")
     jobs = list(range(101, 101 + a.jobs))
     print("%d files, %.1f MiB; source: %s; RAM tier %.1f MiB (%.2f copies); %d jobs x %d "
@@ -144,7 +152,7 @@ def main():
               a.epochs, a.threads, a.sample_us), flush=True)
     results = {"files": files, "dataset_bytes": total, "ram_bytes": ram, "jobs": a.jobs,
                "epochs": a.epochs, "threads": a.threads, "sample_us": a.sample_us,
-               "source": " ".join(pfs.flags),
+               "source": " ".join(pfs.flags), "ram_dir": a.huge_ram_dir or "/dev/shm",
                "reps": []}
     try:
         for rep in range(a.reps):
@@ -185,6 +193,7 @@ def main():
             stop_services(a, cfg, jobs)
         pfs.stop()
         shutil.rmtree(work, ignore_errors=True)
+        ram_dir.close()
 
     def hot(rep, arm):
         return [sum(e[1:]) for e in rep[arm]["epochs"].values()]

@@ -18,6 +18,7 @@ cost.
     --out /tmp/next_job.json
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 
 
@@ -50,15 +52,18 @@ def main():
     ap.add_argument("--sample-us", type=int, default=0,
                     help="each reader spends this long on each sample after reading it (a "
                          "model's step, slept); 0: reading only")
+    add_huge_ram_flag(ap)
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    ram_dir = contextlib.ExitStack()
+    node_keys = ram_dir.enter_context(huge_ram_dir(a))
     pfs, files, total = mounted_dataset(a)
     work = private_runtime_base("mnext")
     config = os.path.join(work, "job.yaml")
     with open(config, "w") as f:
         f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
-                "node: {shared: true, autostart: true, idle_exit: 10m}\n" % (
-                    pfs.mount, int(total * 1.05)))
+                "node: {shared: true, autostart: true, idle_exit: 10m%s}\n" % (
+                    pfs.mount, int(total * 1.05), ", " + node_keys if node_keys else ""))
     print("%d files, %.1f MiB; source: %s; jobs of %d threads; node.idle_exit 10m; %d us per "
           "sample" % (files, total / 2**20, " ".join(pfs.flags), a.threads, a.sample_us),
           flush=True)
@@ -87,6 +92,7 @@ def main():
         drop_service(monarch, config)
         pfs.stop()
         shutil.rmtree(work, ignore_errors=True)
+        ram_dir.close()
     for key, what in (("b_epoch1_vs_a_hot", "job A's hot (last) epoch"),
                       ("b_epoch1_vs_a_epoch2", "job A's epoch 2, its first from RAM")):
         ratios = sorted(r[key] for r in runs)
@@ -94,7 +100,7 @@ def main():
             what, ratios[0], statistics.median(ratios), ratios[-1]))
     with open(a.out, "w") as f:
         json.dump({"files": files, "dataset_bytes": total, "threads": a.threads,
-                   "sample_us": a.sample_us,
+                   "sample_us": a.sample_us, "ram_dir": a.huge_ram_dir or "/dev/shm",
                    "source": " ".join(pfs.flags), "runs": runs}, f, indent=1)
     print("wrote", a.out)
 

@@ -27,6 +27,7 @@ Needs root (FUSE mount). A few minutes on a 2-core VM.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 
 MIB = 1048576.0
 # How job 1's service ends before job 2 ("none": job 2 reads through the same
@@ -99,7 +101,8 @@ def run_one(a, pfs, rep, ending, keep):
         f.write("tiers:\n  - {name: ram, kind: ram, capacity: %d}\n  - {kind: source}\n"
                 % int(a.dataset_bytes * 1.25))
         f.write("node: {shared: true, runtime_dir: %s, autostart: false, idle_exit: 0, "
-                "keep_ram: %s}\n" % (os.path.join(base, "run"), "true" if keep else "false"))
+                "keep_ram: %s%s}\n" % (os.path.join(base, "run"), "true" if keep else "false",
+                                       ", " + a.node_keys if a.node_keys else ""))
     log_path = os.path.join(base, "serve.log")
     proc, log, _, _ = start_service(a, config, log_path)
     one = job(a, config, base, "job1", 5)
@@ -118,8 +121,9 @@ def run_one(a, pfs, rep, ending, keep):
                    capture_output=True)
     proc.wait(timeout=60)
     log.close()
-    # What a stop keeps would stay in /dev/shm until the next service starts.
-    shutil.rmtree("/dev/shm/monarch-%d/%s" % (os.geteuid(), os.path.join(base, "run").replace(
+    # What a stop keeps would stay in node.ram_dir until the next service starts.
+    shutil.rmtree("%s/monarch-%d/%s" % (a.huge_ram_dir or "/dev/shm", os.geteuid(),
+                                        os.path.join(base, "run").replace(
         "%", "%25").replace("/", "%2F")), ignore_errors=True)
     hot = statistics.median([e["seconds"] for e in one[1:]])
     result = {"tag": tag, "ending": ending, "keep": keep, "job1": [e["seconds"] for e in one],
@@ -146,9 +150,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bandwidth-mbps", type=float, default=300)
     add_readahead_flag(ap)
+    add_huge_ram_flag(ap)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "warm_start.md"))
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    ram_dir = contextlib.ExitStack()
+    a.node_keys = ram_dir.enter_context(huge_ram_dir(a))
     script = os.path.join(a.build, "bin", "pfs-emulator")
     backing = os.path.join(a.work, "backing-%d" % a.files)
     a.mount = os.path.join(a.work, "pfs")
@@ -170,6 +177,7 @@ def main():
                 rows.append(run_one(a, pfs, rep, ending, keep))
     finally:
         subprocess.run([script, "stop", a.mount], capture_output=True)
+        ram_dir.close()
 
     lines = ["# Warm start: the next job's epoch 1 after a service restart, RAM copies kept", "",
              "Command: `sudo python3 bench/warm_start.py %s`" % " ".join(sys.argv[1:]), "",
@@ -179,9 +187,11 @@ def main():
              "checked by `tests/service/service_processes_test.py keep-ram`). Job 1: 5 epochs; the service is then "
              "sent SIGTERM or SIGKILL; a new service on the same config; job 2: 2 epochs. "
              "Hot epoch = the median of job 1's epochs 2 to 5. `kept`: `node.keep_ram: true` "
-             "(the default), `not kept`: `false`. %d repetitions: median (min-max)."
+             "(the default), `not kept`: `false`. `node.ram_dir`: %s. %d repetitions: median "
+             "(min-max)."
              % (a.files, a.dataset_bytes / MIB, a.bandwidth_mbps, " ".join(readahead_flags(a)),
-                a.reps), "",
+                "a tmpfs mounted `huge=within_size` (`--huge-ram-dir`)" if a.huge_ram_dir
+                else "`/dev/shm` (the default)", a.reps), "",
              "| first service ended by | RAM copies | job 2 epoch 1 / hot | job 2 epoch 1 / "
              "job 1 epoch 2 | job 2 epoch 2 / hot | hot epoch s | job 2 epoch 1 s | "
              "copies adopted | job 2 PFS MiB | service start s |",

@@ -727,8 +727,13 @@ TEST_CASE("bad node values are refused with the key named") {
   SUBCASE("unknown node key") {
     CHECK(absl::StrContains(ErrorOf(base + "node: {sharde: true}\n"),
                             "node.sharde: unknown key; expected one of: shared, runtime_dir, "
-                            "autostart, idle_exit, keep_ram, share_with_group, request_timeout, "
+                            "autostart, idle_exit, keep_ram, ram_dir, share_with_group, request_timeout, "
                             "start_timeout, metrics_port"));
+  }
+  SUBCASE("ram_dir not absolute") {
+    std::string e = ErrorOf(base + "node: {ram_dir: shm}\n");
+    CHECK(absl::StrContains(e, "node.ram_dir: expected an absolute directory on a tmpfs, got "
+                               "'shm'"));
   }
   SUBCASE("share_with_group naming no group") {
     std::string e = ErrorOf(base + "node: {share_with_group: no-such-group-of-monarch}\n");

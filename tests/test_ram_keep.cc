@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
 #include "drivers/ram_keep.h"
@@ -28,16 +32,17 @@ namespace {
 constexpr uint64_t kCapacity = 16 << 20;
 constexpr uint32_t kFiles = 8;
 constexpr uint32_t kStripes = 8;  // ram_driver.cc's.
+constexpr char kShm[] = "/dev/shm";  // node.ram_dir's default.
 
 // A kept directory of its own, removed at the end.
 class KeptDir {
  public:
   KeptDir() {
-    absl::StatusOr<std::string> dir = KeptRamDirectory(scratch_.Sub("runtime"));
+    absl::StatusOr<std::string> dir = KeptRamDirectory(kShm, scratch_.Sub("runtime"));
     if (dir.ok()) tier_ = *dir + "/ram";
     if (dir.ok()) ::mkdir(tier_.c_str(), 0700);
   }
-  ~KeptDir() { DiscardKeptRam(scratch_.path() + "/runtime"); }
+  ~KeptDir() { DiscardKeptRam(kShm, scratch_.path() + "/runtime"); }
   bool ok() const { return !tier_.empty(); }
   const std::string& tier() const { return tier_; }
   std::string runtime() const { return scratch_.path() + "/runtime"; }
@@ -195,7 +200,7 @@ TEST_CASE("kept RAM tier: the next driver adopts intact copies of unchanged file
 
   // An idle exit's discard removes every file.
   third.reset();
-  DiscardKeptRam(dir.runtime());
+  DiscardKeptRam(kShm, dir.runtime());
   struct stat st;
   CHECK(::stat(dir.tier().c_str(), &st) != 0);
 }
@@ -305,15 +310,15 @@ TEST_CASE("kept RAM tier: kept for the runtime directory as it is, not one made 
   if (!dir.ok()) MONARCH_SKIP("/dev/shm is not a tmpfs here");
   testing::ScratchDir other;
   const std::string gone = other.Sub("gone"), again = other.Sub("again");
-  absl::StatusOr<std::string> gone_kept = KeptRamDirectory(gone);
-  absl::StatusOr<std::string> again_kept = KeptRamDirectory(again);
+  absl::StatusOr<std::string> gone_kept = KeptRamDirectory(kShm, gone);
+  absl::StatusOr<std::string> again_kept = KeptRamDirectory(kShm, again);
   REQUIRE(gone_kept.ok());
   REQUIRE(again_kept.ok());
-  CHECK(*KeptRamDirectory(again) == *again_kept);
+  CHECK(*KeptRamDirectory(kShm, again) == *again_kept);
   for (const std::string& kept : {*gone_kept, *again_kept}) {
     ScopedFd(::open((kept + "/journal").c_str(), O_CREAT | O_WRONLY, 0600));
   }
-  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  REQUIRE(*KeptRamDirectory(kShm, again) == *again_kept);
   struct stat st;
   CHECK(::stat((*again_kept + "/journal").c_str(), &st) == 0);  // Still its own.
   // Both go (with the token each carries); one is made again at once, as
@@ -322,10 +327,68 @@ TEST_CASE("kept RAM tier: kept for the runtime directory as it is, not one made 
   REQUIRE(std::filesystem::remove_all(gone) > 0);
   REQUIRE(std::filesystem::remove_all(again) > 0);
   REQUIRE(::mkdir(again.c_str(), 0700) == 0);
-  REQUIRE(*KeptRamDirectory(again) == *again_kept);
+  REQUIRE(*KeptRamDirectory(kShm, again) == *again_kept);
   CHECK(::stat((*again_kept + "/journal").c_str(), &st) != 0);  // Another directory's.
   CHECK(::stat(gone_kept->c_str(), &st) != 0);                 // Its directory is gone.
-  DiscardKeptRam(again);
+  DiscardKeptRam(kShm, again);
+}
+
+TEST_CASE("kept RAM tier: node.ram_dir names the tmpfs it lives on, and is refused elsewhere") {
+  testing::ScratchDir scratch;  // Not a tmpfs: /tmp or /var/tmp here.
+  const std::string runtime = scratch.Sub("runtime");
+  absl::StatusOr<std::string> refused = KeptRamDirectory(scratch.path(), runtime);
+  struct statfs fs;
+  REQUIRE(::statfs(scratch.path().c_str(), &fs) == 0);
+  if (fs.f_type == TMPFS_MAGIC) MONARCH_SKIP("the scratch directory is on a tmpfs here");
+  REQUIRE(!refused.ok());
+  CHECK(absl::IsFailedPrecondition(refused.status()));
+  CHECK(absl::StrContains(refused.status().message(), "node.ram_dir '" + scratch.path() + "'"));
+  CHECK(absl::StrContains(refused.status().message(), "not on a tmpfs"));
+  CHECK(!KeptRamDirectory(scratch.path() + "/missing", runtime).ok());
+
+  // A directory on /dev/shm of its own is a tmpfs: the kept arena is made
+  // under it, and discarded from it.
+  struct stat st;
+  if (::stat(kShm, &st) != 0) MONARCH_SKIP("no /dev/shm here");
+  const std::string ram_dir = absl::StrCat(kShm, "/monarch-test-ram-dir-", ::getpid());
+  REQUIRE(::mkdir(ram_dir.c_str(), 0700) == 0);
+  absl::StatusOr<std::string> kept = KeptRamDirectory(ram_dir, runtime);
+  REQUIRE(kept.ok());
+  CHECK(absl::StartsWith(*kept, absl::StrCat(ram_dir, "/monarch-", ::geteuid(), "/")));
+  CHECK(*kept == KeptRamPath(ram_dir, runtime));
+  CHECK(::stat(kept->c_str(), &st) == 0);
+  DiscardKeptRam(ram_dir, runtime);
+  CHECK(::stat(kept->c_str(), &st) != 0);
+  std::filesystem::remove_all(ram_dir);
+}
+
+TEST_CASE("kept RAM tier: the page size of node.ram_dir is read from its tmpfs mount's options") {
+  // Lines as the kernel writes them: /dev/shm twice (the later on top), a
+  // tmpfs with huge pages, one with a space in its path, and a disk.
+  const std::string mountinfo =
+      "22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/root rw\n"
+      "25 22 0:21 / /dev/shm rw,nosuid shared:4 - tmpfs tmpfs rw,size=1024k,huge=always\n"
+      "26 22 0:22 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=24683652k\n"
+      "30 22 0:30 / /mnt/huge rw,relatime - tmpfs tmpfs rw,size=4194304k,huge=within_size\n"
+      "31 30 0:31 / /mnt/huge/advise rw shared:9 master:2 - tmpfs none rw,huge=advise\n"
+      "32 22 0:32 / /mnt/my\\040ram rw - tmpfs tmpfs rw,huge=always\n"
+      "40 22 8:1 / /var/tmp rw - xfs /dev/sda1 rw\n"
+      "garbage\n";
+  CHECK(TmpfsPageSize(mountinfo, "/dev/shm", false) == 4096);
+  CHECK(TmpfsPageSize(mountinfo, "/dev/shm/monarch-0/x", true) == 4096);
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/huge", false) == 2 << 20);
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/huge/sub/dir", false) == 2 << 20);
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/hugepages", false) == 0);  // The root file system's.
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/huge/advise", false) == 4096);
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/huge/advise/x", true) == 2 << 20);
+  CHECK(TmpfsPageSize(mountinfo, "/mnt/my ram/kept", false) == 2 << 20);
+  CHECK(TmpfsPageSize(mountinfo, "/var/tmp", true) == 0);
+  CHECK(TmpfsPageSize(mountinfo, "/", true) == 0);
+  CHECK(TmpfsPageSize("", "/dev/shm", true) == 0);
+  // This process's own: /dev/shm is a tmpfs on every machine the tests run
+  // on, of one page size or the other.
+  const uint64_t here = TmpfsPageSize(kShm, false);
+  CHECK((here == 4096 || here == (2 << 20)));
 }
 
 }  // namespace

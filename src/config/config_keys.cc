@@ -760,11 +760,21 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "`0`: never."));
   keys.push_back(BoolKey<Config>(
       "node", "keep_ram", [](auto& c) -> auto& { return c.node.keep_ram; },
-      "The service's RAM tiers are files on /dev/shm (a tmpfs), kept when the service is stopped "
-      "or killed: the next service on the same runtime directory adopts the copies whose source "
-      "is unchanged and whose bytes still match their CRC32C, so the next job's first epoch reads "
-      "them from memory. An idle exit (`node.idle_exit`) frees them. `false`: the RAM tiers are "
-      "memfds and die with the service. Without a tmpfs at /dev/shm they are not kept (logged)."));
+      "The service's RAM tiers are files on a tmpfs (`node.ram_dir`), kept when the service is "
+      "stopped or killed: the next service on the same runtime directory adopts the copies "
+      "whose source is unchanged and whose bytes still match their CRC32C, so the next job's "
+      "first epoch reads them from memory. An idle exit (`node.idle_exit`) frees them. `false`: "
+      "the RAM tiers are memfds and die with the service. Without a tmpfs at `node.ram_dir` "
+      "they are not kept (logged)."));
+  keys.push_back(StringKey<Config>(
+      "node", "ram_dir", [](auto& c) -> auto& { return c.node.ram_dir; }, "absolute directory",
+      Code("/dev/shm"),
+      "The tmpfs where a kept RAM tier's files live (`node.keep_ram`), under "
+      "`monarch-<uid>/`. Its page size sets what a new process pays to read a copy: on 4 KiB "
+      "pages it faults once per 64 KiB it first touches, so a fresh job's or DataLoader worker's "
+      "first epoch from RAM takes about twice a hot one. A tmpfs mounted with `huge=within_size` "
+      "(or `huge=always`; with `huge=advise`, also the tier's `huge_pages: true`) gives 2 MiB "
+      "pages, one fault per 2 MiB. The service logs which it got."));
   Key<Config> share_with_group = StringKey<Config>(
       "node", "share_with_group", [](auto& c) -> auto& { return c.node.share_with_group; },
       "a group name or gid", "empty: nobody but this user",
@@ -889,8 +899,11 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "for data that could not stay cached anyway."));
   keys.push_back(BoolKey<TierConfig>(
       "tiers[i]", "huge_pages", [](auto& t) -> auto& { return t.huge_pages; },
-      "`ram` only. Backs the tier with 2 MiB pages where the kernel allows it: "
-      "`/sys/kernel/mm/transparent_hugepage/shmem_enabled` must be `advise` (or `always`, "
+      "`ram` only. Backs the tier with 2 MiB pages where the kernel allows it. A node "
+      "service's kept tier (`node.keep_ram`) lives on the tmpfs at `node.ram_dir`, which gives "
+      "2 MiB pages when mounted `huge=advise` with this key, or `huge=always` or "
+      "`huge=within_size` without it. Memfds (an in-process tier, or `node.keep_ram: false`) "
+      "need `/sys/kernel/mm/transparent_hugepage/shmem_enabled` at `advise` (or `always`, "
       "`within_size`); at the kernel's default, `never`, the key changes nothing. A process that "
       "maps the tier afresh (a node service client; a DataLoader worker, which PyTorch starts "
       "anew each epoch) then takes a page fault per 2 MiB instead of per 4 KiB: a fresh client "

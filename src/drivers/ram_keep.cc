@@ -9,12 +9,15 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -24,7 +27,6 @@
 namespace monarch {
 namespace {
 
-constexpr char kShm[] = "/dev/shm";
 constexpr char kMagic[8] = {'M', 'O', 'N', 'R', 'A', 'M', 'J', '1'};
 constexpr uint32_t kVersion = 1;
 enum Kind : uint32_t { kCommit = 1, kRemove = 2 };
@@ -54,10 +56,33 @@ static_assert(sizeof(RecordHead) == 80, "no padding");
 
 // The runtime directory's path, '%' and '/' escaped: one name per
 // directory, which a user (or a test) can tell from the path.
-std::string KeptPath(const std::string& runtime_dir) {
+std::string KeptPath(const std::string& ram_dir, const std::string& runtime_dir) {
   std::string name;
   for (char c : runtime_dir) name += c == '%' ? "%25" : c == '/' ? "%2F" : std::string(1, c);
-  return absl::StrFormat("%s/monarch-%d/%s", kShm, ::geteuid(), name);
+  return absl::StrFormat("%s/monarch-%d/%s", ram_dir, ::geteuid(), name);
+}
+
+// A mountinfo path with its octal escapes (\040 for a space) decoded.
+std::string Unescape(absl::string_view field) {
+  auto octal = [](char c) { return c >= '0' && c <= '7'; };
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] <= '3' && octal(field[i + 1]) &&
+        octal(field[i + 2]) && octal(field[i + 3])) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                               (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
+// Whether mount point `mount` holds `dir`: it is `dir` or a parent of it.
+bool Holds(absl::string_view mount, absl::string_view dir) {
+  if (mount == "/") return true;
+  return absl::StartsWith(dir, mount) && (dir.size() == mount.size() || dir[mount.size()] == '/');
 }
 
 std::string Serialize(Kind kind, const KeptCopy& copy) {
@@ -119,15 +144,18 @@ bool KeptFor(const std::string& runtime_dir, const std::string& kept, bool unkno
 
 }  // namespace
 
-absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
+absl::StatusOr<std::string> KeptRamDirectory(const std::string& ram_dir,
+                                             const std::string& runtime_dir) {
   struct statfs fs;
-  if (::statfs(kShm, &fs) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(kShm, ": ", std::strerror(errno)));
+  if (::statfs(ram_dir.c_str(), &fs) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node.ram_dir '", ram_dir, "': ", std::strerror(errno)));
   }
   if (fs.f_type != TMPFS_MAGIC) {
-    return absl::FailedPreconditionError(absl::StrCat(kShm, " is not a tmpfs"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("node.ram_dir '", ram_dir, "' is not on a tmpfs"));
   }
-  const std::string dir = KeptPath(runtime_dir);
+  const std::string dir = KeptPath(ram_dir, runtime_dir);
   const std::string root = dir.substr(0, dir.rfind('/'));
   // What runtime directories that are gone kept (tests', benchmarks') goes.
   if (DIR* d = os::OpenDir(root.c_str())) {
@@ -160,9 +188,51 @@ absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir) {
   return dir;
 }
 
-void DiscardKeptRam(const std::string& runtime_dir) { RemoveTree(KeptPath(runtime_dir), 1); }
+void DiscardKeptRam(const std::string& ram_dir, const std::string& runtime_dir) {
+  RemoveTree(KeptPath(ram_dir, runtime_dir), 1);
+}
 
-std::string KeptRamPath(const std::string& runtime_dir) { return KeptPath(runtime_dir); }
+std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_dir) {
+  return KeptPath(ram_dir, runtime_dir);
+}
+
+uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool advised) {
+  // The innermost mount holding `dir`; of two at one point, the later (it
+  // lies on top). A line: id parent major:minor root mount-point options
+  // [optional fields] - fstype source super-options.
+  std::string best_mount;
+  bool found = false;
+  uint64_t page = 0;
+  for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
+    size_t dash = 6;
+    while (dash < fields.size() && fields[dash] != "-") ++dash;
+    if (fields.size() < 5 || dash + 3 >= fields.size()) continue;  // Not a mount line.
+    const std::string mount = Unescape(fields[4]);
+    if (!Holds(mount, dir) || (found && mount.size() < best_mount.size())) continue;
+    found = true;
+    best_mount = mount;
+    page = 0;
+    if (fields[dash + 1] != "tmpfs") continue;
+    page = 4096;
+    for (absl::string_view option : absl::StrSplit(fields[dash + 3], ',')) {
+      if (option == "huge=always" || option == "huge=within_size" ||
+          (advised && option == "huge=advise")) {
+        page = 2 << 20;
+      }
+    }
+  }
+  return page;
+}
+
+uint64_t TmpfsPageSize(absl::string_view dir, bool advised) {
+  absl::StatusOr<std::string> mountinfo = ReadSmallFile("/proc/self/mountinfo", 16 << 20);
+  if (!mountinfo.ok()) return 0;
+  char resolved[PATH_MAX];
+  const std::string path(dir);
+  const char* real = os::RealPath(path.c_str(), resolved);
+  return TmpfsPageSize(*mountinfo, real != nullptr ? absl::string_view(real) : dir, advised);
+}
 
 absl::StatusOr<std::map<std::string, KeptCopy>> RamJournal::Read() const {
   ScopedFd fd(os::Open(path_.c_str(), O_RDONLY | O_CLOEXEC));

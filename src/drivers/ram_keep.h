@@ -5,7 +5,8 @@
 // end may kill every process of the job, a keeper included. A file on a
 // tmpfs survives any process: a node service's RAM tier keeps its stripes,
 // its slot table and its journal as files in a private directory,
-// /dev/shm/monarch-<uid>/<runtime dir, '/' as %2F>/<tier>/ (0700). The next
+// <node.ram_dir>/monarch-<uid>/<runtime dir, '/' as %2F>/<tier>/ (0700),
+// node.ram_dir being /dev/shm unless the config names another tmpfs. The next
 // service on the same runtime directory (it holds monarch.lock: one owner at
 // a time) adopts the copies the journal lists whose source is unchanged and
 // whose bytes still have their CRC32C (ram_driver.cc). An idle exit, or
@@ -29,20 +30,33 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/file_util.h"
 #include "drivers/storage_driver.h"
 
 namespace monarch {
 
-// The kept arena's directory for the service of `runtime_dir`, created 0700
-// and checked; FailedPrecondition when /dev/shm is missing or not a tmpfs.
-absl::StatusOr<std::string> KeptRamDirectory(const std::string& runtime_dir);
+// The kept arena's directory under `ram_dir` (node.ram_dir) for the service
+// of `runtime_dir`, created 0700 and checked; FailedPrecondition, naming
+// node.ram_dir, when `ram_dir` is missing or not a tmpfs.
+absl::StatusOr<std::string> KeptRamDirectory(const std::string& ram_dir,
+                                             const std::string& runtime_dir);
 // Removes that directory and what it holds, if there is one: the kept
 // copies' memory goes back once nobody maps it.
-void DiscardKeptRam(const std::string& runtime_dir);
+void DiscardKeptRam(const std::string& ram_dir, const std::string& runtime_dir);
 // Its path, whether or not it exists (a RAM tier's files are under
 // <path>/<tier name>/).
-std::string KeptRamPath(const std::string& runtime_dir);
+std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_dir);
+
+// The page size a new file in `dir` gets, by the options of the tmpfs that
+// holds it in `mountinfo` (the text of /proc/self/mountinfo): 2 MiB where it
+// is mounted huge=always or huge=within_size, or huge=advise when the file's
+// mapping is advised (`advised`: the tier's huge_pages); else 4 KiB. 0 when
+// no tmpfs holds `dir`. (The system-wide shmem_enabled "force" and "deny"
+// override every mount; they are for testing, and not read here.)
+uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool advised);
+// The same from this process's /proc/self/mountinfo; 0 if unreadable.
+uint64_t TmpfsPageSize(absl::string_view dir, bool advised);
 
 // What the journal says the arena holds: one copy.
 struct KeptCopy {

@@ -617,7 +617,7 @@ void NodeService::AcceptLoop() {
     } else if (idle_exit > 0 &&
                std::chrono::duration<double>(now - idle_since).count() >= idle_exit) {
       MONARCH_LOG(kInfo, "monarch service: no client for ", idle_exit, " s, exiting");
-      DiscardKeptRam(paths_.dir);  // Only an idle exit frees the kept RAM copies.
+      DiscardKeptRam(config_->node.ram_dir, paths_.dir);  // Only an idle exit frees the kept RAM copies.
       break;
     }
   }

@@ -64,13 +64,14 @@ absl::Status ConfigPurge::Overall() const {
   return absl::OkStatus();
 }
 
-std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& runtime_dir) {
+std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& ram_dir,
+                                  const std::string& runtime_dir) {
   // memfd_create's name shows in /proc/<pid>/maps as "/memfd:<name>
   // (deleted)" (shared_memory.h; the names are ram_driver.cc's); a kept
   // tier's files by their path (ram_keep.h).
   const std::string arena = absl::StrCat("/memfd:monarch-ram:", tier, " (deleted)");
   const std::string slots = absl::StrCat("/memfd:monarch-ram-slots:", tier, " (deleted)");
-  const std::string kept = absl::StrCat(KeptRamPath(runtime_dir), "/", tier, "/");
+  const std::string kept = absl::StrCat(KeptRamPath(ram_dir, runtime_dir), "/", tier, "/");
   std::vector<pid_t> holders;
   DIR* proc = os::OpenDir("/proc");
   if (proc == nullptr) return holders;
@@ -151,8 +152,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     result.path = tier.path;
     result.status = missing[i];
     if (tier.kind == TierKind::kRam) {
-      result.holders = RamTierHolders(tier.name, purge.paths.dir);
-      result.kept_path = JoinPath(KeptRamPath(purge.paths.dir), tier.name);
+      result.holders = RamTierHolders(tier.name, config->node.ram_dir, purge.paths.dir);
+      result.kept_path = JoinPath(KeptRamPath(config->node.ram_dir, purge.paths.dir), tier.name);
       result.kept_bytes = BytesUnder(result.kept_path);
     } else if (HasDirectory(tier) && result.status.ok()) {
       absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier.path, options);
@@ -166,7 +167,7 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     purge.tiers.push_back(std::move(result));
   }
   // What a stopped service kept (node.keep_ram), every RAM tier's at once.
-  if (!options.dry_run) DiscardKeptRam(purge.paths.dir);
+  if (!options.dry_run) DiscardKeptRam(config->node.ram_dir, purge.paths.dir);
 
   // A socket left by a service that died: no service holds the lock, and
   // we do, so it is nobody's.
