@@ -27,6 +27,7 @@ Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -40,6 +41,7 @@ import torch.utils.data
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402
 
@@ -60,8 +62,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--out", help="a JSON file for the epoch times")
+    add_huge_ram_flag(ap)
     a = ap.parse_args()
     import monarch.torch as mt
+    ram_dir = contextlib.ExitStack()
+    node_keys = ram_dir.enter_context(huge_ram_dir(a))
 
     backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     mount = os.path.join(a.work, "pfs")
@@ -75,7 +80,8 @@ def main():
     newcomer = os.path.join(a.work, "pairs-newcomer.yaml")  # No node: section.
     with open(newcomer, "w") as f:
         f.write(f"dataset: {{path: {mount}}}\n"
-                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n")
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
+                + (f"node: {{{node_keys}}}\n" if node_keys else ""))
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
     drop_service(monarch_binary, newcomer)  # Copies an earlier run kept: none adopted.
 
@@ -104,6 +110,7 @@ def main():
     finally:
         drop_service(monarch_binary, newcomer)
         subprocess.run([script, "stop", mount], capture_output=True, env=env)
+        ram_dir.close()
 
     ratios = [n / l for n, l in zip(times["newcomer"], times["local"])]
     workers = "persistent" if a.persistent_workers else "fresh each epoch"
@@ -118,6 +125,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
                        "persistent_workers": a.persistent_workers, "load": load,
+                       "ram_dir": a.huge_ram_dir or "/dev/shm",
                        "epoch1": first, "times": times, "ratios": ratios,
                        "source_bytes_epoch1": source_bytes,
                        "source_bytes_after": source_after}, f, indent=1)
