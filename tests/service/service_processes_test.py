@@ -197,9 +197,10 @@ def lock_held(rt):
         os.close(fd)
 
 
-def kept_ram_dir(rt):
-    """Where the service of rt keeps its RAM tiers (drivers/ram_keep.cc)."""
-    return "/dev/shm/monarch-%d/%s" % (os.geteuid(), rt.replace("%", "%25").replace("/", "%2F"))
+def kept_ram_dir(rt, ram_dir="/dev/shm"):
+    """Where the service of rt keeps its RAM tiers (drivers/ram_keep.cc) on
+    the tmpfs node.ram_dir names."""
+    return "%s/monarch-%d/%s" % (ram_dir, os.geteuid(), rt.replace("%", "%25").replace("/", "%2F"))
 
 
 def pid_alive(pid):
@@ -2035,6 +2036,70 @@ def scenario_keep_ram(env):
     check(not os.path.exists(kept_ram_dir(rt)), "an idle exit left %s" % kept_ram_dir(rt))
 
 
+def scenario_ram_dir(env):
+    """node.ram_dir: a `monarch serve` keeps its RAM tier on the tmpfs it names, logs its page
+    size (2 MiB on a tmpfs mounted huge=within_size), serves exact bytes from it, and
+    `monarch purge` frees it there; a ram_dir on no tmpfs is logged and the tier lives in
+    memfds, bytes still exact."""
+    if os.geteuid() != 0:
+        raise Skip("mounting a tmpfs needs root")
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 200)
+    names = sorted(sizes)
+    total = sum(sizes.values())
+    huge = os.path.join(env.work, "huge")
+    os.makedirs(huge)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=1g", "tmpfs", huge],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Skip("cannot mount a tmpfs: %s" % r.stderr.strip())
+    try:
+        rt = env.runtime_dir()
+        tiers = ["{kind: ram, capacity: %d}" % (2 * total)]
+        config = write_config(os.path.join(env.work, "huge.yaml"), dataset, tiers, rt,
+                              autostart=False, extra_node={"ram_dir": huge})
+        with open(config, "a") as f:
+            f.write("logging: {level: info}\n")  # The page size is logged at info.
+        service = Service(env, config, rt, "huge")
+        job = Clients(env, config, 1, "job", epochs=2)
+        job.wait()
+        job.check_ok()
+        check(tier(node_stats(env, rt)["node"], "ram")["files"] == len(names), "RAM tier not full")
+        kept = os.path.join(kept_ram_dir(rt, huge), "ram")
+        check(os.path.exists(os.path.join(kept, "stripe-0")), "no stripes under %s" % kept)
+        check(not os.path.exists(kept_ram_dir(rt)), "the RAM tier is on /dev/shm too")
+        check("2 MiB pages on " + huge in service.log(), "no page size logged:\n" + service.log())
+        api = CApi(env.libc_api)
+        m = api.open(config)
+        bad = verify_files(api, m, dataset, names)
+        api.lib.monarch_close(m)
+        check(not bad, "wrong bytes from the huge tmpfs: %s" % bad[:5])
+        service.stop()
+        check(os.path.exists(os.path.join(kept, "journal")), "monarch stop removed the kept RAM")
+        r = purge(env, config)
+        check(r.returncode == 0, "purge failed")
+        check(not os.path.exists(kept_ram_dir(rt, huge)), "purge left %s" % kept_ram_dir(rt, huge))
+    finally:
+        subprocess.run(["umount", "-l", huge], capture_output=True)
+
+    # A ram_dir on no tmpfs: logged, memfds, bytes exact.
+    plain = os.path.join(env.work, "not-tmpfs")
+    os.makedirs(plain)
+    rt = env.runtime_dir("rt-plain")
+    config = write_config(os.path.join(env.work, "plain.yaml"), dataset, tiers, rt,
+                          autostart=False, extra_node={"ram_dir": plain})
+    service = Service(env, config, rt, "plain")
+    api = CApi(env.libc_api)
+    m = api.open(config)
+    bad = verify_files(api, m, dataset, names)
+    api.lib.monarch_close(m)
+    check(not bad, "wrong bytes with a ram_dir on no tmpfs: %s" % bad[:5])
+    check("node.ram_dir '%s' is not on a tmpfs" % plain in service.log(),
+          "not logged:\n" + service.log())
+    check(not os.listdir(plain), "files made in %s: %s" % (plain, os.listdir(plain)))
+    service.stop()
+
+
 # What a guest runs in each front end: every allowed file, then the secret,
 # through Monarch; prints one JSON line.
 GUEST_PROGRAM = r"""
@@ -2238,6 +2303,7 @@ def scenario_two_users(env):
 
 SCENARIOS = {
     "keep-ram": scenario_keep_ram,
+    "ram-dir": scenario_ram_dir,
     "clients-ram": scenario_clients_ram,
     "clients-posix": scenario_clients_posix,
     "startup-source-ops": scenario_startup_source_ops,
