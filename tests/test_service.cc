@@ -15,9 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -366,6 +368,30 @@ uint64_t FaultsReadingAll(Monarch& monarch, const std::vector<TestFile>& files) 
   return faults;
 }
 
+// Runs `passes` in a forked child, which leaves with _exit, and returns the
+// two fault counts it sends back through a pipe (~0: a pass failed).
+std::array<uint64_t, 2> FaultsInChild(const std::function<std::array<uint64_t, 2>()>& passes) {
+  std::array<uint64_t, 2> child = {~uint64_t{0}, ~uint64_t{0}};
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::array<uint64_t, 2> faults = passes();
+    const bool sent = ::write(pipe_fds[1], faults.data(), sizeof(faults)) == sizeof(faults);
+    ::_exit(sent ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  const bool received = ::read(pipe_fds[0], child.data(), sizeof(child)) == sizeof(child);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(received);
+  return child;
+}
+
 TEST_CASE("service: a forked client copies RAM hits with pread until it reads a file again and the "
           "client it was forked from maps them") {
   ScratchDir dir;
@@ -383,28 +409,14 @@ TEST_CASE("service: a forked client copies RAM hits with pread until it reads a 
 
   // The child reads the measured files twice: faults on the first pass, then
   // on the second (a first read of another file has set up what a fresh
-  // process maps once). Sent back through a pipe; the child leaves with _exit.
-  int pipe_fds[2];
-  REQUIRE(::pipe(pipe_fds) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
+  // process maps once).
+  const std::array<uint64_t, 2> child = FaultsInChild([&] {
     const bool warm = FaultsReadingAll(**client, {files[0]}) != ~uint64_t{0};
-    uint64_t faults[2] = {FaultsReadingAll(**client, measured),
-                          FaultsReadingAll(**client, measured)};
+    std::array<uint64_t, 2> faults = {FaultsReadingAll(**client, measured),
+                                      FaultsReadingAll(**client, measured)};
     if (!warm) faults[0] = ~uint64_t{0};
-    const bool sent = ::write(pipe_fds[1], faults, sizeof(faults)) == sizeof(faults);
-    ::_exit(sent ? 0 : 1);
-  }
-  ::close(pipe_fds[1]);
-  uint64_t child[2] = {0, 0};
-  const bool received = ::read(pipe_fds[0], child, sizeof(child)) == sizeof(child);
-  ::close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  REQUIRE(received);
+    return faults;
+  });
   const uint64_t parent = FaultsReadingAll(**client, measured);  // Its first hits.
   CAPTURE(child[0]);
   CAPTURE(child[1]);
@@ -470,29 +482,15 @@ TEST_CASE("service: with node.ram_dir on a tmpfs of 2 MiB pages, a new process m
   // the files twice: with pread first, then from its mapping, which takes a
   // fault per 2 MiB page; with 4 KiB pages it would take at least 16 per
   // 1 MiB file (the test of forked clients above).
-  int pipe_fds[2];
-  REQUIRE(::pipe(pipe_fds) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    uint64_t faults[2] = {~uint64_t{0}, ~uint64_t{0}};
+  const std::array<uint64_t, 2> child = FaultsInChild([&] {
+    std::array<uint64_t, 2> faults = {~uint64_t{0}, ~uint64_t{0}};
     auto client = Monarch::Create(config);
     if (client.ok()) {
       faults[0] = FaultsReadingAll(**client, measured);
       faults[1] = FaultsReadingAll(**client, measured);
     }
-    const bool sent = ::write(pipe_fds[1], faults, sizeof(faults)) == sizeof(faults);
-    ::_exit(sent ? 0 : 1);
-  }
-  ::close(pipe_fds[1]);
-  uint64_t child[2] = {0, 0};
-  const bool received = ::read(pipe_fds[0], child, sizeof(child)) == sizeof(child);
-  ::close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  REQUIRE(received);
+    return faults;
+  });
   CAPTURE(child[0]);
   CAPTURE(child[1]);
   REQUIRE(child[0] != ~uint64_t{0});  // Bytes exact on both passes.
