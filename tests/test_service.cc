@@ -1030,7 +1030,14 @@ TEST_CASE("service: an announced order is prefetched for the node, clients' read
   CHECK(SourceBytes(stats) == testing::TotalBytes(files));  // Each file once.
   CHECK(stats.Tier(0, "files") == files.size());
   // The job pays for what the streams fetched for its order and what its
-  // misses read: the node's source bytes, each file once.
+  // misses read: the node's source bytes, each file once. A stream charges
+  // a file just after its copy commits, so a read may hit the copy before
+  // the charge lands (bounded wait; an undercharge that lasts fails).
+  auto job_source_bytes = [&] {
+    const std::vector<service::JobStats> jobs = (*node)->NodeStats().jobs;
+    return jobs.size() == 1 ? jobs[0].source_bytes : 0;
+  };
+  CHECK(testing::Eventually([&] { return job_source_bytes() >= testing::TotalBytes(files); }));
   const std::vector<service::JobStats> jobs = (*node)->NodeStats().jobs;
   REQUIRE(jobs.size() == 1);
   CHECK(jobs[0].processes == 1);

@@ -29,6 +29,7 @@ namespace {
 
 constexpr uint64_t kAlign = 64;
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kHugePage = 2 << 20;
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -77,6 +78,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     MONARCH_ASSIGN_OR_RETURN(files, OpenKeptStripes(options.kept_dir, stripes, &size));
   }
   std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable || kept));
+  arena->huge_pages_ = huge_pages;
   for (int i = 0; i < std::max(stripes, 1); ++i) {
     WriteSealedRegion region;
     if (kept) {
@@ -97,7 +99,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     // Reads go through a read-only mapping: a stray pointer of ours cannot
     // write a copy either. MAP_NORESERVE: the size is address space, not a
     // commitment.
-    void* base = os::Mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
+    void* base = MapHugeAligned(size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
     s.base = static_cast<char*>(base);
     if (huge_pages) {
@@ -193,12 +195,17 @@ RamArena::Backlog RamArena::NextBacklog() {
     MutexLock lock(&stripe->mu);
     stripe->backed = std::max(stripe->backed, stripe->end);
     total_backed += stripe->backed;
-    const uint64_t target = std::min(size_, stripe->end + back_ahead_per_stripe_);
+    // With huge pages, steps are whole aligned 2 MiB blocks where they can
+    // be, each one folio (BackRange).
+    const uint64_t window = stripe->end + back_ahead_per_stripe_;
+    const uint64_t target = std::min(size_, huge_pages_ ? RoundUp(window, kStep) : window);
     if (stripe->backed >= target) continue;
     const uint64_t ahead = stripe->backed - stripe->end;
     if (ahead < least_ahead) {
       least_ahead = ahead;
-      next = Backlog{stripe.get(), stripe->backed, std::min(target, stripe->backed + kStep)};
+      const uint64_t step_end =
+          huge_pages_ ? (stripe->backed / kStep + 1) * kStep : stripe->backed + kStep;
+      next = Backlog{stripe.get(), stripe->backed, std::min(target, step_end)};
     }
   }
   // Never more than the arena's size in all: what the tier could hold.
@@ -226,8 +233,7 @@ bool RamArena::BackOneStep() {
   // Allocates the pages, zeroed, and maps them writable here, so a copy's
   // stores find them. Pages a copy is writing meanwhile (an extent handed
   // out past `backed`) are left as they are: this only faults pages in.
-  if (::madvise(next.stripe->writable.data() + next.begin, next.end - next.begin,
-                MADV_POPULATE_WRITE) != 0) {
+  if (!BackRange(next.stripe->writable.data(), next.begin, next.end)) {
     // ENOMEM (a memory cgroup's limit) or a kernel without the advice:
     // copies allocate their own pages from now on, as without the key.
     MutexLock lock(&backer_mu_);
@@ -238,6 +244,26 @@ bool RamArena::BackOneStep() {
   if (next.stripe->backed == next.begin) next.stripe->backed = next.end;
   backed_ahead_bytes_.fetch_add(next.end - next.begin, std::memory_order_relaxed);
   return true;
+}
+
+bool RamArena::BackRange(char* writable, uint64_t begin, uint64_t end) {
+#ifndef MADV_COLLAPSE
+  constexpr int MADV_COLLAPSE = 25;  // Linux 6.1.
+#endif
+  if (huge_pages_ && begin % kHugePage == 0 && end - begin == kHugePage &&
+      collapse_works_.load(std::memory_order_relaxed)) {
+    // One page allocated, then the block collapsed into one 2 MiB folio,
+    // zero-filled. MADV_COLLAPSE does so whatever shmem_enabled says
+    // (unless "deny"), where an advice (AdviseHugePages) needs "advise".
+    // It costs about what populating 512 pages does (bench_ram_pages
+    // --collapse), and every new reader of the block then maps it in one
+    // fault. Where the kernel will not (before 6.1: EINVAL; no free 2 MiB
+    // of memory: EAGAIN, ENOMEM) the block is populated page by page.
+    if (::madvise(writable + begin, kPage, MADV_POPULATE_WRITE) != 0) return false;
+    if (::madvise(writable + begin, kHugePage, MADV_COLLAPSE) == 0) return true;
+    if (errno == EINVAL) collapse_works_.store(false, std::memory_order_relaxed);
+  }
+  return ::madvise(writable + begin, end - begin, MADV_POPULATE_WRITE) == 0;
 }
 
 void RamArena::BackAheadLoop() {

@@ -192,9 +192,15 @@ class RamArena {
     uint64_t begin = 0, end = 0;
   };
   Backlog NextBacklog();
+  // Allocates [begin, end) of a stripe's writable mapping: with huge_pages
+  // an aligned 2 MiB block as one folio where the kernel can. False when the
+  // kernel refuses memory.
+  bool BackRange(char* writable, uint64_t begin, uint64_t end);
 
   const uint64_t size_;  // Of each stripe.
   const bool releasable_;
+  bool huge_pages_ = false;                // Options::huge_pages.
+  std::atomic<bool> collapse_works_{true};  // MADV_COLLAPSE; false once EINVAL.
   uint64_t back_ahead_per_stripe_ = 0;
   std::vector<std::unique_ptr<Stripe>> stripes_;
   std::atomic<uint32_t> next_stripe_{0};
