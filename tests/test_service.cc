@@ -42,6 +42,12 @@
 namespace monarch {
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 using service::NodeService;
 using testing::ScratchDir;
 using testing::TestFile;
@@ -495,10 +501,13 @@ TEST_CASE("service: with node.ram_dir on a tmpfs of 2 MiB pages, a new process m
   CAPTURE(child[1]);
   REQUIRE(child[0] != ~uint64_t{0});  // Bytes exact on both passes.
   REQUIRE(child[1] != ~uint64_t{0});
-  // 16 MiB of copies span at most 9 huge pages, each one fault; sanitizers'
-  // shadow memory may add a few anywhere. 4 KiB pages: at least 256.
-  CHECK(child[1] < 4 * measured.size());
   node->reset();
+  // A sanitizer's memcpy checks fault in shadow memory of their own, about
+  // one page per 32 KiB copied, which hides the page size from this count.
+  if (kSanitized) MONARCH_SKIP("sanitizer shadow memory hides the faults; release builds count");
+  // 16 MiB of copies span at most 9 huge pages, each one fault. 4 KiB
+  // pages: at least 256.
+  CHECK(child[1] < 4 * measured.size());
 }
 
 // The RAM tier's copies, its slot table, the tier slots and the namespace
