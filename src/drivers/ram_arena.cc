@@ -232,7 +232,9 @@ bool RamArena::BackOneStep() {
   } while (!backing_allowance_.compare_exchange_weak(allowed, allowed - (next.end - next.begin)));
   // Allocates the pages, zeroed, and maps them writable here, so a copy's
   // stores find them. Pages a copy is writing meanwhile (an extent handed
-  // out past `backed`) are left as they are: this only faults pages in.
+  // out past `backed`) keep their bytes: populating only faults pages in,
+  // and a collapse (BackRange) unmaps and locks each page before it copies
+  // it into the folio, so a store waits for it rather than being lost.
   if (!BackRange(next.stripe->writable.data(), next.begin, next.end)) {
     // ENOMEM (a memory cgroup's limit) or a kernel without the advice:
     // copies allocate their own pages from now on, as without the key.
@@ -266,6 +268,48 @@ bool RamArena::BackRange(char* writable, uint64_t begin, uint64_t end) {
   return ::madvise(writable + begin, end - begin, MADV_POPULATE_WRITE) == 0;
 }
 
+bool RamArena::CollapseOneFilledBlock() {
+#ifndef MADV_COLLAPSE
+  constexpr int MADV_COLLAPSE = 25;  // Linux 6.1.
+#endif
+  // A block the kernel could not collapse for now (EAGAIN: pages just
+  // written are not on the LRU lists yet, or are locked) is tried again
+  // after the backer's next wait, this many times.
+  constexpr int kTries = 4;
+  if (!huge_pages_ || !collapse_works_.load(std::memory_order_relaxed)) return false;
+  MutexLock step(&step_mu_);  // Not while a release punches pages out.
+  {
+    MutexLock lock(&backer_mu_);
+    if (backing_given_up_) return false;
+  }
+  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
+    uint64_t begin;
+    {
+      MutexLock lock(&stripe->mu);
+      begin = RoundUp(stripe->collapsed, kHugePage);
+      if (begin + kHugePage > stripe->end) continue;  // Not filled yet.
+    }
+    // Only a block whose every page is in memory: collapsing one with
+    // pages punched out (ReleaseFreePages) would allocate them again.
+    // A block the back-ahead made one folio is one already (a quick
+    // no-op); else its pages are copied into a new folio, under their
+    // locks, as BackRange's collapse does.
+    char* const block = stripe->writable.data() + begin;
+    unsigned char resident[kHugePage / kPage];
+    bool whole = os::Mincore(block, kHugePage, resident) == 0;
+    for (size_t i = 0; whole && i < sizeof(resident); ++i) whole = (resident[i] & 1) != 0;
+    const int error = !whole || ::madvise(block, kHugePage, MADV_COLLAPSE) == 0 ? 0 : errno;
+    if (error == EINVAL) collapse_works_.store(false, std::memory_order_relaxed);
+    const bool again = error == EAGAIN;
+    MutexLock lock(&stripe->mu);
+    if (again && ++stripe->collapse_tries < kTries) return false;  // After the wait.
+    stripe->collapsed = begin + kHugePage;
+    stripe->collapse_tries = 0;
+    return true;
+  }
+  return false;
+}
+
 void RamArena::BackAheadLoop() {
   ::pthread_setname_np(::pthread_self(), "monarch-backer");
   // Only CPU time nobody else wants: zeroing pages ahead must not slow the
@@ -277,7 +321,7 @@ void RamArena::BackAheadLoop() {
       MutexLock lock(&backer_mu_);
       if (backer_stop_) return;
     }
-    if (BackOneStep()) continue;
+    if (BackOneStep() || CollapseOneFilledBlock()) continue;
     MutexLock lock(&backer_mu_);
     if (backer_stop_) return;
     // Woken by an allocation; the timeout covers a wake-up that came
