@@ -10,11 +10,12 @@
 //
 // Run it on /dev/shm (4 KiB pages here) and on a tmpfs mounted
 // huge=within_size, in turns (bench/results/ram_pages/README.md).
-// --collapse fills the file as a RAM tier with huge_pages backs its memory
-// ahead (ram_arena.cc): per 2 MiB block, its first page allocated, then
-// MADV_COLLAPSE into one folio; it prints that time against allocating the
-// same pages 4 KiB at a time (MADV_POPULATE_WRITE) in a second file, and
-// the reads then run over the collapsed file.
+// --collapse allocates the file as 2 MiB folios with no administrator: per
+// 2 MiB block, its first page, then MADV_COLLAPSE into one folio (Linux
+// 6.1), as a RAM tier tried and reverted did (bench/results/ram_pages/).
+// It prints that time against allocating the same pages 4 KiB at a time
+// (MADV_POPULATE_WRITE) in a second file; the reads then run over the
+// collapsed file.
 
 #include <errno.h>
 #include <fcntl.h>
@@ -72,8 +73,8 @@ static double Pass(int with_pread) {
 #endif
 static const size_t kHuge = 2 << 20;
 
-// A shared mapping of `size` bytes of `file` at a 2 MiB boundary, as
-// Monarch maps its RAM tiers (MapHugeAligned).
+// A shared mapping of `size` bytes of `file` at a 2 MiB boundary, where
+// the kernel maps a 2 MiB folio with one page-table entry.
 static char* MapAligned(int file, size_t size, int protection) {
   char* reserved = mmap(NULL, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (reserved == MAP_FAILED) return MAP_FAILED;

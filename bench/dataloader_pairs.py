@@ -41,7 +41,7 @@ import torch.utils.data
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_tier_keys  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402
 
@@ -80,8 +80,7 @@ def main():
     newcomer = os.path.join(a.work, "pairs-newcomer.yaml")  # No node: section.
     with open(newcomer, "w") as f:
         f.write(f"dataset: {{path: {mount}}}\n"
-                f"tiers: [{{kind: ram, capacity: {2 * total}{ram_tier_keys(a)}}}, "
-                f"{{kind: source}}]\n"
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
                 + (f"node: {{{node_keys}}}\n" if node_keys else ""))
     monarch_binary = os.environ.get("MONARCH_BINARY", os.path.join(a.build, "monarch"))
     drop_service(monarch_binary, newcomer)  # Copies an earlier run kept: none adopted.
@@ -126,7 +125,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
                        "persistent_workers": a.persistent_workers, "load": load,
-                       "ram_dir": a.huge_ram_dir or "/dev/shm", "huge_pages": a.huge_pages,
+                       "ram_dir": a.huge_ram_dir or "/dev/shm",
                        "epoch1": first, "times": times, "ratios": ratios,
                        "source_bytes_epoch1": source_bytes,
                        "source_bytes_after": source_after}, f, indent=1)

@@ -36,7 +36,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, HERE)
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402  (the local copy's arm, as there)
 from service_epochs import drop_service  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_tier_keys  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 
 
 def service_cpu(pid):
@@ -124,8 +124,7 @@ def main():
     config = os.path.join(a.work, "profile-newcomer.yaml")
     with open(config, "w") as f:  # The config a newcomer writes: no node: section.
         f.write(f"dataset: {{path: {source}}}\n"
-                f"tiers: [{{kind: ram, capacity: {2 * total}{ram_tier_keys(a)}}}, "
-                f"{{kind: source}}]\n"
+                f"tiers: [{{kind: ram, capacity: {2 * total}}}, {{kind: source}}]\n"
                 + (f"node: {{{node_keys}}}\n" if node_keys else ""))
     drop_service(binary, config)  # Copies an earlier run kept: none adopted.
 
@@ -199,8 +198,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"files": n, "bytes": total, "workers": a.workers,
-                       "ram_dir": a.huge_ram_dir or "/dev/shm", "huge_pages": a.huge_pages,
-                       "rows": rows,
+                       "ram_dir": a.huge_ram_dir or "/dev/shm", "rows": rows,
                        "ratios": ratios}, f, indent=1)
 
 

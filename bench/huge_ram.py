@@ -1,15 +1,11 @@
-"""The RAM tier on 2 MiB pages, for the benchmarks that compare it with
-4 KiB pages (next_job.py, many_jobs.py, warm_start.py, dataloader_profile.py,
-dataloader_pairs.py), two ways:
+"""node.ram_dir on a tmpfs of 2 MiB pages, for the benchmarks that compare
+it with /dev/shm's 4 KiB pages (next_job.py, many_jobs.py, warm_start.py,
+dataloader_profile.py, dataloader_pairs.py).
 
 --huge-ram-dir DIR mounts a tmpfs with huge=within_size at DIR (as root,
 as a node's administrator would) for the run, unmounts it at the end, and
-the benchmark names DIR as node.ram_dir in its configs.
-
---huge-pages sets the RAM tier's huge_pages: its back-ahead collapses each
-2 MiB block into one folio (MADV_COLLAPSE), on any tmpfs.
-
-Without either the configs keep the defaults: /dev/shm, huge_pages false."""
+the benchmark names DIR as node.ram_dir in its configs. Without the flag the
+configs keep the default, /dev/shm."""
 
 import contextlib
 import os
@@ -21,13 +17,6 @@ def add_huge_ram_flag(ap):
     ap.add_argument("--huge-ram-dir", metavar="DIR", default="",
                     help="mount a tmpfs with huge=within_size at DIR (as root) and name it as "
                          "node.ram_dir in every config: the RAM tier's kept files on 2 MiB pages")
-    ap.add_argument("--huge-pages", action="store_true",
-                    help="the RAM tier's huge_pages: true (2 MiB folios by MADV_COLLAPSE)")
-
-
-def ram_tier_keys(a):
-    """What to add inside the RAM tier's YAML flow mapping."""
-    return ", huge_pages: true" if getattr(a, "huge_pages", False) else ""
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_tier_keys  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 
 
@@ -61,10 +61,9 @@ def main():
     work = private_runtime_base("mnext")
     config = os.path.join(work, "job.yaml")
     with open(config, "w") as f:
-        f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d%s}, {kind: source}]\n"
+        f.write("dataset: {path: %s}\ntiers: [{kind: ram, capacity: %d}, {kind: source}]\n"
                 "node: {shared: true, autostart: true, idle_exit: 10m%s}\n" % (
-                    pfs.mount, int(total * 1.05), ram_tier_keys(a),
-                    ", " + node_keys if node_keys else ""))
+                    pfs.mount, int(total * 1.05), ", " + node_keys if node_keys else ""))
     print("%d files, %.1f MiB; source: %s; jobs of %d threads; node.idle_exit 10m; %d us per "
           "sample" % (files, total / 2**20, " ".join(pfs.flags), a.threads, a.sample_us),
           flush=True)
@@ -102,7 +101,6 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"files": files, "dataset_bytes": total, "threads": a.threads,
                    "sample_us": a.sample_us, "ram_dir": a.huge_ram_dir or "/dev/shm",
-                   "huge_pages": a.huge_pages,
                    "source": " ".join(pfs.flags), "runs": runs}, f, indent=1)
     print("wrote", a.out)
 

@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_tier_keys  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
 
 MIB = 1048576.0
 # How job 1's service ends before job 2 ("none": job 2 reads through the same
@@ -98,8 +98,8 @@ def run_one(a, pfs, rep, ending, keep):
     config = os.path.join(base, "node.yaml")
     with open(config, "w") as f:
         f.write("dataset: {path: %s}\n" % a.mount)
-        f.write("tiers:\n  - {name: ram, kind: ram, capacity: %d%s}\n  - {kind: source}\n"
-                % (int(a.dataset_bytes * 1.25), ram_tier_keys(a)))
+        f.write("tiers:\n  - {name: ram, kind: ram, capacity: %d}\n  - {kind: source}\n"
+                % int(a.dataset_bytes * 1.25))
         f.write("node: {shared: true, runtime_dir: %s, autostart: false, idle_exit: 0, "
                 "keep_ram: %s%s}\n" % (os.path.join(base, "run"), "true" if keep else "false",
                                        ", " + a.node_keys if a.node_keys else ""))
@@ -191,9 +191,7 @@ def main():
              "(min-max)."
              % (a.files, a.dataset_bytes / MIB, a.bandwidth_mbps, " ".join(readahead_flags(a)),
                 "a tmpfs mounted `huge=within_size` (`--huge-ram-dir`)" if a.huge_ram_dir
-                else "`/dev/shm` (the default)" + (
-                    ", the RAM tier's `huge_pages: true` (`--huge-pages`)" if a.huge_pages
-                    else ""), a.reps), "",
+                else "`/dev/shm` (the default)", a.reps), "",
              "| first service ended by | RAM copies | job 2 epoch 1 / hot | job 2 epoch 1 / "
              "job 1 epoch 2 | job 2 epoch 2 / hot | hot epoch s | job 2 epoch 1 s | "
              "copies adopted | job 2 PFS MiB | service start s |",

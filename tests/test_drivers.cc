@@ -24,7 +24,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/handle_cache.h"
 #include "common/process_mappings.h"
-#include "common/shared_memory.h"
 #include "drivers/copy_integrity.h"
 #include "drivers/ram_arena.h"
 #include "drivers/storage_driver.h"
@@ -1227,118 +1226,6 @@ TEST_CASE("RAM arena backing ahead: pages past the ends are allocated before any
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     CHECK(arena.resident_bytes() == 0);
     CHECK(arena.backed_ahead_bytes() == 4 * kMiB);
-  }
-}
-
-// Whether this kernel collapses a memfd's pages into a 2 MiB folio on
-// request (MADV_COLLAPSE, Linux 6.1; not where shmem_enabled is "deny").
-bool KernelCollapsesShmem() {
-#ifndef MADV_COLLAPSE
-  constexpr int MADV_COLLAPSE = 25;
-#endif
-  absl::StatusOr<ScopedFd> fd = CreateSealedMemfd("collapse-probe", 4 << 20);
-  if (!fd.ok()) return false;
-  void* at = MapHugeAligned(4 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get());
-  if (at == MAP_FAILED) return false;
-  const bool collapsed = ::madvise(at, 4096, MADV_POPULATE_WRITE) == 0 &&
-                         ::madvise(at, 2 << 20, MADV_COLLAPSE) == 0;
-  ::munmap(at, 4 << 20);
-  return collapsed;
-}
-
-// Reads a byte of every 4 KiB page of [p, p + n). Not instrumented: a
-// sanitizer's checks would fault in shadow memory of their own, which a
-// count of this thread's page faults must not see.
-// Volatile: the reads are the point, whatever becomes of their sum.
-__attribute__((no_sanitize("address", "thread", "undefined"))) uint64_t TouchEveryPage(
-    const volatile char* p, uint64_t n) {
-  uint64_t sum = 0;
-  for (uint64_t at = 0; at < n; at += 4096) sum += static_cast<unsigned char>(p[at]);
-  return sum;
-}
-
-TEST_CASE("RAM arena with huge_pages: blocks backed ahead are 2 MiB folios, which a new mapping "
-          "takes in one fault each, bytes exact") {
-  constexpr uint64_t kMiB = 1 << 20;
-  if (!KernelCollapsesShmem()) MONARCH_SKIP("this kernel does not collapse shmem (MADV_COLLAPSE)");
-  for (const bool huge : {false, true}) {
-    CAPTURE(huge);
-    RamArena::Options options;
-    options.back_ahead = 32 * kMiB;  // 16 MiB per stripe.
-    options.huge_pages = huge;
-    absl::StatusOr<std::unique_ptr<RamArena>> made =
-        RamArena::Create(64 * kMiB, 2, "test", options);
-    REQUIRE(made.ok());
-    RamArena& arena = **made;
-    REQUIRE(arena.WaitUntilBackedAhead(std::chrono::seconds(30)));
-    // Copies written into the backed blocks, as promotions would.
-    std::vector<char> bytes(1 * kMiB);
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = testing::ExpectedByte(4, i);
-    std::vector<RamArena::Extent> extents;
-    for (int k = 0; k < 16; ++k) {
-      absl::StatusOr<RamArena::Extent> extent = arena.Allocate(bytes.size());
-      REQUIRE(extent.ok());
-      REQUIRE(arena.Write(*extent, 0, bytes.data(), bytes.size()).ok());
-      extents.push_back(*extent);
-    }
-    // A new mapping of stripe 0, as a client's: one fault per 2 MiB folio
-    // over its first 16 MiB; 16 pages per fault on 4 KiB pages.
-    char* view = static_cast<char*>(
-        MapHugeAligned(arena.stripe_bytes(), PROT_READ, MAP_SHARED, arena.stripe_fd(0)));
-    REQUIRE(view != MAP_FAILED);
-    const uint64_t before = testing::ThreadMinorFaults();
-    const uint64_t sum = TouchEveryPage(view, 16 * kMiB);
-    const uint64_t faults = testing::ThreadMinorFaults() - before;
-    CAPTURE(faults);
-    CAPTURE(sum);
-    if (huge) {
-      CHECK(faults <= 12);  // 8 folios.
-    } else {
-      CHECK(faults >= 16 * kMiB / (64 << 10));
-    }
-    for (const RamArena::Extent& e : extents) {
-      CHECK(std::memcmp(arena.data(e), bytes.data(), bytes.size()) == 0);
-      if (e.stripe == 0) CHECK(std::memcmp(view + e.offset, bytes.data(), bytes.size()) == 0);
-    }
-    ::munmap(view, arena.stripe_bytes());
-  }
-}
-
-TEST_CASE("RAM arena with huge_pages: blocks copies filled before the back-ahead got to them are "
-          "collapsed after, bytes exact") {
-  constexpr uint64_t kMiB = 1 << 20;
-  if (!KernelCollapsesShmem()) MONARCH_SKIP("this kernel does not collapse shmem (MADV_COLLAPSE)");
-  RamArena::Options options;
-  options.back_ahead = 4 * kMiB;  // 2 MiB per stripe: copies soon outrun it.
-  options.huge_pages = true;
-  absl::StatusOr<std::unique_ptr<RamArena>> made = RamArena::Create(64 * kMiB, 2, "test", options);
-  REQUIRE(made.ok());
-  RamArena& arena = **made;
-  std::vector<char> bytes(1 * kMiB);
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = testing::ExpectedByte(6, i);
-  std::vector<RamArena::Extent> extents;
-  for (int k = 0; k < 16; ++k) {  // 8 MiB in each stripe.
-    absl::StatusOr<RamArena::Extent> extent = arena.Allocate(bytes.size());
-    REQUIRE(extent.ok());
-    REQUIRE(arena.Write(*extent, 0, bytes.data(), bytes.size()).ok());
-    extents.push_back(*extent);
-  }
-  // A new mapping of stripe 0's 8 MiB, as a client's, until it takes one
-  // fault per 2 MiB block (4 and a few), not 16 per 64 KiB on 4 KiB pages.
-  uint64_t faults = 0;
-  CHECK(testing::Eventually([&] {
-    char* view = static_cast<char*>(
-        MapHugeAligned(arena.stripe_bytes(), PROT_READ, MAP_SHARED, arena.stripe_fd(0)));
-    if (view == MAP_FAILED) return false;
-    const uint64_t before = testing::ThreadMinorFaults();
-    TouchEveryPage(view, 8 * kMiB);
-    faults = testing::ThreadMinorFaults() - before;
-    ::munmap(view, arena.stripe_bytes());
-    return faults <= 8;
-  }));
-  CAPTURE(faults);
-  for (const RamArena::Extent& e : extents) {
-    CHECK(std::memcmp(arena.data(e), bytes.data(), bytes.size()) == 0);
   }
 }
 

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,30 +67,6 @@ absl::StatusOr<ScopedFd> ReopenReadOnly(int fd) {
   return reopened;
 }
 
-void* MapHugeAligned(uint64_t size, int protection, int flags, int fd) {
-  constexpr uint64_t kHuge = 2 << 20;
-  if (size < kHuge) return os::Mmap(nullptr, size, protection, flags, fd, 0);
-  // Address space only: reserved, then the file mapped over its aligned
-  // part, and what is left on either side given back.
-  const uint64_t span = size + kHuge;
-  void* reserved = os::Mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                            -1, 0);
-  if (reserved == MAP_FAILED) return MAP_FAILED;
-  char* const begin = static_cast<char*>(reserved);
-  char* const at = begin + (kHuge - reinterpret_cast<uintptr_t>(begin) % kHuge) % kHuge;
-  void* mapped = os::Mmap(at, size, protection, flags | MAP_FIXED, fd, 0);
-  if (mapped == MAP_FAILED) {
-    const int error = errno;
-    os::Munmap(reserved, span);
-    errno = error;
-    return MAP_FAILED;
-  }
-  char* const end = at + (size + kPage - 1) / kPage * kPage;
-  if (at > begin) os::Munmap(begin, static_cast<size_t>(at - begin));
-  if (begin + span > end) os::Munmap(end, static_cast<size_t>(begin + span - end));
-  return mapped;
-}
-
 MappedRegion::~MappedRegion() {
   if (data_ != nullptr) os::Munmap(data_, size_);
 }
@@ -119,8 +94,8 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, bool writable, bool own_f
   if (st.st_size <= 0) return absl::FailedPreconditionError("empty shared region");
   MappedRegion region;
   region.size_ = static_cast<uint64_t>(st.st_size);
-  void* data = MapHugeAligned(region.size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                              MAP_SHARED | MAP_NORESERVE, fd);
+  void* data = os::Mmap(nullptr, region.size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                      MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (data == MAP_FAILED) {
     region.size_ = 0;
     return ErrnoToStatus(errno, "map a shared region");

@@ -31,15 +31,7 @@ absl::StatusOr<ScopedFd> CreateSealedMemfd(const std::string& name, uint64_t byt
 // A new read-only descriptor for the same memfd (through /proc/self/fd).
 absl::StatusOr<ScopedFd> ReopenReadOnly(int fd);
 
-// Maps `size` bytes of `fd` from offset 0 (os::Mmap's contract), at an
-// address aligned to 2 MiB when `size` is at least that. The kernel maps a
-// 2 MiB folio of a tmpfs or memfd with one page-table entry (one fault)
-// only where the mapping's address and the file offset agree modulo 2 MiB;
-// elsewhere it maps its pages 16 at a time. RAM tiers' copies can be such
-// folios (tiers[i].huge_pages, node.ram_dir).
-void* MapHugeAligned(uint64_t size, int protection, int flags, int fd);
-
-// A mapping of a whole descriptor (MapHugeAligned), unmapped on destruction.
+// A mapping of a whole descriptor, unmapped on destruction.
 class MappedRegion {
  public:
   MappedRegion() = default;

@@ -899,22 +899,31 @@ std::vector<Key<TierConfig>> MakeTierKeys() {
       "for data that could not stay cached anyway."));
   keys.push_back(BoolKey<TierConfig>(
       "tiers[i]", "huge_pages", [](auto& t) -> auto& { return t.huge_pages; },
-      "`ram` only. Backs the tier with 2 MiB pages, so that a process new to it (the next "
-      "job, a node service's client, a DataLoader worker, which PyTorch starts anew each epoch) "
-      "maps a copy in one page fault per 2 MiB instead of one per 64 KiB, and `pread()`s it a "
-      "2 MiB folio at a time. The back-ahead thread (`back_ahead`) allocates each whole 2 MiB "
-      "block as one folio with `MADV_COLLAPSE` (Linux 6.1), whatever "
-      "`/sys/kernel/mm/transparent_hugepage/shmem_enabled` says short of `deny`; where the "
-      "kernel will not (an older kernel, no free 2 MiB of memory) the block gets 4 KiB pages, "
-      "and so do copies written past what was backed ahead. A tmpfs at `node.ram_dir` mounted "
-      "`huge=within_size` gives a kept tier 2 MiB pages without the key. The costs: allocating "
-      "a block as one folio takes the backer more CPU than allocating 512 pages "
-      "(`bench_ram_pages --collapse`), at the lowest CPU priority, off the read path; each of "
-      "the tier's 8 stripes may end in a partly used 2 MiB folio; giving memory back under "
-      "pressure (`memory.watch`) splits folios. Figures: "
-      "[bench/results/ram_pages/](../bench/results/ram_pages/README.md). Without the key, a "
-      "forked client (a DataLoader worker) copies its hits with `pread()` until it reads a file "
-      "again, and maps from then on."));
+      "`ram` only. Backs the tier with 2 MiB pages where the kernel allows it. A node "
+      "service's kept tier (`node.keep_ram`) lives on the tmpfs at `node.ram_dir`, which gives "
+      "2 MiB pages when mounted `huge=advise` with this key, or `huge=always` or "
+      "`huge=within_size` without it. Memfds (an in-process tier, or `node.keep_ram: false`) "
+      "need `/sys/kernel/mm/transparent_hugepage/shmem_enabled` at `advise` (or `always`, "
+      "`within_size`); at the kernel's default, `never`, the key changes nothing. A process that "
+      "maps the tier afresh (a node service client; a DataLoader worker, which PyTorch starts "
+      "anew each epoch) then takes a page fault per 2 MiB instead of per 4 KiB: a fresh client "
+      "read the tier at 0.96x the speed of a warm one, against 0.35x with 4 KiB pages "
+      "(`bench_client_hit --huge-pages`). The costs: a process that keeps its mapping (a "
+      "persistent worker, a long-lived client) read the tier at 28 GiB/s against 33 GiB/s with 4 "
+      "KiB pages on the test VM; the cold epoch took 5-18% longer there, which is the hypervisor "
+      "backing guest memory nothing had touched yet (with that memory touched just before, the "
+      "cold epoch was even); and each of the tier's 8 stripes may end in a partly used 2 MiB "
+      "page. Without the key, a forked client (a DataLoader worker) copies its hits with "
+      "`pread()` until it reads a file again, which costs it less than faulting 4 KiB pages in "
+      "(in `bench/torch_epochs.py --files 6000`, 4 fresh workers through the node service, hot "
+      "epochs took 0.99x a local copy's time against 1.10x before, and 0.86-0.90x with "
+      "`huge_pages`: [bench/results/python.md](../bench/results/python.md)), and maps from then "
+      "on. That is not the rule: in the paper suite's DataLoader, 4 fresh workers through the "
+      "service over 20,000 small files on a quiet machine, hot epochs took 1.34x and 1.42x the "
+      "local copy's time (1.41x and 1.53x with an announced order; "
+      "[bench/results/suite/ANALYSIS.md](../bench/results/suite/ANALYSIS.md)). So the key may "
+      "still pay for fresh DataLoader workers; not for persistent workers or one long-lived "
+      "process."));
   keys.push_back(SizeKey<TierConfig>(
       "tiers[i]", "back_ahead", [](auto& t) -> auto& { return t.back_ahead_bytes; }, 0,
       ~uint64_t{0}, 1, "size", "a size",

@@ -29,7 +29,6 @@ namespace {
 
 constexpr uint64_t kAlign = 64;
 constexpr uint64_t kPage = 4096;
-constexpr uint64_t kHugePage = 2 << 20;
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -78,7 +77,6 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     MONARCH_ASSIGN_OR_RETURN(files, OpenKeptStripes(options.kept_dir, stripes, &size));
   }
   std::unique_ptr<RamArena> arena(new RamArena(size, options.releasable || kept));
-  arena->huge_pages_ = huge_pages;
   for (int i = 0; i < std::max(stripes, 1); ++i) {
     WriteSealedRegion region;
     if (kept) {
@@ -99,7 +97,7 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t bytes, int s
     // Reads go through a read-only mapping: a stray pointer of ours cannot
     // write a copy either. MAP_NORESERVE: the size is address space, not a
     // commitment.
-    void* base = MapHugeAligned(size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd);
+    void* base = os::Mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, s.fd, 0);
     if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("map ", name));
     s.base = static_cast<char*>(base);
     if (huge_pages) {
@@ -195,17 +193,12 @@ RamArena::Backlog RamArena::NextBacklog() {
     MutexLock lock(&stripe->mu);
     stripe->backed = std::max(stripe->backed, stripe->end);
     total_backed += stripe->backed;
-    // With huge pages, steps are whole aligned 2 MiB blocks where they can
-    // be, each one folio (BackRange).
-    const uint64_t window = stripe->end + back_ahead_per_stripe_;
-    const uint64_t target = std::min(size_, huge_pages_ ? RoundUp(window, kStep) : window);
+    const uint64_t target = std::min(size_, stripe->end + back_ahead_per_stripe_);
     if (stripe->backed >= target) continue;
     const uint64_t ahead = stripe->backed - stripe->end;
     if (ahead < least_ahead) {
       least_ahead = ahead;
-      const uint64_t step_end =
-          huge_pages_ ? (stripe->backed / kStep + 1) * kStep : stripe->backed + kStep;
-      next = Backlog{stripe.get(), stripe->backed, std::min(target, step_end)};
+      next = Backlog{stripe.get(), stripe->backed, std::min(target, stripe->backed + kStep)};
     }
   }
   // Never more than the arena's size in all: what the tier could hold.
@@ -232,10 +225,9 @@ bool RamArena::BackOneStep() {
   } while (!backing_allowance_.compare_exchange_weak(allowed, allowed - (next.end - next.begin)));
   // Allocates the pages, zeroed, and maps them writable here, so a copy's
   // stores find them. Pages a copy is writing meanwhile (an extent handed
-  // out past `backed`) keep their bytes: populating only faults pages in,
-  // and a collapse (BackRange) unmaps and locks each page before it copies
-  // it into the folio, so a store waits for it rather than being lost.
-  if (!BackRange(next.stripe->writable.data(), next.begin, next.end)) {
+  // out past `backed`) are left as they are: this only faults pages in.
+  if (::madvise(next.stripe->writable.data() + next.begin, next.end - next.begin,
+                MADV_POPULATE_WRITE) != 0) {
     // ENOMEM (a memory cgroup's limit) or a kernel without the advice:
     // copies allocate their own pages from now on, as without the key.
     MutexLock lock(&backer_mu_);
@@ -246,68 +238,6 @@ bool RamArena::BackOneStep() {
   if (next.stripe->backed == next.begin) next.stripe->backed = next.end;
   backed_ahead_bytes_.fetch_add(next.end - next.begin, std::memory_order_relaxed);
   return true;
-}
-
-bool RamArena::BackRange(char* writable, uint64_t begin, uint64_t end) {
-#ifndef MADV_COLLAPSE
-  constexpr int MADV_COLLAPSE = 25;  // Linux 6.1.
-#endif
-  if (huge_pages_ && begin % kHugePage == 0 && end - begin == kHugePage &&
-      collapse_works_.load(std::memory_order_relaxed)) {
-    // One page allocated, then the block collapsed into one 2 MiB folio,
-    // zero-filled. MADV_COLLAPSE does so whatever shmem_enabled says
-    // (unless "deny"), where an advice (AdviseHugePages) needs "advise".
-    // It costs about what populating 512 pages does (bench_ram_pages
-    // --collapse), and every new reader of the block then maps it in one
-    // fault. Where the kernel will not (before 6.1: EINVAL; no free 2 MiB
-    // of memory: EAGAIN, ENOMEM) the block is populated page by page.
-    if (::madvise(writable + begin, kPage, MADV_POPULATE_WRITE) != 0) return false;
-    if (::madvise(writable + begin, kHugePage, MADV_COLLAPSE) == 0) return true;
-    if (errno == EINVAL) collapse_works_.store(false, std::memory_order_relaxed);
-  }
-  return ::madvise(writable + begin, end - begin, MADV_POPULATE_WRITE) == 0;
-}
-
-bool RamArena::CollapseOneFilledBlock() {
-#ifndef MADV_COLLAPSE
-  constexpr int MADV_COLLAPSE = 25;  // Linux 6.1.
-#endif
-  // A block the kernel could not collapse for now (EAGAIN: pages just
-  // written are not on the LRU lists yet, or are locked) is tried again
-  // after the backer's next wait, this many times.
-  constexpr int kTries = 4;
-  if (!huge_pages_ || !collapse_works_.load(std::memory_order_relaxed)) return false;
-  MutexLock step(&step_mu_);  // Not while a release punches pages out.
-  {
-    MutexLock lock(&backer_mu_);
-    if (backing_given_up_) return false;
-  }
-  for (const std::unique_ptr<Stripe>& stripe : stripes_) {
-    uint64_t begin;
-    {
-      MutexLock lock(&stripe->mu);
-      begin = RoundUp(stripe->collapsed, kHugePage);
-      if (begin + kHugePage > stripe->end) continue;  // Not filled yet.
-    }
-    // Only a block whose every page is in memory: collapsing one with
-    // pages punched out (ReleaseFreePages) would allocate them again.
-    // A block the back-ahead made one folio is one already (a quick
-    // no-op); else its pages are copied into a new folio, under their
-    // locks, as BackRange's collapse does.
-    char* const block = stripe->writable.data() + begin;
-    unsigned char resident[kHugePage / kPage];
-    bool whole = os::Mincore(block, kHugePage, resident) == 0;
-    for (size_t i = 0; whole && i < sizeof(resident); ++i) whole = (resident[i] & 1) != 0;
-    const int error = !whole || ::madvise(block, kHugePage, MADV_COLLAPSE) == 0 ? 0 : errno;
-    if (error == EINVAL) collapse_works_.store(false, std::memory_order_relaxed);
-    const bool again = error == EAGAIN;
-    MutexLock lock(&stripe->mu);
-    if (again && ++stripe->collapse_tries < kTries) return false;  // After the wait.
-    stripe->collapsed = begin + kHugePage;
-    stripe->collapse_tries = 0;
-    return true;
-  }
-  return false;
 }
 
 void RamArena::BackAheadLoop() {
@@ -321,7 +251,7 @@ void RamArena::BackAheadLoop() {
       MutexLock lock(&backer_mu_);
       if (backer_stop_) return;
     }
-    if (BackOneStep() || CollapseOneFilledBlock()) continue;
+    if (BackOneStep()) continue;
     MutexLock lock(&backer_mu_);
     if (backer_stop_) return;
     // Woken by an allocation; the timeout covers a wake-up that came

@@ -175,9 +175,6 @@ class RamArena {
     // Pages below this are allocated (by copies or backed ahead); at least
     // the highest `end` so far, which freed extents keep allocated.
     uint64_t backed ABSL_GUARDED_BY(mu) = 0;
-    // Blocks below this were offered to CollapseOneFilledBlock().
-    uint64_t collapsed ABSL_GUARDED_BY(mu) = 0;
-    int collapse_tries ABSL_GUARDED_BY(mu) = 0;  // Of the block at `collapsed`.
   };
 
   // Punches the pages of `stripe` no extent uses out of its file.
@@ -195,20 +192,9 @@ class RamArena {
     uint64_t begin = 0, end = 0;
   };
   Backlog NextBacklog();
-  // Allocates [begin, end) of a stripe's writable mapping: with huge_pages
-  // an aligned 2 MiB block as one folio where the kernel can. False when the
-  // kernel refuses memory.
-  bool BackRange(char* writable, uint64_t begin, uint64_t end);
-  // With huge_pages, when there is nothing to back: collapses the next 2 MiB
-  // block that copies filled before the back-ahead got to it (copies came
-  // faster than it backed), so that new readers map it in one fault too.
-  // False when no such block is left.
-  bool CollapseOneFilledBlock();
 
   const uint64_t size_;  // Of each stripe.
   const bool releasable_;
-  bool huge_pages_ = false;                // Options::huge_pages.
-  std::atomic<bool> collapse_works_{true};  // MADV_COLLAPSE; false once EINVAL.
   uint64_t back_ahead_per_stripe_ = 0;
   std::vector<std::unique_ptr<Stripe>> stripes_;
   std::atomic<uint32_t> next_stripe_{0};
