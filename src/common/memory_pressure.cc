@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/mount_table.h"
 #include "common/os.h"
 #include "common/status_macros.h"
 
@@ -78,28 +79,20 @@ std::string CgroupMemory::FindDirectory(absl::string_view cgroup_text,
     }
   }
   if (!relative) return "";
-  // /proc/self/mountinfo: "id parent dev root mountpoint options ... - fstype source superopts".
-  for (absl::string_view line : absl::StrSplit(mountinfo_text, '\n', absl::SkipEmpty())) {
-    std::vector<absl::string_view> halves = absl::StrSplit(line, absl::MaxSplits(" - ", 1));
-    if (halves.size() != 2) continue;
-    std::vector<absl::string_view> fields = absl::StrSplit(halves[0], ' ');
-    std::vector<absl::string_view> tail = absl::StrSplit(halves[1], ' ');
-    if (fields.size() < 5 || tail.size() < 3) continue;
+  for (const MountEntry& mount : ParseMountinfo(mountinfo_text)) {
     if (version == Version::kV1) {
-      if (tail[0] != "cgroup") continue;
-      std::vector<absl::string_view> options = absl::StrSplit(tail[2], ',');
-      if (!absl::c_linear_search(options, "memory")) continue;
-    } else if (tail[0] != "cgroup2") {
+      if (mount.fs_type != "cgroup") continue;
+      if (!absl::c_linear_search(mount.super_options, "memory")) continue;
+    } else if (mount.fs_type != "cgroup2") {
       continue;
     }
     // The mount shows the hierarchy from `root` down (a container sees its
     // own cgroup as "/"): the process's path is relative to it.
-    absl::string_view root = fields[3];
     absl::string_view path = *relative;
-    if (root != "/") {
-      if (!absl::ConsumePrefix(&path, root)) continue;
+    if (mount.root != "/") {
+      if (!absl::ConsumePrefix(&path, mount.root)) continue;
     }
-    std::string directory(fields[4]);
+    std::string directory = mount.mount_point;
     if (!path.empty() && path != "/") directory = JoinPath(directory, absl::StripPrefix(path, "/"));
     return directory;
   }

@@ -95,6 +95,7 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
 // 64 KiB it first reads, about doubling its first epoch from RAM
 // (bench/results/next_job.md); a tmpfs mounted huge=within_size avoids it.
 void LogRamPageSize(const TierConfig& tier, const std::string& ram_dir) {
+  if (!LogEnabled(LogLevel::kInfo)) return;  // Reading the mount table is for the log only.
   const uint64_t page = TmpfsPageSize(ram_dir, tier.huge_pages);
   if (page >= (2 << 20)) {
     MONARCH_LOG(kInfo, "RAM tier ", tier.name, ": 2 MiB pages on ", ram_dir);

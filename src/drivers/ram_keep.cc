@@ -15,12 +15,11 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/log.h"
+#include "common/mount_table.h"
 #include "common/os.h"
 #include "common/status_macros.h"
 
@@ -60,29 +59,6 @@ std::string KeptPath(const std::string& ram_dir, const std::string& runtime_dir)
   std::string name;
   for (char c : runtime_dir) name += c == '%' ? "%25" : c == '/' ? "%2F" : std::string(1, c);
   return absl::StrFormat("%s/monarch-%d/%s", ram_dir, ::geteuid(), name);
-}
-
-// A mountinfo path with its octal escapes (\040 for a space) decoded.
-std::string Unescape(absl::string_view field) {
-  auto octal = [](char c) { return c >= '0' && c <= '7'; };
-  std::string out;
-  for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] <= '3' && octal(field[i + 1]) &&
-        octal(field[i + 2]) && octal(field[i + 3])) {
-      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
-                               (field[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += field[i];
-    }
-  }
-  return out;
-}
-
-// Whether mount point `mount` holds `dir`: it is `dir` or a parent of it.
-bool Holds(absl::string_view mount, absl::string_view dir) {
-  if (mount == "/") return true;
-  return absl::StartsWith(dir, mount) && (dir.size() == mount.size() || dir[mount.size()] == '/');
 }
 
 std::string Serialize(Kind kind, const KeptCopy& copy) {
@@ -198,31 +174,23 @@ std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_d
 
 uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool advised) {
   // The innermost mount holding `dir`; of two at one point, the later (it
-  // lies on top). A line: id parent major:minor root mount-point options
-  // [optional fields] - fstype source super-options.
-  std::string best_mount;
-  bool found = false;
-  uint64_t page = 0;
-  for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
-    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
-    size_t dash = 6;
-    while (dash < fields.size() && fields[dash] != "-") ++dash;
-    if (fields.size() < 5 || dash + 3 >= fields.size()) continue;  // Not a mount line.
-    const std::string mount = Unescape(fields[4]);
-    if (!Holds(mount, dir) || (found && mount.size() < best_mount.size())) continue;
-    found = true;
-    best_mount = mount;
-    page = 0;
-    if (fields[dash + 1] != "tmpfs") continue;
-    page = 4096;
-    for (absl::string_view option : absl::StrSplit(fields[dash + 3], ',')) {
-      if (option == "huge=always" || option == "huge=within_size" ||
-          (advised && option == "huge=advise")) {
-        page = 2 << 20;
-      }
+  // lies on top).
+  const MountEntry* holder = nullptr;
+  const std::vector<MountEntry> mounts = ParseMountinfo(mountinfo);
+  for (const MountEntry& mount : mounts) {
+    if (MountHolds(mount.mount_point, dir) &&
+        (holder == nullptr || mount.mount_point.size() >= holder->mount_point.size())) {
+      holder = &mount;
     }
   }
-  return page;
+  if (holder == nullptr || holder->fs_type != "tmpfs") return 0;
+  for (const std::string& option : holder->super_options) {
+    if (option == "huge=always" || option == "huge=within_size" ||
+        (advised && option == "huge=advise")) {
+      return 2 << 20;
+    }
+  }
+  return 4096;
 }
 
 uint64_t TmpfsPageSize(absl::string_view dir, bool advised) {
