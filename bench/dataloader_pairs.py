@@ -41,7 +41,7 @@ import torch.utils.data
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402
 
@@ -125,7 +125,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
                        "persistent_workers": a.persistent_workers, "load": load,
-                       "ram_dir": a.huge_ram_dir or "/dev/shm",
+                       "ram_dir": ram_dir_label(a),
                        "epoch1": first, "times": times, "ratios": ratios,
                        "source_bytes_epoch1": source_bytes,
                        "source_bytes_after": source_after}, f, indent=1)

@@ -36,7 +36,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, HERE)
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402  (the local copy's arm, as there)
 from service_epochs import drop_service  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 
 
 def service_cpu(pid):
@@ -198,7 +198,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"files": n, "bytes": total, "workers": a.workers,
-                       "ram_dir": a.huge_ram_dir or "/dev/shm", "rows": rows,
+                       "ram_dir": ram_dir_label(a), "rows": rows,
                        "ratios": ratios}, f, indent=1)
 
 

@@ -47,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 
 
@@ -152,7 +152,7 @@ def main():
               a.epochs, a.threads, a.sample_us), flush=True)
     results = {"files": files, "dataset_bytes": total, "ram_bytes": ram, "jobs": a.jobs,
                "epochs": a.epochs, "threads": a.threads, "sample_us": a.sample_us,
-               "source": " ".join(pfs.flags), "ram_dir": a.huge_ram_dir or "/dev/shm",
+               "source": " ".join(pfs.flags), "ram_dir": ram_dir_label(a),
                "reps": []}
     try:
         for rep in range(a.reps):

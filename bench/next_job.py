@@ -29,7 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from emulated_dataset import mounted_dataset, parser, private_runtime_base  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def main():
             what, ratios[0], statistics.median(ratios), ratios[-1]))
     with open(a.out, "w") as f:
         json.dump({"files": files, "dataset_bytes": total, "threads": a.threads,
-                   "sample_us": a.sample_us, "ram_dir": a.huge_ram_dir or "/dev/shm",
+                   "sample_us": a.sample_us, "ram_dir": ram_dir_label(a),
                    "source": " ".join(pfs.flags), "runs": runs}, f, indent=1)
     print("wrote", a.out)
 

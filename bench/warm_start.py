@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from service_epochs import add_readahead_flag, readahead_flags  # noqa: E402
-from huge_ram import add_huge_ram_flag, huge_ram_dir  # noqa: E402
+from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 
 MIB = 1048576.0
 # How job 1's service ends before job 2 ("none": job 2 reads through the same
@@ -121,10 +121,10 @@ def run_one(a, pfs, rep, ending, keep):
                    capture_output=True)
     proc.wait(timeout=60)
     log.close()
-    # What a stop keeps would stay in node.ram_dir until the next service starts.
-    shutil.rmtree("%s/monarch-%d/%s" % (a.huge_ram_dir or "/dev/shm", os.geteuid(),
-                                        os.path.join(base, "run").replace(
-        "%", "%25").replace("/", "%2F")), ignore_errors=True)
+    # What a stop keeps (and a keeper of node.ram_dir auto) would stay until
+    # the next service starts.
+    subprocess.run([os.path.join(a.build, "monarch"), "purge", "--config", config],
+                   capture_output=True)
     hot = statistics.median([e["seconds"] for e in one[1:]])
     result = {"tag": tag, "ending": ending, "keep": keep, "job1": [e["seconds"] for e in one],
               "job2": [e["seconds"] for e in two], "hot": hot,
@@ -191,7 +191,7 @@ def main():
              "(min-max)."
              % (a.files, a.dataset_bytes / MIB, a.bandwidth_mbps, " ".join(readahead_flags(a)),
                 "a tmpfs mounted `huge=within_size` (`--huge-ram-dir`)" if a.huge_ram_dir
-                else "`/dev/shm` (the default)", a.reps), "",
+                else "`%s`" % ram_dir_label(a), a.reps), "",
              "| first service ended by | RAM copies | job 2 epoch 1 / hot | job 2 epoch 1 / "
              "job 1 epoch 2 | job 2 epoch 2 / hot | hot epoch s | job 2 epoch 1 s | "
              "copies adopted | job 2 PFS MiB | service start s |",

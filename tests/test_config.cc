@@ -732,8 +732,8 @@ TEST_CASE("bad node values are refused with the key named") {
   }
   SUBCASE("ram_dir not absolute") {
     std::string e = ErrorOf(base + "node: {ram_dir: shm}\n");
-    CHECK(absl::StrContains(e, "node.ram_dir: expected an absolute directory on a tmpfs, got "
-                               "'shm'"));
+    CHECK(absl::StrContains(e, "node.ram_dir: expected `auto` or an absolute directory on a "
+                               "tmpfs, got 'shm'"));
   }
   SUBCASE("share_with_group naming no group") {
     std::string e = ErrorOf(base + "node: {share_with_group: no-such-group-of-monarch}\n");

@@ -35,6 +35,7 @@
 #include "service/namespace_image.h"
 #include "service/node_service.h"
 #include "service/protocol.h"
+#include "service/ram_keeper.h"
 #include "service/unix_socket.h"
 #include "instance_util.h"
 #include "test_util.h"
@@ -403,8 +404,11 @@ TEST_CASE("service: a forked client copies RAM hits with pread until it reads a 
   ScratchDir dir;
   const auto files = testing::MakeDataset(dir.Sub("data"), 17, {1 << 20});
   const std::vector<TestFile> measured(files.begin() + 1, files.end());
-  const Config config =
-      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  // A tier of 4 KiB pages: of 2 MiB ones a forked client maps from the start
+  // (the test of node.ram_dir auto below).
+  if (TmpfsPageSize("/dev/shm", false) != 4096) MONARCH_SKIP("/dev/shm has no 4 KiB pages");
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  config.node.ram_dir = "/dev/shm";
   auto node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
   REQUIRE(node.ok());
   auto client = Monarch::Create(config);
@@ -508,6 +512,73 @@ TEST_CASE("service: with node.ram_dir on a tmpfs of 2 MiB pages, a new process m
   // 16 MiB of copies span at most 9 huge pages, each one fault. 4 KiB
   // pages: at least 256.
   CHECK(child[1] < 4 * measured.size());
+}
+
+TEST_CASE("service: node.ram_dir auto keeps the RAM tier on a keeper's tmpfs of 2 MiB pages "
+          "that outlives the service, and a forked client maps it from its first read") {
+  ScratchDir dir;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 17, {1 << 20});
+  const std::vector<TestFile> measured(files.begin() + 1, files.end());
+  const Config config =
+      SharedConfig(dir.path() + "/data", {testing::RamTier(64 << 20)}, dir.Sub("run"));
+  REQUIRE(config.node.ram_dir == "auto");  // The default.
+  const std::string run = config.node.runtime_dir;
+  auto node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
+  REQUIRE(node.ok());
+  const std::optional<std::string> keeper = service::LiveRamKeeperDir(run);
+  if (!keeper.has_value()) {
+    // Where user namespaces are refused the tier is on /dev/shm (logged).
+    CHECK(::access(KeptRamPath("/dev/shm", run).c_str(), F_OK) == 0);
+    MONARCH_SKIP("no RAM keeper could start here (user namespaces refused?)");
+  }
+  CHECK(absl::StartsWith(*keeper, "/proc/"));
+  CHECK(TmpfsPageSize(*keeper, false) == (2 << 20));
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);  // Misses, through the service.
+  (*client)->WaitForPlacement();
+  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+  struct stat st;
+  CHECK(::stat(JoinPath(KeptRamPath(*keeper, run), "ram/stripe-0").c_str(), &st) == 0);
+  CHECK(::stat(KeptRamPath("/dev/shm", run).c_str(), &st) != 0);
+
+  // A forked client (a DataLoader worker) maps the copies from its first
+  // read: its faults come on the first pass, a fault per 2 MiB page. (A
+  // first read of another file sets up what a fresh process maps once.)
+  const std::array<uint64_t, 2> child = FaultsInChild([&] {
+    const bool warm = FaultsReadingAll(**client, {files[0]}) != ~uint64_t{0};
+    std::array<uint64_t, 2> faults = {FaultsReadingAll(**client, measured),
+                                      FaultsReadingAll(**client, measured)};
+    if (!warm) faults[0] = ~uint64_t{0};
+    return faults;
+  });
+  CAPTURE(child[0]);
+  CAPTURE(child[1]);
+  REQUIRE(child[0] != ~uint64_t{0});  // Bytes exact on both passes.
+  REQUIRE(child[1] != ~uint64_t{0});
+
+  // The service goes, the keeper stays: the next service adopts every copy.
+  client->reset();
+  node->reset();
+  CHECK(service::LiveRamKeeperDir(run) == keeper);
+  node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
+  REQUIRE(node.ok());
+  CHECK(service::LiveRamKeeperDir(run) == keeper);
+  client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  CHECK((*client)->GetStats().Tier(0, "files") == files.size());
+  ReadAllExact(**client, files);
+  CHECK((*client)->GetStats().Tier(1, "bytes_read") == 0);  // Nothing from the source.
+  client->reset();
+  node->reset();
+  service::StopRamKeeper(run);
+  CHECK(!service::LiveRamKeeperDir(run).has_value());
+  if (kSanitized) MONARCH_SKIP("sanitizer shadow memory hides the faults; release builds count");
+  // 16 MiB of copies span at most 9 huge pages, each one fault, all on the
+  // first pass. A client that copied with pread first would fault on the
+  // second; one of 4 KiB pages at least 256 times.
+  CHECK(child[0] < 4 * measured.size());
+  CHECK(child[1] * 2 < child[0]);
 }
 
 // The RAM tier's copies, its slot table, the tier slots and the namespace

@@ -322,9 +322,9 @@ static absl::Status ValidateNode(const Config& config) {
                                  " fit, because the service's socket <dir>/monarch.sock must "
                                  "fit in a Unix socket address (108 bytes)"));
   }
-  if (n.ram_dir.empty() || n.ram_dir[0] != '/') {
+  if (n.ram_dir != "auto" && (n.ram_dir.empty() || n.ram_dir[0] != '/')) {
     return KeyError("node.ram_dir",
-                    absl::StrCat("expected an absolute directory on a tmpfs, got ",
+                    absl::StrCat("expected `auto` or an absolute directory on a tmpfs, got ",
                                  Quote(n.ram_dir)));
   }
   return absl::OkStatus();

@@ -767,14 +767,22 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "the RAM tiers are memfds and die with the service. Without a tmpfs at `node.ram_dir` "
       "they are not kept (logged)."));
   keys.push_back(StringKey<Config>(
-      "node", "ram_dir", [](auto& c) -> auto& { return c.node.ram_dir; }, "absolute directory",
-      Code("/dev/shm"),
+      "node", "ram_dir", [](auto& c) -> auto& { return c.node.ram_dir; },
+      "`auto`, or an absolute directory", Code("auto"),
       "The tmpfs where a kept RAM tier's files live (`node.keep_ram`), under "
       "`monarch-<uid>/`. Its page size sets what a new process pays to read a copy: on 4 KiB "
       "pages it faults once per 64 KiB it first touches, so a fresh job's or DataLoader worker's "
       "first epoch from RAM takes about twice a hot one. A tmpfs mounted with `huge=within_size` "
       "(or `huge=always`; with `huge=advise`, also the tier's `huge_pages: true`) gives 2 MiB "
-      "pages, one fault per 2 MiB. The service logs which it got."));
+      "pages, one fault per 2 MiB. `auto`: a tmpfs of 2 MiB pages of this user's own, which "
+      "the service mounts in a user and mount namespace of a small keeper process (`monarch "
+      "ram-keeper`) and reaches through `/proc/<keeper>/root/dev/shm`; the keeper outlives the "
+      "service (the next one adopts the copies) and ends with its idle exit or `monarch "
+      "purge`. But a batch system may kill it with the job that started it, so under a batch "
+      "job (`SLURM_JOB_ID`, `PBS_JOBID`, `LSB_JOBID`, `FLUX_JOB_ID`) `auto` is `/dev/shm`, "
+      "whose files outlive the job; so it is when `/dev/shm` has 2 MiB pages or holds the "
+      "copies an earlier service kept, and where user namespaces are refused (logged). The "
+      "service logs which it got (`logging.level: info`)."));
   Key<Config> share_with_group = StringKey<Config>(
       "node", "share_with_group", [](auto& c) -> auto& { return c.node.share_with_group; },
       "a group name or gid", "empty: nobody but this user",

@@ -94,9 +94,7 @@ absl::StatusOr<NamespacePlan> NamespacePlanOf(const Config& config, int source_i
 // new process (the next job, each fresh DataLoader worker) pays a fault per
 // 64 KiB it first reads, about doubling its first epoch from RAM
 // (bench/results/next_job.md); a tmpfs mounted huge=within_size avoids it.
-void LogRamPageSize(const TierConfig& tier, const std::string& ram_dir) {
-  if (!LogEnabled(LogLevel::kInfo)) return;  // Reading the mount table is for the log only.
-  const uint64_t page = TmpfsPageSize(ram_dir, tier.huge_pages);
+void LogRamPageSize(const TierConfig& tier, const std::string& ram_dir, uint64_t page) {
   if (page >= (2 << 20)) {
     MONARCH_LOG(kInfo, "RAM tier ", tier.name, ": 2 MiB pages on ", ram_dir);
   } else if (page != 0) {
@@ -107,10 +105,15 @@ void LogRamPageSize(const TierConfig& tier, const std::string& ram_dir) {
   }
 }
 
+// The driver of `tier`. A kept RAM tier whose tmpfs gives 2 MiB pages
+// unasked sets `huge_pages` in `in_effect`, the tier's config as its
+// clients are told it (they then map it from the start: service/client.cc).
 absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
                                                          const Config& config,
                                                          const Namespace& ns,
-                                                         const std::string& kept_ram_for) {
+                                                         const CoreOptions& core,
+                                                         TierConfig* in_effect) {
+  const std::string& kept_ram_for = core.kept_ram_for;
   const int max_open = config.placement.max_open_files;
   switch (tier.kind) {
     case TierKind::kRam: {
@@ -124,7 +127,7 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
       // The tier never holds more than the dataset: backing more would only
       // take memory from the job.
       options.back_ahead = std::min(tier.back_ahead_bytes, ns.total_bytes());
-      const std::string& ram_dir = config.node.ram_dir;
+      const std::string& ram_dir = core.ram_dir;
       if (!kept_ram_for.empty() && !config.node.keep_ram) DiscardKeptRam(ram_dir, kept_ram_for);
       if (!kept_ram_for.empty() && config.node.keep_ram) {
         absl::StatusOr<std::string> dir = KeptRamDirectory(ram_dir, kept_ram_for);
@@ -132,7 +135,9 @@ absl::StatusOr<std::unique_ptr<StorageDriver>> NewDriver(const TierConfig& tier,
         if (dir.ok()) made = MakePrivateDirectory(JoinPath(*dir, tier.name), "node.keep_ram");
         if (made.ok()) {
           options.kept_dir = JoinPath(*dir, tier.name);
-          LogRamPageSize(tier, ram_dir);
+          const uint64_t page = TmpfsPageSize(ram_dir, tier.huge_pages);
+          in_effect->huge_pages |= page >= (2 << 20);
+          LogRamPageSize(tier, ram_dir, page);
         } else {  // Memfds, as without the key.
           MONARCH_LOG(kWarning, "node.keep_ram: RAM copies are not kept: ", made.message());
         }
@@ -720,15 +725,16 @@ absl::StatusOr<std::unique_ptr<MonarchCore>> CreateMonarchCore(const ValidConfig
   };
   std::vector<std::unique_ptr<Tier>> tiers;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
+    TierConfig in_effect = config.tiers[i];
     absl::StatusOr<std::unique_ptr<StorageDriver>> driver =
-        NewDriver(config.tiers[i], config, *ns, options.kept_ram_for);
+        NewDriver(config.tiers[i], config, *ns, options, &in_effect);
     if (!driver.ok()) {
       return absl::Status(driver.status().code(),
                           absl::StrCat("tiers[", i, "] ('", config.tiers[i].name,
                                        "'): ", driver.status().message()));
     }
     if (wrap) *driver = wrap(static_cast<int>(i), std::move(*driver));
-    tiers.push_back(std::make_unique<Tier>(config.tiers[i], std::move(*driver)));
+    tiers.push_back(std::make_unique<Tier>(in_effect, std::move(*driver)));
   }
   PeerDriver* peers = nullptr;
   if (config.remote.enabled) {

@@ -82,9 +82,11 @@ class MonarchCore : public Front {
 struct CoreOptions {
   DriverWrapper wrap;                            // As above; may be empty.
   Namespace::TierSlotAllocator tier_slots;       // Where the tier slots live; empty = heap.
-  // A node service's runtime directory: its RAM tiers are kept there
-  // (node.keep_ram, drivers/ram_keep.h). Empty: in-process, never kept.
+  // A node service's runtime directory: its RAM tiers are kept for it
+  // (node.keep_ram, drivers/ram_keep.h) in `ram_dir`, node.ram_dir resolved
+  // (service/ram_keeper.h). Empty: in-process, never kept.
   std::string kept_ram_for;
+  std::string ram_dir;
 };
 
 // Builds an instance in this process whatever config.node says (the service

@@ -15,7 +15,9 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -172,6 +174,10 @@ std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_d
   return KeptPath(ram_dir, runtime_dir);
 }
 
+bool HoldsKeptRam(const std::string& ram_dir, const std::string& runtime_dir) {
+  return KeptFor(runtime_dir, KeptPath(ram_dir, runtime_dir));
+}
+
 uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool advised) {
   // The innermost mount holding `dir`; of two at one point, the later (it
   // lies on top).
@@ -194,6 +200,16 @@ uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool 
 }
 
 uint64_t TmpfsPageSize(absl::string_view dir, bool advised) {
+  // /proc/<pid>/root/<path> is <path> in that process's mount namespace.
+  absl::string_view rest = dir;
+  int pid = 0;
+  if (absl::ConsumePrefix(&rest, "/proc/") &&
+      absl::SimpleAtoi(rest.substr(0, rest.find('/')), &pid) && pid > 0 &&
+      absl::ConsumePrefix(&rest, absl::StrCat(pid, "/root/"))) {
+    absl::StatusOr<std::string> theirs =
+        ReadSmallFile(absl::StrCat("/proc/", pid, "/mountinfo"), 16 << 20);
+    return theirs.ok() ? TmpfsPageSize(*theirs, absl::StrCat("/", rest), advised) : 0;
+  }
   absl::StatusOr<std::string> mountinfo = ReadSmallFile("/proc/self/mountinfo", 16 << 20);
   if (!mountinfo.ok()) return 0;
   char resolved[PATH_MAX];

@@ -5,8 +5,10 @@
 // end may kill every process of the job, a keeper included. A file on a
 // tmpfs survives any process: a node service's RAM tier keeps its stripes,
 // its slot table and its journal as files in a private directory,
-// <node.ram_dir>/monarch-<uid>/<runtime dir, '/' as %2F>/<tier>/ (0700),
-// node.ram_dir being /dev/shm unless the config names another tmpfs. The next
+// <node.ram_dir>/monarch-<uid>/<runtime dir, '/' as %2F>/<tier>/ (0700).
+// node.ram_dir names the tmpfs; its default, `auto`, is /dev/shm under a
+// batch job and otherwise a private tmpfs of 2 MiB pages, which survives
+// any process but its keeper (service/ram_keeper.h). The next
 // service on the same runtime directory (it holds monarch.lock: one owner at
 // a time) adopts the copies the journal lists whose source is unchanged and
 // whose bytes still have their CRC32C (ram_driver.cc). An idle exit, or
@@ -47,6 +49,9 @@ void DiscardKeptRam(const std::string& ram_dir, const std::string& runtime_dir);
 // Its path, whether or not it exists (a RAM tier's files are under
 // <path>/<tier name>/).
 std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_dir);
+// Whether `ram_dir` holds copies kept by an earlier service of
+// `runtime_dir`, as that directory is now.
+bool HoldsKeptRam(const std::string& ram_dir, const std::string& runtime_dir);
 
 // The page size a new file in `dir` gets, by the options of the tmpfs that
 // holds it in `mountinfo` (the text of /proc/self/mountinfo): 2 MiB where it
@@ -55,7 +60,9 @@ std::string KeptRamPath(const std::string& ram_dir, const std::string& runtime_d
 // no tmpfs holds `dir`. (The system-wide shmem_enabled "force" and "deny"
 // override every mount; they are for testing, and not read here.)
 uint64_t TmpfsPageSize(absl::string_view mountinfo, absl::string_view dir, bool advised);
-// The same from this process's /proc/self/mountinfo; 0 if unreadable.
+// The same from this process's /proc/self/mountinfo, or for a `dir` under
+// /proc/<pid>/root (a RAM keeper's: service/ram_keeper.h), from that
+// process's mountinfo; 0 if unreadable.
 uint64_t TmpfsPageSize(absl::string_view dir, bool advised);
 
 // What the journal says the arena holds: one copy.

@@ -27,6 +27,7 @@
 #include "frontend/glob.h"
 #include "service/metrics_http.h"
 #include "service/namespace_image.h"
+#include "service/ram_keeper.h"
 #include "service/unix_socket.h"
 
 namespace monarch::service {
@@ -497,6 +498,9 @@ absl::Status NodeService::Init(ScopedFd lock) {
   CoreOptions core_options;
   core_options.wrap = options_.wrap;
   core_options.kept_ram_for = paths_.dir;
+  SetLogLevel(config_->logging.level);  // Where the RAM tiers go is logged at info.
+  ram_dir_ = ResolveRamDir(*config_, paths_.dir);
+  core_options.ram_dir = ram_dir_;
   core_options.tier_slots = [this, &slots_status](uint32_t count) -> TierSlot* {
     absl::StatusOr<WriteSealedRegion> region =
         CreateWriteSealedRegion("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
@@ -617,7 +621,9 @@ void NodeService::AcceptLoop() {
     } else if (idle_exit > 0 &&
                std::chrono::duration<double>(now - idle_since).count() >= idle_exit) {
       MONARCH_LOG(kInfo, "monarch service: no client for ", idle_exit, " s, exiting");
-      DiscardKeptRam(config_->node.ram_dir, paths_.dir);  // Only an idle exit frees the kept RAM copies.
+      // Only an idle exit frees the kept RAM copies, and their keeper.
+      DiscardKeptRam(ram_dir_, paths_.dir);
+      StopRamKeeper(paths_.dir);
       break;
     }
   }

@@ -105,7 +105,7 @@ struct TierDescription {
   std::string name;
   std::string path;
   uint32_t descriptors = 0;
-  bool huge_pages = false;  // A RAM tier's TierConfig::huge_pages.
+  bool huge_pages = false;  // A RAM tier of 2 MiB pages, asked for or its tmpfs's.
 };
 
 struct HelloReply {

@@ -18,6 +18,7 @@
 #include "common/os.h"
 #include "common/status_macros.h"
 #include "drivers/ram_keep.h"
+#include "service/ram_keeper.h"
 #include "config/valid_config.h"
 
 namespace monarch::service {
@@ -64,14 +65,13 @@ absl::Status ConfigPurge::Overall() const {
   return absl::OkStatus();
 }
 
-std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& ram_dir,
-                                  const std::string& runtime_dir) {
+std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& runtime_dir) {
   // memfd_create's name shows in /proc/<pid>/maps as "/memfd:<name>
   // (deleted)" (shared_memory.h; the names are ram_driver.cc's); a kept
   // tier's files by their path (ram_keep.h).
   const std::string arena = absl::StrCat("/memfd:monarch-ram:", tier, " (deleted)");
   const std::string slots = absl::StrCat("/memfd:monarch-ram-slots:", tier, " (deleted)");
-  const std::string kept = absl::StrCat(KeptRamPath(ram_dir, runtime_dir), "/", tier, "/");
+  const std::string kept = absl::StrCat(KeptRamPath("", runtime_dir), "/", tier, "/");
   std::vector<pid_t> holders;
   DIR* proc = os::OpenDir("/proc");
   if (proc == nullptr) return holders;
@@ -144,6 +144,10 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
         config_file, "`; nothing was removed"));
   }
 
+  // Where the stopped service kept its RAM tiers: node.ram_dir, or for
+  // `auto` its keeper's tmpfs while that lives, else /dev/shm.
+  std::string ram_dir = config->node.ram_dir;
+  if (ram_dir == "auto") ram_dir = LiveRamKeeperDir(purge.paths.dir).value_or("/dev/shm");
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierConfig& tier = tiers[i];
     TierPurge result;
@@ -152,8 +156,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     result.path = tier.path;
     result.status = missing[i];
     if (tier.kind == TierKind::kRam) {
-      result.holders = RamTierHolders(tier.name, config->node.ram_dir, purge.paths.dir);
-      result.kept_path = JoinPath(KeptRamPath(config->node.ram_dir, purge.paths.dir), tier.name);
+      result.holders = RamTierHolders(tier.name, purge.paths.dir);
+      result.kept_path = JoinPath(KeptRamPath(ram_dir, purge.paths.dir), tier.name);
       result.kept_bytes = BytesUnder(result.kept_path);
     } else if (HasDirectory(tier) && result.status.ok()) {
       absl::StatusOr<PurgeReport> report = PurgeCopyTree(tier.path, options);
@@ -166,8 +170,15 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     }
     purge.tiers.push_back(std::move(result));
   }
-  // What a stopped service kept (node.keep_ram), every RAM tier's at once.
-  if (!options.dry_run) DiscardKeptRam(config->node.ram_dir, purge.paths.dir);
+  // What a stopped service kept (node.keep_ram), every RAM tier's at once,
+  // and the keeper of `auto` (ram_keeper.h) with /dev/shm's leftovers.
+  if (!options.dry_run) {
+    DiscardKeptRam(ram_dir, purge.paths.dir);
+    if (config->node.ram_dir == "auto") {
+      DiscardKeptRam("/dev/shm", purge.paths.dir);
+      StopRamKeeper(purge.paths.dir);
+    }
+  }
 
   // A socket left by a service that died: no service holds the lock, and
   // we do, so it is nobody's.

@@ -84,10 +84,10 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
                                             const PurgeOptions& options);
 
 // Processes of this user, other than this one, that map a RAM tier named
-// `tier` (its memfds, or its files kept under `ram_dir` for `runtime_dir`),
-// in pid order.
-std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& ram_dir,
-                                  const std::string& runtime_dir);
+// `tier` (its memfds, or its files kept for `runtime_dir` on any tmpfs: a
+// keeper's shows in another process's maps by its path in the keeper's
+// namespace), in pid order.
+std::vector<pid_t> RamTierHolders(const std::string& tier, const std::string& runtime_dir);
 
 }  // namespace monarch::service
 

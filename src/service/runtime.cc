@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -111,8 +112,6 @@ bool ServiceLockHeld(const ServicePaths& paths) {
   return errno == EWOULDBLOCK;
 }
 
-namespace {
-
 std::string ServiceBinary() {
   if (const char* env = std::getenv("MONARCH_BINARY"); env != nullptr && env[0] != '\0') {
     return env;
@@ -123,8 +122,6 @@ std::string ServiceBinary() {
   return "monarch";  // execvp searches PATH.
 }
 
-}  // namespace
-
 std::string WithoutPreloadLibrary(absl::string_view ld_preload) {
   std::vector<absl::string_view> kept;
   for (absl::string_view entry : absl::StrSplit(ld_preload, absl::ByAnyChar(": "), absl::SkipEmpty())) {
@@ -133,13 +130,13 @@ std::string WithoutPreloadLibrary(absl::string_view ld_preload) {
   return absl::StrJoin(kept, ":");
 }
 
-absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file) {
+absl::Status SpawnDetached(const std::vector<std::string>& args, int stdout_fd,
+                           int stderr_fd) {
   // Everything the child needs is built before fork(): between fork and
   // exec a child of a threaded process may only make async-signal-safe calls.
-  const std::string binary = ServiceBinary();
-  std::vector<std::string> args = {binary, "serve", "--config", config_file, "--autostarted"};
+  std::vector<std::string> arguments = args;
   std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
+  for (std::string& arg : arguments) argv.push_back(arg.data());
   argv.push_back(nullptr);
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -154,33 +151,42 @@ absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& 
   std::vector<char*> envp;
   for (std::string& variable : environment) envp.push_back(variable.data());
   envp.push_back(nullptr);
-  ScopedFd log = OpenRuntimeFile(paths, paths.log, O_WRONLY | O_APPEND);
-  if (!log.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
   const pid_t child = ::fork();
-  if (child < 0) return ErrnoToStatus(errno, "fork to start the Monarch service");
+  if (child < 0) return ErrnoToStatus(errno, absl::StrCat("fork to start ", args[0]));
   if (child == 0) {
-    // A new session, then a grandchild: the service is nobody's child in
-    // the job (no zombie, no SIGHUP from the client's terminal).
+    // A new session, then a grandchild: it is nobody's child in the job
+    // (no zombie, no SIGHUP from the client's terminal).
     ::setsid();
     if (::fork() != 0) ::_exit(0);
+    // No signal blocked: the forking thread's mask (a service's threads
+    // block SIGTERM) would outlive exec.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     // dup2 and close_range only arrange descriptors: outside the seam.
     const int null = os::Open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
-    ::dup2(log.get(), 1);
-    ::dup2(log.get(), 2);
+    ::dup2(stdout_fd, 1);
+    ::dup2(stderr_fd, 2);
     ::close_range(3, ~0U, 0);
     ::execvpe(argv[0], argv.data(), envp.data());
-    const char message[] = "monarch: cannot execute the service binary\n";
+    const char message[] = "monarch: cannot execute the monarch binary\n";
     ssize_t ignored = os::Write(2, message, sizeof(message) - 1);
     (void)ignored;
     ::_exit(127);
   }
-  log = ScopedFd();
-  // The child only forks the service and exits.
+  // The child only forks the grandchild and exits.
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   return absl::OkStatus();
+}
+
+absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file) {
+  ScopedFd log = OpenRuntimeFile(paths, paths.log, O_WRONLY | O_APPEND);
+  if (!log.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", paths.log));
+  return SpawnDetached({ServiceBinary(), "serve", "--config", config_file, "--autostarted"},
+                       log.get(), log.get());
 }
 
 std::string SafeJobName(absl::string_view name) {

@@ -63,14 +63,20 @@ absl::StatusOr<ScopedFd> TakeServiceLock(const ServicePaths& paths);
 // True if some process holds the lock now (a service running or starting).
 bool ServiceLockHeld(const ServicePaths& paths);
 
-// Starts `monarch serve --config <config_file>` detached (its own session,
-// output appended to the log). The binary: $MONARCH_BINARY, else the one
-// built beside this library, else the installed one, else `monarch` on PATH.
 // `ld_preload` (an LD_PRELOAD value) without libmonarch_preload.so: the
 // service never runs under the transparent mode, or its own reads of the
 // dataset would come back to it as a client's.
 std::string WithoutPreloadLibrary(absl::string_view ld_preload);
 
+// The `monarch` binary: $MONARCH_BINARY, else the one built beside this
+// library, else the installed one, else `monarch` on PATH.
+std::string ServiceBinary();
+// Runs `args` (args[0] the binary) detached: its own session, nobody's
+// child, stdin /dev/null, stdout and stderr onto the descriptors given, no
+// other descriptor, and LD_PRELOAD without libmonarch_preload.so.
+absl::Status SpawnDetached(const std::vector<std::string>& args, int stdout_fd, int stderr_fd);
+// Starts `monarch serve --config <config_file>` detached, its output
+// appended to the log.
 absl::Status StartServiceDetached(const ServicePaths& paths, const std::string& config_file);
 
 // The job this process belongs to, as the service counts it: $MONARCH_JOB,

@@ -48,6 +48,13 @@ and service, always stopped at the end:
                        files it may open exact and through the service, one it
                        may not refused with no byte served; an outsider cannot
                        connect; the guest cannot stop the service.
+  ram-keeper           node.ram_dir auto (the default): the RAM tier lives on a
+                       private tmpfs of 2 MiB pages that a keeper process mounts
+                       in namespaces of its own (nothing on /dev/shm, bytes
+                       exact, closed to other users); the keeper outlives a
+                       SIGKILLed service and the next one adopts every copy;
+                       `monarch purge` ends it. Under a batch job, and where no
+                       keeper can start (logged), auto is /dev/shm.
   two-jobs             two jobs of one user, datasets with the same file names,
                        no node.runtime_dir: a service each, at once and one
                        after the other; a Slurm job of dataset A joins A's;
@@ -156,6 +163,7 @@ class Env:
         for rt in self.runtime_dirs:
             stop_service(self, rt)
             shutil.rmtree(kept_ram_dir(rt), ignore_errors=True)  # A stop keeps RAM copies.
+            stop_ram_keeper(rt)
         for mount in self.mounts:
             subprocess.run([self.pfs, "stop", mount], capture_output=True, timeout=60)
         for proc in self.procs:
@@ -197,10 +205,32 @@ def lock_held(rt):
         os.close(fd)
 
 
-def kept_ram_dir(rt, ram_dir="/dev/shm"):
-    """Where the service of rt keeps its RAM tiers (drivers/ram_keep.cc) on
-    the tmpfs node.ram_dir names."""
+def ram_keeper(rt):
+    """The pid of the live RAM keeper (service/ram_keeper.h) that rt names, or None."""
+    try:
+        with open(os.path.join(rt, "ram-keeper")) as f:
+            pid = int(f.read().strip())
+        with open("/proc/%d/root/dev/shm/monarch-ram-keeper" % pid) as f:
+            return pid if f.read() == rt and pid_alive(pid) else None
+    except (OSError, ValueError):
+        return None
+
+
+def kept_ram_dir(rt, ram_dir=None):
+    """Where the service of rt keeps its RAM tiers (drivers/ram_keep.cc): on the tmpfs
+    node.ram_dir names, or for `auto` (ram_dir None) its keeper's while one lives, else
+    /dev/shm. ram_dir "" gives the part after the tmpfs."""
+    if ram_dir is None:
+        keeper = ram_keeper(rt)
+        ram_dir = "/proc/%d/root/dev/shm" % keeper if keeper else "/dev/shm"
     return "%s/monarch-%d/%s" % (ram_dir, os.geteuid(), rt.replace("%", "%25").replace("/", "%2F"))
+
+
+def stop_ram_keeper(rt):
+    """Stops rt's RAM keeper, if one lives, as `monarch purge` would."""
+    keeper = ram_keeper(rt)
+    if keeper:
+        os.kill(keeper, signal.SIGTERM)
 
 
 def pid_alive(pid):
@@ -294,13 +324,13 @@ def write_config(path, dataset, tiers, rt, autostart=None, idle_exit="0", placem
 class Service:
     """A `monarch serve` started by the test, in the background."""
 
-    def __init__(self, env, config, rt, name="serve"):
+    def __init__(self, env, config, rt, name="serve", environ=None):
         self.env = env
         self.rt = rt
         self.log_path = os.path.join(env.work, "%s.log" % name)
         self.log_file = open(self.log_path, "w")
         self.proc = env.popen([env.monarch, "serve", "--config", config],
-                              stdout=self.log_file, stderr=subprocess.STDOUT)
+                              stdout=self.log_file, stderr=subprocess.STDOUT, env=environ)
         self.wait_ready()
         self.pid = self.proc.pid
 
@@ -1538,7 +1568,7 @@ def memfd_holders(name, rt):
     its files kept for runtime directory rt (ram_keep.cc)."""
     wanted = ("/memfd:monarch-ram:%s (deleted)" % name,
               "/memfd:monarch-ram-slots:%s (deleted)" % name)
-    kept = "%s/%s/" % (kept_ram_dir(rt), name)
+    kept = "%s/%s/" % (kept_ram_dir(rt, ""), name)  # A keeper's shows its own path.
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -1655,14 +1685,14 @@ def scenario_purge(env):
     check(copies() == held, "purge --dry-run removed copies")
 
     # The purge: every copy, and the bytes with them; nothing else.
+    kept = os.path.join(kept_ram_dir(rt), ram_name)  # Before purge ends its keeper.
     r = purge(env, config)
     check(r.returncode == 0, "purge exited %d: %s" % (r.returncode, r.stderr))
     held_bytes = sum(held.values())
     check("tier 'nvme' (posix) %s: removed %d copies" % (tier_dir, len(held)) in r.stdout and
           "%d bytes)" % held_bytes in r.stdout,
           "purge did not report %d copies of %d bytes" % (len(held), held_bytes))
-    # The stop kept the RAM tier's copies on /dev/shm (node.keep_ram): gone too.
-    kept = os.path.join(kept_ram_dir(rt), ram_name)
+    # The stop kept the RAM tier's copies (node.keep_ram): gone too.
     check(("tier '%s' (ram): removed the copies a stopped service kept in %s (" % (ram_name, kept))
           in r.stdout and "no process maps this tier now" in r.stdout,
           "purge's RAM tier line: %s" % r.stdout)
@@ -1963,10 +1993,11 @@ def scenario_keep_ram(env):
     tiers = ["{kind: ram, capacity: %d}" % (2 * total)]
     config = write_config(os.path.join(env.work, "keep.yaml"), dataset, tiers, rt,
                           autostart=False)
-    kept = os.path.join(kept_ram_dir(rt), "ram")
 
     # Job 1 fills the RAM tier; the service is then killed.
     first = Service(env, config, rt, "first")
+    kept = os.path.join(kept_ram_dir(rt), "ram")  # node.ram_dir auto: a keeper's, or /dev/shm.
+    log("kept RAM tier: %s" % kept)
     job = Clients(env, config, 1, "job1", epochs=2)
     job.wait()
     job.check_ok()
@@ -2029,11 +2060,18 @@ def scenario_keep_ram(env):
     idle = write_config(os.path.join(env.work, "idle.yaml"), dataset, tiers, rt,
                         autostart=False, idle_exit="2s")
     fourth = Service(env, idle, rt, "fourth")
+    keeper = ram_keeper(rt)
+    kept_root = kept_ram_dir(rt)
     try:
         fourth.proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         raise Failure("no idle exit in 60 s:\n%s" % fourth.log())
-    check(not os.path.exists(kept_ram_dir(rt)), "an idle exit left %s" % kept_ram_dir(rt))
+    check(not os.path.exists(kept_root), "an idle exit left %s" % kept_root)
+    if keeper:  # And its keeper goes.
+        deadline = time.monotonic() + 30
+        while pid_alive(keeper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(not pid_alive(keeper), "the RAM keeper %d outlived the idle exit" % keeper)
 
 
 def scenario_ram_dir(env):
@@ -2098,6 +2136,102 @@ def scenario_ram_dir(env):
           "not logged:\n" + service.log())
     check(not os.listdir(plain), "files made in %s: %s" % (plain, os.listdir(plain)))
     service.stop()
+
+
+def scenario_ram_keeper(env):
+    """node.ram_dir auto: a private tmpfs of 2 MiB pages held by a keeper (service/ram_keeper.h);
+    /dev/shm under a batch job and where no keeper starts."""
+    dataset = os.path.join(env.work, "ds")
+    sizes = generate_dataset(env, dataset, 200)
+    names = sorted(sizes)
+    total = sum(sizes.values())
+    tiers = ["{kind: ram, capacity: %d}" % (2 * total)]
+    api = CApi(env.libc_api)
+
+    def serve(name, environ=None):
+        rt = env.runtime_dir("rt-" + name)
+        config = write_config(os.path.join(env.work, name + ".yaml"), dataset, tiers, rt,
+                              autostart=False)
+        with open(config, "a") as f:
+            f.write("logging: {level: info}\n")  # Where the RAM tier went is logged at info.
+        return rt, config, Service(env, config, rt, name, environ)
+
+    def read_all(config, what):
+        m = api.open(config)
+        bad = verify_files(api, m, dataset, names)
+        api.lib.monarch_close(m)
+        check(not bad, "wrong bytes %s: %s" % (what, bad[:5]))
+
+    rt, config, service = serve("auto")
+    keeper = ram_keeper(rt)
+    if keeper is None:
+        why = [line for line in service.log().splitlines() if "node.ram_dir auto" in line]
+        if why and "no private tmpfs of 2 MiB pages" in why[0]:
+            raise Skip("no keeper can start here: %s" % why[0])
+        raise Failure("no RAM keeper, and no reason logged:\n%s" % service.log())
+    with open("/proc/%d/cmdline" % keeper) as f:
+        check("ram-keeper" in f.read(), "pid %d is no RAM keeper" % keeper)
+    tmpfs = "/proc/%d/root/dev/shm" % keeper
+    check("2 MiB pages on %s" % tmpfs in service.log(), "no page size logged:\n" + service.log())
+    job = Clients(env, config, 1, "job", epochs=2)
+    job.wait()
+    job.check_ok()
+    check(tier(node_stats(env, rt)["node"], "ram")["files"] == len(names), "RAM tier not full")
+    kept = os.path.join(kept_ram_dir(rt), "ram")
+    check(kept.startswith(tmpfs) and os.path.exists(os.path.join(kept, "stripe-0")),
+          "no stripes under %s" % kept)
+    check(not os.path.exists(kept_ram_dir(rt, "/dev/shm")), "the RAM tier is on /dev/shm too")
+    read_all(config, "from the keeper's tmpfs")
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        nobody = 65534
+        r = env.run(["setpriv", "--reuid", str(nobody), "--regid", str(nobody), "--clear-groups",
+                     "cat", os.path.join(kept, "stripe-0")])
+        check(r.returncode != 0 and not r.stdout, "another user read a kept copy")
+
+    # A killed service leaves the keeper; the next service adopts every copy.
+    os.kill(service.pid, signal.SIGKILL)
+    service.proc.wait(timeout=30)
+    check(pid_alive(keeper), "the keeper died with the service")
+    second = Service(env, config, rt, "auto-2")
+    check(ram_keeper(rt) == keeper, "the next service did not take the same keeper")
+    node = node_stats(env, rt)["node"]
+    log("after SIGKILL: warm_files_reused %d of %d" % (node["warm_files_reused"], len(names)))
+    check(node["warm_files_reused"] == len(names), "adopted %d copies of %d" % (
+        node["warm_files_reused"], len(names)))
+    read_all(config, "after the restart")
+    check(node_stats(env, rt)["node"]["tiers"][-1]["bytes_read"] == 0,
+          "the source was read after the restart")
+    second.stop()
+    check(pid_alive(keeper), "monarch stop ended the keeper")
+    r = purge(env, config)
+    check(r.returncode == 0 and "removed the copies a stopped service kept in %s" % tmpfs
+          in r.stdout, "purge failed: %s%s" % (r.stdout, r.stderr))
+    deadline = time.monotonic() + 30
+    while pid_alive(keeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(not pid_alive(keeper), "the keeper outlived monarch purge")
+    check(not os.path.exists(os.path.join(rt, "ram-keeper")), "purge left the keeper's record")
+
+    # Under a batch job: /dev/shm, whose files outlive the job.
+    rt, config, service = serve("batch", dict(os.environ, SLURM_JOB_ID="4242"))
+    check(ram_keeper(rt) is None, "a keeper under a batch job")
+    check("node.ram_dir auto: /dev/shm, as under a batch job" in service.log(),
+          "not logged:\n" + service.log())
+    read_all(config, "under a batch job")
+    check(os.path.isdir(os.path.join(kept_ram_dir(rt, "/dev/shm"), "ram")),
+          "the RAM tier is not kept on /dev/shm under a batch job")
+    service.stop()
+    check(purge(env, config).returncode == 0, "purge failed")
+
+    # No keeper can start (its binary cannot be one): /dev/shm, logged.
+    rt, config, service = serve("nokeeper", dict(os.environ, MONARCH_BINARY="/bin/false"))
+    check(ram_keeper(rt) is None, "a keeper from /bin/false")
+    check("no private tmpfs of 2 MiB pages" in service.log(), "not logged:\n" + service.log())
+    read_all(config, "without a keeper")
+    check(os.path.isdir(os.path.join(kept_ram_dir(rt, "/dev/shm"), "ram")),
+          "the RAM tier is not kept on /dev/shm without a keeper")
+    service.stop()
+    check(purge(env, config).returncode == 0, "purge failed")
 
 
 # What a guest runs in each front end: every allowed file, then the secret,
@@ -2304,6 +2438,7 @@ def scenario_two_users(env):
 SCENARIOS = {
     "keep-ram": scenario_keep_ram,
     "ram-dir": scenario_ram_dir,
+    "ram-keeper": scenario_ram_keeper,
     "clients-ram": scenario_clients_ram,
     "clients-posix": scenario_clients_posix,
     "startup-source-ops": scenario_startup_source_ops,

@@ -42,6 +42,7 @@
 #include "service/node_service.h"
 #include "service/protocol.h"
 #include "service/purge.h"
+#include "service/ram_keeper.h"
 #include "service/runtime.h"
 #include "service/unix_socket.h"
 
@@ -656,5 +657,10 @@ int main(int argc, char** argv) {
   if (command == "manifest") return ManifestCommand(args);
   if (command == "purge") return PurgeCommand(args);
   if (command == "config-reference") return ConfigReferenceCommand(args);
+  // Started by a node service, not by users (service/ram_keeper.h).
+  if (command == "ram-keeper") {
+    if (args.runtime_dir.empty()) return Usage("ram-keeper needs --runtime-dir DIR");
+    return monarch::service::RunRamKeeper(args.runtime_dir, 1);
+  }
   return Usage(absl::StrCat("unknown command '", command, "'").c_str());
 }
