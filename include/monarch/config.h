@@ -262,7 +262,15 @@ std::string CacheShape(const Config& config);
 // service (NodeRuntimeDirectory).
 std::string CacheShapeKey(const Config& config);
 
-// The batch job this process belongs to, as part of a directory name:
+// The batch job this process belongs to by its environment: the scheduler
+// ("slurm", "pbs", "lsf", "flux") and the id from SLURM_JOB_ID, PBS_JOBID,
+// LSB_JOBID or FLUX_JOB_ID, the first one set; empty outside a job.
+struct BatchJob {
+  std::string scheduler;
+  std::string id;
+};
+BatchJob ThisBatchJob();
+// The same as part of a directory name:
 // "slurm-<SLURM_JOB_ID>" (or pbs-, lsf-, flux- from PBS_JOBID, LSB_JOBID,
 // FLUX_JOB_ID); empty outside a job.
 std::string BatchJobTag();

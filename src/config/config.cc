@@ -393,24 +393,28 @@ std::string CacheShapeKey(const Config& config) {
   return absl::StrFormat("%08x", static_cast<uint32_t>(StableHash({CacheShape(config)})));
 }
 
-std::string BatchJobTag() {
+BatchJob ThisBatchJob() {
   static constexpr std::pair<const char*, const char*> kSchedulers[] = {
       {"SLURM_JOB_ID", "slurm"}, {"PBS_JOBID", "pbs"}, {"LSB_JOBID", "lsf"},
       {"FLUX_JOB_ID", "flux"}};
   for (const auto& [variable, scheduler] : kSchedulers) {
     const char* id = std::getenv(variable);
-    if (id == nullptr || id[0] == '\0') continue;
-    std::string tag = absl::StrCat(scheduler, "-");
-    // A directory name: PBS ids carry the server name ("123.head"), Flux's
-    // may be anything.
-    for (const char* c = id; *c != '\0' && tag.size() < 40; ++c) {
-      tag += absl::ascii_isalnum(static_cast<unsigned char>(*c)) || *c == '.' || *c == '-'
-                 ? *c
-                 : '_';
-    }
-    return tag;
+    if (id != nullptr && id[0] != '\0') return BatchJob{scheduler, id};
   }
-  return "";
+  return BatchJob{};
+}
+
+std::string BatchJobTag() {
+  const BatchJob job = ThisBatchJob();
+  if (job.id.empty()) return "";
+  std::string tag = absl::StrCat(job.scheduler, "-");
+  // A directory name: PBS ids carry the server name ("123.head"), Flux's
+  // may be anything.
+  for (size_t i = 0; i < job.id.size() && tag.size() < 40; ++i) {
+    const char c = job.id[i];
+    tag += absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
+  }
+  return tag;
 }
 
 namespace {

@@ -778,11 +778,11 @@ std::vector<Key<Config>> MakeSectionKeys() {
       "the service mounts in a user and mount namespace of a small keeper process (`monarch "
       "ram-keeper`) and reaches through `/proc/<keeper>/root/dev/shm`; the keeper outlives the "
       "service (the next one adopts the copies) and ends with its idle exit or `monarch "
-      "purge`. But a batch system may kill it with the job that started it, so under a batch "
-      "job (`SLURM_JOB_ID`, `PBS_JOBID`, `LSB_JOBID`, `FLUX_JOB_ID`) `auto` is `/dev/shm`, "
-      "whose files outlive the job; so it is when `/dev/shm` has 2 MiB pages or holds the "
-      "copies an earlier service kept, and where user namespaces are refused (logged). The "
-      "service logs which it got (`logging.level: info`)."));
+      "purge`. Its tmpfs dies with it, so where the service is in a cgroup of its batch job "
+      "(Slurm's `job_<SLURM_JOB_ID>`; PBS, LSF and Flux ids too), which the job's end kills "
+      "whole, `auto` is `/dev/shm`, whose files outlive the job; so it is when `/dev/shm` has "
+      "2 MiB pages or holds the copies an earlier service kept, and where user namespaces are "
+      "refused (logged). The service logs which it got (`logging.level: info`)."));
   Key<Config> share_with_group = StringKey<Config>(
       "node", "share_with_group", [](auto& c) -> auto& { return c.node.share_with_group; },
       "a group name or gid", "empty: nobody but this user",

@@ -14,8 +14,10 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -91,6 +93,31 @@ absl::StatusOr<std::string> StartKeeper(const std::string& runtime_dir) {
   return KeeperDir(pid);
 }
 
+// The cgroup of this process that names its batch job (Slurm's
+// .../job_<id>/..., PBS's and LSF's paths carry the id too), or "". The
+// batch system then kills every process of the job at its end, a keeper
+// included, while files on /dev/shm outlive it. A service outside the job's
+// cgroups (started by a prolog, or under a batch system that tracks
+// processes otherwise: Slurm's proctrack/linuxproc loses a detached one)
+// outlives the job with its keeper.
+std::string BatchJobCgroup() {
+  const BatchJob job = ThisBatchJob();
+  // "123.head" (PBS) is 123 in its paths.
+  const std::string id = job.id.substr(0, job.id.find('.'));
+  absl::StatusOr<std::string> cgroups = ReadSmallFile("/proc/self/cgroup", 1 << 20);
+  if (id.empty() || !cgroups.ok()) return "";
+  auto word_char = [](char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)); };
+  for (absl::string_view line : absl::StrSplit(*cgroups, '\n')) {
+    for (size_t at = line.find(id); at != absl::string_view::npos; at = line.find(id, at + 1)) {
+      const size_t end = at + id.size();
+      if ((at == 0 || !word_char(line[at - 1])) && (end == line.size() || !word_char(line[end]))) {
+        return std::string(line.substr(line.find(':', line.find(':') + 1) + 1));
+      }
+    }
+  }
+  return "";
+}
+
 // Writes `text` to /proc/self/<file> in one write, as a new user
 // namespace's maps are set.
 absl::Status WriteProcSelf(const char* file, const std::string& text) {
@@ -154,14 +181,16 @@ std::string ResolveRamDir(const Config& config, const std::string& runtime_dir) 
     return kDefaultRamDir;
   }
   if (std::optional<std::string> live = LiveRamKeeperDir(runtime_dir)) return *live;
-  const bool huge_default = TmpfsPageSize(kDefaultRamDir, false) >= (2 << 20);
-  const char* why = huge_default ? "it has 2 MiB pages"
-                    : !BatchJobTag().empty()
-                        ? "under a batch job, whose end may kill every process it started"
-                    : HoldsKeptRam(kDefaultRamDir, runtime_dir)
-                        ? "it holds the copies an earlier service kept"
-                        : nullptr;
-  if (why != nullptr) {
+  std::string why;
+  if (TmpfsPageSize(kDefaultRamDir, false) >= (2 << 20)) {
+    why = "it has 2 MiB pages";
+  } else if (const std::string cgroup = BatchJobCgroup(); !cgroup.empty()) {
+    why = absl::StrCat("this service is in its batch job's cgroup (", cgroup,
+                       "), whose end may kill every process in it");
+  } else if (HoldsKeptRam(kDefaultRamDir, runtime_dir)) {
+    why = "it holds the copies an earlier service kept";
+  }
+  if (!why.empty()) {
     MONARCH_LOG(kInfo, "node.ram_dir auto: ", kDefaultRamDir, ", as ", why);
     return kDefaultRamDir;
   }

@@ -18,12 +18,15 @@
 // a service killed or stopped leaves its copies to the next one, which finds
 // the keeper through <runtime dir>/ram-keeper.
 //
-// The price: the tmpfs dies with the keeper. Under a batch system a job's
-// end may kill every process the job started, a keeper too, while files on
-// /dev/shm survive for the next job. So node.ram_dir `auto` (the default)
-// takes /dev/shm under a batch job, and when /dev/shm holds this runtime
-// directory's kept copies (they are adopted rather than read again), and a
-// keeper otherwise; where user namespaces are refused, /dev/shm, logged.
+// The price: the tmpfs dies with the keeper. A batch system that tracks a
+// job's processes by cgroup kills them all at the job's end, the service
+// and a keeper too, while files on /dev/shm survive for the next job. So
+// node.ram_dir `auto` (the default) takes /dev/shm when the service is in a
+// cgroup of its batch job (Slurm's job_<id>), and when /dev/shm holds this
+// runtime directory's kept copies (they are adopted rather than read
+// again), and a keeper otherwise: a service that outlives its job (started
+// outside its cgroups) keeps the keeper alive as long. Where user
+// namespaces are refused, /dev/shm, logged.
 //
 // The keeper exits when the service's idle exit or `monarch purge` stops
 // it, or within 2 s of its runtime directory no longer naming it.

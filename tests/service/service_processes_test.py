@@ -54,7 +54,8 @@ and service, always stopped at the end:
                        exact, closed to other users); the keeper outlives a
                        SIGKILLed service and the next one adopts every copy;
                        `monarch purge` ends it. Under a batch job, and where no
-                       keeper can start (logged), auto is /dev/shm.
+                       keeper can start (logged), auto is /dev/shm; also a batch job
+                       whose cgroup holds the service (made when the machine lets it).
   two-jobs             two jobs of one user, datasets with the same file names,
                        no node.runtime_dir: a service each, at once and one
                        after the other; a Slurm job of dataset A joins A's;
@@ -324,12 +325,13 @@ def write_config(path, dataset, tiers, rt, autostart=None, idle_exit="0", placem
 class Service:
     """A `monarch serve` started by the test, in the background."""
 
-    def __init__(self, env, config, rt, name="serve", environ=None):
+    def __init__(self, env, config, rt, name="serve", environ=None, wrap=()):
+        """wrap: a command that execs the rest of its arguments (the service keeps its pid)."""
         self.env = env
         self.rt = rt
         self.log_path = os.path.join(env.work, "%s.log" % name)
         self.log_file = open(self.log_path, "w")
-        self.proc = env.popen([env.monarch, "serve", "--config", config],
+        self.proc = env.popen(list(wrap) + [env.monarch, "serve", "--config", config],
                               stdout=self.log_file, stderr=subprocess.STDOUT, env=environ)
         self.wait_ready()
         self.pid = self.proc.pid
@@ -2212,16 +2214,45 @@ def scenario_ram_keeper(env):
     check(not pid_alive(keeper), "the keeper outlived monarch purge")
     check(not os.path.exists(os.path.join(rt, "ram-keeper")), "purge left the keeper's record")
 
-    # Under a batch job: /dev/shm, whose files outlive the job.
-    rt, config, service = serve("batch", dict(os.environ, SLURM_JOB_ID="4242"))
-    check(ram_keeper(rt) is None, "a keeper under a batch job")
-    check("node.ram_dir auto: /dev/shm, as under a batch job" in service.log(),
-          "not logged:\n" + service.log())
-    read_all(config, "under a batch job")
-    check(os.path.isdir(os.path.join(kept_ram_dir(rt, "/dev/shm"), "ram")),
-          "the RAM tier is not kept on /dev/shm under a batch job")
+    # A batch job's service outside the job's cgroups (as a batch system that
+    # tracks processes otherwise leaves a detached one): a keeper.
+    job = dict(os.environ, SLURM_JOB_ID="4242")
+    rt, config, service = serve("batch-free", job)
+    check(ram_keeper(rt) is not None, "no keeper for a service outside its job's cgroups")
+    read_all(config, "from a batch job's keeper")
     service.stop()
     check(purge(env, config).returncode == 0, "purge failed")
+
+    # In the job's cgroup (Slurm's job_<id>), which its end may kill whole:
+    # /dev/shm, whose files outlive the job.
+    memory = [line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+              if line.split(":")[1] == "memory"]
+    cgroup = "/sys/fs/cgroup/memory%s/job_4242" % memory[0].rstrip("/") if memory else None
+    try:
+        os.mkdir(cgroup)
+    except (OSError, TypeError) as e:
+        log("no cgroup of a batch job can be made here (%s): that case is not run" % e)
+        cgroup = None
+    if cgroup:
+        try:
+            into = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(cgroup, "cgroup.procs")]
+            rt = env.runtime_dir("rt-batch")
+            config = write_config(os.path.join(env.work, "batch.yaml"), dataset, tiers, rt,
+                                  autostart=False)
+            with open(config, "a") as f:
+                f.write("logging: {level: info}\n")
+            service = Service(env, config, rt, "batch", job, wrap=into)
+            check(ram_keeper(rt) is None, "a keeper in a batch job's cgroup")
+            check("node.ram_dir auto: /dev/shm, as this service is in its batch job's cgroup "
+                  "(%s/job_4242)" % memory[0].rstrip("/") in service.log(),
+                  "not logged:\n" + service.log())
+            read_all(config, "in a batch job's cgroup")
+            check(os.path.isdir(os.path.join(kept_ram_dir(rt, "/dev/shm"), "ram")),
+                  "the RAM tier is not kept on /dev/shm in a batch job's cgroup")
+            service.stop()
+            check(purge(env, config).returncode == 0, "purge failed")
+        finally:
+            os.rmdir(cgroup)
 
     # No keeper can start (its binary cannot be one): /dev/shm, logged.
     rt, config, service = serve("nokeeper", dict(os.environ, MONARCH_BINARY="/bin/false"))
