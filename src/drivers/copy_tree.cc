@@ -133,7 +133,13 @@ void OpenCopies::WaitForReadying() {
 }
 
 void OpenCopies::Ready(const Queued& queued, char* scratch, size_t scratch_bytes) {
-  const FileRef file{queued.id, queued.name, queued.size, queued.mtime_ns};
+  // A tier holds an extent's copy under a name of its own: the extent's
+  // fields (its file's) are for the source only, so none are set here.
+  FileRef file;
+  file.id = queued.id;
+  file.name = queued.name;
+  file.size = queued.size;
+  file.mtime_ns = queued.mtime_ns;
   absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
       handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });
   // Gone already (evicted, damaged): its next reader, if any, finds out.

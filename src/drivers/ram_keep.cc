@@ -17,8 +17,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/mount_table.h"

@@ -60,9 +60,15 @@ absl::StatusOr<std::string> StartKeeper(const std::string& runtime_dir) {
   if (::pipe2(ends, O_CLOEXEC) != 0) return ErrnoToStatus(errno, "pipe");
   ScopedFd read_end(ends[0]);
   {
+    // Its errors come through the pipe. Its stderr is not the service's:
+    // under srun a task's output ends only when every holder closes it, so
+    // a keeper holding it would keep `srun monarch serve` from ending.
     ScopedFd write_end(ends[1]);
-    MONARCH_RETURN_IF_ERROR(SpawnDetached(
-        {ServiceBinary(), "ram-keeper", "--runtime-dir", runtime_dir}, write_end.get(), 2));
+    ScopedFd null(os::Open("/dev/null", O_WRONLY | O_CLOEXEC));
+    if (!null.valid()) return ErrnoToStatus(errno, "open /dev/null");
+    MONARCH_RETURN_IF_ERROR(
+        SpawnDetached({ServiceBinary(), "ram-keeper", "--runtime-dir", runtime_dir},
+                      write_end.get(), null.get()));
   }  // Ours closed: the pipe ends when the keeper closes its own.
   std::string said;
   const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
