@@ -185,8 +185,9 @@ struct NodeConfig {
   // The tmpfs that holds a kept RAM tier's files. A mount with huge=always
   // or within_size gives them 2 MiB pages, so a new process maps a copy in
   // one fault per 2 MiB instead of one per 64 KiB. "auto": a private tmpfs
-  // of 2 MiB pages held by a keeper process, or /dev/shm where that would
-  // not outlive a batch job (service/ram_keeper.h).
+  // of 2 MiB pages held by a keeper process, or /dev/shm where the service
+  // is in its batch job's cgroup, which the job's end kills whole
+  // (service/ram_keeper.h).
   std::string ram_dir = "auto";
   // A group (name or gid) whose members share this user's service: empty,
   // nobody else. Members read through it as guests (service/DESIGN.md).
