@@ -319,7 +319,8 @@ def run_scenario(build, watch, limit_mib, tier_mib, data_mib, job_mib, file_mib,
         else:
             result["bytes_exact"] = None
         with open(os.path.join(work, "serve.log")) as f:
-            lines = [l.strip() for l in f if "memory pressure" in l or "memory.watch" in l]
+            lines = [l.strip() for l in f if "memory pressure" in l or "memory.watch" in l or
+                     "pages on" in l]  # Where the RAM tier is, and its page size.
         result["log"] = lines[:6]
         return result
     finally:
@@ -333,8 +334,9 @@ def run_scenario(build, watch, limit_mib, tier_mib, data_mib, job_mib, file_mib,
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        # A stopped service keeps its RAM copies on /dev/shm for the next one
-        # (node.keep_ram); none follows, so they go with the test.
+        # A stopped service keeps its RAM copies for the next one
+        # (node.keep_ram, on a keeper's tmpfs or /dev/shm); none follows, so
+        # they and the keeper go with the test.
         if config is not None:
             subprocess.run([monarch, "purge", "--config", config], capture_output=True,
                            timeout=60)
