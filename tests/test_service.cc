@@ -399,6 +399,18 @@ std::array<uint64_t, 2> FaultsInChild(const std::function<std::array<uint64_t, 2
   return child;
 }
 
+// A client of `config`'s service that has read `files` (misses, through
+// the service) and waited for their copies in the RAM tier, tier 0.
+std::unique_ptr<Monarch> ClientAfterFilling(const Config& config,
+                                            const std::vector<TestFile>& files) {
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
+  (*client)->WaitForPlacement();
+  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+  return std::move(*client);
+}
+
 // A client forked from `client` (as a DataLoader worker is) reads `first`,
 // which sets up what a fresh process maps once, then `measured` twice: the
 // faults of the two passes, bytes checked (~0: a read failed or was wrong).
@@ -430,16 +442,12 @@ TEST_CASE("service: a forked client copies RAM hits with pread until it reads a 
   config.node.ram_dir = "/dev/shm";
   auto node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
   REQUIRE(node.ok());
-  auto client = Monarch::Create(config);
-  REQUIRE(client.ok());
-  ReadAllExact(**client, files);  // Misses, through the service.
-  (*client)->WaitForPlacement();
-  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+  std::unique_ptr<Monarch> client = ClientAfterFilling(config, files);
 
   // The child reads the measured files twice: few faults on the first pass
   // (pread), then a mapping's on the second.
-  const std::array<uint64_t, 2> child = ForkedClientFaults(**client, files[0], measured);
-  const uint64_t parent = FaultsReadingAll(**client, measured);  // Its first hits.
+  const std::array<uint64_t, 2> child = ForkedClientFaults(*client, files[0], measured);
+  const uint64_t parent = FaultsReadingAll(*client, measured);  // Its first hits.
   CAPTURE(child[0]);
   CAPTURE(child[1]);
   CAPTURE(parent);
@@ -486,13 +494,7 @@ TEST_CASE("service: with node.ram_dir on a tmpfs of 2 MiB pages, a new process m
   config.node.ram_dir = ram_dir;
   auto node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
   REQUIRE(node.ok());
-  {
-    auto client = Monarch::Create(config);
-    REQUIRE(client.ok());
-    ReadAllExact(**client, files);  // Misses, through the service.
-    (*client)->WaitForPlacement();
-    REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
-  }
+  ClientAfterFilling(config, files);
   // The copies are files under node.ram_dir, not on /dev/shm.
   struct stat st;
   CHECK(::stat(JoinPath(KeptRamPath(ram_dir, config.node.runtime_dir), "ram/stripe-0").c_str(),
@@ -543,34 +545,30 @@ TEST_CASE("service: node.ram_dir auto keeps the RAM tier on a keeper's tmpfs of 
   }
   CHECK(absl::StartsWith(*keeper, "/proc/"));
   CHECK(TmpfsPageSize(*keeper, false) == (2 << 20));
-  auto client = Monarch::Create(config);
-  REQUIRE(client.ok());
-  ReadAllExact(**client, files);  // Misses, through the service.
-  (*client)->WaitForPlacement();
-  REQUIRE((*client)->GetStats().Tier(0, "files") == files.size());
+  std::unique_ptr<Monarch> client = ClientAfterFilling(config, files);
   struct stat st;
   CHECK(::stat(JoinPath(KeptRamPath(*keeper, run), "ram/stripe-0").c_str(), &st) == 0);
   CHECK(::stat(KeptRamPath("/dev/shm", run).c_str(), &st) != 0);
 
   // A forked client (a DataLoader worker) maps the copies from its first
   // read: its faults come on the first pass, a fault per 2 MiB page.
-  const std::array<uint64_t, 2> child = ForkedClientFaults(**client, files[0], measured);
+  const std::array<uint64_t, 2> child = ForkedClientFaults(*client, files[0], measured);
   CAPTURE(child[0]);
   CAPTURE(child[1]);
 
   // The service goes, the keeper stays: the next service adopts every copy.
-  client->reset();
+  client.reset();
   node->reset();
   CHECK(service::LiveRamKeeperDir(run) == keeper);
   node = NodeService::Start(testing::Valid(config), service::ServeOptions{});
   REQUIRE(node.ok());
   CHECK(service::LiveRamKeeperDir(run) == keeper);
-  client = Monarch::Create(config);
-  REQUIRE(client.ok());
-  CHECK((*client)->GetStats().Tier(0, "files") == files.size());
-  ReadAllExact(**client, files);
-  CHECK((*client)->GetStats().Tier(1, "bytes_read") == 0);  // Nothing from the source.
-  client->reset();
+  auto next = Monarch::Create(config);
+  REQUIRE(next.ok());
+  CHECK((*next)->GetStats().Tier(0, "files") == files.size());
+  ReadAllExact(**next, files);
+  CHECK((*next)->GetStats().Tier(1, "bytes_read") == 0);  // Nothing from the source.
+  next->reset();
   node->reset();
   service::StopRamKeeper(run);
   CHECK(!service::LiveRamKeeperDir(run).has_value());

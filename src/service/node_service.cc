@@ -499,8 +499,7 @@ absl::Status NodeService::Init(ScopedFd lock) {
   core_options.wrap = options_.wrap;
   core_options.kept_ram_for = paths_.dir;
   SetLogLevel(config_->logging.level);  // Where the RAM tiers go is logged at info.
-  ram_dir_ = ResolveRamDir(*config_, paths_.dir);
-  core_options.ram_dir = ram_dir_;
+  core_options.ram_dir = ResolveRamDir(*config_, paths_.dir);
   core_options.tier_slots = [this, &slots_status](uint32_t count) -> TierSlot* {
     absl::StatusOr<WriteSealedRegion> region =
         CreateWriteSealedRegion("monarch-tier-slots", uint64_t{count} * sizeof(TierSlot));
@@ -622,8 +621,7 @@ void NodeService::AcceptLoop() {
                std::chrono::duration<double>(now - idle_since).count() >= idle_exit) {
       MONARCH_LOG(kInfo, "monarch service: no client for ", idle_exit, " s, exiting");
       // Only an idle exit frees the kept RAM copies, and their keeper.
-      DiscardKeptRam(ram_dir_, paths_.dir);
-      StopRamKeeper(paths_.dir);
+      DiscardAllKeptRam(*config_, paths_.dir);
       break;
     }
   }

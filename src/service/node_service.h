@@ -112,7 +112,6 @@ class NodeService {
   const std::chrono::steady_clock::time_point started_;
   uint64_t instance_id_ = 0;
   std::string dataset_key_;  // DatasetKey() of config_: what clients must have.
-  std::string ram_dir_;      // node.ram_dir resolved (ResolveRamDir): the kept RAM tiers'.
 
   ScopedFd lock_;
   ScopedFd listen_;

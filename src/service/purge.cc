@@ -144,10 +144,7 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
         config_file, "`; nothing was removed"));
   }
 
-  // Where the stopped service kept its RAM tiers: node.ram_dir, or for
-  // `auto` its keeper's tmpfs while that lives, else /dev/shm.
-  std::string ram_dir = config->node.ram_dir;
-  if (ram_dir == "auto") ram_dir = LiveRamKeeperDir(purge.paths.dir).value_or("/dev/shm");
+  const std::string ram_dir = KeptRamDir(*config, purge.paths.dir);
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierConfig& tier = tiers[i];
     TierPurge result;
@@ -170,15 +167,8 @@ absl::StatusOr<ConfigPurge> PurgeConfigFile(const std::string& config_file,
     }
     purge.tiers.push_back(std::move(result));
   }
-  // What a stopped service kept (node.keep_ram), every RAM tier's at once,
-  // and the keeper of `auto` (ram_keeper.h) with /dev/shm's leftovers.
-  if (!options.dry_run) {
-    DiscardKeptRam(ram_dir, purge.paths.dir);
-    if (config->node.ram_dir == "auto") {
-      DiscardKeptRam("/dev/shm", purge.paths.dir);
-      StopRamKeeper(purge.paths.dir);
-    }
-  }
+  // What a stopped service kept (node.keep_ram), every RAM tier's at once.
+  if (!options.dry_run) DiscardAllKeptRam(*config, purge.paths.dir);
 
   // A socket left by a service that died: no service holds the lock, and
   // we do, so it is nobody's.

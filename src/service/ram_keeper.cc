@@ -177,6 +177,18 @@ void StopRamKeeper(const std::string& runtime_dir) {
   os::Unlink(JoinPath(runtime_dir, kRecord).c_str());
 }
 
+std::string KeptRamDir(const Config& config, const std::string& runtime_dir) {
+  if (config.node.ram_dir != "auto") return config.node.ram_dir;
+  return LiveRamKeeperDir(runtime_dir).value_or(kDefaultRamDir);
+}
+
+void DiscardAllKeptRam(const Config& config, const std::string& runtime_dir) {
+  DiscardKeptRam(KeptRamDir(config, runtime_dir), runtime_dir);
+  if (config.node.ram_dir != "auto") return;
+  DiscardKeptRam(kDefaultRamDir, runtime_dir);
+  StopRamKeeper(runtime_dir);
+}
+
 std::string ResolveRamDir(const Config& config, const std::string& runtime_dir) {
   const NodeConfig& node = config.node;
   if (node.ram_dir != "auto") return node.ram_dir;

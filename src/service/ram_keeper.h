@@ -54,6 +54,15 @@ std::optional<std::string> LiveRamKeeperDir(const std::string& runtime_dir);
 // it once no process holds a file of it.
 void StopRamKeeper(const std::string& runtime_dir);
 
+// Where the last service of `runtime_dir` kept its RAM tiers: node.ram_dir,
+// or for `auto` its keeper's tmpfs while that lives, else /dev/shm. Starts
+// nothing (`monarch purge`).
+std::string KeptRamDir(const Config& config, const std::string& runtime_dir);
+// Frees every RAM copy services of `runtime_dir` kept (an idle exit,
+// `monarch purge`): in KeptRamDir's directory and, for `auto`, on /dev/shm
+// too, and stops the keeper.
+void DiscardAllKeptRam(const Config& config, const std::string& runtime_dir);
+
 // The keeper itself (`monarch ram-keeper --runtime-dir DIR`): makes the
 // namespaces and the tmpfs, names itself in DIR/ram-keeper, writes "ready"
 // (or "error: ...") and a newline to `ready_fd`, then waits. Returns the
