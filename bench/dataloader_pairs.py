@@ -20,10 +20,18 @@ is checked):
   PFS emulator (read-ahead on, as in `torch_epochs.py`) and is not timed;
   placement then settles, and the rounds begin.
 
+With persistent workers a loader has one epoch 2 and one epoch 3: its
+rounds 1-2. `--cycles N` makes new loaders N times (their workers new too),
+each with an untimed epoch 1 and then the rounds, so a run gives N pairs of
+epochs 2-3 rather than one. The first loader's epoch 1 read the source; the
+later ones' read the tiers, so their workers start rounds 1-2 with the
+copies they touched in epoch 1 mapped. Both are printed.
+
 Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
     MONARCH_C_LIBRARY=build/libmonarch_c.so MONARCH_BINARY=build/monarch \\
       MONARCH_READ_BYTES_MODULE=build/python/_read_bytes.abi3.so PYTHONPATH=python \\
-      .venv/bin/python bench/dataloader_pairs.py --files 6000 --rounds 10 [--persistent-workers]
+      .venv/bin/python bench/dataloader_pairs.py --files 6000 --rounds 10 \\
+      [--persistent-workers [--cycles 10 --rounds 2]]
 """
 
 import argparse
@@ -61,6 +69,11 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--persistent-workers", action="store_true")
+    ap.add_argument("--cycles", type=int, default=1,
+                    help="new loaders (both arms) this many times, each with an untimed "
+                         "epoch 1 and --rounds rounds: with persistent workers, each cycle "
+                         "gives another pair of epochs 2-3 (the first after a cold epoch 1, "
+                         "the others after an epoch 1 from the tiers)")
     ap.add_argument("--out", help="a JSON file for the epoch times")
     add_huge_ram_flag(ap)
     a = ap.parse_args()
@@ -91,21 +104,31 @@ def main():
             multiprocessing_context="fork", persistent_workers=a.persistent_workers)
 
     times = {"local": [], "newcomer": []}
+    cycles = []  # Per cycle (a new pair of loaders): its rounds' times.
     try:
         load = os.getloadavg()[0]
         ds = mt.FileListDataset(names, config=newcomer, loader=len)
-        loaders = {"local": loader(PlainFiles(copy, names)), "newcomer": loader(ds)}
-        first = {arm: epoch(loaders[arm], total) for arm in ("newcomer", "local")}
-        ds.monarch.wait_for_placement()
-        source_bytes = ds.monarch.stats()["tiers"][-1]["bytes_read"]
-        assert source_bytes == total, (source_bytes, total)  # each file once, in epoch 1
-        for r in range(a.rounds):
-            for arm in (("local", "newcomer") if r % 2 == 0 else ("newcomer", "local")):
-                times[arm].append(epoch(loaders[arm], total))
-            print(f"round {r + 1:2d}  local {times['local'][-1]:.3f} s  "
-                  f"newcomer {times['newcomer'][-1]:.3f} s", flush=True)
+        for c in range(a.cycles):
+            loaders = {"local": loader(PlainFiles(copy, names)), "newcomer": loader(ds)}
+            if c == 0:
+                first = {arm: epoch(loaders[arm], total) for arm in ("newcomer", "local")}
+                ds.monarch.wait_for_placement()
+                source_bytes = ds.monarch.stats()["tiers"][-1]["bytes_read"]
+                assert source_bytes == total, (source_bytes, total)  # each file once, in epoch 1
+            else:
+                for arm in (("local", "newcomer") if c % 2 == 0 else ("newcomer", "local")):
+                    epoch(loaders[arm], total)  # The new workers' epoch 1, from the tiers.
+            cycle = {"local": [], "newcomer": []}
+            for r in range(a.rounds):
+                for arm in (("local", "newcomer") if r % 2 == 0 else ("newcomer", "local")):
+                    cycle[arm].append(epoch(loaders[arm], total))
+                print(f"cycle {c + 1:2d} round {r + 1:2d}  local {cycle['local'][-1]:.3f} s  "
+                      f"newcomer {cycle['newcomer'][-1]:.3f} s", flush=True)
+            for arm in times:
+                times[arm] += cycle[arm]
+            cycles.append(cycle)
+            del loaders  # Persistent workers end with their loader.
         source_after = ds.monarch.stats()["tiers"][-1]["bytes_read"]
-        del loaders
         ds.monarch.close()
     finally:
         drop_service(monarch_binary, newcomer)
@@ -113,6 +136,9 @@ def main():
         ram_dir.close()
 
     ratios = [n / l for n, l in zip(times["newcomer"], times["local"])]
+    # A loader's epochs 2-3 are its rounds 1-2 (epoch 1 untimed).
+    epochs_2_3 = [n / l for cycle in cycles
+                  for n, l in zip(cycle["newcomer"][:2], cycle["local"][:2])]
     workers = "persistent" if a.persistent_workers else "fresh each epoch"
     print(f"{len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers ({workers}); "
           f"load {load:.2f} at the start; epoch 1: newcomer {first['newcomer']:.3f} s, "
@@ -121,12 +147,18 @@ def main():
     print(f"hot epochs, newcomer / local, median of {len(ratios)} rounds: "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
           f"(target <= 0.9)")
+    if a.cycles > 1:
+        print(f"epochs 2-3 (rounds 1-2) of {a.cycles} loaders, newcomer / local: median "
+              f"{statistics.median(epochs_2_3):.3f} (min {min(epochs_2_3):.3f}, max "
+              f"{max(epochs_2_3):.3f}); the first loader's (after a cold epoch 1): "
+              + ", ".join(f"{r:.3f}" for r in epochs_2_3[:2]) + " (target <= 0.9)")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
                        "persistent_workers": a.persistent_workers, "load": load,
-                       "ram_dir": ram_dir_label(a),
+                       "ram_dir": ram_dir_label(a), "cycles": cycles,
                        "epoch1": first, "times": times, "ratios": ratios,
+                       "epochs_2_3_ratios": epochs_2_3,
                        "source_bytes_epoch1": source_bytes,
                        "source_bytes_after": source_after}, f, indent=1)
 

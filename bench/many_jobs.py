@@ -27,8 +27,12 @@ jobs compete for the cores whatever they read through (local-N shows it).
 
 Per arm: the source's bytes over the whole arm against the dataset, the
 node memory the RAM tiers hold (bytes_used and resident, summed over the
-services), and each job's epoch times. A job's epochs 2-3 are compared with
-the single job's, and that slowdown with local-N's over local-1's.
+services), and each job's epoch times and CPU seconds (its process's user
+and system time). A job's epochs 2-3 are compared with the single job's,
+and that slowdown with local-N's over local-1's. So is their CPU time: with
+more reader threads than cores, a job's wall time grows with the number of
+jobs whatever it reads through, while its CPU time grows only with the work
+each read costs it (contention in a shared service would show there).
 
   sudo .venv/bin/python bench/many_jobs.py --build build --files 20000 \\
     --out /tmp/many_jobs.json
@@ -172,6 +176,7 @@ def main():
                     "wall_seconds": wall, "source_bytes": source, "services": services,
                     "ram_bytes_used": used, "ram_resident_bytes": resident,
                     "epochs": {str(j): [e["seconds"] for e in f] for j, f in figures.items()},
+                    "cpu": {str(j): [e["cpu_seconds"] for e in f] for j, f in figures.items()},
                     "bytes": {str(j): [e["bytes"] for e in f] for j, f in figures.items()}}
                 hot = [hot_seconds(f) for f in figures.values()]
                 print("rep %d %-8s %d service(s); source %.2fx the dataset; RAM used %.2fx, "
@@ -182,8 +187,9 @@ def main():
                       flush=True)
             for arm, ids in (("local-1", jobs[:1]), ("local-N", jobs)):
                 figures = run_jobs(a, work, arm, ids, plain_dir=backing, dataset=pfs.mount)
-                rep_result[arm] = {"epochs": {str(j): [e["seconds"] for e in f]
-                                              for j, f in figures.items()}}
+                rep_result[arm] = {
+                    "epochs": {str(j): [e["seconds"] for e in f] for j, f in figures.items()},
+                    "cpu": {str(j): [e["cpu_seconds"] for e in f] for j, f in figures.items()}}
                 print("rep %d %-8s epochs 2-%d per job %s s" % (
                     rep, arm, a.epochs,
                     " ".join("%.2f" % hot_seconds(f) for f in figures.values())), flush=True)
@@ -195,8 +201,15 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         ram_dir.close()
 
-    def hot(rep, arm):
-        return [sum(e[1:]) for e in rep[arm]["epochs"].values()]
+    def hot(rep, arm, figure="epochs"):
+        return [sum(e[1:]) for e in rep[arm][figure].values()]
+
+    def versus(arm, baseline, figure):
+        """min, median, max over reps and jobs of a job's epochs 2-N
+        (seconds or CPU seconds) against the baseline's median in its rep."""
+        ratios = [h / statistics.median(hot(r, baseline, figure)) for r in results["reps"]
+                  for h in hot(r, arm, figure)]
+        return [min(ratios), statistics.median(ratios), max(ratios)]
 
     print("\nsummary over %d rep(s) (median of reps):" % a.reps)
     summary = {}
@@ -209,24 +222,24 @@ def main():
                                                 for r in results["reps"]),
             "services": results["reps"][0][arm]["services"]}
     for arm in ("shared", "per-job"):
-        ratios = [h / statistics.median(hot(r, "single")) for r in results["reps"]
-                  for h in hot(r, arm)]
-        summary[arm]["hot_vs_single"] = [min(ratios), statistics.median(ratios), max(ratios)]
-    local = [h / statistics.median(hot(r, "local-1")) for r in results["reps"]
-             for h in hot(r, "local-N")]
-    summary["local-N"] = {"hot_vs_local_1": [min(local), statistics.median(local), max(local)]}
+        summary[arm]["hot_vs_single"] = versus(arm, "single", "epochs")
+        summary[arm]["cpu_vs_single"] = versus(arm, "single", "cpu")
+    summary["local-N"] = {"hot_vs_local_1": versus("local-N", "local-1", "epochs"),
+                          "cpu_vs_local_1": versus("local-N", "local-1", "cpu")}
     results["summary"] = summary
     for arm in ("single", "shared", "per-job"):
         s = summary[arm]
         line = "  %-8s %d service(s): source %.2fx the dataset, RAM %.2fx (resident %.2fx)" % (
             arm, s["services"], s["source_x"], s["ram_used_x"], s["ram_resident_x"])
         if "hot_vs_single" in s:
-            line += "; each job's epochs 2-%d %.2f / %.2f / %.2f x the single job's" % (
-                a.epochs, *s["hot_vs_single"])
+            line += ("; each job's epochs 2-%d %.2f / %.2f / %.2f x the single job's, "
+                     "CPU %.2f / %.2f / %.2f x" % (a.epochs, *s["hot_vs_single"],
+                                                   *s["cpu_vs_single"]))
         print(line)
-    print("  local-N: each job's epochs 2-%d %.2f / %.2f / %.2f x one job's alone (plain reads "
-          "of a local copy: the machine's own cost of %d jobs at once)" % (
-              a.epochs, *summary["local-N"]["hot_vs_local_1"], a.jobs))
+    print("  local-N: each job's epochs 2-%d %.2f / %.2f / %.2f x one job's alone, CPU %.2f / "
+          "%.2f / %.2f x (plain reads of a local copy: the machine's own cost of %d jobs at "
+          "once)" % (a.epochs, *summary["local-N"]["hot_vs_local_1"],
+                     *summary["local-N"]["cpu_vs_local_1"], a.jobs))
     with open(a.out, "w") as f:
         json.dump(results, f, indent=1)
     print("wrote", a.out)

@@ -25,6 +25,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -346,10 +347,21 @@ bool RunBeforeEpoch(const std::string& command, int epoch) {
 
 struct EpochResult {
   double seconds = 0;
+  double cpu_seconds = 0;  // This process's, user and system: work apart from waiting.
   uint64_t bytes = 0;
   uint64_t errors = 0;
   uint64_t mismatches = 0;
 };
+
+// The CPU time this process has used so far, user and system. Jobs that
+// share fewer cores than they have readers wait for them; CPU time per epoch
+// says whether their work grew too (bench/many_jobs.py).
+double ProcessCpuSeconds() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 
 }  // namespace
 
@@ -519,6 +531,7 @@ int RunEpochs(int argc, char** argv) {
       }
     };
     auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     if ((o.announce || (o.announce_all && epoch == 1)) && o.mode == "monarch") {
       std::vector<std::string> names;
       std::vector<monarch::Monarch::SampleRange> ranges;
@@ -545,6 +558,7 @@ int RunEpochs(int argc, char** argv) {
     EpochResult result;
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.cpu_seconds = ProcessCpuSeconds() - cpu_start;
     result.bytes = bytes.load();
     result.errors = errors.load();
     result.mismatches = mismatches.load();
@@ -610,6 +624,7 @@ int RunEpochs(int argc, char** argv) {
                                        static_cast<unsigned long long>(published), files.size());
     absl::StrAppend(&json, epoch > 1 ? "," : "", "{\"epoch\":", epoch,
                     ",\"seconds\":", absl::StrFormat("%.6f", result.seconds),
+                    ",\"cpu_seconds\":", absl::StrFormat("%.6f", result.cpu_seconds),
                     ",\"published_files\":", published,
                     ",\"bytes\":", result.bytes, ",\"errors\":", result.errors,
                     ",\"mismatches\":", result.mismatches, ",\"served\":{",
