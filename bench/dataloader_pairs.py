@@ -20,6 +20,11 @@ is checked):
   PFS emulator (read-ahead on, as in `torch_epochs.py`) and is not timed;
   placement then settles, and the rounds begin.
 
+`--shards N` reads N shards of 64 MiB instead, in records of
+`--record-bytes` (256 KiB): `monarch.torch.RecordDataset` over the same
+newcomer's config against `os.pread()` of the local copy on a descriptor
+each worker keeps per shard; each sample is its record's length.
+
 With persistent workers a loader has one epoch 2 and one epoch 3: its
 rounds 1-2. `--cycles N` makes new loaders N times (their workers new too),
 each with an untimed epoch 1 and then the rounds, so a run gives N pairs of
@@ -32,7 +37,7 @@ Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
     MONARCH_C_LIBRARY=build/libmonarch_c.so MONARCH_BINARY=build/monarch \\
       MONARCH_READ_BYTES_MODULE=build/python/_read_bytes.abi3.so PYTHONPATH=python \\
       .venv/bin/python bench/dataloader_pairs.py --files 6000 --rounds 10 \\
-      [--persistent-workers [--cycles 10 --rounds 2]]
+      [--shards 32] [--persistent-workers [--cycles 10 --rounds 2]]
 """
 
 import argparse
@@ -55,6 +60,26 @@ from service_epochs import drop_service  # noqa: E402
 from torch_epochs import PlainFiles, image_dataset  # noqa: E402
 
 
+class PlainRecords(torch.utils.data.Dataset):
+    """The local arm over shards: each record read with os.pread() on a
+    descriptor the worker keeps per shard (as the suite's mp-local does)."""
+
+    def __init__(self, root, names, records):
+        self.paths = [os.path.join(root, n) for n in names]
+        self.records = records  # (file index, offset, length), RecordDataset's order.
+        self.fds = {}
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        file, offset, length = self.records[i]
+        fd = self.fds.get(file)
+        if fd is None:
+            fd = self.fds[file] = os.open(self.paths[file], os.O_RDONLY | os.O_CLOEXEC)
+        return len(os.pread(fd, length, offset))
+
+
 def epoch(loader, total_bytes):
     start = time.perf_counter()
     got = sum(int(batch.sum()) for batch in loader)
@@ -67,6 +92,11 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--work", default="/tmp/monarch-torch-epochs")
     ap.add_argument("--files", type=int, default=6000)
+    ap.add_argument("--shards", type=int, default=0,
+                    help="read this many shards of 64 MiB in records of --record-bytes "
+                         "(monarch.torch.RecordDataset against os.pread() of the copy) "
+                         "instead of --files small files")
+    ap.add_argument("--record-bytes", type=int, default=256 << 10)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--persistent-workers", action="store_true")
@@ -82,7 +112,14 @@ def main():
     ram_dir = contextlib.ExitStack()
     node_keys = ram_dir.enter_context(huge_ram_dir(a))
 
-    backing, copy, names, total = image_dataset(a.build, a.work, a.files)
+    if a.shards:
+        backing, copy, names, total = image_dataset(a.build, a.work, a.shards, "shards")
+        records = [(f, k * a.record_bytes, a.record_bytes) for f, n in enumerate(names)
+                   for k in range(os.path.getsize(os.path.join(copy, n)) // a.record_bytes)]
+        sample_bytes = len(records) * a.record_bytes  # A shard's tail short of a record: none.
+    else:
+        backing, copy, names, total = image_dataset(a.build, a.work, a.files)
+        sample_bytes = total
     mount = os.path.join(a.work, "pfs")
 
     script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
@@ -108,17 +145,22 @@ def main():
     cycles = []  # Per cycle (a new pair of loaders): its rounds' times.
     try:
         load = os.getloadavg()[0]
-        ds = mt.FileListDataset(names, config=newcomer, loader=len)
+        if a.shards:
+            ds = mt.RecordDataset(names, record_bytes=a.record_bytes, config=newcomer, loader=len)
+            assert len(ds) == len(records), (len(ds), len(records))
+        else:
+            ds = mt.FileListDataset(names, config=newcomer, loader=len)
         for c in range(a.cycles):
-            loaders = {"local": loader(PlainFiles(copy, names)), "newcomer": loader(ds)}
+            local = PlainRecords(copy, names, records) if a.shards else PlainFiles(copy, names)
+            loaders = {"local": loader(local), "newcomer": loader(ds)}
             if c == 0:
-                first = {arm: epoch(loaders[arm], total) for arm in ("newcomer", "local")}
+                first = {arm: epoch(loaders[arm], sample_bytes) for arm in ("newcomer", "local")}
                 ds.monarch.wait_for_placement()
                 source_bytes = ds.monarch.stats()["tiers"][-1]["bytes_read"]
                 assert source_bytes == total, (source_bytes, total)  # each file once, in epoch 1
             else:
                 for arm in (("local", "newcomer") if c % 2 == 0 else ("newcomer", "local")):
-                    epoch(loaders[arm], total)  # The new workers' epoch 1, from the tiers.
+                    epoch(loaders[arm], sample_bytes)  # The new workers' epoch 1, from the tiers.
             cycle = {"local": [], "newcomer": []}
             for r in range(a.rounds):
                 # The arm that runs second in a round is the slower: in
@@ -127,7 +169,7 @@ def main():
                 # first. The order alternates by round and by cycle, so
                 # that no epoch of a loader always runs second.
                 for arm in (("local", "newcomer") if (c + r) % 2 == 0 else ("newcomer", "local")):
-                    cycle[arm].append(epoch(loaders[arm], total))
+                    cycle[arm].append(epoch(loaders[arm], sample_bytes))
                 print(f"cycle {c + 1:2d} round {r + 1:2d}  local {cycle['local'][-1]:.3f} s  "
                       f"newcomer {cycle['newcomer'][-1]:.3f} s", flush=True)
             for arm in times:
@@ -146,7 +188,8 @@ def main():
     # time together, in which each arm ran once first and once second.
     epochs_2_3 = [sum(cycle["newcomer"][:2]) / sum(cycle["local"][:2]) for cycle in cycles]
     workers = "persistent" if a.persistent_workers else "fresh each epoch"
-    print(f"{len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers ({workers}); "
+    what = f"{len(records)} records of {a.record_bytes} bytes in " if a.shards else ""
+    print(f"{what}{len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers ({workers}); "
           f"load {load:.2f} at the start; epoch 1: newcomer {first['newcomer']:.3f} s, "
           f"local {first['local']:.3f} s; source bytes after epoch 1 {source_bytes} "
           f"(dataset {total}), after the rounds {source_after}")
@@ -161,6 +204,8 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
+                       "records": len(records) if a.shards else None,
+                       "record_bytes": a.record_bytes if a.shards else None,
                        "persistent_workers": a.persistent_workers, "load": load,
                        "ram_dir": ram_dir_label(a), "cycles": cycles,
                        "epoch1": first, "times": times, "ratios": ratios,

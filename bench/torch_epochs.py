@@ -66,16 +66,19 @@ class PlainFiles(torch.utils.data.Dataset):
 PERSISTENT = False  # --persistent-workers
 
 
-def image_dataset(build, work, files):
+def image_dataset(build, work, files, profile="imagenet"):
     """The dataset of the DataLoader benchmarks: `files` ImageNet-like files in
     WORK/backing-FILES (what the PFS emulator serves) and a plain copy in
-    WORK/copy-FILES, each made once. Returns (backing, copy, names, total bytes)."""
-    backing = os.path.join(work, f"backing-{files}")
-    copy = os.path.join(work, f"copy-{files}")
+    WORK/copy-FILES, each made once. Returns (backing, copy, names, total bytes).
+    With profile "shards", `files` shards of 64 MiB (monarch-epochs --profile
+    shards) in WORK/backing-shards-FILES and WORK/copy-shards-FILES."""
+    tag = str(files) if profile == "imagenet" else f"{profile}-{files}"
+    backing = os.path.join(work, f"backing-{tag}")
+    copy = os.path.join(work, f"copy-{tag}")
     os.makedirs(work, exist_ok=True)
     if not os.path.isdir(backing):
         subprocess.run([os.path.join(build, "monarch-epochs"), "--dataset", backing,
-                        "--generate", str(files), "--profile", "imagenet", "--epochs", "0"],
+                        "--generate", str(files), "--profile", profile, "--epochs", "0"],
                        check=True, stdout=subprocess.DEVNULL)
     if not os.path.isdir(copy):
         shutil.copytree(backing, copy)

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,36 @@ using testing::MustCreate;
 using testing::ReadWholeAndCheck;
 using testing::ScratchDir;
 using testing::TestFile;
+
+// Drops `path`'s pages from the page cache (written back first, so that
+// none is dirty and kept).
+void EvictFromPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// How many of `path`'s pages are in the page cache: mincore() of a mapping,
+// which faults none in.
+size_t ResidentPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  struct stat st;
+  REQUIRE(::fstat(fd, &st) == 0);
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (size == 0) return 0;
+  REQUIRE(map != MAP_FAILED);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  REQUIRE(::mincore(map, size, resident.data()) == 0);
+  ::munmap(map, size);
+  return static_cast<size_t>(
+      std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+}
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;
@@ -436,6 +468,60 @@ void AdoptedCopiesAreReadied(TierKind kind) {
   CHECK(first.Tier(0, "damaged_copies") == 0);
 }
 
+// A copy a process opens for the first time is read from the device twice
+// where a plain file is read once: its trailer, from its end, then its
+// bytes from the start. A small copy not in the page cache is asked for
+// whole at that open instead, in one request; a big one (a shard, of which
+// a reader may want one record) is not. Here the copies an earlier run
+// left, out of the page cache, are opened by the next run's readying.
+TEST_CASE("a small posix copy out of the page cache is asked of the device whole at its first "
+          "open, a big one is not") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string tier_dir = dir.Sub("tier");
+  // 110 KiB and 900 KB: asked whole; 3 MiB: not (over 1 MiB).
+  auto files = testing::MakeDataset(ds, 3, {112640, 900000, 3 << 20});
+  Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, tier_dir, 1 << 30, "tier")});
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (const TestFile& f : files) EvictFromPageCache(tier_dir + "/" + f.name);
+  for (const TestFile& f : files) {
+    if (ResidentPages(tier_dir + "/" + f.name) > 2) {
+      MONARCH_SKIP(tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); set "
+                               "TMPDIR to a disk to run this test");
+    }
+  }
+  auto m = MustCreate(config);
+  REQUIRE(m->GetStats().Get("warm_files_reused") == files.size());
+  m->WaitForPlacement();  // The adopted copies' readying: each opened, its trailer read.
+  REQUIRE(m->GetStats().Tier(0, "trailer_reads") == files.size());
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string copy = tier_dir + "/" + files[i].name;
+    struct stat st;
+    REQUIRE(::stat(copy.c_str(), &st) == 0);
+    const size_t pages = (static_cast<size_t>(st.st_size) + page - 1) / page;
+    // The request is asynchronous: its pages arrive within the deadline.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    size_t resident = ResidentPages(copy);
+    while (resident < pages && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      resident = ResidentPages(copy);
+    }
+    INFO(files[i].name << ": " << resident << " of " << pages << " pages in the page cache");
+    CHECK(resident == pages);
+  }
+  // The big copy: its trailer and what read-ahead took with it, not its bytes.
+  const std::string big = tier_dir + "/" + files[2].name;
+  CHECK(ResidentPages(big) < files[2].size / page / 2);
+  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+  CHECK(m->GetStats().Tier(0, "damaged_copies") == 0);
+}
+
 TEST_CASE("copies an earlier run left are readied at start: pmem") {
   AdoptedCopiesAreReadied(TierKind::kPmem);
 }
@@ -767,26 +853,11 @@ TEST_CASE("a miss that asks the source what it holds in memory first still commi
   ScratchDir dir;
   const std::string ds = std::filesystem::canonical(dir.Sub("ds")).string();
   auto files = testing::MakeDataset(ds, 2, {50000});
-  for (const TestFile& f : files) {  // Out of the page cache: the ask finds nothing.
-    const int fd = ::open((ds + "/" + f.name).c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-  {
-    const int fd = ::open((ds + "/" + files[0].name).c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
-    void* map = ::mmap(nullptr, files[0].size, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    REQUIRE(map != MAP_FAILED);
-    unsigned char resident[16] = {};
-    REQUIRE(::mincore(map, files[0].size, resident) == 0);
-    ::munmap(map, files[0].size);
-    if ((resident[0] & 1) != 0) {
-      MONARCH_SKIP(ds << " keeps file pages in memory whatever it is asked (tmpfs?); set "
-                         "TMPDIR to a disk to run this test");
-    }
+  // Out of the page cache: the ask finds nothing.
+  for (const TestFile& f : files) EvictFromPageCache(ds + "/" + f.name);
+  if (ResidentPages(ds + "/" + files[0].name) != 0) {
+    MONARCH_SKIP(ds << " keeps file pages in memory whatever it is asked (tmpfs?); set "
+                       "TMPDIR to a disk to run this test");
   }
   Config config = testing::MakeConfig(ds, {testing::RamTier(1 << 20)});
   config.placement.chunk_bytes = 64 << 10;  // One chunk a file.

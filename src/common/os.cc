@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>   // rename
 #include <cstdlib>  // realpath
@@ -171,6 +172,16 @@ int RawFlock(int fd, int operation) {
 }
 
 // Two fcntl calls; the preload library interposes fcntl, so not libc's.
+int RawFadvise(int fd, off_t offset, off_t length, int advice) {
+  if (MONARCH_OS_VIA_LIBC) {
+    const int error = ::posix_fadvise(fd, offset, length, advice);
+    if (error == 0) return 0;
+    errno = error;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_fadvise64, fd, offset, length, advice));
+}
+
 int RawSetLease(int fd, int signal, int type) {
   if (MONARCH_OS_VIA_LIBC) {
     if (::fcntl(fd, F_SETSIG, signal) != 0) return -1;
@@ -269,6 +280,9 @@ int Env::PosixFallocate(int fd, off_t offset, off_t length) {
   return ::posix_fallocate(fd, offset, length);
 }
 int Env::Flock(int fd, int operation) { return RawFlock(fd, operation); }
+int Env::Fadvise(int fd, off_t offset, off_t length, int advice) {
+  return RawFadvise(fd, offset, length, advice);
+}
 int Env::SetLease(int fd, int signal, int type) { return RawSetLease(fd, signal, type); }
 // libc's directory streams in every build: getdents64 needs a buffer and
 // entry parsing that opendir already does, and the preload library does not
@@ -360,6 +374,9 @@ int PosixFallocate(int fd, off_t offset, off_t length) {
   MONARCH_OS_DISPATCH(PosixFallocate, ::posix_fallocate, fd, offset, length);
 }
 int Flock(int fd, int operation) { MONARCH_OS_DISPATCH(Flock, RawFlock, fd, operation); }
+int Fadvise(int fd, off_t offset, off_t length, int advice) {
+  MONARCH_OS_DISPATCH(Fadvise, RawFadvise, fd, offset, length, advice);
+}
 int SetLease(int fd, int signal, int type) {
   MONARCH_OS_DISPATCH(SetLease, RawSetLease, fd, signal, type);
 }

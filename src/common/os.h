@@ -100,6 +100,9 @@ class Env {
   // allocate them.
   virtual int PosixFallocate(int fd, off_t offset, off_t length);
   virtual int Flock(int fd, int operation);
+  // posix_fadvise(2) as a system call (the preload library interposes
+  // libc's): 0, or -1 and errno. Advice only: callers go on when it fails.
+  virtual int Fadvise(int fd, off_t offset, off_t length, int advice);
   // fcntl(F_SETSIG, signal) then fcntl(F_SETLEASE, type): a lease (F_RDLCK)
   // whose break is announced with `signal`, or its release (F_UNLCK).
   virtual int SetLease(int fd, int signal, int type);
@@ -174,6 +177,7 @@ int Ftruncate(int fd, off_t length);
 int Fallocate(int fd, int mode, off_t offset, off_t length);
 int PosixFallocate(int fd, off_t offset, off_t length);  // 0 or an error number.
 int Flock(int fd, int operation);
+int Fadvise(int fd, off_t offset, off_t length, int advice);
 int SetLease(int fd, int signal, int type);
 DIR* OpenDir(const char* path);
 struct dirent* ReadDir(DIR* dir);

@@ -2,6 +2,7 @@
 
 #include "drivers/copy_integrity.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -18,6 +19,11 @@
 
 namespace monarch {
 namespace {
+
+// Copies up to this size are asked of the device whole when a process first
+// opens them (CheckedCopy::Open): an ImageNet file, not a shard, of which a
+// reader may want one record.
+constexpr int64_t kWholeAtOpenBytes = 1 << 20;
 
 // The footer, in host byte order: copies never leave the node.
 constexpr char kMagic[8] = {'M', 'O', 'N', 'C', 'O', 'P', 'Y', '1'};
@@ -300,6 +306,15 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
   const bool found = copy->state_ != nullptr;
   if (!found) {
     states->CountTrailerRead();
+    // The trailer is read first, from the copy's end, and then the bytes
+    // from its start: two reads from the device where a plain file takes
+    // one, when the copy is not in the page cache (a new process's first
+    // epoch after the cache was dropped measured 2.0 device reads per file,
+    // against 1.0 for the local copy). A small copy is asked for whole, in
+    // one request, before either read.
+    if (!map && opened.st_size <= kWholeAtOpenBytes) {
+      os::Fadvise(descriptor, 0, 0, POSIX_FADV_WILLNEED);
+    }
     MONARCH_ASSIGN_OR_RETURN(
         CopyRecord record, ReadCopyRecord(descriptor, static_cast<uint64_t>(opened.st_size),
                                           copy->path_, file.size));
