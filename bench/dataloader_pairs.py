@@ -45,7 +45,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -57,7 +56,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from huge_ram import add_huge_ram_flag, huge_ram_dir, ram_dir_label  # noqa: E402
 from service_epochs import drop_service  # noqa: E402
-from torch_epochs import PlainFiles, image_dataset  # noqa: E402
+from torch_epochs import PlainFiles, image_dataset, start_emulator  # noqa: E402
 
 
 class PlainRecords(torch.utils.data.Dataset):
@@ -122,12 +121,7 @@ def main():
         sample_bytes = total
     mount = os.path.join(a.work, "pfs")
 
-    script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
-    env = dict(os.environ, MONARCH_PFS_EMULATOR=os.path.join(a.build, "bin",
-                                                             "monarch-pfs-emulator"))
-    subprocess.run([script, "stop", mount], capture_output=True, env=env)
-    subprocess.run([script, "start", backing, mount, "--lustre-readahead"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    stop_emulator = start_emulator(a.build, backing, mount)
     newcomer = os.path.join(a.work, "pairs-newcomer.yaml")  # No node: section.
     with open(newcomer, "w") as f:
         f.write(f"dataset: {{path: {mount}}}\n"
@@ -180,7 +174,7 @@ def main():
         ds.monarch.close()
     finally:
         drop_service(monarch_binary, newcomer)
-        subprocess.run([script, "stop", mount], capture_output=True, env=env)
+        stop_emulator()
         ram_dir.close()
 
     ratios = [n / l for n, l in zip(times["newcomer"], times["local"])]

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -40,7 +39,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from service_epochs import drop_service  # noqa: E402
-from torch_epochs import PlainFiles, image_dataset  # noqa: E402
+from torch_epochs import PlainFiles, image_dataset, start_emulator  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "suite"))
+from torch_reader import drop_caches  # noqa: E402  (the suite's, as its scenario 3 drops them)
 
 
 def device_of(path):
@@ -61,12 +62,6 @@ def disk_reads(device):
     sys.exit(f"no {device} in /proc/diskstats")
 
 
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -82,12 +77,7 @@ def main():
 
     backing, copy, names, total = image_dataset(a.build, a.work, a.files)
     mount = os.path.join(a.work, "pfs")
-    script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
-    env = dict(os.environ, MONARCH_PFS_EMULATOR=os.path.join(a.build, "bin",
-                                                             "monarch-pfs-emulator"))
-    subprocess.run([script, "stop", mount], capture_output=True, env=env)
-    subprocess.run([script, "start", backing, mount, "--lustre-readahead"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    stop_emulator = start_emulator(a.build, backing, mount)
     shutil.rmtree(a.tier, ignore_errors=True)
     os.makedirs(a.tier)
     device = device_of(a.tier)
@@ -136,7 +126,7 @@ def main():
         ds.monarch.close()
     finally:
         drop_service(binary, config)
-        subprocess.run([script, "stop", mount], capture_output=True, env=env)
+        stop_emulator()
         shutil.rmtree(a.tier, ignore_errors=True)
 
     ratios = [m["seconds"] / p["seconds"] for m, p in zip(rows["monarch"], rows["local"])]

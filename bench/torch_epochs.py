@@ -88,6 +88,19 @@ def image_dataset(build, work, files, profile="imagenet"):
     return backing, copy, names, total
 
 
+def start_emulator(build, backing, mount):
+    """Starts the PFS emulator serving `backing` at `mount`, its Lustre-like
+    read-ahead on, after stopping one an earlier run left there. Returns a
+    function that stops it."""
+    script = os.path.join(REPO, "tools", "pfs_emulator", "pfs-emulator")
+    env = dict(os.environ, MONARCH_PFS_EMULATOR=os.path.join(build, "bin",
+                                                             "monarch-pfs-emulator"))
+    subprocess.run([script, "stop", mount], capture_output=True, env=env)
+    subprocess.run([script, "start", backing, mount, "--lustre-readahead"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    return lambda: subprocess.run([script, "stop", mount], capture_output=True, env=env)
+
+
 def loader_for(dataset, workers, generator):
     return torch.utils.data.DataLoader(
         dataset, batch_size=32, shuffle=True, num_workers=workers, generator=generator,

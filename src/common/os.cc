@@ -171,7 +171,7 @@ int RawFlock(int fd, int operation) {
   return static_cast<int>(::syscall(SYS_flock, fd, operation));
 }
 
-// Two fcntl calls; the preload library interposes fcntl, so not libc's.
+// The preload library interposes posix_fadvise, so not libc's.
 int RawFadvise(int fd, off_t offset, off_t length, int advice) {
   if (MONARCH_OS_VIA_LIBC) {
     const int error = ::posix_fadvise(fd, offset, length, advice);
@@ -182,6 +182,7 @@ int RawFadvise(int fd, off_t offset, off_t length, int advice) {
   return static_cast<int>(::syscall(SYS_fadvise64, fd, offset, length, advice));
 }
 
+// Two fcntl calls; the preload library interposes fcntl, so not libc's.
 int RawSetLease(int fd, int signal, int type) {
   if (MONARCH_OS_VIA_LIBC) {
     if (::fcntl(fd, F_SETSIG, signal) != 0) return -1;

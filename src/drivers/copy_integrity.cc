@@ -308,10 +308,10 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
     states->CountTrailerRead();
     // The trailer is read first, from the copy's end, and then the bytes
     // from its start: two reads from the device where a plain file takes
-    // one, when the copy is not in the page cache (a new process's first
-    // epoch after the cache was dropped measured 2.0 device reads per file,
-    // against 1.0 for the local copy). A small copy is asked for whole, in
-    // one request, before either read.
+    // one, when the copy is not in the page cache (fresh DataLoader workers
+    // after the cache was dropped: 2.02 device reads per file against the
+    // local copy's 1.03, bench/results/posix_device_reads.md). A small copy
+    // is asked for whole, in one request, before either read.
     if (!map && opened.st_size <= kWholeAtOpenBytes) {
       os::Fadvise(descriptor, 0, 0, POSIX_FADV_WILLNEED);
     }
