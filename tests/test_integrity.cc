@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "common/mutex.h"
 #include "common/os.h"
 #include "drivers/copy_integrity.h"
+#include "drivers/storage_driver.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
 #include "core/monarch_internal.h"
@@ -52,6 +54,28 @@ void EvictFromPageCache(const std::string& path) {
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
 }
+
+// Whether descriptor `fd` names a file under `prefix` (a canonical path).
+bool FdUnder(int fd, absl::string_view prefix) {
+  char target[4096];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(link.c_str(), target, sizeof(target));
+  return n > 0 && absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), prefix);
+}
+
+// Counts the POSIX_FADV_WILLNEED advice given on files under a directory.
+class WillNeedCountingEnv final : public os::Env {
+ public:
+  explicit WillNeedCountingEnv(std::string dir) : prefix_(std::move(dir) + "/") {}
+  int Fadvise(int fd, off_t offset, off_t length, int advice) override {
+    if (advice == POSIX_FADV_WILLNEED && FdUnder(fd, prefix_)) will_need.fetch_add(1);
+    return os::Env::Fadvise(fd, offset, length, advice);
+  }
+  std::atomic<int> will_need{0};
+
+ private:
+  const std::string prefix_;
+};
 
 // How many of `path`'s pages are in the page cache: mincore() of a mapping,
 // which faults none in.
@@ -468,17 +492,17 @@ void AdoptedCopiesAreReadied(TierKind kind) {
   CHECK(first.Tier(0, "damaged_copies") == 0);
 }
 
-// A copy a process opens for the first time is read from the device twice
-// where a plain file is read once: its trailer, from its end, then its
-// bytes from the start. A small copy not in the page cache is asked for
+// A reader that opens a copy for the first time reads it from the device
+// twice where a plain file is read once: its trailer, from its end, then
+// its bytes from the start. A small copy not in the page cache is asked for
 // whole at that open instead, in one request; a big one (a shard, of which
-// a reader may want one record) is not. Here the copies an earlier run
-// left, out of the page cache, are opened by the next run's readying.
-TEST_CASE("a small posix copy out of the page cache is asked of the device whole at its first "
-          "open, a big one is not") {
+// a reader may want one record) is not. The reader here is a posix driver
+// of its own over the tier, as a node service's client has.
+TEST_CASE("a reader's first open of a small posix copy out of the page cache asks the device for "
+          "it whole, of a big one not") {
   ScratchDir dir;
   const std::string ds = dir.Sub("ds");
-  const std::string tier_dir = dir.Sub("tier");
+  const std::string tier_dir = std::filesystem::canonical(dir.Sub("tier")).string();
   // 110 KiB and 900 KB: asked whole; 3 MiB: not (over 1 MiB).
   auto files = testing::MakeDataset(ds, 3, {112640, 900000, 3 << 20});
   Config config = testing::MakeConfig(
@@ -496,10 +520,31 @@ TEST_CASE("a small posix copy out of the page cache is asked of the device whole
                                "TMPDIR to a disk to run this test");
     }
   }
-  auto m = MustCreate(config);
-  REQUIRE(m->GetStats().Get("warm_files_reused") == files.size());
-  m->WaitForPlacement();  // The adopted copies' readying: each opened, its trailer read.
-  REQUIRE(m->GetStats().Tier(0, "trailer_reads") == files.size());
+  WillNeedCountingEnv env(tier_dir);
+  std::optional<os::ScopedEnvForTesting> scoped(&env);
+  std::unique_ptr<StorageDriver> reader = NewPosixDriver(tier_dir, 8);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string source = ds + "/" + files[i].name;
+    struct stat st;
+    REQUIRE(::stat(source.c_str(), &st) == 0);
+    FileRef ref;
+    ref.id = static_cast<uint32_t>(i);
+    ref.name = files[i].name;
+    ref.size = files[i].size;
+    ref.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+    std::vector<char> got(4096), want(4096);
+    absl::StatusOr<size_t> read = reader->Read(ref, 0, got.data(), got.size());
+    REQUIRE(read.ok());
+    REQUIRE(*read == got.size());
+    const int fd = ::open(source.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pread(fd, want.data(), want.size(), 0) == static_cast<ssize_t>(want.size()));
+    ::close(fd);
+    CHECK(got == want);
+  }
+  reader.reset();
+  scoped.reset();
+  CHECK(env.will_need.load() == 2);  // The two small copies, once each.
   for (size_t i = 0; i < 2; ++i) {
     const std::string copy = tier_dir + "/" + files[i].name;
     struct stat st;
@@ -515,11 +560,52 @@ TEST_CASE("a small posix copy out of the page cache is asked of the device whole
     INFO(files[i].name << ": " << resident << " of " << pages << " pages in the page cache");
     CHECK(resident == pages);
   }
-  // The big copy: its trailer and what read-ahead took with it, not its bytes.
-  const std::string big = tier_dir + "/" + files[2].name;
-  CHECK(ResidentPages(big) < files[2].size / page / 2);
-  for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
-  CHECK(m->GetStats().Tier(0, "damaged_copies") == 0);
+  // The big copy: its trailer, its first 4 KiB and what read-ahead took with
+  // them, not its bytes.
+  CHECK(ResidentPages(tier_dir + "/" + files[2].name) < files[2].size / page / 2);
+}
+
+// Readying opens copies ahead of their readers, and asks the device for no
+// more of one it does not check than its trailer: the copies an earlier run
+// left, out of the page cache, stay out of it when the next run readies
+// them, small or big.
+TEST_CASE("readying a posix copy an earlier run left reads its trailer only") {
+  ScratchDir dir;
+  const std::string ds = dir.Sub("ds");
+  const std::string tier_dir = std::filesystem::canonical(dir.Sub("tier")).string();
+  auto files = testing::MakeDataset(ds, 2, {112640, 900000});
+  Config config = testing::MakeConfig(
+      ds, {testing::FileTier(TierKind::kPosix, tier_dir, 1 << 30, "tier")});
+  {
+    auto m = MustCreate(config);
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    m->WaitForPlacement();
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (const TestFile& f : files) EvictFromPageCache(tier_dir + "/" + f.name);
+  for (const TestFile& f : files) {
+    if (ResidentPages(tier_dir + "/" + f.name) > 2) {
+      MONARCH_SKIP(tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); set "
+                               "TMPDIR to a disk to run this test");
+    }
+  }
+  WillNeedCountingEnv env(tier_dir);
+  {
+    os::ScopedEnvForTesting scoped(&env);
+    auto m = MustCreate(config);
+    REQUIRE(m->GetStats().Get("warm_files_reused") == files.size());
+    m->WaitForPlacement();  // The adopted copies' readying: each opened, its trailer read.
+    REQUIRE(m->GetStats().Tier(0, "trailer_reads") == files.size());
+    CHECK(env.will_need.load() == 0);
+    for (const TestFile& f : files) {
+      INFO(f.name);
+      CHECK(ResidentPages(tier_dir + "/" + f.name) < f.size / page / 2);
+    }
+    // Readers find the copies readied: no open of theirs asks either.
+    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+    CHECK(m->GetStats().Tier(0, "damaged_copies") == 0);
+  }
+  CHECK(env.will_need.load() == 0);
 }
 
 TEST_CASE("copies an earlier run left are readied at start: pmem") {
@@ -793,12 +879,7 @@ class SourceStatCountingEnv final : public os::Env {
   std::atomic<int> held{0};
 
  private:
-  bool Under(int fd) const {
-    char target[4096];
-    const std::string link = "/proc/self/fd/" + std::to_string(fd);
-    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target));
-    return n > 0 && absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), prefix_);
-  }
+  bool Under(int fd) const { return FdUnder(fd, prefix_); }
   const std::string prefix_;
 };
 

@@ -20,7 +20,7 @@
 namespace monarch {
 namespace {
 
-// Copies up to this size are asked of the device whole when a process first
+// Copies up to this size are asked of the device whole when a reader first
 // opens them (CheckedCopy::Open): an ImageNet file, not a shard, of which a
 // reader may want one record.
 constexpr int64_t kWholeAtOpenBytes = 1 << 20;
@@ -281,7 +281,8 @@ CheckedCopy::~CheckedCopy() {
 absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<ScopedFd> fd,
                                                                const FileRef& file,
                                                                std::string path, bool map,
-                                                               CopyStates* states) {
+                                                               CopyStates* states,
+                                                               CopyOpenFor opener) {
   std::shared_ptr<CheckedCopy> copy(
       new CheckedCopy(std::move(fd), std::move(path), file, states));
   states->CountOpen();
@@ -306,13 +307,15 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
   const bool found = copy->state_ != nullptr;
   if (!found) {
     states->CountTrailerRead();
-    // The trailer is read first, from the copy's end, and then the bytes
-    // from its start: two reads from the device where a plain file takes
-    // one, when the copy is not in the page cache (fresh DataLoader workers
-    // after the cache was dropped: 2.02 device reads per file against the
-    // local copy's 1.03, bench/results/posix_device_reads.md). A small copy
-    // is asked for whole, in one request, before either read.
-    if (!map && opened.st_size <= kWholeAtOpenBytes) {
+    // A reader reads the trailer first, from the copy's end, and then the
+    // bytes from its start: two reads from the device where a plain file
+    // takes one, when the copy is not in the page cache (fresh DataLoader
+    // workers after the cache was dropped: 2.02 device reads per file
+    // against the local copy's 1.03, bench/results/posix_device_reads.md).
+    // A small copy is asked for whole, in one request, before either read.
+    // Not when readying: that reads no bytes of a copy it does not check
+    // (one written past the page cache, or adopted from an earlier run).
+    if (opener == CopyOpenFor::kRead && !map && opened.st_size <= kWholeAtOpenBytes) {
       os::Fadvise(descriptor, 0, 0, POSIX_FADV_WILLNEED);
     }
     MONARCH_ASSIGN_OR_RETURN(

@@ -224,6 +224,11 @@ class CopyStates {
   alignas(64) std::atomic<uint64_t> blocks_verified_{0};
 };
 
+// Who opens a copy: a reader, who reads its bytes next, or the tier
+// readying it ahead of any reader (OpenCopies::ReadyAhead), which reads no
+// more of it than its trailer unless it checks it whole.
+enum class CopyOpenFor { kRead, kReadying };
+
 // An open, complete copy with its checksums: what the file tiers read
 // through. Thread-safe.
 class CheckedCopy {
@@ -232,11 +237,13 @@ class CheckedCopy {
   // checks it: a regular file whose trailer is intact and matches `file`'s
   // size and mtime. The trailer is read only when `states` keeps no state
   // for this very inode (CopyState::Stamp); the new state is kept there.
-  // With `map`, the bytes are also mapped (pmem). `states` must outlive the
-  // copy.
+  // For a reader, a small copy whose trailer is read is asked of the device
+  // whole first, so that its trailer and bytes come in one request. With
+  // `map`, the bytes are also mapped (pmem). `states` must outlive the copy.
   static absl::StatusOr<std::shared_ptr<CheckedCopy>> Open(std::shared_ptr<ScopedFd> fd,
                                                            const FileRef& file, std::string path,
-                                                           bool map, CopyStates* states);
+                                                           bool map, CopyStates* states,
+                                                           CopyOpenFor opener);
   ~CheckedCopy();
   CheckedCopy(const CheckedCopy&) = delete;
   CheckedCopy& operator=(const CheckedCopy&) = delete;

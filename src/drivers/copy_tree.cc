@@ -41,15 +41,16 @@ pid_t TemporaryOwner(absl::string_view name) {
 bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 absl::StatusOr<std::shared_ptr<CheckedCopy>> CopyTree::OpenCopy(const FileRef& file, bool map,
-                                                               CopyStates* states) const {
+                                                               CopyStates* states,
+                                                               CopyOpenFor opener) const {
   MONARCH_ASSIGN_OR_RETURN(std::shared_ptr<ScopedFd> fd, directory_.OpenBeneath(file.name));
-  return CheckedCopy::Open(std::move(fd), file, PathOf(file.name), map, states);
+  return CheckedCopy::Open(std::move(fd), file, PathOf(file.name), map, states, opener);
 }
 
 absl::StatusOr<size_t> OpenCopies::Read(const FileRef& file, uint64_t offset, char* dst,
                                         size_t n) {
-  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
-      handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy = handles_.Get(
+      file.id, [&] { return tree_->OpenCopy(file, map_, &states_, CopyOpenFor::kRead); });
   absl::StatusOr<size_t> result =
       copy.ok() ? (*copy)->Read(offset, dst, n, verify_) : copy.status();
   // Damaged, truncated (under a mapping too) or replaced: neither the handle
@@ -140,8 +141,8 @@ void OpenCopies::Ready(const Queued& queued, char* scratch, size_t scratch_bytes
   file.name = queued.name;
   file.size = queued.size;
   file.mtime_ns = queued.mtime_ns;
-  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy =
-      handles_.Get(file.id, [&] { return tree_->OpenCopy(file, map_, &states_); });
+  absl::StatusOr<std::shared_ptr<CheckedCopy>> copy = handles_.Get(
+      file.id, [&] { return tree_->OpenCopy(file, map_, &states_, CopyOpenFor::kReadying); });
   // Gone already (evicted, damaged): its next reader, if any, finds out.
   if (!copy.ok()) return;
   // Removed (evicted, dropped) between the open and the caching: Remove()

@@ -56,7 +56,8 @@ class CopyTree {
   // DataLoss, and the caller serves the source. `states` knows the copies
   // opened before (CheckedCopy::Open).
   absl::StatusOr<std::shared_ptr<CheckedCopy>> OpenCopy(const FileRef& file, bool map,
-                                                        CopyStates* states) const;
+                                                        CopyStates* states,
+                                                        CopyOpenFor opener) const;
   // Opens the copy of `file` read-only, unchecked, without symlinks
   // (DirectoryHandle::OpenBeneath): for a caller that checks what it is.
   absl::StatusOr<std::shared_ptr<ScopedFd>> OpenCopyFile(const FileRef& file) const {
