@@ -571,11 +571,21 @@ class Monarch:
         samples = list(samples)
         names, _ = self._name_array([s[0] for s in samples])
         count = len(samples)
-        offsets = (ctypes.c_uint64 * count)(*[int(s[1]) for s in samples])
-        lengths = (ctypes.c_uint64 * count)(*[int(s[2]) for s in samples])
+        offsets = (ctypes.c_uint64 * max(count, 1))(*[int(s[1]) for s in samples])
+        lengths = (ctypes.c_uint64 * max(count, 1))(*[int(s[2]) for s in samples])
+        self._announce_ranges_at(ctypes.addressof(names), ctypes.addressof(offsets),
+                                 ctypes.addressof(lengths), count)
+
+    def _announce_ranges_at(self, names, offsets, lengths, count):
+        """announce_ranges() of arrays its caller made and keeps alive, by
+        address: `count` char* (dataset names), and `count` uint64 offsets
+        and lengths. monarch.torch builds them with tensor operations over
+        tables made once, not a Python object per sample."""
         error = ctypes.c_void_p()
-        code = _lib.lib().monarch_announce_ranges(self._h(), names, offsets, lengths, count,
-                                                  ctypes.byref(error))
+        code = _lib.lib().monarch_announce_ranges(
+            self._h(), ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p)),
+            ctypes.cast(offsets, ctypes.POINTER(ctypes.c_uint64)),
+            ctypes.cast(lengths, ctypes.POINTER(ctypes.c_uint64)), count, ctypes.byref(error))
         message = _lib.take_string(error.value)
         if code != OK:
             _raise(code, message)

@@ -42,6 +42,7 @@ ahead:
 """
 
 import bisect
+import ctypes
 import io
 import operator
 import os
@@ -356,10 +357,14 @@ class AnnouncingSampler(torch.utils.data.Sampler):
         self.sampler = sampler
         self.dataset = dataset
         self.monarch = monarch if monarch is not None else dataset.monarch
-        # The dataset name of every index, made at the first epoch: turning
-        # paths into names is most of an announcement's cost (about 0.7 us a
-        # path), paid by the main process at the start of each epoch.
+        # The dataset name of every index (of every file, for records) and
+        # its address, made at the first epoch. An epoch's announcement is
+        # then tensor operations over them: the main process pays it before
+        # it hands its workers the epoch's first index, and a Python object
+        # per sample cost 8 ms an epoch at 20,000 files and 12 ms at 8,192
+        # records.
         self._names = None
+        self._table = None
 
     def __len__(self):
         return len(self.sampler)
@@ -382,16 +387,59 @@ class AnnouncingSampler(torch.utils.data.Sampler):
 
     def _announce(self, order):
         if hasattr(self.dataset, "record"):
-            # Records inside files: their ranges (an empty record reads
-            # nothing, and a range of length 0 would mean the whole file).
-            ranges = [self.dataset.record(i) for i in order]
-            self.monarch.announce_ranges([r for r in ranges if r[2] > 0])
+            self._announce_records(torch.as_tensor(order, dtype=torch.int64))
             return
         if self._names is None:
             self._names = [self.monarch._name(self.dataset.file_of(i))
                            for i in range(len(self.dataset))]
-        names = self._names
-        self.monarch._announce_names(_c_name_array([names[i] for i in order]))
+            self._table = _addresses(self._names)
+        if not order:
+            self.monarch._announce_names(_c_name_array([]))
+            return
+        at = self._table[torch.as_tensor(order, dtype=torch.int64)]
+        self.monarch._announce_names(
+            (ctypes.cast(at.data_ptr(), ctypes.POINTER(ctypes.c_char_p)), len(order)))
+
+    def _announce_records(self, order):
+        """Records inside files: their ranges."""
+        ds = self.dataset
+        if self._table is None:
+            self._names = [self.monarch._name(f) for f in ds.files]
+            table = {"at": _addresses(self._names)}
+            if ds.record_bytes is not None:
+                table["ends"] = torch.tensor(ds._ends, dtype=torch.int64)
+            else:
+                for key in ("file", "offset", "length"):
+                    table[key] = torch.tensor(getattr(ds, "_" + key), dtype=torch.int64)
+            self._table = table
+        table = self._table
+        if order.numel() and not bool(((order >= -ds._count) & (order < ds._count)).all()):
+            raise IndexError(f"a record out of range ({ds._count} records) in the order")
+        order = order % max(ds._count, 1)  # As record(): -1 is the last.
+        if ds.record_bytes is not None:
+            # Item i is in the first file whose end exceeds i (record()).
+            file = torch.searchsorted(table["ends"], order, right=True)
+            first = torch.where(file > 0, table["ends"][(file - 1).clamp(min=0)], 0)
+            offsets = (order - first) * ds.record_bytes
+            lengths = torch.full_like(order, ds.record_bytes)
+        else:
+            file, offsets, lengths = (table[k][order] for k in ("file", "offset", "length"))
+            # An empty record reads nothing, and a range of length 0 would
+            # mean the whole file.
+            keep = lengths > 0
+            file, offsets, lengths = file[keep], offsets[keep], lengths[keep]
+        names = table["at"][file].contiguous()
+        offsets, lengths = offsets.contiguous(), lengths.contiguous()
+        self.monarch._announce_ranges_at(names.data_ptr(), offsets.data_ptr(),
+                                         lengths.data_ptr(), names.numel())
+
+
+def _addresses(names):
+    """The address of each of `names` (bytes, which CPython keeps with a
+    trailing NUL: each a char*) as a tensor, so that an order's names are an
+    index into it. The caller keeps `names` alive."""
+    return torch.tensor([ctypes.cast(ctypes.c_char_p(n), ctypes.c_void_p).value for n in names],
+                        dtype=torch.int64)
 
 
 def _announce_or_warn(announce):

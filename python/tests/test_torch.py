@@ -296,6 +296,59 @@ def test_record_dataset_fixed_size_records_in_workers(tmp_path):
             mt.RecordDataset(["a.bin"], record_bytes=bad, dataset=root)
 
 
+def test_announcing_sampler_announces_each_records_range_as_record_gives_it(tmp_path):
+    # The ranges an epoch announces are computed from tables made once (a
+    # tensor per column); each must be the record the index reads, across
+    # file boundaries, for negative indices, and without empty records.
+    root, _ = _token_files(tmp_path)
+    m = monarch.Monarch(dataset=root)
+    import ctypes
+    announced = []
+
+    class Recording:
+        """The real handle, with the ranges handed to it read back."""
+        def _name(self, path):
+            return m._name(path)
+
+        def _announce_ranges_at(self, names, offsets, lengths, count):
+            at = ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p))
+            off = ctypes.cast(offsets, ctypes.POINTER(ctypes.c_uint64))
+            length = ctypes.cast(lengths, ctypes.POINTER(ctypes.c_uint64))
+            announced.append([(at[i].decode(), off[i], length[i]) for i in range(count)])
+            m._announce_ranges_at(names, offsets, lengths, count)
+
+    class Orders:
+        def __init__(self, *orders):
+            self.orders = iter(orders)
+
+        def __iter__(self):
+            return iter(next(self.orders))
+
+    def as_named(record):
+        path, offset, length = record
+        return (os.path.relpath(path, root) if os.path.isabs(path) else path, offset, length)
+
+    fixed = mt.RecordDataset(["a.bin", os.path.join(root, "b.bin")], record_bytes=1000,
+                             dataset=root)
+    order = [12, 0, 11, -1, 19, 5, 13]
+    sampler = mt.AnnouncingSampler(Orders(order, []), fixed, monarch=Recording())
+    assert list(sampler) == order and list(sampler) == []
+    assert announced == [[as_named(fixed.record(i)) for i in order], []]
+    assert announced[0][0] == ("b.bin", 0, 1000) and announced[0][3] == ("b.bin", 7000, 1000)
+
+    announced.clear()
+    index = [("a.bin", 10, 20), ("b.bin", 5, 0), ("b.bin", 100, 50), ("a.bin", 0, 12_345)]
+    listed = mt.RecordDataset(["a.bin", "b.bin"], index=index, dataset=root)
+    sampler = mt.AnnouncingSampler(Orders([2, 1, 0, 3]), listed, monarch=Recording())
+    assert list(sampler) == [2, 1, 0, 3]
+    # The empty record reads nothing and is not announced (0 would mean the
+    # whole file).
+    assert announced == [[("b.bin", 100, 50), ("a.bin", 10, 20), ("a.bin", 0, 12_345)]]
+    with pytest.raises(IndexError):
+        list(mt.AnnouncingSampler(Orders([0, 4]), listed, monarch=Recording()))
+    m.close()
+
+
 def test_announcing_sampler_announces_record_ranges_of_a_file_cached_by_extents(tmp_path):
     root = tmp_path / "ds"
     root.mkdir()
