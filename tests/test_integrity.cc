@@ -492,6 +492,33 @@ void AdoptedCopiesAreReadied(TierKind kind) {
   CHECK(first.Tier(0, "damaged_copies") == 0);
 }
 
+// Copies an earlier run left in a posix tier, then dropped from the page
+// cache: the set-up of the two cases below. False where the tier's
+// directory keeps file pages in memory whatever it is asked (tmpfs).
+struct CopiesOutOfPageCache {
+  ScratchDir dir;
+  std::string ds = dir.Sub("ds");
+  std::string tier_dir = std::filesystem::canonical(dir.Sub("tier")).string();
+  std::vector<TestFile> files;
+  Config config;
+
+  bool Make(const std::vector<uint64_t>& sizes) {
+    files = testing::MakeDataset(ds, static_cast<int>(sizes.size()), sizes);
+    config = testing::MakeConfig(
+        ds, {testing::FileTier(TierKind::kPosix, tier_dir, 1 << 30, "tier")});
+    {
+      auto m = MustCreate(config);
+      for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
+      m->WaitForPlacement();
+    }
+    for (const TestFile& f : files) EvictFromPageCache(tier_dir + "/" + f.name);
+    for (const TestFile& f : files) {
+      if (ResidentPages(tier_dir + "/" + f.name) > 2) return false;
+    }
+    return true;
+  }
+};
+
 // A reader that opens a copy for the first time reads it from the device
 // twice where a plain file is read once: its trailer, from its end, then
 // its bytes from the start. A small copy not in the page cache is asked for
@@ -500,26 +527,16 @@ void AdoptedCopiesAreReadied(TierKind kind) {
 // of its own over the tier, as a node service's client has.
 TEST_CASE("a reader's first open of a small posix copy out of the page cache asks the device for "
           "it whole, of a big one not") {
-  ScratchDir dir;
-  const std::string ds = dir.Sub("ds");
-  const std::string tier_dir = std::filesystem::canonical(dir.Sub("tier")).string();
+  CopiesOutOfPageCache copies;
   // 110 KiB and 900 KB: asked whole; 3 MiB: not (over 1 MiB).
-  auto files = testing::MakeDataset(ds, 3, {112640, 900000, 3 << 20});
-  Config config = testing::MakeConfig(
-      ds, {testing::FileTier(TierKind::kPosix, tier_dir, 1 << 30, "tier")});
-  {
-    auto m = MustCreate(config);
-    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
-    m->WaitForPlacement();
+  if (!copies.Make({112640, 900000, 3 << 20})) {
+    MONARCH_SKIP(copies.tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); "
+                                    "set TMPDIR to a disk to run this test");
   }
+  const std::string& ds = copies.ds;
+  const std::string& tier_dir = copies.tier_dir;
+  const std::vector<TestFile>& files = copies.files;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (const TestFile& f : files) EvictFromPageCache(tier_dir + "/" + f.name);
-  for (const TestFile& f : files) {
-    if (ResidentPages(tier_dir + "/" + f.name) > 2) {
-      MONARCH_SKIP(tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); set "
-                               "TMPDIR to a disk to run this test");
-    }
-  }
   WillNeedCountingEnv env(tier_dir);
   std::optional<os::ScopedEnvForTesting> scoped(&env);
   std::unique_ptr<StorageDriver> reader = NewPosixDriver(tier_dir, 8);
@@ -570,29 +587,18 @@ TEST_CASE("a reader's first open of a small posix copy out of the page cache ask
 // left, out of the page cache, stay out of it when the next run readies
 // them, small or big.
 TEST_CASE("readying a posix copy an earlier run left reads its trailer only") {
-  ScratchDir dir;
-  const std::string ds = dir.Sub("ds");
-  const std::string tier_dir = std::filesystem::canonical(dir.Sub("tier")).string();
-  auto files = testing::MakeDataset(ds, 2, {112640, 900000});
-  Config config = testing::MakeConfig(
-      ds, {testing::FileTier(TierKind::kPosix, tier_dir, 1 << 30, "tier")});
-  {
-    auto m = MustCreate(config);
-    for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
-    m->WaitForPlacement();
+  CopiesOutOfPageCache copies;
+  if (!copies.Make({112640, 900000})) {
+    MONARCH_SKIP(copies.tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); "
+                                    "set TMPDIR to a disk to run this test");
   }
+  const std::string& tier_dir = copies.tier_dir;
+  const std::vector<TestFile>& files = copies.files;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (const TestFile& f : files) EvictFromPageCache(tier_dir + "/" + f.name);
-  for (const TestFile& f : files) {
-    if (ResidentPages(tier_dir + "/" + f.name) > 2) {
-      MONARCH_SKIP(tier_dir << " keeps file pages in memory whatever it is asked (tmpfs?); set "
-                               "TMPDIR to a disk to run this test");
-    }
-  }
   WillNeedCountingEnv env(tier_dir);
   {
     os::ScopedEnvForTesting scoped(&env);
-    auto m = MustCreate(config);
+    auto m = MustCreate(copies.config);
     REQUIRE(m->GetStats().Get("warm_files_reused") == files.size());
     m->WaitForPlacement();  // The adopted copies' readying: each opened, its trailer read.
     REQUIRE(m->GetStats().Tier(0, "trailer_reads") == files.size());
