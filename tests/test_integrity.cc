@@ -539,18 +539,21 @@ TEST_CASE("a reader's first open of a small posix copy out of the page cache ask
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   WillNeedCountingEnv env(tier_dir);
   std::optional<os::ScopedEnvForTesting> scoped(&env);
-  std::unique_ptr<StorageDriver> reader = NewPosixDriver(tier_dir, 8);
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string source = ds + "/" + files[i].name;
+  auto ref_of = [&](size_t i) {  // File i as a tier's reader is given it.
     struct stat st;
-    REQUIRE(::stat(source.c_str(), &st) == 0);
+    REQUIRE(::stat((ds + "/" + files[i].name).c_str(), &st) == 0);
     FileRef ref;
     ref.id = static_cast<uint32_t>(i);
     ref.name = files[i].name;
     ref.size = files[i].size;
     ref.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+    return ref;
+  };
+  std::unique_ptr<StorageDriver> reader = NewPosixDriver(tier_dir, 8);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string source = ds + "/" + files[i].name;
     std::vector<char> got(4096), want(4096);
-    absl::StatusOr<size_t> read = reader->Read(ref, 0, got.data(), got.size());
+    absl::StatusOr<size_t> read = reader->Read(ref_of(i), 0, got.data(), got.size());
     REQUIRE(read.ok());
     REQUIRE(*read == got.size());
     const int fd = ::open(source.c_str(), O_RDONLY);
@@ -577,6 +580,14 @@ TEST_CASE("a reader's first open of a small posix copy out of the page cache ask
     INFO(files[i].name << ": " << resident << " of " << pages << " pages in the page cache");
     CHECK(resident == pages);
   }
+  // A new reader of copies in the page cache asks for nothing.
+  {
+    os::ScopedEnvForTesting again(&env);
+    std::unique_ptr<StorageDriver> next = NewPosixDriver(tier_dir, 8);
+    std::vector<char> got(4096);
+    for (size_t i = 0; i < 2; ++i) REQUIRE(next->Read(ref_of(i), 0, got.data(), got.size()).ok());
+  }
+  CHECK(env.will_need.load() == 2);
   // The big copy: its trailer, its first 4 KiB and what read-ahead took with
   // them, not its bytes.
   CHECK(ResidentPages(tier_dir + "/" + files[2].name) < files[2].size / page / 2);

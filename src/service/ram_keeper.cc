@@ -183,9 +183,10 @@ std::string KeptRamDir(const Config& config, const std::string& runtime_dir) {
 }
 
 void DiscardAllKeptRam(const Config& config, const std::string& runtime_dir) {
-  DiscardKeptRam(KeptRamDir(config, runtime_dir), runtime_dir);
+  const std::string kept = KeptRamDir(config, runtime_dir);
+  DiscardKeptRam(kept, runtime_dir);
   if (config.node.ram_dir != "auto") return;
-  DiscardKeptRam(kDefaultRamDir, runtime_dir);
+  if (kept != kDefaultRamDir) DiscardKeptRam(kDefaultRamDir, runtime_dir);
   StopRamKeeper(runtime_dir);
 }
 
