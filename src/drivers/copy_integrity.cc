@@ -313,15 +313,17 @@ absl::StatusOr<std::shared_ptr<CheckedCopy>> CheckedCopy::Open(std::shared_ptr<S
     // workers after the cache was dropped: 2.02 device reads per file
     // against the local copy's 1.03, bench/results/posix_device_reads.md).
     // A small copy is asked for whole, in one request, before either read,
-    // when its last byte is not in the page cache: a read that may not wait
-    // for the device tells, for one system call where the copy is cached
-    // (most opens), and where the file system cannot tell it asks anyway.
-    // Not when readying: that reads no bytes of a copy it does not check
-    // (one written past the page cache, or adopted from an earlier run).
+    // when its last page is not in the page cache: cachestat(2) tells and
+    // reads nothing, one system call where the copy is cached (most opens);
+    // a read that may not wait would start a read of that page by itself.
+    // Where the kernel cannot tell (before 6.5), it asks anyway. Not when
+    // readying: that reads no bytes of a copy it does not check (one
+    // written past the page cache, or adopted from an earlier run).
     if (opener == CopyOpenFor::kRead && !map && opened.st_size > 0 &&
         opened.st_size <= kWholeAtOpenBytes) {
-      char last;
-      if (os::PreadNoWait(descriptor, &last, 1, opened.st_size - 1) != 1) {
+      uint64_t cached = 0;
+      const uint64_t last = static_cast<uint64_t>(opened.st_size) - 1;
+      if (os::Cachestat(descriptor, last, 1, &cached) != 0 || cached == 0) {
         os::Fadvise(descriptor, 0, 0, POSIX_FADV_WILLNEED);
       }
     }
