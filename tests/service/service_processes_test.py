@@ -1782,22 +1782,34 @@ def scenario_busy_cpus(env):
         clients.wait()
         log("4 clients, 3 epochs with %d CPU hogs: %.1f s" % (len(hogs),
                                                             time.monotonic() - started))
+        clients.check_ok()
+        with open(os.path.join(stats_dir, "3.json")) as f:
+            after2 = json.load(f)["node"]
+        log("after epoch 2: promotions started %d completed %d, ram files %d of %d; "
+            "staging peak %d" % (after2["promotions_started"], after2["promotions_completed"],
+                                 tier(after2, "ram")["files"], len(sizes),
+                                 after2["staging_peak_bytes"]))
+        # How many promotions are published by the end of epoch 2 is a race
+        # with the hogs for a core (292 of 300 once in CI); what must hold is
+        # that they all finish while the hogs still run.
+        deadline = time.monotonic() + 60
+        while True:
+            node = node_stats(env, rt)["node"]
+            if node["promotions_completed"] == len(sizes):
+                break
+            check(time.monotonic() < deadline,
+                  "promotions completed %d of %d, 60 s after the clients with CPU hogs" % (
+                      node["promotions_completed"], len(sizes)))
+            time.sleep(0.05)
+        log("all %d promotions done %.1f s after the clients" % (
+            len(sizes), time.monotonic() - deadline + 60))
+        check(tier(node, "ram")["files"] == len(sizes), "RAM tier files after the promotions")
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    clients.check_ok()
-    with open(os.path.join(stats_dir, "3.json")) as f:
-        after2 = json.load(f)["node"]
-    log("after epoch 2: promotions started %d completed %d, ram files %d of %d; staging peak %d" %
-        (after2["promotions_started"], after2["promotions_completed"],
-         tier(after2, "ram")["files"], len(sizes), after2["staging_peak_bytes"]))
-    check(after2["promotions_completed"] == len(sizes),
-          "promotions_completed %d != %d files by the end of epoch 2" % (
-              after2["promotions_completed"], len(sizes)))
-    check(tier(after2, "ram")["files"] == len(sizes), "RAM tier files after epoch 2")
-    published = [e["published_files"] for e in clients.epoch_json(0)]
-    check(published[1] == len(sizes), "published files per epoch %s" % published)
+    # Nothing read the PFS twice: epochs 2-3 were served by the RAM tier or
+    # by promotions still in flight (their staging), never by the source.
     source = served_per_epoch(clients, "source")
     check(source == [total, 0, 0], "source bytes per epoch %s, want [%d, 0, 0]" % (source, total))
     node = node_stats(env, rt)["node"]
