@@ -308,7 +308,11 @@ class Monarch:
     def read(self, path, offset=0, size=-1):
         """Returns `size` bytes of the file from `offset` (all of the rest
         when size < 0) as bytes; short at the end of the file, empty past it."""
-        name = self._name(path)
+        return self._read_name(self._name(path), offset, size, path)
+
+    def _read_name(self, name, offset, size, path):
+        """read() of a dataset name (_name(path)): monarch.torch's datasets
+        make their names once, not once a sample."""
         fast = _read_bytes_module()
         if fast is not None:
             if offset < 0:

@@ -201,8 +201,9 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     FileListDataset's; an order is announced as each record's range
     (record(), so that Monarch reads ahead the extents of big files that
     hold them), by the dataset itself or by AnnouncingSampler, and
-    SeededSampler, which announces the file of each record (file_of). The records of a million-sample index cost 20 bytes
-    each here, not a Python object each."""
+    SeededSampler, which announces the file of each record (file_of). The
+    records of a million-sample index cost 20 bytes each here, not a Python
+    object each."""
 
     def __init__(self, files, record_bytes=None, index=None, monarch=None, config=None,
                  dataset=None, transform=None, loader=bytes, announce_order=True):
@@ -213,6 +214,8 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
         self.files = [os.fspath(f) for f in files]
         self.transform = transform
         self.loader = loader
+        # Each file's dataset name, made here and not once a record.
+        self._file_names = [self.monarch._name(f) for f in self.files]
         sizes = [self.monarch.stat(f).st_size for f in self.files]
         self.record_bytes = None
         if record_bytes is not None:
@@ -265,25 +268,32 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
 
     def record(self, index):
         """(path, offset, length) of item `index`."""
+        k, offset, length = self._record_in_file(index)
+        return self.files[k], offset, length
+
+    def _record_in_file(self, index):
+        """(position in files, offset, length) of item `index`."""
         if not -self._count <= index < self._count:
             raise IndexError(f"record {index} out of range ({self._count} records)")
         index %= self._count
         if self.record_bytes is None:
-            return self.files[self._file[index]], self._offset[index], self._length[index]
+            return self._file[index], self._offset[index], self._length[index]
         k = bisect.bisect_right(self._ends, index)
         first = self._ends[k - 1] if k else 0
-        return self.files[k], (index - first) * self.record_bytes, self.record_bytes
+        return k, (index - first) * self.record_bytes, self.record_bytes
 
     def file_of(self, index):
         """The path item `index` is read from."""
         return self.record(index)[0]
 
     def __getitem__(self, index):
-        path, offset, length = self.record(index)
-        data = self.monarch.read(path, offset, length) if length else b""
+        k, offset, length = self._record_in_file(index)
+        data = (self.monarch._read_name(self._file_names[k], offset, length, self.files[k])
+                if length else b"")
         if len(data) != length:
-            raise OSError(f"{path}: read {len(data)} of record {index}'s {length} bytes at "
-                          f"{offset}: the file is shorter than when the dataset was made")
+            raise OSError(f"{self.files[k]}: read {len(data)} of record {index}'s {length} "
+                          f"bytes at {offset}: the file is shorter than when the dataset was "
+                          f"made")
         sample = self.loader(data)
         return self.transform(sample) if self.transform is not None else sample
 
@@ -359,10 +369,13 @@ class AnnouncingSampler(torch.utils.data.Sampler):
         self.monarch = monarch if monarch is not None else dataset.monarch
         # The dataset name of every index (of every file, for records) and
         # its address, made at the first epoch. An epoch's announcement is
-        # then tensor operations over them: the main process pays for it
+        # then array operations over them: the main process pays for it
         # before it hands its workers the epoch's first index, and a Python
         # object per sample cost milliseconds there, against hot epochs of
         # shards of 0.13-0.2 s (bench/results/dataloader.md, 05a6b84).
+        # numpy, not torch: torch's indexing and searchsorted start OpenMP
+        # threads, which then spin for milliseconds on the cores the
+        # workers need (8.5 ms of CPU per call on 2 cores, 8,192 indices).
         self._names = None
         self._table = None
 
@@ -386,60 +399,64 @@ class AnnouncingSampler(torch.utils.data.Sampler):
         return iter(order)
 
     def _announce(self, order):
+        import numpy as np  # monarch[torch] installs it; import monarch.torch needs none.
+        order = np.fromiter(order, dtype=np.int64, count=len(order))
         if hasattr(self.dataset, "record"):
-            self._announce_records(torch.as_tensor(order, dtype=torch.int64))
+            self._announce_records(np, order)
             return
         if self._names is None:
             self._names = [self.monarch._name(self.dataset.file_of(i))
                            for i in range(len(self.dataset))]
-            self._table = _addresses(self._names)
-        if not order:
+            self._table = _addresses(np, self._names)
+        if not order.size:
             self.monarch._announce_names(_c_name_array([]))
             return
-        at = self._table[torch.as_tensor(order, dtype=torch.int64)]
+        at = self._table[order]
         self.monarch._announce_names(
-            (ctypes.cast(at.data_ptr(), ctypes.POINTER(ctypes.c_char_p)), len(order)))
+            (ctypes.cast(at.ctypes.data, ctypes.POINTER(ctypes.c_char_p)), at.size))
 
-    def _announce_records(self, order):
+    def _announce_records(self, np, order):
         """Records inside files: their ranges."""
         ds = self.dataset
         if self._table is None:
             self._names = [self.monarch._name(f) for f in ds.files]
-            table = {"at": _addresses(self._names)}
+            table = {"at": _addresses(np, self._names)}
             if ds.record_bytes is not None:
-                table["ends"] = torch.tensor(ds._ends, dtype=torch.int64)
+                table["ends"] = np.array(ds._ends, dtype=np.int64)
             else:
                 for key in ("file", "offset", "length"):
-                    table[key] = torch.tensor(getattr(ds, "_" + key), dtype=torch.int64)
+                    table[key] = np.frombuffer(getattr(ds, "_" + key),
+                                               dtype=getattr(ds, "_" + key).typecode)
             self._table = table
         table = self._table
-        if order.numel() and not bool(((order >= -ds._count) & (order < ds._count)).all()):
+        if order.size and not ((order >= -ds._count) & (order < ds._count)).all():
             raise IndexError(f"a record out of range ({ds._count} records) in the order")
         order = order % max(ds._count, 1)  # As record(): -1 is the last.
         if ds.record_bytes is not None:
             # Item i is in the first file whose end exceeds i (record()).
-            file = torch.searchsorted(table["ends"], order, right=True)
-            first = torch.where(file > 0, table["ends"][(file - 1).clamp(min=0)], 0)
+            file = np.searchsorted(table["ends"], order, side="right")
+            first = np.where(file > 0, table["ends"][np.maximum(file - 1, 0)], 0)
             offsets = (order - first) * ds.record_bytes
-            lengths = torch.full_like(order, ds.record_bytes)
+            lengths = np.full_like(order, ds.record_bytes)
         else:
             file, offsets, lengths = (table[k][order] for k in ("file", "offset", "length"))
             # An empty record reads nothing, and a range of length 0 would
             # mean the whole file.
             keep = lengths > 0
             file, offsets, lengths = file[keep], offsets[keep], lengths[keep]
-        names = table["at"][file].contiguous()
-        offsets, lengths = offsets.contiguous(), lengths.contiguous()
-        self.monarch._announce_ranges_at(names.data_ptr(), offsets.data_ptr(),
-                                         lengths.data_ptr(), names.numel())
+        names = np.ascontiguousarray(table["at"][file])
+        offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.uint64)
+        self.monarch._announce_ranges_at(names.ctypes.data, offsets.ctypes.data,
+                                         lengths.ctypes.data, names.size)
 
 
-def _addresses(names):
+def _addresses(np, names):
     """The address of each of `names` (bytes, which CPython keeps with a
-    trailing NUL: each a char*) as a tensor, so that an order's names are an
+    trailing NUL: each a char*) as an array, so that an order's names are an
     index into it. The caller keeps `names` alive."""
-    return torch.tensor([ctypes.cast(ctypes.c_char_p(n), ctypes.c_void_p).value for n in names],
-                        dtype=torch.int64)
+    return np.fromiter((ctypes.cast(ctypes.c_char_p(n), ctypes.c_void_p).value for n in names),
+                       dtype=np.uint64, count=len(names))
 
 
 def _announce_or_warn(announce):

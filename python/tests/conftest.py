@@ -147,11 +147,11 @@ def shared_service(dataset):
 def read_path(request, monkeypatch):
     """Runs a test through each of Monarch.read()'s two paths: the compiled
     monarch._read_bytes (required when the build made one and named it in
-    MONARCH_READ_BYTES_MODULE) and the three ctypes calls."""
+    MONARCH_READ_BYTES_MODULE) and the three ctypes calls (in _read_name)."""
     if request.param == "ctypes":
         # Replaced where read() looks it up: the globals of read()'s own
         # module, which need not be the package (whose name can be a copy).
-        assert "_read_bytes_module" in monarch.Monarch.read.__code__.co_names
+        assert "_read_bytes_module" in monarch.Monarch._read_name.__code__.co_names
         monkeypatch.setitem(monarch.Monarch.read.__globals__, "_read_bytes_module", lambda: None)
     elif monarch._read_bytes_module() is None:
         if os.environ.get("MONARCH_READ_BYTES_MODULE"):

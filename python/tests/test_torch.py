@@ -349,6 +349,56 @@ def test_announcing_sampler_announces_each_records_range_as_record_gives_it(tmp_
     m.close()
 
 
+_ANNOUNCE_IN_A_FRESH_PROCESS = r"""
+import os, sys
+import torch, torch.utils.data
+import monarch, monarch.torch as mt
+m = monarch.Monarch(dataset=sys.argv[1])
+
+
+class Counting:
+    # The announcements' arrays are taken and counted, not handed to
+    # Monarch, whose own prefetch threads are not the announcer's.
+    announced = 0
+    def _name(self, path):
+        return m._name(path)
+    def _announce_ranges_at(self, names, offsets, lengths, count):
+        Counting.announced += count
+    def _announce_names(self, name_array):
+        Counting.announced += name_array[1]
+
+
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+fixed = mt.RecordDataset(["a.bin", "b.bin"], record_bytes=1, monarch=m)
+listed = mt.RecordDataset(["a.bin"], index=[("a.bin", i % 12_000, 7) for i in range(20_000)],
+                          monarch=m)
+files = mt.FileListDataset(["a.bin", "b.bin"] * 10_000, monarch=m)
+for ds in (fixed, listed, files):
+    order = list(torch.utils.data.RandomSampler(ds, num_samples=20_000))
+    assert list(mt.AnnouncingSampler(order, ds, monarch=Counting())) == order
+assert Counting.announced == 60_000, Counting.announced
+print(before, threads(), torch.get_num_threads())
+"""
+
+
+def test_an_epochs_announcement_starts_no_threads_in_the_main_process(tmp_path):
+    # The DataLoader's main process announces each epoch while its workers
+    # wait. Torch's indexing and searchsorted start an OpenMP team there,
+    # whose threads then spin for milliseconds on the cores the workers
+    # need; the announcement's arrays are numpy's, which starts none.
+    import subprocess
+    import sys
+    root, _ = _token_files(tmp_path)
+    r = subprocess.run([sys.executable, "-c", _ANNOUNCE_IN_A_FRESH_PROCESS, root],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before, after, torch_threads = map(int, r.stdout.split())
+    if torch_threads < 2:
+        pytest.skip("torch has one intra-op thread here: no team to start")
+    assert after == before, (before, after)
+
+
 def test_announcing_sampler_announces_record_ranges_of_a_file_cached_by_extents(tmp_path):
     root = tmp_path / "ds"
     root.mkdir()
