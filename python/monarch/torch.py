@@ -375,7 +375,8 @@ class AnnouncingSampler(torch.utils.data.Sampler):
         # shards of 0.13-0.2 s (bench/results/dataloader.md, 05a6b84).
         # numpy, not torch: torch's indexing and searchsorted start OpenMP
         # threads, which then spin for milliseconds on the cores the
-        # workers need (8.5 ms of CPU per call on 2 cores, 8,192 indices).
+        # workers need (about 9 ms of CPU an epoch of 20,000 files on 2
+        # cores: bench/announce_cost.py, bench/results/dataloader.md).
         self._names = None
         self._table = None
 
