@@ -583,7 +583,7 @@ class Monarch:
     def _announce_ranges_at(self, names, offsets, lengths, count):
         """announce_ranges() of arrays its caller made and keeps alive, by
         address: `count` char* (dataset names), and `count` uint64 offsets
-        and lengths. monarch.torch builds them with tensor operations over
+        and lengths. monarch.torch builds them with numpy operations over
         tables made once, not a Python object per sample."""
         error = ctypes.c_void_p()
         code = _lib.lib().monarch_announce_ranges(

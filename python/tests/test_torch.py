@@ -298,7 +298,7 @@ def test_record_dataset_fixed_size_records_in_workers(tmp_path):
 
 def test_announcing_sampler_announces_each_records_range_as_record_gives_it(tmp_path):
     # The ranges an epoch announces are computed from tables made once (a
-    # tensor per column); each must be the record the index reads, across
+    # numpy array per column); each must be the record the index reads, across
     # file boundaries, for negative indices, and without empty records.
     root, _ = _token_files(tmp_path)
     m = monarch.Monarch(dataset=root)
