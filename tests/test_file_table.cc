@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <deque>
 #include <random>
 #include <string>
@@ -104,6 +105,79 @@ TEST_CASE("every file is found by name and answers what the listing said, across
   CHECK_FALSE(table->FindFile("").has_value());
   CHECK_FALSE(table->FindFile(absl::string_view()).has_value());  // No bytes at all.
   CHECK(table->name(5000).empty());  // Out of range.
+}
+
+// The hash as the table format defines it: 8 bytes at a time, the tail
+// copied into a zeroed word, then the final mix. HashName's faster tail
+// must give the same values, or tables written before would not be found.
+uint64_t FormatHash(absl::string_view name) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (name.size() * 0xC2B2AE3D27D4EB4Full);
+  size_t i = 0;
+  for (; i + 8 <= name.size(); i += 8) {
+    uint64_t chunk;
+    std::memcpy(&chunk, name.data() + i, 8);
+    h = (h ^ (chunk * 0xFF51AFD7ED558CCDull)) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  uint64_t tail = 0;
+  for (size_t k = 0; i + k < name.size(); ++k) {
+    tail |= uint64_t{static_cast<unsigned char>(name[i + k])} << (8 * k);
+  }
+  h = (h ^ (tail * 0xFF51AFD7ED558CCDull)) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 29;
+  return h;
+}
+
+TEST_CASE("a name's hash is the format's at every length and alignment") {
+  std::mt19937 random(11);
+  std::string bytes(80, '\0');
+  for (char& c : bytes) c = static_cast<char>(random());
+  for (size_t start = 0; start < 8; ++start) {
+    for (size_t length = 0; start + length <= bytes.size(); ++length) {
+      const absl::string_view name(bytes.data() + start, length);
+      CHECK(FileTable::HashName(name) == FormatHash(name));
+    }
+  }
+  CHECK(FileTable::HashName(absl::string_view()) == FormatHash(absl::string_view()));
+}
+
+TEST_CASE("a file is found by any spelling of its name, and nothing outside the root is") {
+  // Files "x" and "2/x": "/data2/x" must not become "2/x" of root "/data".
+  for (const std::string root : {"/data", "/"}) {
+    CAPTURE(root);
+    NamespaceListing listing;
+    listing.directories = {{"", 0}, {"2", 0}};
+    listing.files = {{"x", 0, 10, 1, Plain(0)}, {"2/x", 1, 20, 2, Plain(1)}};
+    auto region = FileTableWriter::Write(root, listing, ExtentLayout{});
+    REQUIRE(region.ok());
+    auto table = FileTable::Open(region->writable.data(), region->writable.size());
+    REQUIRE(table.ok());
+    const std::string inside = root == "/" ? "/" : root + "/";
+    auto find = [&](absl::string_view name) { return FindDatasetFile(*table, root, name); };
+    CHECK(find("x") == 0u);
+    CHECK(find("2/x") == 1u);
+    CHECK(find(inside + "x") == 0u);
+    CHECK(find(inside + "2/x") == 1u);
+    CHECK(find("./2//x") == 1u);
+    CHECK(find(inside + "./2/./x") == 1u);
+    CHECK(find(root + "//x") == 0u);
+    CHECK(find("2/x/") == 1u);  // A trailing slash, as CanonicalDatasetName drops it.
+    CHECK(find("2/../x") == std::nullopt);  // ".." never resolves.
+    CHECK(find("") == std::nullopt);
+    CHECK(find("/") == std::nullopt);
+    CHECK(find("2") == std::nullopt);  // A directory.
+    CHECK(find("x2") == std::nullopt);
+    absl::string_view stored;
+    CHECK(FindDatasetFile(*table, root, inside + "2/x", &stored) == 1u);
+    CHECK(stored.data() == table->name(1).data());
+    if (root != "/") {
+      CHECK(find("/data2/x") == std::nullopt);  // A sibling of the root, not inside it.
+      CHECK(find("/elsewhere/x") == std::nullopt);
+      CHECK(find("/dat") == std::nullopt);
+    }
+  }
 }
 
 TEST_CASE("shared attributes are stored once, and a dataset of many owners still answers") {

@@ -52,12 +52,7 @@ Monarch::FileStat NamespaceImage::Stat(uint32_t id) const {
 }
 
 std::optional<uint32_t> NamespaceImage::FindId(absl::string_view name) const {
-  std::string scratch;
-  absl::string_view canonical;
-  if (!CanonicalDatasetName(root_, name, &scratch, &canonical) || canonical.empty()) {
-    return std::nullopt;
-  }
-  return table_.FindFile(canonical);
+  return FindDatasetFile(table_, root_, name);
 }
 
 }  // namespace monarch::service
