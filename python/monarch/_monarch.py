@@ -37,11 +37,17 @@ StageResult.__doc__ = "What Monarch.stage() returns: files read and their bytes.
 # Per process, not per handle: a lock a parent thread held during fork() would
 # stay held forever in the child, so the child gets a fresh one.
 _reopen_lock = threading.Lock()
+# Which process a handle was opened in, without asking the kernel: every
+# os.fork() child counts one more. A handle remembers the count it was
+# opened (or taken over) at; os.getpid() instead cost a system call on every
+# read (0.23 us here, a tenth of a 4 KiB record's read).
+_fork_generation = 0
 
 
 def _reset_after_fork():
-    global _reopen_lock
+    global _reopen_lock, _fork_generation
     _reopen_lock = threading.Lock()
+    _fork_generation += 1
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -123,7 +129,7 @@ class Monarch:
         self._dataset = dataset
         self._share_node = bool(share_node)
         self._handle = None
-        self._pid = None
+        self._generation = None
         self._root = None
         self._fork_safe = False
         self._closed = False
@@ -134,7 +140,7 @@ class Monarch:
         # Opened on first use, in whatever process that is.
         self = cls.__new__(cls)
         self._config, self._dataset, self._share_node = config, dataset, share_node
-        self._handle = self._pid = self._root = None
+        self._handle = self._generation = self._root = None
         self._fork_safe = False
         self._closed = False
         return self
@@ -166,7 +172,7 @@ class Monarch:
         with _reopen_lock:
             if self._closed:
                 raise ValueError("I/O operation on a closed Monarch")
-            if self._handle is not None and self._pid == os.getpid():
+            if self._handle is not None and self._generation == _fork_generation:
                 return self._handle  # Another thread got here first.
             # A handle inherited through fork() is abandoned, not closed:
             # closing would join placement threads this process does not have.
@@ -199,20 +205,20 @@ class Monarch:
             self._root = os.fsdecode(lib.monarch_dataset_root(handle))
             self._fork_safe = bool(lib.monarch_usable_after_fork(handle))
             self._handle = handle
-            self._pid = os.getpid()
+            self._generation = _fork_generation
             return handle
 
     def _h(self):
         handle = self._handle
         if handle is not None:
-            if self._pid == os.getpid():
+            if self._generation == _fork_generation:
                 return handle
             if self._fork_safe:
                 # A node-service client goes on in a forked child (a
                 # DataLoader worker): the C library remaps the service's
                 # tables there and connects anew, with no config parsing
                 # or handshake (monarch_usable_after_fork).
-                self._pid = os.getpid()
+                self._generation = _fork_generation
                 return handle
         return self._reopen()
 
@@ -223,7 +229,7 @@ class Monarch:
         with _reopen_lock:
             handle, self._handle = self._handle, None
             self._closed = True
-            if handle is not None and (self._pid == os.getpid() or self._fork_safe):
+            if handle is not None and (self._generation == _fork_generation or self._fork_safe):
                 _lib.lib().monarch_close(handle)
 
     def __enter__(self):
@@ -247,6 +253,11 @@ class Monarch:
 
     def _name(self, path):
         """The dataset name (bytes) of `path`, or FileNotFoundError."""
+        if (path.__class__ is str and path and path[0] not in "/." and path[-1] != "/"
+                and "//" not in path and "/." not in path):
+            # Already canonical (normpath would return it as it is): most
+            # samples' paths. 0.3 us here where normpath's way took 1.5.
+            return os.fsencode(path)
         text = os.fspath(path)
         if isinstance(text, bytes):
             text = os.fsdecode(text)
@@ -317,7 +328,11 @@ class Monarch:
         if fast is not None:
             if offset < 0:
                 raise ValueError(f"negative offset {offset}")
-            result = fast.read(self._h().value, name, offset,
+            # _h()'s common case inline: a sample's read is a microsecond.
+            handle = self._handle
+            if handle is None or self._generation != _fork_generation:
+                handle = self._h()
+            result = fast.read(handle.value, name, offset,
                                -1 if size is None or size < 0 else size)
             if result.__class__ is bytes:
                 return result

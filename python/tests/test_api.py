@@ -99,6 +99,23 @@ def test_open_with_pil_numpy_h5py(m, dataset):
         assert h5["values"][4000:4003].tolist() == [4000, 4001, 4002]
 
 
+def test_every_spelling_of_a_path_names_what_normpath_names(m, dataset):
+    # _name() passes an already canonical relative path through as it is
+    # and normalises any other: both must name the same dataset file.
+    hello = source(dataset, "sub/hello.txt")
+    for path in ("sub/hello.txt", "sub//hello.txt", "./sub/hello.txt", "sub/./hello.txt",
+                 "sub/deeper/../hello.txt", "sub/hello.txt/.",
+                 os.path.join(dataset, "sub/hello.txt"), dataset + "//sub/./hello.txt"):
+        assert m._name(path) == b"sub/hello.txt", path
+        assert m.read(path) == hello, path
+    assert m._name(b"sub/hello.txt") == b"sub/hello.txt"
+    assert m._name("a/.b") == b"a/.b" and m._name(".b/c") == b".b/c"  # dot files, not "."
+    assert m._name("sub\udcff") == os.fsencode("sub\udcff")  # an undecodable byte kept
+    for path in ("..", "../blob.bin", "sub/../../blob.bin"):
+        with pytest.raises(FileNotFoundError):
+            m._name(path)
+
+
 def test_paths_outside_the_dataset(m, dataset):
     for path in ("/etc/passwd", "../ds/blob.bin", os.path.dirname(dataset) + "/other",
                  "nope.bin", "sub/nope"):

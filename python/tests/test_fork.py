@@ -5,11 +5,18 @@ import multiprocessing
 import os
 
 import monarch
+from monarch import _monarch
+
+
+def _opened_here(m):
+    """Whether `m`'s C handle was opened, or taken over, in this process (a
+    fork since counts one more _fork_generation)."""
+    return m._generation == _monarch._fork_generation
 
 
 def _child_read(m, name, pipe):
     try:
-        pipe.send((m.read(name), m._pid == os.getpid(), m.stats()["tiers"][-1]["bytes_read"]))
+        pipe.send((m.read(name), _opened_here(m), m.stats()["tiers"][-1]["bytes_read"]))
     except BaseException as e:  # Sent back so the parent's assertion shows it.
         pipe.send(e)
 
@@ -40,16 +47,16 @@ def test_os_fork_reopens(m, dataset):
     parent_handle = m._handle.value
 
     def child():
-        assert m._pid != os.getpid()
+        assert not _opened_here(m)
         data = m.read("blob.bin")
         # A new instance: its source counters start at this read.
         fresh = m.stats()["tiers"][-1]["bytes_read"] == len(data) == 300_000
-        reopened = m._pid == os.getpid() and m._handle.value != parent_handle
+        reopened = _opened_here(m) and m._handle.value != parent_handle
         return fresh and reopened
 
     assert in_forked_child(child) == b"\x00"
     # The parent's handle is untouched and still works.
-    assert m._handle.value == parent_handle and m._pid == os.getpid()
+    assert m._handle.value == parent_handle and _opened_here(m)
     assert m.read("sub/hello.txt") == b"hello monarch\n"
     assert m.stats()["tiers"][-1]["bytes_read"] == 14  # the child's reads are not ours
 
@@ -84,7 +91,7 @@ def test_a_node_service_client_goes_on_in_a_forked_child(dataset):
                 data = m.read("blob.bin")
                 # The same C handle, no reopening: the library remaps the
                 # service's tables in the child.
-                same = m._handle.value == parent_handle and m._pid == os.getpid()
+                same = m._handle.value == parent_handle and _opened_here(m)
                 with open(os.path.join(dataset, "blob.bin"), "rb") as f:
                     return same and data == f.read()
 
