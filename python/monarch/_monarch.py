@@ -256,7 +256,7 @@ class Monarch:
         if (path.__class__ is str and path and path[0] not in "/." and path[-1] != "/"
                 and "//" not in path and "/." not in path):
             # Already canonical (normpath would return it as it is): most
-            # samples' paths. 0.3 us here where normpath's way took 1.5.
+            # samples' paths: 0.7 us a name here, where normpath's way took 1.5.
             return os.fsencode(path)
         text = os.fspath(path)
         if isinstance(text, bytes):
