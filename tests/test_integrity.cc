@@ -30,6 +30,7 @@
 #include "common/mutex.h"
 #include "common/os.h"
 #include "drivers/copy_integrity.h"
+#include "drivers/copy_lease.h"
 #include "drivers/storage_driver.h"
 #include "instance_util.h"
 #include "monarch/monarch.h"
@@ -340,6 +341,45 @@ void RewrittenByAnotherProcess(TierKind kind, bool refuse_leases) {
   CHECK(m->GetStats().Tier(0, "damaged_copies") == 1);
   for (const TestFile& f : files) ReadWholeAndCheck(*m, f);
   m.reset();
+}
+
+// A lease taken again on a descriptor in use must not hide a break of the
+// lease before: other threads may be trusting that one (copy_lease.h). When
+// a retake cleared the mark, it did (checked by making TakeAgain clear it).
+TEST_CASE("a lease taken again keeps the mark of a break; a new descriptor starts unmarked") {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/copy.bin";
+  {
+    const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(out >= 0);
+    REQUIRE(::write(out, "some bytes", 10) == 10);
+    ::close(out);
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(copy_lease::Take(fd));  // Leases work here (the read-lease tests need them too).
+  CHECK_FALSE(copy_lease::Broken(fd));
+  // Another process opens the copy for writing: its open waits until the
+  // kernel's notice has marked the descriptor and the lease is let go.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const int w = ::open(path.c_str(), O_WRONLY);
+    ::_exit(w >= 0 && ::pwrite(w, "X", 1, 0) == 1 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(copy_lease::Broken(fd));
+  CHECK(copy_lease::TakeAgain(fd));  // The writer is gone: a new lease...
+  CHECK(copy_lease::Broken(fd));     // ...and the break before it still seen.
+  ::close(fd);
+  // The same number for a new descriptor: Take clears the earlier one's mark.
+  const int again = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(again >= 0);
+  CHECK(copy_lease::Take(again));
+  CHECK_FALSE(copy_lease::Broken(again));
+  ::close(again);
 }
 
 TEST_CASE("hits under a read lease make no fstat, and a copy rewritten by another process is never served") {

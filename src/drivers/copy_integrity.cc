@@ -389,9 +389,12 @@ bool CheckedCopy::Unchanged() {
   if (leased_.load(std::memory_order_acquire)) return !copy_lease::Broken(fd_->get());
   // No lease yet: try again at the 1st, 2nd, 4th, ... 1024th read. The
   // fstat below then covers the time before it, and only once it found the
-  // copy unchanged do reads trust the lease alone.
+  // copy unchanged do reads trust the lease alone. Another thread may have
+  // set leased_ since the load above: TakeAgain keeps the mark of a break
+  // of that lease, which its readers must still see.
   const uint32_t reads = reads_without_lease_.fetch_add(1, std::memory_order_relaxed) + 1;
-  const bool retaken = (reads & (reads - 1)) == 0 && reads <= 1024 && copy_lease::Take(fd_->get());
+  const bool retaken =
+      (reads & (reads - 1)) == 0 && reads <= 1024 && copy_lease::TakeAgain(fd_->get());
   struct stat now;
   if (os::Fstat(fd_->get(), &now) != 0) return false;
   // The copy's state was made for this inode as Open() found it.

@@ -64,6 +64,11 @@ bool Take(int fd) {
   return os::SetLease(fd, LeaseSignal(), F_RDLCK) == 0;
 }
 
+bool TakeAgain(int fd) {
+  if (fd < 0 || fd >= kMaxDescriptor || !InstallOnce()) return false;
+  return os::SetLease(fd, LeaseSignal(), F_RDLCK) == 0;
+}
+
 bool Broken(int fd) {
   return fd >= 0 && fd < kMaxDescriptor && g_broken[fd].load(std::memory_order_seq_cst) != 0;
 }

@@ -33,12 +33,20 @@
 
 namespace monarch::copy_lease {
 
-// Takes a read lease on `fd`, a copy opened read-only, and clears any mark
-// an earlier descriptor of the same number left. False: no lease (see
+// Takes a read lease on `fd`, a copy just opened read-only, and clears any
+// mark an earlier descriptor of the same number left. False: no lease (see
 // above); the caller checks the copy itself. Take it before the fstat()
 // that says what the copy is: a write before the lease then shows in that
 // fstat, and a write after it breaks the lease.
 bool Take(int fd);
+
+// Takes a read lease again on `fd`, a descriptor already in use, and
+// leaves its mark as it is. A break since an earlier lease on `fd` must
+// stay seen: another thread may trust that lease and read the copy while
+// this one retakes (CheckedCopy::Unchanged). Clearing the mark here could
+// let those readers serve a copy rewritten after the break: the likely way
+// the chaos test once read a flipped byte 3 times, under ASan.
+bool TakeAgain(int fd);
 
 // Whether a lease taken on `fd` was broken since: someone opened the copy
 // for writing or truncated it. An acquire load; no system call.
