@@ -346,7 +346,7 @@ void RewrittenByAnotherProcess(TierKind kind, bool refuse_leases) {
 // A lease taken again on a descriptor in use must not hide a break of the
 // lease before: other threads may be trusting that one (copy_lease.h). When
 // a retake cleared the mark, it did (checked by making TakeAgain clear it).
-TEST_CASE("a lease taken again keeps the mark of a break; a new descriptor starts unmarked") {
+TEST_CASE("a lease taken again keeps the mark of a break, and a new descriptor starts unmarked") {
   ScratchDir dir;
   const std::string path = dir.path() + "/copy.bin";
   {
