@@ -502,21 +502,11 @@ std::optional<FileEntry> Namespace::FindCopy(absl::string_view name) const {
 
 std::optional<uint32_t> FindRespelledFile(const FileTable& table, absl::string_view root,
                                           absl::string_view name, absl::string_view* stored) {
-  // An absolute name inside the root (not only a prefix of it: "/data2/a"
-  // is not in "/data") is tried as it is given first.
-  absl::string_view as_given = name;
-  if (!name.empty() && name[0] == '/' && name.size() > root.size() &&
-      absl::StartsWith(name, root) && (root == "/" || name[root.size()] == '/')) {
-    as_given.remove_prefix(root == "/" ? 1 : root.size() + 1);
-    if (!as_given.empty() && as_given[0] != '/') {
-      if (std::optional<uint32_t> id = table.FindFile(as_given, stored)) return id;
-    }
-  }
   std::string scratch;
   absl::string_view canonical;
-  // A name as given was tried (by FindDatasetFile when relative).
+  // A relative name was tried as given (FindDatasetFile): not again.
   if (!CanonicalDatasetName(root, name, &scratch, &canonical) || canonical.empty() ||
-      canonical == as_given) {
+      canonical == name) {
     return std::nullopt;
   }
   return table.FindFile(canonical, stored);

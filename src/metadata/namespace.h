@@ -120,7 +120,7 @@ bool CanonicalDatasetName(absl::string_view root, absl::string_view name, std::s
 // CanonicalDatasetName, which was a quarter of an in-process lookup's
 // instructions (133 of 530 for an ImageNet name, callgrind on
 // bench_namespace_memory). Inline for the same reason: the call cost
-// another 40. Other spellings take FindRespelledFile.
+// another 40. Other spellings (absolute ones too) take FindRespelledFile.
 std::optional<uint32_t> FindRespelledFile(const FileTable& table, absl::string_view root,
                                           absl::string_view name, absl::string_view* stored);
 inline std::optional<uint32_t> FindDatasetFile(const FileTable& table, absl::string_view root,
