@@ -33,6 +33,17 @@ epochs 2-3 rather than one, each figure the two epochs' time together
 read the source; the later ones' read the tiers, so their workers start
 rounds 1-2 with the copies they touched in epoch 1 mapped. Both are printed.
 
+`--tensors` (with `--shards`): each sample is its record as a uint8 tensor,
+and default_collate stacks a batch's into one (in shared memory, as for any
+tensor batch): the path of a real pipeline, where the record's bytes are
+used. The newcomer arm is `RecordDataset(view=True)`: a tensor over the
+worker's private mapping of the node's copy, so the stacking is the one copy
+(`--no-view`: the record read into a buffer first, as without views). The
+local arm reads each record with os.pread() and makes the bytes a tensor
+(`--local pread`), or, as a user who maps a pre-staged copy would,
+slices a private mapping of each shard its worker makes once (`--local
+mmap`): the one copy there is the stacking too.
+
 Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
     MONARCH_C_LIBRARY=build/libmonarch_c.so MONARCH_BINARY=build/monarch \\
       MONARCH_READ_BYTES_MODULE=build/python/_read_bytes.abi3.so PYTHONPATH=python \\
@@ -43,10 +54,12 @@ Run as root (FUSE). The dataset and its copy are `torch_epochs.py`'s:
 import argparse
 import contextlib
 import json
+import mmap
 import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 import torch.utils.data
@@ -79,9 +92,49 @@ class PlainRecords(torch.utils.data.Dataset):
         return len(os.pread(fd, length, offset))
 
 
+class PlainRecordTensors(PlainRecords):
+    """The local arm with --tensors: each record a uint8 tensor over bytes
+    os.pread() read (`how` "pread"), or sliced from a private mapping of its
+    shard made once per worker ("mmap")."""
+
+    def __init__(self, root, names, records, how):
+        super().__init__(root, names, records)
+        self.how = how
+        self.maps = {}
+
+    def __getitem__(self, i):
+        file, offset, length = self.records[i]
+        if self.how == "mmap":
+            view = self.maps.get(file)
+            if view is None:
+                with open(self.paths[file], "rb") as f:
+                    view = self.maps[file] = memoryview(
+                        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+            return torch.frombuffer(view[offset:offset + length], dtype=torch.uint8)
+        fd = self.fds.get(file)
+        if fd is None:
+            fd = self.fds[file] = os.open(self.paths[file], os.O_RDONLY | os.O_CLOEXEC)
+        # Bytes, which os.pread() fills without zeroing them first (a
+        # bytearray would be zeroed, then read into).
+        return _tensor_of_bytes(os.pread(fd, length, offset))
+
+
+def _tensor_of_bytes(data):
+    """The bytes read, as a tensor (no second copy): --no-view's loader,
+    and the local pread arm's."""
+    return torch.frombuffer(data, dtype=torch.uint8)
+
+
+# Bytes are read-only, and torch says so once a process (--no-view): the
+# tensors are only stacked.
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+
 def epoch(loader, total_bytes):
     start = time.perf_counter()
-    got = sum(int(batch.sum()) for batch in loader)
+    # A batch of tensors (--tensors): its bytes; of lengths: their sum.
+    got = sum(batch.numel() if batch.dtype == torch.uint8 else int(batch.sum())
+              for batch in loader)
     assert got == total_bytes, (got, total_bytes)  # every byte of every file
     return time.perf_counter() - start
 
@@ -104,9 +157,17 @@ def main():
                          "epoch 1 and --rounds rounds: with persistent workers, each cycle "
                          "gives another pair of epochs 2-3 (the first after a cold epoch 1, "
                          "the others after an epoch 1 from the tiers)")
+    ap.add_argument("--tensors", action="store_true",
+                    help="(with --shards) samples are uint8 tensors, stacked into batches")
+    ap.add_argument("--no-view", action="store_true",
+                    help="(with --tensors) the newcomer arm reads records, no view")
+    ap.add_argument("--local", choices=("pread", "mmap"), default="pread",
+                    help="(with --tensors) how the local arm gets a record's tensor")
     ap.add_argument("--out", help="a JSON file for the epoch times")
     add_huge_ram_flag(ap)
     a = ap.parse_args()
+    if a.tensors and not a.shards:
+        ap.error("--tensors needs --shards")
     import monarch.torch as mt
     ram_dir = contextlib.ExitStack()
     node_keys = ram_dir.enter_context(huge_ram_dir(a))
@@ -139,13 +200,18 @@ def main():
     cycles = []  # Per cycle (a new pair of loaders): its rounds' times.
     try:
         load = os.getloadavg()[0]
-        if a.shards:
+        if a.tensors:
+            ds = mt.RecordDataset(names, record_bytes=a.record_bytes, config=newcomer,
+                                  view=not a.no_view,
+                                  loader=None if not a.no_view else _tensor_of_bytes)
+        elif a.shards:
             ds = mt.RecordDataset(names, record_bytes=a.record_bytes, config=newcomer, loader=len)
             assert len(ds) == len(records), (len(ds), len(records))
         else:
             ds = mt.FileListDataset(names, config=newcomer, loader=len)
         for c in range(a.cycles):
-            local = PlainRecords(copy, names, records) if a.shards else PlainFiles(copy, names)
+            local = (PlainRecordTensors(copy, names, records, a.local) if a.tensors else
+                     PlainRecords(copy, names, records) if a.shards else PlainFiles(copy, names))
             loaders = {"local": loader(local), "newcomer": loader(ds)}
             if c == 0:
                 first = {arm: epoch(loaders[arm], sample_bytes) for arm in ("newcomer", "local")}
@@ -183,6 +249,9 @@ def main():
     epochs_2_3 = [sum(cycle["newcomer"][:2]) / sum(cycle["local"][:2]) for cycle in cycles]
     workers = "persistent" if a.persistent_workers else "fresh each epoch"
     what = f"{len(records)} records of {a.record_bytes} bytes in " if a.shards else ""
+    if a.tensors:
+        what = (f"tensors ({'records read' if a.no_view else 'views'} against local "
+                f"{a.local}) of {what}")
     print(f"{what}{len(names)} files, {total / 2**20:.1f} MiB; {a.workers} workers ({workers}); "
           f"load {load:.2f} at the start; epoch 1: newcomer {first['newcomer']:.3f} s, "
           f"local {first['local']:.3f} s; source bytes after epoch 1 {source_bytes} "
@@ -200,6 +269,8 @@ def main():
             json.dump({"files": len(names), "bytes": total, "workers": a.workers,
                        "records": len(records) if a.shards else None,
                        "record_bytes": a.record_bytes if a.shards else None,
+                       "tensors": a.tensors, "view": a.tensors and not a.no_view,
+                       "local": a.local if a.tensors else "pread" if a.shards else "read",
                        "persistent_workers": a.persistent_workers, "load": load,
                        "ram_dir": ram_dir_label(a), "cycles": cycles,
                        "epoch1": first, "times": times, "ratios": ratios,

@@ -430,6 +430,36 @@ class Monarch:
         _lib.take_string(error.value)
         return code == OK
 
+    def _map_whole_copy(self, name, size):
+        """A copy-on-write mapping of the node's copy of `name` (`size`
+        bytes): (mmap, bytes it covers: `size` down to a whole page), or
+        None unless every whole page of it is mapped from a tier's copy
+        (none yet, in part by extents, not checked yet, a guest's session):
+        then the caller reads. monarch.torch.RecordDataset's views.
+
+        Unlike mmap(), nothing here touches the source: the mapping starts
+        anonymous, and one with a page left anonymous is never used, so a
+        miss still goes through Monarch's read (and its one read of the
+        source). Private and writable: a write copies the page into this
+        process, as a transform that works in place expects, and the tier's
+        copy stays as it was."""
+        covered = size // _mmap.PAGESIZE * _mmap.PAGESIZE
+        if covered == 0:
+            return None
+        mapping = _mmap.mmap(-1, covered, flags=_mmap.MAP_PRIVATE,
+                             prot=_mmap.PROT_READ | _mmap.PROT_WRITE)
+        got = ctypes.c_uint64(0)
+        error = ctypes.c_void_p()
+        code = _lib.lib().monarch_map_copies(self._h(), name, _address_of(mapping), 0, covered,
+                                             _mmap.PROT_READ | _mmap.PROT_WRITE,
+                                             _mmap.MAP_PRIVATE, ctypes.byref(got),
+                                             ctypes.byref(error))
+        _lib.take_string(error.value)
+        if code != OK or got.value != covered:
+            mapping.close()
+            return None
+        return mapping, covered
+
     def _map_source(self, name, st):
         """The source file mapped read-only, or None when it is no longer the
         file the namespace walked (size, mtime) or cannot be mapped."""

@@ -44,6 +44,7 @@ ahead:
 import bisect
 import ctypes
 import io
+import mmap
 import operator
 import os
 import sys
@@ -53,6 +54,7 @@ from array import array
 import torch.utils.data
 
 from . import MAX_SAMPLED_EPOCHS, Monarch, _c_name_array, _sampled_order, sampled_indices
+from ._monarch import _address_of
 
 __all__ = ["AnnouncingSampler", "FileListDataset", "ImageFolder", "IMAGE_EXTENSIONS",
            "RecordDataset", "SeededSampler", "pil_loader"]
@@ -66,6 +68,47 @@ def pil_loader(fileobj):
     from PIL import Image  # Here, so that `import monarch.torch` needs no Pillow.
     with Image.open(fileobj) as img:
         return img.convert("RGB")
+
+
+# A page's entry in /proc/self/pagemap is a little-endian uint64 whose top
+# byte says, in bit 7 (63), that the page is present; in bit 6 (62), that it
+# is swapped out; in bit 5 (61), that it is a page of a file (or shared
+# memory). A page of a private file mapping that this process wrote is a
+# copy of its own: present or swapped, and not a file's. The top bytes that
+# do not say so:
+_UNWRITTEN_TOP_BYTES = bytes(x for x in range(256) if x & 0x20 or not x & 0xC0)
+_pagemap = (None, None)  # (pid, descriptor): /proc/self is the opener's.
+_PAGE = mmap.PAGESIZE
+
+
+def _written_here(address, length):
+    """Whether this process wrote a page of [address, address + length),
+    part of a private file mapping (RecordDataset's views). True when the
+    page map cannot be read: the caller then reads, which is always right."""
+    global _pagemap
+    pid = os.getpid()
+    if _pagemap[0] != pid:
+        try:
+            _pagemap = (pid, os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            _pagemap = (pid, None)
+    if _pagemap[1] is None or length == 0:
+        return _pagemap[1] is None
+    first, last = address // _PAGE, (address + length - 1) // _PAGE
+    try:
+        entries = os.pread(_pagemap[1], 8 * (last - first + 1), 8 * first)
+    except OSError:
+        return True
+    return len(entries) != 8 * (last - first + 1) or \
+        bool(entries[7::8].translate(None, _UNWRITTEN_TOP_BYTES))
+
+
+def _uint8_tensor(view):
+    """RecordDataset(view=True)'s default loader: the record's bytes as a
+    uint8 tensor over the view, without a copy."""
+    if len(view) == 0:
+        return torch.empty(0, dtype=torch.uint8)  # frombuffer refuses an empty buffer.
+    return torch.frombuffer(view, dtype=torch.uint8)
 
 
 def _monarch_for(monarch, config, dataset):
@@ -187,7 +230,8 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     """A map-style dataset over records inside big files: token files,
     packed arrays, shards of fixed-size or indexed samples. Item i is
     transform(loader(bytes of record i)) (the default loader returns the
-    bytes), read with one Monarch read of the record's range.
+    bytes), read with one Monarch read of the record's range; with
+    `view=True` (below), a view of the record instead of its bytes.
 
     The records, either:
     - `record_bytes`: every file cut into records of that many bytes, in
@@ -203,20 +247,46 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     hold them), by the dataset itself or by AnnouncingSampler, and
     SeededSampler, which announces the file of each record (file_of). The
     records of a million-sample index cost 20 bytes each here, not a Python
-    object each."""
+    object each.
+
+    `view=True`: no copy of a record. The loader gets a writable memoryview
+    of it, and the default loader makes it a uint8 tensor
+    (torch.frombuffer), which default_collate then stacks into the batch:
+    the one copy of the record's bytes. Where the node holds a copy of the
+    whole file (its whole pages: the RAM tier's own memory for files of
+    1 MiB or more, a posix or pmem tier's checked copy), each process maps
+    it once, privately: a view is a slice of that mapping. A write to a view
+    (a transform in place) copies the page into the process and leaves the
+    node's copy alone, and a later view of a range with a page so written is
+    read instead (the process's page map tells), so no write reaches
+    another sample.
+    Elsewhere (a file not cached yet, a record in its last part-page, a
+    tier that maps nothing) the view is of bytes read as without `view`, so
+    the source is still read once, by Monarch. A view stays valid while it
+    or anything over it (the tensor) lives. A mapping lives as long as its
+    process (for PyTorch's fresh workers, an epoch), and the tier holds a
+    copy somebody maps, counted against its capacity, even once it evicts
+    it: use views when the tiers hold the files being read, or with workers
+    fresh each epoch."""
 
     def __init__(self, files, record_bytes=None, index=None, monarch=None, config=None,
-                 dataset=None, transform=None, loader=bytes, announce_order=True):
+                 dataset=None, transform=None, loader=None, announce_order=True, view=False):
         if (record_bytes is None) == (index is None):
             raise ValueError("pass exactly one of record_bytes= and index=")
         self.announce_order = announce_order
         self.monarch = _monarch_for(monarch, config, dataset)
         self.files = [os.fspath(f) for f in files]
         self.transform = transform
-        self.loader = loader
+        self.view = bool(view)
+        self.loader = loader if loader is not None else (_uint8_tensor if self.view else bytes)
         # Each file's dataset name, made here and not once a record.
         self._file_names = [self.monarch._name(f) for f in self.files]
         sizes = [self.monarch.stat(f).st_size for f in self.files]
+        self._sizes = sizes
+        # This process's mappings (view=True): file position -> a memoryview
+        # of its mapping; and the files not mapped, with when to try again.
+        self._mapped = {}
+        self._unmapped = {}
         self.record_bytes = None
         if record_bytes is not None:
             try:
@@ -288,14 +358,63 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         k, offset, length = self._record_in_file(index)
-        data = (self.monarch._read_name(self._file_names[k], offset, length, self.files[k])
-                if length else b"")
-        if len(data) != length:
-            raise OSError(f"{self.files[k]}: read {len(data)} of record {index}'s {length} "
+        if self.view:
+            data = self._view_of(k, offset, length)
+            got = len(data)
+        else:
+            data = (self.monarch._read_name(self._file_names[k], offset, length, self.files[k])
+                    if length else b"")
+            got = len(data)
+        if got != length:
+            raise OSError(f"{self.files[k]}: read {got} of record {index}'s {length} "
                           f"bytes at {offset}: the file is shorter than when the dataset was "
                           f"made")
         sample = self.loader(data)
         return self.transform(sample) if self.transform is not None else sample
+
+    # A file not mapped is tried again after this many of its records were
+    # read here, doubling from 1 after each failure: a file being cached is
+    # mapped soon after its copy lands, and a file that stays uncached costs
+    # a failed try (a lookup, no service request) once every 16 records.
+    _MAX_READS_BETWEEN_TRIES = 16
+
+    def _view_of(self, k, offset, length):
+        """A writable memoryview of `length` bytes of file `k` at `offset`:
+        a slice of this process's mapping of the node's copy, or else of
+        bytes read (short at the end of the file)."""
+        mapped = self._mapped.get(k)
+        if mapped is None:
+            mapped = self._try_to_map(k)
+        if (mapped is not None and offset + length <= len(mapped[0])
+                and not _written_here(mapped[1] + offset, length)):
+            return mapped[0][offset:offset + length]
+        buffer = bytearray(length)
+        got = (self.monarch._readinto(self._file_names[k], buffer, offset, self.files[k])
+               if length else 0)
+        view = memoryview(buffer)
+        return view if got == length else view[:got]
+
+    def _try_to_map(self, k):
+        """File `k`'s mapping as a memoryview, or None (see _view_of)."""
+        skip, failures = self._unmapped.get(k, (0, 0))
+        if skip > 0:
+            self._unmapped[k] = (skip - 1, failures)
+            return None
+        made = self.monarch._map_whole_copy(self._file_names[k], self._sizes[k])
+        if made is None:
+            self._unmapped[k] = (min(1 << failures, self._MAX_READS_BETWEEN_TRIES), failures + 1)
+            return None
+        self._unmapped.pop(k, None)
+        # The memoryview holds the mmap; slices of it hold the view.
+        mapped = self._mapped[k] = (memoryview(made[0]), _address_of(made[0]))
+        return mapped
+
+    def __getstate__(self):
+        # A spawned worker maps for itself.
+        state = super().__getstate__()
+        state["_mapped"] = {}
+        state["_unmapped"] = {}
+        return state
 
 
 class ImageFolder(_AnnouncesOrder, torch.utils.data.Dataset):

@@ -296,6 +296,143 @@ def test_record_dataset_fixed_size_records_in_workers(tmp_path):
             mt.RecordDataset(["a.bin"], record_bytes=bad, dataset=root)
 
 
+def _private_mappings_of_tier_memory():
+    """Bytes of this process's private mappings of a RAM tier's memory (its
+    memfd, or a node service's kept stripes): a process's own mapping of
+    the tier, to read it, is shared, so private ones are views' mappings."""
+    total = 0
+    for line in open("/proc/self/maps").read().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1].endswith("p") and (
+                "memfd:monarch-ram" in fields[5] or "/stripe-" in fields[5]):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            total += end - start
+    return total
+
+
+def _view_files(root):
+    """A file of 3 MiB and 123 bytes (its last records lie in its last,
+    part page, never mapped) and one of 1.5 MiB."""
+    root.mkdir()
+    rng = np.random.default_rng(41)
+    data = {"a.bin": rng.integers(0, 256, (3 << 20) + 123, dtype=np.uint8).tobytes(),
+            "b.bin": rng.integers(0, 256, 3 << 19, dtype=np.uint8).tobytes()}
+    for name, content in data.items():
+        (root / name).write_bytes(content)
+    return data
+
+
+@pytest.mark.parametrize("node_shared", [False, True])
+def test_record_dataset_views_map_the_nodes_copy_and_a_write_stays_private(tmp_path,
+                                                                            node_shared):
+    root = tmp_path / "ds"
+    data = _view_files(root)
+    # The files were just written: their pages are in memory, which a read
+    # would serve without copying them (placement.cached_source).
+    promote = "placement: {cached_source: promote}\n"
+    service = SharedService(root, extra=promote) if node_shared else None
+    config = service.config if node_shared else (
+        f"dataset: {{path: {root}}}\ntiers: [{{kind: ram, capacity: 64MiB}}, {{kind: source}}]\n"
+        "node: {shared: false}\n" + promote)
+    try:
+        record = 131_075  # Records straddle pages; a.bin's 24th ends in its part page.
+        before = _private_mappings_of_tier_memory()  # An earlier test's, if it failed.
+        ds = mt.RecordDataset(["a.bin", "b.bin"], record_bytes=record, config=config, view=True,
+                              announce_order=False)
+        assert ds.monarch.node_shared == node_shared
+        want = [content[i * record:(i + 1) * record] for content in data.values()
+                for i in range(len(content) // record)]
+        assert len(ds) == len(want)
+
+        # Nothing cached yet: the first views are of bytes Monarch read,
+        # which copies the files (a file whose copy lands during the pass may
+        # be mapped for its later records); the source is read once.
+        cold = [ds[i] for i in range(len(ds))]
+        assert all(t.dtype == torch.uint8 for t in cold)
+        assert [t.numpy().tobytes() for t in cold] == want
+        ds.monarch.wait_for_placement()
+        size = sum(len(c) for c in data.values())
+        assert ds.monarch.stats()["tiers"][-1]["bytes_read"] == size
+
+        # Cached: both files' whole pages mapped from the copies, once each.
+        ds._unmapped.clear()  # Try again now, not after the back-off.
+        hot = [ds[i] for i in range(len(ds))]
+        assert [t.numpy().tobytes() for t in hot] == want
+        pages = sum(len(c) // 4096 * 4096 for c in data.values())
+        assert _private_mappings_of_tier_memory() == before + pages
+        assert sorted(ds._mapped) == [0, 1]
+        last = len(data["a.bin"]) // record - 1  # Ends in a.bin's part page: read.
+        assert (last + 1) * record > len(data["a.bin"]) // 4096 * 4096
+        assert hot[last].numpy().tobytes() == want[last]
+        assert ds.monarch.stats()["tiers"][-1]["bytes_read"] == size  # No source read.
+
+        # A write to a view (a transform in place) copies its pages into
+        # this process, where the mapping now differs from the file: a later
+        # view of them is read instead, and no other reader sees the write.
+        hot[0][:16] = 0
+        hot[0].add_(1)
+        assert bytes(hot[0][:16].tolist()) == b"\x01" * 16
+        assert ds[0].numpy().tobytes() == want[0]
+        # Record 1 starts in record 0's last page, which was copied whole.
+        assert ds[1].numpy().tobytes() == want[1] == hot[1].numpy().tobytes()
+        assert ds[2].numpy().tobytes() == want[2]
+        assert ds.monarch.read("a.bin", 0, record) == want[0]
+
+        # Views outlive the dataset's hold on its mappings.
+        kept = ds[1]
+        ds._mapped.clear()
+        del hot, cold
+        assert kept.numpy().tobytes() == want[1]
+        del kept
+        assert _private_mappings_of_tier_memory() == before
+
+        # In fresh workers, batches stacked by default_collate. Through the
+        # node service each worker maps the node's copies for itself (the
+        # transform sees its mappings); an in-process handle's workers each
+        # open an instance of their own, empty, and read.
+        ds.transform = lambda t: (t, _private_mappings_of_tier_memory())
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
+                                             generator=torch.Generator().manual_seed(3))
+        for epoch in range(2):
+            rows, mapped = [], []
+            for batch, maps in loader:
+                rows += [row.numpy().tobytes() for row in batch]
+                mapped += maps.tolist()
+            assert sorted(rows) == sorted(want), epoch
+            if node_shared:
+                assert min(mapped) >= len(data["b.bin"]), epoch
+        assert ds.monarch.stats()["tiers"][-1]["bytes_read"] == size
+        ds.monarch.close()
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def test_record_dataset_views_of_files_no_tier_maps_are_reads(tmp_path):
+    """Files under 1 MiB (the RAM tier maps none), and a tier with no room:
+    every view is of bytes read, right, and nothing is mapped."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    small = np.random.default_rng(43).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
+    (root / "s.bin").write_bytes(small)
+    big = np.random.default_rng(44).integers(0, 256, 2 << 20, dtype=np.uint8).tobytes()
+    (root / "big.bin").write_bytes(big)
+    config = (f"dataset: {{path: {root}}}\ntiers: [{{kind: ram, capacity: 1MiB}}, "
+              "{kind: source}]\nnode: {shared: false}\nplacement: {cached_source: promote}\n")
+    ds = mt.RecordDataset(["s.bin", "big.bin"], record_bytes=50_000, config=config, view=True,
+                          loader=bytes)
+    before = _private_mappings_of_tier_memory()  # An earlier test's, if it failed.
+    want = [small[i:i + 50_000] for i in range(0, 500_000, 50_000)] + \
+        [big[i:i + 50_000] for i in range(0, len(big) - 50_000 + 1, 50_000)]
+    for _ in range(3):
+        assert [ds[i] for i in range(len(ds))] == want
+        ds.monarch.wait_for_placement()
+        ds._unmapped.clear()
+    assert ds.monarch.stats()["tiers"][0]["files"] == 1  # s.bin, cached but not mappable.
+    assert ds._mapped == {} and _private_mappings_of_tier_memory() == before
+    ds.monarch.close()
+
+
 def test_announcing_sampler_announces_each_records_range_as_record_gives_it(tmp_path):
     # The ranges an epoch announces are computed from tables made once (a
     # numpy array per column); each must be the record the index reads, across
