@@ -283,8 +283,9 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
         self._file_names = [self.monarch._name(f) for f in self.files]
         sizes = [self.monarch.stat(f).st_size for f in self.files]
         self._sizes = sizes
-        # This process's mappings (view=True): file position -> a memoryview
-        # of its mapping; and the files not mapped, with when to try again.
+        # This process's mappings (view=True): file position -> (a
+        # memoryview of its mapping, its address); and the files not mapped:
+        # position -> (reads before the next try, failed tries).
         self._mapped = {}
         self._unmapped = {}
         self.record_bytes = None
@@ -360,13 +361,11 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
         k, offset, length = self._record_in_file(index)
         if self.view:
             data = self._view_of(k, offset, length)
-            got = len(data)
         else:
             data = (self.monarch._read_name(self._file_names[k], offset, length, self.files[k])
                     if length else b"")
-            got = len(data)
-        if got != length:
-            raise OSError(f"{self.files[k]}: read {got} of record {index}'s {length} "
+        if len(data) != length:
+            raise OSError(f"{self.files[k]}: read {len(data)} of record {index}'s {length} "
                           f"bytes at {offset}: the file is shorter than when the dataset was "
                           f"made")
         sample = self.loader(data)
@@ -375,7 +374,8 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
     # A file not mapped is tried again after this many of its records were
     # read here, doubling from 1 after each failure: a file being cached is
     # mapped soon after its copy lands, and a file that stays uncached costs
-    # a failed try (a lookup, no service request) once every 16 records.
+    # a failed try (a lookup and an anonymous mapping made and unmade, no
+    # service request) once every 16 records.
     _MAX_READS_BETWEEN_TRIES = 16
 
     def _view_of(self, k, offset, length):
@@ -395,7 +395,8 @@ class RecordDataset(_AnnouncesOrder, torch.utils.data.Dataset):
         return view if got == length else view[:got]
 
     def _try_to_map(self, k):
-        """File `k`'s mapping as a memoryview, or None (see _view_of)."""
+        """File `k`'s mapping: (a memoryview of it, its address); or None
+        (see _view_of)."""
         skip, failures = self._unmapped.get(k, (0, 0))
         if skip > 0:
             self._unmapped[k] = (skip - 1, failures)
