@@ -206,9 +206,10 @@ def main():
                                   loader=None if not a.no_view else _tensor_of_bytes)
         elif a.shards:
             ds = mt.RecordDataset(names, record_bytes=a.record_bytes, config=newcomer, loader=len)
-            assert len(ds) == len(records), (len(ds), len(records))
         else:
             ds = mt.FileListDataset(names, config=newcomer, loader=len)
+        if a.shards:
+            assert len(ds) == len(records), (len(ds), len(records))
         for c in range(a.cycles):
             local = (PlainRecordTensors(copy, names, records, a.local) if a.tensors else
                      PlainRecords(copy, names, records) if a.shards else PlainFiles(copy, names))
