@@ -5,7 +5,8 @@
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
 
 RecordDataset reads records inside big files instead (fixed-size records,
-or an index of (file, offset, length)): a token file, packed arrays.
+or an index of (file, offset, length)): a token file, packed arrays. With
+`view=True` each record is a tensor over the node's copy, not copied out.
 
 A dataset opened from `config=` or `dataset=` is a client of the node's
 Monarch service (started on demand) unless the config says `node: {shared:
