@@ -290,6 +290,77 @@ class MemorySampler:
         self._stop.set()
 
 
+# Where an epoch's CPU went, by command: the file system's daemons, the node
+# service, and the rest (the job: its main process and workers, which may
+# exit before the epoch's end and are then counted in "busy" only).
+CPU_COMMANDS = ("mfsmount", "mfschunkserver", "mfsmaster", "monarch", "pfs-emulator")
+
+
+def cpu_seconds():
+    """The machine's busy CPU seconds so far, and each CPU_COMMANDS
+    command's (its live processes' user and system time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is in user)
+    out = {"busy": (sum(fields[:3]) + fields[5] + fields[6]) / tick, "steal": fields[7] / tick}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        comm = head.split("(", 1)[1]
+        if comm in CPU_COMMANDS:
+            t = tail.split()
+            out[comm] = out.get(comm, 0.0) + (int(t[11]) + int(t[12])) / tick
+    return out
+
+
+def cpu_delta(before, after):
+    delta = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 2) for k in after}
+    delta["job"] = round(delta["busy"] - sum(v for k, v in delta.items()
+                                             if k not in ("busy", "steal")), 2)
+    return delta
+
+
+# The node service's counters that tell how an epoch's misses went: what
+# the prefetch streams fetched and readers hit, and what readers loaded
+# themselves.
+SERVICE_COUNTERS = ("prefetch_files", "prefetch_reads", "prefetch_hits", "prefetch_yields",
+                    "prefetch_skipped_files", "prefetch_staged_files", "promotions_started",
+                    "promotions_completed", "chunks_written_by_placement",
+                    "chunks_written_by_readers", "staging_waits", "placement_waiters",
+                    "deferred_copies_queued", "promotion_bytes_from_memory")
+
+
+def service_counters(config):
+    """SERVICE_COUNTERS and each tier's reads, from `monarch stats`; {}
+    when no service answers."""
+    r = subprocess.run([os.environ["MONARCH_BINARY"], "stats", "--json", "--config", config],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return {}
+    s = json.loads(r.stdout)["node"]
+    out = {k: s[k] for k in SERVICE_COUNTERS if k in s}
+    for t in s.get("tiers", []):
+        out[t["name"] + "_reads"] = t["reads"]
+    return out
+
+
+def cpu_note(rec):
+    c = rec["cpu"]
+    mfs = sum(c.get(k, 0.0) for k in ("mfsmount", "mfschunkserver", "mfsmaster"))
+    return (f"  CPU {c['busy']:.1f} s: job {c['job']:.1f}, service {c.get('monarch', 0.0):.1f}"
+            + (f", MooseFS {mfs:.1f}" if mfs else "") + f"; stolen {c['steal']:.1f} s")
+
+
+def counters_delta(before, after):
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
 def du(path):
     total = 0
     for d, _, fs in os.walk(path):
@@ -378,21 +449,28 @@ class Run:
         print(f"  {self.arm:10s} start-up {self.result['startup']['seconds']:7.2f} s", flush=True)
         return out
 
-    def epoch(self, e, loader, before=None):
+    def epoch(self, e, loader, before=None, config=None):
+        """`config`: a Monarch arm's, whose node service's counters the
+        epoch records."""
         if before is not None:
             before(e)
         self.pfs.reset()
         self.mem.take_peak()
+        counters = service_counters(config) if config else None
+        cpu = cpu_seconds()
         t = time.perf_counter()
         check = self.checker.epoch(loader, self.arm, self.a.epoch_cap)
         sec = time.perf_counter() - t
         rec = {"epoch": e + 1, "seconds": sec, **self.pfs.stats(), "peak_pss": self.mem.take_peak(),
-               "cache_bytes": du(self.cache_dir), **check}
+               "cache_bytes": du(self.cache_dir), **check, "cpu": cpu_delta(cpu, cpu_seconds())}
+        if config:
+            rec["service"] = counters_delta(counters, service_counters(config))
         self.result["epochs"].append(rec)
         print(f"  {self.arm:10s} epoch {e + 1} {sec:7.2f} s  PFS {rec['bytes'] / 2**20:8.1f} MiB "
               f"{rec['opens']:6d} opens {rec['metadata_ops']:6d} meta  Pss "
               f"{rec['peak_pss'] / 2**20:7.1f} MiB  cache {rec['cache_bytes'] / 2**20:8.1f} MiB"
-              + (f"  ({check['repeated']} repeated)" if check["repeated"] else ""), flush=True)
+              + (f"  ({check['repeated']} repeated)" if check["repeated"] else "") + cpu_note(rec),
+              flush=True)
         if check.get("incomplete"):
             print(f"  {self.arm:10s} stopped after {self.a.epoch_cap} s ({check['samples']} of "
                   f"{len(self.checker.crc)} samples): the arm's remaining epochs are skipped",
@@ -467,7 +545,7 @@ def arm_monarch(a, w, run, announce):
                 run.result.setdefault("settle_seconds", []).append(time.perf_counter() - t)
         settle = settle if a.settle else None
         for e in range(a.epochs):
-            run.epoch(e, loader, before=settle)
+            run.epoch(e, loader, before=settle, config=config)
         src = m.stats()["tiers"][-1]
         run.result["node_source_bytes"] = src["bytes_read"]
     finally:
@@ -515,14 +593,17 @@ def arm_preload(a, w, run):
                                  "peak_pss": run.mem.take_peak(), "cache_bytes": du(tier_dir)}
         print(f"  {run.arm:10s} start-up {msg['seconds']:7.2f} s", flush=True)
         for e in range(a.epochs):
+            counters, cpu = service_counters(config), cpu_seconds()
             msg = step("epoch")
             rec = {"epoch": e + 1, "seconds": msg["seconds"], **run.pfs.stats(),
-                   "peak_pss": run.mem.take_peak(), "cache_bytes": du(tier_dir), **msg["check"]}
+                   "peak_pss": run.mem.take_peak(), "cache_bytes": du(tier_dir), **msg["check"],
+                   "cpu": cpu_delta(cpu, cpu_seconds()),
+                   "service": counters_delta(counters, service_counters(config))}
             run.result["epochs"].append(rec)
             print(f"  {run.arm:10s} epoch {e + 1} {rec['seconds']:7.2f} s  PFS "
                   f"{rec['bytes'] / 2**20:8.1f} MiB {rec['opens']:6d} opens "
                   f"{rec['metadata_ops']:6d} meta  Pss {rec['peak_pss'] / 2**20:7.1f} MiB  "
-                  f"cache {rec['cache_bytes'] / 2**20:8.1f} MiB", flush=True)
+                  f"cache {rec['cache_bytes'] / 2**20:8.1f} MiB" + cpu_note(rec), flush=True)
         proc.stdin.write("quit\n")
         proc.stdin.flush()
         if proc.wait(timeout=120) != 0:
@@ -1032,11 +1113,14 @@ def main():
     results = {arm: {"arm": arm, "runs": []} for arm in arms}
     try:
         # --reps rounds of every arm, the arms in turn within a round, so
-        # that what else loads the machine falls on all of them alike.
+        # that what else loads the machine falls on all of them alike; every
+        # other round in the reverse order, so that a machine slowing down
+        # (or speeding up) through a round does not favour the arms that
+        # come first.
         for rep in range(a.reps):
             if a.reps > 1:
                 print(f"round {rep + 1} of {a.reps}", flush=True)
-            for arm in arms:
+            for arm in (arms if rep % 2 == 0 else arms[::-1]):
                 # Each arm in a fresh process: none pays for another's imports in
                 # its memory, none inherits another's state.
                 out = os.path.join(a.work, f"arm-{arm}.json")

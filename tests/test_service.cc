@@ -1351,6 +1351,65 @@ TEST_CASE("service: an order of ranges from a client prefetches the extents that
   CHECK((*client)->AnnounceRanges({{big.name, big.size - 1, 0}}).ok());  // The last byte.
 }
 
+// `monarch stage`: several stagers start the files' promotions at once, and
+// still each file is read from the source once; a glob stages only what it
+// names; a client then reads nothing but hits.
+TEST_CASE("service: staging starts promotions from several stagers, each file read once") {
+  ScratchDir dir;
+  // Sizes below, at and above a chunk (1 MiB): a stager reads one byte and
+  // placement loads the rest.
+  std::vector<uint64_t> sizes(20, 7000);
+  sizes[3] = 1 << 20;
+  sizes[11] = (2 << 20) + 4097;
+  const auto files = testing::MakeDataset(dir.Sub("data"), 200, sizes);
+  Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(256 << 20)}, dir.Sub("run"));
+  auto node = NodeService::Start(testing::Valid(config));
+  REQUIRE(node.ok());
+  auto stage = [&](const std::vector<std::string>& globs) {
+    auto socket = service::ConnectUnix((*node)->paths().socket);
+    REQUIRE(socket.ok());
+    service::StageRequest request;
+    request.globs = globs;
+    REQUIRE(service::SendFrame(socket->get(), service::MessageType::kStage,
+                               service::Encode(request)).ok());
+    service::StageProgress last;
+    while (!last.finished) {
+      auto frame = service::ReceiveFrame(socket->get());
+      REQUIRE(frame.ok());
+      REQUIRE(frame->type == service::MessageType::kStageProgress);
+      auto progress = service::DecodeStageProgress(frame->payload);
+      REQUIRE(progress.ok());
+      last = *progress;
+    }
+    return last;
+  };
+  auto node_stats = [&] { return (*node)->NodeStats().node; };
+  std::vector<TestFile> in_dir1;
+  for (const TestFile& f : files) {
+    if (absl::StartsWith(f.name, "dir1/")) in_dir1.push_back(f);
+  }
+
+  const service::StageProgress dir1 = stage({"dir1"});
+  CHECK(dir1.files_total == in_dir1.size());
+  CHECK(dir1.files_in_tiers == in_dir1.size());
+  CHECK(dir1.bytes_done == testing::TotalBytes(in_dir1));
+  CHECK(node_stats().Tier(0, "files") == in_dir1.size());
+  CHECK(SourceBytes(node_stats()) == testing::TotalBytes(in_dir1));
+
+  const service::StageProgress all = stage({});
+  CHECK(all.files_total == files.size());
+  CHECK(all.files_in_tiers == files.size());
+  CHECK(all.bytes_done == testing::TotalBytes(files));
+  CHECK(node_stats().Tier(0, "files") == files.size());
+  CHECK(SourceBytes(node_stats()) == testing::TotalBytes(files));  // Each file once.
+  CHECK(node_stats().Get("promotions_started") == files.size());
+
+  auto client = Monarch::Create(config);
+  REQUIRE(client.ok());
+  ReadAllExact(**client, files);
+  CHECK(SourceBytes(node_stats()) == testing::TotalBytes(files));  // Hits only.
+}
+
 // prefetch.stage_ahead: a job that announces no order gets the top-level
 // directory of each of its misses staged by the prefetch streams when the
 // tiers hold it; each file still read from the source once. A directory
