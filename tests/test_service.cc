@@ -1361,7 +1361,10 @@ TEST_CASE("service: staging starts promotions from several stagers, each file re
   std::vector<uint64_t> sizes(20, 7000);
   sizes[3] = 1 << 20;
   sizes[11] = (2 << 20) + 4097;
+  sizes[5] = 0;  // Nothing to stage, and staged all the same.
   const auto files = testing::MakeDataset(dir.Sub("data"), 200, sizes);
+  uint64_t empty_files = 0;
+  for (const TestFile& f : files) empty_files += f.size == 0 ? 1 : 0;
   Config config = SharedConfig(dir.path() + "/data", {testing::RamTier(256 << 20)}, dir.Sub("run"));
   auto node = NodeService::Start(testing::Valid(config));
   REQUIRE(node.ok());
@@ -1390,19 +1393,24 @@ TEST_CASE("service: staging starts promotions from several stagers, each file re
   }
 
   const service::StageProgress dir1 = stage({"dir1"});
+  uint64_t empty_in_dir1 = 0;
+  for (const TestFile& f : in_dir1) empty_in_dir1 += f.size == 0 ? 1 : 0;
   CHECK(dir1.files_total == in_dir1.size());
   CHECK(dir1.files_in_tiers == in_dir1.size());
+  CHECK(dir1.files_done == in_dir1.size());
   CHECK(dir1.bytes_done == testing::TotalBytes(in_dir1));
-  CHECK(node_stats().Tier(0, "files") == in_dir1.size());
+  CHECK(node_stats().Tier(0, "files") == in_dir1.size() - empty_in_dir1);
   CHECK(SourceBytes(node_stats()) == testing::TotalBytes(in_dir1));
 
   const service::StageProgress all = stage({});
   CHECK(all.files_total == files.size());
   CHECK(all.files_in_tiers == files.size());
+  CHECK(all.files_done == files.size());
   CHECK(all.bytes_done == testing::TotalBytes(files));
-  CHECK(node_stats().Tier(0, "files") == files.size());
+  REQUIRE(empty_files > 0);
+  CHECK(node_stats().Tier(0, "files") == files.size() - empty_files);
   CHECK(SourceBytes(node_stats()) == testing::TotalBytes(files));  // Each file once.
-  CHECK(node_stats().Get("promotions_started") == files.size());
+  CHECK(node_stats().Get("promotions_started") == files.size() - empty_files);
 
   auto client = Monarch::Create(config);
   REQUIRE(client.ok());

@@ -253,8 +253,11 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
     progress.files_done = progress.bytes_done = progress.files_in_tiers = 0;
     for (uint32_t id : ids) {
       const FileEntry& entry = ns.entry(id);
-      const bool in_tier = entry.tier->load(std::memory_order_acquire) < source &&
-                           entry.state->load() == PlacementState::kInTier;
+      // An empty file has nothing to stage: it counts as staged, not as
+      // one that found no room.
+      const bool in_tier = entry.ref.size == 0 ||
+                           (entry.tier->load(std::memory_order_acquire) < source &&
+                            entry.state->load() == PlacementState::kInTier);
       const bool given_up = entry.state->load() == PlacementState::kStaysOnSource;
       if (in_tier) ++progress.files_in_tiers;
       if (in_tier || given_up) {
