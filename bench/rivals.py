@@ -42,8 +42,11 @@ missing sample or a sample from outside the dataset fails the run.
 Per epoch: wall time, the emulator's bytes and operations, the peak of the
 summed Pss of the job's process tree and the node service (sampled every
 0.2 s; Pss counts shared memory, the RAM tier's arena and the mosaic
-shared memory, once; the page cache is not counted) and the bytes in the
-local cache directory.
+shared memory, once; the page cache is not counted), the bytes in the
+local cache directory, where the machine's CPU went (the file system's
+daemons, the node service, the rest: the job) and, for Monarch's arms, the
+node service's prefetch and promotion counters. Every other round runs the
+arms in the reverse order.
 
 usage: sudo .venv/bin/python bench/rivals.py [--files 20000] [--workers 2]
          [--shards N] [--reps 3] [--tiny] [--arms pfs,local,...]

@@ -7,8 +7,9 @@
 #
 #   bench/stage_moosefs.sh BUILD_DIR        (as root: MooseFS needs it)
 #
-# To compare two builds, run it for each in turns (A B B A ...) and pair
-# the stage lines. The dataset is generated with BUILD_DIR's monarch-epochs if it is not there.
+# To compare two builds, run it for each in turns (A B A B ...) and pair
+# the stage lines. The dataset is generated with BUILD_DIR's monarch-epochs
+# if it is not there.
 set -euo pipefail
 build=$(cd "${1:?usage: bench/stage_moosefs.sh BUILD_DIR}" && pwd)
 here=$(cd "$(dirname "$0")/.." && pwd)
