@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "frontend/dataset_paths.h"
 #include "frontend/glob.h"
 
@@ -270,30 +271,23 @@ absl::Status Stage(MonarchCore& core, const std::atomic<bool>& stopping, int soc
   // PFS, and one stager read MooseFS here at about 75 MiB/s, 8 at 136 MiB/s
   // (bench/results/stage_moosefs.md). More than 8 readers at once gain
   // nothing there (bench/results/moosefs_floor.md).
-  constexpr int kStagers = 8;
-  std::atomic<size_t> next{0};
+  constexpr size_t kStagers = 8;
   std::atomic<bool> client_gone{false};  // Nobody to report to: stop staging.
-  std::vector<std::thread> stagers;
-  for (int i = 0; i < kStagers; ++i) {
-    stagers.emplace_back([&] {
-      char scratch[1];
-      for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < ids.size();) {
-        if (stopping.load(std::memory_order_relaxed) || client_gone.load()) break;
-        // One byte is enough: the first read of a file starts its
-        // promotion, and placement completes it whatever part was read.
-        const FileEntry& entry = ns.entry(ids[k]);
-        if (entry.ref.size > 0 && entry.state->load() == PlacementState::kOnSource) {
-          core.ReadFile(ids[k], scratch, 1, 0).IgnoreError();
-        }
-      }
-    });
-  }
   // Until the stagers are through and every promotion has landed, reporting
   // as it goes. The wait ends when placement is idle, which a stop brings
   // about at once (it cancels).
   std::atomic<bool> idle{false};
   std::thread waiter([&] {
-    for (std::thread& stager : stagers) stager.join();
+    ForEachInParallel(ids.size(), kStagers, /*per_thread=*/1, [&](size_t k) {
+      if (stopping.load(std::memory_order_relaxed) || client_gone.load()) return;
+      // One byte is enough: the first read of a file starts its promotion,
+      // and placement completes it whatever part was read.
+      const FileEntry& entry = ns.entry(ids[k]);
+      if (entry.ref.size > 0 && entry.state->load() == PlacementState::kOnSource) {
+        char scratch[1];
+        core.ReadFile(ids[k], scratch, 1, 0).IgnoreError();
+      }
+    });
     core.WaitForPlacement();
     idle.store(true);
   });
